@@ -1,0 +1,218 @@
+/* lsc_state.h: the loss-scale state machine, one struct and one update function.
+ *
+ * Design: every policy lscore knows (TF2, TF1, Keras, torch, apex, DeepSpeed,
+ * Megatron, NeMo, Paddle, jmp, ...) is a parameter set of this one machine;
+ * lscore/_params.py validates and names the parameters, lscore/_presets.py
+ * maps each peer onto them.  The spec, as readable pseudocode, is the
+ * docstring of lscore/_reference.py:update; this file must agree with it.
+ *
+ * The header is plain C99 and also compiles as CUDA (NVRTC, no toolkit
+ * headers), so the device-side update kernel in update.cu runs the very same
+ * transition as the CPU core.
+ */
+#ifndef LSC_STATE_H
+#define LSC_STATE_H
+
+#if defined(__CUDACC_RTC__)
+typedef long long lsc_i64;
+typedef unsigned int lsc_u32;
+#else
+#include <stdint.h>
+typedef int64_t lsc_i64;
+typedef uint32_t lsc_u32;
+#endif
+
+#if defined(__CUDACC__)
+#define LSC_FN static __host__ __device__ inline
+#else
+#define LSC_FN static inline
+#endif
+
+#define LSC_F32_MAX 3.4028234663852886e38
+#define LSC_F32_MIN_NORMAL 1.1754943508222875e-38
+#define LSC_F64_MAX 1.7976931348623157e308
+
+/* arithmetic precision of the scale */
+enum {
+    LSC_PREC_F32 = 0,      /* float32 scale, factor rounded to float32, float32 op (TF, Keras, Megatron, Paddle, jmp) */
+    LSC_PREC_F32_F64 = 1,  /* float32 scale, op in double, rounded back to float32 (torch) */
+    LSC_PREC_F64 = 2       /* Python float (DeepSpeed, fairseq, apex, chainer) */
+};
+
+/* when a run of finite steps grows the scale */
+enum {
+    LSC_GROW_GE = 0,       /* good + 1 >= interval: grow, good = 0 (TF; interval <= 1 grows every step) */
+    LSC_GROW_EQ = 1,       /* good + 1 == interval: grow, good = 0 (torch, Keras 3, jmp, apex; <= 0 never) */
+    LSC_GROW_MODULO = 2,   /* good counts finite steps since the last overflow and is not reset by growth;
+                              grow when k = good - offset > 0 and k % interval == 0 (DeepSpeed, fairseq) */
+    LSC_GROW_NEVER = 3     /* a fixed scale */
+};
+
+/* how a backoff computes the new scale */
+enum {
+    LSC_BACKOFF_MUL = 0,   /* scale * backoff_factor (torch, Megatron, TF1) */
+    LSC_BACKOFF_DIV = 1    /* scale / growth_factor  (TF2, Keras 2, jmp, DeepSpeed, fairseq) */
+};
+
+/* what happens when a backoff meets min_scale */
+enum {
+    LSC_MIN_CLAMP = 0,        /* new = max(new, min_scale) */
+    LSC_MIN_RAISE_AT = 1,     /* scale == min_scale already: raise, state untouched (DeepSpeed) */
+    LSC_MIN_RAISE_BELOW = 2   /* new <= min_scale: keep the old scale and raise (fairseq) */
+};
+
+/* flags */
+#define LSC_GUARD_FINITE    (1u << 0)  /* refuse a growth whose result is not finite in the working precision */
+#define LSC_HAS_MIN         (1u << 1)
+#define LSC_HAS_MAX         (1u << 2)  /* cap a growth at max_scale */
+#define LSC_REFILL_FINITE   (1u << 3)  /* hysteresis_left := hysteresis on every finite step */
+#define LSC_REFILL_GROWTH   (1u << 4)  /* ... on every growth (attempted or not) */
+#define LSC_REFILL_BACKOFF  (1u << 5)  /* ... on every backoff */
+#define LSC_HYST_SATURATE   (1u << 6)  /* hysteresis_left never falls below 1 (DeepSpeed); else it goes negative (Megatron) */
+#define LSC_APPLY_NONFINITE (1u << 7)  /* should_apply is true even for a non-finite step (TF FixedLossScale) */
+#define LSC_FTZ             (1u << 8)  /* float32 results below the smallest normal flush to zero (TF on CPU) */
+#define LSC_APPLY_NEXT      (1u << 9)  /* the computed scale takes effect one update later (MXNet) */
+
+/* return codes of lsc_update */
+#define LSC_SKIP 0
+#define LSC_APPLY 1
+#define LSC_FLOOR_ERROR (-1)
+
+typedef struct {
+    /* parameters */
+    double growth_factor;
+    double backoff_factor;
+    double min_scale;
+    double max_scale;
+    lsc_i64 growth_interval;
+    lsc_i64 growth_offset;
+    lsc_i64 hysteresis;
+    int precision;
+    int growth_mode;
+    int backoff_mode;
+    int min_action;
+    lsc_u32 flags;
+    lsc_u32 _pad;
+    /* state */
+    double scale;
+    double next_scale;          /* LSC_APPLY_NEXT only */
+    lsc_i64 good_steps;         /* the growth counter */
+    lsc_i64 hysteresis_left;    /* overflows still absorbed before a backoff */
+    lsc_i64 steps;              /* updates taken (a raise does not count) */
+    lsc_i64 skipped;            /* updates that returned LSC_SKIP */
+} lsc_state;
+
+LSC_FN int lsc_is_finite(double x, int precision)
+{
+    double m = precision == LSC_PREC_F64 ? LSC_F64_MAX : LSC_F32_MAX;
+    return x <= m && x >= -m;   /* false for NaN */
+}
+
+LSC_FN double lsc_round(const lsc_state *s, double x)
+{
+    if (s->precision == LSC_PREC_F64)
+        return x;
+    x = (double)(float)x;
+    if ((s->flags & LSC_FTZ) && x < LSC_F32_MIN_NORMAL && x > -LSC_F32_MIN_NORMAL)
+        x = x < 0 ? -0.0 : 0.0;
+    return x;
+}
+
+LSC_FN double lsc_mul(const lsc_state *s, double x, double f)
+{
+    if (s->precision == LSC_PREC_F32)
+        return lsc_round(s, (double)((float)x * (float)f));
+    return lsc_round(s, x * f);
+}
+
+LSC_FN double lsc_div(const lsc_state *s, double x, double f)
+{
+    if (s->precision == LSC_PREC_F32)
+        return lsc_round(s, (double)((float)x / (float)f));
+    return lsc_round(s, x / f);
+}
+
+LSC_FN double lsc_backoff_value(const lsc_state *s, double x)
+{
+    return s->backoff_mode == LSC_BACKOFF_DIV ? lsc_div(s, x, s->growth_factor)
+                                              : lsc_mul(s, x, s->backoff_factor);
+}
+
+/* One transition.  `finite` says whether every gradient of the step was
+ * finite.  Returns LSC_APPLY, LSC_SKIP or LSC_FLOOR_ERROR (then nothing
+ * changed but what the policy itself changes before giving up). */
+LSC_FN int lsc_update(lsc_state *s, int finite)
+{
+    int apply = finite || (s->flags & LSC_APPLY_NONFINITE);
+    /* with LSC_APPLY_NEXT the rule works on next_scale and the scale of the
+       coming step becomes the one computed at the previous update */
+    double work = (s->flags & LSC_APPLY_NEXT) ? s->next_scale : s->scale;
+    lsc_i64 good = s->good_steps, left = s->hysteresis_left;
+
+    if (s->growth_mode == LSC_GROW_NEVER) {
+        s->steps += 1;
+        s->skipped += !apply;
+        return apply ? LSC_APPLY : LSC_SKIP;
+    }
+    if (finite) {
+        int grow;
+        if (s->flags & LSC_REFILL_FINITE)
+            left = s->hysteresis;
+        if (s->growth_mode == LSC_GROW_MODULO) {
+            lsc_i64 k;
+            good += 1;
+            k = good - s->growth_offset;
+            grow = k > 0 && s->growth_interval > 0 && k % s->growth_interval == 0;
+        } else {
+            lsc_i64 t = good + 1;
+            grow = s->growth_mode == LSC_GROW_GE ? t >= s->growth_interval
+                                                 : t == s->growth_interval;
+            good = grow ? 0 : t;
+        }
+        if (grow) {
+            double x = lsc_mul(s, work, s->growth_factor);
+            if ((s->flags & LSC_GUARD_FINITE) && !lsc_is_finite(x, s->precision))
+                x = work;
+            if ((s->flags & LSC_HAS_MAX) && x > s->max_scale)
+                x = s->max_scale;
+            work = x;
+            if (s->flags & LSC_REFILL_GROWTH)
+                left = s->hysteresis;
+        }
+    } else {
+        left -= 1;
+        if (left <= 0) {
+            double x;
+            if (s->min_action == LSC_MIN_RAISE_AT && (s->flags & LSC_HAS_MIN)
+                    && work == s->min_scale)
+                return LSC_FLOOR_ERROR;
+            x = lsc_backoff_value(s, work);
+            if (s->flags & LSC_HAS_MIN) {
+                if (s->min_action == LSC_MIN_RAISE_BELOW && x <= s->min_scale)
+                    return LSC_FLOOR_ERROR;
+                if (x < s->min_scale)
+                    x = s->min_scale;
+            }
+            work = x;
+            if (s->flags & LSC_HYST_SATURATE)
+                left = 1;
+            if (s->flags & LSC_REFILL_BACKOFF)
+                left = s->hysteresis;
+        }
+        good = 0;
+    }
+    /* commit: nothing above touched *s */
+    if (s->flags & LSC_APPLY_NEXT) {
+        s->scale = s->next_scale;
+        s->next_scale = work;
+    } else {
+        s->scale = work;
+    }
+    s->good_steps = good;
+    s->hysteresis_left = left;
+    s->steps += 1;
+    s->skipped += !apply;
+    return apply ? LSC_APPLY : LSC_SKIP;
+}
+
+#endif /* LSC_STATE_H */

@@ -1,0 +1,32 @@
+"""lscore: loss scaling for mixed-precision training.
+
+One compiled state machine covers every peer's loss-scale policy; a compiled
+scan finds NaN/Inf in many arrays at memory speed.  The TF2 (`LossScale`),
+TF1 (`LossScaleManager`) and, in ``lscore.adapters``, Keras- and torch-shaped
+APIs sit on top.  ``import lscore`` needs only NumPy.
+"""
+try:
+    from lscore._ext import _scan as _scan_check, _state as _state_check  # noqa: F401
+except ImportError as e:  # pragma: no cover - exercised only on a broken install
+    raise ImportError(
+        "lscore's compiled core (lscore._ext) is not built or does not load "
+        f"({e}); from a source checkout run `pip install -e .` "
+        "(needs a C compiler, Cython >= 3 and numpy)") from e
+
+from lscore._params import Policy
+from lscore.loss_scale import DynamicLossScale, FixedLossScale, LossScale, get
+from lscore.managers import (ExponentialUpdateLossScaleManager, FixedLossScaleManager,
+                             LossScaleManager)
+from lscore.scan import all_finite, unscale_
+from lscore.state import LossScaleFloorError, LossScaleState
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LossScale", "FixedLossScale", "DynamicLossScale", "get",
+    "LossScaleManager", "FixedLossScaleManager", "ExponentialUpdateLossScaleManager",
+    "all_finite", "unscale_",
+    "Policy", "LossScaleState", "LossScaleFloorError",
+]
+
+del _scan_check, _state_check

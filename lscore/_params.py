@@ -1,0 +1,229 @@
+"""Parameters of the loss-scale state machine, and every range check.
+
+All configuration validation lives here: the classes that imitate TF, Keras or
+torch translate their own argument names and call these helpers, then build a
+``Policy``; the compiled core trusts a ``Policy`` and checks nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+import numpy as np
+
+F32_MAX = float(np.finfo(np.float32).max)
+
+PRECISIONS = ("float32", "float32_float64", "float64")
+GROWTH_MODES = ("ge", "eq", "modulo", "never")
+BACKOFF_MODES = ("multiply", "divide")
+MIN_ACTIONS = ("clamp", "raise_at", "raise_below")
+REFILLS = ("finite", "growth", "backoff")
+
+# bit values of the flags in _ext/lsc_state.h
+_GUARD_FINITE, _HAS_MIN, _HAS_MAX = 1, 2, 4
+_REFILL = {"finite": 8, "growth": 16, "backoff": 32}
+_HYST_SATURATE, _APPLY_NONFINITE, _FTZ, _APPLY_NEXT = 64, 128, 256, 512
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (numbers.Real, np.bool_)) and not isinstance(value, np.datetime64)
+
+
+def real(name: str, value) -> float:
+    """`value` as a float; TypeError naming `name` unless it is a real number."""
+    if not _is_real(value):
+        raise TypeError(f"{name} must be a real number, got {value!r} "
+                        f"({type(value).__name__})")
+    return float(value)
+
+
+def positive_scale(name: str, value, *, precision: str = "float32") -> float:
+    """A finite scale > 0, representable in the policy's precision."""
+    v = real(name, value)
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    if precision != "float64" and float(np.float32(v)) > F32_MAX:
+        raise ValueError(f"{name} must be finite in float32 (at most {F32_MAX:.8g}), "
+                         f"got {value!r}")
+    return v
+
+
+def tf_int(name: str, value) -> int:
+    """int(value), as TF converts its integer arguments (2.7 -> 2, "3" -> 3)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{name} must be convertible to int, got {value!r}") from None
+
+
+def integer(name: str, value, *, minimum: int | None = None) -> int:
+    """An integral number (bools excluded), optionally at least `minimum`."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral,)):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise TypeError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return value
+
+
+def factor_at_least_one(name: str, value) -> float:
+    v = real(name, value)
+    if not math.isfinite(v) or v < 1:
+        raise ValueError(f"{name} must be finite and >= 1, got {value!r}")
+    return v
+
+
+def factor_above_one(name: str, value) -> float:
+    v = real(name, value)
+    if not math.isfinite(v) or v <= 1:
+        raise ValueError(f"{name} must be finite and > 1, got {value!r}")
+    return v
+
+
+def fraction(name: str, value, *, closed: bool = True) -> float:
+    """A factor in (0, 1], or (0, 1) with closed=False."""
+    v = real(name, value)
+    ok = math.isfinite(v) and 0 < v and (v <= 1 if closed else v < 1)
+    if not ok:
+        raise ValueError(f"{name} must be in (0, 1{']' if closed else ')'}, got {value!r}")
+    return v
+
+
+def choice(name: str, value, choices) -> str:
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; expected one of: {', '.join(choices)}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """Every parameter of the core state machine (see lscore/_reference.py:update).
+
+    Names follow torch's GradScaler; the TF, Keras and peer-specific names are
+    mapped onto these by the classes that imitate those APIs.
+    """
+
+    name: str = "custom"
+    init_scale: float = 2.0 ** 16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    hysteresis: int = 1
+    min_scale: float | None = None
+    max_scale: float | None = None
+    precision: str = "float32_float64"
+    growth_mode: str = "eq"
+    growth_offset: int = 0
+    backoff_mode: str = "multiply"
+    min_action: str = "clamp"
+    guard_finite: bool = True
+    refill: tuple = ("backoff",)
+    hysteresis_saturate: bool = False
+    apply_nonfinite: bool = False
+    flush_subnormal: bool = False
+    apply_next: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"name must be a non-empty string, got {self.name!r}")
+        choice("precision", self.precision, PRECISIONS)
+        choice("growth_mode", self.growth_mode, GROWTH_MODES)
+        choice("backoff_mode", self.backoff_mode, BACKOFF_MODES)
+        choice("min_action", self.min_action, MIN_ACTIONS)
+        refill = tuple(self.refill)
+        for r in refill:
+            choice("refill", r, REFILLS)
+        object.__setattr__(self, "refill", tuple(sorted(set(refill), key=REFILLS.index)))
+        object.__setattr__(self, "init_scale",
+                           positive_scale("init_scale", self.init_scale, precision=self.precision))
+        object.__setattr__(self, "growth_factor",
+                           factor_at_least_one("growth_factor", self.growth_factor))
+        object.__setattr__(self, "backoff_factor", fraction("backoff_factor", self.backoff_factor))
+        object.__setattr__(self, "growth_interval",
+                           integer("growth_interval", self.growth_interval))
+        if self.growth_mode == "modulo" and self.growth_interval < 1:
+            raise ValueError(f"growth_interval must be >= 1 with growth_mode 'modulo', "
+                             f"got {self.growth_interval!r}")
+        object.__setattr__(self, "growth_offset", integer("growth_offset", self.growth_offset,
+                                                          minimum=0))
+        object.__setattr__(self, "hysteresis", integer("hysteresis", self.hysteresis, minimum=1))
+        for key in ("min_scale", "max_scale"):
+            v = getattr(self, key)
+            if v is not None:
+                v = real(key, v)
+                if math.isnan(v) or v < 0 or (key == "min_scale" and math.isinf(v)):
+                    raise ValueError(f"{key} must be a finite number >= 0 or None, got {v!r}")
+                object.__setattr__(self, key, v)
+        if (self.min_scale is not None and self.max_scale is not None
+                and self.min_scale > self.max_scale):
+            raise ValueError(f"min_scale must be <= max_scale, got {self.min_scale!r} > "
+                             f"{self.max_scale!r}")
+        if self.min_action != "clamp" and self.min_scale is None:
+            raise ValueError(f"min_action {self.min_action!r} needs a min_scale")
+        for key in ("guard_finite", "hysteresis_saturate", "apply_nonfinite",
+                    "flush_subnormal", "apply_next"):
+            if not isinstance(getattr(self, key), (bool, np.bool_)):
+                raise TypeError(f"{key} must be a bool, got {getattr(self, key)!r}")
+
+    def replace(self, **changes) -> "Policy":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["refill"] = list(self.refill)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Policy":
+        if not isinstance(d, dict):
+            raise TypeError(f"policy must be a dict, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown policy keys: {', '.join(map(repr, unknown))}")
+        d = dict(d)
+        if "refill" in d:
+            d["refill"] = tuple(d["refill"])
+        return cls(**d)
+
+    def c_params(self) -> dict:
+        """The parameter block of lsc_state (see _ext/lsc_state.h)."""
+        flags = 0
+        if self.guard_finite:
+            flags |= _GUARD_FINITE
+        if self.min_scale is not None:
+            flags |= _HAS_MIN
+        if self.max_scale is not None:
+            flags |= _HAS_MAX
+        for r in self.refill:
+            flags |= _REFILL[r]
+        if self.hysteresis_saturate:
+            flags |= _HYST_SATURATE
+        if self.apply_nonfinite:
+            flags |= _APPLY_NONFINITE
+        if self.flush_subnormal:
+            flags |= _FTZ
+        if self.apply_next:
+            flags |= _APPLY_NEXT
+        return {
+            "growth_factor": self.growth_factor,
+            "backoff_factor": self.backoff_factor,
+            "min_scale": 0.0 if self.min_scale is None else self.min_scale,
+            "max_scale": math.inf if self.max_scale is None else self.max_scale,
+            "growth_interval": self.growth_interval,
+            "growth_offset": self.growth_offset,
+            "hysteresis": self.hysteresis,
+            "precision": PRECISIONS.index(self.precision),
+            "growth_mode": GROWTH_MODES.index(self.growth_mode),
+            "backoff_mode": BACKOFF_MODES.index(self.backoff_mode),
+            "min_action": MIN_ACTIONS.index(self.min_action),
+            "flags": flags,
+        }
+
+    def round_scale(self, v: float) -> float:
+        """A scale value as the policy stores it (float32 unless float64)."""
+        return v if self.precision == "float64" else float(np.float32(v))

@@ -1,0 +1,256 @@
+"""NumPy-only twin of the compiled core; slow, obvious, used only by tests.
+
+It is never a fallback: ``import lscore`` fails without the compiled core.
+Tests run the core and this module on the same generated inputs and demand
+the same results and the same exceptions.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from lscore._params import Policy
+
+APPLY, SKIP, FLOOR_ERROR = 1, 0, -1
+
+
+@dataclasses.dataclass(frozen=True)
+class RefState:
+    """Reference for lscore._ext._state.CyState; slow, used only by tests."""
+
+    policy: Policy
+    scale: float
+    next_scale: float = 0.0
+    good_steps: int = 0
+    hysteresis_left: int = 1
+    steps: int = 0
+    skipped: int = 0
+
+    @classmethod
+    def initial(cls, policy: Policy) -> "RefState":
+        s = policy.round_scale(policy.init_scale)
+        return cls(policy, s, s, 0, policy.hysteresis, 0, 0)
+
+
+def _rnd(p: Policy, x: float) -> float:
+    if p.precision == "float64":
+        return x
+    x = float(np.float32(x))
+    if p.flush_subnormal and abs(x) < float(np.finfo(np.float32).tiny):
+        x = math.copysign(0.0, x)
+    return x
+
+
+def _mul(p: Policy, x: float, f: float) -> float:
+    if p.precision == "float32":
+        with np.errstate(over="ignore"):
+            return _rnd(p, float(np.float32(x) * np.float32(f)))
+    return _rnd(p, x * f)
+
+
+def _div(p: Policy, x: float, f: float) -> float:
+    if p.precision == "float32":
+        with np.errstate(over="ignore", divide="ignore"):
+            return _rnd(p, float(np.float32(x) / np.float32(f)))
+    return _rnd(p, x / f)
+
+
+def _finite(p: Policy, x: float) -> bool:
+    limit = float(np.finfo(np.float64 if p.precision == "float64" else np.float32).max)
+    return -limit <= x <= limit
+
+
+def update(state: RefState, finite: bool) -> tuple[RefState, int]:
+    """Reference for lscore._ext._state.CyState.update; slow, used only by tests.
+
+    The spec of every policy, with p = state.policy::
+
+        (p.apply_next: the rule below works on next_scale; at the end
+         scale = old next_scale, next_scale = the result)
+        if p.growth_mode == "never": count the step; return
+        if finite:
+            if "finite" in p.refill: hysteresis_left = p.hysteresis
+            ge:     good += 1; grow = good >= interval; if grow: good = 0
+            eq:     good += 1; grow = good == interval; if grow: good = 0
+            modulo: good += 1; k = good - offset; grow = k > 0 and k % interval == 0
+            if grow:
+                new = scale * growth_factor          (in p.precision)
+                if p.guard_finite and new is not finite: new = scale
+                if max_scale is not None: new = min(new, max_scale)
+                scale = new
+                if "growth" in p.refill: hysteresis_left = p.hysteresis
+        else:
+            left = hysteresis_left - 1
+            if left <= 0:
+                if min_action == "raise_at" and scale == min_scale: return FLOOR_ERROR (nothing changed)
+                new = scale / growth_factor if backoff_mode == "divide" else scale * backoff_factor
+                if min_action == "raise_below" and new <= min_scale: return FLOOR_ERROR
+                if min_scale is not None: new = max(new, min_scale)
+                scale = new
+                if p.hysteresis_saturate: left = 1
+                if "backoff" in p.refill: left = p.hysteresis
+            hysteresis_left = left; good = 0
+        steps += 1; skipped += not should_apply
+        should_apply = finite or p.apply_nonfinite
+
+    "In p.precision": float32 rounds the factor to float32 and multiplies in
+    float32 (TF, Megatron); float32_float64 multiplies in double and rounds
+    the result to float32 (torch); float64 is a Python float (DeepSpeed).
+    """
+    p = state.policy
+    s = dataclasses.replace(state)
+    apply = bool(finite) or p.apply_nonfinite
+    if p.growth_mode == "never":
+        return dataclasses.replace(s, steps=s.steps + 1, skipped=s.skipped + (not apply)), \
+            APPLY if apply else SKIP
+    scale, nxt = s.scale, s.next_scale
+    work = nxt if p.apply_next else scale
+    good, left = s.good_steps, s.hysteresis_left
+    if finite:
+        if "finite" in p.refill:
+            left = p.hysteresis
+        if p.growth_mode == "modulo":
+            good += 1
+            k = good - p.growth_offset
+            grow = k > 0 and k % p.growth_interval == 0
+        else:
+            t = good + 1
+            grow = t >= p.growth_interval if p.growth_mode == "ge" else t == p.growth_interval
+            good = 0 if grow else t
+        if grow:
+            new = _mul(p, work, p.growth_factor)
+            if p.guard_finite and not _finite(p, new):
+                new = work
+            if p.max_scale is not None and new > p.max_scale:
+                new = p.max_scale
+            work = new
+            if "growth" in p.refill:
+                left = p.hysteresis
+    else:
+        left = left - 1
+        if left <= 0:
+            if p.min_action == "raise_at" and work == p.min_scale:
+                return state, FLOOR_ERROR
+            if p.backoff_mode == "divide":
+                new = _div(p, work, p.growth_factor)
+            else:
+                new = _mul(p, work, p.backoff_factor)
+            if p.min_scale is not None:
+                if p.min_action == "raise_below" and new <= p.min_scale:
+                    return state, FLOOR_ERROR
+                if new < p.min_scale:
+                    new = p.min_scale
+            work = new
+            if p.hysteresis_saturate:
+                left = 1
+            if "backoff" in p.refill:
+                left = p.hysteresis
+        good = 0
+    if p.apply_next:
+        scale, nxt = nxt, work
+    else:
+        scale = work
+    return RefState(p, scale, nxt, good, left, s.steps + 1, s.skipped + (not apply)), \
+        APPLY if apply else SKIP
+
+
+# ---- scan ------------------------------------------------------------------
+
+_FLOAT8 = ("float8_e4m3fn", "float8_e5m2")
+_FLOATS = ("float16", "bfloat16", "float32", "float64") + _FLOAT8
+_INTS = ("int4", "uint4", "int2", "uint2")
+
+
+def _leaves(obj, write, depth=0):
+    if depth > 64:
+        raise ValueError("arrays are nested deeper than 64 levels")
+    if obj is None:
+        return
+    if isinstance(obj, np.ndarray):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _leaves(x, write, depth + 1)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _leaves(x, write, depth + 1)
+    elif isinstance(obj, (int, float)):
+        if write:
+            raise TypeError(f"unscale_ cannot write to a Python {type(obj).__name__}")
+        yield np.asarray(obj)
+    elif isinstance(obj, np.generic) and obj.dtype.kind in "biufV":
+        if write:
+            raise TypeError("unscale_ cannot write to a numpy scalar")
+        yield np.asarray(obj)
+    else:
+        raise TypeError(f"unsupported array type {type(obj).__qualname__}")
+
+
+def _kind(a: np.ndarray) -> str:
+    name = a.dtype.name
+    if a.dtype.kind in "biu" or name in _INTS:
+        return "int"
+    if name in _FLOATS:
+        return name
+    raise TypeError(f"unsupported dtype {name}")
+
+
+def _overlaps(a: np.ndarray) -> bool:
+    dims = sorted((abs(st), n) for st, n in zip(a.strides, a.shape) if n > 1)
+    span = a.itemsize
+    for st, n in dims:
+        if st < span:
+            return True
+        span += st * (n - 1)
+    return False
+
+
+def all_finite(arrays) -> bool:
+    """Reference for lscore.all_finite; slow, used only by tests."""
+    leaves = [(a, _kind(a)) for a in _leaves(arrays, False)]
+    for a, kind in leaves:
+        if kind == "int" or a.size == 0:
+            continue
+        if kind in _FLOAT8:
+            # float8 has no isfinite ufunc of its own in every ml_dtypes; widen (exact)
+            a = a.astype(np.float32)
+        if not np.isfinite(a).all():
+            return False
+    return True
+
+
+def unscale_(arrays, inv_scale: float) -> bool:
+    """Reference for lscore.unscale_; slow, used only by tests.
+
+    float32 and float16/bfloat16 multiply by float32(inv_scale) in float32 and
+    round back (nearest even); float64 multiplies by the double inv_scale.
+    Every floating array is multiplied completely; integers are left alone.
+    """
+    leaves = [(a, _kind(a)) for a in _leaves(arrays, True)]
+    for a, kind in leaves:
+        if kind == "int":
+            continue
+        if not a.flags.writeable:
+            raise ValueError("unscale_ needs writable arrays")
+        if kind in _FLOAT8:
+            raise TypeError("unscale_ does not support float8")
+        if _overlaps(a):
+            raise ValueError("unscale_ needs arrays whose elements do not overlap")
+    finite = True
+    for a, kind in leaves:
+        if kind == "int" or a.size == 0:
+            continue
+        wide = a.astype(np.float64 if kind == "float64" else np.float32)
+        finite &= bool(np.isfinite(wide).all())
+        if inv_scale == 1.0:
+            continue
+        if kind == "float64":
+            out = wide * np.float64(inv_scale)
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):
+                out = wide * np.float32(inv_scale)
+        with np.errstate(over="ignore", invalid="ignore"):
+            a[...] = out.astype(a.dtype)
+    return finite

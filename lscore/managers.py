@@ -1,0 +1,121 @@
+"""TF1-shaped loss-scale managers (``tf.contrib.mixed_precision``).
+
+Code written against ``LossScaleManager.get_loss_scale()`` and
+``update_loss_scale(finite_grads)`` keeps working after its import lines are
+switched to lscore.  Scales are Python floats holding float32 values.
+"""
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+
+from lscore._params import Policy, factor_at_least_one, fraction, integer, positive_scale, tf_int
+from lscore.loss_scale import _fixed_value, _load_same_policy
+from lscore.state import LossScaleState
+
+__all__ = ["LossScaleManager", "FixedLossScaleManager", "ExponentialUpdateLossScaleManager"]
+
+
+def _as_bool(finite_grads) -> bool:
+    if isinstance(finite_grads, (bool, np.bool_)):
+        return bool(finite_grads)
+    if isinstance(finite_grads, np.ndarray) and finite_grads.dtype == np.bool_ \
+            and finite_grads.size == 1:
+        return bool(finite_grads.reshape(()))
+    raise TypeError(f"finite_grads must be a bool, got {finite_grads!r} "
+                    f"({type(finite_grads).__name__})")
+
+
+class LossScaleManager(abc.ABC):
+    """Abstract TF1 loss-scale manager."""
+
+    @abc.abstractmethod
+    def get_loss_scale(self) -> float:
+        """The loss scale to use for this step."""
+
+    @abc.abstractmethod
+    def update_loss_scale(self, finite_grads) -> None:
+        """Tell the manager whether this step's gradients were all finite."""
+
+
+class FixedLossScaleManager(LossScaleManager):
+    """A constant loss scale.  The TF1 LossScaleOptimizer still skips non-finite steps."""
+
+    def __init__(self, loss_scale):
+        self._value = _fixed_value("loss_scale", loss_scale, "loss scale must be at least 1.")
+        self._scale32 = float(np.float32(self._value))
+
+    def get_loss_scale(self) -> float:
+        return self._scale32
+
+    def update_loss_scale(self, finite_grads) -> None:
+        _as_bool(finite_grads)
+
+    def __repr__(self):
+        return f"FixedLossScaleManager({self._value})"
+
+
+class ExponentialUpdateLossScaleManager(LossScaleManager):
+    """TF1's exponential policy: grow after a run of good steps, shrink after bad ones.
+
+    In float32, as TF1 computes it::
+
+        if finite:
+            if good_steps + 1 >= incr_every_n_steps:
+                new = scale * incr_ratio
+                if new is finite: scale = new
+                good_steps = bad_steps = 0
+            else:
+                good_steps += 1                   # bad_steps is NOT reset
+        else:
+            if bad_steps + 1 >= decr_every_n_nan_or_inf:
+                scale = max(1, scale * decr_ratio)
+                good_steps = bad_steps = 0
+            else:
+                bad_steps += 1; good_steps = 0
+
+    Bad steps accumulate (they need not be consecutive) until the scale changes.
+    """
+
+    def __init__(self, init_loss_scale, incr_every_n_steps, decr_every_n_nan_or_inf=2,
+                 incr_ratio=2, decr_ratio=0.8):
+        self._init = positive_scale("init_loss_scale", init_loss_scale)
+        self._incr_n = tf_int("incr_every_n_steps", incr_every_n_steps)
+        self._decr_n = integer("decr_every_n_nan_or_inf", decr_every_n_nan_or_inf, minimum=1)
+        self._incr_ratio = factor_at_least_one("incr_ratio", incr_ratio)
+        self._decr_ratio = fraction("decr_ratio", decr_ratio)
+        self._state = LossScaleState(Policy(
+            name="tf1", init_scale=self._init, growth_factor=self._incr_ratio,
+            backoff_factor=self._decr_ratio, growth_interval=self._incr_n,
+            hysteresis=self._decr_n, precision="float32", growth_mode="ge",
+            backoff_mode="multiply", min_scale=1.0, guard_finite=True,
+            refill=("growth", "backoff")))
+
+    def get_loss_scale(self) -> float:
+        return self._state._cy.scale
+
+    def update_loss_scale(self, finite_grads) -> None:
+        self._state.update(_as_bool(finite_grads))
+
+    @property
+    def good_steps(self) -> int:
+        return self._state._cy.good_steps
+
+    @property
+    def bad_steps(self) -> int:
+        return self._decr_n - self._state._cy.hysteresis_left
+
+    @property
+    def state(self) -> LossScaleState:
+        return self._state
+
+    def state_dict(self) -> dict:
+        return self._state.state_dict()
+
+    def load_state_dict(self, d: dict) -> None:
+        _load_same_policy(self._state, d)
+
+    def __repr__(self):
+        return (f"ExponentialUpdateLossScaleManager(loss_scale={self.get_loss_scale()}, "
+                f"good_steps={self.good_steps}, bad_steps={self.bad_steps})")
