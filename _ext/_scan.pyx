@@ -91,6 +91,8 @@ cdef bint _may_overlap(cnp.ndarray a):
     cdef int m = 0
     cdef cnp.npy_intp *shape = cnp.PyArray_DIMS(a)
     cdef cnp.npy_intp *st = cnp.PyArray_STRIDES(a)
+    if cnp.PyArray_SIZE(a) == 0:
+        return False
     for k in range(nd):
         if shape[k] > 1:
             sizes[m] = shape[k]

@@ -198,6 +198,8 @@ def _kind(a: np.ndarray) -> str:
 
 
 def _overlaps(a: np.ndarray) -> bool:
+    if a.size == 0:
+        return False
     dims = sorted((abs(st), n) for st, n in zip(a.strides, a.shape) if n > 1)
     span = a.itemsize
     for st, n in dims:
