@@ -1,0 +1,5 @@
+import sys
+
+from lscore._cli import main
+
+sys.exit(main())

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Run the test suite in the given virtualenv.  pytest's exit code 5 ("no
+# tests collected") is an error here: a suite that ran nothing proves nothing.
+set -euo pipefail
+venv="$1"
+export PYTHONDONTWRITEBYTECODE=1
+set +e
+"$venv/bin/python" -m pytest -ra -q tests
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+    echo "pytest collected no tests" >&2
+    exit 1
+fi
+exit "$rc"
