@@ -3,7 +3,7 @@
 # single transition, update(finite).  It does not validate: lscore/_params.py
 # checks every parameter before a CyState is built, and lscore/state.py
 # composes it.  The transition's spec is lscore/_reference.py:update.
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 from _lsc_state cimport lsc_state, lsc_update
 
@@ -82,6 +82,20 @@ cdef class CyState:
     property skipped:
         def __get__(self): return self.s.skipped
         def __set__(self, long long v): self.s.skipped = v
+
+    def to_bytes(self):
+        """The raw lsc_state struct (for the device-side copy of the GPU path)."""
+        return (<char *>&self.s)[:sizeof(lsc_state)]
+
+    def from_bytes(self, const unsigned char[::1] raw):
+        """Take a raw lsc_state struct written by to_bytes (or by the device)."""
+        if raw.shape[0] != sizeof(lsc_state):
+            raise ValueError(f"an lsc_state is {sizeof(lsc_state)} bytes, got {raw.shape[0]}")
+        memcpy(&self.s, &raw[0], sizeof(lsc_state))
+
+    @staticmethod
+    def nbytes():
+        return sizeof(lsc_state)
 
     def copy(self):
         cdef CyState other = CyState.__new__(CyState)
