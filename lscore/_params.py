@@ -26,6 +26,12 @@ _REFILL = {"finite": 8, "growth": 16, "backoff": 32}
 _HYST_SATURATE, _APPLY_NONFINITE, _FTZ, _APPLY_NEXT = 64, 128, 256, 512
 
 
+def _overflows_f32(v: float) -> bool:
+    """True when float32(v) would be +/-inf."""
+    with np.errstate(over="ignore"):
+        return bool(np.isinf(np.float32(v)))
+
+
 def _is_real(value) -> bool:
     return isinstance(value, (numbers.Real, np.bool_)) and not isinstance(value, np.datetime64)
 
@@ -43,7 +49,7 @@ def positive_scale(name: str, value, *, precision: str = "float32") -> float:
     v = real(name, value)
     if not math.isfinite(v) or v <= 0:
         raise ValueError(f"{name} must be finite and > 0, got {value!r}")
-    if precision != "float64" and float(np.float32(v)) > F32_MAX:
+    if precision != "float64" and _overflows_f32(v):
         raise ValueError(f"{name} must be finite in float32 (at most {F32_MAX:.8g}), "
                          f"got {value!r}")
     return v

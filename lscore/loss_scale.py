@@ -14,8 +14,8 @@ import math
 import numpy as np
 
 from lscore._ext import _scan
-from lscore._params import (Policy, factor_at_least_one, positive_scale, real, tf_int,
-                            F32_MAX)
+from lscore._params import (F32_MAX, Policy, _overflows_f32, factor_at_least_one,
+                            positive_scale, real, tf_int)
 from lscore.state import LossScaleState
 
 __all__ = ["LossScale", "FixedLossScale", "DynamicLossScale", "get"]
@@ -54,7 +54,7 @@ def _fixed_value(name: str, value, message: str) -> float:
         raise ValueError(f"{name} must be finite, got {value!r}")
     if v < 1:
         raise ValueError(message)
-    if float(np.float32(v)) > F32_MAX:
+    if _overflows_f32(v):
         raise ValueError(f"{name} must be finite in float32 (at most {F32_MAX:.8g}), "
                          f"got {value!r}")
     return v
