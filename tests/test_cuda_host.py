@@ -26,7 +26,7 @@ import cuda_host  # noqa: E402
 # (chunk, block, max_tensors, max_blocks): the last ones force many launches
 CONFIGS = [(8, 1, 4096, 65535), (16, 3, 4096, 65535), (64, 32, 3, 5), (8, 4, 2, 3),
            (1024, 64, 1, 1)]
-INVS = [0.5, 2.0, 1 / 3, 1.0, 1e-5, 65536.0, 3e-39, 1e30, float(np.float32(1 / 3000))]
+INVS = [0.5, 2.0, 1.5, 0.75, 1 / 3, 1.0, 1e-5, 65536.0, 3e-39, 1e30, float(np.float32(1 / 3000))]
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,8 @@ def test_all_finite_matches_reference(backend):
 def test_every_half_bit_pattern(backend, code):
     """All 65,536 words of fp16 and bf16, through the vector path, against the CPU core."""
     dt = np.dtype(np.float16) if code == Code.F16 else np.dtype("bfloat16")
-    for inv in (0.5, 1 / 3, 2.0 ** -20, 3.0e4):
+    # 1.5 and 0.75 make many exact ties (round half to even); 2**-20 many subnormals
+    for inv in (0.5, 1.5, 0.75, 1 / 3, 2.0 ** -20, 3.0e4):
         a = np.arange(65536, dtype=np.uint16).view(dt)
         assert a.ctypes.data % 16 == 0
         want = a.copy()
