@@ -408,10 +408,7 @@ class ArrayOptimizer:
 
     @clipnorm.setter
     def clipnorm(self, value):
-        value = _clip_arg("clipnorm", value)
-        if value is not None and self._global_clipnorm is not None:
-            raise ValueError("At most one of `clipnorm` and `global_clipnorm` can be set.")
-        self._clipnorm = value
+        self._set_norm("clipnorm", value, other="global_clipnorm")
 
     @property
     def global_clipnorm(self):
@@ -419,10 +416,13 @@ class ArrayOptimizer:
 
     @global_clipnorm.setter
     def global_clipnorm(self, value):
-        value = _clip_arg("global_clipnorm", value)
-        if value is not None and self._clipnorm is not None:
+        self._set_norm("global_clipnorm", value, other="clipnorm")
+
+    def _set_norm(self, name: str, value, *, other: str) -> None:
+        value = _clip_arg(name, value)
+        if value is not None and getattr(self, "_" + other) is not None:
             raise ValueError("At most one of `clipnorm` and `global_clipnorm` can be set.")
-        self._global_clipnorm = value
+        setattr(self, "_" + name, value)
 
     @property
     def clipvalue(self):
