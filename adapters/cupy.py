@@ -2,7 +2,7 @@
 
 The same names as ``lscore.adapters.numpy``, for arrays on a CUDA device.
 ``all_finite`` and ``unscale_`` run lscore's multi-tensor kernels
-(_ext/scan.cu, compiled once per device by NVRTC through ``cupy.RawModule``):
+(_ext/scan.cu, compiled once per device by NVRTC, see lscore/_cuda.py):
 one launch per dtype covers a whole list of arrays, float16, bfloat16,
 float32 and float64, with the CPU core's arithmetic; each call reads one
 flag back (one host sync per device).
