@@ -263,3 +263,20 @@ class Policy:
     def round_scale(self, v: float) -> float:
         """A scale value as the policy stores it (float32 unless float64)."""
         return v if self.precision == "float64" else float(np.float32(v))
+
+
+def boolean(name: str, value) -> bool:
+    """A bool (NumPy bools included); TypeError naming `name` otherwise."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def scale_value(name: str, value, *, precision: str = "float32") -> float:
+    """A loss scale given by the user: positive_scale, NumPy/torch 0-d values included."""
+    if hasattr(value, "item") and not isinstance(value, (float, int)):
+        try:
+            value = value.item()
+        except (TypeError, ValueError):
+            pass
+    return positive_scale(name, value, precision=precision)
