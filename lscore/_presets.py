@@ -228,6 +228,9 @@ TABLE: dict[str, Spec] = {
         checks={"dynamic": boolean, "initial_scale": _optional(_f32),
                 "dynamic_growth_steps": _optional(tf_int)},
         rename={}, fixed={}, derive=_keras2,
+        invert=lambda p: ({"dynamic": False, "initial_scale": p.init_scale}
+                          if p.growth_mode == "never" else
+                          {"initial_scale": p.init_scale, "dynamic_growth_steps": p.growth_interval}),
         doc="""tf-keras LossScaleOptimizer's loss scale (multiplier fixed at 2), float32::
 
         dynamic=False: scale = initial_scale forever; every step is applied
