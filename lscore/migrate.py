@@ -221,8 +221,11 @@ class _DeepSpeed(_Peer):
                    "consecutive_hysteresis", "raise_error_at_min_scale", "dynamic", "dtype")
 
     def args(self, config):
+        """A ds_config, its "fp16" section, or DynamicLossScaler's arguments."""
         if not isinstance(config, dict):
             raise TypeError(f"ds_config must be a dict, got {type(config).__name__}")
+        if config and set(config) <= set(_presets.TABLE["deepspeed"].args):
+            return dict(config)                   # DynamicLossScaler's own arguments
         # a whole ds_config: only its "fp16" section is about loss scaling
         fp16 = config["fp16"] if "fp16" in config else config
         fp16 = _keys("ds_config fp16 section", fp16, self.fp16_keys)

@@ -81,16 +81,23 @@ def test_resume_mid_run_follows_the_peer(peer, args, config, native):
         continue_both(ls, model, events[cut:], (peer, args, events, cut))
 
 
-def test_resume_torch_recorded():
-    """torch.amp.GradScaler's own state_dict, saved mid-run (tests/data/record_torch.py)."""
-    data = json.loads((DATA / "torch.json").read_text())
+@pytest.mark.parametrize("peer", ["torch", "megatron", "deepspeed"])
+def test_resume_recorded(peer):
+    """The peer's own state_dict, saved mid-run by tests/data/record_<peer>.py."""
+    data = json.loads((DATA / f"{peer}.json").read_text())
     assert data["resume"]
     for case in data["resume"]:
-        ls = migrate.from_peer("torch", config=case["args"], state=case["state"])
+        ls = migrate.from_peer(peer, config=case["args"], state=case["state"])
         for i, (e, want) in enumerate(zip(case["events"], case["scales"])):
+            if want == "raise":
+                with pytest.raises(lscore.LossScaleFloorError):
+                    ls.state.update(e)
+                continue
             ls.state.update(e)
             assert ls() == want, (case["args"], i)
-        assert migrate.to_peer("torch", ls)["scale"] == case["scales"][-1]
+        native = migrate.to_peer(peer, ls)
+        last = [x for x in case["scales"] if x != "raise"][-1]
+        assert native.get("scale", native.get("cur_scale")) == last
 
 
 @pytest.mark.parametrize("peer,state", [

@@ -150,7 +150,7 @@ def test_recorded_peer_sequence(name, case):
 def test_recorded_data_present():
     """The committed recordings cover the peers that install on a CPU machine."""
     got = {json.loads(p.read_text())["preset"] for p in DATA.glob("*.json")}
-    assert {"torch", "jmp"} <= got
+    assert {"torch", "jmp", "megatron", "deepspeed"} <= got
 
 
 # ---- TF's and Keras's own published test vectors (research/tf_semantics.md §7) ---------
