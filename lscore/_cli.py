@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     demo = sub.add_parser("demo", help="train a small model in float16 with and without loss scaling")
     demo.add_argument("--backend", choices=("numpy", "torch"), default="numpy",
                       help="array backend (torch needs the PyTorch adapter)")
-    demo.add_argument("--steps", type=int, default=1500, help="training steps per mode")
+    demo.add_argument("--steps", type=int, default=1000, help="training steps per mode")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", default=".", help="folder for lscore_demo.png and .json")
     demo.set_defaults(func=_demo)

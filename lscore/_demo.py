@@ -237,7 +237,7 @@ def config(steps: int, seed: int) -> dict:
             "growth_steps": 200, "fixed_scale": 2.0 ** 10, "measure_every": 10}
 
 
-def run(steps: int = 1500, seed: int = 0, out: str = ".", backend: str = "numpy") -> int:
+def run(steps: int = 1000, seed: int = 0, out: str = ".", backend: str = "numpy") -> int:
     """Train the four modes, print the table, write the PNG and the JSON; returns an exit code."""
     if backend != "numpy":
         raise ValueError(f"unknown backend {backend!r}")
