@@ -366,9 +366,8 @@ class GradScaler:
                     _kernel_unscale(groups, torch.full((), inv, dtype=torch.float32),
                                     torch.zeros((), dtype=torch.float32), found)
         if written:
+            # like torch's kernel, this leaves the autograd version counters alone
             finite = _scan.unscale_raw(*table.views(), inv)
-            if inv != 1.0:
-                torch.autograd.graph.increment_version(written)
             cpu = found.get(_CPU)
             if cpu is None:
                 found[_CPU] = torch.full((), 0.0 if finite else 1.0, dtype=torch.float32)
