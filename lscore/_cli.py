@@ -44,6 +44,8 @@ def main(argv=None) -> int:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", default=".")
     demo.set_defaults(func=_demo)
+    from lscore.migrate import add_parser as _add_migrate
+    _add_migrate(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 
