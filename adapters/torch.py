@@ -98,9 +98,9 @@ def _resolve_policy(policy) -> tuple[Policy, dict | None]:
         if "format" in policy:
             return LossScaleState.from_state_dict(policy).policy, policy
         return Policy.from_dict(policy), None
-    inner = getattr(policy, "policy", None)
-    if isinstance(inner, Policy):
-        return inner, None
+    state = getattr(policy, "state", None)           # a LossScale, e.g. lscore.preset(...)
+    if isinstance(state, LossScaleState):
+        return state.policy, state.state_dict()
     raise TypeError(f"policy must be a preset name, an lscore Policy, a config dict or a "
                     f"{FORMAT!r} state dict, got {type(policy).__name__}")
 
@@ -209,8 +209,10 @@ class GradScaler:
         off, as torch).  Every finite step refills it, as NeMo's GradScaler does.
     policy : str, Policy, dict or LossScaleState, optional
         A whole lscore policy instead of the numeric arguments: a preset name
-        (through ``lscore.preset``), a ``Policy``, its ``to_dict()`` config, or
-        an ``"lscore.state/1"`` state dict (which also sets scale and counters).
+        (through ``lscore.preset``, with the peer's defaults), a loss scale
+        from ``lscore.preset(name, **peer_args)``, a ``Policy``, its
+        ``to_dict()`` config, or an ``"lscore.state/1"`` state dict; a preset
+        or a state dict also sets the scale and counters.
 
     ``state_dict()`` adds the key ``"lscore"`` (the full v1 state) only when
     one of these is in use; torch's ``load_state_dict`` ignores it.

@@ -374,6 +374,24 @@ def test_policy_argument_forms():
             GradScaler("cpu", policy="deepspeed")
 
 
+@pytest.mark.skipif(not hasattr(lscore, "preset"), reason="needs lscore.preset")
+@pytest.mark.parametrize("name,kwargs", [("deepspeed", {}), ("megatron", {}),
+                                         ("deepspeed", dict(init_scale=2.0 ** 8, scale_window=2,
+                                                            delayed_shift=2))],
+                         ids=["deepspeed", "megatron", "deepspeed_args"])
+def test_policy_presets_follow_lscore_preset(name, kwargs):
+    events = [True, False, False, True, True, True, False, True, True, True, True]
+    s = (GradScaler("cpu", policy=lscore.preset(name, **kwargs)) if kwargs
+         else GradScaler("cpu", policy=name))
+    ls = lscore.preset(name, **kwargs)
+    m, o = make()
+    for finite in events:
+        iteration(s, m, o, finite)
+        ls.state.update(finite)
+        assert s.get_scale() == ls.state.scale
+    assert s.state_dict()["lscore"]["counters"] == ls.state.counters()
+
+
 def test_setter_validation_changes_nothing():
     s = GradScaler("cpu", hysteresis=2)
     before = s.state_dict()
