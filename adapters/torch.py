@@ -604,10 +604,9 @@ class GradScaler:
 
     def _set_policy(self, **changes) -> None:
         policy = self._state.policy.replace(**changes)     # validates
-        if self._kernel_update():
-            return                                         # the tensors hold the state
-        c = self._state.counters()
-        self._set_state(self._state.scale, c["good_steps"], policy)
+        # (on torch's device path the tensors hold scale and tracker; the host copy
+        # keeps the policy for pickling and state dicts)
+        self._set_state(self._state.scale, self._state.counters()["good_steps"], policy)
 
     def is_enabled(self) -> bool:
         return self._enabled
