@@ -1,0 +1,87 @@
+"""One rank of a torch.distributed test run (started by tests/test_distributed_torch.py).
+
+usage: torch_worker.py MODE RANK WORLD PORT OUT_DIR [BACKEND]
+
+MODE: ``scenarios`` runs scenarios.run_all; ``die`` has the last rank exit
+abruptly while the others wait in a reduce (they must fail, not hang).
+Each rank writes OUT_DIR/rank<R>.json.
+"""
+import datetime
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import scenarios
+from lscore.distributed import TorchReducer
+
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=30)
+
+
+class TorchGroup:
+    """scenarios.Group over a torch process group; counts collectives."""
+
+    def __init__(self, rank, size, device):
+        self.rank, self.size, self.device = rank, size, device
+        self.collectives = 0
+        for name in ("all_reduce", "all_gather_single", "all_gather_into_tensor", "all_gather"):
+            if hasattr(dist, name):
+                setattr(dist, name, self._counted(getattr(dist, name)))
+        self.reducer = TorchReducer()
+
+    def _counted(self, fn):
+        def wrapper(*args, **kwargs):
+            self.collectives += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    def allreduce_sum(self, a):
+        t = torch.from_numpy(np.array(a)).to(self.device)
+        dist.all_reduce(t)
+        return t.cpu().numpy()
+
+    def allgather(self, a):
+        t = torch.from_numpy(np.array(a)).to(self.device)
+        parts = [torch.empty_like(t) for _ in range(self.size)]
+        dist.all_gather(parts, t)
+        return torch.stack(parts).cpu().numpy()
+
+
+def main():
+    mode, rank, world, port, out_dir = sys.argv[1:6]
+    backend = sys.argv[6] if len(sys.argv) > 6 else "gloo"
+    rank, world = int(rank), int(world)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=COLLECTIVE_TIMEOUT)
+    try:
+        if mode == "die":
+            reducer = TorchReducer()
+            reducer.reduce(False)                 # everyone is up
+            if rank == world - 1:
+                os._exit(3)                       # dies without a word
+            try:
+                reducer.reduce(True)
+                result = {"error": None}
+            except Exception as e:                # the point: it raises instead of hanging
+                result = {"error": f"{type(e).__name__}: {e}"[:300]}
+        else:
+            group = TorchGroup(rank, world, device)
+            result = ({"reduce_basic": scenarios.reduce_basic(group)} if backend == "nccl"
+                      else scenarios.run_all(group))
+            result["device"] = str(group.reducer.device())
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+    finally:
+        if mode != "die":
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
