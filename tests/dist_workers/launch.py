@@ -106,9 +106,11 @@ def mpi_env() -> dict:
     return env
 
 
-def mpi_run(mode: str, out_dir: Path, world: int = 2, timeout: float = 120.0):
+def mpi_run(mode: str, out_dir: Path, world: int = 2, timeout: float = 120.0,
+            mpirun_timeout: int | None = None):
     """`mpirun -n world mpi_worker.py mode out_dir`, with mpirun's own timeout inside ours."""
-    cmd = (mpirun_command(world) + ["--timeout", str(int(timeout * 0.75)),
+    mpirun_timeout = mpirun_timeout or int(timeout * 0.75)
+    cmd = (mpirun_command(world) + ["--timeout", str(mpirun_timeout),
                                     sys.executable, str(HERE / "mpi_worker.py"), mode,
                                     str(out_dir)])
     return run([cmd], out_dir, timeout, env=mpi_env())[0]
