@@ -47,28 +47,9 @@ def mpi_records(tmp_path_factory):
 
 
 @needs_mpi
-def test_or_and_stats_in_one_collective(mpi_records):
-    checks.check_reduce_basic(mpi_records)
-
-
-@needs_mpi
-def test_nan_on_one_rank_makes_every_rank_skip_with_the_same_scale(mpi_records):
-    checks.check_nan_one_rank(mpi_records)
-
-
-@needs_mpi
-def test_fifty_steps_of_random_faults_end_with_identical_parameters(mpi_records):
-    checks.check_replicated(mpi_records)
-
-
-@needs_mpi
-def test_sharded_gradients_one_collective_decides(mpi_records):
-    checks.check_sharded(mpi_records)
-
-
-@needs_mpi
-def test_without_reducer_the_ranks_diverge(mpi_records):
-    checks.check_control_diverges(mpi_records)
+@pytest.mark.parametrize("check", list(checks.ALL.values()), ids=list(checks.ALL))
+def test_scenario(check, mpi_records):
+    check(mpi_records)
 
 
 @needs_mpi

@@ -41,24 +41,9 @@ def gloo_records(tmp_path_factory):
     return recs
 
 
-def test_or_and_stats_in_one_collective(gloo_records):
-    checks.check_reduce_basic(gloo_records)
-
-
-def test_nan_on_one_rank_makes_every_rank_skip_with_the_same_scale(gloo_records):
-    checks.check_nan_one_rank(gloo_records)
-
-
-def test_fifty_steps_of_random_faults_end_with_identical_parameters(gloo_records):
-    checks.check_replicated(gloo_records)
-
-
-def test_sharded_gradients_one_collective_decides(gloo_records):
-    checks.check_sharded(gloo_records)
-
-
-def test_without_reducer_the_ranks_diverge(gloo_records):
-    checks.check_control_diverges(gloo_records)
+@pytest.mark.parametrize("check", list(checks.ALL.values()), ids=list(checks.ALL))
+def test_scenario(check, gloo_records):
+    check(gloo_records)
 
 
 def test_a_dead_rank_makes_the_others_fail_not_hang(tmp_path):

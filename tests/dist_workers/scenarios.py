@@ -3,7 +3,10 @@
 A worker (torch_worker.py, mpi_worker.py) wraps its transport in a `Group`:
 ``rank``, ``size``, ``allreduce_sum(a)``, ``allgather(a) -> (size, n)``,
 ``reducer`` (the lscore reducer under test) and ``collectives`` (how many
-collectives the reducer has issued so far).  Each scenario returns a
+collectives the reducer has issued so far).  A *stepper* is the code under
+test that takes one scaled gradient and a variable: ``CoreStepper`` (lscore's
+core driven by hand, with the reducer) or ``NumpyAdapterStepper`` (the NumPy
+adapter's LossScaleOptimizer with ``reducer=``).  Each scenario returns a
 JSON-able record; the tests compare the records of all ranks.
 
 The faults are rank-local on purpose: gradients are already averaged when a
@@ -58,25 +61,84 @@ def reduce_basic(group) -> dict:
     return out
 
 
+class CoreStepper:
+    """lscore's core by hand: unscale and check, reduce (with statistics), update, apply.
+
+    With ``clip`` the update is clipped by the global norm that came with the
+    verdict in the same collective (FSDP's clip_grad_norm_ needs it).
+    """
+
+    def __init__(self, group, reducer=True, clip=False):
+        self.group, self.reducer, self.clip = group, reducer, clip
+        self.state = LossScaleState(Policy(**POLICY))
+
+    @property
+    def scale(self) -> float:
+        return self.state.scale
+
+    def step(self, g: np.ndarray, w: np.ndarray) -> dict:
+        found = not lscore.unscale_(g, 1.0 / self.state.scale)
+        with np.errstate(invalid="ignore", over="ignore"):
+            stats = {"sumsq": float(np.sum(g.astype(np.float64) ** 2)),
+                     "max_abs": float(np.max(np.abs(g)))}
+        g_found, g_stats, n = _decide(self.group, found, stats if self.clip else None,
+                                      self.reducer)
+        applied = self.state.update(not g_found)
+        if applied:
+            coef = 1.0
+            if self.clip:
+                coef = min(1.0, MAX_NORM / (np.sqrt(g_stats["sumsq"]) + 1e-6))
+            w -= np.float32(LR * coef) * g
+        rec = {"found": found, "global": g_found, "applied": applied, "collectives": n}
+        if self.clip:
+            rec.update(local=stats, stats=g_stats)
+        return rec
+
+    def final(self) -> dict:
+        return {"scale": self.state.scale, "counters": self.state.counters()}
+
+
+class NumpyAdapterStepper:
+    """lscore.adapters.numpy.LossScaleOptimizer(SGD, reducer=...), Keras 2 shape."""
+
+    def __init__(self, group, reducer=True):
+        from lscore.adapters.numpy import SGD, LossScaleOptimizer
+        self.opt = LossScaleOptimizer(SGD(LR), initial_scale=POLICY["init_scale"],
+                                      dynamic_growth_steps=POLICY["growth_interval"],
+                                      reducer=group.reducer if reducer else None)
+
+    @property
+    def scale(self) -> float:
+        return self.opt.loss_scale
+
+    def step(self, g: np.ndarray, w: np.ndarray) -> dict:
+        (g,) = self.opt.get_unscaled_gradients([g])
+        found = not lscore.all_finite(g)
+        applied = self.opt.apply_gradients([(g, w)])
+        return {"found": found, "applied": applied}
+
+    def final(self) -> dict:
+        return {"scale": self.opt.loss_scale, "counters": {
+            "iterations": self.opt.iterations, "dynamic_counter": self.opt.dynamic_counter}}
+
+
 def _fault(rng: np.random.Generator, a: np.ndarray) -> None:
     a[rng.integers(a.size)] = rng.choice([np.nan, np.inf, -np.inf])
 
 
-def nan_one_rank(group, reducer=True) -> dict:
+def nan_one_rank(group, stepper) -> dict:
     """A NaN/Inf on one rank at fixed steps; every step's decision and scale."""
-    state = LossScaleState(Policy(**POLICY))
     grad0 = np.linspace(-1, 1, 16, dtype=np.float32) * (group.rank + 1)
+    w = np.zeros_like(grad0)
     steps = []
     for step in range(N_NAN_STEPS):
-        g = (grad0 * np.float32(state.scale)).astype(np.float32)
+        g = (grad0 * np.float32(stepper.scale)).astype(np.float32)
         if step in NAN_STEPS.get(group.rank, ()):
             g[3] = np.nan if group.rank else np.inf
-        found = not lscore.unscale_(g, 1.0 / state.scale)
-        g_found, _, n = _decide(group, found, reducer=reducer)
-        applied = state.update(not g_found)
-        steps.append({"found": found, "global": g_found, "applied": applied,
-                      "scale": state.scale, "collectives": n})
-    return {"steps": steps, "counters": state.counters()}
+        rec = stepper.step(g, w)
+        rec["scale"] = stepper.scale
+        steps.append(rec)
+    return {"steps": steps, "w": hexs(w), **stepper.final()}
 
 
 def _data(rank: int):
@@ -93,76 +155,48 @@ def _local_grad(x, y, w, scale: float) -> np.ndarray:
     return g16.astype(np.float32)
 
 
-def replicated_random_faults(group, reducer=True) -> dict:
-    """DDP-style: averaged gradients, then random rank-local faults, N_STEPS steps."""
-    state = LossScaleState(Policy(**POLICY))
+def random_faults(group, stepper, sharded: bool) -> dict:
+    """N_STEPS steps on averaged gradients with random rank-local faults.
+
+    Replicated (DDP-style): every rank holds all of ``w`` and a fault hits its
+    own copy of the averaged gradient.  Sharded (FSDP-style): each rank holds
+    the reduce-scatter result for its own shard, checks and updates only that
+    shard, and the shards are all-gathered back into ``w``.
+    """
     x, y = _data(group.rank)
-    rng = np.random.default_rng(1000 + group.rank)
+    rng = np.random.default_rng((2000 if sharded else 1000) + group.rank)
     w = np.zeros(DIM, np.float32)
-    faults, found_steps, decisions = [], [], []
+    n = DIM // group.size if sharded else DIM
+    lo = group.rank * n if sharded else 0
+    faults, steps = [], []
     for step in range(N_STEPS):
-        g = group.allreduce_sum(_local_grad(x, y, w, state.scale)) / np.float32(group.size)
+        g = group.allreduce_sum(_local_grad(x, y, w, stepper.scale)) / np.float32(group.size)
+        g = g[lo:lo + n].copy()
         if rng.random() < FAULT_P:
             _fault(rng, g)
             faults.append(step)
-        found = not lscore.unscale_(g, 1.0 / state.scale)
-        g_found, _, _ = _decide(group, found, reducer=reducer)
-        if state.update(not g_found):
-            w -= np.float32(LR) * g
-        found_steps.append(found)
-        decisions.append(g_found)
-    return {"w": hexs(w), "scale": state.scale, "counters": state.counters(),
-            "faults": faults, "found": found_steps, "decisions": decisions,
-            "loss": float(np.mean((x @ w - y) ** 2))}
-
-
-def sharded_random_faults(group, reducer=True) -> dict:
-    """FSDP-style: each rank checks and updates its own shard; one collective decides.
-
-    The same collective brings the global sum of squares and maximum for
-    clipping by the global norm, as FSDP's clip_grad_norm_ needs.
-    """
-    state = LossScaleState(Policy(**POLICY))
-    x, y = _data(group.rank)
-    rng = np.random.default_rng(2000 + group.rank)
-    w = np.zeros(DIM, np.float32)
-    n = DIM // group.size
-    lo = group.rank * n
-    faults, steps = [], []
-    for step in range(N_STEPS):
-        full = group.allreduce_sum(_local_grad(x, y, w, state.scale)) / np.float32(group.size)
-        shard = full[lo:lo + n].copy()           # the reduce-scatter result of this rank
-        if rng.random() < FAULT_P:
-            _fault(rng, shard)
-            faults.append(step)
-        found = not lscore.unscale_(shard, 1.0 / state.scale)
-        with np.errstate(invalid="ignore", over="ignore"):
-            stats = {"sumsq": float(np.sum(shard.astype(np.float64) ** 2)),
-                     "max_abs": float(np.max(np.abs(shard)))}
-        g_found, g_stats, ncoll = _decide(group, found, stats, reducer=reducer)
-        applied = state.update(not g_found)
-        if applied:
-            norm = np.sqrt(g_stats["sumsq"])
-            coef = np.float32(min(1.0, MAX_NORM / (norm + 1e-6)))
-            mine = w[lo:lo + n] - np.float32(LR) * coef * shard
-        else:
-            mine = w[lo:lo + n]
-        w = group.allgather(np.ascontiguousarray(mine, dtype=np.float32)).reshape(-1)
-        steps.append({"found": found, "global": g_found, "applied": applied,
-                      "local": stats, "stats": g_stats, "collectives": ncoll})
-    return {"w": hexs(w), "scale": state.scale, "counters": state.counters(),
-            "faults": faults, "steps": steps}
+        mine = w[lo:lo + n].copy()
+        steps.append(stepper.step(g, mine))
+        w = group.allgather(mine).reshape(-1) if sharded else mine
+    return {"w": hexs(w), "faults": faults, "steps": steps,
+            "loss": float(np.mean((x @ w - y) ** 2)), **stepper.final()}
 
 
 def run_all(group) -> dict:
-    """Every scenario, with the reducer and (as a control) without it."""
+    """Every scenario, on the core with and (as a control) without the reducer, and on
+    the NumPy adapter."""
     return {
         "rank": group.rank, "size": group.size,
         "reduce_basic": reduce_basic(group),
-        "nan_one_rank": nan_one_rank(group),
-        "nan_one_rank_control": nan_one_rank(group, reducer=False),
-        "replicated": replicated_random_faults(group),
-        "replicated_control": replicated_random_faults(group, reducer=False),
-        "sharded": sharded_random_faults(group),
-        "sharded_control": sharded_random_faults(group, reducer=False),
+        "nan_one_rank": nan_one_rank(group, CoreStepper(group)),
+        "nan_one_rank_control": nan_one_rank(group, CoreStepper(group, reducer=False)),
+        "replicated": random_faults(group, CoreStepper(group), sharded=False),
+        "replicated_control": random_faults(group, CoreStepper(group, reducer=False),
+                                            sharded=False),
+        "sharded": random_faults(group, CoreStepper(group, clip=True), sharded=True),
+        "sharded_control": random_faults(group, CoreStepper(group, reducer=False, clip=True),
+                                         sharded=True),
+        "numpy_nan_one_rank": nan_one_rank(group, NumpyAdapterStepper(group)),
+        "numpy_replicated": random_faults(group, NumpyAdapterStepper(group), sharded=False),
+        "numpy_sharded": random_faults(group, NumpyAdapterStepper(group), sharded=True),
     }
