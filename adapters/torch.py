@@ -27,6 +27,7 @@ from lscore._dtypes import Code
 from lscore._ext import _scan
 from lscore._ext._tables import GradTable
 from lscore._params import Policy
+from lscore.distributed import TorchReducer, reduce_found_inf
 from lscore.state import FORMAT, LossScaleState
 
 __all__ = ["GradScaler", "ScalerAssertionError", "ScalerConfigError", "torch_policy"]
@@ -147,6 +148,12 @@ class GradScaler:
         A whole lscore policy instead of the numeric arguments: a preset name
         (through ``lscore.preset``), a ``Policy``, its ``to_dict()`` config, or
         an ``"lscore.state/1"`` state dict (which also sets scale and counters).
+    process_group : torch.distributed ProcessGroup, optional
+        Make the found-inf verdict the OR over this group (``dist.group.WORLD``
+        for all ranks), as ``ShardedGradScaler`` does, with one collective per
+        ``unscale_``: every rank then skips the same steps and keeps the same
+        scale.  Needed when ranks check different gradients (FSDP shards,
+        model parallelism); every rank must call ``unscale_``/``step`` alike.
 
     ``state_dict()`` adds the key ``"lscore"`` (the full v1 state) only when
     one of these is in use; torch's ``load_state_dict`` ignores it.
@@ -168,7 +175,7 @@ class GradScaler:
                  growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 2000, enabled: bool = True, *,
                  min_scale: float | None = None, max_scale: float | None = None,
-                 hysteresis: int = 1, policy=None) -> None:
+                 hysteresis: int = 1, policy=None, process_group=None) -> None:
         self._device = device
         self._enabled = enabled
         self._last_skipped: Any = False
@@ -211,6 +218,7 @@ class GradScaler:
         self._scale_value = None                      # what self._scale holds
         self._table: GradTable | None = None
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+        self._reducer = None if process_group is None else TorchReducer(process_group)
 
     # ---- helpers -----------------------------------------------------------------
 
@@ -395,6 +403,7 @@ class GradScaler:
         else:
             state["found_inf_per_device"] = self._unscale_core(
                 optimizer, _reciprocal(self._state.scale), False)
+        state["found_inf_per_device"] = self._agree(state["found_inf_per_device"])
         state["stage"] = OptState.UNSCALED
 
     # ---- step --------------------------------------------------------------------
@@ -660,9 +669,19 @@ class GradScaler:
         scale, _ = self._check_scale_growth_tracker("_check_inf_per_device")
         dummy_inv_scale = torch.full((), 1.0, dtype=torch.float32, device=scale.device)
         found_inf = torch.full((), 0.0, dtype=torch.float32, device=scale.device)
-        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = \
-            self._unscale_grads_(optimizer, dummy_inv_scale, found_inf, True)
+        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = self._agree(
+            self._unscale_grads_(optimizer, dummy_inv_scale, found_inf, True))
         return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+
+    def _agree(self, found: dict) -> dict:
+        """With a process_group: one flag on the scale's device, the OR over every rank
+        (lscore.distributed; read on the host, as step() reads it anyway)."""
+        if self._reducer is None:
+            return found
+        local = any(bool(f.item()) for f in found.values())
+        flag = reduce_found_inf(self._reducer, local)
+        return {self._scale.device: torch.full((), float(flag), dtype=torch.float32,
+                                               device=self._scale.device)}
 
     def _found_inf_per_device(self, optimizer) -> dict:
         return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]

@@ -126,8 +126,6 @@ class TorchReducer:
 
     def __init__(self, process_group=None, *, device=None):
         import torch
-        import torch.distributed as dist
-        self._torch, self._dist = torch, dist
         self.process_group = process_group
         self._device = None if device is None else torch.device(device)
 
@@ -136,7 +134,7 @@ class TorchReducer:
 
     def world_size(self) -> int:
         """The group's size (1 when there is no group to talk to)."""
-        dist = self._dist
+        import torch.distributed as dist
         if self.process_group is None and not (dist.is_available() and dist.is_initialized()):
             return 1
         n = dist.get_world_size(self.process_group)
@@ -147,8 +145,9 @@ class TorchReducer:
     def device(self):
         """The device of the collective's tensors."""
         if self._device is None:
-            backend = str(self._dist.get_backend(self.process_group)).lower()
-            torch = self._torch
+            import torch
+            import torch.distributed as dist
+            backend = str(dist.get_backend(self.process_group)).lower()
             self._device = (torch.device("cuda", torch.cuda.current_device())
                             if backend == "nccl" else torch.device("cpu"))
         return self._device
@@ -159,7 +158,9 @@ class TorchReducer:
         world = self.world_size()
         if world == 1:
             return _local(found_inf, stats)
-        torch, dist, group = self._torch, self._dist, self.process_group
+        import torch
+        import torch.distributed as dist
+        group = self.process_group
         if stats is None:
             flag = torch.tensor([int(found_inf)], dtype=torch.int32, device=self.device())
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)

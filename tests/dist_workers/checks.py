@@ -151,15 +151,24 @@ def _faults(key):
     return lambda recs: check_random_faults(recs, key)
 
 
-# what every transport's records must satisfy: test id -> check
-ALL = {
+CORE = {
     "or_and_stats_in_one_collective": check_reduce_basic,
     "core_nan_on_one_rank_all_skip_same_scale": _nan("nan_one_rank", core_policy),
     "core_50_steps_random_faults_identical_params": _faults("replicated"),
     "core_sharded_one_collective_decides": _faults("sharded"),
     "core_without_reducer_ranks_diverge": check_control_diverges,
-    "numpy_adapter_nan_on_one_rank_all_skip_same_scale": _nan("numpy_nan_one_rank",
-                                                              keras_policy),
-    "numpy_adapter_50_steps_random_faults_identical_params": _faults("numpy_replicated"),
-    "numpy_adapter_sharded": _faults("numpy_sharded"),
 }
+# the policy each adapter's stepper runs with the scenarios' numbers
+ADAPTER_POLICIES = {"numpy": keras_policy, "torch": core_policy}
+
+
+def cases(adapters=("numpy",)) -> dict:
+    """test id -> check, for the core and the given adapters' records."""
+    out = dict(CORE)
+    for name in adapters:
+        out[f"{name}_adapter_nan_on_one_rank_all_skip_same_scale"] = _nan(
+            f"{name}_nan_one_rank", ADAPTER_POLICIES[name])
+        out[f"{name}_adapter_50_steps_random_faults_identical_params"] = _faults(
+            f"{name}_replicated")
+        out[f"{name}_adapter_sharded"] = _faults(f"{name}_sharded")
+    return out

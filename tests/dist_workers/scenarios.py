@@ -182,10 +182,13 @@ def random_faults(group, stepper, sharded: bool) -> dict:
             "loss": float(np.mean((x @ w - y) ** 2)), **stepper.final()}
 
 
-def run_all(group) -> dict:
-    """Every scenario, on the core with and (as a control) without the reducer, and on
-    the NumPy adapter."""
-    return {
+ADAPTERS = {"numpy": NumpyAdapterStepper}
+
+
+def run_all(group, adapters=None) -> dict:
+    """Every scenario: on the core with and (as a control) without the reducer, then
+    on each adapter's stepper (name -> stepper class taking the group)."""
+    out = {
         "rank": group.rank, "size": group.size,
         "reduce_basic": reduce_basic(group),
         "nan_one_rank": nan_one_rank(group, CoreStepper(group)),
@@ -196,7 +199,9 @@ def run_all(group) -> dict:
         "sharded": random_faults(group, CoreStepper(group, clip=True), sharded=True),
         "sharded_control": random_faults(group, CoreStepper(group, reducer=False, clip=True),
                                          sharded=True),
-        "numpy_nan_one_rank": nan_one_rank(group, NumpyAdapterStepper(group)),
-        "numpy_replicated": random_faults(group, NumpyAdapterStepper(group), sharded=False),
-        "numpy_sharded": random_faults(group, NumpyAdapterStepper(group), sharded=True),
     }
+    for name, stepper in (adapters or ADAPTERS).items():
+        out[f"{name}_nan_one_rank"] = nan_one_rank(group, stepper(group))
+        out[f"{name}_replicated"] = random_faults(group, stepper(group), sharded=False)
+        out[f"{name}_sharded"] = random_faults(group, stepper(group), sharded=True)
+    return out

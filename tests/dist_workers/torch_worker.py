@@ -50,6 +50,47 @@ class TorchGroup:
         return torch.stack(parts).cpu().numpy()
 
 
+class GradScalerStepper:
+    """lscore.adapters.torch.GradScaler(process_group=WORLD) stepping torch's SGD.
+
+    The scenario's scaled gradient becomes the parameter's ``.grad``; the
+    scaler unscales, asks the group, steps or skips, and updates the scale.
+    """
+
+    def __init__(self, group):
+        from lscore.adapters.torch import GradScaler
+        self.group = group
+        self.scaler = GradScaler("cpu", init_scale=scenarios.POLICY["init_scale"],
+                                 growth_interval=scenarios.POLICY["growth_interval"],
+                                 process_group=dist.group.WORLD)
+        self.scaler.scale(torch.ones(()))         # the scale is made lazily, as by scale(loss)
+        self.param = self.opt = None
+
+    @property
+    def scale(self) -> float:
+        return self.scaler.get_scale()
+
+    def step(self, g, w) -> dict:
+        if self.param is None:
+            self.param = torch.nn.Parameter(torch.zeros(w.shape))
+            self.opt = torch.optim.SGD([self.param], lr=scenarios.LR)
+        with torch.no_grad():
+            self.param.copy_(torch.from_numpy(w))
+        self.param.grad = torch.from_numpy(g.copy())
+        found = not bool(torch.isfinite(self.param.grad).all())
+        before = self.group.collectives
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        w[...] = self.param.detach().numpy()
+        return {"found": found, "applied": not self.scaler.last_step_skipped,
+                "collectives": self.group.collectives - before}
+
+    def final(self) -> dict:
+        return {"scale": self.scaler.get_scale(),
+                "counters": {"skipped": self.scaler.skipped_steps,
+                             "tracker": self.scaler._get_growth_tracker()}}
+
+
 def main():
     mode, rank, world, port, out_dir = sys.argv[1:6]
     backend = sys.argv[6] if len(sys.argv) > 6 else "gloo"
@@ -74,7 +115,8 @@ def main():
         else:
             group = TorchGroup(rank, world, device)
             result = ({"reduce_basic": scenarios.reduce_basic(group)} if backend == "nccl"
-                      else scenarios.run_all(group))
+                      else scenarios.run_all(group, {**scenarios.ADAPTERS,
+                                                     "torch": GradScalerStepper}))
             result["device"] = str(group.reducer.device())
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
