@@ -66,6 +66,18 @@ def test_a_hung_rank_ends_the_job_at_the_time_limit(tmp_path):
     assert rc != 0 and "time limit" in log, log[-3000:]
 
 
+@needs_mpi
+@pytest.mark.parametrize("code", launch.readme_examples("MPI.COMM_WORLD"))
+def test_readme_example_under_mpirun(code, tmp_path):
+    script = tmp_path / "train_mpi.py"
+    script.write_text(code)
+    rc, log = launch.mpirun_script(script, [], tmp_path / "run", world=WORLD)
+    assert rc == 0, log[-3000:]
+    lines = launch.rank_lines(log)
+    assert sorted(lines) == list(range(WORLD)), log
+    assert all(lines[r] == lines[0] for r in lines), lines
+
+
 class FakeComm:
     """A communicator of one: any collective through it is a bug."""
 

@@ -55,6 +55,19 @@ def test_a_dead_rank_makes_the_others_fail_not_hang(tmp_path):
     assert survivor["error"], "the reduce with a dead peer returned instead of raising"
 
 
+@pytest.mark.parametrize("code", launch.readme_examples("dist.init_process_group"),
+                         ids=lambda code: "fsdp" if "fully_shard" in code else "ddp")
+def test_readme_example_under_torchrun(code, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(code)
+    runs = launch.torchrun_like(script, tmp_path / "run", world=WORLD)
+    _ok(runs)
+    lines = launch.rank_lines(*(out for _, out in runs))
+    assert sorted(lines) == list(range(WORLD))
+    assert all(lines[r] == lines[0] for r in lines), lines
+    assert any(line.endswith("skipped True") for line in lines[0]), lines[0]
+
+
 def _forbid_collectives(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("a collective ran in a world of one")

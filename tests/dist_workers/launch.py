@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -46,7 +47,7 @@ def _env() -> dict:
     return env
 
 
-def run(cmds: list[list[str]], out_dir: Path, timeout: float, env: dict | None = None):
+def run(cmds: list[list[str]], out_dir: Path, timeout: float, envs: list[dict] | None = None):
     """Run `cmds` concurrently; returns [(returncode, output)], or raises LaunchTimeout."""
     out_dir.mkdir(parents=True, exist_ok=True)
     procs, logs = [], []
@@ -55,7 +56,7 @@ def run(cmds: list[list[str]], out_dir: Path, timeout: float, env: dict | None =
             log = open(out_dir / f"proc{i}.log", "w+")
             logs.append(log)
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                          env=env or _env(), cwd=out_dir,
+                                          env=envs[i] if envs else _env(), cwd=out_dir,
                                           start_new_session=True))
         deadline = time.monotonic() + timeout
         timed_out = False
@@ -93,6 +94,37 @@ def torch_run(mode: str, out_dir: Path, world: int = 2, backend: str = "gloo",
     return run(cmds, out_dir, timeout)
 
 
+def torchrun_like(script: Path, out_dir: Path, world: int = 2, timeout: float = 240.0):
+    """`script` on `world` ranks with the environment torchrun gives (env:// rendezvous)."""
+    port = str(free_port())
+    envs = [dict(_env(), RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
+                 LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+            for r in range(world)]
+    return run([[sys.executable, str(script)]] * world, out_dir, timeout, envs)
+
+
+def readme_examples(marker: str) -> list[str]:
+    """The Python blocks of README.md's "Distributed" section that contain `marker`."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Distributed")
+    end = text.find("\n## ", start + 1)
+    section = text[start:] if end < 0 else text[start:end]
+    return [b for b in re.findall(r"```python\n(.*?)```", section, flags=re.S) if marker in b]
+
+
+def rank_lines(*outputs: str) -> dict[int, list[str]]:
+    """{rank: lines} from the "rank R: ..." lines of `outputs`, without the prefix.
+
+    mpirun may glue the lines of two ranks together, so a line ends where the
+    next "rank R: " starts.
+    """
+    lines: dict = {}
+    for out in outputs:
+        for r, line in re.findall(r"rank (\d+): (.*?)(?=rank \d+: |\n|$)", out):
+            lines.setdefault(int(r), []).append(line.strip())
+    return lines
+
+
 def mpirun_command(world: int) -> list[str]:
     """mpirun for `world` local ranks, as root, on however few cores there are."""
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
@@ -109,8 +141,14 @@ def mpi_env() -> dict:
 def mpi_run(mode: str, out_dir: Path, world: int = 2, timeout: float = 120.0,
             mpirun_timeout: int | None = None):
     """`mpirun -n world mpi_worker.py mode out_dir`, with mpirun's own timeout inside ours."""
+    return mpirun_script(HERE / "mpi_worker.py", [mode, str(out_dir)], out_dir, world,
+                         timeout, mpirun_timeout)
+
+
+def mpirun_script(script: Path, args: list[str], out_dir: Path, world: int = 2,
+                  timeout: float = 120.0, mpirun_timeout: int | None = None):
+    """`mpirun -n world python script args...`; (returncode, combined output)."""
     mpirun_timeout = mpirun_timeout or int(timeout * 0.75)
-    cmd = (mpirun_command(world) + ["--timeout", str(mpirun_timeout),
-                                    sys.executable, str(HERE / "mpi_worker.py"), mode,
-                                    str(out_dir)])
-    return run([cmd], out_dir, timeout, env=mpi_env())[0]
+    cmd = (mpirun_command(world) + ["--timeout", str(mpirun_timeout), sys.executable,
+                                    str(script), *args])
+    return run([cmd], out_dir, timeout, [mpi_env()])[0]
