@@ -29,6 +29,7 @@ from lscore._ext._tables import GradTable
 from lscore._params import Policy
 from lscore.distributed import TorchReducer, reduce_found_inf
 from lscore.state import FORMAT, LossScaleState
+from lscore.state import _json_float as _json_scale
 
 __all__ = ["GradScaler", "ScalerAssertionError", "ScalerConfigError", "torch_policy"]
 
@@ -222,10 +223,13 @@ class GradScaler:
 
     # ---- helpers -----------------------------------------------------------------
 
+    # tests set this to run torch's kernel path on CPU tensors
+    _force_torch_kernels = False
+
     @property
     def _on_device(self) -> bool:
-        """True when the scale lives off the CPU: torch's kernels do the work."""
-        return self._scale is not None and self._scale.device.type != "cpu"
+        """True when torch's kernels do the work (the scale lives off the CPU)."""
+        return self._tracker_t is not None
 
     def _kernel_update(self) -> bool:
         """True when update() runs torch's _amp_update_scale_ on the device."""
@@ -239,13 +243,10 @@ class GradScaler:
         return torch.full((), self._state.counters()["good_steps"], dtype=torch.int32)
 
     def _check_scale_growth_tracker(self, funcname: str):
+        """(scale tensor, tracker tensor or None on the CPU path); raises before scale()."""
         if self._scale is None:
             raise ScalerAssertionError(f"Attempted {funcname} but _scale is None.  " + _FIX)
-        tracker = self._growth_tracker
-        if tracker is None:
-            raise ScalerAssertionError(f"Attempted {funcname} but _growth_tracker is None.  "
-                                       + _FIX)
-        return self._scale, tracker
+        return self._scale, self._tracker_t
 
     def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
         if self._tracker_t is not None:
@@ -253,7 +254,7 @@ class GradScaler:
         s = self._state.scale
         self._scale = torch.full((), s, dtype=torch.float32, device=dev)
         self._scale_value = s
-        if dev.type != "cpu":
+        if dev.type != "cpu" or self._force_torch_kernels:
             self._tracker_t = torch.full((), self._state.counters()["good_steps"],
                                          dtype=torch.int32, device=dev)
 
@@ -373,9 +374,8 @@ class GradScaler:
                     _kernel_unscale(groups, torch.full((), inv, dtype=torch.float32),
                                     torch.zeros((), dtype=torch.float32), found)
         if written:
+            # like torch's kernel, this leaves the autograd version counters alone
             finite = _scan.unscale_raw(*table.views(), inv)
-            if inv != 1.0:
-                torch.autograd.graph.increment_version(written)
             cpu = found.get(_CPU)
             if cpu is None:
                 found[_CPU] = torch.full((), 0.0 if finite else 1.0, dtype=torch.float32)
@@ -691,11 +691,3 @@ class GradScaler:
             return "GradScaler(enabled=False)"
         return (f"GradScaler(device={self._device!r}, scale={self.get_scale()!r}, "
                 f"policy={self._state.policy.name!r}, skipped_steps={self.skipped_steps})")
-
-
-def _json_scale(x: float):
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
