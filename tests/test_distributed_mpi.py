@@ -130,3 +130,58 @@ def test_any_object_with_reduce_is_a_reducer():
     assert reduce_found_inf(None, np.bool_(True)) is True
     with pytest.raises(TypeError, match="reducer must have a method reduce"):
         check_reducer(object())
+
+
+class Scripted:
+    """A reducer standing for the other workers: they report a fault at `bad_steps`."""
+
+    def __init__(self, bad_steps):
+        self.bad, self.calls = set(bad_steps), []
+
+    def reduce(self, found_inf, stats=None):
+        step = len(self.calls)
+        self.calls.append(found_inf)
+        return found_inf or step in self.bad, stats
+
+
+def _numpy_adapter():
+    from lscore.adapters import numpy as lnp
+    return lnp.LossScaleOptimizer, lnp.SGD
+
+
+def _cupy_adapter_on_numpy():
+    """The CuPy adapter's classes bound to NumPy and the host harness, as
+    tests/test_adapter_cupy.py does (CI has no GPU)."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is missing: the CUDA host harness cannot be built")
+    import cuda_host
+    from lscore.adapters import _device, _optim
+    kernels = _device.ArrayKernels(np, lambda dev: cuda_host.HostBackend(), lambda a: 0)
+    sgd = type("SGD", (_device.Gated, _optim.SGD), {"_xp": np})
+    opt = type("LossScaleOptimizer", (_device.DeviceLossScaleOptimizer,),
+               {"_xp": np, "_kernels": kernels, "_all_finite": staticmethod(kernels.all_finite)})
+    return opt, sgd
+
+
+@pytest.mark.parametrize("adapter", [_numpy_adapter, _cupy_adapter_on_numpy],
+                         ids=["numpy", "cupy_on_numpy"])
+def test_adapter_optimizer_follows_the_reducer(adapter):
+    LossScaleOptimizer, SGD = adapter()
+    w = np.array([4.0], np.float32)
+    reducer = Scripted(bad_steps={1})
+    opt = LossScaleOptimizer(SGD(1.0), initial_scale=8.0, dynamic_growth_steps=100,
+                             reducer=reducer)
+    applied = []
+    for g in (1.0, 1.0, np.nan, 1.0):          # step 1: another worker's fault
+        applied.append(bool(opt.apply_gradients([(np.array([g], np.float32), w)])))
+    assert applied == [True, False, False, True]
+    assert reducer.calls == [False, False, True, False]
+    assert w[0] == 2.0 and opt.loss_scale == 2.0 and opt.iterations == 4
+    with pytest.raises(TypeError, match="reducer must have a method reduce"):
+        LossScaleOptimizer(SGD(1.0), reducer=object())
+
+
+def test_sync_free_cupy_optimizer_refuses_a_reducer():
+    LossScaleOptimizer, SGD = _cupy_adapter_on_numpy()
+    with pytest.raises(ValueError, match="sync_free=True cannot take a reducer"):
+        LossScaleOptimizer(SGD(1.0), sync_free=True, reducer=Scripted(()))
