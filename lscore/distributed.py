@@ -30,6 +30,8 @@ CuPy training loops.  Neither framework is imported until a reducer is made.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from lscore._params import real
@@ -61,19 +63,25 @@ class _Layout:
         self.keys = keys      # None for the (sumsq, max_abs) pair, else dict keys (sums first)
         self.n_sum = n_sum
 
-    def fold(self, rows: np.ndarray):
-        """(found_inf, stats) from a (world, 1 + n_stats) float64 array of rows."""
-        found = bool(np.any(rows[:, 0] != 0))
-        sums = np.sum(rows[:, 1:1 + self.n_sum], axis=0)
-        maxima = np.max(rows[:, 1 + self.n_sum:], axis=0)     # NaN propagates, as wanted
-        values = [float(v) for v in sums] + [float(v) for v in maxima]
+    def fold(self, rows: list):
+        """(found_inf, stats) from the workers' rows (lists of floats), in rank order.
+
+        Plain Python on a few numbers: faster than NumPy at this size, and the
+        sums run in rank order on every worker, so all get the same bits.
+        """
+        found = any(row[0] != 0 for row in rows)
+        columns = list(zip(*rows))[1:]
+        values = [sum(c) for c in columns[:self.n_sum]]
+        # max() would drop a NaN that is not first; a NaN maximum must reach everyone
+        values += [math.nan if any(v != v for v in c) else max(c)
+                   for c in columns[self.n_sum:]]
         if self.keys is None:
             return found, tuple(values)
         return found, dict(zip(self.keys, values))
 
 
 def _pack(found_inf, stats):
-    """(layout, row) for `stats`; the row is [flag, sums..., maxima...] as float64."""
+    """(layout, row) for `stats`; the row is [flag, sums..., maxima...] as floats."""
     if isinstance(stats, dict):
         sums, maxima = [], []
         for key, value in stats.items():
@@ -94,7 +102,7 @@ def _pack(found_inf, stats):
     else:
         raise TypeError("stats must be None, a (sumsq, max_abs) tuple or a dict, got "
                         f"{type(stats).__name__}")
-    return layout, np.array([1.0 if found_inf else 0.0] + values, dtype=np.float64)
+    return layout, [1.0 if found_inf else 0.0] + values
 
 
 def _local(found_inf, stats):
@@ -102,7 +110,7 @@ def _local(found_inf, stats):
     if stats is None:
         return found_inf, None
     layout, row = _pack(found_inf, stats)
-    return layout.fold(row[None, :])
+    return layout.fold([row])
 
 
 class TorchReducer:
@@ -166,12 +174,12 @@ class TorchReducer:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
             return bool(flag.item()), None
         layout, row = _pack(found_inf, stats)
-        mine = torch.from_numpy(row).to(self.device())
-        rows = torch.empty(world * row.size, dtype=torch.float64, device=mine.device)
+        mine = torch.tensor(row, dtype=torch.float64, device=self.device())
+        rows = torch.empty(world * len(row), dtype=torch.float64, device=mine.device)
         # torch >= 2.13 renamed all_gather_into_tensor to all_gather_single
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         gather(rows, mine, group=group)
-        return layout.fold(rows.cpu().numpy().reshape(world, row.size))
+        return layout.fold(rows.view(world, len(row)).tolist())
 
 
 class MPIReducer:
@@ -216,6 +224,6 @@ class MPIReducer:
             self.comm.Allreduce(flag, out, op=MPI.MAX)
             return bool(out[0]), None
         layout, row = _pack(found_inf, stats)
-        rows = np.empty((world, row.size), dtype=np.float64)
-        self.comm.Allgather(row, rows)
-        return layout.fold(rows)
+        rows = np.empty((world, len(row)), dtype=np.float64)
+        self.comm.Allgather(np.array(row, dtype=np.float64), rows)
+        return layout.fold(rows.tolist())

@@ -27,10 +27,7 @@ def same(a, b) -> bool:
 
 
 def _fold(rows, keys):
-    """Sums added and maxima maxed in rank order: the rule the reducers promise.
-
-    (With two ranks, a + b is the one correctly rounded sum, whatever the order.)
-    """
+    """Sums added in rank order and maxima maxed (NaN wins): the rule the reducers promise."""
     out = []
     for i, key in enumerate(keys):
         column = [row[i] for row in rows]
