@@ -1,4 +1,5 @@
-"""lscore's PyTorch adapter: ``GradScaler``, a drop-in for ``torch.amp.GradScaler``.
+"""lscore's PyTorch adapter: ``GradScaler`` (a drop-in for ``torch.amp.GradScaler``)
+and ``LossScaleOptimizer`` (TF/Keras-shaped loss scaling as a torch optimizer).
 
 On the CPU the scaler runs lscore's compiled core: gradients are read as
 zero-copy buffers (through the DLPack C exchange API of ``torch.Tensor``) and
@@ -15,7 +16,7 @@ import importlib.util
 import inspect
 import math
 import warnings
-from collections import abc, defaultdict
+from collections import OrderedDict, abc, defaultdict
 from typing import Any
 
 import numpy as np
@@ -27,11 +28,13 @@ from lscore._dtypes import Code
 from lscore._ext import _scan
 from lscore._ext._tables import GradTable
 from lscore._params import Policy
-from lscore.distributed import TorchReducer, reduce_found_inf
+from lscore.adapters import _optim
+from lscore.distributed import TorchReducer, check_reducer, reduce_found_inf
 from lscore.state import FORMAT, LossScaleState
 from lscore.state import _json_float as _json_scale
 
-__all__ = ["GradScaler", "ScalerAssertionError", "ScalerConfigError", "torch_policy"]
+__all__ = ["GradScaler", "LossScaleOptimizer", "ScalerAssertionError", "ScalerConfigError",
+           "torch_policy"]
 
 _CPU = torch.device("cpu")
 _CODES = {torch.float16: int(Code.F16), torch.bfloat16: int(Code.BF16),
@@ -96,9 +99,9 @@ def _resolve_policy(policy) -> tuple[Policy, dict | None]:
         if "format" in policy:
             return LossScaleState.from_state_dict(policy).policy, policy
         return Policy.from_dict(policy), None
-    inner = getattr(policy, "policy", None)
-    if isinstance(inner, Policy):
-        return inner, None
+    state = getattr(policy, "state", None)           # a LossScale, e.g. lscore.preset(...)
+    if isinstance(state, LossScaleState):
+        return state.policy, state.state_dict()
     raise TypeError(f"policy must be a preset name, an lscore Policy, a config dict or a "
                     f"{FORMAT!r} state dict, got {type(policy).__name__}")
 
@@ -126,6 +129,66 @@ def _group(groups, t) -> None:
     groups.setdefault(t.device, {}).setdefault(t.dtype, []).append(t)
 
 
+def _sparse_values(param) -> torch.Tensor:
+    """What torch unscales for `param`: its grad, or a sparse grad's values
+    (a float16 sparse grad is coalesced first, replacing ``.grad``)."""
+    g = param.grad
+    if not g.is_sparse:
+        return g
+    if g.dtype is torch.float16:
+        param.grad = g = g.coalesce()
+    return g._values()
+
+
+class _GradUnscaler:
+    """lscore's path for the gradients of some parameter groups: every dense CPU
+    gradient in one zero-copy table (reused from call to call) and one fused
+    unscale-and-check pass in the compiled core; the rest through torch's kernel."""
+
+    __slots__ = ("_table",)
+
+    def __init__(self):
+        self._table = None
+
+    def __reduce__(self):
+        return (_GradUnscaler, ())
+
+    def __call__(self, param_groups, inv: float, allow_fp16: bool) -> dict:
+        """Multiply every gradient by `inv` in place; {device: found_inf tensor} (1.0 where a
+        gradient held NaN/Inf before the multiply), for the devices that had gradients."""
+        table = self._table
+        if table is None:
+            table = self._table = GradTable(torch.Tensor, _CODES, torch.strided, torch.Tensor,
+                                            ScalerAssertionError, 256)
+        table.clear()
+        written: list = []
+        others: list = []
+        table.collect_grads(param_groups, allow_fp16, written, others)
+        found: dict = {}
+        if others:
+            groups: dict = {}
+            with torch.no_grad():
+                for param in others:
+                    t = _sparse_values(param)
+                    code = _CODES.get(t.dtype)
+                    if code is not None and table.add_tensor(t, code):
+                        written.append(t)
+                    else:
+                        _group(groups, t)
+                if groups:
+                    _kernel_unscale(groups, torch.full((), inv, dtype=torch.float32),
+                                    torch.zeros((), dtype=torch.float32), found)
+        if written:
+            # like torch's kernel, this leaves the autograd version counters alone
+            finite = _scan.unscale_raw(*table.views(), inv)
+            cpu = found.get(_CPU)
+            if cpu is None:
+                found[_CPU] = torch.full((), 0.0 if finite else 1.0, dtype=torch.float32)
+            elif not finite:
+                cpu.fill_(1.0)
+        return found
+
+
 class GradScaler:
     """A drop-in for ``torch.amp.GradScaler`` with the same scale sequence.
 
@@ -147,8 +210,10 @@ class GradScaler:
         off, as torch).  Every finite step refills it, as NeMo's GradScaler does.
     policy : str, Policy, dict or LossScaleState, optional
         A whole lscore policy instead of the numeric arguments: a preset name
-        (through ``lscore.preset``), a ``Policy``, its ``to_dict()`` config, or
-        an ``"lscore.state/1"`` state dict (which also sets scale and counters).
+        (through ``lscore.preset``, with the peer's defaults), a loss scale
+        from ``lscore.preset(name, **peer_args)``, a ``Policy``, its
+        ``to_dict()`` config, or an ``"lscore.state/1"`` state dict; a preset
+        or a state dict also sets the scale and counters.
     process_group : torch.distributed ProcessGroup, optional
         Make the found-inf verdict the OR over this group (``dist.group.WORLD``
         for all ranks), as ``ShardedGradScaler`` does, with one collective per
@@ -217,7 +282,7 @@ class GradScaler:
         self._scale: torch.Tensor | None = None
         self._tracker_t: torch.Tensor | None = None   # only on a non-CPU scale
         self._scale_value = None                      # what self._scale holds
-        self._table: GradTable | None = None
+        self._unscaler = _GradUnscaler()
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         self._reducer = None if process_group is None else TorchReducer(process_group)
 
@@ -333,55 +398,13 @@ class GradScaler:
                         continue
                     if not allow_fp16 and param.grad.dtype == torch.float16:
                         raise ValueError("Attempting to unscale FP16 gradients.")
-                    _group(groups, self._sparse_values(param))
+                    _group(groups, _sparse_values(param))
             found: dict = {}
             _kernel_unscale(groups, inv_scale, found_inf, found)
         return found
 
-    @staticmethod
-    def _sparse_values(param) -> torch.Tensor:
-        """What torch unscales for `param`: its grad, or a sparse grad's values
-        (a float16 sparse grad is coalesced first, replacing ``.grad``)."""
-        g = param.grad
-        if not g.is_sparse:
-            return g
-        if g.dtype is torch.float16:
-            param.grad = g = g.coalesce()
-        return g._values()
-
     def _unscale_core(self, optimizer, inv: float, allow_fp16: bool) -> dict:
-        """lscore's path: one zero-copy table over every CPU gradient, one fused pass."""
-        table = self._table
-        if table is None:
-            table = self._table = GradTable(torch.Tensor, _CODES, torch.strided, torch.Tensor,
-                                            ScalerAssertionError, 256)
-        table.clear()
-        written: list = []
-        others: list = []
-        table.collect_grads(optimizer.param_groups, allow_fp16, written, others)
-        found: dict = {}
-        if others:
-            groups: dict = {}
-            with torch.no_grad():
-                for param in others:
-                    t = self._sparse_values(param)
-                    code = _CODES.get(t.dtype)
-                    if code is not None and table.add_tensor(t, code):
-                        written.append(t)
-                    else:
-                        _group(groups, t)
-                if groups:
-                    _kernel_unscale(groups, torch.full((), inv, dtype=torch.float32),
-                                    torch.zeros((), dtype=torch.float32), found)
-        if written:
-            # like torch's kernel, this leaves the autograd version counters alone
-            finite = _scan.unscale_raw(*table.views(), inv)
-            cpu = found.get(_CPU)
-            if cpu is None:
-                found[_CPU] = torch.full((), 0.0 if finite else 1.0, dtype=torch.float32)
-            elif not finite:
-                cpu.fill_(1.0)
-        return found
+        return self._unscaler(optimizer.param_groups, inv, allow_fp16)
 
     def unscale_(self, optimizer) -> None:
         """Divide ("unscale") `optimizer`'s gradients by the scale, and check them for NaN/Inf."""
@@ -657,7 +680,6 @@ class GradScaler:
             state["_scale"] = None
             state["_tracker_t"] = None
             state["_scale_value"] = None
-            state["_table"] = None
             state["_last_skipped"] = self.last_step_skipped
             state["_skipped"] = self.skipped_steps
         return state
@@ -691,3 +713,223 @@ class GradScaler:
             return "GradScaler(enabled=False)"
         return (f"GradScaler(device={self._device!r}, scale={self.get_scale()!r}, "
                 f"policy={self._state.policy.name!r}, skipped_steps={self.skipped_steps})")
+
+
+# ---- LossScaleOptimizer ------------------------------------------------------------
+
+_HOOK_DICTS = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
+               "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks",
+               "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
+
+
+def _times(x: torch.Tensor, factor: float) -> torch.Tensor:
+    """`x * factor` with the factor cast to x's dtype first, as TF casts the scale
+    (a float16 loss times a scale above 65504 becomes inf, as in TF)."""
+    return x * torch.tensor(factor, dtype=x.dtype, device=x.device)
+
+
+class LossScaleOptimizer(torch.optim.Optimizer):
+    """Loss scaling in the shape of TF/Keras's ``LossScaleOptimizer``, as a torch optimizer.
+
+    ``LossScaleOptimizer(optimizer, loss_scale=None, *, dynamic=True,
+    initial_scale=None, dynamic_growth_steps=None, loss_scale_manager=None)``
+    wraps a ``torch.optim.Optimizer`` and shares its ``param_groups``, ``state``
+    and ``defaults`` (LR schedulers, ``isinstance`` checks and checkpoint code
+    see an optimizer).  The arguments take one of three shapes, as in every
+    lscore adapter (``lscore.adapters._optim``): Keras 2 (the default: dynamic,
+    starting at 2**15, growing every 2000 finite steps; a skipped step still
+    counts in ``iterations``), TF <= 2.3 (``loss_scale`` a number,
+    ``"dynamic"`` or a ``LossScale``) or TF1 (a ``LossScaleManager``).
+
+    A step::
+
+        opt.zero_grad()
+        opt.get_scaled_loss(loss).backward()
+        opt.step()          # unscale, check, update the scale, apply or skip
+
+    ``unscale_()`` may come first (to clip unscaled gradients); ``step()``
+    returns what the inner step returns (the closure's loss when one is given),
+    None when the step is skipped; ``last_step_skipped`` says which.
+
+    ``reducer`` (``lscore.distributed.TorchReducer(process_group)`` or any
+    object with ``reduce(found_inf, stats=None) -> (found_inf, stats)``) makes
+    the found-inf verdict of ``unscale_`` the OR over all ranks.
+    """
+
+    def __init__(self, optimizer, loss_scale=None, *, dynamic=True, initial_scale=None,
+                 dynamic_growth_steps=None, loss_scale_manager=None, reducer=None):
+        _optim.check_inner_optimizer(
+            optimizer, LossScaleOptimizer, expected="torch.optim.Optimizer",
+            is_optimizer=lambda o: isinstance(o, torch.optim.Optimizer))
+        scaling = _optim.resolve_loss_scaling(
+            loss_scale, dynamic=dynamic, initial_scale=initial_scale,
+            dynamic_growth_steps=dynamic_growth_steps, loss_scale_manager=loss_scale_manager)
+        # not Optimizer.__init__: it would copy the groups instead of sharing them
+        for name in _HOOK_DICTS:
+            setattr(self, name, OrderedDict())
+        self._patch_step_function()
+        self._optimizer = optimizer
+        self._scaling = scaling
+        self._unscaler = _GradUnscaler()
+        self._found: bool | None = None      # set by unscale_ until the step
+        self._reducer = check_reducer(reducer)    # lscore.distributed: one verdict for all ranks
+        self._iterations = 0
+        self._last_step_skipped = False
+        optimizer._is_wrapped_by_loss_scale_optimizer = True
+
+    # -- what torch code reads: the inner optimizer's groups, state and defaults --
+    def _shared(name):   # noqa: N805 - builds a property at class creation
+        def fget(self):
+            return getattr(self._optimizer, name)
+
+        def fset(self, value):
+            setattr(self._optimizer, name, value)
+        return property(fget, fset, doc=f"The inner optimizer's ``{name}`` (shared).")
+
+    param_groups = _shared("param_groups")
+    state = _shared("state")
+    defaults = _shared("defaults")
+    del _shared
+
+    def add_param_group(self, param_group: dict) -> None:
+        self._optimizer.add_param_group(param_group)
+
+    # -- tf-keras names, as every adapter's wrapper has them --
+    _base = _optim.LossScaleOptimizerBase
+    inner_optimizer = _base.inner_optimizer
+    loss_scaling = _base.loss_scaling
+    loss_scale = _base.loss_scale
+    dynamic = _base.dynamic
+    dynamic_counter = _base.dynamic_counter
+    initial_scale = _base.initial_scale
+    dynamic_growth_steps = _base.dynamic_growth_steps
+    del _base
+
+    @property
+    def iterations(self) -> int:
+        """Steps taken (in the Keras shape skipped steps count too, as in tf-keras)."""
+        return self._iterations
+
+    @property
+    def last_step_skipped(self) -> bool:
+        return self._last_step_skipped
+
+    # -- scaling ------------------------------------------------------------------
+    def get_scaled_loss(self, loss):
+        """``loss * scale``, the scale cast to the loss dtype; a callable gives a callable."""
+        if callable(loss):
+            return lambda: self.get_scaled_loss(loss())
+        return _times(loss, self._scaling.scale)
+
+    def _inv_scale(self) -> float:
+        with _optim._quiet():
+            return float(np.float32(1.0) / np.float32(self._scaling.scale))
+
+    def get_unscaled_gradients(self, grads) -> list:
+        """Each gradient times the float32 reciprocal of the scale (cast to its dtype); None kept."""
+        inv = self._inv_scale()
+        return [None if g is None else _times(g, inv) for g in grads]
+
+    def unscale_(self) -> None:
+        """Unscale the gradients in place and check them, before ``step()`` (e.g. to clip).
+
+        The reciprocal is taken in float32 as TF does; float16/bfloat16
+        gradients are multiplied in float32 and rounded once.
+        """
+        if self._found is not None:
+            raise RuntimeError("unscale_() has already been called since the last step().")
+        found = self._unscaler(self._optimizer.param_groups, self._inv_scale(), True)
+        self._found = reduce_found_inf(self._reducer, any(v.item() for v in found.values()))
+
+    def step(self, closure=None):
+        """Unscale (unless done), check for NaN/Inf, update the scale, then run or skip the
+        inner step.  With a closure, it is called first (once) to compute the gradients."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._found is None:
+            self.unscale_()
+        finite = not self._found
+        s = self._scaling
+        ret = None
+        if s.predictable:
+            # step first: if the inner optimizer raises, the scale is unchanged
+            applied = s.should_apply(finite)
+            if applied:
+                ret = self._optimizer.step()
+            s.update(finite)
+        else:
+            grads = [p.grad for g in self.param_groups for p in g["params"]
+                     if p.grad is not None]
+            applied = s.update(finite, grads)
+            if applied:
+                ret = self._optimizer.step()
+        if applied or s.skip_advances_iterations:
+            self._iterations += 1
+        self._found = None
+        self._last_step_skipped = not applied
+        if not applied:
+            return None
+        return loss if closure is not None else ret
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+        self._found = None
+
+    # -- checkpoints --------------------------------------------------------------
+    def _scale_holder(self):
+        """The object whose state_dict() holds the scale state, or None (fixed scales)."""
+        s = self._scaling
+        obj = s._dynamic_ls if s.shape == "keras" else s.loss_scale_object
+        return obj if callable(getattr(obj, "state_dict", None)) else None
+
+    def state_dict(self) -> dict:
+        """The inner optimizer's state dict plus ``"loss_scale"``: the shape, the
+        iteration count and the v1 scale state (None for a fixed scale)."""
+        d = self._optimizer.state_dict()
+        holder = self._scale_holder()
+        d["loss_scale"] = {"shape": self._scaling.shape, "iterations": self._iterations,
+                           "state": None if holder is None else holder.state_dict()}
+        return d
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Take a dict from ``state_dict()``, or a plain torch optimizer state dict
+        (the loss-scale state is then left as it is)."""
+        d = dict(state_dict)
+        ls = d.pop("loss_scale", None)
+        holder = self._scale_holder()
+        if ls is not None:
+            if not isinstance(ls, dict) or set(ls) != {"shape", "iterations", "state"}:
+                raise ValueError("loss_scale must be a dict with keys 'shape', 'iterations' "
+                                 f"and 'state', got {ls!r}")
+            if ls["shape"] != self._scaling.shape:
+                raise ValueError(f"the checkpoint's loss scaling has the {ls['shape']!r} shape; "
+                                 f"this optimizer has {self._scaling.shape!r}")
+            if (ls["state"] is None) != (holder is None):
+                raise ValueError("the checkpoint's loss scale and this optimizer's differ in "
+                                 "kind (fixed vs dynamic)")
+            if holder is not None:
+                LossScaleState.from_state_dict(ls["state"])       # validate first
+        self._optimizer.load_state_dict(d)
+        if ls is not None:
+            if holder is not None:
+                holder.load_state_dict(ls["state"])
+            self._iterations = int(ls["iterations"])
+        self._found = None
+
+    def __getstate__(self) -> dict:
+        return {"_optimizer": self._optimizer, "_scaling": self._scaling,
+                "_iterations": self._iterations, "_last_step_skipped": self._last_step_skipped}
+
+    def __setstate__(self, state: dict) -> None:
+        for name in _HOOK_DICTS:
+            setattr(self, name, OrderedDict())
+        self.__dict__.update(state)
+        self._unscaler = _GradUnscaler()
+        self._found = None
+        self._patch_step_function()
+
+    def __repr__(self) -> str:
+        return (f"LossScaleOptimizer({self._optimizer!r}, shape={self._scaling.shape!r}, "
+                f"loss_scale={self._scaling.scale!r}, dynamic={self.dynamic})")

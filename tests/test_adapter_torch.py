@@ -84,16 +84,12 @@ def _step_without_grads(s, m, o):
     s.step(o)
 
 
-def _bad_new_scale(s, m, o):
-    s.scale(m(torch.randn(2, 4)).sum()).backward()
-    s.step(o)
-    s.update(torch.ones(2))
-
-
-def _new_scale_requires_grad(s, m, o):
-    s.scale(m(torch.randn(2, 4)).sum()).backward()
-    s.step(o)
-    s.update(torch.ones((), requires_grad=True))
+def _update_with(make_new_scale):
+    def fn(s, m, o):
+        s.scale(m(torch.randn(2, 4)).sum()).backward()
+        s.step(o)
+        s.update(make_new_scale())
+    return fn
 
 
 def _pickle_mid_iteration(s, m, o):
@@ -118,8 +114,9 @@ MISUSE = {
     "update before scale": (lambda s, m, o: s.update(), AssertionError),
     "update without step": (_update_without_step, AssertionError),
     "step without grads": (_step_without_grads, AssertionError),
-    "bad new_scale": (_bad_new_scale, AssertionError),
-    "new_scale requires grad": (_new_scale_requires_grad, AssertionError),
+    "bad new_scale": (_update_with(lambda: torch.ones(2)), AssertionError),
+    "new_scale requires grad": (_update_with(lambda: torch.ones((), requires_grad=True)),
+                                AssertionError),
     "pickle mid-iteration": (_pickle_mid_iteration, AssertionError),
     "fp16 gradients": (_fp16_grads, ValueError),
     "empty state dict": (lambda s, m, o: s.load_state_dict({}), RuntimeError),
@@ -375,6 +372,24 @@ def test_policy_argument_forms():
     if not hasattr(lscore, "preset"):
         with pytest.raises(ValueError, match="preset names need lscore.preset"):
             GradScaler("cpu", policy="deepspeed")
+
+
+@pytest.mark.skipif(not hasattr(lscore, "preset"), reason="needs lscore.preset")
+@pytest.mark.parametrize("name,kwargs", [("deepspeed", {}), ("megatron", {}),
+                                         ("deepspeed", dict(init_scale=2.0 ** 8, scale_window=2,
+                                                            delayed_shift=2))],
+                         ids=["deepspeed", "megatron", "deepspeed_args"])
+def test_policy_presets_follow_lscore_preset(name, kwargs):
+    events = [True, False, False, True, True, True, False, True, True, True, True]
+    s = (GradScaler("cpu", policy=lscore.preset(name, **kwargs)) if kwargs
+         else GradScaler("cpu", policy=name))
+    ls = lscore.preset(name, **kwargs)
+    m, o = make()
+    for finite in events:
+        iteration(s, m, o, finite)
+        ls.state.update(finite)
+        assert s.get_scale() == ls.state.scale
+    assert s.state_dict()["lscore"]["counters"] == ls.state.counters()
 
 
 def test_setter_validation_changes_nothing():

@@ -24,7 +24,7 @@ import launch  # noqa: E402
 from lscore.distributed import TorchReducer  # noqa: E402
 
 WORLD = 2
-CASES = checks.cases(("numpy", "torch"))
+CASES = checks.cases(("numpy", "torch", "torch_optimizer"))
 
 
 def _ok(runs):

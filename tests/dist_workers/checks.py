@@ -156,7 +156,8 @@ CORE = {
     "core_without_reducer_ranks_diverge": check_control_diverges,
 }
 # the policy each adapter's stepper runs with the scenarios' numbers
-ADAPTER_POLICIES = {"numpy": keras_policy, "torch": core_policy}
+ADAPTER_POLICIES = {"numpy": keras_policy, "torch": core_policy,
+                    "torch_optimizer": keras_policy}
 
 
 def cases(adapters=("numpy",)) -> dict:

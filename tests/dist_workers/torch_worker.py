@@ -50,45 +50,85 @@ class TorchGroup:
         return torch.stack(parts).cpu().numpy()
 
 
-class GradScalerStepper:
-    """lscore.adapters.torch.GradScaler(process_group=WORLD) stepping torch's SGD.
-
-    The scenario's scaled gradient becomes the parameter's ``.grad``; the
-    scaler unscales, asks the group, steps or skips, and updates the scale.
-    """
+class _TorchStepper:
+    """The scenario's scaled gradient becomes a torch parameter's ``.grad``; the
+    subclass's ``_step`` unscales, asks the group, and steps or skips."""
 
     def __init__(self, group):
-        from lscore.adapters.torch import GradScaler
         self.group = group
-        self.scaler = GradScaler("cpu", init_scale=scenarios.POLICY["init_scale"],
-                                 growth_interval=scenarios.POLICY["growth_interval"],
-                                 process_group=dist.group.WORLD)
-        self.scaler.scale(torch.ones(()))         # the scale is made lazily, as by scale(loss)
         self.param = self.opt = None
-
-    @property
-    def scale(self) -> float:
-        return self.scaler.get_scale()
 
     def step(self, g, w) -> dict:
         if self.param is None:
             self.param = torch.nn.Parameter(torch.zeros(w.shape))
             self.opt = torch.optim.SGD([self.param], lr=scenarios.LR)
+            self._wrap()
         with torch.no_grad():
             self.param.copy_(torch.from_numpy(w))
         self.param.grad = torch.from_numpy(g.copy())
         found = not bool(torch.isfinite(self.param.grad).all())
         before = self.group.collectives
+        applied = self._step()
+        w[...] = self.param.detach().numpy()
+        return {"found": found, "applied": applied,
+                "collectives": self.group.collectives - before}
+
+
+class GradScalerStepper(_TorchStepper):
+    """lscore.adapters.torch.GradScaler(process_group=WORLD) stepping torch's SGD."""
+
+    def __init__(self, group):
+        from lscore.adapters.torch import GradScaler
+        super().__init__(group)
+        self.scaler = GradScaler("cpu", init_scale=scenarios.POLICY["init_scale"],
+                                 growth_interval=scenarios.POLICY["growth_interval"],
+                                 process_group=dist.group.WORLD)
+        self.scaler.scale(torch.ones(()))         # the scale is made lazily, as by scale(loss)
+
+    @property
+    def scale(self) -> float:
+        return self.scaler.get_scale()
+
+    def _wrap(self):
+        pass
+
+    def _step(self) -> bool:
         self.scaler.step(self.opt)
         self.scaler.update()
-        w[...] = self.param.detach().numpy()
-        return {"found": found, "applied": not self.scaler.last_step_skipped,
-                "collectives": self.group.collectives - before}
+        return not self.scaler.last_step_skipped
 
     def final(self) -> dict:
         return {"scale": self.scaler.get_scale(),
                 "counters": {"skipped": self.scaler.skipped_steps,
                              "tracker": self.scaler._get_growth_tracker()}}
+
+
+class TorchOptimizerStepper(_TorchStepper):
+    """lscore.adapters.torch.LossScaleOptimizer(SGD, reducer=TorchReducer()), Keras shape."""
+
+    def __init__(self, group):
+        super().__init__(group)
+        self.wrapped = None
+
+    @property
+    def scale(self) -> float:
+        return (scenarios.POLICY["init_scale"] if self.wrapped is None
+                else self.wrapped.loss_scale)
+
+    def _wrap(self):
+        from lscore.adapters.torch import LossScaleOptimizer
+        self.wrapped = LossScaleOptimizer(self.opt, initial_scale=scenarios.POLICY["init_scale"],
+                                          dynamic_growth_steps=scenarios.POLICY["growth_interval"],
+                                          reducer=TorchReducer())
+
+    def _step(self) -> bool:
+        self.wrapped.step()
+        return not self.wrapped.last_step_skipped
+
+    def final(self) -> dict:
+        return {"scale": self.wrapped.loss_scale,
+                "counters": {"iterations": self.wrapped.iterations,
+                             "dynamic_counter": self.wrapped.dynamic_counter}}
 
 
 def main():
@@ -116,7 +156,8 @@ def main():
             group = TorchGroup(rank, world, device)
             result = ({"reduce_basic": scenarios.reduce_basic(group)} if backend == "nccl"
                       else scenarios.run_all(group, {**scenarios.ADAPTERS,
-                                                     "torch": GradScalerStepper}))
+                                                     "torch": GradScalerStepper,
+                                                     "torch_optimizer": TorchOptimizerStepper}))
             result["device"] = str(group.reducer.device())
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
