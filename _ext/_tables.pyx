@@ -106,6 +106,7 @@ cdef class GradTable:
     cdef Py_ssize_t cap
     cdef dict _codes_by_dtype
     cdef object _fast_type, _strided, _tensor_type, _assert_error, _fp16
+    cdef object _param_type       # the last parameter type seen to pass the isinstance check
     cdef lsc_dl_from_pyobject _dl
 
     def __cinit__(self, fast_type, dict codes, strided, tensor_type,
@@ -118,6 +119,7 @@ cdef class GradTable:
         self._strided = strided
         self._tensor_type = tensor_type
         self._assert_error = assert_error
+        self._param_type = None
         self._dl = _exchange_api(fast_type)
         self._grow(capacity if capacity > 0 else 64)
 
@@ -238,9 +240,13 @@ cdef class GradTable:
         cdef object fast_type = self._fast_type, tensor_type = self._tensor_type
         for group in param_groups:
             for p in group["params"]:
-                if not isinstance(p, tensor_type):
-                    raise self._assert_error(
-                        f"expected param to be torch.Tensor, got {type(p).__name__}")
+                # isinstance through a metaclass costs more than the rest of the loop;
+                # for these C-level tensor types it depends on type(p) alone
+                if type(p) is not self._param_type:
+                    if not isinstance(p, tensor_type):
+                        raise self._assert_error(
+                            f"expected param to be torch.Tensor, got {type(p).__name__}")
+                    self._param_type = type(p)
                 g = p.grad
                 if g is None:
                     continue

@@ -494,38 +494,54 @@ class GradScaler:
         if not self._enabled:
             return
         scale, tracker = self._check_scale_growth_tracker("update")
-        found_infs = [f.to(device=scale.device, non_blocking=True)
-                      for st in self._per_optimizer_states.values()
-                      for f in st["found_inf_per_device"].values()]
+        if not self._on_device:
+            self._update_core(new_scale)
+        else:
+            self._update_device(new_scale, scale, tracker)
+        self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+
+    def _found_infs(self) -> list:
+        return [f for st in self._per_optimizer_states.values()
+                for f in st["found_inf_per_device"].values()]
+
+    def _update_core(self, new_scale) -> None:
+        """CPU path: the found-inf flags are read on the host, the state machine advances."""
+        found_infs = self._found_infs()
         if new_scale is not None:
             self._set_new_scale(new_scale)
-        elif len(found_infs) == 0:
+        elif not found_infs:
             raise ScalerAssertionError("No inf checks were recorded prior to update.")
-        if found_infs:
-            combined = found_infs[0]
-            for f in found_infs[1:]:
-                combined = combined + f
-        if self._on_device:
-            if new_scale is None and self._kernel_update():
+        # torch backs off when the sum of the flags (each 0 or 1) is nonzero
+        skipped = any(f.item() for f in found_infs)
+        if new_scale is None:
+            self._state.update(not skipped)
+            self._sync_scale_tensor()
+        self._last_skipped = skipped
+        self._skipped += skipped
+
+    def _update_device(self, new_scale, scale, tracker) -> None:
+        """torch's path: the flags stay on the device (no sync unless an lscore option needs it)."""
+        found_infs = [f.to(device=scale.device, non_blocking=True) for f in self._found_infs()]
+        if new_scale is not None:
+            self._set_new_scale(new_scale)
+        elif not found_infs:
+            raise ScalerAssertionError("No inf checks were recorded prior to update.")
+        if not found_infs:
+            self._last_skipped = False
+            return
+        combined = found_infs[0]
+        for f in found_infs[1:]:
+            combined = combined + f
+        if new_scale is None:
+            if self._kernel_update():
                 torch._amp_update_scale_(scale, tracker, combined, self._growth_factor,
                                          self._backoff_factor, self._growth_interval)
-            elif new_scale is None:
+            else:
                 self._state.update(not combined.item())
                 self._sync_scale_tensor()
-            if found_infs:
-                skipped = combined > 0
-                self._last_skipped = skipped
-                self._skipped = self._skipped + skipped.to(torch.int64)
-            else:
-                self._last_skipped = False
-        else:
-            skipped = bool(found_infs) and bool(combined.item())
-            if new_scale is None:
-                self._state.update(not skipped)
-            self._sync_scale_tensor()
-            self._last_skipped = skipped
-            self._skipped += skipped
-        self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+        skipped = combined > 0
+        self._last_skipped = skipped
+        self._skipped = self._skipped + skipped.to(torch.int64)
 
     def _set_new_scale(self, new_scale) -> None:
         if isinstance(new_scale, torch.Tensor):
@@ -597,10 +613,9 @@ class GradScaler:
 
     def _set_policy(self, **changes) -> None:
         policy = self._state.policy.replace(**changes)     # validates
-        if self._kernel_update():
-            return                                         # the tensors hold the state
-        c = self._state.counters()
-        self._set_state(self._state.scale, c["good_steps"], policy)
+        # (on torch's device path the tensors hold scale and tracker; the host copy
+        # keeps the policy for pickling and state dicts)
+        self._set_state(self._state.scale, self._state.counters()["good_steps"], policy)
 
     def is_enabled(self) -> bool:
         return self._enabled

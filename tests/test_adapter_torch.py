@@ -577,6 +577,15 @@ def test_torch_kernel_path_matches(opts):
         assert forced.last_step_skipped == reference.last_step_skipped
     assert forced.skipped_steps == reference.skipped_steps == events.count(False)
     assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
+    for s in (forced, reference):
+        s.set_growth_factor(3.0)
+        s.set_growth_interval(1)
+    x = torch.randn(3, 4)
+    iteration(reference, m1, o1, True, x)
+    iteration(forced, m2, o2, True, x)
+    assert forced.state_dict() == reference.state_dict()
+    clone = pickle.loads(pickle.dumps(forced))
+    assert clone.state_dict() == reference.state_dict()
     forced.load_state_dict(reference.state_dict())
     assert forced.get_scale() == reference.get_scale()
 

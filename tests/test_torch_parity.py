@@ -79,7 +79,7 @@ def make_scenario(seed: int) -> dict:
         "transposed": rng.random() < 0.3,
         "two_optimizers": rng.random() < 0.25,
         "p_bad": rng.choice([0.0, 0.1, 0.3, 0.6]),
-        "steps": rng.randint(8, 16),
+        "steps": rng.randint(6, 14),
     }
 
 
