@@ -186,12 +186,16 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
     _current_device = staticmethod(lambda: 0)
 
     def __init__(self, optimizer, loss_scale=None, *, dynamic=True, initial_scale=None,
-                 dynamic_growth_steps=None, loss_scale_manager=None, sync_free=False):
+                 dynamic_growth_steps=None, loss_scale_manager=None, sync_free=False,
+                 reducer=None):
         if not isinstance(sync_free, (bool, np.bool_)):
             raise TypeError(f"sync_free must be a bool, got {sync_free!r}")
+        if sync_free and reducer is not None:
+            raise ValueError("sync_free=True cannot take a reducer: a reducer agrees on the "
+                             "found-inf flag on the host, and sync_free keeps it on the device")
         super().__init__(optimizer, loss_scale, dynamic=dynamic, initial_scale=initial_scale,
                          dynamic_growth_steps=dynamic_growth_steps,
-                         loss_scale_manager=loss_scale_manager)
+                         loss_scale_manager=loss_scale_manager, reducer=reducer)
         self._dev = None
         self._device_id = None
         self._sync_free = bool(sync_free)

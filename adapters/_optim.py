@@ -32,6 +32,7 @@ import warnings
 import numpy as np
 
 from lscore._params import positive_scale, real, tf_int
+from lscore.distributed import check_reducer, reduce_found_inf
 from lscore.loss_scale import DynamicLossScale, FixedLossScale, LossScale, get
 from lscore.managers import (ExponentialUpdateLossScaleManager, FixedLossScaleManager,
                              LossScaleManager)
@@ -602,6 +603,11 @@ class LossScaleOptimizerBase:
       returns ``(loss, grads)``, where ``grads`` are the gradients of
       ``loss * scale`` with respect to ``var_list`` (your backprop, seeded with
       ``scale`` cast to the loss dtype instead of 1).
+
+    ``reducer`` (an ``lscore.distributed`` reducer, or any object with
+    ``reduce(found_inf, stats=None) -> (found_inf, stats)``) makes the
+    non-finite verdict the OR over all workers, so every worker skips the
+    same steps; each worker must then call ``apply_gradients`` once per step.
     """
 
     _xp = None
@@ -611,13 +617,14 @@ class LossScaleOptimizerBase:
                            "that updates arrays in place")
 
     def __init__(self, optimizer, loss_scale=None, *, dynamic=True, initial_scale=None,
-                 dynamic_growth_steps=None, loss_scale_manager=None):
+                 dynamic_growth_steps=None, loss_scale_manager=None, reducer=None):
         check_inner_optimizer(optimizer, LossScaleOptimizerBase,
                               expected=self._expected_optimizer,
                               is_optimizer=lambda o: callable(getattr(o, "apply_gradients", None)))
         self._scaling = resolve_loss_scaling(
             loss_scale, dynamic=dynamic, initial_scale=initial_scale,
             dynamic_growth_steps=dynamic_growth_steps, loss_scale_manager=loss_scale_manager)
+        self._reducer = check_reducer(reducer)    # lscore.distributed: one verdict for all ranks
         self._optimizer = optimizer
         self._own_iterations = 0
         try:
@@ -719,7 +726,7 @@ class LossScaleOptimizerBase:
         if pairs:
             pairs = drop_none_gradients(pairs, warn=s.shape != "tf1")
         grads = [g for g, _ in pairs]
-        finite = type(self)._all_finite(grads)
+        finite = not reduce_found_inf(self._reducer, not type(self)._all_finite(grads))
         if s.predictable:
             # apply first: if the inner optimizer raises, the scale is unchanged
             applied = s.should_apply(finite)

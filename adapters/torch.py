@@ -29,6 +29,7 @@ from lscore._ext import _scan
 from lscore._ext._tables import GradTable
 from lscore._params import Policy
 from lscore.adapters import _optim
+from lscore.distributed import TorchReducer, check_reducer, reduce_found_inf
 from lscore.state import FORMAT, LossScaleState
 from lscore.state import _json_float as _json_scale
 
@@ -213,6 +214,12 @@ class GradScaler:
         from ``lscore.preset(name, **peer_args)``, a ``Policy``, its
         ``to_dict()`` config, or an ``"lscore.state/1"`` state dict; a preset
         or a state dict also sets the scale and counters.
+    process_group : torch.distributed ProcessGroup, optional
+        Make the found-inf verdict the OR over this group (``dist.group.WORLD``
+        for all ranks), as ``ShardedGradScaler`` does, with one collective per
+        ``unscale_``: every rank then skips the same steps and keeps the same
+        scale.  Needed when ranks check different gradients (FSDP shards,
+        model parallelism); every rank must call ``unscale_``/``step`` alike.
 
     ``state_dict()`` adds the key ``"lscore"`` (the full v1 state) only when
     one of these is in use; torch's ``load_state_dict`` ignores it.
@@ -234,7 +241,7 @@ class GradScaler:
                  growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 2000, enabled: bool = True, *,
                  min_scale: float | None = None, max_scale: float | None = None,
-                 hysteresis: int = 1, policy=None) -> None:
+                 hysteresis: int = 1, policy=None, process_group=None) -> None:
         self._device = device
         self._enabled = enabled
         self._last_skipped: Any = False
@@ -277,6 +284,7 @@ class GradScaler:
         self._scale_value = None                      # what self._scale holds
         self._unscaler = _GradUnscaler()
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+        self._reducer = None if process_group is None else TorchReducer(process_group)
 
     # ---- helpers -----------------------------------------------------------------
 
@@ -418,6 +426,7 @@ class GradScaler:
         else:
             state["found_inf_per_device"] = self._unscale_core(
                 optimizer, _reciprocal(self._state.scale), False)
+        state["found_inf_per_device"] = self._agree(state["found_inf_per_device"])
         state["stage"] = OptState.UNSCALED
 
     # ---- step --------------------------------------------------------------------
@@ -697,9 +706,19 @@ class GradScaler:
         scale, _ = self._check_scale_growth_tracker("_check_inf_per_device")
         dummy_inv_scale = torch.full((), 1.0, dtype=torch.float32, device=scale.device)
         found_inf = torch.full((), 0.0, dtype=torch.float32, device=scale.device)
-        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = \
-            self._unscale_grads_(optimizer, dummy_inv_scale, found_inf, True)
+        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = self._agree(
+            self._unscale_grads_(optimizer, dummy_inv_scale, found_inf, True))
         return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+
+    def _agree(self, found: dict) -> dict:
+        """With a process_group: one flag on the scale's device, the OR over every rank
+        (lscore.distributed; read on the host, as step() reads it anyway)."""
+        if self._reducer is None:
+            return found
+        local = any(bool(f.item()) for f in found.values())
+        flag = reduce_found_inf(self._reducer, local)
+        return {self._scale.device: torch.full((), float(flag), dtype=torch.float32,
+                                               device=self._scale.device)}
 
     def _found_inf_per_device(self, optimizer) -> dict:
         return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
@@ -746,10 +765,14 @@ class LossScaleOptimizer(torch.optim.Optimizer):
     ``unscale_()`` may come first (to clip unscaled gradients); ``step()``
     returns what the inner step returns (the closure's loss when one is given),
     None when the step is skipped; ``last_step_skipped`` says which.
+
+    ``reducer`` (``lscore.distributed.TorchReducer(process_group)`` or any
+    object with ``reduce(found_inf, stats=None) -> (found_inf, stats)``) makes
+    the found-inf verdict of ``unscale_`` the OR over all ranks.
     """
 
     def __init__(self, optimizer, loss_scale=None, *, dynamic=True, initial_scale=None,
-                 dynamic_growth_steps=None, loss_scale_manager=None):
+                 dynamic_growth_steps=None, loss_scale_manager=None, reducer=None):
         _optim.check_inner_optimizer(
             optimizer, LossScaleOptimizer, expected="torch.optim.Optimizer",
             is_optimizer=lambda o: isinstance(o, torch.optim.Optimizer))
@@ -764,6 +787,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._scaling = scaling
         self._unscaler = _GradUnscaler()
         self._found: bool | None = None      # set by unscale_ until the step
+        self._reducer = check_reducer(reducer)    # lscore.distributed: one verdict for all ranks
         self._iterations = 0
         self._last_step_skipped = False
         optimizer._is_wrapped_by_loss_scale_optimizer = True
@@ -830,7 +854,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         if self._found is not None:
             raise RuntimeError("unscale_() has already been called since the last step().")
         found = self._unscaler(self._optimizer.param_groups, self._inv_scale(), True)
-        self._found = any(v.item() for v in found.values())
+        self._found = reduce_found_inf(self._reducer, any(v.item() for v in found.values()))
 
     def step(self, closure=None):
         """Unscale (unless done), check for NaN/Inf, update the scale, then run or skip the
