@@ -67,16 +67,27 @@ class FixedLossScale(LossScale):
         self._value = _fixed_value("loss_scale_value", loss_scale_value,
                                    "loss_scale_value must be at least 1.")
         self._scale32 = float(np.float32(self._value))
+        self._state = LossScaleState(Policy(name="fixed", init_scale=self._value,
+                                            growth_mode="never", apply_nonfinite=True))
 
     def __call__(self) -> float:
         return self._scale32
 
     def update(self, grads):
         del grads   # TF ignores them: a fixed scale applies every step
+        self._state.update(True)
         return None, True
 
     def get_config(self) -> dict:
         return {"loss_scale_value": self._value}
+
+    def state_dict(self) -> dict:
+        """The v1 state: the scale and the number of updates."""
+        return self._state.state_dict(config=self.get_config())
+
+    def load_state_dict(self, d: dict) -> None:
+        _load_same_policy(self._state, d)
+        self._scale32 = self._state.scale
 
     def __repr__(self):
         return f"FixedLossScale({self._value})"
@@ -151,9 +162,11 @@ class DynamicLossScale(LossScale):
                 "multiplier": self._multiplier}
 
     def state_dict(self) -> dict:
-        return self._state.state_dict()
+        """The v1 state (JSON-safe): policy, scale, counters and this object's config."""
+        return self._state.state_dict(config=self.get_config())
 
     def load_state_dict(self, d: dict) -> None:
+        """Take a v1 state saved by the same policy (works before the first update)."""
         _load_same_policy(self._state, d)
 
     def __repr__(self):

@@ -11,7 +11,9 @@ from lscore._params import Policy, positive_scale
 
 FORMAT = "lscore.state/1"
 FORMATS = (FORMAT,)
-COUNTERS = ("good_steps", "hysteresis_left", "steps", "skipped")
+COUNTERS = ("good_steps", "hysteresis_left", "steps", "skipped", "overflows", "since_rescale",
+            "overflow_seen")
+KEYS = ("format", "policy", "scale", "counters", "next_scale", "config")
 # a loaded counter must leave the core room to count in int64 without overflow
 COUNTER_LIMIT = 2 ** 62
 
@@ -92,7 +94,8 @@ class LossScaleState:
             if self._policy.apply_next:
                 self._cy.next_scale = v
 
-    def state_dict(self) -> dict:
+    def state_dict(self, config: dict | None = None) -> dict:
+        """The v1 state: JSON-safe, exact; `config` (the owner's get_config()) is kept as is."""
         # one snapshot under the lock: scale and counters of the same step
         with self._lock:
             cy, policy = self._cy.copy(), self._policy
@@ -100,18 +103,20 @@ class LossScaleState:
              "counters": {k: getattr(cy, k) for k in COUNTERS}}
         if policy.apply_next:
             d["next_scale"] = _json_float(cy.next_scale)
+        if config is not None:
+            d["config"] = config
         return d
 
     def load_state_dict(self, d: dict) -> None:
         """Take a v1 state dict; the policy in it replaces this object's policy."""
-        policy, cy = _parse_state(d)
+        policy, cy, _ = parse_state(d)
         with self._lock:
             self._policy = policy
             self._cy = cy
 
     @classmethod
     def from_state_dict(cls, d: dict) -> "LossScaleState":
-        policy, cy = _parse_state(d)
+        policy, cy, _ = parse_state(d)
         obj = cls.__new__(cls)
         obj._policy, obj._cy, obj._lock = policy, cy, threading.Lock()
         return obj
@@ -120,7 +125,7 @@ class LossScaleState:
         return self.state_dict()
 
     def __setstate__(self, d):
-        policy, cy = _parse_state(d)
+        policy, cy, _ = parse_state(d)
         self._policy, self._cy, self._lock = policy, cy, threading.Lock()
 
     def __repr__(self):
@@ -145,16 +150,15 @@ def _scale_value(name: str, x) -> float:
     return v
 
 
-def _parse_state(d) -> tuple[Policy, CyState]:
-    """Validate a whole v1 dict before anything is changed."""
+def parse_state(d) -> tuple[Policy, CyState, dict | None]:
+    """Validate a whole v1 dict before anything is changed: (policy, core, config or None)."""
     if not isinstance(d, dict):
         raise TypeError(f"state must be a dict, got {type(d).__name__}")
     fmt = d.get("format")
     if fmt not in FORMATS:
         raise ValueError(f"unknown state format {fmt!r}; this lscore understands: "
                          f"{', '.join(FORMATS)}")
-    allowed = {"format", "policy", "scale", "counters", "next_scale"}
-    unknown = sorted(set(d) - allowed)
+    unknown = sorted(set(d) - set(KEYS))
     if unknown:
         raise ValueError(f"unknown keys in {FORMAT} state: {', '.join(map(repr, unknown))}")
     for key in ("policy", "scale", "counters"):
@@ -175,11 +179,18 @@ def _parse_state(d) -> tuple[Policy, CyState]:
         v = counters[k]
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"counter {k} must be an int, got {v!r}")
-    if counters["steps"] < 0 or counters["skipped"] < 0 or counters["good_steps"] < 0:
-        raise ValueError("counters steps, skipped and good_steps must be >= 0")
+    negative = [k for k in COUNTERS if k != "hysteresis_left" and counters[k] < 0]
+    if negative:
+        raise ValueError(f"counters must be >= 0 (except hysteresis_left), got "
+                         + ", ".join(f"{k}={counters[k]}" for k in negative))
     for k in COUNTERS:
         if abs(counters[k]) > COUNTER_LIMIT:
             raise ValueError(f"counter {k} must be at most 2**62 in size, got {counters[k]!r}")
+    if counters["overflow_seen"] not in (0, 1):
+        raise ValueError(f"counter overflow_seen must be 0 or 1, got {counters['overflow_seen']}")
+    config = d.get("config")
+    if config is not None and not isinstance(config, dict):
+        raise TypeError(f"config must be a dict, got {type(config).__name__}")
     nxt = _scale_value("next_scale", d.get("next_scale", scale))
     cy = CyState()
     cy.set_params(policy.c_params())
@@ -187,4 +198,4 @@ def _parse_state(d) -> tuple[Policy, CyState]:
     cy.next_scale = nxt
     for k in COUNTERS:
         setattr(cy, k, counters[k])
-    return policy, cy
+    return policy, cy, config

@@ -180,7 +180,7 @@ BAD = [
     ("state counter 2**70", lambda w: w.dyn.load_state_dict(_state_with(_set("counters.steps", 2 ** 70))), ValueError, r"counter steps must be at most 2\*\*62"),
     ("state hysteresis_left -2**63", lambda w: w.state.load_state_dict(_state_with(_set("counters.hysteresis_left", -2 ** 63))), ValueError, "counter hysteresis_left must be at most"),
     ("state policy list", lambda w: w.dyn.load_state_dict(_state_with(_set("policy", [1]))), TypeError, "policy must be a dict, got list"),
-    ("state policy refill str", lambda w: w.dyn.load_state_dict(_state_with(_set("policy.refill", "backoff"))), ValueError, "unknown refill 'b'"),
+    ("state policy refill str", lambda w: w.dyn.load_state_dict(_state_with(_set("policy.refill", "backoff"))), TypeError, "refill must be a list, got 'backoff'"),
     ("state policy factor str", lambda w: w.dyn.load_state_dict(_state_with(_set("policy.growth_factor", "2"))), TypeError, "growth_factor must be a real number"),
     ("state policy interval 2**70", lambda w: w.dyn.load_state_dict(_state_with(_set("policy.growth_interval", 2 ** 70))), ValueError, "growth_interval must fit"),
     ("state policy name int", lambda w: w.dyn.load_state_dict(_state_with(_set("policy.name", 5))), TypeError, "name must be a non-empty string, got 5"),

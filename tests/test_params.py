@@ -108,7 +108,7 @@ def test_policy_errors_name_parameter_value_and_rule():
         Policy(hysteresis=0)
     with pytest.raises(ValueError, match="min_scale must be <= max_scale"):
         Policy(min_scale=4, max_scale=2)
-    with pytest.raises(ValueError, match="needs a min_scale"):
+    with pytest.raises(ValueError, match="needs a floor_scale or a min_scale"):
         Policy(min_action="raise_at")
     with pytest.raises(TypeError, match="guard_finite must be a bool"):
         Policy(guard_finite=1)
