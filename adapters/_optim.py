@@ -456,6 +456,11 @@ class ArrayOptimizer:
             slots[name] = self._xp.zeros_like(v)
         return slots[name]
 
+    def __setstate__(self, state: dict) -> None:
+        # slots are keyed by id(variable): ids change when a checkpoint is unpickled
+        self.__dict__.update(state)
+        self._slots = {id(v): (v, slots) for v, slots in self._slots.values()}
+
     def _clip(self, grads: list) -> list:
         xp = self._xp
         if self._clipnorm:
