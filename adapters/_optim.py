@@ -25,6 +25,7 @@ adapter (``numpy`` or ``cupy``).
 """
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import warnings
@@ -155,6 +156,30 @@ class LossScaling:
                              "update(grads) needs the gradients")
         _, should_apply = ls.update(grads)
         return bool(should_apply)
+
+    def checkpoint(self):
+        """A function that puts the scale state back as it is now.
+
+        For the update-before-apply shapes (a user-defined LossScale): the
+        wrappers restore it when the inner optimizer raises.  The object's own
+        state_dict/load_state_dict is used when it has them, else a deep copy
+        of its attributes.
+        """
+        obj = self._loss_scale if self.shape == "experimental" else self._manager
+        if obj is None:
+            return lambda: None
+        save, load = getattr(obj, "state_dict", None), getattr(obj, "load_state_dict", None)
+        if callable(save) and callable(load):
+            saved = save()
+            return lambda: load(saved)
+        if hasattr(obj, "__dict__"):
+            saved = copy.deepcopy(vars(obj))
+
+            def restore():
+                vars(obj).clear()
+                vars(obj).update(saved)
+            return restore
+        return lambda: None
 
     # -- configuration -----------------------------------------------------------
     def get_config(self) -> dict:
@@ -731,8 +756,13 @@ class LossScaleOptimizerBase:
             self._apply_or_skip(applied, pairs)
             s.update(finite)
         else:
+            restore = s.checkpoint()
             applied = s.update(finite, grads)
-            self._apply_or_skip(applied, pairs)
+            try:
+                self._apply_or_skip(applied, pairs)
+            except BaseException:
+                restore()        # the inner optimizer failed: the scale is as before
+                raise
         return applied
 
     def _apply_or_skip(self, applied: bool, pairs: list) -> None:

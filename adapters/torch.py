@@ -854,9 +854,14 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         else:
             grads = [p.grad for g in self.param_groups for p in g["params"]
                      if p.grad is not None]
+            restore = s.checkpoint()
             applied = s.update(finite, grads)
             if applied:
-                ret = self._optimizer.step()
+                try:
+                    ret = self._optimizer.step()
+                except BaseException:
+                    restore()    # the inner optimizer failed: the scale is as before
+                    raise
         if applied or s.skip_advances_iterations:
             self._iterations += 1
         self._found = None

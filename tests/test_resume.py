@@ -269,3 +269,107 @@ def test_checkpoint_resumes_bit_identically_in_a_new_process(tmp_path):
     wrong = [k for k in expected if json.dumps(got[k]) != json.dumps(expected[k])]
     assert not wrong, {k: (got[k][:3], expected[k][:3]) for k in wrong[:3]}
     assert len(expected) >= 16 * 3
+
+
+# ---- atomic steps: an exception from the inner optimizer changes no loss-scale state ----
+
+class Boom(RuntimeError):
+    pass
+
+
+class UserLossScale(lscore.LossScale):
+    """A user-defined LossScale (update-before-apply shape) with plain attributes."""
+
+    def __init__(self):
+        self.scale, self.good = 1024.0, 0
+
+    def __call__(self):
+        return self.scale
+
+    def update(self, grads):
+        finite = lscore.all_finite(_as_numpy(grads))
+        self.good = self.good + 1 if finite else 0
+        self.scale = self.scale * 2 if finite else self.scale / 2
+        return None, finite
+
+    def get_config(self):
+        return {}
+
+
+def _scaling_args():
+    return {"keras": {}, "experimental": {"loss_scale": lscore.DynamicLossScale(64.0, 1)},
+            "tf1": {"loss_scale_manager": lscore.ExponentialUpdateLossScaleManager(64.0, 1)},
+            "user": {"loss_scale": UserLossScale()},
+            "user-tf2-subclass": {"loss_scale": type("Sub", (lscore.DynamicLossScale,), {
+                "update": lambda self, g: lscore.DynamicLossScale.update(self, _as_numpy(g))})(
+                    64.0, 1)}}
+
+
+def _as_numpy(grads):
+    """User LossScales see the adapter's own tensors; these two read them through NumPy."""
+    return [np.asarray(g.detach() if hasattr(g, "detach") else g) for g in grads]
+
+
+def _scale_state(opt):
+    s = opt.loss_scaling
+    obj = s.loss_scale_object if s.shape != "keras" else s._dynamic_ls
+    return (s.scale, opt.iterations,
+            json.dumps(obj.state_dict()) if hasattr(obj, "state_dict") else repr(vars(obj)))
+
+
+@pytest.mark.parametrize("shape", list(_scaling_args()))
+def test_numpy_inner_optimizer_failure_leaves_scale_state(shape):
+    from lscore.adapters.numpy import SGD, LossScaleOptimizer
+
+    class Failing(SGD):
+        def apply_gradients(self, grads_and_vars):
+            raise Boom("inner optimizer failed")
+
+    v = np.ones(3, np.float32)
+    opt = LossScaleOptimizer(Failing(0.1), **_scaling_args()[shape])
+    before = _scale_state(opt)
+    with pytest.raises(Boom):
+        opt.apply_gradients([(np.ones(3, np.float32), v)])
+    assert _scale_state(opt) == before and np.all(v == 1)
+    # a skipped step never calls the inner optimizer, so it goes through
+    opt.apply_gradients([(np.array([np.inf, 0, 0], np.float32), v)])
+    assert _scale_state(opt) != before
+
+
+@pytest.mark.parametrize("shape", list(_scaling_args()))
+def test_torch_inner_optimizer_failure_leaves_scale_state(shape):
+    torch = pytest.importorskip("torch")
+    from lscore.adapters.torch import LossScaleOptimizer
+
+    class Failing(torch.optim.SGD):
+        def step(self, closure=None):
+            raise Boom("inner optimizer failed")
+
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = LossScaleOptimizer(Failing([p], lr=0.1), **_scaling_args()[shape])
+    before = _scale_state(opt)
+    opt.get_scaled_loss(p.sum()).backward()
+    with pytest.raises(Boom):
+        opt.step()
+    assert _scale_state(opt) == before and torch.equal(p.detach(), torch.ones(3))
+
+
+@pytest.mark.parametrize("options", [{}, {"hysteresis": 2, "min_scale": 2.0}],
+                         ids=["torch", "lscore-options"])
+def test_gradscaler_inner_optimizer_failure_leaves_scale_state(options):
+    torch = pytest.importorskip("torch")
+    from lscore.adapters.torch import GradScaler
+
+    class Failing(torch.optim.SGD):
+        def step(self, closure=None):
+            raise Boom("inner optimizer failed")
+
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = Failing([p], lr=0.1)
+    s = GradScaler("cpu", init_scale=64.0, growth_interval=1, **options)
+    s.scale(p.sum()).backward()
+    before = (s.get_scale(), s._state.state_dict(), s.state_dict())
+    with pytest.raises(Boom):
+        s.step(opt)
+    assert (s.get_scale(), s._state.state_dict(), s.state_dict()) == before
+    assert torch.equal(p.detach(), torch.ones(3))
