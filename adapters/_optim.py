@@ -347,6 +347,12 @@ def _times(x, factor: float):
         return x * np.dtype(dtype).type(factor)
 
 
+def _host(a):
+    """A NumPy view or copy of an array of any array module (CuPy: copied to the host)."""
+    get = getattr(a, "get", None)
+    return get() if callable(get) and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
 def _type_name(x) -> str:
     return f"{type(x).__module__}.{type(x).__qualname__}"
 
@@ -750,6 +756,22 @@ class LossScaleOptimizerBase:
             pairs = drop_none_gradients(pairs, warn=s.shape != "tf1")
         grads = [g for g, _ in pairs]
         finite = type(self)._all_finite(grads)
+        if self.overflow_monitor is not None:
+            before = s.scale
+            applied = self._step(s, finite, grads, pairs)
+            m = self.overflow_monitor
+            m.observe(self._monitor_steps, applied, before, s.scale, lambda: [
+                (m.name_of(v, f"var{i}"), _host(g)) for i, (g, v) in enumerate(pairs)])
+            self._monitor_steps += 1
+            return applied
+        return self._step(s, finite, grads, pairs)
+
+    #: an lscore.diagnostics.OverflowMonitor, or None: names the gradients that held
+    #: NaN/Inf on every skipped step (the arrays are read only then)
+    overflow_monitor = None
+    _monitor_steps = 0
+
+    def _step(self, s, finite, grads, pairs) -> bool:
         if s.predictable:
             # apply first: if the inner optimizer raises, the scale is unchanged
             applied = s.should_apply(finite)

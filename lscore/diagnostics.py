@@ -86,7 +86,9 @@ def named_arrays(arrays, prefix: str = "") -> list[tuple[str, object]]:
 
     A mapping names its values by key (nested keys joined with "."); an
     iterable of (str, array) pairs (``model.named_parameters()``) keeps those
-    names; other lists and tuples name by index; None entries are dropped.
+    names (a value may be an ``(array, format name)`` pair, see
+    :func:`count_nonfinite`); other lists and tuples name by index; None
+    entries are dropped.
     """
     out: list = []
     if arrays is None:
@@ -268,6 +270,17 @@ class OverflowMonitor:
             self.consecutive_skipped = d["consecutive_skipped"]
             self.last_skipped_step = d["last_skipped_step"]
 
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        del d["_lock"]
+        d["logger"] = self.logger.name          # loggers are looked up again by name
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self.logger = logging.getLogger(d["logger"])
+        self._lock = threading.Lock()
+
     # ---- internals ------------------------------------------------------------
 
     def _build_report(self, step, before, after, arrays) -> OverflowReport:
@@ -275,7 +288,9 @@ class OverflowMonitor:
             arrays = arrays()
         bad = []
         for name, a in named_arrays(arrays):
-            nan, pos, neg = count_nonfinite(a)
+            # (raw words, format name): a tensor NumPy has no dtype for (bfloat16 in torch)
+            a, fmt = a if isinstance(a, tuple) else (a, None)
+            nan, pos, neg = count_nonfinite(a, fmt)
             if nan or pos or neg:
                 bad.append(TensorReport(name, nan, pos, neg, int(np.size(a))))
         return OverflowReport(step, float(before), float(after), tuple(bad))

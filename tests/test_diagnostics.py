@@ -168,3 +168,64 @@ def test_names_by_identity():
     w, b = np.ones(2), np.ones(3)
     m = OverflowMonitor(names=[("fc.weight", w), ("fc.bias", b)])
     assert m.name_of(w, "?") == "fc.weight" and m.name_of(np.ones(2), "p3") == "p3"
+
+
+def test_monitor_pickles():
+    import pickle
+    m = OverflowMonitor(min_interval=7)
+    m.observe(0, False, 4.0, 2.0, {"w": np.array([np.nan])})
+    n = pickle.loads(pickle.dumps(m))
+    assert n.state_dict() == m.state_dict() and n.min_interval == 7
+    assert n.logger is logging.getLogger("lscore")
+
+
+# ---- the adapters' hooks: reports name parameters, computed on skipped steps only -------
+
+def test_numpy_adapter_reports_named_variables(caplog):
+    from lscore.adapters.numpy import SGD, LossScaleOptimizer
+    caplog.set_level(logging.INFO, logger="lscore")
+    w, b = np.ones(3, np.float32), np.zeros(2, np.float32)
+    opt = LossScaleOptimizer(SGD(0.1), initial_scale=8.0)
+    opt.overflow_monitor = OverflowMonitor(names=[("dense.w", w), ("dense.b", b)])
+    opt.apply_gradients([(np.ones(3, np.float32), w), (np.array([np.inf, 1], np.float32), b)])
+    opt.apply_gradients([(np.ones(3, np.float32), w), (np.ones(2, np.float32), b)])
+    m = opt.overflow_monitor
+    assert (m.total_skipped, m.last_skipped_step) == (1, 0)
+    assert [(t.name, t.posinf) for t in m.last_report.tensors] == [("dense.b", 1)]
+    assert [r.getMessage() for r in caplog.records if r.name == "lscore"] == [
+        "first 1 step skipped while the scale fell from 8 to 4; last overflow: "
+        "dense.b (1 +Inf of 2)"]
+
+
+def test_torch_adapters_report_named_parameters():
+    torch = pytest.importorskip("torch")
+    from lscore.adapters.torch import GradScaler, LossScaleOptimizer
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    for kind in ("scaler", "lso"):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        mon = OverflowMonitor(names=model.named_parameters(),
+                              logger=logging.getLogger("lscore.test.quiet"))
+        if kind == "lso":
+            opt = LossScaleOptimizer(opt, initial_scale=16.0)
+            opt.overflow_monitor = mon
+        else:
+            scaler = GradScaler("cpu", init_scale=16.0)
+            scaler.overflow_monitor = mon
+        for i in range(3):
+            opt.zero_grad()
+            x = torch.ones(1, 3)
+            x[0, 0] = float("nan") if i == 1 else 1.0
+            loss = model(x).sum()
+            if kind == "lso":
+                opt.get_scaled_loss(loss).backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+        assert (mon.total_skipped, mon.last_skipped_step) == (1, 1), kind
+        rep = mon.last_report
+        assert rep.scale_before == 16.0 and rep.scale_after == 8.0
+        # the NaN in x[0, 0] reaches column 0 of the first weight and the second
+        # weight (through the hidden layer); the biases' gradients stay finite
+        assert [(t.name, t.nan) for t in rep.tensors] == [("0.weight", 2), ("1.weight", 2)], kind

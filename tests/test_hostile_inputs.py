@@ -277,3 +277,153 @@ def test_more_than_2_31_elements_through_zero_stride_views():
     assert lscore.all_finite([np.ones(3), view]) is False
     one = as_strided(np.array([np.inf], np.float32), shape=(2 ** 31 + 9,), strides=(0,))
     assert lscore.all_finite(one) is False
+
+
+# ---- adapters and presets ---------------------------------------------------------------
+
+PRESET_BAD = [
+    ("preset unknown name", lambda: lscore.preset("bogus"), ValueError, "unknown preset 'bogus'; expected one of: apex"),
+    ("preset name not a str", lambda: lscore.preset(5), ValueError, "unknown preset 5"),
+    ("preset unknown argument", lambda: lscore.preset("deepspeed", bogus=1), TypeError, "got an unexpected argument 'bogus'"),
+    ("preset missing argument", lambda: lscore.preset("jmp"), TypeError, "missing the required argument 'loss_scale'"),
+    ("preset interval 2.5", lambda: lscore.preset("torch", growth_interval=2.5), TypeError, "growth_interval must be an integer"),
+    ("preset init_scale nan", lambda: lscore.preset("torch", init_scale=NAN), ValueError, "init_scale must be finite and > 0"),
+    ("preset hysteresis 0", lambda: lscore.preset("megatron", hysteresis=0), ValueError, "hysteresis must be >= 1"),
+    ("migrate unknown peer", lambda: lscore.migrate.from_peer("bogus", {}), ValueError, "unknown peer 'bogus'"),
+    ("migrate unknown config key", lambda: lscore.migrate.from_peer("torch", {"scale": 2.0}), ValueError, "unknown keys in torch config: 'scale'"),
+    ("migrate to unknown peer", lambda: lscore.migrate.to_peer("bogus", lscore.preset("torch")), ValueError, "unknown peer 'bogus'"),
+]
+
+
+@pytest.mark.parametrize("call,exc,msg", [b[1:] for b in PRESET_BAD], ids=[b[0] for b in PRESET_BAD])
+def test_bad_preset_and_migrate_inputs(call, exc, msg):
+    w = World()
+    before = w.snapshot()
+    with pytest.raises(exc, match=msg):
+        call()
+    assert w.snapshot() == before
+
+
+def _torch_world():
+    torch = pytest.importorskip("torch")
+    from lscore.adapters.torch import GradScaler
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    s = GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2, hysteresis=2)
+    for i in range(3):       # some history, then a scaled backward pass awaiting step()
+        opt.zero_grad()
+        s.scale(model(torch.ones(1, 3)).sum() * (float("inf") if i == 1 else 1)).backward()
+        s.step(opt)
+        s.update()
+    opt.zero_grad()
+    s.scale(model(torch.ones(1, 3)).sum()).backward()
+    return torch, model, opt, s
+
+
+def _torch_snapshot(model, s):
+    return (json.dumps(s.state_dict()), json.dumps(s._state.state_dict()),
+            [p.detach().clone().numpy().tobytes() for p in model.parameters()],
+            [p.grad.clone().numpy().tobytes() for p in model.parameters()])
+
+
+_TSD = {"scale": 2.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 5,
+        "_growth_tracker": 0}
+
+TORCH_BAD = [
+    ("GradScaler load missing key", lambda t, m, o, s: s.load_state_dict({"growth_factor": 2.0}), KeyError, "scale"),
+    ("GradScaler load lscore not a dict", lambda t, m, o, s: s.load_state_dict({**_TSD, "lscore": "x"}), TypeError, "state must be a dict, got str"),
+    ("GradScaler load factor str", lambda t, m, o, s: s.load_state_dict({**_TSD, "growth_factor": "2"}), TypeError, "growth_factor must be a real number"),
+    ("GradScaler load scale str", lambda t, m, o, s: s.load_state_dict({**_TSD, "scale": "2"}), TypeError, "scale must be a real number"),
+    ("GradScaler load tracker str", lambda t, m, o, s: s.load_state_dict({**_TSD, "_growth_tracker": "3"}), TypeError, "_growth_tracker must be an integer"),
+    ("GradScaler load tracker negative", lambda t, m, o, s: s.load_state_dict({**_TSD, "_growth_tracker": -1}), ValueError, "_growth_tracker must be >= 0"),
+    ("GradScaler load scale nan", lambda t, m, o, s: s.load_state_dict({**_TSD, "scale": NAN}), ValueError, "scale must be >= 0"),
+    ("GradScaler new_scale on another device", lambda t, m, o, s: s.update(t.ones((), device="meta")), AssertionError, "new_scale should be a float or a 1-element"),
+    ("GradScaler new_scale nan", lambda t, m, o, s: s.update(NAN), ValueError, "new_scale must be finite and > 0, got nan"),
+    ("GradScaler new_scale negative", lambda t, m, o, s: s.update(-1.0), ValueError, "new_scale must be finite and > 0"),
+    ("GradScaler new_scale str", lambda t, m, o, s: s.update("2"), TypeError, "new_scale must be a float or a 1-element tensor, got str"),
+    ("core scan of a torch tensor", lambda t, m, o, s: lscore.all_finite([t.ones(2)]), TypeError, "unsupported array type torch.Tensor"),
+    ("GradScaler step with a closure", lambda t, m, o, s: s.step(o, closure=lambda: 0), RuntimeError, "Closure use is not currently supported"),
+]
+
+
+@pytest.mark.parametrize("call,exc,msg", [b[1:] for b in TORCH_BAD], ids=[b[0] for b in TORCH_BAD])
+def test_bad_torch_inputs_change_nothing(call, exc, msg):
+    torch, model, opt, s = _torch_world()
+    before = _torch_snapshot(model, s)
+    with pytest.raises(exc, match=msg):
+        call(torch, model, opt, s)
+    assert _torch_snapshot(model, s) == before
+
+
+def test_torch_call_order_misuse_changes_nothing():
+    torch, model, opt, s = _torch_world()
+    s.unscale_(opt)
+    before = _torch_snapshot(model, s)
+    with pytest.raises(RuntimeError, match="unscale_\\(\\) has already been called"):
+        s.unscale_(opt)                   # unscale_ twice: the grads are not divided again
+    assert _torch_snapshot(model, s) == before
+    s.step(opt)
+    after_step = _torch_snapshot(model, s)
+    with pytest.raises(RuntimeError, match="step\\(\\) has already been called"):
+        s.step(opt)
+    with pytest.raises(RuntimeError, match="unscale_\\(\\) is being called after step\\(\\)"):
+        s.unscale_(opt)
+    assert _torch_snapshot(model, s) == after_step
+    from lscore.adapters.torch import GradScaler
+    fresh = GradScaler("cpu")
+    with pytest.raises(RuntimeError, match="Attempted step but _scale is None"):
+        fresh.step(opt)                   # step before scale
+    with pytest.raises(RuntimeError, match="Attempted update but _scale is None"):
+        fresh.update()
+    assert fresh.get_scale() == 2.0 ** 16
+
+
+def test_float16_master_weights_error_says_what_to_do():
+    torch = pytest.importorskip("torch")
+    from lscore.adapters.torch import GradScaler
+    m32, m16 = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2).half()
+    opt = torch.optim.SGD(list(m32.parameters()) + list(m16.parameters()), lr=0.1)
+    s = GradScaler("cpu")
+    s.scale(m32(torch.ones(1, 3)).sum() + m16(torch.ones(1, 3).half()).float().sum()).backward()
+    grads = [p.grad.clone() for p in opt.param_groups[0]["params"]]
+    with pytest.raises(ValueError, match="^Attempting to unscale FP16 gradients.") as e:
+        s.step(opt)
+    text = "\n".join(getattr(e.value, "__notes__", [])) + str(e.value)
+    assert "Keep float32 master weights" in text and "allow_fp16_params=True" in text
+    assert all(torch.equal(a, p.grad) for a, p in zip(grads, opt.param_groups[0]["params"]))
+    assert s.get_scale() == 2.0 ** 16
+    # the explicit opt-in unscales them (torch's own fused optimizers do the same)
+    s = GradScaler("cpu", init_scale=16.0, allow_fp16_params=True)
+    s.scale(m16(torch.ones(1, 3).half()).float().sum()).backward()
+    o16 = torch.optim.SGD(m16.parameters(), lr=0.1)
+    s.step(o16)
+    s.update()
+    assert not s.last_step_skipped and s.get_scale() == 16.0
+
+
+@pytest.mark.parametrize("dtype,enabled", [("float16", True), ("bfloat16", False),
+                                           ("float32", False)])
+def test_enabled_auto(dtype, enabled):
+    torch = pytest.importorskip("torch")
+    import warnings
+    from lscore.adapters.torch import GradScaler
+    m = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    s = GradScaler("cpu", enabled="auto", init_scale=8.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=getattr(torch, dtype), enabled=dtype != "float32"):
+                loss = m(torch.ones(2, 3)).float().sum()
+            out = s.scale(loss)
+            out.backward()
+            s.step(opt)
+            s.update()
+    notices = [w for w in caught if "enabled='auto'" in str(w.message)]
+    assert s.is_enabled() is enabled
+    assert len(notices) == (0 if enabled else 1)
+    assert s.get_scale() == (8.0 if enabled else 1.0)
+    with pytest.raises(ValueError, match="enabled must be a bool or 'auto', got 'yes'"):
+        GradScaler("cpu", enabled="yes")
