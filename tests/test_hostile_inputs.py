@@ -395,8 +395,9 @@ def test_float16_master_weights_error_says_what_to_do():
     assert s.get_scale() == 2.0 ** 16
     # the explicit opt-in unscales them (torch's own fused optimizers do the same)
     s = GradScaler("cpu", init_scale=16.0, allow_fp16_params=True)
-    s.scale(m16(torch.ones(1, 3).half()).float().sum()).backward()
     o16 = torch.optim.SGD(m16.parameters(), lr=0.1)
+    o16.zero_grad()
+    s.scale(m16(torch.ones(1, 3).half()).float().sum()).backward()
     s.step(o16)
     s.update()
     assert not s.last_step_skipped and s.get_scale() == 16.0
