@@ -144,9 +144,11 @@ def _as_finite(finite) -> bool:
 
 
 def _scale_value(name: str, x) -> float:
+    # NaN stays loadable: an extreme policy can produce it (0 * a factor that is
+    # inf in float32), and every state the core produces must round-trip
     v = _from_json_float(name, x)
-    if not v >= 0:
-        raise ValueError(f"{name} must be >= 0 (or 'inf'), got {x!r}")
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, 'inf' or 'nan', got {x!r}")
     return v
 
 

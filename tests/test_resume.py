@@ -373,3 +373,18 @@ def test_gradscaler_inner_optimizer_failure_leaves_scale_state(options):
         s.step(opt)
     assert (s.get_scale(), s._state.state_dict(), s.state_dict()) == before
     assert torch.equal(p.detach(), torch.ones(3))
+
+
+def test_every_state_the_core_produces_round_trips():
+    # found by tests/fuzz/fuzz_state.py: a float32 policy whose growth factor is inf
+    # in float32 turns a flushed-to-zero scale into NaN (0 * inf); the state must load
+    p = lscore.Policy(init_scale=2.0 ** -149, growth_factor=1e308, growth_interval=1,
+                      precision="float32", flush_subnormal=True, backoff_mode="divide",
+                      guard_finite=False, apply_next=True)
+    st = lscore.LossScaleState(p)
+    for finite in (False, True, True, True):
+        st.update(finite)
+    d = json.loads(json.dumps(st.state_dict(), allow_nan=False))
+    assert "nan" in (d["scale"], d.get("next_scale"))
+    again = lscore.LossScaleState.from_state_dict(d)
+    assert json.dumps(again.state_dict()) == json.dumps(d)
