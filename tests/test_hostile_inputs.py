@@ -336,7 +336,7 @@ TORCH_BAD = [
     ("GradScaler load scale str", lambda t, m, o, s: s.load_state_dict({**_TSD, "scale": "2"}), TypeError, "scale must be a real number"),
     ("GradScaler load tracker str", lambda t, m, o, s: s.load_state_dict({**_TSD, "_growth_tracker": "3"}), TypeError, "_growth_tracker must be an integer"),
     ("GradScaler load tracker negative", lambda t, m, o, s: s.load_state_dict({**_TSD, "_growth_tracker": -1}), ValueError, "_growth_tracker must be >= 0"),
-    ("GradScaler load scale nan", lambda t, m, o, s: s.load_state_dict({**_TSD, "scale": NAN}), ValueError, "scale must be >= 0"),
+    ("GradScaler load scale negative", lambda t, m, o, s: s.load_state_dict({**_TSD, "scale": -2.0}), ValueError, "scale must be >= 0"),
     ("GradScaler new_scale on another device", lambda t, m, o, s: s.update(t.ones((), device="meta")), AssertionError, "new_scale should be a float or a 1-element"),
     ("GradScaler new_scale nan", lambda t, m, o, s: s.update(NAN), ValueError, "new_scale must be finite and > 0, got nan"),
     ("GradScaler new_scale negative", lambda t, m, o, s: s.update(-1.0), ValueError, "new_scale must be finite and > 0"),
