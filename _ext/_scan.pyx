@@ -45,6 +45,7 @@ ctypedef struct entry_t:
     int code
     int swapped
     int owned
+    Py_ssize_t index       # position among the leaves, in flattened order (for errors)
 
 SUPPORTED = ("float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2 "
              "(integer and bool arrays count as finite)")
@@ -172,6 +173,7 @@ cdef class _Table:
             self._count += 1
             return 0
         e = self._push()
+        e.index = self._count
         e.obj = <PyObject *>a
         e.owned = owned
         if owned:
@@ -273,6 +275,62 @@ cdef int _run_entries(entry_t *entries, Py_ssize_t size, bint write, double inv)
     return found
 
 
+cdef void _extent(cnp.ndarray a, size_t *lo, size_t *hi) noexcept:
+    """Byte range [lo, hi) that the elements of `a` occupy."""
+    cdef int k
+    cdef cnp.npy_intp span
+    lo[0] = hi[0] = <size_t>cnp.PyArray_DATA(a)
+    for k in range(cnp.PyArray_NDIM(a)):
+        span = (cnp.PyArray_DIMS(a)[k] - 1) * cnp.PyArray_STRIDES(a)[k]
+        if span < 0:
+            lo[0] -= <size_t>(-span)
+        else:
+            hi[0] += <size_t>span
+    hi[0] += cnp.PyArray_ITEMSIZE(a)
+
+
+cdef int _check_disjoint(_Table t) except -1:
+    """unscale_ must not multiply an element twice: refuse arrays that share memory.
+
+    Byte ranges [lo, hi) are pairwise disjoint exactly when, with the lo's and
+    the hi's sorted separately, every sorted lo[i + 1] >= sorted hi[i]: two
+    sorts and one sweep (np.sort; a struct sort with a callback costs several
+    times more).  Only when that fails are pairs examined, and np.shares_memory
+    has the last word (interleaved views such as a[::2] and a[1::2] are fine).
+    """
+    cdef Py_ssize_t i, j, m = t.size
+    cdef size_t[::1] lov, hiv
+    if m < 2:
+        return 0
+    lo, hi = np.empty(m, np.uintp), np.empty(m, np.uintp)
+    lov, hiv = lo, hi
+    for i in range(m):
+        _extent(<cnp.ndarray>t.entries[i].obj, &lov[i], &hiv[i])
+    los, his = np.sort(lo), np.sort(hi)
+    lov, hiv = los, his
+    for i in range(1, m):
+        if lov[i] < hiv[i - 1]:
+            break
+    else:
+        return 0
+    lov, hiv = lo, hi
+    for i in range(m):
+        for j in range(i + 1, m):
+            if lov[i] < hiv[j] and lov[j] < hiv[i]:
+                _raise_if_shared(t, i, j)
+    return 0
+
+
+cdef int _raise_if_shared(_Table t, Py_ssize_t i, Py_ssize_t j) except -1:
+    a, b = <object>t.entries[i].obj, <object>t.entries[j].obj
+    if np.shares_memory(a, b):
+        i, j = sorted((t.entries[i].index, t.entries[j].index))
+        raise ValueError(f"unscale_ needs arrays that do not share memory; arrays {i} and {j} "
+                         "(in flattened order) overlap, so some elements would be "
+                         "multiplied twice (the same array passed twice?)")
+    return 0
+
+
 def all_finite(arrays):
     """True when no element of any floating array in `arrays` is NaN or +/-Inf."""
     cdef _Table t
@@ -295,6 +353,7 @@ def unscale_(arrays, double inv_scale):
         t.add_array(<cnp.ndarray>arrays, False)
     else:
         t.collect(arrays, 0)
+    _check_disjoint(t)
     if inv_scale == 1.0:
         # x * 1 == x for every value: check only (torch skips the multiply too)
         return not t.run(False, 1.0)

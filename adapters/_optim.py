@@ -25,6 +25,7 @@ adapter (``numpy`` or ``cupy``).
 """
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import warnings
@@ -156,6 +157,30 @@ class LossScaling:
                              "update(grads) needs the gradients")
         _, should_apply = ls.update(grads)
         return bool(should_apply)
+
+    def checkpoint(self):
+        """A function that puts the scale state back as it is now.
+
+        For the update-before-apply shapes (a user-defined LossScale): the
+        wrappers restore it when the inner optimizer raises.  The object's own
+        state_dict/load_state_dict is used when it has them, else a deep copy
+        of its attributes.
+        """
+        obj = self._loss_scale if self.shape == "experimental" else self._manager
+        if obj is None:
+            return lambda: None
+        save, load = getattr(obj, "state_dict", None), getattr(obj, "load_state_dict", None)
+        if callable(save) and callable(load):
+            saved = save()
+            return lambda: load(saved)
+        if hasattr(obj, "__dict__"):
+            saved = copy.deepcopy(vars(obj))
+
+            def restore():
+                vars(obj).clear()
+                vars(obj).update(saved)
+            return restore
+        return lambda: None
 
     # -- configuration -----------------------------------------------------------
     def get_config(self) -> dict:
@@ -323,6 +348,12 @@ def _times(x, factor: float):
         return x * np.dtype(dtype).type(factor)
 
 
+def _host(a):
+    """A NumPy view or copy of an array of any array module (CuPy: copied to the host)."""
+    get = getattr(a, "get", None)
+    return get() if callable(get) and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
 def _type_name(x) -> str:
     return f"{type(x).__module__}.{type(x).__qualname__}"
 
@@ -456,6 +487,11 @@ class ArrayOptimizer:
         if name not in slots:
             slots[name] = self._xp.zeros_like(v)
         return slots[name]
+
+    def __setstate__(self, state: dict) -> None:
+        # slots are keyed by id(variable): ids change when a checkpoint is unpickled
+        self.__dict__.update(state)
+        self._slots = {id(v): (v, slots) for v, slots in self._slots.values()}
 
     def _clip(self, grads: list) -> list:
         xp = self._xp
@@ -727,14 +763,35 @@ class LossScaleOptimizerBase:
             pairs = drop_none_gradients(pairs, warn=s.shape != "tf1")
         grads = [g for g, _ in pairs]
         finite = not reduce_found_inf(self._reducer, not type(self)._all_finite(grads))
+        if self.overflow_monitor is not None:
+            before = s.scale
+            applied = self._step(s, finite, grads, pairs)
+            m = self.overflow_monitor
+            m.observe(self._monitor_steps, applied, before, s.scale, lambda: [
+                (m.name_of(v, f"var{i}"), _host(g)) for i, (g, v) in enumerate(pairs)])
+            self._monitor_steps += 1
+            return applied
+        return self._step(s, finite, grads, pairs)
+
+    #: an lscore.diagnostics.OverflowMonitor, or None: names the gradients that held
+    #: NaN/Inf on every skipped step (the arrays are read only then)
+    overflow_monitor = None
+    _monitor_steps = 0
+
+    def _step(self, s, finite, grads, pairs) -> bool:
         if s.predictable:
             # apply first: if the inner optimizer raises, the scale is unchanged
             applied = s.should_apply(finite)
             self._apply_or_skip(applied, pairs)
             s.update(finite)
         else:
+            restore = s.checkpoint()
             applied = s.update(finite, grads)
-            self._apply_or_skip(applied, pairs)
+            try:
+                self._apply_or_skip(applied, pairs)
+            except BaseException:
+                restore()        # the inner optimizer failed: the scale is as before
+                raise
         return applied
 
     def _apply_or_skip(self, applied: bool, pairs: list) -> None:

@@ -27,7 +27,7 @@ import lscore
 from lscore._dtypes import Code
 from lscore._ext import _scan
 from lscore._ext._tables import GradTable
-from lscore._params import Policy
+from lscore._params import Policy, integer, real
 from lscore.adapters import _optim
 from lscore.distributed import TorchReducer, check_reducer, reduce_found_inf
 from lscore.state import FORMAT, LossScaleState
@@ -48,6 +48,43 @@ _TORCH_SHAPE = dict(precision="float32_float64", growth_mode="eq", growth_offset
                     flush_subnormal=False, apply_next=False)
 _DEFAULTS = dict(init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000, min_scale=None, max_scale=None, hysteresis=1)
+_FP16_HELP = ("lscore: the parameters themselves are float16.  Keep float32 master weights "
+              "(leave the model in float32 and compute in float16 under torch.autocast, or "
+              "keep a float32 copy for the optimizer); float16 weights lose small updates.  "
+              "To unscale float16 gradients anyway, pass allow_fp16_params=True.")
+
+
+def _fp16_help(e: ValueError) -> ValueError:
+    """torch's message stays as it is (code may match it); the advice goes in a note."""
+    if hasattr(e, "add_note"):
+        e.add_note(_FP16_HELP)
+    else:  # Python 3.10
+        e.args = (f"{e.args[0]} {_FP16_HELP}",)
+    return e
+
+
+def _graph_dtypes(outputs) -> set:
+    """The dtypes flowing through the autograd graph behind `outputs` (one walk)."""
+    seen, dtypes = set(), set()
+    stack = [t.grad_fn for t in _tensors(outputs) if t.grad_fn is not None]
+    dtypes |= {t.dtype for t in _tensors(outputs)}
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for meta in getattr(node, "_input_metadata", ()):
+            dtypes.add(meta.dtype)
+        stack.extend(f for f, _ in node.next_functions)
+    return dtypes
+
+
+def _tensors(outputs) -> list:
+    if isinstance(outputs, torch.Tensor):
+        return [outputs]
+    if isinstance(outputs, abc.Iterable) and not isinstance(outputs, (str, bytes)):
+        return [t for x in outputs for t in _tensors(x)]
+    return []
 
 
 class ScalerAssertionError(RuntimeError, AssertionError):
@@ -241,9 +278,17 @@ class GradScaler:
                  growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 2000, enabled: bool = True, *,
                  min_scale: float | None = None, max_scale: float | None = None,
-                 hysteresis: int = 1, policy=None, process_group=None) -> None:
+                 hysteresis: int = 1, policy=None, process_group=None,
+                 allow_fp16_params: bool = False) -> None:
         self._device = device
+        self._auto = isinstance(enabled, str) and enabled == "auto"
+        if isinstance(enabled, str) and not self._auto:
+            raise ValueError(f"enabled must be a bool or 'auto', got {enabled!r}")
+        if self._auto:
+            enabled = True
         self._enabled = enabled
+        self._allow_fp16 = bool(allow_fp16_params)
+        self._monitor_groups: list = []
         self._last_skipped: Any = False
         self._skipped: Any = 0
         if device == "cuda" and enabled and not (
@@ -349,6 +394,8 @@ class GradScaler:
 
     def scale(self, outputs):
         """Multiply a tensor (or nested lists/tuples/iterables of tensors) by the scale."""
+        if self._auto:
+            self._decide_auto(outputs)
         if not self._enabled:
             return outputs
         if isinstance(outputs, torch.Tensor):
@@ -375,6 +422,18 @@ class GradScaler:
             raise ValueError("outputs must be a Tensor or an iterable of Tensors")
 
         return apply_scale(outputs)
+
+    def _decide_auto(self, outputs) -> None:
+        """enabled="auto": scale only when float16 tensors feed the loss (decided once)."""
+        self._auto = False
+        dtypes = _graph_dtypes(outputs)
+        if torch.float16 in dtypes:
+            return
+        self._enabled = False
+        kinds = ", ".join(sorted(str(d).replace("torch.", "") for d in dtypes)) or "none"
+        warnings.warn(f"GradScaler(enabled='auto'): no float16 tensor behind the loss "
+                      f"(dtypes seen: {kinds}); bfloat16 and float32 training need no loss "
+                      f"scaling, so this scaler is disabled.", stacklevel=3)
 
     # ---- unscale -----------------------------------------------------------------
 
@@ -417,16 +476,24 @@ class GradScaler:
                                "the last update().")
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        if self._on_device:
-            # FP32 division can be imprecise; torch takes the reciprocal in FP64
-            inv = (self._scale.double().reciprocal().float()
-                   if self._scale.device != torch.device("mps:0") else self._scale.reciprocal())
-            found = torch.full((), 0.0, dtype=torch.float32, device=self._scale.device)
-            state["found_inf_per_device"] = self._unscale_torch(optimizer, inv, found, False)
-        else:
-            state["found_inf_per_device"] = self._unscale_core(
-                optimizer, _reciprocal(self._state.scale), False)
+        try:
+            if self._on_device:
+                # FP32 division can be imprecise; torch takes the reciprocal in FP64
+                inv = (self._scale.double().reciprocal().float()
+                       if self._scale.device != torch.device("mps:0") else self._scale.reciprocal())
+                found = torch.full((), 0.0, dtype=torch.float32, device=self._scale.device)
+                state["found_inf_per_device"] = self._unscale_torch(optimizer, inv, found,
+                                                                    self._allow_fp16)
+            else:
+                state["found_inf_per_device"] = self._unscale_core(
+                    optimizer, _reciprocal(self._state.scale), self._allow_fp16)
+        except ValueError as e:
+            if str(e) == "Attempting to unscale FP16 gradients.":
+                raise _fp16_help(e)
+            raise
         state["found_inf_per_device"] = self._agree(state["found_inf_per_device"])
+        if self.overflow_monitor is not None:
+            self._monitor_groups.append(optimizer.param_groups)
         state["stage"] = OptState.UNSCALED
 
     # ---- step --------------------------------------------------------------------
@@ -513,11 +580,13 @@ class GradScaler:
             raise ScalerAssertionError("No inf checks were recorded prior to update.")
         # torch backs off when the sum of the flags (each 0 or 1) is nonzero
         skipped = any(f.item() for f in found_infs)
+        before, step = self._state.scale, self._steps_seen
         if new_scale is None:
             self._state.update(not skipped)
             self._sync_scale_tensor()
         self._last_skipped = skipped
         self._skipped += skipped
+        self._observe(step, skipped, before)
 
     def _update_device(self, new_scale, scale, tracker) -> None:
         """torch's path: the flags stay on the device (no sync unless an lscore option needs it)."""
@@ -541,7 +610,26 @@ class GradScaler:
                 self._sync_scale_tensor()
         skipped = combined > 0
         self._last_skipped = skipped
+        before = self._scale_value
         self._skipped = self._skipped + skipped.to(torch.int64)
+        if self.overflow_monitor is not None:     # reads the flag on the host (a sync)
+            self._observe(self._steps_seen, bool(skipped.item()), before)
+
+    # ---- overflow diagnostics (lscore.diagnostics) ---------------------------------
+
+    #: an lscore.diagnostics.OverflowMonitor, or None; set it to get a report that
+    #: names the gradients holding NaN/Inf on every skipped step
+    overflow_monitor = None
+    _steps_seen = 0
+
+    def _observe(self, step: int, skipped: bool, before) -> None:
+        self._steps_seen = step + 1
+        groups, self._monitor_groups = self._monitor_groups, []
+        m = self.overflow_monitor
+        if m is None:
+            return
+        m.observe(step, not skipped, float(before if before is not None else self.get_scale()),
+                  self.get_scale(), lambda: _named_grads(m, groups))
 
     def _set_new_scale(self, new_scale) -> None:
         if isinstance(new_scale, torch.Tensor):
@@ -658,6 +746,9 @@ class GradScaler:
         scale = state_dict["scale"]
         gf, bf = state_dict["growth_factor"], state_dict["backoff_factor"]
         gi, tracker = state_dict["growth_interval"], state_dict["_growth_tracker"]
+        # torch's fill_() would refuse these too; fail before anything changes
+        real("scale", scale)
+        integer("_growth_tracker", tracker, minimum=0)
         v1 = state_dict.get("lscore")
         if v1 is not None:
             self._state.load_state_dict(v1)
@@ -728,6 +819,25 @@ class GradScaler:
             return "GradScaler(enabled=False)"
         return (f"GradScaler(device={self._device!r}, scale={self.get_scale()!r}, "
                 f"policy={self._state.policy.name!r}, skipped_steps={self.skipped_steps})")
+
+
+def _named_grads(monitor, groups) -> list:
+    """(name, NumPy view) of every gradient, for the overflow report (skipped steps only)."""
+    out = []
+    for gi, param_groups in enumerate(groups):
+        for k, group in enumerate(param_groups):
+            for i, p in enumerate(group["params"]):
+                g = getattr(p, "grad", None)
+                if g is None:
+                    continue
+                g = g.detach()
+                g = (g.coalesce()._values() if g.is_sparse else g).cpu()
+                fmt = None
+                if g.dtype is torch.bfloat16:
+                    g, fmt = g.view(torch.int16), "bfloat16"
+                name = monitor.name_of(p, f"optimizer{gi}.param_groups[{k}][{i}]")
+                out.append((name, (g.numpy(), fmt) if fmt else g.numpy()))
+    return out
 
 
 # ---- LossScaleOptimizer ------------------------------------------------------------
@@ -820,6 +930,10 @@ class LossScaleOptimizer(torch.optim.Optimizer):
     dynamic_growth_steps = _base.dynamic_growth_steps
     del _base
 
+    #: an lscore.diagnostics.OverflowMonitor, or None (see GradScaler.overflow_monitor)
+    overflow_monitor = None
+    _monitor_steps = 0
+
     @property
     def iterations(self) -> int:
         """Steps taken (in the Keras shape skipped steps count too, as in tf-keras)."""
@@ -867,7 +981,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             self.unscale_()
         finite = not self._found
         s = self._scaling
-        ret = None
+        ret, before = None, s.scale
         if s.predictable:
             # step first: if the inner optimizer raises, the scale is unchanged
             applied = s.should_apply(finite)
@@ -877,9 +991,19 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         else:
             grads = [p.grad for g in self.param_groups for p in g["params"]
                      if p.grad is not None]
+            restore = s.checkpoint()
             applied = s.update(finite, grads)
             if applied:
-                ret = self._optimizer.step()
+                try:
+                    ret = self._optimizer.step()
+                except BaseException:
+                    restore()    # the inner optimizer failed: the scale is as before
+                    raise
+        m = self.overflow_monitor
+        if m is not None:
+            m.observe(self._monitor_steps, applied, before, s.scale,
+                      lambda: _named_grads(m, [self.param_groups]))
+            self._monitor_steps += 1
         if applied or s.skip_advances_iterations:
             self._iterations += 1
         self._found = None

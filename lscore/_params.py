@@ -58,9 +58,20 @@ def positive_scale(name: str, value, *, precision: str = "float32") -> float:
 def tf_int(name: str, value) -> int:
     """int(value), as TF converts its integer arguments (2.7 -> 2, "3" -> 3)."""
     try:
-        return int(value)
-    except (TypeError, ValueError) as e:
+        v = int(value)
+    except (TypeError, ValueError, OverflowError) as e:
         raise type(e)(f"{name} must be convertible to int, got {value!r}") from None
+    return _fits_i64(name, v)
+
+
+# the core keeps integers in int64; beyond this they would overflow in C
+I64_MAX = 2 ** 63 - 1
+
+
+def _fits_i64(name: str, v: int) -> int:
+    if not -I64_MAX <= v <= I64_MAX:
+        raise ValueError(f"{name} must fit in a signed 64-bit integer, got {v!r}")
+    return v
 
 
 def integer(name: str, value, *, minimum: int | None = None) -> int:
@@ -73,7 +84,7 @@ def integer(name: str, value, *, minimum: int | None = None) -> int:
     value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return value
+    return _fits_i64(name, value)
 
 
 def factor_at_least_one(name: str, value) -> float:

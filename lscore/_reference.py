@@ -259,6 +259,11 @@ def unscale_(arrays, inv_scale: float) -> bool:
             raise TypeError("unscale_ does not support float8")
         if _overlaps(a):
             raise ValueError("unscale_ needs arrays whose elements do not overlap")
+    floats = [a for a, kind in leaves if kind != "int" and a.size]
+    for i, a in enumerate(floats):
+        for b in floats[i + 1:]:
+            if np.shares_memory(a, b):
+                raise ValueError("unscale_ needs arrays that do not share memory")
     finite = True
     for a, kind in leaves:
         if kind == "int" or a.size == 0:

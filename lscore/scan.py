@@ -1,10 +1,8 @@
 """Public non-finite scan and fused unscale for NumPy arrays."""
 from __future__ import annotations
 
-import math
-
 from lscore._ext import _scan
-from lscore._params import real
+from lscore._params import positive_scale
 
 __all__ = ["all_finite", "unscale_"]
 
@@ -26,10 +24,9 @@ def unscale_(arrays, inv_scale) -> bool:
     is multiplied completely even after a non-finite value.  float32 and
     float16/bfloat16 multiply by float32(inv_scale) (half types widened to
     float32 and rounded back to nearest even), float64 by the double.
-    Read-only arrays, Python numbers and arrays whose elements overlap raise;
+    Read-only arrays, Python numbers, arrays whose elements overlap and
+    arrays that share memory with each other raise;
     on error no array is modified.
     """
-    inv = real("inv_scale", inv_scale)
-    if not (inv > 0 and math.isfinite(inv)):
-        raise ValueError(f"inv_scale must be finite and > 0, got {inv_scale!r}")
-    return _scan.unscale_(arrays, inv)
+    # float32 and half arrays multiply by float32(inv_scale): it must be finite there too
+    return _scan.unscale_(arrays, positive_scale("inv_scale", inv_scale))

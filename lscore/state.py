@@ -4,14 +4,18 @@ from __future__ import annotations
 import math
 import threading
 
+import numpy as np
+
 from lscore._ext._state import CyState
-from lscore._params import Policy
+from lscore._params import Policy, positive_scale
 
 FORMAT = "lscore.state/1"
 FORMATS = (FORMAT,)
 COUNTERS = ("good_steps", "hysteresis_left", "steps", "skipped", "overflows", "since_rescale",
             "overflow_seen")
 KEYS = ("format", "policy", "scale", "counters", "next_scale", "config")
+# a loaded counter must leave the core room to count in int64 without overflow
+COUNTER_LIMIT = 2 ** 62
 
 
 class LossScaleFloorError(FloatingPointError):
@@ -66,10 +70,13 @@ class LossScaleState:
         return self._cy.scale
 
     def counters(self) -> dict:
-        cy = self._cy
-        return {k: getattr(cy, k) for k in COUNTERS}
+        with self._lock:
+            cy = self._cy
+            return {k: getattr(cy, k) for k in COUNTERS}
 
     def update(self, finite: bool) -> bool:
+        if finite is not True and finite is not False:
+            finite = _as_finite(finite)
         with self._lock:
             r = self._cy.update(finite)
         if r < 0:
@@ -80,7 +87,8 @@ class LossScaleState:
 
     def set_scale(self, value: float) -> None:
         """Overwrite the scale (torch's ``update(new_scale)``); counters unchanged."""
-        v = float(value)
+        v = self._policy.round_scale(
+            positive_scale("new_scale", value, precision=self._policy.precision))
         with self._lock:
             self._cy.scale = v
             if self._policy.apply_next:
@@ -88,12 +96,13 @@ class LossScaleState:
 
     def state_dict(self, config: dict | None = None) -> dict:
         """The v1 state: JSON-safe, exact; `config` (the owner's get_config()) is kept as is."""
-        cy = self._cy
+        # one snapshot under the lock: scale and counters of the same step
         with self._lock:
-            d = {"format": FORMAT, "policy": self._policy.to_dict(),
-                 "scale": _json_float(cy.scale), "counters": self.counters()}
-            if self._policy.apply_next:
-                d["next_scale"] = _json_float(cy.next_scale)
+            cy, policy = self._cy.copy(), self._policy
+        d = {"format": FORMAT, "policy": policy.to_dict(), "scale": _json_float(cy.scale),
+             "counters": {k: getattr(cy, k) for k in COUNTERS}}
+        if policy.apply_next:
+            d["next_scale"] = _json_float(cy.next_scale)
         if config is not None:
             d["config"] = config
         return d
@@ -125,6 +134,24 @@ class LossScaleState:
                 + ", ".join(f"{k}={v}" for k, v in c.items()) + ")")
 
 
+def _as_finite(finite) -> bool:
+    """`finite` as a bool; anything but a bool is a mistake (a truthy "False" string)."""
+    if isinstance(finite, np.bool_):
+        return bool(finite)
+    if isinstance(finite, np.ndarray) and finite.dtype == np.bool_ and finite.size == 1:
+        return bool(finite.reshape(()))
+    raise TypeError(f"finite must be a bool, got {finite!r} ({type(finite).__name__})")
+
+
+def _scale_value(name: str, x) -> float:
+    # NaN stays loadable: an extreme policy can produce it (0 * a factor that is
+    # inf in float32), and every state the core produces must round-trip
+    v = _from_json_float(name, x)
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, 'inf' or 'nan', got {x!r}")
+    return v
+
+
 def parse_state(d) -> tuple[Policy, CyState, dict | None]:
     """Validate a whole v1 dict before anything is changed: (policy, core, config or None)."""
     if not isinstance(d, dict):
@@ -140,7 +167,7 @@ def parse_state(d) -> tuple[Policy, CyState, dict | None]:
         if key not in d:
             raise ValueError(f"{FORMAT} state is missing the key {key!r}")
     policy = Policy.from_dict(d["policy"])
-    scale = _from_json_float("scale", d["scale"])
+    scale = _scale_value("scale", d["scale"])
     counters = d["counters"]
     if not isinstance(counters, dict):
         raise TypeError(f"counters must be a dict, got {type(counters).__name__}")
@@ -158,12 +185,15 @@ def parse_state(d) -> tuple[Policy, CyState, dict | None]:
     if negative:
         raise ValueError(f"counters must be >= 0 (except hysteresis_left), got "
                          + ", ".join(f"{k}={counters[k]}" for k in negative))
+    for k in COUNTERS:
+        if abs(counters[k]) > COUNTER_LIMIT:
+            raise ValueError(f"counter {k} must be at most 2**62 in size, got {counters[k]!r}")
     if counters["overflow_seen"] not in (0, 1):
         raise ValueError(f"counter overflow_seen must be 0 or 1, got {counters['overflow_seen']}")
     config = d.get("config")
     if config is not None and not isinstance(config, dict):
         raise TypeError(f"config must be a dict, got {type(config).__name__}")
-    nxt = _from_json_float("next_scale", d.get("next_scale", scale))
+    nxt = _scale_value("next_scale", d.get("next_scale", scale))
     cy = CyState()
     cy.set_params(policy.c_params())
     cy.scale = scale

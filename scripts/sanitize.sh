@@ -26,7 +26,37 @@ export LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=lib
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 cd "$src"
+# A build that silently lost the flags would pass everything below: check that
+# both extension modules call into the sanitizer runtimes.
+for so in "$venv"/lib/python*/site-packages/lscore/_ext/*.so; do
+    if ! nm -D "$so" | grep -q __asan_report || ! nm -D "$so" | grep -q __ubsan_handle; then
+        echo "sanitize: $so is not instrumented" >&2
+        exit 1
+    fi
+done
+# ... and that the preloaded runtime really catches a bad read from the
+# extension: a scan told to read one element past a heap buffer must die.
+set +e
+canary="$("$venv/bin/python" -P - 2>&1 <<'PY'
+import numpy as np
+from lscore._ext import _scan
+a = np.ones(4096, np.float32)     # big enough to come from malloc, not numpy's cache
+_scan.all_finite_raw(np.array([a.ctypes.data], np.uint64), np.array([a.size + 1], np.int64),
+                     np.array([4], np.int64), np.array([3], np.int32))
+PY
+)"
+rc=$?
+set -e
+if [ "$rc" -eq 0 ] || ! grep -q heap-buffer-overflow <<<"$canary"; then
+    echo "sanitize: AddressSanitizer did not catch an out-of-bounds read (rc=$rc)" >&2
+    echo "$canary" | tail -20 >&2
+    exit 1
+fi
+echo "sanitize: instrumented build; ASan caught the deliberate out-of-bounds read"
 # -P: the copy's lscore/ folder must not shadow the instrumented installed package
-"$venv/bin/python" -P -m pytest -q -p no:cacheprovider -m "not slow" \
-    tests/test_scan_vs_reference.py tests/test_state_vs_reference.py \
-    tests/test_tf_api.py tests/test_params.py
+tests=(tests/test_scan_vs_reference.py tests/test_state_vs_reference.py
+       tests/test_tf_api.py tests/test_params.py)
+for t in tests/test_hostile_inputs.py tests/test_concurrency.py; do
+    [ -f "$t" ] && tests+=("$t")
+done
+"$venv/bin/python" -P -m pytest -q -p no:cacheprovider -m "not slow" "${tests[@]}"

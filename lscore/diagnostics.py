@@ -1,0 +1,332 @@
+"""Overflow diagnostics: which tensors held NaN/Inf on a skipped step, rate-limited logging.
+
+Opt-in and framework-neutral.  An adapter (or your own loop) calls
+``OverflowMonitor.observe`` once per step with whether the step was applied
+and the scale before and after; only on a *skipped* step does the monitor
+look at the gradients, through named NumPy views or a callable that produces
+them, so a finite step costs one Python call and no pass over the data.
+
+Logging goes to the stdlib logger ``"lscore"``, one summary line per burst
+of skipped steps (never one per overflow) and at most one line per
+``min_interval`` steps, for example::
+
+    first 12 steps skipped while the scale fell from 65536 to 16
+    3 steps skipped in steps 2000-2950 while the scale fell from 65536 to 32768; last overflow: layer1.weight (2 NaN, 1 +Inf)
+
+Example::
+
+    monitor = OverflowMonitor()
+    for step in range(n):
+        before = ls()
+        _, applied = ls.update(grads)
+        monitor.observe(step, applied, before, ls(), lambda: {"w": gw, "b": gb})
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Mapping
+
+import numpy as np
+
+__all__ = ["OverflowMonitor", "OverflowReport", "TensorReport", "count_nonfinite",
+           "named_arrays"]
+
+# sign, exponent and mantissa masks of each floating format, on the raw words
+_FORMATS = {
+    "float16": (np.uint16, 0x8000, 0x7C00, 0x03FF),
+    "bfloat16": (np.uint16, 0x8000, 0x7F80, 0x007F),
+    "float32": (np.uint32, 0x80000000, 0x7F800000, 0x007FFFFF),
+    "float64": (np.uint64, 0x8000000000000000, 0x7FF0000000000000, 0x000FFFFFFFFFFFFF),
+    "float8_e5m2": (np.uint8, 0x80, 0x7C, 0x03),
+    "float8_e4m3fn": (np.uint8, 0x80, None, 0x7F),     # no Inf; NaN is S.1111.111
+}
+_CHUNK = 1 << 20      # elements per pass: bounds the temporaries on huge arrays
+
+
+def count_nonfinite(a, fmt: str | None = None) -> tuple[int, int, int]:
+    """(NaN, +Inf, -Inf) counts of one NumPy array, from the raw bits.
+
+    Integer and bool arrays have none.  Works for float16, bfloat16,
+    float32, float64 and the float8 formats lscore scans, in any layout or
+    byte order, without ml_dtypes' ufuncs.  `fmt` names the format of an
+    array of raw words (a bfloat16 tensor viewed as int16, for instance).
+    """
+    a = np.asarray(a)
+    if fmt is None and a.dtype.kind in "biu":
+        return 0, 0, 0
+    name = fmt or a.dtype.name
+    fmt = _FORMATS.get(name)
+    if fmt is None or a.dtype.itemsize != np.dtype(fmt[0]).itemsize:
+        raise TypeError(f"cannot count NaN/Inf in {name} ({a.dtype}); expected "
+                        f"{', '.join(_FORMATS)}, an integer or a bool dtype")
+    word, sign, expo, mant = fmt
+    if not a.dtype.isnative:
+        a = a.byteswap().view(a.dtype.newbyteorder())
+    flat = a.view(word).reshape(-1)
+    nan = pos = neg = 0
+    for i in range(0, flat.size, _CHUNK):
+        w = flat[i:i + _CHUNK]
+        if expo is None:                                   # e4m3fn: NaN only
+            nan += int(np.count_nonzero((w & word(mant)) == word(mant)))
+            continue
+        special = (w & word(expo)) == word(expo)
+        frac = (w & word(mant)) != 0
+        nan += int(np.count_nonzero(special & frac))
+        inf = special & ~frac
+        negative = (w & word(sign)) != 0
+        neg += int(np.count_nonzero(inf & negative))
+        pos += int(np.count_nonzero(inf & ~negative))
+    return nan, pos, neg
+
+
+def named_arrays(arrays, prefix: str = "") -> list[tuple[str, object]]:
+    """Flatten `arrays` into (name, array) pairs.
+
+    A mapping names its values by key (nested keys joined with "."); an
+    iterable of (str, array) pairs (``model.named_parameters()``) keeps those
+    names (a value may be an ``(array, format name)`` pair, see
+    :func:`count_nonfinite`); other lists and tuples name by index; None
+    entries are dropped.
+    """
+    out: list = []
+    if arrays is None:
+        return out
+    if isinstance(arrays, Mapping):
+        for k, v in arrays.items():
+            out += named_arrays(v, f"{prefix}{k}." if not _is_leaf(v) else f"{prefix}{k}")
+        return out
+    if _is_leaf(arrays):
+        out.append((prefix.rstrip(".") or "0", arrays))
+        return out
+    items = list(arrays)
+    if items and all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str)
+                     for x in items):
+        for name, v in items:
+            if v is not None:
+                out.append((prefix + name, v))
+        return out
+    for i, v in enumerate(items):
+        out += named_arrays(v, f"{prefix}{i}." if not _is_leaf(v) else f"{prefix}{i}")
+    return out
+
+
+def _is_leaf(x) -> bool:
+    return x is None or not isinstance(x, (Mapping, list, tuple))
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorReport:
+    """One tensor that held non-finite values on a skipped step."""
+
+    name: str
+    nan: int
+    posinf: int
+    neginf: int
+    size: int
+
+    def __str__(self):
+        parts = [f"{n} {label}" for n, label in ((self.nan, "NaN"), (self.posinf, "+Inf"),
+                                                  (self.neginf, "-Inf")) if n]
+        return f"{self.name} ({', '.join(parts)} of {self.size})"
+
+
+@dataclasses.dataclass(frozen=True)
+class OverflowReport:
+    """What one skipped step saw: the step, the scales, the offending tensors."""
+
+    step: int
+    scale_before: float
+    scale_after: float
+    tensors: tuple
+
+    def __str__(self):
+        where = ", ".join(map(str, self.tensors)) if self.tensors else "no named tensor"
+        return (f"step {self.step} skipped (scale {_fmt(self.scale_before)} -> "
+                f"{_fmt(self.scale_after)}): {where}")
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.8g}"
+
+
+class OverflowMonitor:
+    """Counts skipped steps, names the tensors that overflowed, logs a summary line per burst.
+
+    Parameters
+    ----------
+    report : bool
+        Build an :class:`OverflowReport` on every skipped step (a second pass
+        over that step's gradients; finite steps never pay for it).
+    logger : str or logging.Logger
+        Where the summary lines go (default: the ``"lscore"`` logger).
+    level : int
+        Their logging level (default WARNING).
+    min_interval : int
+        At most one line per this many steps; bursts in between are merged
+        into the next line.
+    max_tensors : int
+        How many tensors a line names (the report keeps all of them).
+
+    names : iterable of (str, object), optional
+        Names of the objects an adapter hands over (``model.named_parameters()``);
+        kept by identity, see :meth:`name_of`.
+
+    Counters: ``total_skipped``, ``consecutive_skipped``, ``last_skipped_step``
+    (None before the first), ``last_report``.  Methods are thread-safe.
+    """
+
+    def __init__(self, *, report: bool = True, logger="lscore", level: int = logging.WARNING,
+                 min_interval: int = 1000, max_tensors: int = 5, names=None):
+        if isinstance(min_interval, bool) or not isinstance(min_interval, int) or min_interval < 0:
+            raise ValueError(f"min_interval must be an int >= 0, got {min_interval!r}")
+        if isinstance(max_tensors, bool) or not isinstance(max_tensors, int) or max_tensors < 0:
+            raise ValueError(f"max_tensors must be an int >= 0, got {max_tensors!r}")
+        self.report = bool(report)
+        self.logger = logging.getLogger(logger) if isinstance(logger, str) else logger
+        self.level = level
+        self.min_interval = min_interval
+        self.max_tensors = max_tensors
+        # parameter object -> name (by identity), for adapters that see only the objects
+        self._names = {id(obj): str(name) for name, obj in (names or ())}
+        self._lock = threading.Lock()
+        self.total_skipped = 0
+        self.consecutive_skipped = 0
+        self.last_skipped_step: int | None = None
+        self.last_report: OverflowReport | None = None
+        self._first_step: int | None = None
+        self._pending: dict | None = None        # the burst(s) not logged yet
+        self._last_logged: int | None = None
+
+    def observe(self, step: int, applied: bool, scale_before: float, scale_after: float,
+                arrays=None) -> OverflowReport | None:
+        """Record one step; on a skipped step, report which arrays held NaN/Inf.
+
+        `arrays` is anything :func:`named_arrays` takes, or a callable
+        returning it; it is called and read only when the step was skipped.
+        Returns the report of a skipped step (None otherwise, or with
+        ``report=False``).
+        """
+        rep = None
+        if not applied and self.report:
+            rep = self._build_report(step, scale_before, scale_after, arrays)
+        with self._lock:
+            if self._first_step is None:
+                self._first_step = step
+            if applied:
+                self.consecutive_skipped = 0
+                line = self._flush_if_due(step)
+            else:
+                self.total_skipped += 1
+                self.consecutive_skipped += 1
+                self.last_skipped_step = step
+                if rep is not None:
+                    self.last_report = rep
+                p = self._pending
+                if p is None:
+                    p = self._pending = {"first": step, "count": 0, "from": scale_before,
+                                         "starts_run": step == self._first_step}
+                p["count"] += 1
+                p["last"], p["to"], p["report"] = step, scale_after, rep
+                line = None
+                # a burst that never ends (divergence) still reports, at the interval
+                if step - p["first"] >= self.min_interval and self._due(step):
+                    line = self._take_line()
+                    self._last_logged = step
+        if line:
+            self.logger.log(self.level, line)
+        return rep
+
+    def name_of(self, obj, default: str) -> str:
+        """The name given for `obj` in ``names=`` (e.g. ``model.named_parameters()``), else `default`."""
+        return self._names.get(id(obj), default)
+
+    def flush(self) -> None:
+        """Log what is pending now (at the end of training, for instance)."""
+        with self._lock:
+            line = self._take_line()
+        if line:
+            self.logger.log(self.level, line)
+
+    def state_dict(self) -> dict:
+        with self._lock:
+            return {"total_skipped": self.total_skipped,
+                    "consecutive_skipped": self.consecutive_skipped,
+                    "last_skipped_step": self.last_skipped_step}
+
+    def load_state_dict(self, d: dict) -> None:
+        keys = {"total_skipped", "consecutive_skipped", "last_skipped_step"}
+        if not isinstance(d, dict) or set(d) != keys:
+            raise ValueError(f"an OverflowMonitor state has the keys {sorted(keys)}, got {d!r}")
+        for k in keys:
+            v = d[k]
+            if k == "last_skipped_step" and v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{k} must be an int >= 0, got {v!r}")
+        with self._lock:
+            self.total_skipped = d["total_skipped"]
+            self.consecutive_skipped = d["consecutive_skipped"]
+            self.last_skipped_step = d["last_skipped_step"]
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        del d["_lock"]
+        d["logger"] = self.logger.name          # loggers are looked up again by name
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self.logger = logging.getLogger(d["logger"])
+        self._lock = threading.Lock()
+
+    # ---- internals ------------------------------------------------------------
+
+    def _build_report(self, step, before, after, arrays) -> OverflowReport:
+        if callable(arrays):
+            arrays = arrays()
+        bad = []
+        for name, a in named_arrays(arrays):
+            # (raw words, format name): a tensor NumPy has no dtype for (bfloat16 in torch)
+            a, fmt = a if isinstance(a, tuple) else (a, None)
+            nan, pos, neg = count_nonfinite(a, fmt)
+            if nan or pos or neg:
+                bad.append(TensorReport(name, nan, pos, neg, int(np.size(a))))
+        return OverflowReport(step, float(before), float(after), tuple(bad))
+
+    def _due(self, step: int) -> bool:
+        return self._last_logged is None or step - self._last_logged >= self.min_interval
+
+    def _flush_if_due(self, step: int):
+        if self._pending is None or not self._due(step):
+            return None
+        self._last_logged = step
+        return self._take_line()
+
+    def _take_line(self):
+        p, self._pending = self._pending, None
+        if p is None:
+            return None
+        n = p["count"]
+        steps = "step" if n == 1 else "steps"
+        fell = (f"the scale fell from {_fmt(p['from'])} to {_fmt(p['to'])}"
+                if p["to"] < p["from"] else f"the scale stayed at {_fmt(p['to'])}"
+                if p["to"] == p["from"] else
+                f"the scale went from {_fmt(p['from'])} to {_fmt(p['to'])}")
+        if p["starts_run"] and p["last"] - p["first"] + 1 == n:
+            head = f"first {n} {steps} skipped while {fell}"
+        elif n == 1:
+            head = f"step {p['first']} skipped; {fell}"
+        else:
+            head = f"{n} {steps} skipped in steps {p['first']}-{p['last']} while {fell}"
+        rep = p["report"]
+        if rep is not None and rep.tensors and self.max_tensors:
+            shown = ", ".join(map(str, rep.tensors[:self.max_tensors]))
+            more = len(rep.tensors) - self.max_tensors
+            head += f"; last overflow: {shown}" + (f" and {more} more" if more > 0 else "")
+        return head
+
+    def __repr__(self):
+        return (f"OverflowMonitor(total_skipped={self.total_skipped}, consecutive_skipped="
+                f"{self.consecutive_skipped}, last_skipped_step={self.last_skipped_step})")
