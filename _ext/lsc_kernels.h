@@ -1,0 +1,230 @@
+/* lsc_kernels.h: the contiguous kernels, compiled once per ISA level.
+ *
+ * No include guard on purpose: lsc_scan.h includes this file once per ISA
+ * level, with LSC_SFX naming the variant (v2, v3, v4) and a
+ * `#pragma GCC target` around it, so each copy is the code an
+ * -march=x86-64-vN build would emit for the same loops.  lsc_scan.h picks
+ * one table of these functions at load time (runtime CPU dispatch) while the
+ * extension itself is built for the portable baseline.
+ *
+ * Every load and store goes through memcpy (unaligned data is well defined).
+ * The scans OR `(w & EXP) + EXP_LSB` over a block: the top bit ends up set
+ * exactly when some exponent field is all ones (NaN or Inf).
+ */
+#define LSC_F(name) LSC_CAT(name, LSC_SFX)
+
+/* ---- read-only scan, early exit per block ------------------------------- */
+
+#define LSC_DEFINE_SCAN(NAME, T, TOPSHIFT)                                        \
+static int LSC_F(NAME)(const char *p, lsc_n n, uint64_t em64, uint64_t lsb64)      \
+{                                                                                  \
+    const lsc_n block = LSC_BLOCK_BYTES / (lsc_n)sizeof(T);                        \
+    const T em = (T)em64, lsb = (T)lsb64;                                          \
+    for (lsc_n i = 0; i < n; i += block) {                                         \
+        lsc_n m = n - i < block ? n - i : block;                                   \
+        const char *q = p + i * (lsc_n)sizeof(T);                                  \
+        T acc = 0;                                                                 \
+        for (lsc_n j = 0; j < m; j++) {                                            \
+            T w;                                                                   \
+            memcpy(&w, q + j * (lsc_n)sizeof(T), sizeof(T));                       \
+            acc |= (T)((T)(w & em) + lsb);                                         \
+        }                                                                          \
+        if (acc >> TOPSHIFT)                                                       \
+            return 1;                                                              \
+    }                                                                              \
+    return 0;                                                                      \
+}
+
+LSC_DEFINE_SCAN(scan_u8_, uint8_t, 7)
+LSC_DEFINE_SCAN(scan_u16_, uint16_t, 15)
+LSC_DEFINE_SCAN(scan_u32_, uint32_t, 31)
+LSC_DEFINE_SCAN(scan_u64_, uint64_t, 63)
+#undef LSC_DEFINE_SCAN
+
+/* ---- fused unscale: multiply in place, report a non-finite input -------- */
+
+static int LSC_F(unscale_f32_)(char *p, lsc_n n, double inv64)
+{
+    const float inv = (float)inv64;
+    uint32_t acc = 0;
+    for (lsc_n j = 0; j < n; j++) {
+        uint32_t w;
+        memcpy(&w, p + 4 * j, 4);
+        acc |= (w & 0x7F800000u) + 0x00800000u;
+        float f = lsc_f32_from_bits(w) * inv;
+        memcpy(p + 4 * j, &f, 4);
+    }
+    return (int)(acc >> 31);
+}
+
+static int LSC_F(unscale_f64_)(char *p, lsc_n n, double inv)
+{
+    uint64_t acc = 0;
+    for (lsc_n j = 0; j < n; j++) {
+        uint64_t w;
+        double d;
+        memcpy(&w, p + 8 * j, 8);
+        acc |= (w & 0x7FF0000000000000ull) + 0x0010000000000000ull;
+        memcpy(&d, &w, 8);
+        d *= inv;
+        memcpy(p + 8 * j, &d, 8);
+    }
+    return (int)(acc >> 63);
+}
+
+static int LSC_F(unscale_f16_)(char *p, lsc_n n, double inv64)
+{
+    const float inv = (float)inv64;
+    uint16_t acc = 0;
+    for (lsc_n j = 0; j < n; j++) {
+        uint16_t w;
+        memcpy(&w, p + 2 * j, 2);
+        acc |= (uint16_t)((w & 0x7C00u) + 0x0400u);
+        w = lsc_f32_to_f16(lsc_f16_to_f32(w) * inv);
+        memcpy(p + 2 * j, &w, 2);
+    }
+    return acc >> 15;
+}
+
+static int LSC_F(unscale_bf16_)(char *p, lsc_n n, double inv64)
+{
+    const float inv = (float)inv64;
+    uint16_t acc = 0;
+    for (lsc_n j = 0; j < n; j++) {
+        uint16_t w;
+        memcpy(&w, p + 2 * j, 2);
+        acc |= (uint16_t)((w & 0x7F80u) + 0x0080u);
+        w = lsc_f32_to_bf16(lsc_bf16_to_f32(w) * inv);
+        memcpy(p + 2 * j, &w, 2);
+    }
+    return acc >> 15;
+}
+
+/* ---- statistics: sum of squares (16 fixed lanes) and max |x| ------------ */
+
+/* Lane l takes the elements whose index within the call is l mod 16, and
+ * the lanes are reduced in a fixed tree (lsc_reduce16): the sum does not
+ * depend on the vector width, so every ISA level gives the same bits. */
+static void LSC_F(sq_f32_)(const char *x, lsc_n n, lsc_v8d *s0, lsc_v8d *s1, uint32_t *mx)
+{
+    uint32_t m = *mx;
+    lsc_v8d a = *s0, b = *s1;
+    lsc_n j = 0;
+    for (; j + 16 <= n; j += 16) {
+        lsc_v8f lo, hi;
+        memcpy(&lo, x + 4 * j, 32);
+        memcpy(&hi, x + 4 * j + 32, 32);
+        lsc_v8d dl = __builtin_convertvector(lo, lsc_v8d);
+        lsc_v8d dh = __builtin_convertvector(hi, lsc_v8d);
+        a += dl * dl;
+        b += dh * dh;
+    }
+    for (lsc_n k = 0; j + k < n; k++) {
+        float f;
+        memcpy(&f, x + 4 * (j + k), 4);
+        double d = f;
+        if (k < 8) a[k] += d * d; else b[k - 8] += d * d;
+    }
+    /* |x| as bits orders like |x|, and any NaN sorts above Inf */
+    for (j = 0; j < n; j++) {
+        uint32_t w;
+        memcpy(&w, x + 4 * j, 4);
+        w &= 0x7FFFFFFFu;
+        m = w > m ? w : m;
+    }
+    *s0 = a; *s1 = b; *mx = m;
+}
+
+static void LSC_F(sq_f64_)(const char *p, lsc_n n, lsc_v8d *s0, lsc_v8d *s1, uint64_t *mx)
+{
+    int64_t m = (int64_t)*mx;
+    lsc_v8d a = *s0, b = *s1;
+    lsc_n j = 0;
+    for (; j + 16 <= n; j += 16) {
+        lsc_v8d dl, dh;
+        memcpy(&dl, p + 8 * j, 64);
+        memcpy(&dh, p + 8 * j + 64, 64);
+        a += dl * dl;
+        b += dh * dh;
+    }
+    for (lsc_n k = 0; j + k < n; k++) {
+        double d;
+        memcpy(&d, p + 8 * (j + k), 8);
+        if (k < 8) a[k] += d * d; else b[k - 8] += d * d;
+    }
+    for (j = 0; j < n; j++) {
+        int64_t w;
+        memcpy(&w, p + 8 * j, 8);
+        w &= 0x7FFFFFFFFFFFFFFFll;
+        m = w > m ? w : m;
+    }
+    *s0 = a; *s1 = b; *mx = (uint64_t)m;
+}
+
+/* Unscale (write != 0) or only read a contiguous run, and gather the
+ * statistics of the values it holds afterwards.  The work goes in blocks of
+ * LSC_STAT_BLOCK elements, so the statistics re-read a block that is still
+ * in L1: memory is streamed once.  Returns whether an input was non-finite. */
+static int LSC_F(stats_)(int code, char *p, lsc_n n, double inv, int write, lsc_kstats *ks)
+{
+    float tmp[LSC_STAT_BLOCK];
+    lsc_v8d s0 = {0}, s1 = {0};
+    uint32_t m32 = 0;
+    uint64_t m64 = 0;
+    int found = 0;
+    const int width = lsc_formats[code].width;
+    for (lsc_n i = 0; i < n; i += LSC_STAT_BLOCK) {
+        lsc_n m = n - i < LSC_STAT_BLOCK ? n - i : LSC_STAT_BLOCK;
+        char *q = p + i * width;
+        switch (code) {
+        case LSC_CODE_F16:
+            found |= write ? LSC_F(unscale_f16_)(q, m, inv)
+                           : LSC_F(scan_u16_)(q, m, 0x7C00u, 0x0400u);
+            for (lsc_n j = 0; j < m; j++) {
+                uint16_t h;
+                memcpy(&h, q + 2 * j, 2);
+                tmp[j] = lsc_f16_to_f32(h);
+            }
+            LSC_F(sq_f32_)((const char *)tmp, m, &s0, &s1, &m32);
+            break;
+        case LSC_CODE_BF16:
+            found |= write ? LSC_F(unscale_bf16_)(q, m, inv)
+                           : LSC_F(scan_u16_)(q, m, 0x7F80u, 0x0080u);
+            for (lsc_n j = 0; j < m; j++) {
+                uint16_t h;
+                memcpy(&h, q + 2 * j, 2);
+                tmp[j] = lsc_bf16_to_f32(h);
+            }
+            LSC_F(sq_f32_)((const char *)tmp, m, &s0, &s1, &m32);
+            break;
+        case LSC_CODE_F32:
+            found |= write ? LSC_F(unscale_f32_)(q, m, inv)
+                           : LSC_F(scan_u32_)(q, m, 0x7F800000u, 0x00800000u);
+            LSC_F(sq_f32_)(q, m, &s0, &s1, &m32);
+            break;
+        default:
+            found |= write ? LSC_F(unscale_f64_)(q, m, inv)
+                           : LSC_F(scan_u64_)(q, m, 0x7FF0000000000000ull,
+                                              0x0010000000000000ull);
+            LSC_F(sq_f64_)(q, m, &s0, &s1, &m64);
+            break;
+        }
+    }
+    {
+        double lanes[16];
+        memcpy(lanes, &s0, 64);
+        memcpy(lanes + 8, &s1, 64);
+        ks->sumsq = lsc_reduce16(lanes);
+    }
+    ks->maxbits = code == LSC_CODE_F64 ? m64 : m32;
+    return found;
+}
+
+static const lsc_isa LSC_F(lsc_isa_) = {
+    LSC_STR(LSC_SFX),
+    {LSC_F(scan_u8_), LSC_F(scan_u16_), LSC_F(scan_u32_), LSC_F(scan_u64_)},
+    {0, LSC_F(unscale_f16_), LSC_F(unscale_bf16_), LSC_F(unscale_f32_), LSC_F(unscale_f64_), 0, 0},
+    LSC_F(stats_),
+};
+
+#undef LSC_F
