@@ -1,4 +1,4 @@
-"""Command line: ``lscore demo`` (also ``python -m lscore``)."""
+"""Command line: ``lscore demo``, ``lscore bench`` (also ``python -m lscore``)."""
 from __future__ import annotations
 
 import argparse
@@ -36,6 +36,13 @@ def _demo(args) -> int:
     return 0
 
 
+def _bench(args) -> int:
+    """The benchmark table against NumPy, torch and the memory bandwidth."""
+    from lscore import bench
+
+    return bench.main(args)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="lscore", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -44,6 +51,17 @@ def main(argv=None) -> int:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", default=".")
     demo.set_defaults(func=_demo)
+    bench = sub.add_parser("bench", help="time lscore against NumPy, torch and the memory "
+                                         "bandwidth, in one run")
+    bench.add_argument("--full", action="store_true", help="add 1e8-element arrays")
+    bench.add_argument("--tiny", action="store_true", help="tiny sizes and few repeats (a smoke test)")
+    bench.add_argument("--json", metavar="PATH", help="also write every row as JSON")
+    bench.add_argument("--repeat", type=int, default=None, help="timings per row (default 9)")
+    bench.add_argument("--min-time", type=float, default=None,
+                       help="seconds per timing (default 0.02)")
+    bench.add_argument("--no-torch", action="store_true", help="skip the torch rows")
+    bench.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+    bench.set_defaults(func=_bench)
     args = parser.parse_args(argv)
     return args.func(args)
 
