@@ -9,7 +9,7 @@
 # which hand over pointers (all_finite_raw / unscale_raw).  The slow twin of
 # every function here is lscore/_reference.py.
 cimport numpy as cnp
-from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
+from cpython.ref cimport PyObject, PyTypeObject, Py_INCREF, Py_DECREF, Py_TYPE
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.stdint cimport int64_t, uint64_t
 from libc.math cimport isfinite, sqrt
@@ -121,7 +121,9 @@ cdef inline int _dtype_code(cnp.ndarray a) except -1:
 cdef bint _may_overlap(cnp.ndarray a):
     """True when two elements of a may share memory (zero or tiny strides)."""
     cdef int nd = cnp.PyArray_NDIM(a), k, j, best
-    cdef lsc_n span = cnp.PyArray_ITEMSIZE(a), s, sizes[64], strides[64]
+    cdef lsc_n span = cnp.PyArray_ITEMSIZE(a), s
+    cdef lsc_n sizes[64]
+    cdef lsc_n strides[64]
     cdef int m = 0
     cdef cnp.npy_intp *shape = cnp.PyArray_DIMS(a)
     cdef cnp.npy_intp *st = cnp.PyArray_STRIDES(a)
@@ -169,8 +171,13 @@ cdef void _table_free(table_t *t) noexcept:
         t.objs = t.inline_objs
 
 
-cdef int _table_grow(table_t *t) except -1:
-    cdef Py_ssize_t cap = 2 * t.cap, i
+cdef int _table_grow(table_t *t, Py_ssize_t need) except -1:
+    """Room for `need` more runs."""
+    cdef Py_ssize_t cap = t.cap, i
+    if t.size + need <= t.cap:
+        return 0
+    while cap < t.size + need:
+        cap *= 4
     cdef lsc_run *runs = <lsc_run *>PyMem_Malloc(cap * sizeof(lsc_run))
     cdef PyObject **objs = <PyObject **>PyMem_Malloc(cap * sizeof(PyObject *))
     if runs == NULL or objs == NULL:
@@ -191,19 +198,23 @@ cdef int _table_grow(table_t *t) except -1:
 
 cdef int _add_array(table_t *t, cnp.ndarray a) except -1:
     cdef int code = _dtype_code(a)
+    cdef int flags = cnp.PyArray_FLAGS(a)
     cdef int nd = cnp.PyArray_NDIM(a), k, big = 0, bigk = 0
-    cdef lsc_n n = cnp.PyArray_SIZE(a)
-    cdef cnp.npy_intp *shape
+    cdef cnp.npy_intp *shape = cnp.PyArray_DIMS(a)
     cdef cnp.npy_intp *st
+    cdef lsc_n n = 1
     cdef lsc_run *e
+    cdef bint one_segment = (flags & (cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_F_CONTIGUOUS)) != 0
+    for k in range(nd):
+        n *= shape[k]
     if t.write and code != LSC_CODE_INT:
-        if not cnp.PyArray_ISWRITEABLE(a):
+        if not (flags & cnp.NPY_ARRAY_WRITEABLE):
             raise ValueError(f"unscale_ needs writable arrays; array {t.count} "
                              "(in flattened order) is read-only")
         if code == LSC_CODE_E4M3FN or code == LSC_CODE_E5M2:
             raise TypeError(f"unscale_ does not support {a.dtype}; expected float16, "
                             "bfloat16, float32 or float64 (all_finite takes float8)")
-        if not cnp.PyArray_ISONESEGMENT(a) and _may_overlap(a):
+        if not one_segment and _may_overlap(a):
             raise ValueError(f"unscale_ needs arrays whose elements do not overlap; array "
                              f"{t.count} (in flattened order) has strides "
                              f"{(<object>a).strides} for shape {(<object>a).shape}")
@@ -211,7 +222,7 @@ cdef int _add_array(table_t *t, cnp.ndarray a) except -1:
     if n == 0 or code == LSC_CODE_INT:
         return 0
     if t.size == t.cap:
-        _table_grow(t)
+        _table_grow(t, 1)
     e = &t.runs[t.size]
     Py_INCREF(a)
     t.objs[t.size] = <PyObject *>a
@@ -225,9 +236,8 @@ cdef int _add_array(table_t *t, cnp.ndarray a) except -1:
     e.shape = NULL
     e.strides = NULL
     t.total_bytes += n * e.stride
-    if cnp.PyArray_ISONESEGMENT(a):
+    if one_segment:
         return 0
-    shape = cnp.PyArray_DIMS(a)
     st = cnp.PyArray_STRIDES(a)
     for k in range(nd):
         if shape[k] > 1:
@@ -243,6 +253,61 @@ cdef int _add_array(table_t *t, cnp.ndarray a) except -1:
     return 0
 
 
+cdef inline bint _push_plain(table_t *t, object x) noexcept:
+    """Add x when it is the common case: an exact ndarray in one segment, in
+    native byte order, of float16/32/64 or an integer type (writable when
+    writing).  False means "not handled": _add_array then does the general
+    work (other dtypes, strides, byte order) and raises what needs raising."""
+    cdef cnp.ndarray a
+    cdef int flags, nd, k, code, tn
+    cdef cnp.npy_intp *shape
+    cdef lsc_n n = 1
+    cdef lsc_run *e
+    if type(x) is not cnp.ndarray or t.size == t.cap:
+        return False
+    a = <cnp.ndarray>x
+    flags = cnp.PyArray_FLAGS(a)
+    if not (flags & (cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_F_CONTIGUOUS)):
+        return False
+    if t.write and not (flags & cnp.NPY_ARRAY_WRITEABLE):
+        return False
+    tn = cnp.PyArray_TYPE(a)
+    if tn == cnp.NPY_FLOAT:
+        code = LSC_CODE_F32
+    elif tn == NPY_HALF:
+        code = LSC_CODE_F16
+    elif tn == cnp.NPY_DOUBLE:
+        code = LSC_CODE_F64
+    elif tn <= cnp.NPY_ULONGLONG:
+        t.count += 1
+        return True
+    else:
+        return False
+    if cnp.PyArray_ISBYTESWAPPED(a):
+        return False
+    nd = cnp.PyArray_NDIM(a)
+    shape = cnp.PyArray_DIMS(a)
+    for k in range(nd):
+        n *= shape[k]
+    t.count += 1
+    if n == 0:
+        return True
+    e = &t.runs[t.size]
+    Py_INCREF(a)
+    t.objs[t.size] = <PyObject *>a
+    t.size += 1
+    e.data = <char *>cnp.PyArray_DATA(a)
+    e.n = n
+    e.stride = cnp.PyArray_ITEMSIZE(a)
+    e.shape = NULL
+    e.strides = NULL
+    e.ndim = 1
+    e.code = code
+    e.swapped = 0
+    t.total_bytes += n * e.stride
+    return True
+
+
 cdef int _collect(table_t *t, object obj, int depth) except -1:
     if depth > MAX_DEPTH:
         raise ValueError(f"arrays are nested deeper than {MAX_DEPTH} levels "
@@ -251,6 +316,17 @@ cdef int _collect(table_t *t, object obj, int depth) except -1:
         return 0
     if cnp.PyArray_Check(obj):
         return _add_array(t, <cnp.ndarray>obj)
+    if type(obj) is list:
+        # the common input: a flat list of arrays, without a call per item
+        _table_grow(t, len(<list>obj))
+        for x in <list>obj:
+            if _push_plain(t, x):
+                continue
+            if cnp.PyArray_Check(x):
+                _add_array(t, <cnp.ndarray>x)
+            else:
+                _collect(t, x, depth + 1)
+        return 0
     if isinstance(obj, (list, tuple)):
         for x in obj:
             _collect(t, x, depth + 1)

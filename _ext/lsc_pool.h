@@ -76,22 +76,32 @@ static int lsc_do_chunk(const lsc_run *run, size_t k, int op, double inv, lsc_re
 /* The whole job on the calling thread. */
 static lsc_result lsc_exec_serial(const lsc_run *runs, size_t nruns, int op, double inv)
 {
+    const lsc_isa *isa = lsc_isa_get();
     lsc_result total = {0, 0.0, 0.0}, cr;
     for (size_t i = 0; i < nruns; i++) {
         const lsc_run *run = &runs[i];
-        if (!(op & LSC_OP_STATS)) {
-            size_t nc = lsc_run_chunks(run);
-            if (nc && lsc_do_range(run, 0, run->n, op, inv, &cr)) {
-                total.found = 1;
-                if (op == LSC_OP_SCAN)
-                    return total;
+        const lsc_format *f = &lsc_formats[run->code];
+        int found;
+        if (run->code == LSC_CODE_INT || run->n <= 0)
+            continue;
+        if (op & LSC_OP_STATS) {
+            /* chunk by chunk, exactly as the threads do, for the same sums */
+            for (size_t k = 0, nc = lsc_run_chunks(run); k < nc; k++) {
+                lsc_do_chunk(run, k, op, inv, &cr);
+                lsc_result_merge(&total, &cr);
             }
             continue;
         }
-        /* chunk by chunk, exactly as the threads do, for the same sums */
-        for (size_t k = 0, nc = lsc_run_chunks(run); k < nc; k++) {
-            lsc_do_chunk(run, k, op, inv, &cr);
-            lsc_result_merge(&total, &cr);
+        if (run->ndim <= 1 && !run->swapped && run->stride == f->width)
+            /* the common case, straight to the kernel (many small arrays) */
+            found = op == LSC_OP_SCAN ? isa->scan[f->widx](run->data, run->n, f->em, f->lsb)
+                                      : isa->unscale[run->code](run->data, run->n, inv);
+        else
+            found = lsc_do_range(run, 0, run->n, op, inv, &cr);
+        if (found) {
+            total.found = 1;
+            if (op == LSC_OP_SCAN)
+                return total;
         }
     }
     return total;

@@ -101,16 +101,17 @@ static inline uint16_t lsc_f32_to_bf16(float f)
 
 /* ---- per-format table -------------------------------------------------- */
 
-typedef struct { int width; uint64_t em; uint64_t lsb; } lsc_format;
+/* width in bytes, its index in lsc_isa.scan, exponent mask, its lowest bit */
+typedef struct { int width; int widx; uint64_t em; uint64_t lsb; } lsc_format;
 
 static const lsc_format lsc_formats[LSC_NCODES] = {
-    {0, 0, 0},                                              /* int */
-    {2, 0x7C00u, 0x0400u},                                  /* f16 */
-    {2, 0x7F80u, 0x0080u},                                  /* bf16 */
-    {4, 0x7F800000u, 0x00800000u},                          /* f32 */
-    {8, 0x7FF0000000000000ull, 0x0010000000000000ull},      /* f64 */
-    {1, 0x7Fu, 0x01u},                                      /* e4m3fn: NaN is S.1111.111, no Inf */
-    {1, 0x7Cu, 0x04u},                                      /* e5m2 */
+    {0, 0, 0, 0},                                              /* int */
+    {2, 1, 0x7C00u, 0x0400u},                                  /* f16 */
+    {2, 1, 0x7F80u, 0x0080u},                                  /* bf16 */
+    {4, 2, 0x7F800000u, 0x00800000u},                          /* f32 */
+    {8, 3, 0x7FF0000000000000ull, 0x0010000000000000ull},      /* f64 */
+    {1, 0, 0x7Fu, 0x01u},                                      /* e4m3fn: NaN is S.1111.111, no Inf */
+    {1, 0, 0x7Cu, 0x04u},                                      /* e5m2 */
 };
 
 /* ---- statistics -------------------------------------------------------- */
@@ -186,20 +187,26 @@ typedef struct {
 
 #ifdef LSC_X86_DISPATCH
 #define LSC_SFX v2
+#define LSC_VBYTES 16
 #include "lsc_kernels.h"
+#undef LSC_VBYTES
 #undef LSC_SFX
 
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v3")
 #define LSC_SFX v3
+#define LSC_VBYTES 32
 #include "lsc_kernels.h"
+#undef LSC_VBYTES
 #undef LSC_SFX
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v4", "prefer-vector-width=512")
 #define LSC_SFX v4
+#define LSC_VBYTES 64
 #include "lsc_kernels.h"
+#undef LSC_VBYTES
 #undef LSC_SFX
 #pragma GCC pop_options
 
@@ -217,7 +224,9 @@ static inline int lsc_isa_supported(int level)
 }
 #else
 #define LSC_SFX baseline
+#define LSC_VBYTES 16
 #include "lsc_kernels.h"
+#undef LSC_VBYTES
 #undef LSC_SFX
 static const lsc_isa *const lsc_isas[] = {&lsc_isa_baseline};
 #define LSC_NISAS 1
@@ -251,11 +260,6 @@ static inline const lsc_isa *lsc_isa_get(void)
     if (!lsc_isa_active)
         lsc_isa_select(NULL);
     return lsc_isa_active;
-}
-
-static inline int lsc_width_index(int width)
-{
-    return width == 1 ? 0 : width == 2 ? 1 : width == 4 ? 2 : 3;
 }
 
 /* ---- generic loops: strided or byte-swapped runs ------------------------ */
@@ -328,7 +332,7 @@ static int lsc_scan_run(int code, int swapped, const char *p, lsc_n n, lsc_n str
     if (code == LSC_CODE_INT || n <= 0)
         return 0;
     if (!swapped && stride == f->width)
-        return lsc_isa_get()->scan[lsc_width_index(f->width)](p, n, f->em, f->lsb);
+        return lsc_isa_get()->scan[f->widx](p, n, f->em, f->lsb);
     for (lsc_n i = 0; i < n; i++)
         if (lsc_word_nonfinite(lsc_load(p + i * stride, f->width, swapped), f))
             return 1;
