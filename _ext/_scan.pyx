@@ -58,6 +58,7 @@ cdef extern from "lsc_pool.h" nogil:
     int lsc_isa_supported(int level)
     const lsc_isa *lsc_isa_get()
     int lsc_pool_size()
+    size_t lsc_pool_helper_chunks()
     uint64_t lsc_sum_u64(const char *p, lsc_n n)
 
 # Inputs with more bytes than this release the GIL while scanning.
@@ -502,6 +503,11 @@ def set_isa(name):
 def pool_size():
     """Threads a large call may use (the caller included)."""
     return lsc_pool_size()
+
+
+def _helper_chunks():
+    """Chunks the pool's helper threads have done since the start (for tests)."""
+    return lsc_pool_helper_chunks()
 
 
 def _bench_read_u64(cnp.ndarray a):

@@ -139,6 +139,7 @@ typedef struct {
 
 static lsc_pool *lsc_pool_g;
 static atomic_int lsc_pool_state;   /* 0 none, 1 being built, 2 ready, 3 unavailable */
+static atomic_size_t lsc_helper_chunks;   /* chunks done by helpers, ever (for tests) */
 
 static inline void lsc_cpu_relax(void)
 {
@@ -156,15 +157,17 @@ static inline int64_t lsc_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static void lsc_job_work(lsc_job *j)
+/* Claim and do chunks until none is left; returns how many were done. */
+static size_t lsc_job_work(lsc_job *j)
 {
-    for (;;) {
+    size_t done = 0;
+    for (;; done++) {
         size_t c, lo, hi;
         if (j->op == LSC_OP_SCAN && atomic_load_explicit(&j->found, memory_order_relaxed))
-            return;
+            return done;
         c = atomic_fetch_add(&j->next, 1);
         if (c >= j->nchunks)
-            return;
+            return done;
         /* the run holding chunk c: the last i with first[i] <= c */
         lo = 0;
         hi = j->nruns;
@@ -216,7 +219,8 @@ static void *lsc_helper_main(void *arg)
         if (!atomic_load(&P->closed)) {
             lsc_job *j = atomic_load(&P->job);
             if (atomic_fetch_add(&j->seats, 1) < j->max_helpers)
-                lsc_job_work(j);
+                atomic_fetch_add_explicit(&lsc_helper_chunks, lsc_job_work(j),
+                                          memory_order_relaxed);
         }
         if (atomic_fetch_sub(&P->active, 1) == 1 && atomic_load(&P->caller_waiting)) {
             pthread_mutex_lock(&P->mu);
@@ -401,6 +405,16 @@ static lsc_result lsc_exec_pool(lsc_pool *P, const lsc_run *runs, size_t nruns, 
 }
 
 #endif /* LSC_THREADS */
+
+/* Chunks helpers have done since the start (tests check the pool works). */
+static size_t lsc_pool_helper_chunks(void)
+{
+#ifdef LSC_THREADS
+    return atomic_load(&lsc_helper_chunks);
+#else
+    return 0;
+#endif
+}
 
 /* The size of the pool (callers included); 1 where threads are unavailable. */
 static int lsc_pool_size(void)
