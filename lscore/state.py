@@ -38,8 +38,11 @@ class LossScaleState:
     """One loss-scale state machine: a validated Policy driving the compiled core.
 
     ``update(finite)`` is the single transition; it returns whether the step's
-    gradients should be applied.  Updates on one object are serialised by a
-    lock, so counters stay exact when several threads share it.
+    gradients should be applied.  Updates on one object are serialised, so
+    counters stay exact when several threads share it: a transition is one
+    call into the compiled core, which runs under the GIL (the extension
+    does not declare free-threading support, so the GIL stays on); the
+    writers set_scale and load_state_dict also take a lock among themselves.
     """
 
     __slots__ = ("_policy", "_cy", "_lock")
@@ -68,8 +71,9 @@ class LossScaleState:
         return {k: getattr(cy, k) for k in COUNTERS}
 
     def update(self, finite: bool) -> bool:
-        with self._lock:
-            r = self._cy.update(finite)
+        # no lock here: the per-step path stays one C call (a threading.Lock
+        # costs more than the transition itself)
+        r = self._cy.update(finite)
         if r < 0:
             raise LossScaleFloorError(
                 f"loss scale cannot go below its minimum {self._policy.min_scale!r} "
@@ -80,9 +84,12 @@ class LossScaleState:
         """Overwrite the scale (torch's ``update(new_scale)``); counters unchanged."""
         v = float(value)
         with self._lock:
-            self._cy.scale = v
+            cy = self._cy
+            # next_scale first: an update landing between the two writes then
+            # acts as if it came after both
             if self._policy.apply_next:
-                self._cy.next_scale = v
+                cy.next_scale = v
+            cy.scale = v
 
     def state_dict(self) -> dict:
         cy = self._cy
