@@ -60,6 +60,9 @@ def main(argv=None) -> int:
     bench.add_argument("--min-time", type=float, default=None,
                        help="seconds per timing (default 0.02)")
     bench.add_argument("--no-torch", action="store_true", help="skip the torch rows")
+    bench.add_argument("--sizes", help="comma-separated element counts, e.g. 1e6,1e8")
+    bench.add_argument("--only", action="append", metavar="TEXT",
+                       help="time only the groups whose name contains TEXT (repeatable)")
     bench.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     bench.set_defaults(func=_bench)
     args = parser.parse_args(argv)

@@ -78,7 +78,9 @@ class _Rows:
                 pass
 
     def add(self, group: str, method: str, fn=None, *, nbytes: int = 0, per: int = 1,
-            skip: str | None = None, opts=None, **extra) -> dict:
+            skip: str | None = None, opts=None, **extra) -> dict | None:
+        if opts is not None and opts.only and not any(w in group for w in opts.only):
+            return None
         row = {"group": group, "method": method, "bytes": nbytes, "per": per, **extra}
         if skip is not None or fn is None:
             row["skipped"] = skip or "not available"
@@ -317,8 +319,9 @@ def _bench_latency(rows: _Rows, opts, torch, rng) -> None:
     grads = [np.ones(1, np.float32)]
     rows.add("DynamicLossScale.update([1 element])", "lscore", lambda: ls.update(grads),
              dtype="float32", n=1, opts=opts)
-    rows.rows.append(_import_time(opts))
-    rows._tick("import time")
+    if not opts.only or any(w in "import lscore" for w in opts.only):
+        rows.rows.append(_import_time(opts))
+        rows._tick("import time")
 
 
 def _import_time(opts) -> dict:
@@ -522,8 +525,10 @@ class Options:
     """Run settings; `tiny` is for tests (tiny sizes, few repeats)."""
 
     def __init__(self, *, full=False, tiny=False, repeat=None, min_time=None, use_torch=True,
-                 progress=True):
-        self.sizes = TINY_SIZES if tiny else (FULL_SIZES if full else SIZES)
+                 progress=True, sizes=None, only=()):
+        self.sizes = tuple(sizes) if sizes else (
+            TINY_SIZES if tiny else (FULL_SIZES if full else SIZES))
+        self.only = tuple(only)
         self.repeat = repeat or (2 if tiny else 9)
         self.min_time = min_time if min_time is not None else (1e-4 if tiny else 0.02)
         self.use_torch = use_torch
@@ -557,8 +562,10 @@ def run(opts: Options) -> dict:
 
 def main(args) -> int:
     """Entry point of `lscore bench` (argparse namespace from lscore._cli)."""
+    sizes = [int(float(x)) for x in args.sizes.split(",")] if args.sizes else None
     opts = Options(full=args.full, tiny=args.tiny, repeat=args.repeat, min_time=args.min_time,
-                   use_torch=not args.no_torch, progress=not args.no_progress)
+                   use_torch=not args.no_torch, progress=not args.no_progress, sizes=sizes,
+                   only=args.only or ())
     result = run(opts)
     print(format_table(result))
     if args.json:
