@@ -133,26 +133,30 @@ static int LSC_F(unscale_bf16_)(char *p, lsc_n n, double inv64)
 
 /* Lane l takes the elements whose index within the call is l mod 16, and
  * the lanes are reduced in a fixed tree (lsc_reduce16): the sum does not
- * depend on the vector width, so every ISA level gives the same bits. */
-static void LSC_F(sq_f32_)(const char *x, lsc_n n, lsc_v8d *s0, lsc_v8d *s1, uint32_t *mx)
+ * depend on the vector width, so every ISA level gives the same bits.  The
+ * 16 lanes are 16 / DL vectors of DL doubles (the ISA's width). */
+#define LSC_DL (LSC_VBYTES / 8)
+#define LSC_NACC (16 / LSC_DL)
+typedef double LSC_F(vd_) __attribute__((vector_size(LSC_VBYTES)));
+typedef float LSC_F(vh_) __attribute__((vector_size(LSC_VBYTES / 2)));
+typedef struct { LSC_F(vd_) v[LSC_NACC]; } LSC_F(acc_);
+
+static void LSC_F(sq_f32_)(const char *x, lsc_n n, LSC_F(acc_) *acc, uint32_t *mx)
 {
+    LSC_F(acc_) a = *acc;
     uint32_t m = *mx;
-    lsc_v8d a = *s0, b = *s1;
     lsc_n j = 0;
-    for (; j + 16 <= n; j += 16) {
-        lsc_v8f lo, hi;
-        memcpy(&lo, x + 4 * j, 32);
-        memcpy(&hi, x + 4 * j + 32, 32);
-        lsc_v8d dl = __builtin_convertvector(lo, lsc_v8d);
-        lsc_v8d dh = __builtin_convertvector(hi, lsc_v8d);
-        a += dl * dl;
-        b += dh * dh;
-    }
+    for (; j + 16 <= n; j += 16)
+        for (int k = 0; k < LSC_NACC; k++) {
+            LSC_F(vh_) f;
+            memcpy(&f, x + 4 * (j + k * LSC_DL), LSC_VBYTES / 2);
+            LSC_F(vd_) d = __builtin_convertvector(f, LSC_F(vd_));
+            a.v[k] += d * d;
+        }
     for (lsc_n k = 0; j + k < n; k++) {
         float f;
         memcpy(&f, x + 4 * (j + k), 4);
-        double d = f;
-        if (k < 8) a[k] += d * d; else b[k - 8] += d * d;
+        a.v[k / LSC_DL][k % LSC_DL] += (double)f * (double)f;
     }
     /* |x| as bits orders like |x|, and any NaN sorts above Inf */
     for (j = 0; j < n; j++) {
@@ -161,25 +165,25 @@ static void LSC_F(sq_f32_)(const char *x, lsc_n n, lsc_v8d *s0, lsc_v8d *s1, uin
         w &= 0x7FFFFFFFu;
         m = w > m ? w : m;
     }
-    *s0 = a; *s1 = b; *mx = m;
+    *acc = a;
+    *mx = m;
 }
 
-static void LSC_F(sq_f64_)(const char *p, lsc_n n, lsc_v8d *s0, lsc_v8d *s1, uint64_t *mx)
+static void LSC_F(sq_f64_)(const char *p, lsc_n n, LSC_F(acc_) *acc, uint64_t *mx)
 {
+    LSC_F(acc_) a = *acc;
     int64_t m = (int64_t)*mx;
-    lsc_v8d a = *s0, b = *s1;
     lsc_n j = 0;
-    for (; j + 16 <= n; j += 16) {
-        lsc_v8d dl, dh;
-        memcpy(&dl, p + 8 * j, 64);
-        memcpy(&dh, p + 8 * j + 64, 64);
-        a += dl * dl;
-        b += dh * dh;
-    }
+    for (; j + 16 <= n; j += 16)
+        for (int k = 0; k < LSC_NACC; k++) {
+            LSC_F(vd_) d;
+            memcpy(&d, p + 8 * (j + k * LSC_DL), LSC_VBYTES);
+            a.v[k] += d * d;
+        }
     for (lsc_n k = 0; j + k < n; k++) {
         double d;
         memcpy(&d, p + 8 * (j + k), 8);
-        if (k < 8) a[k] += d * d; else b[k - 8] += d * d;
+        a.v[k / LSC_DL][k % LSC_DL] += d * d;
     }
     for (j = 0; j < n; j++) {
         int64_t w;
@@ -187,7 +191,18 @@ static void LSC_F(sq_f64_)(const char *p, lsc_n n, lsc_v8d *s0, lsc_v8d *s1, uin
         w &= 0x7FFFFFFFFFFFFFFFll;
         m = w > m ? w : m;
     }
-    *s0 = a; *s1 = b; *mx = (uint64_t)m;
+    *acc = a;
+    *mx = (uint64_t)m;
+}
+
+/* Widen a block of 16-bit floats (the values just written) to float. */
+static void LSC_F(widen16_)(const char *q, lsc_n m, int bf16, float *out)
+{
+    for (lsc_n j = 0; j < m; j++) {
+        uint16_t h;
+        memcpy(&h, q + 2 * j, 2);
+        out[j] = bf16 ? lsc_bf16_to_f32(h) : lsc_f16_to_f32(h);
+    }
 }
 
 /* Unscale (write != 0) or only read a contiguous run, and gather the
@@ -196,58 +211,41 @@ static void LSC_F(sq_f64_)(const char *p, lsc_n n, lsc_v8d *s0, lsc_v8d *s1, uin
  * in L1: memory is streamed once.  Returns whether an input was non-finite. */
 static int LSC_F(stats_)(int code, char *p, lsc_n n, double inv, int write, lsc_kstats *ks)
 {
+    const lsc_format *f = &lsc_formats[code];
+    const lsc_scan_fn scan[4] = {LSC_F(scan_u8_), LSC_F(scan_u16_), LSC_F(scan_u32_),
+                                 LSC_F(scan_u64_)};
+    const lsc_unscale_fn unscale[LSC_NCODES] = {0, LSC_F(unscale_f16_), LSC_F(unscale_bf16_),
+                                                LSC_F(unscale_f32_), LSC_F(unscale_f64_), 0, 0};
     float tmp[LSC_STAT_BLOCK];
-    lsc_v8d s0 = {0}, s1 = {0};
+    LSC_F(acc_) acc;
     uint32_t m32 = 0;
     uint64_t m64 = 0;
     int found = 0;
-    const int width = lsc_formats[code].width;
+    memset(&acc, 0, sizeof(acc));
     for (lsc_n i = 0; i < n; i += LSC_STAT_BLOCK) {
         lsc_n m = n - i < LSC_STAT_BLOCK ? n - i : LSC_STAT_BLOCK;
-        char *q = p + i * width;
-        switch (code) {
-        case LSC_CODE_F16:
-            found |= write ? LSC_F(unscale_f16_)(q, m, inv)
-                           : LSC_F(scan_u16_)(q, m, 0x7C00u, 0x0400u);
-            for (lsc_n j = 0; j < m; j++) {
-                uint16_t h;
-                memcpy(&h, q + 2 * j, 2);
-                tmp[j] = lsc_f16_to_f32(h);
-            }
-            LSC_F(sq_f32_)((const char *)tmp, m, &s0, &s1, &m32);
-            break;
-        case LSC_CODE_BF16:
-            found |= write ? LSC_F(unscale_bf16_)(q, m, inv)
-                           : LSC_F(scan_u16_)(q, m, 0x7F80u, 0x0080u);
-            for (lsc_n j = 0; j < m; j++) {
-                uint16_t h;
-                memcpy(&h, q + 2 * j, 2);
-                tmp[j] = lsc_bf16_to_f32(h);
-            }
-            LSC_F(sq_f32_)((const char *)tmp, m, &s0, &s1, &m32);
-            break;
-        case LSC_CODE_F32:
-            found |= write ? LSC_F(unscale_f32_)(q, m, inv)
-                           : LSC_F(scan_u32_)(q, m, 0x7F800000u, 0x00800000u);
-            LSC_F(sq_f32_)(q, m, &s0, &s1, &m32);
-            break;
-        default:
-            found |= write ? LSC_F(unscale_f64_)(q, m, inv)
-                           : LSC_F(scan_u64_)(q, m, 0x7FF0000000000000ull,
-                                              0x0010000000000000ull);
-            LSC_F(sq_f64_)(q, m, &s0, &s1, &m64);
-            break;
+        char *q = p + i * f->width;
+        found |= write ? unscale[code](q, m, inv) : scan[f->widx](q, m, f->em, f->lsb);
+        if (code == LSC_CODE_F64) {
+            LSC_F(sq_f64_)(q, m, &acc, &m64);
+        } else if (code == LSC_CODE_F32) {
+            LSC_F(sq_f32_)(q, m, &acc, &m32);
+        } else {
+            LSC_F(widen16_)(q, m, code == LSC_CODE_BF16, tmp);
+            LSC_F(sq_f32_)((const char *)tmp, m, &acc, &m32);
         }
     }
     {
         double lanes[16];
-        memcpy(lanes, &s0, 64);
-        memcpy(lanes + 8, &s1, 64);
+        memcpy(lanes, &acc, sizeof(lanes));
         ks->sumsq = lsc_reduce16(lanes);
     }
     ks->maxbits = code == LSC_CODE_F64 ? m64 : m32;
     return found;
 }
+
+#undef LSC_DL
+#undef LSC_NACC
 
 static const lsc_isa LSC_F(lsc_isa_) = {
     LSC_STR(LSC_SFX),
