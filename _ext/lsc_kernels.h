@@ -105,7 +105,25 @@ static int LSC_F(unscale_f16_)(char *p, lsc_n n, double inv64)
 {
     const float inv = (float)inv64;
     uint16_t acc = 0;
-    for (lsc_n j = 0; j < n; j++) {
+    lsc_n j = 0;
+#ifdef LSC_F16C_LANES
+    /* F16C converts exactly and rounds to nearest even like the word code
+       below; only its NaN (payload kept) is made the canonical 0x7E00 */
+    typedef uint16_t vw __attribute__((vector_size(2 * LSC_F16C_LANES)));
+    vw vacc = {0};
+    for (; j + LSC_F16C_LANES <= n; j += LSC_F16C_LANES) {
+        vw w, o, nan;
+        memcpy(&w, p + 2 * j, sizeof(w));
+        vacc |= (w & 0x7C00) + 0x0400;
+        o = (vw)LSC_F2H(LSC_H2F(w) * inv);
+        nan = (vw)((o & 0x7FFF) > 0x7C00);
+        o = (o & ~nan) | (((o & 0x8000) | 0x7E00) & nan);
+        memcpy(p + 2 * j, &o, sizeof(o));
+    }
+    for (int l = 0; l < LSC_F16C_LANES; l++)
+        acc |= vacc[l];
+#endif
+    for (; j < n; j++) {
         uint16_t w;
         memcpy(&w, p + 2 * j, 2);
         acc |= (uint16_t)((w & 0x7C00u) + 0x0400u);
@@ -198,7 +216,18 @@ static void LSC_F(sq_f64_)(const char *p, lsc_n n, LSC_F(acc_) *acc, uint64_t *m
 /* Widen a block of 16-bit floats (the values just written) to float. */
 static void LSC_F(widen16_)(const char *q, lsc_n m, int bf16, float *out)
 {
-    for (lsc_n j = 0; j < m; j++) {
+    lsc_n j = 0;
+#ifdef LSC_F16C_LANES
+    if (!bf16)
+        for (; j + LSC_F16C_LANES <= m; j += LSC_F16C_LANES) {
+            typedef uint16_t vw __attribute__((vector_size(2 * LSC_F16C_LANES)));
+            vw w;
+            memcpy(&w, q + 2 * j, sizeof(w));
+            LSC_F32V f = LSC_H2F(w);
+            memcpy(out + j, &f, sizeof(f));
+        }
+#endif
+    for (; j < m; j++) {
         uint16_t h;
         memcpy(&h, q + 2 * j, 2);
         out[j] = bf16 ? lsc_bf16_to_f32(h) : lsc_f16_to_f32(h);

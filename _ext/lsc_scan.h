@@ -186,6 +186,8 @@ typedef struct {
 #endif
 
 #ifdef LSC_X86_DISPATCH
+#include <immintrin.h>
+
 #define LSC_SFX v2
 #define LSC_VBYTES 16
 #include "lsc_kernels.h"
@@ -196,7 +198,16 @@ typedef struct {
 #pragma GCC target("arch=x86-64-v3")
 #define LSC_SFX v3
 #define LSC_VBYTES 32
+/* F16C: 8 halves <-> 8 floats, rounding to nearest even (immediate 0) */
+#define LSC_F16C_LANES 8
+#define LSC_F32V __m256
+#define LSC_H2F(w) _mm256_cvtph_ps((__m128i)(w))
+#define LSC_F2H(f) _mm256_cvtps_ph((f), 0)
 #include "lsc_kernels.h"
+#undef LSC_F16C_LANES
+#undef LSC_F32V
+#undef LSC_H2F
+#undef LSC_F2H
 #undef LSC_VBYTES
 #undef LSC_SFX
 #pragma GCC pop_options
@@ -205,7 +216,15 @@ typedef struct {
 #pragma GCC target("arch=x86-64-v4", "prefer-vector-width=512")
 #define LSC_SFX v4
 #define LSC_VBYTES 64
+#define LSC_F16C_LANES 16
+#define LSC_F32V __m512
+#define LSC_H2F(w) _mm512_cvtph_ps((__m256i)(w))
+#define LSC_F2H(f) _mm512_cvtps_ph((f), 0)
 #include "lsc_kernels.h"
+#undef LSC_F16C_LANES
+#undef LSC_F32V
+#undef LSC_H2F
+#undef LSC_F2H
 #undef LSC_VBYTES
 #undef LSC_SFX
 #pragma GCC pop_options

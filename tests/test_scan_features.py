@@ -74,6 +74,24 @@ def test_scan_and_unscale_match_reference_at_each_isa(isa):
         assert bits_equal_or_both_nan(a, b), (ctx, isa)
 
 
+@pytest.mark.parametrize("inv", [0.5, 2.0, 1 / 3, 1e-8, 3.0e38, 1.0])
+def test_half_types_every_bit_pattern_at_each_isa(isa, inv):
+    """All 65,536 values of float16 and bfloat16 through each level's kernels (F16C or words)."""
+    dts = [np.dtype(np.float16)] + [d for d in FLOAT_DTYPES if d.name == "bfloat16"]
+    for dt in dts:
+        a = np.arange(65536, dtype=np.uint16).view(dt)
+        want = a.copy()
+        want_stats = ref.unscale_(want, inv, True)
+        got = a.copy()
+        got_stats = lscore.unscale_(got, inv, stats=True)
+        assert bits_equal_or_both_nan(got, want), (dt, isa)
+        words = got.view(np.uint16)[np.isnan(got.astype(np.float32))]
+        canonical = (words & 0x7FFF) == 0x7E00 if dt.name == "float16" else words == 0x7FC0
+        assert inv == 1.0 or np.all(canonical), (dt, isa)   # inv 1 writes nothing
+        assert same_stats(got_stats, want_stats), (dt, isa, got_stats, want_stats)
+        assert lscore.unscale_(a[:-7].copy(), inv) is ref.unscale_(a[:-7].copy(), inv)
+
+
 def test_stats_after_overflow_and_nan():
     a = np.array([60000.0, 1.0], np.float16)          # finite input, inf after * 2
     got = lscore.unscale_(a, 2.0, stats=True)
