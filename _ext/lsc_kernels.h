@@ -159,27 +159,38 @@ typedef double LSC_F(vd_) __attribute__((vector_size(LSC_VBYTES)));
 typedef float LSC_F(vh_) __attribute__((vector_size(LSC_VBYTES / 2)));
 typedef struct { LSC_F(vd_) v[LSC_NACC]; } LSC_F(acc_);
 
+/* |x| as bits orders like |x|, and any NaN sorts above Inf: max |x| is an
+ * integer max over the words with the sign cleared. */
 static void LSC_F(sq_f32_)(const char *x, lsc_n n, LSC_F(acc_) *acc, uint32_t *mx)
 {
+    typedef uint32_t vu __attribute__((vector_size(LSC_VBYTES)));
     LSC_F(acc_) a = *acc;
+    vu vm = {0};
     uint32_t m = *mx;
     lsc_n j = 0;
-    for (; j + 16 <= n; j += 16)
+    for (; j + 16 <= n; j += 16) {
         for (int k = 0; k < LSC_NACC; k++) {
             LSC_F(vh_) f;
             memcpy(&f, x + 4 * (j + k * LSC_DL), LSC_VBYTES / 2);
             LSC_F(vd_) d = __builtin_convertvector(f, LSC_F(vd_));
             a.v[k] += d * d;
         }
+        for (int k = 0; k < 64 / LSC_VBYTES; k++) {
+            vu w, gt;
+            memcpy(&w, x + 4 * j + k * LSC_VBYTES, LSC_VBYTES);
+            w &= 0x7FFFFFFFu;
+            gt = (vu)(w > vm);
+            vm = (w & gt) | (vm & ~gt);
+        }
+    }
+    for (int l = 0; l < LSC_VBYTES / 4; l++)
+        m = vm[l] > m ? vm[l] : m;
     for (lsc_n k = 0; j + k < n; k++) {
         float f;
-        memcpy(&f, x + 4 * (j + k), 4);
-        a.v[k / LSC_DL][k % LSC_DL] += (double)f * (double)f;
-    }
-    /* |x| as bits orders like |x|, and any NaN sorts above Inf */
-    for (j = 0; j < n; j++) {
         uint32_t w;
-        memcpy(&w, x + 4 * j, 4);
+        memcpy(&f, x + 4 * (j + k), 4);
+        memcpy(&w, &f, 4);
+        a.v[k / LSC_DL][k % LSC_DL] += (double)f * (double)f;
         w &= 0x7FFFFFFFu;
         m = w > m ? w : m;
     }
@@ -189,23 +200,30 @@ static void LSC_F(sq_f32_)(const char *x, lsc_n n, LSC_F(acc_) *acc, uint32_t *m
 
 static void LSC_F(sq_f64_)(const char *p, lsc_n n, LSC_F(acc_) *acc, uint64_t *mx)
 {
+    typedef int64_t vi __attribute__((vector_size(LSC_VBYTES)));
     LSC_F(acc_) a = *acc;
+    vi vm = {0};
     int64_t m = (int64_t)*mx;
     lsc_n j = 0;
     for (; j + 16 <= n; j += 16)
         for (int k = 0; k < LSC_NACC; k++) {
             LSC_F(vd_) d;
+            vi w, gt;
             memcpy(&d, p + 8 * (j + k * LSC_DL), LSC_VBYTES);
             a.v[k] += d * d;
+            memcpy(&w, &d, LSC_VBYTES);
+            w &= 0x7FFFFFFFFFFFFFFFll;
+            gt = w > vm;
+            vm = (w & gt) | (vm & ~gt);
         }
+    for (int l = 0; l < LSC_DL; l++)
+        m = vm[l] > m ? vm[l] : m;
     for (lsc_n k = 0; j + k < n; k++) {
         double d;
-        memcpy(&d, p + 8 * (j + k), 8);
-        a.v[k / LSC_DL][k % LSC_DL] += d * d;
-    }
-    for (j = 0; j < n; j++) {
         int64_t w;
-        memcpy(&w, p + 8 * j, 8);
+        memcpy(&d, p + 8 * (j + k), 8);
+        memcpy(&w, &d, 8);
+        a.v[k / LSC_DL][k % LSC_DL] += d * d;
         w &= 0x7FFFFFFFFFFFFFFFll;
         m = w > m ? w : m;
     }
