@@ -39,7 +39,7 @@
 /* Automatic threading starts at these input sizes (bytes); below them the
  * wake-up of a helper costs more than it saves.  Measured with `lscore bench`. */
 #define LSC_MT_MIN_BYTES_WRITE (2 * 1024 * 1024)
-#define LSC_MT_MIN_BYTES_SCAN (8 * 1024 * 1024)
+#define LSC_MT_MIN_BYTES_SCAN (2 * 1024 * 1024)
 /* How long an idle helper polls for the next job before it sleeps, and how
  * long the caller polls for a helper finishing its chunk. */
 #define LSC_HELPER_SPIN_NS 50000
