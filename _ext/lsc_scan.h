@@ -17,6 +17,7 @@
 #ifndef LSC_SCAN_H
 #define LSC_SCAN_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,7 +253,9 @@ static const lsc_isa *const lsc_isas[] = {&lsc_isa_baseline};
 static inline int lsc_isa_supported(int level) { return level == 0; }
 #endif
 
-static const lsc_isa *lsc_isa_active = 0;
+/* Read by every call and written by lsc_isa_select (tests, the bench): an
+ * atomic pointer, relaxed (it only ever points at constant tables). */
+static _Atomic(const lsc_isa *) lsc_isa_active;
 
 /* Pick the ISA level by name ("v2", "v3", "v4"; "" or NULL = the best this
  * CPU runs).  Returns 0, or -1 when the name is unknown or unsupported. */
@@ -264,21 +267,24 @@ static int lsc_isa_select(const char *name)
             continue;
         best = k;
         if (name && *name && strcmp(name, lsc_isas[k]->name) == 0) {
-            lsc_isa_active = lsc_isas[k];
+            atomic_store_explicit(&lsc_isa_active, lsc_isas[k], memory_order_relaxed);
             return 0;
         }
     }
     if (name && *name)
         return -1;
-    lsc_isa_active = lsc_isas[best];
+    atomic_store_explicit(&lsc_isa_active, lsc_isas[best], memory_order_relaxed);
     return 0;
 }
 
 static inline const lsc_isa *lsc_isa_get(void)
 {
-    if (!lsc_isa_active)
+    const lsc_isa *isa = atomic_load_explicit(&lsc_isa_active, memory_order_relaxed);
+    if (!isa) {
         lsc_isa_select(NULL);
-    return lsc_isa_active;
+        isa = atomic_load_explicit(&lsc_isa_active, memory_order_relaxed);
+    }
+    return isa;
 }
 
 /* ---- generic loops: strided or byte-swapped runs ------------------------ */
