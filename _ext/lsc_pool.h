@@ -73,6 +73,62 @@ static int lsc_do_chunk(const lsc_run *run, size_t k, int op, double inv, lsc_re
     return r->found;
 }
 
+/* The bytes a run touches: [*lo, *hi). */
+static void lsc_run_span(const lsc_run *run, uintptr_t *lo, uintptr_t *hi)
+{
+    intptr_t a = 0, b = 0;
+    if (run->ndim <= 1) {
+        intptr_t last = (intptr_t)(run->n - 1) * (intptr_t)run->stride;
+        a = last < 0 ? last : 0;
+        b = last < 0 ? 0 : last;
+    } else {
+        for (int k = 0; k < run->ndim; k++) {
+            intptr_t last = (intptr_t)(run->shape[k] - 1) * (intptr_t)run->strides[k];
+            if (last < 0)
+                a += last;
+            else
+                b += last;
+        }
+    }
+    *lo = (uintptr_t)run->data + (uintptr_t)a;
+    *hi = (uintptr_t)run->data + (uintptr_t)b + (uintptr_t)lsc_formats[run->code].width;
+}
+
+static int lsc_span_cmp(const void *x, const void *y)
+{
+    uintptr_t a = ((const uintptr_t *)x)[0], b = ((const uintptr_t *)y)[0];
+    return a < b ? -1 : a > b;
+}
+
+/* Do two runs share bytes?  (Two views of one buffer in the same call.)
+ * Their chunks must then not be written by two threads at once: the caller
+ * runs such a job serially, in table order, as the reference does.  Also 1
+ * when the check cannot be made (out of memory). */
+static int lsc_runs_overlap(const lsc_run *runs, size_t nruns)
+{
+    uintptr_t *spans;
+    size_t m = 0;
+    int overlap = 0;
+    if (nruns < 2)
+        return 0;
+    spans = (uintptr_t *)malloc(2 * nruns * sizeof(uintptr_t));
+    if (!spans)
+        return 1;
+    for (size_t i = 0; i < nruns; i++)
+        if (runs[i].code != LSC_CODE_INT && runs[i].n > 0) {
+            lsc_run_span(&runs[i], &spans[2 * m], &spans[2 * m + 1]);
+            m++;
+        }
+    qsort(spans, m, 2 * sizeof(uintptr_t), lsc_span_cmp);
+    for (size_t i = 1, top = 1; i < m && !overlap; i++) {
+        overlap = spans[2 * i] < spans[top];      /* starts before the furthest end so far */
+        if (spans[2 * i + 1] > spans[top])
+            top = 2 * i + 1;
+    }
+    free(spans);
+    return overlap;
+}
+
 /* The whole job on the calling thread. */
 static lsc_result lsc_exec_serial(const lsc_run *runs, size_t nruns, int op, double inv)
 {
@@ -436,7 +492,8 @@ static lsc_result lsc_exec(const lsc_run *runs, size_t nruns, lsc_n total_bytes,
         lsc_n min_bytes = op == LSC_OP_SCAN ? LSC_MT_MIN_BYTES_SCAN : LSC_MT_MIN_BYTES_WRITE;
         threads = total_bytes >= min_bytes ? LSC_MAX_THREADS : 1;
     }
-    if (threads > 1 && total_bytes > LSC_CHUNK_BYTES) {
+    if (threads > 1 && total_bytes > LSC_CHUNK_BYTES
+            && !((op & LSC_OP_WRITE) && lsc_runs_overlap(runs, nruns))) {
         lsc_pool *P = lsc_pool_get();
         int expected = 0;
         /* one job at a time; a second caller meanwhile runs serially */

@@ -164,6 +164,17 @@ def test_threads_over_a_mixed_table():
                 assert bits_equal_or_both_nan(u, v)
 
 
+def test_views_of_one_buffer_are_multiplied_in_order():
+    """Two arrays sharing memory: threads must not write them at once (serial, in order)."""
+    rng = np.random.default_rng(15)
+    a = make_array(rng, np.dtype(np.float32), 900_000, "contiguous")
+    b = a.copy()
+    got = lscore.unscale_([a, a[10:], a[::-1][:5000]], 0.5, stats=True, threads=2)
+    want = ref.unscale_([b, b[10:], b[::-1][:5000]], 0.5, True)
+    assert same_stats(got, want)
+    assert bits_equal_or_both_nan(a, b)
+
+
 def test_raw_tables_take_stats_and_threads():
     rng = np.random.default_rng(13)
     arrays = [make_array(rng, np.dtype(np.float32), n, "contiguous") for n in (5, 70_000, 200_000)]
