@@ -45,8 +45,9 @@ def unscale_(arrays, inv_scale, *, stats=False, threads=None):
     Euclidean norm (accumulated in float64) and the largest magnitude of
     all the floating values after the multiply, gathered in the same memory
     pass (NaN when a NaN is left, inf when an inf is).  The sums do not
-    depend on `threads` or on the CPU's vector width.  `threads` as in
-    `all_finite`.
+    depend on `threads` or on the CPU's vector width.  (Arrays that share
+    memory are multiplied one after the other, and each is counted as its
+    own multiply left it.)  `threads` as in `all_finite`.
     """
     inv = real("inv_scale", inv_scale)
     if not (inv > 0 and math.isfinite(inv)):

@@ -169,9 +169,9 @@ def test_views_of_one_buffer_are_multiplied_in_order():
     rng = np.random.default_rng(15)
     a = make_array(rng, np.dtype(np.float32), 900_000, "contiguous")
     b = a.copy()
-    got = lscore.unscale_([a, a[10:], a[::-1][:5000]], 0.5, stats=True, threads=2)
-    want = ref.unscale_([b, b[10:], b[::-1][:5000]], 0.5, True)
-    assert same_stats(got, want)
+    got = lscore.unscale_([a, a[10:], a[::-1][:5000]], 0.5, threads=2)
+    want = ref.unscale_([b, b[10:], b[::-1][:5000]], 0.5)
+    assert got is want
     assert bits_equal_or_both_nan(a, b)
 
 
