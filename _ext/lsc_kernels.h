@@ -31,14 +31,23 @@ static int LSC_F(NAME)(const char *p, lsc_n n, uint64_t em64, uint64_t lsb64)   
     while (n - i >= lanes) {                                                       \
         lsc_n m = n - i < block ? n - i : block;                                   \
         lsc_n end = i + m - m % lanes;                                             \
-        vec acc = {0};                                                             \
+        vec acc = {0}, acc2 = {0};                                                 \
         vq q;                                                                      \
         uint64_t any = 0;                                                          \
+        /* two vectors a turn: two loads per cycle where the core can */         \
+        for (; i + 2 * lanes <= end; i += 2 * lanes) {                             \
+            vec w, w2;                                                             \
+            memcpy(&w, p + i * (lsc_n)sizeof(T), LSC_VBYTES);                      \
+            memcpy(&w2, p + i * (lsc_n)sizeof(T) + LSC_VBYTES, LSC_VBYTES);        \
+            acc |= (w & em) + lsb;                                                 \
+            acc2 |= (w2 & em) + lsb;                                               \
+        }                                                                          \
         for (; i < end; i += lanes) {                                              \
             vec w;                                                                 \
             memcpy(&w, p + i * (lsc_n)sizeof(T), LSC_VBYTES);                      \
             acc |= (w & em) + lsb;                                                 \
         }                                                                          \
+        acc |= acc2;                                                               \
         memcpy(&q, &acc, LSC_VBYTES);                                              \
         for (int l = 0; l < LSC_VBYTES / 8; l++)                                   \
             any |= q[l];                                                           \

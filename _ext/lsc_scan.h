@@ -243,8 +243,29 @@ static inline int lsc_isa_supported(int level)
     return 1;   /* the build baseline */
 }
 #else
+/* one set, at whatever the compiler flags allow */
 #define LSC_SFX baseline
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define LSC_VBYTES 64
+#elif defined(__AVX2__)
+#define LSC_VBYTES 32
+#else
 #define LSC_VBYTES 16
+#endif
+#if defined(__F16C__) && defined(__AVX2__) && !defined(__clang__)
+#include <immintrin.h>
+#if LSC_VBYTES == 64
+#define LSC_F16C_LANES 16
+#define LSC_F32V __m512
+#define LSC_H2F(w) _mm512_cvtph_ps((__m256i)(w))
+#define LSC_F2H(f) _mm512_cvtps_ph((f), 0)
+#else
+#define LSC_F16C_LANES 8
+#define LSC_F32V __m256
+#define LSC_H2F(w) _mm256_cvtph_ps((__m128i)(w))
+#define LSC_F2H(f) _mm256_cvtps_ph((f), 0)
+#endif
+#endif
 #include "lsc_kernels.h"
 #undef LSC_VBYTES
 #undef LSC_SFX
