@@ -27,10 +27,8 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <time.h>
-#include <unistd.h>
-#if defined(__linux__)
 #include <sched.h>
-#endif
+#include <unistd.h>
 #endif
 
 /* Work unit claimed by one thread: 256 KiB, a few microseconds. */
@@ -197,8 +195,15 @@ static lsc_pool *lsc_pool_g;
 static atomic_int lsc_pool_state;   /* 0 none, 1 being built, 2 ready, 3 unavailable */
 static atomic_size_t lsc_helper_chunks;   /* chunks done by helpers, ever (for tests) */
 
-static inline void lsc_cpu_relax(void)
+/* One turn of a polling loop.  Every 16th turn gives the CPU away: when the
+ * other core is busy, the thread we wait for may be queued on this very CPU
+ * (a helper woken onto the caller's core, or the caller preempted by one). */
+static inline void lsc_poll_pause(int spins)
 {
+    if ((spins & 15) == 15) {
+        sched_yield();
+        return;
+    }
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #elif defined(__aarch64__)
@@ -258,7 +263,7 @@ static unsigned lsc_helper_wait(lsc_pool *P, unsigned seen)
             pthread_mutex_unlock(&P->mu);
             return g;
         }
-        lsc_cpu_relax();
+        lsc_poll_pause(spins);
     }
     return g;
 }
@@ -447,7 +452,7 @@ static lsc_result lsc_exec_pool(lsc_pool *P, const lsc_run *runs, size_t nruns, 
                 pthread_mutex_unlock(&P->mu);
                 break;
             }
-            lsc_cpu_relax();
+            lsc_poll_pause(spins);
         }
     }
     total.found = atomic_load(&j.found);
