@@ -64,7 +64,6 @@ static int lsc_do_chunk(const lsc_run *run, size_t k, int op, double inv, lsc_re
 {
     lsc_n ce = lsc_chunk_elems(run), lo = (lsc_n)k * ce;
     lsc_n hi = run->n - lo < ce ? run->n : lo + ce;
-    r->found = 0;
     r->sumsq = 0;
     r->maxabs = 0;
     r->found = lsc_do_range(run, lo, hi, op, inv, r);
@@ -218,34 +217,38 @@ static inline int64_t lsc_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* Chunk c of the job; returns its found flag. */
+static int lsc_job_chunk(lsc_job *j, size_t c)
+{
+    /* the run holding chunk c: the last i with first[i] <= c */
+    size_t lo = 0, hi = j->nruns;
+    lsc_result r;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (j->first[mid] <= c)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    lsc_do_chunk(&j->runs[lo], c - j->first[lo], j->op, j->inv, &r);
+    if (j->chunk_res)
+        j->chunk_res[c] = r;
+    return r.found;
+}
+
 /* Claim and do chunks until none is left; returns how many were done. */
 static size_t lsc_job_work(lsc_job *j)
 {
     size_t done = 0;
     for (;; done++) {
-        size_t c, lo, hi;
+        size_t c;
         if (j->op == LSC_OP_SCAN && atomic_load_explicit(&j->found, memory_order_relaxed))
             return done;
         c = atomic_fetch_add(&j->next, 1);
         if (c >= j->nchunks)
             return done;
-        /* the run holding chunk c: the last i with first[i] <= c */
-        lo = 0;
-        hi = j->nruns;
-        while (hi - lo > 1) {
-            size_t mid = lo + (hi - lo) / 2;
-            if (j->first[mid] <= c)
-                lo = mid;
-            else
-                hi = mid;
-        }
-        {
-            lsc_result r;
-            if (lsc_do_chunk(&j->runs[lo], c - j->first[lo], j->op, j->inv, &r))
-                atomic_store_explicit(&j->found, 1, memory_order_relaxed);
-            if (j->chunk_res)
-                j->chunk_res[c] = r;
-        }
+        if (lsc_job_chunk(j, c))
+            atomic_store_explicit(&j->found, 1, memory_order_relaxed);
     }
 }
 
@@ -413,21 +416,10 @@ static lsc_result lsc_exec_pool(lsc_pool *P, const lsc_run *runs, size_t nruns, 
     }
     /* a scan looks at its first chunk alone: a NaN up front (the common
        overflow) is answered without waking anybody */
-    if (op == LSC_OP_SCAN) {
-        {
-            size_t c = atomic_fetch_add(&j.next, 1);
-            if (c < j.nchunks) {
-                size_t i = 0;
-                lsc_result r;
-                while (first[i + 1] <= c)
-                    i++;
-                if (lsc_do_chunk(&runs[i], c - first[i], op, inv, &r)) {
-                    free(first);
-                    total.found = 1;
-                    return total;
-                }
-            }
-        }
+    if (op == LSC_OP_SCAN && j.nchunks && lsc_job_chunk(&j, atomic_fetch_add(&j.next, 1))) {
+        free(first);
+        total.found = 1;
+        return total;
     }
     if (atomic_load(&j.next) < j.nchunks) {
         atomic_store(&P->job, &j);
