@@ -5,7 +5,7 @@ PYTHON ?= python3
 PIP_FLAGS ?= --disable-pip-version-check -q
 BUILD_DEPS = "setuptools>=69" "cython>=3.0" "numpy>=2.0" wheel
 
-.PHONY: demo test bench clean venv-test venv-demo
+.PHONY: demo test bench sanitize clean venv-test venv-demo
 
 .venv-%/bin/python:
 	$(PYTHON) -m venv .venv-$*
@@ -24,8 +24,12 @@ test: venv-test
 demo: venv-demo
 	.venv-demo/bin/lscore demo --out out
 
+# the compiled core under ASan + UBSan, in its own venv (.venv-asan)
+sanitize:
+	bash scripts/sanitize.sh
+
 bench: venv-test
 	.venv-test/bin/lscore bench
 
 clean:
-	rm -rf .venv-test .venv-demo build *.egg-info _ext/*.so _ext/*.c out
+	rm -rf .venv-test .venv-demo .venv-asan build *.egg-info _ext/*.so _ext/*.c out

@@ -21,5 +21,11 @@ cdef extern from "lsc_state.h" nogil:
         int64_t hysteresis_left
         int64_t steps
         int64_t skipped
+        double tolerance
+        double floor_scale
+        double growth_factor_after_overflow
+        int64_t overflows
+        int64_t since_rescale
+        int64_t overflow_seen
     int lsc_update(lsc_state *s, int finite)
 

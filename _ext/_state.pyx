@@ -9,8 +9,9 @@ from _lsc_state cimport lsc_state, lsc_update
 
 PARAMS = ("growth_factor", "backoff_factor", "min_scale", "max_scale", "growth_interval",
           "growth_offset", "hysteresis", "precision", "growth_mode", "backoff_mode",
-          "min_action", "flags")
-COUNTERS = ("good_steps", "hysteresis_left", "steps", "skipped")
+          "min_action", "flags", "tolerance", "floor_scale", "growth_factor_after_overflow")
+COUNTERS = ("good_steps", "hysteresis_left", "steps", "skipped", "overflows", "since_rescale",
+            "overflow_seen")
 
 APPLY = 1
 SKIP = 0
@@ -42,6 +43,9 @@ cdef class CyState:
         s.backoff_mode = p["backoff_mode"]
         s.min_action = p["min_action"]
         s.flags = p["flags"]
+        s.tolerance = p["tolerance"]
+        s.floor_scale = p["floor_scale"]
+        s.growth_factor_after_overflow = p["growth_factor_after_overflow"]
 
     def get_params(self):
         return {k: getattr(self, "_p_" + k)() for k in PARAMS}
@@ -58,6 +62,9 @@ cdef class CyState:
     def _p_backoff_mode(self): return self.s.backoff_mode
     def _p_min_action(self): return self.s.min_action
     def _p_flags(self): return self.s.flags
+    def _p_tolerance(self): return self.s.tolerance
+    def _p_floor_scale(self): return self.s.floor_scale
+    def _p_growth_factor_after_overflow(self): return self.s.growth_factor_after_overflow
 
     property scale:
         def __get__(self): return self.s.scale
@@ -82,6 +89,18 @@ cdef class CyState:
     property skipped:
         def __get__(self): return self.s.skipped
         def __set__(self, long long v): self.s.skipped = v
+
+    property overflows:
+        def __get__(self): return self.s.overflows
+        def __set__(self, long long v): self.s.overflows = v
+
+    property since_rescale:
+        def __get__(self): return self.s.since_rescale
+        def __set__(self, long long v): self.s.since_rescale = v
+
+    property overflow_seen:
+        def __get__(self): return self.s.overflow_seen
+        def __set__(self, long long v): self.s.overflow_seen = v
 
     def to_bytes(self):
         """The raw lsc_state struct (for the device-side copy of the GPU path)."""

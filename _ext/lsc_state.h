@@ -54,11 +54,12 @@ enum {
     LSC_BACKOFF_DIV = 1    /* scale / growth_factor  (TF2, Keras 2, jmp, DeepSpeed, fairseq) */
 };
 
-/* what happens when a backoff meets min_scale */
+/* whether the policy gives up at floor_scale (min_scale clamps in every mode) */
 enum {
-    LSC_MIN_CLAMP = 0,        /* new = max(new, min_scale) */
-    LSC_MIN_RAISE_AT = 1,     /* scale == min_scale already: raise, state untouched (DeepSpeed) */
-    LSC_MIN_RAISE_BELOW = 2   /* new <= min_scale: keep the old scale and raise (fairseq) */
+    LSC_MIN_CLAMP = 0,        /* never gives up */
+    LSC_MIN_RAISE_AT = 1,     /* a backoff due while scale == floor_scale: raise, state untouched (DeepSpeed) */
+    LSC_MIN_RAISE_BELOW = 2   /* an overflow step leaves the scale <= floor_scale: the old scale is kept,
+                                 the step's counters are committed but the step is not counted (fairseq) */
 };
 
 /* flags */
@@ -68,10 +69,12 @@ enum {
 #define LSC_REFILL_FINITE   (1u << 3)  /* hysteresis_left := hysteresis on every finite step */
 #define LSC_REFILL_GROWTH   (1u << 4)  /* ... on every growth (attempted or not) */
 #define LSC_REFILL_BACKOFF  (1u << 5)  /* ... on every backoff */
-#define LSC_HYST_SATURATE   (1u << 6)  /* hysteresis_left never falls below 1 (DeepSpeed); else it goes negative (Megatron) */
+#define LSC_HYST_SATURATE   (1u << 6)  /* hysteresis_left never stays below 1 after an overflow (DeepSpeed);
+                                          else it goes negative (Megatron) */
 #define LSC_APPLY_NONFINITE (1u << 7)  /* should_apply is true even for a non-finite step (TF FixedLossScale) */
 #define LSC_FTZ             (1u << 8)  /* float32 results below the smallest normal flush to zero (TF on CPU) */
 #define LSC_APPLY_NEXT      (1u << 9)  /* the computed scale takes effect one update later (MXNet) */
+#define LSC_HAS_LATE_GROWTH (1u << 10) /* after the first overflow ever, grow by growth_factor_after_overflow (Chainer) */
 
 /* return codes of lsc_update */
 #define LSC_SKIP 0
@@ -100,6 +103,14 @@ typedef struct {
     lsc_i64 hysteresis_left;    /* overflows still absorbed before a backoff */
     lsc_i64 steps;              /* updates taken (a raise does not count) */
     lsc_i64 skipped;            /* updates that returned LSC_SKIP */
+    /* appended later; the fields above keep their offsets */
+    double tolerance;           /* parameter: back off only if overflows / steps since the last
+                                   rescale >= tolerance (fairseq; 0 = always) */
+    double floor_scale;         /* parameter: where min_action gives up */
+    double growth_factor_after_overflow;  /* parameter, with LSC_HAS_LATE_GROWTH */
+    lsc_i64 overflows;          /* overflow steps since the last backoff */
+    lsc_i64 since_rescale;      /* steps since the last growth or backoff */
+    lsc_i64 overflow_seen;      /* 1 once any overflow was seen */
 } lsc_state;
 
 LSC_FN int lsc_is_finite(double x, int precision)
@@ -148,6 +159,7 @@ LSC_FN int lsc_update(lsc_state *s, int finite)
        coming step becomes the one computed at the previous update */
     double work = (s->flags & LSC_APPLY_NEXT) ? s->next_scale : s->scale;
     lsc_i64 good = s->good_steps, left = s->hysteresis_left;
+    lsc_i64 overflows = s->overflows, since = s->since_rescale + 1, seen = s->overflow_seen;
 
     if (s->growth_mode == LSC_GROW_NEVER) {
         s->steps += 1;
@@ -170,36 +182,47 @@ LSC_FN int lsc_update(lsc_state *s, int finite)
             good = grow ? 0 : t;
         }
         if (grow) {
-            double x = lsc_mul(s, work, s->growth_factor);
+            double f = ((s->flags & LSC_HAS_LATE_GROWTH) && seen)
+                       ? s->growth_factor_after_overflow : s->growth_factor;
+            double x = lsc_mul(s, work, f);
             if ((s->flags & LSC_GUARD_FINITE) && !lsc_is_finite(x, s->precision))
                 x = work;
-            if ((s->flags & LSC_HAS_MAX) && x > s->max_scale)
-                x = s->max_scale;
+            if ((s->flags & LSC_HAS_MAX) && x > lsc_round(s, s->max_scale))
+                x = lsc_round(s, s->max_scale);
             work = x;
+            since = 0;
             if (s->flags & LSC_REFILL_GROWTH)
                 left = s->hysteresis;
         }
     } else {
         left -= 1;
-        if (left <= 0) {
+        overflows += 1;
+        seen = 1;
+        if (left <= 0 && (double)overflows / (double)since >= s->tolerance) {
             double x;
-            if (s->min_action == LSC_MIN_RAISE_AT && (s->flags & LSC_HAS_MIN)
-                    && work == s->min_scale)
+            if (s->min_action == LSC_MIN_RAISE_AT && work == lsc_round(s, s->floor_scale))
                 return LSC_FLOOR_ERROR;
             x = lsc_backoff_value(s, work);
-            if (s->flags & LSC_HAS_MIN) {
-                if (s->min_action == LSC_MIN_RAISE_BELOW && x <= s->min_scale)
-                    return LSC_FLOOR_ERROR;
-                if (x < s->min_scale)
-                    x = s->min_scale;
-            }
+            if ((s->flags & LSC_HAS_MIN) && x < lsc_round(s, s->min_scale))
+                x = lsc_round(s, s->min_scale);
             work = x;
-            if (s->flags & LSC_HYST_SATURATE)
-                left = 1;
+            overflows = 0;
+            since = 0;
             if (s->flags & LSC_REFILL_BACKOFF)
                 left = s->hysteresis;
         }
+        if ((s->flags & LSC_HYST_SATURATE) && left < 1)
+            left = 1;
         good = 0;
+        if (s->min_action == LSC_MIN_RAISE_BELOW && work <= lsc_round(s, s->floor_scale)) {
+            /* give up: the scale stays, the overflow is on record */
+            s->good_steps = good;
+            s->hysteresis_left = left;
+            s->overflows = overflows;
+            s->since_rescale = since;
+            s->overflow_seen = seen;
+            return LSC_FLOOR_ERROR;
+        }
     }
     /* commit: nothing above touched *s */
     if (s->flags & LSC_APPLY_NEXT) {
@@ -210,6 +233,9 @@ LSC_FN int lsc_update(lsc_state *s, int finite)
     }
     s->good_steps = good;
     s->hysteresis_left = left;
+    s->overflows = overflows;
+    s->since_rescale = since;
+    s->overflow_seen = seen;
     s->steps += 1;
     s->skipped += !apply;
     return apply ? LSC_APPLY : LSC_SKIP;

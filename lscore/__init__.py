@@ -19,6 +19,8 @@ from lscore.managers import (ExponentialUpdateLossScaleManager, FixedLossScaleMa
                              LossScaleManager)
 from lscore.scan import all_finite, unscale_
 from lscore.state import LossScaleFloorError, LossScaleState
+from lscore.presets import preset
+from lscore import migrate
 
 __version__ = "0.1.0"
 
@@ -27,6 +29,7 @@ __all__ = [
     "LossScaleManager", "FixedLossScaleManager", "ExponentialUpdateLossScaleManager",
     "all_finite", "unscale_",
     "Policy", "LossScaleState", "LossScaleFloorError",
+    "preset", "migrate",
 ]
 
 del _scan_check, _state_check

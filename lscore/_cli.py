@@ -5,35 +5,29 @@ import argparse
 import sys
 
 
+_DEMO_NEEDS = ("sklearn", "matplotlib", "tqdm")
+
+
 def _demo(args) -> int:
-    """A short real run of the core: a linear model whose float16 gradients underflow."""
-    import numpy as np
+    """Train a small MLP in float16 with and without loss scaling (lscore/_demo.py)."""
+    import importlib.util
 
-    import lscore
+    missing = [m for m in _DEMO_NEEDS if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"lscore demo needs {', '.join(missing)}: install the demo extra with "
+              "`pip install 'lscore[demo]'` (from a checkout: `pip install -e '.[demo]'`)",
+              file=sys.stderr)
+        return 2
+    if args.backend == "torch":
+        print("lscore demo --backend torch needs the PyTorch adapter (lscore.adapters.torch), "
+              "which this version does not have yet; use --backend numpy", file=sys.stderr)
+        return 2
+    if args.steps < 1:
+        print(f"--steps must be >= 1, got {args.steps}", file=sys.stderr)
+        return 2
+    from lscore import _demo as demo
 
-    rng = np.random.default_rng(args.seed)
-    x = rng.standard_normal((512, 32)).astype(np.float32)
-    w_true = rng.standard_normal(32).astype(np.float32) * 1e-3
-    y = x @ w_true
-    print("linear regression, float16 gradients, targets ~1e-3 (so gradients ~1e-7)")
-    for name, ls in (("no scaling", lscore.FixedLossScale(1)),
-                     ("dynamic", lscore.DynamicLossScale(2 ** 15, 50))):
-        w = np.zeros(32, np.float32)
-        skipped = 0
-        for _ in range(args.steps):
-            scale = ls()
-            err = (x @ w - y) / len(y)
-            g16 = (x.T.astype(np.float16) @ (err * scale).astype(np.float16)) \
-                .astype(np.float16)                       # the scaled float16 backward pass
-            g = g16.astype(np.float32) / scale
-            _, ok = ls.update(g)
-            if ok:
-                w -= 0.5 * g
-            else:
-                skipped += 1
-        loss = float(np.mean((x @ w - y) ** 2))
-        print(f"  {name:11s} loss {loss:.3e}  final scale {ls():g}  skipped {skipped}")
-    return 0
+    return demo.run(steps=args.steps, seed=args.seed, out=args.out, backend=args.backend)
 
 
 def _bench(args) -> int:
@@ -47,9 +41,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="lscore", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train a small model in float16 with and without loss scaling")
-    demo.add_argument("--steps", type=int, default=300)
+    demo.add_argument("--backend", choices=("numpy", "torch"), default="numpy",
+                      help="array backend (torch needs the PyTorch adapter)")
+    demo.add_argument("--steps", type=int, default=1000, help="training steps per mode")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--out", default=".")
+    demo.add_argument("--out", default=".", help="folder for lscore_demo.png and .json")
     demo.set_defaults(func=_demo)
     bench = sub.add_parser("bench", help="time lscore against NumPy, torch and the memory "
                                          "bandwidth, in one run")
@@ -65,6 +61,8 @@ def main(argv=None) -> int:
                        help="time only the groups whose name contains TEXT (repeatable)")
     bench.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     bench.set_defaults(func=_bench)
+    from lscore.migrate import add_parser as _add_migrate
+    _add_migrate(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

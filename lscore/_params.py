@@ -23,7 +23,13 @@ REFILLS = ("finite", "growth", "backoff")
 # bit values of the flags in _ext/lsc_state.h
 _GUARD_FINITE, _HAS_MIN, _HAS_MAX = 1, 2, 4
 _REFILL = {"finite": 8, "growth": 16, "backoff": 32}
-_HYST_SATURATE, _APPLY_NONFINITE, _FTZ, _APPLY_NEXT = 64, 128, 256, 512
+_HYST_SATURATE, _APPLY_NONFINITE, _FTZ, _APPLY_NEXT, _LATE_GROWTH = 64, 128, 256, 512, 1024
+
+
+def _overflows_f32(v: float) -> bool:
+    """True when float32(v) would be +/-inf."""
+    with np.errstate(over="ignore"):
+        return bool(np.isinf(np.float32(v)))
 
 
 def _is_real(value) -> bool:
@@ -43,7 +49,7 @@ def positive_scale(name: str, value, *, precision: str = "float32") -> float:
     v = real(name, value)
     if not math.isfinite(v) or v <= 0:
         raise ValueError(f"{name} must be finite and > 0, got {value!r}")
-    if precision != "float64" and float(np.float32(v)) > F32_MAX:
+    if precision != "float64" and _overflows_f32(v):
         raise ValueError(f"{name} must be finite in float32 (at most {F32_MAX:.8g}), "
                          f"got {value!r}")
     return v
@@ -126,6 +132,9 @@ class Policy:
     apply_nonfinite: bool = False
     flush_subnormal: bool = False
     apply_next: bool = False
+    tolerance: float = 0.0
+    floor_scale: float | None = None
+    growth_factor_after_overflow: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -162,8 +171,21 @@ class Policy:
                 and self.min_scale > self.max_scale):
             raise ValueError(f"min_scale must be <= max_scale, got {self.min_scale!r} > "
                              f"{self.max_scale!r}")
-        if self.min_action != "clamp" and self.min_scale is None:
-            raise ValueError(f"min_action {self.min_action!r} needs a min_scale")
+        tol = real("tolerance", self.tolerance)
+        if not math.isfinite(tol) or tol < 0:
+            raise ValueError(f"tolerance must be finite and >= 0, got {self.tolerance!r}")
+        object.__setattr__(self, "tolerance", tol)
+        if self.floor_scale is not None:
+            v = real("floor_scale", self.floor_scale)
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"floor_scale must be a finite number >= 0 or None, "
+                                 f"got {self.floor_scale!r}")
+            object.__setattr__(self, "floor_scale", v)
+        if self.min_action != "clamp" and self.min_scale is None and self.floor_scale is None:
+            raise ValueError(f"min_action {self.min_action!r} needs a floor_scale or a min_scale")
+        if self.growth_factor_after_overflow is not None:
+            object.__setattr__(self, "growth_factor_after_overflow", factor_at_least_one(
+                "growth_factor_after_overflow", self.growth_factor_after_overflow))
         for key in ("guard_finite", "hysteresis_saturate", "apply_nonfinite",
                     "flush_subnormal", "apply_next"):
             if not isinstance(getattr(self, key), (bool, np.bool_)):
@@ -173,8 +195,11 @@ class Policy:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
+        """Every field, JSON-safe (an infinite max_scale is written as "inf")."""
         d = dataclasses.asdict(self)
         d["refill"] = list(self.refill)
+        if d["max_scale"] is not None and math.isinf(d["max_scale"]):
+            d["max_scale"] = "inf"
         return d
 
     @classmethod
@@ -187,7 +212,11 @@ class Policy:
             raise ValueError(f"unknown policy keys: {', '.join(map(repr, unknown))}")
         d = dict(d)
         if "refill" in d:
+            if not isinstance(d["refill"], (list, tuple)):
+                raise TypeError(f"refill must be a list, got {d['refill']!r}")
             d["refill"] = tuple(d["refill"])
+        if d.get("max_scale") == "inf":
+            d["max_scale"] = math.inf
         return cls(**d)
 
     def c_params(self) -> dict:
@@ -209,6 +238,9 @@ class Policy:
             flags |= _FTZ
         if self.apply_next:
             flags |= _APPLY_NEXT
+        if self.growth_factor_after_overflow is not None:
+            flags |= _LATE_GROWTH
+        floor = self.floor_scale if self.floor_scale is not None else self.min_scale
         return {
             "growth_factor": self.growth_factor,
             "backoff_factor": self.backoff_factor,
@@ -222,8 +254,35 @@ class Policy:
             "backoff_mode": BACKOFF_MODES.index(self.backoff_mode),
             "min_action": MIN_ACTIONS.index(self.min_action),
             "flags": flags,
+            "tolerance": self.tolerance,
+            "floor_scale": 0.0 if floor is None else floor,
+            "growth_factor_after_overflow": (self.growth_factor if
+                                             self.growth_factor_after_overflow is None
+                                             else self.growth_factor_after_overflow),
         }
+
+    @property
+    def give_up_scale(self) -> float | None:
+        """The scale at which min_action gives up (floor_scale, else min_scale)."""
+        return self.floor_scale if self.floor_scale is not None else self.min_scale
 
     def round_scale(self, v: float) -> float:
         """A scale value as the policy stores it (float32 unless float64)."""
         return v if self.precision == "float64" else float(np.float32(v))
+
+
+def boolean(name: str, value) -> bool:
+    """A bool (NumPy bools included); TypeError naming `name` otherwise."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def scale_value(name: str, value, *, precision: str = "float32") -> float:
+    """A loss scale given by the user: positive_scale, NumPy/torch 0-d values included."""
+    if hasattr(value, "item") and not isinstance(value, (float, int)):
+        try:
+            value = value.item()
+        except (TypeError, ValueError):
+            pass
+    return positive_scale(name, value, precision=precision)

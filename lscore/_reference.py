@@ -27,6 +27,9 @@ class RefState:
     hysteresis_left: int = 1
     steps: int = 0
     skipped: int = 0
+    overflows: int = 0
+    since_rescale: int = 0
+    overflow_seen: int = 0
 
     @classmethod
     def initial(cls, policy: Policy) -> "RefState":
@@ -37,7 +40,8 @@ class RefState:
 def _rnd(p: Policy, x: float) -> float:
     if p.precision == "float64":
         return x
-    x = float(np.float32(x))
+    with np.errstate(over="ignore"):
+        x = float(np.float32(x))
     if p.flush_subnormal and abs(x) < float(np.finfo(np.float32).tiny):
         x = math.copysign(0.0, x)
     return x
@@ -65,39 +69,44 @@ def _finite(p: Policy, x: float) -> bool:
 def update(state: RefState, finite: bool) -> tuple[RefState, int]:
     """Reference for lscore._ext._state.CyState.update; slow, used only by tests.
 
-    The spec of every policy, with p = state.policy::
+    The spec of every policy, with p = state.policy; "in p.precision" and
+    every clamp value are rounded as the policy stores its scale::
 
         (p.apply_next: the rule below works on next_scale; at the end
          scale = old next_scale, next_scale = the result)
         if p.growth_mode == "never": count the step; return
+        since = since_rescale + 1                    # this step included
         if finite:
             if "finite" in p.refill: hysteresis_left = p.hysteresis
             ge:     good += 1; grow = good >= interval; if grow: good = 0
             eq:     good += 1; grow = good == interval; if grow: good = 0
             modulo: good += 1; k = good - offset; grow = k > 0 and k % interval == 0
             if grow:
-                new = scale * growth_factor          (in p.precision)
+                f = p.growth_factor_after_overflow if set and overflow_seen else p.growth_factor
+                new = scale * f                      (in p.precision)
                 if p.guard_finite and new is not finite: new = scale
                 if max_scale is not None: new = min(new, max_scale)
-                scale = new
+                scale = new; since = 0
                 if "growth" in p.refill: hysteresis_left = p.hysteresis
         else:
-            left = hysteresis_left - 1
-            if left <= 0:
-                if min_action == "raise_at" and scale == min_scale: return FLOOR_ERROR (nothing changed)
+            left = hysteresis_left - 1; overflows += 1; overflow_seen = 1
+            if left <= 0 and overflows / since >= p.tolerance:
+                if min_action == "raise_at" and scale == floor: return FLOOR_ERROR (nothing changed)
                 new = scale / growth_factor if backoff_mode == "divide" else scale * backoff_factor
-                if min_action == "raise_below" and new <= min_scale: return FLOOR_ERROR
                 if min_scale is not None: new = max(new, min_scale)
-                scale = new
-                if p.hysteresis_saturate: left = 1
+                scale = new; overflows = 0; since = 0
                 if "backoff" in p.refill: left = p.hysteresis
+            if p.hysteresis_saturate: left = max(left, 1)
             hysteresis_left = left; good = 0
-        steps += 1; skipped += not should_apply
+            if min_action == "raise_below" and scale <= floor:
+                keep the old scale, commit the counters, do not count the step: FLOOR_ERROR
+        since_rescale = since; steps += 1; skipped += not should_apply
         should_apply = finite or p.apply_nonfinite
 
-    "In p.precision": float32 rounds the factor to float32 and multiplies in
-    float32 (TF, Megatron); float32_float64 multiplies in double and rounds
-    the result to float32 (torch); float64 is a Python float (DeepSpeed).
+    floor is p.floor_scale, else p.min_scale.  "In p.precision": float32
+    rounds the factor to float32 and multiplies in float32 (TF, Megatron);
+    float32_float64 multiplies in double and rounds the result to float32
+    (torch); float64 is a Python float (DeepSpeed).
     """
     p = state.policy
     s = dataclasses.replace(state)
@@ -108,6 +117,8 @@ def update(state: RefState, finite: bool) -> tuple[RefState, int]:
     scale, nxt = s.scale, s.next_scale
     work = nxt if p.apply_next else scale
     good, left = s.good_steps, s.hysteresis_left
+    overflows, since, seen = s.overflows, s.since_rescale + 1, s.overflow_seen
+    floor = p.give_up_scale
     if finite:
         if "finite" in p.refill:
             left = p.hysteresis
@@ -120,40 +131,48 @@ def update(state: RefState, finite: bool) -> tuple[RefState, int]:
             grow = t >= p.growth_interval if p.growth_mode == "ge" else t == p.growth_interval
             good = 0 if grow else t
         if grow:
-            new = _mul(p, work, p.growth_factor)
+            f = p.growth_factor
+            if p.growth_factor_after_overflow is not None and seen:
+                f = p.growth_factor_after_overflow
+            new = _mul(p, work, f)
             if p.guard_finite and not _finite(p, new):
                 new = work
-            if p.max_scale is not None and new > p.max_scale:
-                new = p.max_scale
+            if p.max_scale is not None and new > _rnd(p, p.max_scale):
+                new = _rnd(p, p.max_scale)
             work = new
+            since = 0
             if "growth" in p.refill:
                 left = p.hysteresis
     else:
-        left = left - 1
-        if left <= 0:
-            if p.min_action == "raise_at" and work == p.min_scale:
+        left -= 1
+        overflows += 1
+        seen = 1
+        if left <= 0 and overflows / since >= p.tolerance:
+            if p.min_action == "raise_at" and work == _rnd(p, floor):
                 return state, FLOOR_ERROR
             if p.backoff_mode == "divide":
                 new = _div(p, work, p.growth_factor)
             else:
                 new = _mul(p, work, p.backoff_factor)
-            if p.min_scale is not None:
-                if p.min_action == "raise_below" and new <= p.min_scale:
-                    return state, FLOOR_ERROR
-                if new < p.min_scale:
-                    new = p.min_scale
+            if p.min_scale is not None and new < _rnd(p, p.min_scale):
+                new = _rnd(p, p.min_scale)
             work = new
-            if p.hysteresis_saturate:
-                left = 1
+            overflows = since = 0
             if "backoff" in p.refill:
                 left = p.hysteresis
+        if p.hysteresis_saturate and left < 1:
+            left = 1
         good = 0
+        if p.min_action == "raise_below" and work <= _rnd(p, floor):
+            return dataclasses.replace(state, good_steps=good, hysteresis_left=left,
+                                       overflows=overflows, since_rescale=since,
+                                       overflow_seen=seen), FLOOR_ERROR
     if p.apply_next:
         scale, nxt = nxt, work
     else:
         scale = work
-    return RefState(p, scale, nxt, good, left, s.steps + 1, s.skipped + (not apply)), \
-        APPLY if apply else SKIP
+    return RefState(p, scale, nxt, good, left, s.steps + 1, s.skipped + (not apply),
+                    overflows, since, seen), APPLY if apply else SKIP
 
 
 # ---- scan ------------------------------------------------------------------

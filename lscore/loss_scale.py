@@ -14,8 +14,8 @@ import math
 import numpy as np
 
 from lscore._ext import _scan
-from lscore._params import (Policy, factor_at_least_one, positive_scale, real, tf_int,
-                            F32_MAX)
+from lscore._params import (F32_MAX, Policy, _overflows_f32, factor_at_least_one,
+                            positive_scale, real, tf_int)
 from lscore.state import LossScaleState
 
 __all__ = ["LossScale", "FixedLossScale", "DynamicLossScale", "get"]
@@ -54,7 +54,7 @@ def _fixed_value(name: str, value, message: str) -> float:
         raise ValueError(f"{name} must be finite, got {value!r}")
     if v < 1:
         raise ValueError(message)
-    if float(np.float32(v)) > F32_MAX:
+    if _overflows_f32(v):
         raise ValueError(f"{name} must be finite in float32 (at most {F32_MAX:.8g}), "
                          f"got {value!r}")
     return v
@@ -67,16 +67,27 @@ class FixedLossScale(LossScale):
         self._value = _fixed_value("loss_scale_value", loss_scale_value,
                                    "loss_scale_value must be at least 1.")
         self._scale32 = float(np.float32(self._value))
+        self._state = LossScaleState(Policy(name="fixed", init_scale=self._value,
+                                            growth_mode="never", apply_nonfinite=True))
 
     def __call__(self) -> float:
         return self._scale32
 
     def update(self, grads):
         del grads   # TF ignores them: a fixed scale applies every step
+        self._state.update(True)
         return None, True
 
     def get_config(self) -> dict:
         return {"loss_scale_value": self._value}
+
+    def state_dict(self) -> dict:
+        """The v1 state: the scale and the number of updates."""
+        return self._state.state_dict(config=self.get_config())
+
+    def load_state_dict(self, d: dict) -> None:
+        _load_same_policy(self._state, d)
+        self._scale32 = self._state.scale
 
     def __repr__(self):
         return f"FixedLossScale({self._value})"
@@ -153,9 +164,11 @@ class DynamicLossScale(LossScale):
                 "multiplier": self._multiplier}
 
     def state_dict(self) -> dict:
-        return self._state.state_dict()
+        """The v1 state (JSON-safe): policy, scale, counters and this object's config."""
+        return self._state.state_dict(config=self.get_config())
 
     def load_state_dict(self, d: dict) -> None:
+        """Take a v1 state saved by the same policy (works before the first update)."""
         _load_same_policy(self._state, d)
 
     def __repr__(self):

@@ -45,12 +45,23 @@ class FixedLossScaleManager(LossScaleManager):
     def __init__(self, loss_scale):
         self._value = _fixed_value("loss_scale", loss_scale, "loss scale must be at least 1.")
         self._scale32 = float(np.float32(self._value))
+        # the TF1 LossScaleOptimizer skips a non-finite step even with a fixed scale
+        self._state = LossScaleState(Policy(name="tf1_fixed", init_scale=self._value,
+                                            growth_mode="never"))
 
     def get_loss_scale(self) -> float:
         return self._scale32
 
     def update_loss_scale(self, finite_grads) -> None:
-        _as_bool(finite_grads)
+        self._state.update(_as_bool(finite_grads))
+
+    def state_dict(self) -> dict:
+        """The v1 state: the scale, the number of updates and of skipped ones."""
+        return self._state.state_dict(config={"loss_scale": self._value})
+
+    def load_state_dict(self, d: dict) -> None:
+        _load_same_policy(self._state, d)
+        self._scale32 = self._state.scale
 
     def __repr__(self):
         return f"FixedLossScaleManager({self._value})"
@@ -111,9 +122,14 @@ class ExponentialUpdateLossScaleManager(LossScaleManager):
         return self._state
 
     def state_dict(self) -> dict:
-        return self._state.state_dict()
+        """The v1 state (JSON-safe); bad_steps is hysteresis - hysteresis_left."""
+        return self._state.state_dict(config={
+            "init_loss_scale": self._init, "incr_every_n_steps": self._incr_n,
+            "decr_every_n_nan_or_inf": self._decr_n, "incr_ratio": self._incr_ratio,
+            "decr_ratio": self._decr_ratio})
 
     def load_state_dict(self, d: dict) -> None:
+        """Take a v1 state saved by the same policy (works before the first update)."""
         _load_same_policy(self._state, d)
 
     def __repr__(self):

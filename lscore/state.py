@@ -9,7 +9,9 @@ from lscore._params import Policy
 
 FORMAT = "lscore.state/1"
 FORMATS = (FORMAT,)
-COUNTERS = ("good_steps", "hysteresis_left", "steps", "skipped")
+COUNTERS = ("good_steps", "hysteresis_left", "steps", "skipped", "overflows", "since_rescale",
+            "overflow_seen")
+KEYS = ("format", "policy", "scale", "counters", "next_scale", "config")
 
 
 class LossScaleFloorError(FloatingPointError):
@@ -67,7 +69,7 @@ class LossScaleState:
         return self._cy.scale
 
     def counters(self) -> dict:
-        cy = self._cy
+        cy = self._cy.copy()   # one snapshot, whatever other threads do meanwhile
         return {k: getattr(cy, k) for k in COUNTERS}
 
     def update(self, finite: bool) -> bool:
@@ -91,24 +93,30 @@ class LossScaleState:
                 cy.next_scale = v
             cy.scale = v
 
-    def state_dict(self) -> dict:
-        cy = self._cy
-        d = {"format": FORMAT, "policy": self._policy.to_dict(), "scale": _json_float(cy.scale),
-             "counters": self.counters()}
-        if self._policy.apply_next:
+    def state_dict(self, config: dict | None = None) -> dict:
+        """The v1 state: JSON-safe, exact; `config` (the owner's get_config()) is kept as is."""
+        with self._lock:
+            # copy() is one C call: a consistent snapshot even while another
+            # thread runs update(), which takes no lock
+            cy, policy = self._cy.copy(), self._policy
+        d = {"format": FORMAT, "policy": policy.to_dict(), "scale": _json_float(cy.scale),
+             "counters": {k: getattr(cy, k) for k in COUNTERS}}
+        if policy.apply_next:
             d["next_scale"] = _json_float(cy.next_scale)
+        if config is not None:
+            d["config"] = config
         return d
 
     def load_state_dict(self, d: dict) -> None:
         """Take a v1 state dict; the policy in it replaces this object's policy."""
-        policy, cy = _parse_state(d)
+        policy, cy, _ = parse_state(d)
         with self._lock:
             self._policy = policy
             self._cy = cy
 
     @classmethod
     def from_state_dict(cls, d: dict) -> "LossScaleState":
-        policy, cy = _parse_state(d)
+        policy, cy, _ = parse_state(d)
         obj = cls.__new__(cls)
         obj._policy, obj._cy, obj._lock = policy, cy, threading.Lock()
         return obj
@@ -117,7 +125,7 @@ class LossScaleState:
         return self.state_dict()
 
     def __setstate__(self, d):
-        policy, cy = _parse_state(d)
+        policy, cy, _ = parse_state(d)
         self._policy, self._cy, self._lock = policy, cy, threading.Lock()
 
     def __repr__(self):
@@ -126,16 +134,15 @@ class LossScaleState:
                 + ", ".join(f"{k}={v}" for k, v in c.items()) + ")")
 
 
-def _parse_state(d) -> tuple[Policy, CyState]:
-    """Validate a whole v1 dict before anything is changed."""
+def parse_state(d) -> tuple[Policy, CyState, dict | None]:
+    """Validate a whole v1 dict before anything is changed: (policy, core, config or None)."""
     if not isinstance(d, dict):
         raise TypeError(f"state must be a dict, got {type(d).__name__}")
     fmt = d.get("format")
     if fmt not in FORMATS:
         raise ValueError(f"unknown state format {fmt!r}; this lscore understands: "
                          f"{', '.join(FORMATS)}")
-    allowed = {"format", "policy", "scale", "counters", "next_scale"}
-    unknown = sorted(set(d) - allowed)
+    unknown = sorted(set(d) - set(KEYS))
     if unknown:
         raise ValueError(f"unknown keys in {FORMAT} state: {', '.join(map(repr, unknown))}")
     for key in ("policy", "scale", "counters"):
@@ -156,8 +163,15 @@ def _parse_state(d) -> tuple[Policy, CyState]:
         v = counters[k]
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"counter {k} must be an int, got {v!r}")
-    if counters["steps"] < 0 or counters["skipped"] < 0 or counters["good_steps"] < 0:
-        raise ValueError("counters steps, skipped and good_steps must be >= 0")
+    negative = [k for k in COUNTERS if k != "hysteresis_left" and counters[k] < 0]
+    if negative:
+        raise ValueError(f"counters must be >= 0 (except hysteresis_left), got "
+                         + ", ".join(f"{k}={counters[k]}" for k in negative))
+    if counters["overflow_seen"] not in (0, 1):
+        raise ValueError(f"counter overflow_seen must be 0 or 1, got {counters['overflow_seen']}")
+    config = d.get("config")
+    if config is not None and not isinstance(config, dict):
+        raise TypeError(f"config must be a dict, got {type(config).__name__}")
     nxt = _from_json_float("next_scale", d.get("next_scale", scale))
     cy = CyState()
     cy.set_params(policy.c_params())
@@ -165,4 +179,4 @@ def _parse_state(d) -> tuple[Policy, CyState]:
     cy.next_scale = nxt
     for k in COUNTERS:
         setattr(cy, k, counters[k])
-    return policy, cy
+    return policy, cy, config

@@ -23,7 +23,10 @@ def random_policy(rng: np.random.Generator) -> Policy:
     max_scale = rng.choice([None, 2.0 ** 24, 1e5, F32_MAX], p=[.55, .15, .15, .15])
     if min_scale is not None and max_scale is not None and min_scale > max_scale:
         max_scale = None
-    action = "clamp" if min_scale is None else str(rng.choice(["clamp", "raise_at", "raise_below"]))
+    floor_scale = rng.choice([None, 1.0, 1e-4, 0.5, 16.0], p=[.6, .1, .1, .1, .1])
+    floor_scale = None if floor_scale is None else float(floor_scale)
+    action = ("clamp" if min_scale is None and floor_scale is None
+              else str(rng.choice(["clamp", "raise_at", "raise_below"])))
     precision = str(rng.choice(["float32", "float32_float64", "float64"]))
     init = float(rng.choice([1.0, 4.0, 0.5, 2.0 ** 16, 3.0, F32_MAX / 4, F32_MAX, 1e-30,
                              2.0 ** -126, 1000.0]))
@@ -39,7 +42,10 @@ def random_policy(rng: np.random.Generator) -> Policy:
         backoff_mode=str(rng.choice(["multiply", "divide"])), min_action=action,
         guard_finite=bool(rng.random() < 0.7), refill=refill,
         hysteresis_saturate=bool(rng.random() < 0.3), apply_nonfinite=bool(rng.random() < 0.1),
-        flush_subnormal=bool(rng.random() < 0.2), apply_next=bool(rng.random() < 0.15))
+        flush_subnormal=bool(rng.random() < 0.2), apply_next=bool(rng.random() < 0.15),
+        tolerance=float(rng.choice([0.0, 0.0, 0.25, 0.5, 1.0])), floor_scale=floor_scale,
+        growth_factor_after_overflow=(None if rng.random() < 0.7
+                                      else float(rng.choice([2 ** 0.25, 1.5, 1.0]))))
 
 
 def same(a: float, b: float) -> bool:
@@ -62,8 +68,7 @@ def run_both(policy: Policy, events, label=""):
         assert same(st_.scale, r.scale), (st_.scale, r.scale, ctx)
         if policy.apply_next:
             assert same(st_._cy.next_scale, r.next_scale), ctx
-        assert (c["good_steps"], c["hysteresis_left"], c["steps"], c["skipped"]) == \
-            (r.good_steps, r.hysteresis_left, r.steps, r.skipped), (c, r, ctx)
+        assert c == {k: getattr(r, k) for k in c}, (c, r, ctx)
 
 
 def test_generated_sequences_match_reference():

@@ -1,0 +1,49 @@
+/* update.cu: the loss-scale state machine advanced on the device.
+ *
+ * Design: the kernel runs lsc_update from lsc_state.h, the very function the
+ * CPU core (CyState) runs, on a device copy of the lsc_state struct.  The
+ * host never mirrors the struct: it copies CyState.to_bytes() to the device
+ * and reads the bytes back into CyState.from_bytes(), so fields added to the
+ * struct later need no change here.  One thread does the work (the same
+ * <<<1, 1>>> shape as torch's _amp_update_scale_), so no host sync is needed
+ * between the scan kernels and the update.
+ *
+ * flags[0]  found: set by the scan kernels; read here, then cleared for the
+ *           next step
+ * flags[1]  floor: set when lsc_update returns LSC_FLOOR_ERROR (DeepSpeed,
+ *           fairseq give up at their minimum); the state is left as the
+ *           policy leaves it, later updates are ignored until the host reads
+ *           the flag, raises lscore.LossScaleFloorError and clears it
+ * flags[2]  apply: this step's decision (1 apply, 0 skip), read by the
+ *           sync-free optimizers
+ * vals[0]   inv_scale for the next unscale: 1/scale in double for float64
+ *           policies, else float32 of the double reciprocal (torch's rule;
+ *           for a float32 scale it equals the float32 division)
+ * vals[1]   the scale, as a double
+ * advance   0: only refresh vals from the state (after the host wrote it)
+ */
+#include "lsc_state.h"
+
+extern "C" __global__ void lsc_device_update(lsc_state *s, unsigned int *flags, double *vals,
+                                             int advance)
+{
+    double inv;
+    if (threadIdx.x != 0 || blockIdx.x != 0)
+        return;
+    if (advance) {
+        if (flags[1]) {
+            flags[2] = 0u;
+        } else {
+            int r = lsc_update(s, flags[0] == 0u);
+            flags[2] = r == LSC_APPLY ? 1u : 0u;
+            if (r == LSC_FLOOR_ERROR)
+                flags[1] = 1u;
+        }
+        flags[0] = 0u;
+    }
+    inv = 1.0 / s->scale;
+    if (s->precision != LSC_PREC_F64)
+        inv = (double)(float)inv;
+    vals[0] = inv;
+    vals[1] = s->scale;
+}

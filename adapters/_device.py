@@ -1,0 +1,294 @@
+"""Device-array parts of the CuPy adapter, written against an array module and a kernel backend.
+
+Design: ``lscore.adapters.cupy`` binds these classes to ``cupy`` and
+``lscore._cuda.CupyBackend``; the tests bind the very same classes to
+``numpy`` and the CPU host harness (tests/cuda_host), so the gathering of
+arrays, the pointer tables, the launches, the gating of SGD/Adam and the
+sync-free bookkeeping all run in CI without a GPU.
+
+- ``ArrayKernels``: ``all_finite`` and ``unscale_`` over nested device
+  arrays (grouped by device, then by dtype inside lscore._cuda), one host
+  sync per device to read the flag; ``check_async`` leaves the flag on the
+  device.
+- ``Gated``: a mixin for the array optimizers: while ``_gate`` holds a device
+  boolean, a step commits to the variable and its slots only where the gate
+  is true, so a skipped step changes nothing and needs no host sync.
+- ``DeviceLossScaleOptimizer``: the LossScaleOptimizer of adapters/_optim
+  with a ``sync_free`` mode that keeps the state machine on the device.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lscore import _cuda
+from lscore._dtypes import BY_NAME, Code
+from lscore._params import real
+from lscore.adapters import _optim
+from lscore.state import LossScaleFloorError
+
+
+class ArrayKernels:
+    """The multi-tensor kernels over nested arrays of one array module.
+
+    `make_backend(device)` builds the kernel backend of a device;
+    `device_of(array)` tells an array's device.
+    """
+
+    def __init__(self, xp, make_backend, device_of):
+        self.xp = xp
+        self._make_backend = make_backend
+        self._device_of = device_of
+        self._devices: dict = {}
+
+    def device(self, dev: int):
+        """(MultiTensor runner, scratch flag, scratch inverse) of device `dev`, built once."""
+        ctx = self._devices.get(dev)
+        if ctx is None:
+            backend = self._make_backend(dev)
+            scratch = backend.to_device(np.zeros(16, np.uint8))
+            ctx = (_cuda.MultiTensor(backend), scratch[0:4].view(np.uint32),
+                   scratch[8:16].view(np.float64))
+            self._devices[dev] = ctx
+        return ctx
+
+    def _leaves(self, obj, out: list, depth: int = 0) -> None:
+        if depth > 64:
+            raise ValueError("arrays are nested deeper than 64 levels")
+        if obj is None:
+            return
+        if isinstance(obj, self.xp.ndarray):
+            code = BY_NAME.get(str(obj.dtype))
+            if code is None or (code != Code.INT and code not in _cuda.TRAITS):
+                raise TypeError(f"unsupported dtype {obj.dtype}; supported: float16, "
+                                "bfloat16, float32, float64 and integer/bool arrays")
+            if obj.size and not (obj.flags.c_contiguous or obj.flags.f_contiguous):
+                raise ValueError(f"the GPU kernels need dense arrays (C- or F-contiguous), got "
+                                 f"shape {obj.shape} strides {obj.strides}; pass "
+                                 f"{self.xp.__name__}.ascontiguousarray(a)")
+            out.append((obj, int(code)))
+        elif isinstance(obj, (list, tuple)):
+            for x in obj:
+                self._leaves(x, out, depth + 1)
+        elif isinstance(obj, dict):
+            for x in obj.values():
+                self._leaves(x, out, depth + 1)
+        else:
+            raise TypeError(f"unsupported array type {type(obj).__module__}."
+                            f"{type(obj).__qualname__}; expected {self.xp.__name__}.ndarray "
+                            "or nested lists, tuples and dicts of them")
+
+    def _by_device(self, arrays) -> dict:
+        leaves: list = []
+        self._leaves(arrays, leaves)
+        groups: dict = {}
+        for a, code in leaves:
+            if code == Code.INT or a.size == 0:
+                continue
+            g = groups.setdefault(self._device_of(a), ([], [], []))
+            runner = self.device(self._device_of(a))[0]
+            g[0].append(runner.backend.ptr(a))
+            g[1].append(a.size)
+            g[2].append(code)
+        return groups
+
+    def check_async(self, arrays, found_ptr: int, device: int) -> None:
+        """Launch the read-only check; the uint32 at `found_ptr` on `device` becomes 1 on NaN/Inf."""
+        for dev, (ptrs, sizes, codes) in self._by_device(arrays).items():
+            if dev != device:
+                raise ValueError(f"arrays on device {dev}, but the loss scale lives on "
+                                 f"device {device}")
+            self.device(dev)[0].run("all_finite", ptrs, sizes, codes, found_ptr)
+
+    def _run(self, op: str, arrays, inv: float) -> bool:
+        groups = self._by_device(arrays)
+        flags = []
+        for dev, (ptrs, sizes, codes) in groups.items():
+            runner, flag, invbuf = self.device(dev)
+            flag[...] = 0
+            if op == "unscale":
+                invbuf[...] = inv
+            runner.run(op, ptrs, sizes, codes, runner.backend.ptr(flag),
+                       runner.backend.ptr(invbuf))
+            flags.append((runner.backend, flag))
+        return not any(int(backend.get(flag)[0]) for backend, flag in flags)
+
+    def all_finite(self, arrays) -> bool:
+        """True when no floating element of `arrays` is NaN or +/-Inf (one sync per device).
+
+        `arrays`: an array or nested lists, tuples and dicts of them; None is
+        ignored, integer and bool arrays are finite, empty input is finite.
+        """
+        return self._run("all_finite", arrays, 1.0)
+
+    def unscale_(self, arrays, inv_scale) -> bool:
+        """Multiply every floating array in place by `inv_scale`; True when all inputs were finite.
+
+        The arithmetic of ``lscore.unscale_``: the check is on the inputs;
+        float16/bfloat16 are widened to float32, multiplied by
+        float32(inv_scale) and rounded back to nearest even; float32 uses
+        float32(inv_scale), float64 the double.  One fused pass per dtype,
+        one host sync per device.
+        """
+        inv = real("inv_scale", inv_scale)
+        if not (inv > 0 and math.isfinite(inv)):
+            raise ValueError(f"inv_scale must be finite and > 0, got {inv_scale!r}")
+        return self._run("unscale", arrays, inv)
+
+
+class Gated:
+    """Mixin for ``_optim.SGD``/``_optim.Adam``: a device gate decides whether a step commits.
+
+    With ``_gate`` None a step is the parent's.  With ``_gate`` a 0-d device
+    boolean, the parent's step runs, then the variable and its slots are
+    restored from copies where the gate is false; no host sync either way.
+    """
+
+    _gate = None
+
+    def _update_step(self, g, v) -> None:
+        gate = self._gate
+        if gate is None:
+            return super()._update_step(g, v)
+        xp = self._xp
+        entry = self._slots.get(id(v))
+        before = {k: s.copy() for k, s in entry[1].items()} if entry and entry[0] is v else {}
+        old = v.copy()
+        super()._update_step(g, v)
+        keep = xp.logical_not(gate)
+        xp.copyto(v, old, where=keep)
+        for k, s in self._slots.get(id(v), (None, {}))[1].items():
+            xp.copyto(s, before[k] if k in before else xp.zeros_like(s), where=keep)
+        return None
+
+
+class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
+    """LossScaleOptimizer on device arrays, in one of two modes.
+
+    Default (``sync_free=False``): exactly the NumPy adapter's behaviour; the
+    finiteness check runs on the device and its flag is read once per step,
+    then the host state machine decides and the step is applied or skipped.
+
+    ``sync_free=True`` (Keras shape only, with this adapter's SGD or Adam):
+    the state machine runs on the device (lscore._cuda's update kernel, the
+    CPU core's code), the check's flag never leaves the device, and the inner
+    optimizer's step is gated by it, so a skipped step leaves variables and
+    slots unchanged without a host sync.  ``apply_gradients`` then returns a
+    0-d device boolean (True: applied); ``get_scaled_loss``,
+    ``get_unscaled_gradients`` and ``minimize`` use the device scale.  The
+    scale reaches the host only when asked: ``loss_scale``,
+    ``dynamic_counter`` and ``sync_state()`` copy the device state back (one
+    sync) and raise LossScaleFloorError if the policy gave up on the device.
+    """
+
+    _kernels: ArrayKernels = None
+    _current_device = staticmethod(lambda: 0)
+
+    def __init__(self, optimizer, loss_scale=None, *, dynamic=True, initial_scale=None,
+                 dynamic_growth_steps=None, loss_scale_manager=None, sync_free=False):
+        if not isinstance(sync_free, (bool, np.bool_)):
+            raise TypeError(f"sync_free must be a bool, got {sync_free!r}")
+        super().__init__(optimizer, loss_scale, dynamic=dynamic, initial_scale=initial_scale,
+                         dynamic_growth_steps=dynamic_growth_steps,
+                         loss_scale_manager=loss_scale_manager)
+        self._dev = None
+        self._device_id = None
+        self._sync_free = bool(sync_free)
+        if not sync_free:
+            return
+        if self._scaling.shape != "keras":
+            raise ValueError("sync_free=True needs the Keras shape (loss_scale None or a bool): "
+                             "the TF <= 2.3 and TF1 shapes do not advance iterations on a "
+                             "skipped step, which the host cannot know without a sync")
+        if not isinstance(optimizer, Gated):
+            raise TypeError("sync_free=True needs this adapter's SGD or Adam (they skip a step "
+                            f"on the device), got {type(optimizer).__qualname__}")
+        self._device_id = type(self)._current_device()
+        if self._scaling.dynamic:
+            cy = self._host_state()._cy
+            runner = self._kernels.device(self._device_id)[0]
+            self._dev = _cuda.DeviceState(runner.backend, cy.nbytes())
+            self._dev.put(cy.to_bytes())
+
+    @property
+    def sync_free(self) -> bool:
+        return self._sync_free
+
+    def _host_state(self):
+        return self._scaling._dynamic_ls.state
+
+    def sync_state(self) -> None:
+        """Copy the device state to the host (sync-free mode; one sync); raises on a floor error."""
+        if self._dev is None:
+            return
+        raw, flags, _ = self._dev.read()
+        state = self._host_state()
+        state._cy.from_bytes(raw)
+        if flags[1]:
+            self._dev.clear_floor()
+            raise LossScaleFloorError(
+                f"loss scale cannot go below its minimum {state.policy.min_scale!r} "
+                f"(policy {state.policy.name!r}); the loss is probably diverging")
+
+    @property
+    def loss_scale(self):
+        self.sync_state()
+        return super().loss_scale
+
+    @property
+    def dynamic_counter(self):
+        self.sync_state()
+        return super().dynamic_counter
+
+    def _device_value(self, which: str, dtype):
+        if self._dev is None:    # a fixed scale: a host constant is exact and costs nothing
+            s = self._scaling.scale
+            with _optim._quiet():
+                v = s if which == "scale" else float(np.float32(1.0) / np.float32(s))
+            return self._kernels.xp.asarray(v, dtype=dtype)
+        arr = self._dev.scale if which == "scale" else self._dev.inv_scale
+        return arr.reshape(()).astype(dtype)
+
+    def get_scaled_loss(self, loss):
+        if not self._sync_free:
+            return super().get_scaled_loss(loss)
+        if callable(loss):
+            return lambda: self.get_scaled_loss(loss())
+        return loss * self._device_value("scale", getattr(loss, "dtype", np.float32))
+
+    def get_unscaled_gradients(self, grads) -> list:
+        if not self._sync_free:
+            return super().get_unscaled_gradients(grads)
+        return [None if g is None else g * self._device_value("inv", g.dtype) for g in grads]
+
+    def _scaled_gradients(self, loss_and_grads_fn, var_list):
+        if self._sync_free and callable(loss_and_grads_fn):
+            scale = self._device_value("scale", np.float32)
+            return super()._scaled_gradients(lambda _host: loss_and_grads_fn(scale), var_list)
+        return super()._scaled_gradients(loss_and_grads_fn, var_list)
+
+    def apply_gradients(self, grads_and_vars):
+        """Default mode: as the NumPy adapter (returns a bool).  Sync-free: returns a device bool."""
+        if not self._sync_free:
+            return super().apply_gradients(grads_and_vars)
+        pairs = _optim.drop_none_gradients(_optim.grad_var_pairs(grads_and_vars), warn=True)
+        opt, xp = self._optimizer, self._kernels.xp
+        if self._dev is None:
+            gate = None                     # Keras fixed scale: every step applies
+        else:
+            self._kernels.check_async([g for g, _ in pairs], self._dev.found_ptr,
+                                      self._device_id)
+            gate = (self._dev.found == 0).reshape(())
+        opt._gate = gate
+        try:
+            opt.apply_gradients(pairs)      # validates everything before any write
+        except BaseException:
+            if self._dev is not None:
+                self._dev.found[...] = 0    # a failed call leaves no flag behind
+            raise
+        finally:
+            opt._gate = None
+        if self._dev is not None:
+            self._dev.step()                # advance only once the step went through
+        return xp.asarray(True) if gate is None else gate

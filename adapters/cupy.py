@@ -1,0 +1,84 @@
+"""CuPy adapter: LossScaleOptimizer, SGD, Adam, all_finite and unscale_ on CuPy arrays.
+
+The same names as ``lscore.adapters.numpy``, for arrays on a CUDA device.
+``all_finite`` and ``unscale_`` run lscore's multi-tensor kernels
+(_ext/scan.cu, compiled once per device by NVRTC, see lscore/_cuda.py):
+one launch per dtype covers a whole list of arrays, float16, bfloat16,
+float32 and float64, with the CPU core's arithmetic; each call reads one
+flag back (one host sync per device).
+
+``LossScaleOptimizer`` has two modes:
+
+- default: the NumPy adapter's behaviour; the check runs on the GPU and the
+  step decision is made on the host after one sync per step (as torch's
+  GradScaler.step does);
+- ``sync_free=True`` (Keras shape, with this module's SGD or Adam): the scale
+  and its counters live on the device and are advanced there by the CPU
+  core's own state machine (_ext/update.cu); SGD and Adam read the device
+  flag and leave variables and slots unchanged on overflow.  Nothing is
+  copied to the host unless you read ``loss_scale``, ``dynamic_counter`` or
+  call ``sync_state()``.
+
+Example::
+
+    import cupy as cp
+    from lscore.adapters.cupy import LossScaleOptimizer, SGD
+
+    w = cp.ones(3, cp.float32)
+    opt = LossScaleOptimizer(SGD(learning_rate=0.1), sync_free=True)
+    def loss_and_grads(scale):               # your backward pass, seeded with scale
+        return (w * w).sum(), [2 * w * scale]
+    opt.minimize(loss_and_grads, [w])
+
+Arrays must be dense (C- or F-contiguous); integer and bool arrays count
+as finite and are never written.
+"""
+from __future__ import annotations
+
+import cupy
+
+from lscore import _cuda
+from lscore.adapters import _device, _optim
+from lscore.loss_scale import DynamicLossScale, FixedLossScale, LossScale, get
+from lscore.managers import (ExponentialUpdateLossScaleManager, FixedLossScaleManager,
+                             LossScaleManager)
+
+__all__ = [
+    "LossScaleOptimizer", "SGD", "Adam", "all_finite", "unscale_",
+    "LossScale", "FixedLossScale", "DynamicLossScale", "get",
+    "LossScaleManager", "FixedLossScaleManager", "ExponentialUpdateLossScaleManager",
+]
+
+_KERNELS = _device.ArrayKernels(cupy, _cuda.CupyBackend, lambda a: a.device.id)
+
+
+def all_finite(arrays) -> bool:
+    return _KERNELS.all_finite(arrays)
+
+
+def unscale_(arrays, inv_scale) -> bool:
+    return _KERNELS.unscale_(arrays, inv_scale)
+
+
+all_finite.__doc__ = _device.ArrayKernels.all_finite.__doc__
+unscale_.__doc__ = _device.ArrayKernels.unscale_.__doc__
+
+
+class SGD(_device.Gated, _optim.SGD):
+    __doc__ = _optim.SGD.__doc__
+    _xp = cupy
+
+
+class Adam(_device.Gated, _optim.Adam):
+    __doc__ = _optim.Adam.__doc__
+    _xp = cupy
+
+
+class LossScaleOptimizer(_device.DeviceLossScaleOptimizer):
+    __doc__ = (_device.DeviceLossScaleOptimizer.__doc__ + "\n"
+               + _optim.LossScaleOptimizerBase.__doc__)
+    _xp = cupy
+    _kernels = _KERNELS
+    _all_finite = staticmethod(all_finite)
+    _current_device = staticmethod(lambda: cupy.cuda.Device().id)
+    _optimizer_classes = {"SGD": SGD, "Adam": Adam}

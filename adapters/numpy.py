@@ -1,0 +1,58 @@
+"""NumPy adapter: a Keras/TF1-shaped LossScaleOptimizer, SGD and Adam on NumPy arrays.
+
+One import serves a NumPy training loop: the optimizer wrapper, two
+optimizers that update arrays in place (0-d included), the scan
+(``all_finite``, ``unscale_``) and the loss-scale and manager classes.
+
+NumPy has no autodiff, so gradients come from your own backward pass, seeded
+with the loss scale::
+
+    import numpy as np
+    from lscore.adapters.numpy import LossScaleOptimizer, SGD
+
+    w = np.ones(3, np.float32)
+    x = np.array([1e-4, 2e-4, 3e-4], np.float16)
+
+    def loss_and_grads(scale):              # loss = sum(w * x) in float16
+        loss = np.sum(w.astype(np.float16) * x)
+        g16 = np.float16(scale) * x         # backprop seeded with the scale
+        return loss, [g16.astype(np.float32)]
+
+    opt = LossScaleOptimizer(SGD(learning_rate=0.1))   # Keras 2 shape, dynamic
+    opt.minimize(loss_and_grads, [w])
+
+See ``lscore.adapters._optim`` for the three constructor shapes (Keras 2,
+TF <= 2.3 with a ``LossScale``, TF1 with a ``LossScaleManager``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from lscore.adapters import _optim
+from lscore.loss_scale import DynamicLossScale, FixedLossScale, LossScale, get
+from lscore.managers import (ExponentialUpdateLossScaleManager, FixedLossScaleManager,
+                             LossScaleManager)
+from lscore.scan import all_finite, unscale_
+
+__all__ = [
+    "LossScaleOptimizer", "SGD", "Adam", "all_finite", "unscale_",
+    "LossScale", "FixedLossScale", "DynamicLossScale", "get",
+    "LossScaleManager", "FixedLossScaleManager", "ExponentialUpdateLossScaleManager",
+]
+
+
+class SGD(_optim.SGD):
+    __doc__ = _optim.SGD.__doc__
+    _xp = np
+
+
+class Adam(_optim.Adam):
+    __doc__ = _optim.Adam.__doc__
+    _xp = np
+
+
+class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
+    __doc__ = _optim.LossScaleOptimizerBase.__doc__
+    _xp = np
+    _all_finite = staticmethod(all_finite)
+    _optimizer_classes = {"SGD": SGD, "Adam": Adam}
