@@ -18,9 +18,9 @@ def _demo(args) -> int:
               "`pip install 'lscore[demo]'` (from a checkout: `pip install -e '.[demo]'`)",
               file=sys.stderr)
         return 2
-    if args.backend == "torch":
-        print("lscore demo --backend torch needs the PyTorch adapter (lscore.adapters.torch), "
-              "which this version does not have yet; use --backend numpy", file=sys.stderr)
+    if args.backend == "torch" and importlib.util.find_spec("torch") is None:
+        print("lscore demo --backend torch needs torch: install it with "
+              "`pip install 'lscore[torch]'`", file=sys.stderr)
         return 2
     if args.steps < 1:
         print(f"--steps must be >= 1, got {args.steps}", file=sys.stderr)
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train a small model in float16 with and without loss scaling")
     demo.add_argument("--backend", choices=("numpy", "torch"), default="numpy",
-                      help="array backend (torch needs the PyTorch adapter)")
+                      help="array backend (torch: PyTorch with lscore.adapters.torch)")
     demo.add_argument("--steps", type=int, default=1000, help="training steps per mode")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", default=".", help="folder for lscore_demo.png and .json")

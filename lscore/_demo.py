@@ -193,7 +193,8 @@ def _plot(records, path, cfg):
             title="float16 gradients flushed to zero\n(nonzero in float32, zero in float16)")
     ax3.legend(fontsize=8)
     fig.suptitle(f"lscore demo: MLP {'-'.join(map(str, cfg['sizes']))} on scikit-learn digits, "
-                 f"float16 emulated, {cfg['steps']} steps per mode", fontsize=11)
+                 f"float16 {'via torch.autocast' if cfg.get('backend') == 'torch' else 'emulated'}, "
+                 f"{cfg['steps']} steps per mode", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -239,8 +240,8 @@ def config(steps: int, seed: int) -> dict:
 
 def run(steps: int = 1000, seed: int = 0, out: str = ".", backend: str = "numpy") -> int:
     """Train the four modes, print the table, write the PNG and the JSON; returns an exit code."""
-    if backend != "numpy":
-        raise ValueError(f"unknown backend {backend!r}")
+    if backend not in ("numpy", "torch"):
+        raise ValueError(f"unknown backend {backend!r}; expected numpy or torch")
     from threadpoolctl import threadpool_limits   # installed with scikit-learn
     from tqdm import tqdm
 
@@ -251,10 +252,16 @@ def run(steps: int = 1000, seed: int = 0, out: str = ".", backend: str = "numpy"
     cfg = config(steps, seed)
     data = _data(seed)
     model0 = MLP(cfg["sizes"], np.random.default_rng(seed))
-    print(__doc__.split("\n\n")[1].replace("\n", " ") + "\n")
-    records = [train_mode(m, model0, data, cfg, adapter,
-                          lambda it, desc: tqdm(it, desc=desc, leave=True, mininterval=0.3))
-               for m in MODES]
+    progress = lambda it, desc: tqdm(it, desc=desc, leave=True, mininterval=0.3)  # noqa: E731
+    if backend == "torch":
+        from lscore import _demo_torch
+
+        print(_demo_torch.DESCRIPTION + "\n")
+        cfg["backend"] = "torch"
+        records = [_demo_torch.train_mode(m, model0, data, cfg, progress, MODES) for m in MODES]
+    else:
+        print(__doc__.split("\n\n")[1].replace("\n", " ") + "\n")
+        records = [train_mode(m, model0, data, cfg, adapter, progress) for m in MODES]
     print()
     print(_table(records))
     print(_summary(records, cfg))

@@ -1,0 +1,926 @@
+"""lscore's PyTorch adapter: ``GradScaler`` (a drop-in for ``torch.amp.GradScaler``)
+and ``LossScaleOptimizer`` (TF/Keras-shaped loss scaling as a torch optimizer).
+
+On the CPU the scaler runs lscore's compiled core: gradients are read as
+zero-copy buffers (through the DLPack C exchange API of ``torch.Tensor``) and
+unscaled and checked in one pass, and the scale follows lscore's state
+machine with torch's policy (float32 scale, products taken in float64, growth
+on the ``growth_interval``-th consecutive finite step unless the result is
+not finite in float32, backoff by multiplication, no floor).  On other
+devices it calls torch's own kernels (``_amp_foreach_non_finite_check_and_unscale_``,
+``_amp_update_scale_``), so it adds no host synchronisation there.
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import math
+import warnings
+from collections import OrderedDict, abc, defaultdict
+from typing import Any
+
+import numpy as np
+import torch
+from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
+
+import lscore
+from lscore._dtypes import Code
+from lscore._ext import _scan
+from lscore._ext._tables import GradTable
+from lscore._params import Policy
+from lscore.adapters import _optim
+from lscore.state import FORMAT, LossScaleState
+from lscore.state import _json_float as _json_scale
+
+__all__ = ["GradScaler", "LossScaleOptimizer", "ScalerAssertionError", "ScalerConfigError",
+           "torch_policy"]
+
+_CPU = torch.device("cpu")
+_CODES = {torch.float16: int(Code.F16), torch.bfloat16: int(Code.BF16),
+          torch.float32: int(Code.F32), torch.float64: int(Code.F64)}
+_FIX = ("This may indicate your script did not use scaler.scale(loss or outputs) "
+        "earlier in the iteration.")
+# the parameters that make a Policy torch's, besides the four torch exposes
+_TORCH_SHAPE = dict(precision="float32_float64", growth_mode="eq", growth_offset=0,
+                    backoff_mode="multiply", min_action="clamp", guard_finite=True,
+                    refill=("finite",), hysteresis_saturate=False, apply_nonfinite=False,
+                    flush_subnormal=False, apply_next=False)
+_DEFAULTS = dict(init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000, min_scale=None, max_scale=None, hysteresis=1)
+
+
+class ScalerAssertionError(RuntimeError, AssertionError):
+    """Raised where torch's GradScaler raises AssertionError for call-order misuse.
+
+    A RuntimeError, as lscore's contract says, and still an AssertionError so
+    code written against torch keeps catching it.
+    """
+
+
+class ScalerConfigError(ValueError, AssertionError):
+    """A bad constructor argument that torch's GradScaler rejects with AssertionError."""
+
+
+def torch_policy(init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000, *, min_scale=None, max_scale=None,
+                 hysteresis=1) -> Policy:
+    """The Policy of ``torch.amp.GradScaler``, plus lscore's clamps and hysteresis.
+
+    ``hysteresis`` overflows in a row are needed for one backoff; every finite
+    step refills the count (NeMo's rule); 1 is torch's behaviour.
+    """
+    return Policy(name="torch", init_scale=init_scale, growth_factor=growth_factor,
+                  backoff_factor=backoff_factor, growth_interval=growth_interval,
+                  hysteresis=hysteresis, min_scale=min_scale, max_scale=max_scale,
+                  **_TORCH_SHAPE)
+
+
+def _is_torch_shape(p: Policy) -> bool:
+    """True when `p` behaves exactly as torch.amp.GradScaler with p's four numbers."""
+    return p.replace(name="torch") == torch_policy(p.init_scale, p.growth_factor,
+                                                   p.backoff_factor, p.growth_interval)
+
+
+def _resolve_policy(policy) -> tuple[Policy, dict | None]:
+    """(Policy, v1 state or None) from what ``policy=`` accepts."""
+    if isinstance(policy, Policy):
+        return policy, None
+    if isinstance(policy, LossScaleState):
+        return policy.policy, policy.state_dict()
+    if isinstance(policy, str):
+        preset = getattr(lscore, "preset", None)
+        if preset is None:
+            raise ValueError(f"policy {policy!r}: preset names need lscore.preset, which this "
+                             "lscore does not have; pass an lscore Policy, a config dict or "
+                             f"a {FORMAT!r} state dict")
+        return _resolve_policy(preset(policy))
+    if isinstance(policy, dict):
+        if "format" in policy:
+            return LossScaleState.from_state_dict(policy).policy, policy
+        return Policy.from_dict(policy), None
+    state = getattr(policy, "state", None)           # a LossScale, e.g. lscore.preset(...)
+    if isinstance(state, LossScaleState):
+        return state.policy, state.state_dict()
+    raise TypeError(f"policy must be a preset name, an lscore Policy, a config dict or a "
+                    f"{FORMAT!r} state dict, got {type(policy).__name__}")
+
+
+def _reciprocal(scale: float) -> float:
+    """torch's inv_scale: the float64 reciprocal of the float32 scale, rounded to float32."""
+    if scale == 0.0:
+        return math.copysign(math.inf, scale)
+    return float(np.float32(1.0 / scale))
+
+
+def _kernel_unscale(groups, inv_scale, found_inf, found_per_device) -> None:
+    """torch's own check-and-unscale over {device: {dtype: [tensors]}}."""
+    for device, per_dtype in groups.items():
+        found = found_per_device.get(device)
+        if found is None:
+            found = found_inf.to(device=device, non_blocking=True, copy=True)
+            found_per_device[device] = found
+        inv = inv_scale.to(device=device, non_blocking=True, copy=True)
+        for grads in per_dtype.values():
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+
+
+def _group(groups, t) -> None:
+    groups.setdefault(t.device, {}).setdefault(t.dtype, []).append(t)
+
+
+def _sparse_values(param) -> torch.Tensor:
+    """What torch unscales for `param`: its grad, or a sparse grad's values
+    (a float16 sparse grad is coalesced first, replacing ``.grad``)."""
+    g = param.grad
+    if not g.is_sparse:
+        return g
+    if g.dtype is torch.float16:
+        param.grad = g = g.coalesce()
+    return g._values()
+
+
+class _GradUnscaler:
+    """lscore's path for the gradients of some parameter groups: every dense CPU
+    gradient in one zero-copy table (reused from call to call) and one fused
+    unscale-and-check pass in the compiled core; the rest through torch's kernel."""
+
+    __slots__ = ("_table",)
+
+    def __init__(self):
+        self._table = None
+
+    def __reduce__(self):
+        return (_GradUnscaler, ())
+
+    def __call__(self, param_groups, inv: float, allow_fp16: bool) -> dict:
+        """Multiply every gradient by `inv` in place; {device: found_inf tensor} (1.0 where a
+        gradient held NaN/Inf before the multiply), for the devices that had gradients."""
+        table = self._table
+        if table is None:
+            table = self._table = GradTable(torch.Tensor, _CODES, torch.strided, torch.Tensor,
+                                            ScalerAssertionError, 256)
+        table.clear()
+        written: list = []
+        others: list = []
+        table.collect_grads(param_groups, allow_fp16, written, others)
+        found: dict = {}
+        if others:
+            groups: dict = {}
+            with torch.no_grad():
+                for param in others:
+                    t = _sparse_values(param)
+                    code = _CODES.get(t.dtype)
+                    if code is not None and table.add_tensor(t, code):
+                        written.append(t)
+                    else:
+                        _group(groups, t)
+                if groups:
+                    _kernel_unscale(groups, torch.full((), inv, dtype=torch.float32),
+                                    torch.zeros((), dtype=torch.float32), found)
+        if written:
+            # like torch's kernel, this leaves the autograd version counters alone
+            finite = _scan.unscale_raw(*table.views(), inv)
+            cpu = found.get(_CPU)
+            if cpu is None:
+                found[_CPU] = torch.full((), 0.0 if finite else 1.0, dtype=torch.float32)
+            elif not finite:
+                cpu.fill_(1.0)
+        return found
+
+
+class GradScaler:
+    """A drop-in for ``torch.amp.GradScaler`` with the same scale sequence.
+
+    The arguments, methods, return values and misuse errors are torch's
+    (``scale``, ``unscale_``, ``step``, ``update``, ``get_scale``, the factor
+    and interval getters/setters, ``is_enabled``, ``state_dict`` /
+    ``load_state_dict`` with torch's five keys); for the same events the scale
+    after every step and the parameters are bitwise identical to torch's.
+    Where torch raises AssertionError for call-order misuse, this raises
+    :class:`ScalerAssertionError` (a RuntimeError and an AssertionError) with
+    torch's message.
+
+    Parameters beyond torch's (keyword-only; the defaults are torch's behaviour)
+    ----------------------------------------------------------------------------
+    min_scale, max_scale : float, optional
+        A backoff never goes below ``min_scale``; a growth never above ``max_scale``.
+    hysteresis : int
+        Overflows in a row that trigger one backoff (1: every overflow backs
+        off, as torch).  Every finite step refills it, as NeMo's GradScaler does.
+    policy : str, Policy, dict or LossScaleState, optional
+        A whole lscore policy instead of the numeric arguments: a preset name
+        (through ``lscore.preset``, with the peer's defaults), a loss scale
+        from ``lscore.preset(name, **peer_args)``, a ``Policy``, its
+        ``to_dict()`` config, or an ``"lscore.state/1"`` state dict; a preset
+        or a state dict also sets the scale and counters.
+
+    ``state_dict()`` adds the key ``"lscore"`` (the full v1 state) only when
+    one of these is in use; torch's ``load_state_dict`` ignores it.
+
+    Attributes
+    ----------
+    last_step_skipped : bool
+        Whether the iteration closed by the last ``update()`` skipped an
+        optimizer step (found NaN/Inf).
+    skipped_steps : int
+        How many iterations skipped an optimizer step.
+
+    On a CUDA scale, reading these two synchronises with the device, and an
+    lscore-only option makes ``update()`` read the found-inf flag on the host
+    (``step()`` already does).
+    """
+
+    def __init__(self, device: str = "cuda", init_scale: float = 2.0 ** 16,
+                 growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000, enabled: bool = True, *,
+                 min_scale: float | None = None, max_scale: float | None = None,
+                 hysteresis: int = 1, policy=None) -> None:
+        self._device = device
+        self._enabled = enabled
+        self._last_skipped: Any = False
+        self._skipped: Any = 0
+        if device == "cuda" and enabled and not (
+                torch.cuda.is_available() or importlib.util.find_spec("torch_xla")):
+            warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  "
+                          "Disabling.", stacklevel=2)
+            self._enabled = False
+        if not self._enabled:
+            return
+        if growth_factor <= 1.0:
+            raise ScalerConfigError("The growth factor must be > 1.0.")
+        if backoff_factor >= 1.0:
+            raise ScalerConfigError("The backoff factor must be < 1.0.")
+        v1 = None
+        if policy is None:
+            p = torch_policy(init_scale, growth_factor, backoff_factor, growth_interval,
+                             min_scale=min_scale, max_scale=max_scale, hysteresis=hysteresis)
+            raw = (init_scale, growth_factor, backoff_factor, growth_interval)
+        else:
+            given = dict(init_scale=init_scale, growth_factor=growth_factor,
+                         backoff_factor=backoff_factor, growth_interval=growth_interval,
+                         min_scale=min_scale, max_scale=max_scale, hysteresis=hysteresis)
+            clash = [k for k, v in given.items() if v != _DEFAULTS[k]]
+            if clash:
+                raise ValueError(f"policy= sets every parameter; do not also pass "
+                                 f"{', '.join(clash)}")
+            p, v1 = _resolve_policy(policy)
+            raw = (p.init_scale, p.growth_factor, p.backoff_factor, p.growth_interval)
+        state = LossScaleState(p)
+        if v1 is not None:
+            state.load_state_dict(v1)
+        self._state = state
+        self._init_scale, self._growth_factor, self._backoff_factor, self._growth_interval = raw
+        if v1 is not None:
+            self._init_scale = state.scale
+        self._scale: torch.Tensor | None = None
+        self._tracker_t: torch.Tensor | None = None   # only on a non-CPU scale
+        self._scale_value = None                      # what self._scale holds
+        self._unscaler = _GradUnscaler()
+        self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+
+    # ---- helpers -----------------------------------------------------------------
+
+    # tests set this to run torch's kernel path on CPU tensors
+    _force_torch_kernels = False
+
+    @property
+    def _on_device(self) -> bool:
+        """True when torch's kernels do the work (the scale lives off the CPU)."""
+        return self._tracker_t is not None
+
+    def _kernel_update(self) -> bool:
+        """True when update() runs torch's _amp_update_scale_ on the device."""
+        return self._on_device and _is_torch_shape(self._state.policy)
+
+    @property
+    def _growth_tracker(self) -> torch.Tensor | None:
+        """torch's growth-tracker tensor (a copy on the CPU path), None before scale()."""
+        if self._tracker_t is not None or self._scale is None:
+            return self._tracker_t
+        return torch.full((), self._state.counters()["good_steps"], dtype=torch.int32)
+
+    def _check_scale_growth_tracker(self, funcname: str):
+        """(scale tensor, tracker tensor or None on the CPU path); raises before scale()."""
+        if self._scale is None:
+            raise ScalerAssertionError(f"Attempted {funcname} but _scale is None.  " + _FIX)
+        return self._scale, self._tracker_t
+
+    def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
+        if self._tracker_t is not None:
+            raise ScalerAssertionError("_growth_tracker initialized before _scale")
+        s = self._state.scale
+        self._scale = torch.full((), s, dtype=torch.float32, device=dev)
+        self._scale_value = s
+        if dev.type != "cpu" or self._force_torch_kernels:
+            self._tracker_t = torch.full((), self._state.counters()["good_steps"],
+                                         dtype=torch.int32, device=dev)
+
+    def _sync_scale_tensor(self) -> None:
+        s = self._state.scale
+        if self._scale is not None and s != self._scale_value:
+            self._scale.fill_(s)
+            self._scale_value = s
+        if self._tracker_t is not None:
+            self._tracker_t.fill_(self._state.counters()["good_steps"])
+
+    def _pull_device_state(self) -> None:
+        """Copy torch's device tensors into the host state (synchronises)."""
+        if self._kernel_update():
+            self._set_state(self._scale.item(), int(self._tracker_t.item()))
+            self._scale_value = self._state.scale
+
+    def _set_state(self, scale: float, tracker: int, policy: Policy | None = None) -> None:
+        """Replace the host state's scale, growth tracker and (optionally) policy."""
+        d = self._state.state_dict()
+        d["policy"] = (policy or self._state.policy).to_dict()
+        d["scale"] = _json_scale(scale)
+        d["counters"]["good_steps"] = int(tracker)
+        self._state.load_state_dict(d)
+
+    # ---- scale -------------------------------------------------------------------
+
+    def scale(self, outputs):
+        """Multiply a tensor (or nested lists/tuples/iterables of tensors) by the scale."""
+        if not self._enabled:
+            return outputs
+        if isinstance(outputs, torch.Tensor):
+            if self._scale is None:
+                self._lazy_init_scale_growth_tracker(outputs.device)
+            return outputs * self._scale.to(device=outputs.device, non_blocking=True)
+
+        per_device: dict = {}
+
+        def apply_scale(val):
+            if isinstance(val, torch.Tensor):
+                if self._scale is None:
+                    self._lazy_init_scale_growth_tracker(val.device)
+                s = per_device.get(val.device)
+                if s is None:
+                    s = self._scale.to(device=val.device, non_blocking=True, copy=True)
+                    per_device[val.device] = s
+                return val * s
+            if isinstance(val, abc.Iterable):
+                it = map(apply_scale, val)
+                if isinstance(val, (list, tuple)):
+                    return type(val)(it)
+                return it
+            raise ValueError("outputs must be a Tensor or an iterable of Tensors")
+
+        return apply_scale(outputs)
+
+    # ---- unscale -----------------------------------------------------------------
+
+    def _unscale_grads_(self, optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor,
+                        allow_fp16: bool) -> dict:
+        """Unscale and check `optimizer`'s gradients; {device: found_inf tensor}."""
+        if self._on_device:
+            return self._unscale_torch(optimizer, inv_scale, found_inf, allow_fp16)
+        return self._unscale_core(optimizer, float(inv_scale), allow_fp16)
+
+    def _unscale_torch(self, optimizer, inv_scale, found_inf, allow_fp16) -> dict:
+        """torch's algorithm: group by device and dtype, run torch's kernel per group."""
+        groups: dict = {}
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if not isinstance(param, torch.Tensor):
+                        raise ScalerAssertionError(
+                            f"expected param to be torch.Tensor, got {type(param).__name__}")
+                    if param.grad is None:
+                        continue
+                    if not allow_fp16 and param.grad.dtype == torch.float16:
+                        raise ValueError("Attempting to unscale FP16 gradients.")
+                    _group(groups, _sparse_values(param))
+            found: dict = {}
+            _kernel_unscale(groups, inv_scale, found_inf, found)
+        return found
+
+    def _unscale_core(self, optimizer, inv: float, allow_fp16: bool) -> dict:
+        return self._unscaler(optimizer.param_groups, inv, allow_fp16)
+
+    def unscale_(self, optimizer) -> None:
+        """Divide ("unscale") `optimizer`'s gradients by the scale, and check them for NaN/Inf."""
+        if not self._enabled:
+            return
+        self._check_scale_growth_tracker("unscale_")
+        state = self._per_optimizer_states[id(optimizer)]
+        if state["stage"] is OptState.UNSCALED:
+            raise RuntimeError("unscale_() has already been called on this optimizer since "
+                               "the last update().")
+        if state["stage"] is OptState.STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        if self._on_device:
+            # FP32 division can be imprecise; torch takes the reciprocal in FP64
+            inv = (self._scale.double().reciprocal().float()
+                   if self._scale.device != torch.device("mps:0") else self._scale.reciprocal())
+            found = torch.full((), 0.0, dtype=torch.float32, device=self._scale.device)
+            state["found_inf_per_device"] = self._unscale_torch(optimizer, inv, found, False)
+        else:
+            state["found_inf_per_device"] = self._unscale_core(
+                optimizer, _reciprocal(self._state.scale), False)
+        state["stage"] = OptState.UNSCALED
+
+    # ---- step --------------------------------------------------------------------
+
+    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+        retval = None
+        if not sum(v.item() for v in optimizer_state["found_inf_per_device"].values()):
+            retval = optimizer.step(*args, **kwargs)
+        return retval
+
+    def step(self, optimizer, *args, **kwargs):
+        """Unscale (unless done already) and call ``optimizer.step()`` unless a gradient
+        is NaN/Inf; returns what that call returns, or None when the step is skipped."""
+        if not self._enabled:
+            return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs:
+            raise RuntimeError("Closure use is not currently supported if GradScaler is "
+                               "enabled.")
+        self._check_scale_growth_tracker("step")
+        state = self._per_optimizer_states[id(optimizer)]
+        if state["stage"] is OptState.STEPPED:
+            raise RuntimeError("step() has already been called since the last update().")
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            return self._fused_step(optimizer, state, args, kwargs)
+        if state["stage"] is OptState.READY:
+            self.unscale_(optimizer)
+        if len(state["found_inf_per_device"]) == 0:
+            raise ScalerAssertionError("No inf checks were recorded for this optimizer.")
+        retval = self._maybe_opt_step(optimizer, state, *args, **kwargs)
+        state["stage"] = OptState.STEPPED
+        return retval
+
+    def _fused_step(self, optimizer, state, args, kwargs):
+        """Optimizers that unscale and skip inside their own kernel (torch's contract)."""
+        has_kwarg = "grad_scaler" in inspect.signature(optimizer.step).parameters
+        if has_kwarg:
+            warnings.warn(
+                "GradScaler is going to stop passing itself as a keyword argument to the "
+                "passed optimizer. In the near future GradScaler registers `grad_scale: "
+                "Tensor` and `found_inf: Tensor` to the passed optimizer and let the "
+                "optimizer use them directly.", FutureWarning, stacklevel=3)
+            kwargs.update({"grad_scaler": self})
+        else:
+            if state["stage"] is OptState.READY:
+                self._check_inf_per_device(optimizer)
+            scale = self._get_scale_async()
+            found_inf = sum(t.to(scale.device, non_blocking=True)
+                            for t in state["found_inf_per_device"].values())
+            optimizer.grad_scale = (getattr(optimizer, "grad_scale", None)
+                                    if state["stage"] == OptState.UNSCALED
+                                    else scale * getattr(optimizer, "grad_scale", 1))
+            optimizer.found_inf = found_inf
+        retval = optimizer.step(*args, **kwargs)
+        state["stage"] = OptState.STEPPED
+        if not has_kwarg:
+            del optimizer.grad_scale
+            del optimizer.found_inf
+        return retval
+
+    # ---- update ------------------------------------------------------------------
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        """Grow or back off the scale from this iteration's found-inf flags, or set
+        it to `new_scale` (a float or a one-element tensor on the scaler's device)."""
+        if not self._enabled:
+            return
+        scale, tracker = self._check_scale_growth_tracker("update")
+        if not self._on_device:
+            self._update_core(new_scale)
+        else:
+            self._update_device(new_scale, scale, tracker)
+        self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+
+    def _found_infs(self) -> list:
+        return [f for st in self._per_optimizer_states.values()
+                for f in st["found_inf_per_device"].values()]
+
+    def _update_core(self, new_scale) -> None:
+        """CPU path: the found-inf flags are read on the host, the state machine advances."""
+        found_infs = self._found_infs()
+        if new_scale is not None:
+            self._set_new_scale(new_scale)
+        elif not found_infs:
+            raise ScalerAssertionError("No inf checks were recorded prior to update.")
+        # torch backs off when the sum of the flags (each 0 or 1) is nonzero
+        skipped = any(f.item() for f in found_infs)
+        if new_scale is None:
+            self._state.update(not skipped)
+            self._sync_scale_tensor()
+        self._last_skipped = skipped
+        self._skipped += skipped
+
+    def _update_device(self, new_scale, scale, tracker) -> None:
+        """torch's path: the flags stay on the device (no sync unless an lscore option needs it)."""
+        found_infs = [f.to(device=scale.device, non_blocking=True) for f in self._found_infs()]
+        if new_scale is not None:
+            self._set_new_scale(new_scale)
+        elif not found_infs:
+            raise ScalerAssertionError("No inf checks were recorded prior to update.")
+        if not found_infs:
+            self._last_skipped = False
+            return
+        combined = found_infs[0]
+        for f in found_infs[1:]:
+            combined = combined + f
+        if new_scale is None:
+            if self._kernel_update():
+                torch._amp_update_scale_(scale, tracker, combined, self._growth_factor,
+                                         self._backoff_factor, self._growth_interval)
+            else:
+                self._state.update(not combined.item())
+                self._sync_scale_tensor()
+        skipped = combined > 0
+        self._last_skipped = skipped
+        self._skipped = self._skipped + skipped.to(torch.int64)
+
+    def _set_new_scale(self, new_scale) -> None:
+        if isinstance(new_scale, torch.Tensor):
+            reason = ("new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
+                      "torch.FloatTensor with requires_grad=False.")
+            if new_scale.device.type != self._device:
+                raise ScalerAssertionError(reason)
+            if new_scale.numel() != 1:
+                raise ScalerAssertionError(reason)
+            if new_scale.requires_grad is True:
+                raise ScalerAssertionError(reason)
+            if self._kernel_update():
+                self._scale.copy_(new_scale)
+                return
+            value = float(new_scale.reshape(()).item())
+        elif isinstance(new_scale, (int, float)) and not isinstance(new_scale, bool):
+            if self._kernel_update():
+                self._scale.fill_(new_scale)
+                return
+            value = float(new_scale)
+        else:
+            raise TypeError(f"new_scale must be a float or a 1-element tensor, got "
+                            f"{type(new_scale).__name__}")
+        self._state.set_scale(float(np.float32(value)))
+        self._sync_scale_tensor()
+
+    # ---- queries -----------------------------------------------------------------
+
+    def _get_scale_async(self):
+        return self._scale
+
+    def get_scale(self) -> float:
+        """The current scale as a Python float (1.0 when disabled); syncs on CUDA."""
+        if not self._enabled:
+            return 1.0
+        if self._scale is None:
+            return self._init_scale
+        if self._kernel_update():
+            return self._scale.item()
+        return self._state.scale
+
+    def _get_growth_tracker(self) -> int:
+        if not self._enabled:
+            return 0
+        if self._kernel_update():
+            return int(self._tracker_t.item())
+        return self._state.counters()["good_steps"]
+
+    def get_growth_factor(self) -> float:
+        return self._growth_factor
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._set_policy(growth_factor=new_factor)
+        self._growth_factor = new_factor
+
+    def get_backoff_factor(self) -> float:
+        return self._backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._set_policy(backoff_factor=new_factor)
+        self._backoff_factor = new_factor
+
+    def get_growth_interval(self) -> int:
+        return self._growth_interval
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        self._set_policy(growth_interval=new_interval)
+        self._growth_interval = new_interval
+
+    def _set_policy(self, **changes) -> None:
+        policy = self._state.policy.replace(**changes)     # validates
+        # (on torch's device path the tensors hold scale and tracker; the host copy
+        # keeps the policy for pickling and state dicts)
+        self._set_state(self._state.scale, self._state.counters()["good_steps"], policy)
+
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    @property
+    def last_step_skipped(self) -> bool:
+        """Whether the iteration closed by the last update() skipped an optimizer step."""
+        return bool(self._last_skipped)
+
+    @property
+    def skipped_steps(self) -> int:
+        """How many iterations, closed by update(), skipped an optimizer step."""
+        return int(self._skipped)
+
+    # ---- state -------------------------------------------------------------------
+
+    def _uses_lscore_options(self) -> bool:
+        return not _is_torch_shape(self._state.policy)
+
+    def state_dict(self) -> dict:
+        """torch's five keys (plus ``"lscore"``, the v1 state, when an lscore option is in
+        use); an empty dict when disabled."""
+        if not self._enabled:
+            return {}
+        d = {"scale": self.get_scale(), "growth_factor": self._growth_factor,
+             "backoff_factor": self._backoff_factor, "growth_interval": self._growth_interval,
+             "_growth_tracker": self._get_growth_tracker()}
+        if self._uses_lscore_options():
+            self._pull_device_state()
+            d["lscore"] = self._state.state_dict()
+        return d
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Take a state dict of this class or of ``torch.amp.GradScaler``."""
+        if not self._enabled:
+            return
+        if len(state_dict) == 0:
+            raise RuntimeError("The source state dict is empty, possibly because it was saved "
+                               "from a disabled instance of GradScaler.")
+        scale = state_dict["scale"]
+        gf, bf = state_dict["growth_factor"], state_dict["backoff_factor"]
+        gi, tracker = state_dict["growth_interval"], state_dict["_growth_tracker"]
+        v1 = state_dict.get("lscore")
+        if v1 is not None:
+            self._state.load_state_dict(v1)
+            p = self._state.policy
+            self._init_scale = self._state.scale
+            self._growth_factor, self._backoff_factor = p.growth_factor, p.backoff_factor
+            self._growth_interval = p.growth_interval
+        else:
+            policy = self._state.policy.replace(growth_factor=gf, backoff_factor=bf,
+                                                growth_interval=gi)
+            d = self._state.state_dict()
+            d["policy"] = policy.to_dict()
+            d["scale"] = _json_scale(float(np.float32(scale)))
+            # a torch dict has no hysteresis count: start full, as NeMo does
+            d["counters"].update(good_steps=int(tracker), hysteresis_left=policy.hysteresis)
+            self._state.load_state_dict(d)
+            self._init_scale = scale
+            self._growth_factor, self._backoff_factor, self._growth_interval = gf, bf, gi
+        if self._scale is not None:
+            self._scale.fill_(self._state.scale)
+            self._scale_value = self._state.scale
+        if self._tracker_t is not None:
+            self._tracker_t.fill_(self._state.counters()["good_steps"])
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        if self._enabled:
+            if len(self._per_optimizer_states) != 0:
+                raise ScalerAssertionError(
+                    "A GradScaler instance may only be pickled at the beginning of an "
+                    "iteration, or at the end after scaler.update().")
+            self._pull_device_state()
+            state["_state"] = self._state
+            state["_init_scale"] = self.get_scale()
+            state["_scale"] = None
+            state["_tracker_t"] = None
+            state["_scale_value"] = None
+            state["_last_skipped"] = self.last_step_skipped
+            state["_skipped"] = self.skipped_steps
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def _check_inf_per_device(self, optimizer) -> dict:
+        scale, _ = self._check_scale_growth_tracker("_check_inf_per_device")
+        dummy_inv_scale = torch.full((), 1.0, dtype=torch.float32, device=scale.device)
+        found_inf = torch.full((), 0.0, dtype=torch.float32, device=scale.device)
+        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = \
+            self._unscale_grads_(optimizer, dummy_inv_scale, found_inf, True)
+        return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+
+    def _found_inf_per_device(self, optimizer) -> dict:
+        return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+
+    def __repr__(self) -> str:
+        if not self._enabled:
+            return "GradScaler(enabled=False)"
+        return (f"GradScaler(device={self._device!r}, scale={self.get_scale()!r}, "
+                f"policy={self._state.policy.name!r}, skipped_steps={self.skipped_steps})")
+
+
+# ---- LossScaleOptimizer ------------------------------------------------------------
+
+_HOOK_DICTS = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
+               "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks",
+               "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
+
+
+def _times(x: torch.Tensor, factor: float) -> torch.Tensor:
+    """`x * factor` with the factor cast to x's dtype first, as TF casts the scale
+    (a float16 loss times a scale above 65504 becomes inf, as in TF)."""
+    return x * torch.tensor(factor, dtype=x.dtype, device=x.device)
+
+
+class LossScaleOptimizer(torch.optim.Optimizer):
+    """Loss scaling in the shape of TF/Keras's ``LossScaleOptimizer``, as a torch optimizer.
+
+    ``LossScaleOptimizer(optimizer, loss_scale=None, *, dynamic=True,
+    initial_scale=None, dynamic_growth_steps=None, loss_scale_manager=None)``
+    wraps a ``torch.optim.Optimizer`` and shares its ``param_groups``, ``state``
+    and ``defaults`` (LR schedulers, ``isinstance`` checks and checkpoint code
+    see an optimizer).  The arguments take one of three shapes, as in every
+    lscore adapter (``lscore.adapters._optim``): Keras 2 (the default: dynamic,
+    starting at 2**15, growing every 2000 finite steps; a skipped step still
+    counts in ``iterations``), TF <= 2.3 (``loss_scale`` a number,
+    ``"dynamic"`` or a ``LossScale``) or TF1 (a ``LossScaleManager``).
+
+    A step::
+
+        opt.zero_grad()
+        opt.get_scaled_loss(loss).backward()
+        opt.step()          # unscale, check, update the scale, apply or skip
+
+    ``unscale_()`` may come first (to clip unscaled gradients); ``step()``
+    returns what the inner step returns (the closure's loss when one is given),
+    None when the step is skipped; ``last_step_skipped`` says which.
+    """
+
+    def __init__(self, optimizer, loss_scale=None, *, dynamic=True, initial_scale=None,
+                 dynamic_growth_steps=None, loss_scale_manager=None):
+        _optim.check_inner_optimizer(
+            optimizer, LossScaleOptimizer, expected="torch.optim.Optimizer",
+            is_optimizer=lambda o: isinstance(o, torch.optim.Optimizer))
+        scaling = _optim.resolve_loss_scaling(
+            loss_scale, dynamic=dynamic, initial_scale=initial_scale,
+            dynamic_growth_steps=dynamic_growth_steps, loss_scale_manager=loss_scale_manager)
+        # not Optimizer.__init__: it would copy the groups instead of sharing them
+        for name in _HOOK_DICTS:
+            setattr(self, name, OrderedDict())
+        self._patch_step_function()
+        self._optimizer = optimizer
+        self._scaling = scaling
+        self._unscaler = _GradUnscaler()
+        self._found: bool | None = None      # set by unscale_ until the step
+        self._iterations = 0
+        self._last_step_skipped = False
+        optimizer._is_wrapped_by_loss_scale_optimizer = True
+
+    # -- what torch code reads: the inner optimizer's groups, state and defaults --
+    def _shared(name):   # noqa: N805 - builds a property at class creation
+        def fget(self):
+            return getattr(self._optimizer, name)
+
+        def fset(self, value):
+            setattr(self._optimizer, name, value)
+        return property(fget, fset, doc=f"The inner optimizer's ``{name}`` (shared).")
+
+    param_groups = _shared("param_groups")
+    state = _shared("state")
+    defaults = _shared("defaults")
+    del _shared
+
+    def add_param_group(self, param_group: dict) -> None:
+        self._optimizer.add_param_group(param_group)
+
+    # -- tf-keras names, as every adapter's wrapper has them --
+    _base = _optim.LossScaleOptimizerBase
+    inner_optimizer = _base.inner_optimizer
+    loss_scaling = _base.loss_scaling
+    loss_scale = _base.loss_scale
+    dynamic = _base.dynamic
+    dynamic_counter = _base.dynamic_counter
+    initial_scale = _base.initial_scale
+    dynamic_growth_steps = _base.dynamic_growth_steps
+    del _base
+
+    @property
+    def iterations(self) -> int:
+        """Steps taken (in the Keras shape skipped steps count too, as in tf-keras)."""
+        return self._iterations
+
+    @property
+    def last_step_skipped(self) -> bool:
+        return self._last_step_skipped
+
+    # -- scaling ------------------------------------------------------------------
+    def get_scaled_loss(self, loss):
+        """``loss * scale``, the scale cast to the loss dtype; a callable gives a callable."""
+        if callable(loss):
+            return lambda: self.get_scaled_loss(loss())
+        return _times(loss, self._scaling.scale)
+
+    def _inv_scale(self) -> float:
+        with _optim._quiet():
+            return float(np.float32(1.0) / np.float32(self._scaling.scale))
+
+    def get_unscaled_gradients(self, grads) -> list:
+        """Each gradient times the float32 reciprocal of the scale (cast to its dtype); None kept."""
+        inv = self._inv_scale()
+        return [None if g is None else _times(g, inv) for g in grads]
+
+    def unscale_(self) -> None:
+        """Unscale the gradients in place and check them, before ``step()`` (e.g. to clip).
+
+        The reciprocal is taken in float32 as TF does; float16/bfloat16
+        gradients are multiplied in float32 and rounded once.
+        """
+        if self._found is not None:
+            raise RuntimeError("unscale_() has already been called since the last step().")
+        found = self._unscaler(self._optimizer.param_groups, self._inv_scale(), True)
+        self._found = any(v.item() for v in found.values())
+
+    def step(self, closure=None):
+        """Unscale (unless done), check for NaN/Inf, update the scale, then run or skip the
+        inner step.  With a closure, it is called first (once) to compute the gradients."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._found is None:
+            self.unscale_()
+        finite = not self._found
+        s = self._scaling
+        ret = None
+        if s.predictable:
+            # step first: if the inner optimizer raises, the scale is unchanged
+            applied = s.should_apply(finite)
+            if applied:
+                ret = self._optimizer.step()
+            s.update(finite)
+        else:
+            grads = [p.grad for g in self.param_groups for p in g["params"]
+                     if p.grad is not None]
+            applied = s.update(finite, grads)
+            if applied:
+                ret = self._optimizer.step()
+        if applied or s.skip_advances_iterations:
+            self._iterations += 1
+        self._found = None
+        self._last_step_skipped = not applied
+        if not applied:
+            return None
+        return loss if closure is not None else ret
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+        self._found = None
+
+    # -- checkpoints --------------------------------------------------------------
+    def _scale_holder(self):
+        """The object whose state_dict() holds the scale state, or None (fixed scales)."""
+        s = self._scaling
+        obj = s._dynamic_ls if s.shape == "keras" else s.loss_scale_object
+        return obj if callable(getattr(obj, "state_dict", None)) else None
+
+    def state_dict(self) -> dict:
+        """The inner optimizer's state dict plus ``"loss_scale"``: the shape, the
+        iteration count and the v1 scale state (None for a fixed scale)."""
+        d = self._optimizer.state_dict()
+        holder = self._scale_holder()
+        d["loss_scale"] = {"shape": self._scaling.shape, "iterations": self._iterations,
+                           "state": None if holder is None else holder.state_dict()}
+        return d
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Take a dict from ``state_dict()``, or a plain torch optimizer state dict
+        (the loss-scale state is then left as it is)."""
+        d = dict(state_dict)
+        ls = d.pop("loss_scale", None)
+        holder = self._scale_holder()
+        if ls is not None:
+            if not isinstance(ls, dict) or set(ls) != {"shape", "iterations", "state"}:
+                raise ValueError("loss_scale must be a dict with keys 'shape', 'iterations' "
+                                 f"and 'state', got {ls!r}")
+            if ls["shape"] != self._scaling.shape:
+                raise ValueError(f"the checkpoint's loss scaling has the {ls['shape']!r} shape; "
+                                 f"this optimizer has {self._scaling.shape!r}")
+            if (ls["state"] is None) != (holder is None):
+                raise ValueError("the checkpoint's loss scale and this optimizer's differ in "
+                                 "kind (fixed vs dynamic)")
+            if holder is not None:
+                LossScaleState.from_state_dict(ls["state"])       # validate first
+        self._optimizer.load_state_dict(d)
+        if ls is not None:
+            if holder is not None:
+                holder.load_state_dict(ls["state"])
+            self._iterations = int(ls["iterations"])
+        self._found = None
+
+    def __getstate__(self) -> dict:
+        return {"_optimizer": self._optimizer, "_scaling": self._scaling,
+                "_iterations": self._iterations, "_last_step_skipped": self._last_step_skipped}
+
+    def __setstate__(self, state: dict) -> None:
+        for name in _HOOK_DICTS:
+            setattr(self, name, OrderedDict())
+        self.__dict__.update(state)
+        self._unscaler = _GradUnscaler()
+        self._found = None
+        self._patch_step_function()
+
+    def __repr__(self) -> str:
+        return (f"LossScaleOptimizer({self._optimizer!r}, shape={self._scaling.shape!r}, "
+                f"loss_scale={self._scaling.scale!r}, dynamic={self.dynamic})")
