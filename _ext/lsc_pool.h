@@ -236,13 +236,17 @@ static int lsc_job_chunk(lsc_job *j, size_t c)
     return r.found;
 }
 
-/* Claim and do chunks until none is left; returns how many were done. */
-static size_t lsc_job_work(lsc_job *j)
+/* Claim and do chunks until none is left; returns how many were done.  A
+ * helper leaves the last chunk to the caller: a helper preempted inside it
+ * (the other core busy) would make the caller wait for it. */
+static size_t lsc_job_work(lsc_job *j, int helper)
 {
     size_t done = 0;
     for (;; done++) {
         size_t c;
         if (j->op == LSC_OP_SCAN && atomic_load_explicit(&j->found, memory_order_relaxed))
+            return done;
+        if (helper && atomic_load_explicit(&j->next, memory_order_relaxed) + 1 >= j->nchunks)
             return done;
         c = atomic_fetch_add(&j->next, 1);
         if (c >= j->nchunks)
@@ -283,7 +287,7 @@ static void *lsc_helper_main(void *arg)
         if (!atomic_load(&P->closed)) {
             lsc_job *j = atomic_load(&P->job);
             if (atomic_fetch_add(&j->seats, 1) < j->max_helpers)
-                atomic_fetch_add_explicit(&lsc_helper_chunks, lsc_job_work(j),
+                atomic_fetch_add_explicit(&lsc_helper_chunks, lsc_job_work(j, 1),
                                           memory_order_relaxed);
         }
         if (atomic_fetch_sub(&P->active, 1) == 1 && atomic_load(&P->caller_waiting)) {
@@ -430,7 +434,7 @@ static lsc_result lsc_exec_pool(lsc_pool *P, const lsc_run *runs, size_t nruns, 
             pthread_cond_broadcast(&P->wake);
             pthread_mutex_unlock(&P->mu);
         }
-        lsc_job_work(&j);
+        lsc_job_work(&j, 0);
         atomic_store(&P->closed, 1);
         /* wait for helpers still inside a chunk */
         deadline = lsc_now_ns() + LSC_CALLER_SPIN_NS;
