@@ -3,17 +3,21 @@
 # flattens a (nested) list/tuple/dict of NumPy arrays into a table of
 # (pointer, count, stride, format code, byte order) through NumPy's C API,
 # validates the whole input first (a failed call writes nothing), then runs
-# the kernels of lsc_scan.h, releasing the GIL for large inputs.  It knows
+# the table through lsc_pool.h (the kernels of lsc_scan.h, on helper threads
+# too for large inputs), releasing the GIL for large inputs.  It knows
 # NumPy arrays and raw pointers only; frameworks reach it through adapters,
 # which hand over pointers (all_finite_raw / unscale_raw).  The slow twin of
 # every function here is lscore/_reference.py.
 cimport numpy as cnp
-from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
+from cpython.ref cimport PyObject, PyTypeObject, Py_INCREF, Py_DECREF, Py_TYPE
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.stdint cimport int64_t, uint64_t
-from libc.math cimport isfinite
+from libc.math cimport isfinite, sqrt
+from libc.string cimport memcpy
 
 from _dtypes cimport *
+
+import os
 
 import numpy as np
 
@@ -24,28 +28,60 @@ cdef extern from "numpy/ndarraytypes.h":
         NPY_HALF
         NPY_USERDEF
 
-cdef extern from "lsc_scan.h" nogil:
+cdef extern from "lsc_pool.h" nogil:
     ctypedef int64_t lsc_n
-    int lsc_scan_run(int code, int swapped, const char *p, lsc_n n, lsc_n stride)
-    int lsc_unscale_run(int code, int swapped, char *p, lsc_n n, lsc_n stride, double inv)
-    int lsc_walk_nd(int code, int swapped, char *data, int ndim, const lsc_n *shape,
-                    const lsc_n *strides, int write, double inv)
+    ctypedef struct lsc_run:
+        char *data
+        lsc_n n
+        lsc_n stride
+        const lsc_n *shape
+        const lsc_n *strides
+        int ndim
+        int code
+        int swapped
+    ctypedef struct lsc_result:
+        int found
+        double sumsq
+        double maxabs
+    ctypedef struct lsc_isa:
+        const char *name
+    enum:
+        LSC_OP_SCAN
+        LSC_OP_WRITE
+        LSC_OP_STATS
+    enum:
+        LSC_NISAS
+    const lsc_isa *lsc_isas[]
+    lsc_result lsc_exec(const lsc_run *runs, size_t nruns, lsc_n total_bytes, int op,
+                        double inv, int threads)
+    int lsc_isa_select(const char *name)
+    int lsc_isa_supported(int level)
+    const lsc_isa *lsc_isa_get()
+    int lsc_pool_size()
+    size_t lsc_pool_helper_chunks()
+    uint64_t lsc_sum_u64(const char *p, lsc_n n)
 
 # Inputs with more bytes than this release the GIL while scanning.
 DEF NOGIL_BYTES = 262144
 DEF MAX_DEPTH = 64
-DEF INLINE_ENTRIES = 32
+DEF INLINE_RUNS = 16
 
-ctypedef struct entry_t:
-    PyObject *obj          # the array (borrowed from the caller's containers, or owned)
-    char *data
-    lsc_n n
-    lsc_n stride           # for ndim == 1
-    int ndim               # 1: one run; > 1: walk the array's own shape/strides
-    int code
-    int swapped
-    int owned
-    Py_ssize_t index       # position among the leaves, in flattened order (for errors)
+# The table of one call: one lsc_run per non-empty floating array, and a
+# strong reference to each array so that nothing is freed while the kernels
+# run (also without the GIL).  Lives on the C stack; _table_free releases it.
+ctypedef struct table_t:
+    lsc_run *runs
+    PyObject **objs
+    Py_ssize_t size
+    Py_ssize_t cap
+    lsc_n total_bytes
+    bint write
+    bint py_nonfinite       # a Python float seen by all_finite was NaN/Inf
+    Py_ssize_t count        # leaves seen so far, for error messages
+    lsc_run inline_runs[INLINE_RUNS]
+    PyObject *inline_objs[INLINE_RUNS]
+    Py_ssize_t *idxs        # each run's position among the leaves, in flattened order
+    Py_ssize_t inline_idxs[INLINE_RUNS]
 
 SUPPORTED = ("float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2 "
              "(integer and bool arrays count as finite)")
@@ -88,7 +124,9 @@ cdef inline int _dtype_code(cnp.ndarray a) except -1:
 cdef bint _may_overlap(cnp.ndarray a):
     """True when two elements of a may share memory (zero or tiny strides)."""
     cdef int nd = cnp.PyArray_NDIM(a), k, j, best
-    cdef lsc_n span = cnp.PyArray_ITEMSIZE(a), s, sizes[64], strides[64]
+    cdef lsc_n span = cnp.PyArray_ITEMSIZE(a), s
+    cdef lsc_n sizes[64]
+    cdef lsc_n strides[64]
     cdef int m = 0
     cdef cnp.npy_intp *shape = cnp.PyArray_DIMS(a)
     cdef cnp.npy_intp *st = cnp.PyArray_STRIDES(a)
@@ -113,166 +151,221 @@ cdef bint _may_overlap(cnp.ndarray a):
     return False
 
 
-cdef class _Table:
-    cdef entry_t *entries
-    cdef entry_t inline_entries[INLINE_ENTRIES]
-    cdef Py_ssize_t size, cap
-    cdef lsc_n total_bytes
-    cdef bint write
-    cdef bint py_nonfinite       # a Python float seen by all_finite was NaN/Inf
-    cdef Py_ssize_t _count       # leaves seen so far, for error messages
-
-    def __cinit__(self):
-        self.entries = self.inline_entries
-        self.cap = INLINE_ENTRIES
-
-    def __dealloc__(self):
-        cdef Py_ssize_t i
-        for i in range(self.size):
-            if self.entries[i].owned:
-                Py_DECREF(<object>self.entries[i].obj)
-        if self.entries != self.inline_entries:
-            PyMem_Free(self.entries)
-
-    cdef entry_t *_push(self) except NULL:
-        cdef entry_t *grown
-        if self.size == self.cap:
-            if self.entries == self.inline_entries:
-                grown = <entry_t *>PyMem_Malloc(2 * self.cap * sizeof(entry_t))
-                if grown != NULL:
-                    for i in range(self.size):
-                        grown[i] = self.inline_entries[i]
-            else:
-                grown = <entry_t *>PyMem_Realloc(self.entries, 2 * self.cap * sizeof(entry_t))
-            if grown == NULL:
-                raise MemoryError()
-            self.entries = grown
-            self.cap *= 2
-        self.size += 1
-        return &self.entries[self.size - 1]
-
-    cdef int add_array(self, cnp.ndarray a, bint owned) except -1:
-        cdef int code = _dtype_code(a)
-        cdef int nd = cnp.PyArray_NDIM(a), k, big = 0, bigk = 0
-        cdef lsc_n n = cnp.PyArray_SIZE(a)
-        cdef cnp.npy_intp *shape
-        cdef cnp.npy_intp *st
-        cdef entry_t *e
-        if self.write and code != LSC_CODE_INT:
-            if not cnp.PyArray_ISWRITEABLE(a):
-                raise ValueError(f"unscale_ needs writable arrays; array {self._index()} "
-                                 "(in flattened order) is read-only")
-            if code == LSC_CODE_E4M3FN or code == LSC_CODE_E5M2:
-                raise TypeError(f"unscale_ does not support {a.dtype}; expected float16, "
-                                "bfloat16, float32 or float64 (all_finite takes float8)")
-            if not cnp.PyArray_ISONESEGMENT(a) and _may_overlap(a):
-                raise ValueError(f"unscale_ needs arrays whose elements do not overlap; array "
-                                 f"{self._index()} (in flattened order) has strides "
-                                 f"{(<object>a).strides} for shape {(<object>a).shape}")
-        if n == 0 or code == LSC_CODE_INT:
-            self._count += 1
-            return 0
-        e = self._push()
-        e.index = self._count
-        e.obj = <PyObject *>a
-        e.owned = owned
-        if owned:
-            Py_INCREF(a)
-        e.data = <char *>cnp.PyArray_DATA(a)
-        e.n = n
-        e.code = code
-        e.swapped = cnp.PyArray_ISBYTESWAPPED(a)
-        e.ndim = 1
-        e.stride = cnp.PyArray_ITEMSIZE(a)
-        self.total_bytes += n * e.stride
-        self._count += 1
-        if cnp.PyArray_ISONESEGMENT(a):
-            return 0
-        shape = cnp.PyArray_DIMS(a)
-        st = cnp.PyArray_STRIDES(a)
-        for k in range(nd):
-            if shape[k] > 1:
-                big += 1
-                bigk = k
-        if big <= 1:
-            e.stride = st[bigk]
-        else:
-            e.ndim = nd
-        return 0
-
-    cdef Py_ssize_t _index(self):
-        return self._count
-
-    cdef int collect(self, object obj, int depth) except -1:
-        if depth > MAX_DEPTH:
-            raise ValueError(f"arrays are nested deeper than {MAX_DEPTH} levels "
-                             "(is a container inside itself?)")
-        if obj is None:
-            return 0
-        if cnp.PyArray_Check(obj):
-            return self.add_array(<cnp.ndarray>obj, False)
-        if isinstance(obj, (list, tuple)):
-            for x in obj:
-                self.collect(x, depth + 1)
-            return 0
-        if isinstance(obj, dict):
-            for x in (<dict>obj).values() if type(obj) is dict else obj.values():
-                self.collect(x, depth + 1)
-            return 0
-        if isinstance(obj, (float, int)):
-            if self.write:
-                raise TypeError(f"unscale_ cannot write to a Python {type(obj).__name__}; "
-                                "pass numpy arrays")
-            if isinstance(obj, float) and not isfinite(<double>obj):
-                self.py_nonfinite = True
-            self._count += 1
-            return 0
-        if isinstance(obj, np.generic) and isinstance(obj, (np.number, np.bool_)) \
-                or (isinstance(obj, np.generic) and obj.dtype.num >= NPY_USERDEF):
-            if self.write:
-                raise TypeError(f"unscale_ cannot write to a numpy scalar "
-                                f"({type(obj).__name__}); pass numpy arrays")
-            return self.add_array(np.asarray(obj), True)
-        t = type(obj)
-        raise TypeError(f"unsupported array type {t.__module__}.{t.__qualname__}; expected "
-                        "numpy.ndarray, a Python number or None, nested in lists, tuples "
-                        "or dicts (torch and cupy arrays go through lscore.adapters)")
-
-    cdef int run(self, bint write, double inv) except -1:
-        cdef Py_ssize_t i
-        cdef int found = 0
-        cdef entry_t *e
-        cdef bint nogil_ = self.total_bytes > NOGIL_BYTES
-        cdef object guard
-        if nogil_:
-            # hold every array alive while the GIL is released
-            guard = [<object>self.entries[i].obj for i in range(self.size)]
-            with nogil:
-                found = _run_entries(self.entries, self.size, write, inv)
-        else:
-            found = _run_entries(self.entries, self.size, write, inv)
-        return found
+cdef inline void _table_init(table_t *t, bint write) noexcept:
+    t.runs = t.inline_runs
+    t.objs = t.inline_objs
+    t.idxs = t.inline_idxs
+    t.size = 0
+    t.cap = INLINE_RUNS
+    t.total_bytes = 0
+    t.write = write
+    t.py_nonfinite = False
+    t.count = 0
 
 
-cdef int _run_entries(entry_t *entries, Py_ssize_t size, bint write, double inv) noexcept nogil:
+cdef void _table_free(table_t *t) noexcept:
     cdef Py_ssize_t i
-    cdef int found = 0
-    cdef entry_t *e
-    for i in range(size):
-        e = &entries[i]
-        if e.ndim == 1:
-            if write:
-                found |= lsc_unscale_run(e.code, e.swapped, e.data, e.n, e.stride, inv)
-            elif lsc_scan_run(e.code, e.swapped, e.data, e.n, e.stride):
-                return 1
-        else:
-            if lsc_walk_nd(e.code, e.swapped, e.data, cnp.PyArray_NDIM(<cnp.ndarray>e.obj),
-                           <lsc_n *>cnp.PyArray_DIMS(<cnp.ndarray>e.obj),
-                           <lsc_n *>cnp.PyArray_STRIDES(<cnp.ndarray>e.obj), write, inv):
-                if not write:
-                    return 1
-                found = 1
-    return found
+    for i in range(t.size):
+        Py_DECREF(<object>t.objs[i])
+    t.size = 0
+    if t.runs != t.inline_runs:
+        PyMem_Free(t.runs)
+        PyMem_Free(t.objs)
+        PyMem_Free(t.idxs)
+        t.runs = t.inline_runs
+        t.objs = t.inline_objs
+        t.idxs = t.inline_idxs
+
+
+cdef int _table_grow(table_t *t, Py_ssize_t need) except -1:
+    """Room for `need` more runs."""
+    cdef Py_ssize_t cap = t.cap, i
+    if t.size + need <= t.cap:
+        return 0
+    while cap < t.size + need:
+        cap *= 4
+    cdef lsc_run *runs = <lsc_run *>PyMem_Malloc(cap * sizeof(lsc_run))
+    cdef PyObject **objs = <PyObject **>PyMem_Malloc(cap * sizeof(PyObject *))
+    cdef Py_ssize_t *idxs = <Py_ssize_t *>PyMem_Malloc(cap * sizeof(Py_ssize_t))
+    if runs == NULL or objs == NULL or idxs == NULL:
+        PyMem_Free(runs)
+        PyMem_Free(objs)
+        PyMem_Free(idxs)
+        raise MemoryError()
+    for i in range(t.size):
+        runs[i] = t.runs[i]
+        objs[i] = t.objs[i]
+        idxs[i] = t.idxs[i]
+    if t.runs != t.inline_runs:
+        PyMem_Free(t.runs)
+        PyMem_Free(t.objs)
+        PyMem_Free(t.idxs)
+    t.runs = runs
+    t.objs = objs
+    t.idxs = idxs
+    t.cap = cap
+    return 0
+
+
+cdef int _add_array(table_t *t, cnp.ndarray a) except -1:
+    cdef int code = _dtype_code(a)
+    cdef int flags = cnp.PyArray_FLAGS(a)
+    cdef int nd = cnp.PyArray_NDIM(a), k, big = 0, bigk = 0
+    cdef cnp.npy_intp *shape = cnp.PyArray_DIMS(a)
+    cdef cnp.npy_intp *st
+    cdef lsc_n n = 1
+    cdef lsc_run *e
+    cdef bint one_segment = (flags & (cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_F_CONTIGUOUS)) != 0
+    for k in range(nd):
+        n *= shape[k]
+    if t.write and code != LSC_CODE_INT:
+        if not (flags & cnp.NPY_ARRAY_WRITEABLE):
+            raise ValueError(f"unscale_ needs writable arrays; array {t.count} "
+                             "(in flattened order) is read-only")
+        if code == LSC_CODE_E4M3FN or code == LSC_CODE_E5M2:
+            raise TypeError(f"unscale_ does not support {a.dtype}; expected float16, "
+                            "bfloat16, float32 or float64 (all_finite takes float8)")
+        if not one_segment and _may_overlap(a):
+            raise ValueError(f"unscale_ needs arrays whose elements do not overlap; array "
+                             f"{t.count} (in flattened order) has strides "
+                             f"{(<object>a).strides} for shape {(<object>a).shape}")
+    t.count += 1
+    if n == 0 or code == LSC_CODE_INT:
+        return 0
+    if t.size == t.cap:
+        _table_grow(t, 1)
+    e = &t.runs[t.size]
+    Py_INCREF(a)
+    t.objs[t.size] = <PyObject *>a
+    t.idxs[t.size] = t.count - 1
+    t.size += 1
+    e.data = <char *>cnp.PyArray_DATA(a)
+    e.n = n
+    e.code = code
+    e.swapped = cnp.PyArray_ISBYTESWAPPED(a)
+    e.ndim = 1
+    e.stride = cnp.PyArray_ITEMSIZE(a)
+    e.shape = NULL
+    e.strides = NULL
+    t.total_bytes += n * e.stride
+    if one_segment:
+        return 0
+    st = cnp.PyArray_STRIDES(a)
+    for k in range(nd):
+        if shape[k] > 1:
+            big += 1
+            bigk = k
+    if big <= 1:
+        e.stride = st[bigk]
+    else:
+        # the array holds these for as long as t holds the array
+        e.ndim = nd
+        e.shape = <const lsc_n *>shape
+        e.strides = <const lsc_n *>st
+    return 0
+
+
+cdef inline bint _push_plain(table_t *t, object x) noexcept:
+    """Add x when it is the common case: an exact ndarray in one segment, in
+    native byte order, of float16/32/64 or an integer type (writable when
+    writing).  False means "not handled": _add_array then does the general
+    work (other dtypes, strides, byte order) and raises what needs raising."""
+    cdef cnp.ndarray a
+    cdef int flags, nd, k, code, tn
+    cdef cnp.npy_intp *shape
+    cdef lsc_n n = 1
+    cdef lsc_run *e
+    if type(x) is not cnp.ndarray or t.size == t.cap:
+        return False
+    a = <cnp.ndarray>x
+    flags = cnp.PyArray_FLAGS(a)
+    if not (flags & (cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_F_CONTIGUOUS)):
+        return False
+    if t.write and not (flags & cnp.NPY_ARRAY_WRITEABLE):
+        return False
+    tn = cnp.PyArray_TYPE(a)
+    if tn == cnp.NPY_FLOAT:
+        code = LSC_CODE_F32
+    elif tn == NPY_HALF:
+        code = LSC_CODE_F16
+    elif tn == cnp.NPY_DOUBLE:
+        code = LSC_CODE_F64
+    elif tn <= cnp.NPY_ULONGLONG:
+        t.count += 1
+        return True
+    else:
+        return False
+    if cnp.PyArray_ISBYTESWAPPED(a):
+        return False
+    nd = cnp.PyArray_NDIM(a)
+    shape = cnp.PyArray_DIMS(a)
+    for k in range(nd):
+        n *= shape[k]
+    t.count += 1
+    if n == 0:
+        return True
+    e = &t.runs[t.size]
+    Py_INCREF(a)
+    t.objs[t.size] = <PyObject *>a
+    t.idxs[t.size] = t.count - 1
+    t.size += 1
+    e.data = <char *>cnp.PyArray_DATA(a)
+    e.n = n
+    e.stride = cnp.PyArray_ITEMSIZE(a)
+    e.shape = NULL
+    e.strides = NULL
+    e.ndim = 1
+    e.code = code
+    e.swapped = 0
+    t.total_bytes += n * e.stride
+    return True
+
+
+cdef int _collect(table_t *t, object obj, int depth) except -1:
+    if depth > MAX_DEPTH:
+        raise ValueError(f"arrays are nested deeper than {MAX_DEPTH} levels "
+                         "(is a container inside itself?)")
+    if obj is None:
+        return 0
+    if cnp.PyArray_Check(obj):
+        return _add_array(t, <cnp.ndarray>obj)
+    if type(obj) is list:
+        # the common input: a flat list of arrays, without a call per item
+        _table_grow(t, len(<list>obj))
+        for x in <list>obj:
+            if _push_plain(t, x):
+                continue
+            if cnp.PyArray_Check(x):
+                _add_array(t, <cnp.ndarray>x)
+            else:
+                _collect(t, x, depth + 1)
+        return 0
+    if isinstance(obj, (list, tuple)):
+        for x in obj:
+            _collect(t, x, depth + 1)
+        return 0
+    if isinstance(obj, dict):
+        for x in (<dict>obj).values() if type(obj) is dict else obj.values():
+            _collect(t, x, depth + 1)
+        return 0
+    if isinstance(obj, (float, int)):
+        if t.write:
+            raise TypeError(f"unscale_ cannot write to a Python {type(obj).__name__}; "
+                            "pass numpy arrays")
+        if isinstance(obj, float) and not isfinite(<double>obj):
+            t.py_nonfinite = True
+        t.count += 1
+        return 0
+    if isinstance(obj, np.generic) and isinstance(obj, (np.number, np.bool_)) \
+            or (isinstance(obj, np.generic) and obj.dtype.num >= NPY_USERDEF):
+        if t.write:
+            raise TypeError(f"unscale_ cannot write to a numpy scalar "
+                            f"({type(obj).__name__}); pass numpy arrays")
+        return _add_array(t, np.asarray(obj))
+    ty = type(obj)
+    raise TypeError(f"unsupported array type {ty.__module__}.{ty.__qualname__}; expected "
+                    "numpy.ndarray, a Python number or None, nested in lists, tuples "
+                    "or dicts (torch and cupy arrays go through lscore.adapters)")
 
 
 cdef void _extent(cnp.ndarray a, size_t *lo, size_t *hi) noexcept:
@@ -289,14 +382,14 @@ cdef void _extent(cnp.ndarray a, size_t *lo, size_t *hi) noexcept:
     hi[0] += cnp.PyArray_ITEMSIZE(a)
 
 
-cdef int _check_disjoint(_Table t) except -1:
+cdef int _check_disjoint(table_t *t) except -1:
     """unscale_ must not multiply an element twice: refuse arrays that share memory.
 
     Byte ranges [lo, hi) are pairwise disjoint exactly when, with the lo's and
     the hi's sorted separately, every sorted lo[i + 1] >= sorted hi[i]: two
-    sorts and one sweep (np.sort; a struct sort with a callback costs several
-    times more).  Only when that fails are pairs examined, and np.shares_memory
-    has the last word (interleaved views such as a[::2] and a[1::2] are fine).
+    sorts and one sweep.  Only when that fails are pairs examined, and
+    np.shares_memory has the last word (interleaved views such as a[::2] and
+    a[1::2] are fine).
     """
     cdef Py_ssize_t i, j, m = t.size
     cdef size_t[::1] lov, hiv
@@ -305,7 +398,7 @@ cdef int _check_disjoint(_Table t) except -1:
     lo, hi = np.empty(m, np.uintp), np.empty(m, np.uintp)
     lov, hiv = lo, hi
     for i in range(m):
-        _extent(<cnp.ndarray>t.entries[i].obj, &lov[i], &hiv[i])
+        _extent(<cnp.ndarray>t.objs[i], &lov[i], &hiv[i])
     los, his = np.sort(lo), np.sort(hi)
     lov, hiv = los, his
     for i in range(1, m):
@@ -317,82 +410,199 @@ cdef int _check_disjoint(_Table t) except -1:
     for i in range(m):
         for j in range(i + 1, m):
             if lov[i] < hiv[j] and lov[j] < hiv[i]:
-                _raise_if_shared(t, i, j)
+                a, b = <object>t.objs[i], <object>t.objs[j]
+                if np.shares_memory(a, b):
+                    p, q = sorted((t.idxs[i], t.idxs[j]))
+                    raise ValueError(
+                        f"unscale_ needs arrays that do not share memory; arrays {p} and {q} "
+                        "(in flattened order) overlap, so some elements would be "
+                        "multiplied twice (the same array passed twice?)")
     return 0
 
 
-cdef int _raise_if_shared(_Table t, Py_ssize_t i, Py_ssize_t j) except -1:
-    a, b = <object>t.entries[i].obj, <object>t.entries[j].obj
-    if np.shares_memory(a, b):
-        i, j = sorted((t.entries[i].index, t.entries[j].index))
-        raise ValueError(f"unscale_ needs arrays that do not share memory; arrays {i} and {j} "
-                         "(in flattened order) overlap, so some elements would be "
-                         "multiplied twice (the same array passed twice?)")
-    return 0
-
-
-def all_finite(arrays):
-    """True when no element of any floating array in `arrays` is NaN or +/-Inf."""
-    cdef _Table t
-    if cnp.PyArray_Check(arrays):
-        t = _Table()
-        t.add_array(<cnp.ndarray>arrays, False)
+cdef inline lsc_result _run(const lsc_run *runs, size_t nruns, lsc_n total_bytes, int op,
+                            double inv, int threads) noexcept:
+    cdef lsc_result r
+    if total_bytes > NOGIL_BYTES:
+        with nogil:
+            r = lsc_exec(runs, nruns, total_bytes, op, inv, threads)
     else:
-        t = _Table()
-        t.collect(arrays, 0)
-    if t.py_nonfinite:
-        return False
-    return not t.run(False, 1.0)
+        r = lsc_exec(runs, nruns, total_bytes, op, inv, threads)
+    return r
 
 
-def unscale_(arrays, double inv_scale):
-    """Multiply every floating array in place by inv_scale; True when every input element was finite."""
-    cdef _Table t = _Table()
-    t.write = True
-    if cnp.PyArray_Check(arrays):
-        t.add_array(<cnp.ndarray>arrays, False)
-    else:
-        t.collect(arrays, 0)
-    _check_disjoint(t)
-    if inv_scale == 1.0:
-        # x * 1 == x for every value: check only (torch skips the multiply too)
-        return not t.run(False, 1.0)
-    return not t.run(True, inv_scale)
+cdef inline int _write_op(double inv, bint stats) noexcept:
+    # x * 1 == x for every value: check only, write nothing (torch skips the multiply too)
+    return (LSC_OP_WRITE if inv != 1.0 else LSC_OP_SCAN) | (LSC_OP_STATS if stats else 0)
+
+
+cdef inline object _unscale_result(lsc_result r, bint stats):
+    if stats:
+        return (not r.found, sqrt(r.sumsq), r.maxabs)
+    return not r.found
+
+
+def all_finite(arrays, int threads=0):
+    """True when no element of any floating array in `arrays` is NaN or +/-Inf.
+
+    threads: 0 picks by input size, 1 is serial, k uses at most k threads.
+    """
+    cdef table_t t
+    cdef lsc_result r
+    _table_init(&t, False)
+    try:
+        if cnp.PyArray_Check(arrays):
+            _add_array(&t, <cnp.ndarray>arrays)
+        else:
+            _collect(&t, arrays, 0)
+        if t.py_nonfinite:
+            return False
+        r = _run(t.runs, t.size, t.total_bytes, LSC_OP_SCAN, 1.0, threads)
+    finally:
+        _table_free(&t)
+    return not r.found
+
+
+def unscale_(arrays, double inv_scale, bint stats=False, int threads=0):
+    """Multiply every floating array in place by inv_scale; True when every input element was finite.
+
+    With stats, returns (all_finite, l2_norm, max_abs) of the values after the multiply.
+    """
+    cdef table_t t
+    cdef lsc_result r
+    _table_init(&t, True)
+    try:
+        if cnp.PyArray_Check(arrays):
+            _add_array(&t, <cnp.ndarray>arrays)
+        else:
+            _collect(&t, arrays, 0)
+        _check_disjoint(&t)
+        r = _run(t.runs, t.size, t.total_bytes, _write_op(inv_scale, stats), inv_scale, threads)
+    finally:
+        _table_free(&t)
+    return _unscale_result(r, stats)
 
 
 def all_finite_raw(const uint64_t[::1] ptrs, const int64_t[::1] counts,
-                   const int64_t[::1] strides, const int[::1] codes):
+                   const int64_t[::1] strides, const int[::1] codes, int threads=0):
     """all_finite over a table of raw buffers (pointer, count, byte stride, code).
 
     For adapters handing over framework memory; the caller keeps it alive.
     """
-    return not _raw(ptrs, counts, strides, codes, False, 1.0)
+    return not _raw(ptrs, counts, strides, codes, LSC_OP_SCAN, 1.0, threads).found
 
 
 def unscale_raw(const uint64_t[::1] ptrs, const int64_t[::1] counts,
-                const int64_t[::1] strides, const int[::1] codes, double inv_scale):
-    """unscale_ over a table of raw buffers; True when every input element was finite."""
-    if inv_scale == 1.0:
-        return not _raw(ptrs, counts, strides, codes, False, 1.0)
-    return not _raw(ptrs, counts, strides, codes, True, inv_scale)
+                const int64_t[::1] strides, const int[::1] codes, double inv_scale,
+                bint stats=False, int threads=0):
+    """unscale_ over a table of raw buffers; True when every input element was finite.
+
+    With stats, returns (all_finite, l2_norm, max_abs) as unscale_ does.
+    """
+    r = _raw(ptrs, counts, strides, codes, _write_op(inv_scale, stats), inv_scale, threads)
+    return _unscale_result(r, stats)
 
 
-cdef int _raw(const uint64_t[::1] ptrs, const int64_t[::1] counts, const int64_t[::1] strides,
-              const int[::1] codes, bint write, double inv) except -1:
-    cdef Py_ssize_t i, m = ptrs.shape[0]
-    cdef int found = 0
+cdef lsc_result _raw(const uint64_t[::1] ptrs, const int64_t[::1] counts,
+                     const int64_t[::1] strides, const int[::1] codes, int op, double inv,
+                     int threads) except *:
+    cdef Py_ssize_t i, m = ptrs.shape[0], k = 0
+    cdef lsc_n total = 0
+    cdef lsc_run inline_runs[INLINE_RUNS]
+    cdef lsc_run *runs = inline_runs
+    cdef lsc_result r
     if counts.shape[0] != m or strides.shape[0] != m or codes.shape[0] != m:
         raise ValueError("ptrs, counts, strides and codes must have the same length")
     for i in range(m):
         if codes[i] < 0 or codes[i] >= LSC_NCODES:
             raise ValueError(f"unknown dtype code {codes[i]}")
-        if write and (codes[i] == LSC_CODE_E4M3FN or codes[i] == LSC_CODE_E5M2):
+        if (op & LSC_OP_WRITE) and (codes[i] == LSC_CODE_E4M3FN or codes[i] == LSC_CODE_E5M2):
             raise TypeError("unscale_ does not support float8 buffers")
-    with nogil:
+    if m > INLINE_RUNS:
+        runs = <lsc_run *>PyMem_Malloc(m * sizeof(lsc_run))
+        if runs == NULL:
+            raise MemoryError()
+    try:
         for i in range(m):
-            if write:
-                found |= lsc_unscale_run(codes[i], 0, <char *>ptrs[i], counts[i], strides[i], inv)
-            elif lsc_scan_run(codes[i], 0, <const char *>ptrs[i], counts[i], strides[i]):
-                found = 1
-                break
-    return found
+            if codes[i] == LSC_CODE_INT or counts[i] <= 0:
+                continue
+            runs[k].data = <char *>ptrs[i]
+            runs[k].n = counts[i]
+            runs[k].stride = strides[i]
+            runs[k].shape = NULL
+            runs[k].strides = NULL
+            runs[k].ndim = 1
+            runs[k].code = codes[i]
+            runs[k].swapped = 0
+            total += counts[i] * (strides[i] if strides[i] >= 0 else -strides[i])
+            k += 1
+        with nogil:
+            r = lsc_exec(runs, k, total, op, inv, threads)
+    finally:
+        if runs != inline_runs:
+            PyMem_Free(runs)
+    return r
+
+
+# ---- ISA level and pool, for tests and `lscore bench` ----------------------
+
+def isa():
+    """The ISA level the contiguous kernels run at ("v2", "v3", "v4" or "baseline")."""
+    return lsc_isa_get().name.decode()
+
+
+def isa_levels():
+    """The ISA levels this CPU can run, slowest first."""
+    return [lsc_isas[k].name.decode() for k in range(LSC_NISAS) if lsc_isa_supported(k)]
+
+
+def set_isa(name):
+    """Run the kernels at ISA level `name` ("" = the best this CPU runs); returns the old level."""
+    old = isa()
+    if lsc_isa_select(name.encode()) != 0:
+        raise ValueError(f"ISA level {name!r} is not available here; expected one of: "
+                         + ", ".join(isa_levels()))
+    return old
+
+
+def pool_size():
+    """Threads a large call may use (the caller included)."""
+    return lsc_pool_size()
+
+
+def _helper_chunks():
+    """Chunks the pool's helper threads have done since the start (for tests)."""
+    return lsc_pool_helper_chunks()
+
+
+def _bench_read_u64(cnp.ndarray a):
+    """Sum of a contiguous array read as uint64 words: a single-thread streaming read."""
+    if not cnp.PyArray_IS_C_CONTIGUOUS(a):
+        raise ValueError("needs a contiguous array")
+    cdef const char *p = <const char *>cnp.PyArray_DATA(a)
+    cdef lsc_n n = cnp.PyArray_NBYTES(a) // 8
+    cdef uint64_t s
+    with nogil:
+        s = lsc_sum_u64(p, n)
+    return s
+
+
+def _bench_copy(cnp.ndarray dst, cnp.ndarray src):
+    """memcpy of one contiguous array into another of the same size."""
+    if not (cnp.PyArray_IS_C_CONTIGUOUS(dst) and cnp.PyArray_IS_C_CONTIGUOUS(src)) \
+            or cnp.PyArray_NBYTES(dst) != cnp.PyArray_NBYTES(src) \
+            or not cnp.PyArray_ISWRITEABLE(dst):
+        raise ValueError("needs two contiguous arrays of the same size, dst writable")
+    cdef char *d = <char *>cnp.PyArray_DATA(dst)
+    cdef const char *p = <const char *>cnp.PyArray_DATA(src)
+    cdef size_t nb = cnp.PyArray_NBYTES(src)
+    with nogil:
+        memcpy(d, p, nb)
+
+
+_env_isa = os.environ.get("LSCORE_ISA", "")
+if _env_isa:
+    try:
+        set_isa(_env_isa)
+    except ValueError:
+        pass   # an unknown level in the environment leaves the automatic choice

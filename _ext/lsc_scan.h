@@ -1,20 +1,25 @@
-/* lsc_scan.h: non-finite scan and fused unscale over raw buffers.
+/* lsc_scan.h: non-finite scan, fused unscale and gradient statistics over
+ * raw buffers.
  *
  * Design: the kernels see a pointer, an element count, a byte stride, a
  * format code and a byte-order flag; they know nothing of NumPy or of any
- * framework (_ext/_scan.pyx builds the buffer table).  Non-finite means an
- * all-ones exponent field, tested on the raw words: (w & EXP) + EXP_LSB
- * carries into the top bit exactly when the exponent is all ones, so an
- * OR-reduction over a block answers "any NaN/Inf here?" without a float
- * compare and vectorises at any SIMD width.  Loads and stores go through
- * memcpy, so unaligned buffers are well defined.  Contiguous kernels are
- * compiled twice (baseline and x86-64-v3) and picked at load time.
+ * framework (_ext/_scan.pyx builds the buffer table, lsc_pool.h splits big
+ * tables over threads).  Non-finite means an all-ones exponent field, tested
+ * on the raw words: (w & EXP) + EXP_LSB carries into the top bit exactly
+ * when the exponent is all ones, so an OR-reduction over a block answers
+ * "any NaN/Inf here?" without a float compare and vectorises at any SIMD
+ * width.  Loads and stores go through memcpy, so unaligned buffers are well
+ * defined.  Contiguous kernels (lsc_kernels.h) are compiled once per x86-64
+ * ISA level and one set is picked at load time (lsc_isa_select); strided and
+ * byte-swapped runs take the generic loops below.
  * The reference for every result is lscore/_reference.py.
  */
 #ifndef LSC_SCAN_H
 #define LSC_SCAN_H
 
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef int64_t lsc_n;
@@ -30,15 +35,15 @@ enum {
     LSC_NCODES = 7
 };
 
-#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__)) \
-        && !defined(LSC_NO_DISPATCH) && __GNUC__ >= 12
-#define LSC_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define LSC_CLONES
-#endif
-
-/* Elements per early-exit block: 16 KiB of data. */
+/* Elements per early-exit block of the scans: 16 KiB of data. */
 #define LSC_BLOCK_BYTES 16384
+/* Elements per block of the statistics kernels (re-read while in L1). */
+#define LSC_STAT_BLOCK 1024
+
+#define LSC_CAT_(a, b) a##b
+#define LSC_CAT(a, b) LSC_CAT_(a, b)
+#define LSC_STR_(a) #a
+#define LSC_STR(a) LSC_STR_(a)
 
 static inline uint16_t lsc_bswap16(uint16_t x) { return (uint16_t)((x >> 8) | (x << 8)); }
 static inline uint32_t lsc_bswap32(uint32_t x) { return __builtin_bswap32(x); }
@@ -47,16 +52,18 @@ static inline uint64_t lsc_bswap64(uint64_t x) { return __builtin_bswap64(x); }
 static inline float lsc_f32_from_bits(uint32_t w) { float f; memcpy(&f, &w, 4); return f; }
 static inline uint32_t lsc_f32_bits(float f) { uint32_t w; memcpy(&w, &f, 4); return w; }
 
-/* IEEE half -> float, exact. */
+/* IEEE half -> float, exact.  Selects are written as masks so that the
+ * loops calling it vectorise (a ?: chain here kept gcc 12 scalar). */
 static inline float lsc_f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t mag = h & 0x7FFFu;
-    uint32_t normal = (mag << 13) + ((127u - 15u) << 23);
-    uint32_t special = 0x7F800000u | ((mag & 0x3FFu) << 13);
+    int32_t mag = h & 0x7FFF;
+    uint32_t normal = ((uint32_t)mag << 13) + ((127u - 15u) << 23);
+    uint32_t special = 0x7F800000u | (((uint32_t)mag & 0x3FFu) << 13);
     /* a subnormal half is mag * 2**-24, exact in float */
     uint32_t sub = lsc_f32_bits((float)mag * 0x1p-24f);
-    uint32_t bits = mag >= 0x7C00u ? special : (mag >= 0x0400u ? normal : sub);
+    uint32_t is_special = -(uint32_t)(mag >= 0x7C00), is_normal = -(uint32_t)(mag >= 0x0400);
+    uint32_t bits = (special & is_special) | (normal & is_normal & ~is_special) | (sub & ~is_normal);
     return lsc_f32_from_bits(sign | bits);
 }
 
@@ -67,6 +74,7 @@ static inline uint16_t lsc_f32_to_f16(float f)
     uint32_t x = lsc_f32_bits(f);
     uint32_t sign = (x >> 16) & 0x8000u;
     uint32_t a = x & 0x7FFFFFFFu;
+    int32_t ai = (int32_t)a;
     /* normal range: rebias the exponent, then round the 13 dropped bits */
     uint32_t r = a - ((127u - 15u) << 23);
     uint32_t normal = (r + 0x0FFFu + ((r >> 13) & 1u)) >> 13;
@@ -74,10 +82,11 @@ static inline uint16_t lsc_f32_to_f16(float f)
        1024 lands exactly on the smallest normal half */
     float y = lsc_f32_from_bits(a) * 0x1p24f + 0x1p23f;
     uint32_t sub = lsc_f32_bits(y) - 0x4B000000u;
-    uint32_t h = a > 0x7F800000u ? 0x7E00u
-               : a >= 0x477FF000u ? 0x7C00u          /* >= 65520 rounds to inf */
-               : a >= 0x38800000u ? normal
-               : sub;
+    uint32_t is_nan = -(uint32_t)(ai > 0x7F800000);
+    uint32_t is_inf = -(uint32_t)(ai >= 0x477FF000);      /* >= 65520 rounds to inf */
+    uint32_t is_normal = -(uint32_t)(ai >= 0x38800000);
+    uint32_t h = (0x7E00u & is_nan) | (0x7C00u & is_inf & ~is_nan)
+               | (normal & is_normal & ~is_inf) | (sub & ~is_normal);
     return (uint16_t)(sign | h);
 }
 
@@ -91,101 +100,215 @@ static inline uint16_t lsc_f32_to_bf16(float f)
     return (uint16_t)((x & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : r);
 }
 
-/* ---- read-only scan, contiguous, native byte order -------------------- */
-
-#define LSC_DEFINE_SCAN(NAME, T, TOPSHIFT)                                        \
-LSC_CLONES static int NAME(const char *p, lsc_n n, T em, T lsb)                    \
-{                                                                                  \
-    const lsc_n block = LSC_BLOCK_BYTES / (lsc_n)sizeof(T);                        \
-    for (lsc_n i = 0; i < n; i += block) {                                         \
-        lsc_n m = n - i < block ? n - i : block;                                   \
-        const char *q = p + i * (lsc_n)sizeof(T);                                  \
-        T acc = 0;                                                                 \
-        for (lsc_n j = 0; j < m; j++) {                                            \
-            T w;                                                                   \
-            memcpy(&w, q + j * (lsc_n)sizeof(T), sizeof(T));                       \
-            acc |= (T)((T)(w & em) + lsb);                                         \
-        }                                                                          \
-        if (acc >> TOPSHIFT)                                                       \
-            return 1;                                                              \
-    }                                                                              \
-    return 0;                                                                      \
-}
-
-LSC_DEFINE_SCAN(lsc_scan_u8, uint8_t, 7)
-LSC_DEFINE_SCAN(lsc_scan_u16, uint16_t, 15)
-LSC_DEFINE_SCAN(lsc_scan_u32, uint32_t, 31)
-LSC_DEFINE_SCAN(lsc_scan_u64, uint64_t, 63)
-
-/* ---- fused unscale, contiguous, native byte order ---------------------- */
-
-LSC_CLONES static int lsc_unscale_f32(char *p, lsc_n n, float inv)
-{
-    uint32_t acc = 0;
-    for (lsc_n j = 0; j < n; j++) {
-        uint32_t w;
-        memcpy(&w, p + 4 * j, 4);
-        acc |= (w & 0x7F800000u) + 0x00800000u;
-        float f = lsc_f32_from_bits(w) * inv;
-        memcpy(p + 4 * j, &f, 4);
-    }
-    return (int)(acc >> 31);
-}
-
-LSC_CLONES static int lsc_unscale_f64(char *p, lsc_n n, double inv)
-{
-    uint64_t acc = 0;
-    for (lsc_n j = 0; j < n; j++) {
-        uint64_t w;
-        double d;
-        memcpy(&w, p + 8 * j, 8);
-        acc |= (w & 0x7FF0000000000000ull) + 0x0010000000000000ull;
-        memcpy(&d, &w, 8);
-        d *= inv;
-        memcpy(p + 8 * j, &d, 8);
-    }
-    return (int)(acc >> 63);
-}
-
-LSC_CLONES static int lsc_unscale_f16(char *p, lsc_n n, float inv)
-{
-    uint16_t acc = 0;
-    for (lsc_n j = 0; j < n; j++) {
-        uint16_t w;
-        memcpy(&w, p + 2 * j, 2);
-        acc |= (uint16_t)((w & 0x7C00u) + 0x0400u);
-        w = lsc_f32_to_f16(lsc_f16_to_f32(w) * inv);
-        memcpy(p + 2 * j, &w, 2);
-    }
-    return acc >> 15;
-}
-
-LSC_CLONES static int lsc_unscale_bf16(char *p, lsc_n n, float inv)
-{
-    uint16_t acc = 0;
-    for (lsc_n j = 0; j < n; j++) {
-        uint16_t w;
-        memcpy(&w, p + 2 * j, 2);
-        acc |= (uint16_t)((w & 0x7F80u) + 0x0080u);
-        w = lsc_f32_to_bf16(lsc_bf16_to_f32(w) * inv);
-        memcpy(p + 2 * j, &w, 2);
-    }
-    return acc >> 15;
-}
-
 /* ---- per-format table -------------------------------------------------- */
 
-typedef struct { int width; uint64_t em; uint64_t lsb; } lsc_format;
+/* width in bytes, its index in lsc_isa.scan, exponent mask, its lowest bit */
+typedef struct { int width; int widx; uint64_t em; uint64_t lsb; } lsc_format;
 
 static const lsc_format lsc_formats[LSC_NCODES] = {
-    {0, 0, 0},                                              /* int */
-    {2, 0x7C00u, 0x0400u},                                  /* f16 */
-    {2, 0x7F80u, 0x0080u},                                  /* bf16 */
-    {4, 0x7F800000u, 0x00800000u},                          /* f32 */
-    {8, 0x7FF0000000000000ull, 0x0010000000000000ull},      /* f64 */
-    {1, 0x7Fu, 0x01u},                                      /* e4m3fn: NaN is S.1111.111, no Inf */
-    {1, 0x7Cu, 0x04u},                                      /* e5m2 */
+    {0, 0, 0, 0},                                              /* int */
+    {2, 1, 0x7C00u, 0x0400u},                                  /* f16 */
+    {2, 1, 0x7F80u, 0x0080u},                                  /* bf16 */
+    {4, 2, 0x7F800000u, 0x00800000u},                          /* f32 */
+    {8, 3, 0x7FF0000000000000ull, 0x0010000000000000ull},      /* f64 */
+    {1, 0, 0x7Fu, 0x01u},                                      /* e4m3fn: NaN is S.1111.111, no Inf */
+    {1, 0, 0x7Cu, 0x04u},                                      /* e5m2 */
 };
+
+/* ---- statistics -------------------------------------------------------- */
+
+typedef double lsc_v8d __attribute__((vector_size(64)));
+typedef float lsc_v8f __attribute__((vector_size(32)));
+
+/* What one kernel call gathered: the sum of squares and max |x| as the bits
+ * of a float (f16/bf16/f32, widened) or of a double (f64). */
+typedef struct { double sumsq; uint64_t maxbits; } lsc_kstats;
+
+/* Statistics of a whole job (or of one chunk of it). */
+typedef struct { int found; double sumsq; double maxabs; } lsc_result;
+
+/* The 16 lanes of a sum of squares, reduced in one fixed order. */
+static inline double lsc_reduce16(const double *l)
+{
+    double t[8];
+    for (int k = 0; k < 8; k++)
+        t[k] = l[k] + l[k + 8];
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+
+static inline double lsc_maxbits_value(int code, uint64_t bits)
+{
+    double d;
+    if (code == LSC_CODE_F64) {
+        memcpy(&d, &bits, 8);
+        return d;
+    }
+    return (double)lsc_f32_from_bits((uint32_t)bits);
+}
+
+/* max(a, b) where a NaN on either side wins and stays. */
+static inline double lsc_max_nan(double a, double b)
+{
+    if (a != a)
+        return a;
+    return (b > a || b != b) ? b : a;
+}
+
+/* Fold one kernel's statistics into r. */
+static inline void lsc_result_add(lsc_result *r, int code, const lsc_kstats *ks)
+{
+    r->sumsq += ks->sumsq;
+    r->maxabs = lsc_max_nan(r->maxabs, lsc_maxbits_value(code, ks->maxbits));
+}
+
+static inline void lsc_result_merge(lsc_result *r, const lsc_result *o)
+{
+    r->found |= o->found;
+    r->sumsq += o->sumsq;
+    r->maxabs = lsc_max_nan(r->maxabs, o->maxabs);
+}
+
+/* ---- the ISA levels ---------------------------------------------------- */
+
+typedef int (*lsc_scan_fn)(const char *p, lsc_n n, uint64_t em, uint64_t lsb);
+typedef int (*lsc_unscale_fn)(char *p, lsc_n n, double inv);
+typedef int (*lsc_stats_fn)(int code, char *p, lsc_n n, double inv, int write, lsc_kstats *ks);
+
+typedef struct {
+    const char *name;
+    lsc_scan_fn scan[4];                /* by width: 1, 2, 4, 8 bytes */
+    lsc_unscale_fn unscale[LSC_NCODES];
+    lsc_stats_fn stats;                 /* f16, bf16, f32, f64 */
+} lsc_isa;
+
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(__GNUC__) && !defined(__clang__) \
+        && __GNUC__ >= 12 && !defined(LSC_NO_DISPATCH)
+#define LSC_X86_DISPATCH 1
+#endif
+
+#ifdef LSC_X86_DISPATCH
+#include <immintrin.h>
+
+#define LSC_SFX v2
+#define LSC_VBYTES 16
+#include "lsc_kernels.h"
+#undef LSC_VBYTES
+#undef LSC_SFX
+
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v3")
+#define LSC_SFX v3
+#define LSC_VBYTES 32
+/* F16C: 8 halves <-> 8 floats, rounding to nearest even (immediate 0) */
+#define LSC_F16C_LANES 8
+#define LSC_F32V __m256
+#define LSC_H2F(w) _mm256_cvtph_ps((__m128i)(w))
+#define LSC_F2H(f) _mm256_cvtps_ph((f), 0)
+#include "lsc_kernels.h"
+#undef LSC_F16C_LANES
+#undef LSC_F32V
+#undef LSC_H2F
+#undef LSC_F2H
+#undef LSC_VBYTES
+#undef LSC_SFX
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v4", "prefer-vector-width=512")
+#define LSC_SFX v4
+#define LSC_VBYTES 64
+#define LSC_F16C_LANES 16
+#define LSC_F32V __m512
+#define LSC_H2F(w) _mm512_cvtph_ps((__m256i)(w))
+#define LSC_F2H(f) _mm512_cvtps_ph((f), 0)
+#include "lsc_kernels.h"
+#undef LSC_F16C_LANES
+#undef LSC_F32V
+#undef LSC_H2F
+#undef LSC_F2H
+#undef LSC_VBYTES
+#undef LSC_SFX
+#pragma GCC pop_options
+
+static const lsc_isa *const lsc_isas[] = {&lsc_isa_v2, &lsc_isa_v3, &lsc_isa_v4};
+#define LSC_NISAS 3
+
+static inline int lsc_isa_supported(int level)
+{
+    __builtin_cpu_init();
+    if (level == 2)
+        return __builtin_cpu_supports("x86-64-v4");
+    if (level == 1)
+        return __builtin_cpu_supports("x86-64-v3");
+    return 1;   /* the build baseline */
+}
+#else
+/* one set, at whatever the compiler flags allow */
+#define LSC_SFX baseline
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define LSC_VBYTES 64
+#elif defined(__AVX2__)
+#define LSC_VBYTES 32
+#else
+#define LSC_VBYTES 16
+#endif
+#if defined(__F16C__) && defined(__AVX2__) && !defined(__clang__)
+#include <immintrin.h>
+#if LSC_VBYTES == 64
+#define LSC_F16C_LANES 16
+#define LSC_F32V __m512
+#define LSC_H2F(w) _mm512_cvtph_ps((__m256i)(w))
+#define LSC_F2H(f) _mm512_cvtps_ph((f), 0)
+#else
+#define LSC_F16C_LANES 8
+#define LSC_F32V __m256
+#define LSC_H2F(w) _mm256_cvtph_ps((__m128i)(w))
+#define LSC_F2H(f) _mm256_cvtps_ph((f), 0)
+#endif
+#endif
+#include "lsc_kernels.h"
+#undef LSC_VBYTES
+#undef LSC_SFX
+static const lsc_isa *const lsc_isas[] = {&lsc_isa_baseline};
+#define LSC_NISAS 1
+static inline int lsc_isa_supported(int level) { return level == 0; }
+#endif
+
+/* Read by every call and written by lsc_isa_select (tests, the bench): an
+ * atomic pointer, relaxed (it only ever points at constant tables). */
+static _Atomic(const lsc_isa *) lsc_isa_active;
+
+/* Pick the ISA level by name ("v2", "v3", "v4"; "" or NULL = the best this
+ * CPU runs).  Returns 0, or -1 when the name is unknown or unsupported. */
+static int lsc_isa_select(const char *name)
+{
+    int best = 0;
+    for (int k = 0; k < LSC_NISAS; k++) {
+        if (!lsc_isa_supported(k))
+            continue;
+        best = k;
+        if (name && *name && strcmp(name, lsc_isas[k]->name) == 0) {
+            atomic_store_explicit(&lsc_isa_active, lsc_isas[k], memory_order_relaxed);
+            return 0;
+        }
+    }
+    if (name && *name)
+        return -1;
+    atomic_store_explicit(&lsc_isa_active, lsc_isas[best], memory_order_relaxed);
+    return 0;
+}
+
+static inline const lsc_isa *lsc_isa_get(void)
+{
+    const lsc_isa *isa = atomic_load_explicit(&lsc_isa_active, memory_order_relaxed);
+    if (!isa) {
+        lsc_isa_select(NULL);
+        isa = atomic_load_explicit(&lsc_isa_active, memory_order_relaxed);
+    }
+    return isa;
+}
+
+/* ---- generic loops: strided or byte-swapped runs ------------------------ */
 
 /* Load one element as an unsigned word in native order. */
 static inline uint64_t lsc_load(const char *p, int width, int swapped)
@@ -214,101 +337,180 @@ static inline int lsc_word_nonfinite(uint64_t w, const lsc_format *f)
     return (((w & f->em) + f->lsb) & top) != 0;
 }
 
+static inline uint64_t lsc_word_unscale(int code, uint64_t w, double inv)
+{
+    float inv32 = (float)inv;
+    double d;
+    switch (code) {
+    case LSC_CODE_F16: return lsc_f32_to_f16(lsc_f16_to_f32((uint16_t)w) * inv32);
+    case LSC_CODE_BF16: return lsc_f32_to_bf16(lsc_bf16_to_f32((uint16_t)w) * inv32);
+    case LSC_CODE_F32: return lsc_f32_bits(lsc_f32_from_bits((uint32_t)w) * inv32);
+    default:
+        memcpy(&d, &w, 8);
+        d *= inv;
+        memcpy(&w, &d, 8);
+        return w;
+    }
+}
+
+/* The value of a word widened to double, and its |x| bits as lsc_kstats keeps them. */
+static inline double lsc_word_value(int code, uint64_t w, uint64_t *magbits)
+{
+    double d;
+    float f;
+    switch (code) {
+    case LSC_CODE_F16: f = lsc_f16_to_f32((uint16_t)w); break;
+    case LSC_CODE_BF16: f = lsc_bf16_to_f32((uint16_t)w); break;
+    case LSC_CODE_F32: f = lsc_f32_from_bits((uint32_t)w); break;
+    default:
+        *magbits = w & 0x7FFFFFFFFFFFFFFFull;
+        memcpy(&d, &w, 8);
+        return d;
+    }
+    *magbits = lsc_f32_bits(f) & 0x7FFFFFFFu;
+    return f;
+}
+
 /* One 1-D run: any non-finite element?  Early exit. */
 static int lsc_scan_run(int code, int swapped, const char *p, lsc_n n, lsc_n stride)
 {
     const lsc_format *f = &lsc_formats[code];
     if (code == LSC_CODE_INT || n <= 0)
         return 0;
-    if (!swapped && stride == f->width) {
-        switch (f->width) {
-        case 1: return lsc_scan_u8(p, n, (uint8_t)f->em, (uint8_t)f->lsb);
-        case 2: return lsc_scan_u16(p, n, (uint16_t)f->em, (uint16_t)f->lsb);
-        case 4: return lsc_scan_u32(p, n, (uint32_t)f->em, (uint32_t)f->lsb);
-        default: return lsc_scan_u64(p, n, f->em, f->lsb);
-        }
-    }
+    if (!swapped && stride == f->width)
+        return lsc_isa_get()->scan[f->widx](p, n, f->em, f->lsb);
     for (lsc_n i = 0; i < n; i++)
         if (lsc_word_nonfinite(lsc_load(p + i * stride, f->width, swapped), f))
             return 1;
     return 0;
 }
 
-/* One 1-D run: multiply every element by inv in place; report whether any
- * input element was non-finite.  Integer runs are never reached here. */
-static int lsc_unscale_run(int code, int swapped, char *p, lsc_n n, lsc_n stride, double inv)
+/* One 1-D run: multiply every element by inv in place (write != 0) or only
+ * read it, and report whether any input element was non-finite; with ks
+ * non-NULL also gather the statistics of the values left in the run.  The
+ * generic loop uses the same 16 lanes as the contiguous kernels, so a run
+ * gives the same statistics whatever its layout.  Integer runs and float8
+ * runs with write set are never passed here. */
+static int lsc_unscale_run(int code, int swapped, char *p, lsc_n n, lsc_n stride, double inv,
+                           int write, lsc_kstats *ks)
 {
     const lsc_format *f = &lsc_formats[code];
-    float inv32 = (float)inv;
+    double lanes[16] = {0};
+    uint64_t mx = 0;
     int found = 0;
+    if (ks) {
+        ks->sumsq = 0;
+        ks->maxbits = 0;
+    }
     if (code == LSC_CODE_INT || n <= 0)
         return 0;
     if (!swapped && stride == f->width) {
-        switch (code) {
-        case LSC_CODE_F16: return lsc_unscale_f16(p, n, inv32);
-        case LSC_CODE_BF16: return lsc_unscale_bf16(p, n, inv32);
-        case LSC_CODE_F32: return lsc_unscale_f32(p, n, inv32);
-        case LSC_CODE_F64: return lsc_unscale_f64(p, n, inv);
-        default: break;
-        }
+        if (ks)
+            return lsc_isa_get()->stats(code, p, n, inv, write, ks);
+        if (write)
+            return lsc_isa_get()->unscale[code](p, n, inv);
+        return lsc_scan_run(code, 0, p, n, stride);
     }
     for (lsc_n i = 0; i < n; i++) {
         char *q = p + i * stride;
-        uint64_t w = lsc_load(q, f->width, swapped);
+        uint64_t w = lsc_load(q, f->width, swapped), m;
         found |= lsc_word_nonfinite(w, f);
-        switch (code) {
-        case LSC_CODE_F16:
-            w = lsc_f32_to_f16(lsc_f16_to_f32((uint16_t)w) * inv32);
-            break;
-        case LSC_CODE_BF16:
-            w = lsc_f32_to_bf16(lsc_bf16_to_f32((uint16_t)w) * inv32);
-            break;
-        case LSC_CODE_F32:
-            w = lsc_f32_bits(lsc_f32_from_bits((uint32_t)w) * inv32);
-            break;
-        default: {
-            double d;
-            memcpy(&d, &w, 8);
-            d *= inv;
-            memcpy(&w, &d, 8);
-            break;
+        if (write) {
+            w = lsc_word_unscale(code, w, inv);
+            lsc_store(q, f->width, swapped, w);
         }
+        if (ks) {
+            double d = lsc_word_value(code, w, &m);
+            lanes[i & 15] += d * d;
+            mx = m > mx ? m : mx;
         }
-        lsc_store(q, f->width, swapped, w);
+    }
+    if (ks) {
+        ks->sumsq = lsc_reduce16(lanes);
+        ks->maxbits = mx;
     }
     return found;
 }
 
-/* An N-d strided array, walked as 1-D runs along its last axis.  With
- * write == 0 it stops at the first non-finite run. */
-static int lsc_walk_nd(int code, int swapped, char *data, int ndim,
-                       const lsc_n *shape, const lsc_n *strides, int write, double inv)
+/* ---- runs: what the table holds ----------------------------------------- */
+
+/* One array: a 1-D run of n elements `stride` bytes apart, or (ndim > 1) an
+ * N-d strided block walked as 1-D runs along its last axis. */
+typedef struct {
+    char *data;
+    lsc_n n;
+    lsc_n stride;
+    const lsc_n *shape;      /* ndim > 1 only */
+    const lsc_n *strides;    /* ndim > 1 only */
+    int ndim;
+    int code;
+    int swapped;
+} lsc_run;
+
+/* What a job does: scan (early exit), or check + write and/or statistics. */
+enum { LSC_OP_SCAN = 0, LSC_OP_WRITE = 1, LSC_OP_STATS = 2 };
+
+/* Elements [lo, hi) of a 1-D run, or the whole of an N-d run.  Returns the
+ * found flag; statistics (op & LSC_OP_STATS) are folded into r. */
+static int lsc_do_range(const lsc_run *run, lsc_n lo, lsc_n hi, int op, double inv, lsc_result *r)
 {
-    lsc_n idx[64];
+    const int write = op & LSC_OP_WRITE, stats = op & LSC_OP_STATS;
+    lsc_kstats ks;
     int found = 0;
-    for (int k = 0; k < ndim; k++) {
-        if (shape[k] <= 0)
-            return 0;
-        idx[k] = 0;
+    if (run->ndim <= 1) {
+        char *p = run->data + lo * run->stride;
+        if (op == LSC_OP_SCAN)
+            return lsc_scan_run(run->code, run->swapped, p, hi - lo, run->stride);
+        found = lsc_unscale_run(run->code, run->swapped, p, hi - lo, run->stride, inv, write,
+                                stats ? &ks : NULL);
+        if (stats)
+            lsc_result_add(r, run->code, &ks);
+        return found;
     }
-    for (;;) {
-        char *p = data;
-        for (int k = 0; k < ndim - 1; k++)
-            p += idx[k] * strides[k];
-        if (write)
-            found |= lsc_unscale_run(code, swapped, p, shape[ndim - 1], strides[ndim - 1], inv);
-        else if (lsc_scan_run(code, swapped, p, shape[ndim - 1], strides[ndim - 1]))
-            return 1;
-        int k = ndim - 2;
-        while (k >= 0) {
-            if (++idx[k] < shape[k])
-                break;
+    /* N-d: odometer over every axis but the last */
+    {
+        int nd = run->ndim;
+        lsc_n idx[64];
+        for (int k = 0; k < nd; k++) {
+            if (run->shape[k] <= 0)
+                return 0;
             idx[k] = 0;
-            k--;
         }
-        if (k < 0)
-            return found;
+        for (;;) {
+            lsc_run row = *run;
+            row.ndim = 1;
+            row.n = run->shape[nd - 1];
+            row.stride = run->strides[nd - 1];
+            for (int k = 0; k < nd - 1; k++)
+                row.data += idx[k] * run->strides[k];
+            if (lsc_do_range(&row, 0, row.n, op, inv, r)) {
+                if (op == LSC_OP_SCAN)
+                    return 1;
+                found = 1;
+            }
+            int k = nd - 2;
+            while (k >= 0) {
+                if (++idx[k] < run->shape[k])
+                    break;
+                idx[k] = 0;
+                k--;
+            }
+            if (k < 0)
+                return found;
+        }
     }
+}
+
+/* The bandwidth reference of `lscore bench`: a plain streaming read. */
+static uint64_t lsc_sum_u64(const char *p, lsc_n n)
+{
+    uint64_t s = 0;
+    for (lsc_n i = 0; i < n; i++) {
+        uint64_t w;
+        memcpy(&w, p + 8 * i, 8);
+        s += w;
+    }
+    return s;
 }
 
 #endif /* LSC_SCAN_H */

@@ -1,4 +1,4 @@
-"""Command line: ``lscore demo`` (also ``python -m lscore``)."""
+"""Command line: ``lscore demo``, ``lscore bench`` (also ``python -m lscore``)."""
 from __future__ import annotations
 
 import argparse
@@ -30,6 +30,13 @@ def _demo(args) -> int:
     return demo.run(steps=args.steps, seed=args.seed, out=args.out, backend=args.backend)
 
 
+def _bench(args) -> int:
+    """The benchmark table against NumPy, torch and the memory bandwidth."""
+    from lscore import bench
+
+    return bench.main(args)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="lscore", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -40,6 +47,20 @@ def main(argv=None) -> int:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", default=".", help="folder for lscore_demo.png and .json")
     demo.set_defaults(func=_demo)
+    bench = sub.add_parser("bench", help="time lscore against NumPy, torch and the memory "
+                                         "bandwidth, in one run")
+    bench.add_argument("--full", action="store_true", help="add 1e8-element arrays")
+    bench.add_argument("--tiny", action="store_true", help="tiny sizes and few repeats (a smoke test)")
+    bench.add_argument("--json", metavar="PATH", help="also write every row as JSON")
+    bench.add_argument("--repeat", type=int, default=None, help="timings per row (default 9)")
+    bench.add_argument("--min-time", type=float, default=None,
+                       help="seconds per timing (default 0.02)")
+    bench.add_argument("--no-torch", action="store_true", help="skip the torch rows")
+    bench.add_argument("--sizes", help="comma-separated element counts, e.g. 1e6,1e8")
+    bench.add_argument("--only", action="append", metavar="TEXT",
+                       help="time only the groups whose name contains TEXT (repeatable)")
+    bench.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+    bench.set_defaults(func=_bench)
     from lscore.migrate import add_parser as _add_migrate
     _add_migrate(sub)
     args = parser.parse_args(argv)

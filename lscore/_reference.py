@@ -242,12 +242,14 @@ def all_finite(arrays) -> bool:
     return True
 
 
-def unscale_(arrays, inv_scale: float) -> bool:
+def unscale_(arrays, inv_scale: float, stats: bool = False):
     """Reference for lscore.unscale_; slow, used only by tests.
 
     float32 and float16/bfloat16 multiply by float32(inv_scale) in float32 and
     round back (nearest even); float64 multiplies by the double inv_scale.
     Every floating array is multiplied completely; integers are left alone.
+    With stats, also returns the L2 norm and the max |x| of every floating
+    value after the multiply (float64; NaN if any NaN is left).
     """
     leaves = [(a, _kind(a)) for a in _leaves(arrays, True)]
     for a, kind in leaves:
@@ -279,4 +281,11 @@ def unscale_(arrays, inv_scale: float) -> bool:
                 out = wide * np.float32(inv_scale)
         with np.errstate(over="ignore", invalid="ignore"):
             a[...] = out.astype(a.dtype)
-    return finite
+    if not stats:
+        return finite
+    values = [a.astype(np.float64).ravel() for a, kind in leaves if kind != "int"]
+    v = np.concatenate(values) if values else np.zeros(0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        l2 = float(np.sqrt(np.sum(v * v)))
+    max_abs = float(np.max(np.abs(v))) if v.size else 0.0
+    return finite, l2, max_abs

@@ -155,7 +155,9 @@ class DynamicLossScale(LossScale):
         return self._state._cy.scale
 
     def update(self, grads):
-        return None, self._state.update(_scan.all_finite(grads))
+        # straight to the compiled transition: this policy clamps at 1 and
+        # never raises LossScaleFloorError, so LossScaleState.update adds nothing
+        return None, self._state._cy.update(_scan.all_finite(grads)) == 1
 
     def get_config(self) -> dict:
         return {"initial_loss_scale": self._initial, "increment_period": self._period,

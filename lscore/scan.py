@@ -1,23 +1,35 @@
 """Public non-finite scan and fused unscale for NumPy arrays."""
 from __future__ import annotations
 
+import numpy as np
+
 from lscore._ext import _scan
-from lscore._params import positive_scale
+from lscore._params import integer, positive_scale
 
 __all__ = ["all_finite", "unscale_"]
 
 
-def all_finite(arrays) -> bool:
+def _threads(threads) -> int:
+    """The core's thread setting: 0 = automatic (None), else an int >= 1."""
+    return 0 if threads is None else integer("threads", threads, minimum=1)
+
+
+def all_finite(arrays, *, threads=None) -> bool:
     """True when no floating element of `arrays` is NaN or +/-Inf.
 
     `arrays` is a NumPy array, a Python number or any nested list/tuple/dict
     of them; None entries are ignored, integer and bool arrays count as
     finite, and empty input is finite.  Stops at the first non-finite block.
+    `threads`: None splits inputs of several MB over the core's threads
+    (env LSCORE_NUM_THREADS caps them), 1 stays on the calling thread, k
+    uses at most k threads.
     """
-    return _scan.all_finite(arrays)
+    if threads is None:
+        return _scan.all_finite(arrays)
+    return _scan.all_finite(arrays, _threads(threads))
 
 
-def unscale_(arrays, inv_scale) -> bool:
+def unscale_(arrays, inv_scale, *, stats=False, threads=None):
     """Multiply every floating array in place by `inv_scale`; True when all inputs were finite.
 
     The check is on the input values, as torch does, and every floating array
@@ -27,6 +39,16 @@ def unscale_(arrays, inv_scale) -> bool:
     Read-only arrays, Python numbers, arrays whose elements overlap and
     arrays that share memory with each other raise;
     on error no array is modified.
+
+    With ``stats=True`` returns ``(all_finite, l2_norm, max_abs)``: the
+    Euclidean norm (accumulated in float64) and the largest magnitude of
+    all the floating values after the multiply, gathered in the same memory
+    pass (NaN when a NaN is left, inf when an inf is).  The sums do not
+    depend on `threads` or on the CPU's vector width.  `threads` as in
+    `all_finite`.
     """
     # float32 and half arrays multiply by float32(inv_scale): it must be finite there too
-    return _scan.unscale_(arrays, positive_scale("inv_scale", inv_scale))
+    inv = positive_scale("inv_scale", inv_scale)
+    if not isinstance(stats, (bool, np.bool_)):
+        raise TypeError(f"stats must be a bool, got {stats!r}")
+    return _scan.unscale_(arrays, inv, bool(stats), _threads(threads))

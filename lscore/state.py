@@ -44,8 +44,11 @@ class LossScaleState:
     """One loss-scale state machine: a validated Policy driving the compiled core.
 
     ``update(finite)`` is the single transition; it returns whether the step's
-    gradients should be applied.  Updates on one object are serialised by a
-    lock, so counters stay exact when several threads share it.
+    gradients should be applied.  Updates on one object are serialised, so
+    counters stay exact when several threads share it: a transition is one
+    call into the compiled core, which runs under the GIL (the extension
+    does not declare free-threading support, so the GIL stays on); the
+    writers set_scale and load_state_dict also take a lock among themselves.
     """
 
     __slots__ = ("_policy", "_cy", "_lock")
@@ -70,15 +73,15 @@ class LossScaleState:
         return self._cy.scale
 
     def counters(self) -> dict:
-        with self._lock:
-            cy = self._cy
-            return {k: getattr(cy, k) for k in COUNTERS}
+        cy = self._cy.copy()   # one snapshot, whatever other threads do meanwhile
+        return {k: getattr(cy, k) for k in COUNTERS}
 
     def update(self, finite: bool) -> bool:
         if finite is not True and finite is not False:
             finite = _as_finite(finite)
-        with self._lock:
-            r = self._cy.update(finite)
+        # no lock here: the per-step path stays one C call, atomic under the
+        # GIL (a threading.Lock costs more than the transition itself)
+        r = self._cy.update(finite)
         if r < 0:
             raise LossScaleFloorError(
                 f"loss scale cannot go below its minimum {self._policy.min_scale!r} "
@@ -90,14 +93,18 @@ class LossScaleState:
         v = self._policy.round_scale(
             positive_scale("new_scale", value, precision=self._policy.precision))
         with self._lock:
-            self._cy.scale = v
+            cy = self._cy
+            # next_scale first: an update landing between the two writes then
+            # acts as if it came after both
             if self._policy.apply_next:
-                self._cy.next_scale = v
+                cy.next_scale = v
+            cy.scale = v
 
     def state_dict(self, config: dict | None = None) -> dict:
         """The v1 state: JSON-safe, exact; `config` (the owner's get_config()) is kept as is."""
-        # one snapshot under the lock: scale and counters of the same step
         with self._lock:
+            # copy() is one C call: a consistent snapshot even while another
+            # thread runs update(), which takes no lock
             cy, policy = self._cy.copy(), self._policy
         d = {"format": FORMAT, "policy": policy.to_dict(), "scale": _json_float(cy.scale),
              "counters": {k: getattr(cy, k) for k in COUNTERS}}

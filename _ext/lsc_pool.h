@@ -1,0 +1,514 @@
+/* lsc_pool.h: run a table of buffers through lsc_scan.h, serially or split
+ * over a small pool of helper threads.
+ *
+ * Design: a job is a list of runs cut into chunks of LSC_CHUNK_BYTES; every
+ * participant (the calling thread and any helper that turns up) claims the
+ * next chunk with one atomic add until none is left.  The caller works from
+ * the start, so a helper that is late (asleep, or descheduled because the
+ * other core is busy) simply finds fewer chunks or none: nobody waits for a
+ * helper that has not started, and the caller waits at the end only for a
+ * helper in the middle of one chunk (spinning briefly, then sleeping so the
+ * scheduler can run that helper on the caller's core).  OpenMP waits for
+ * its whole team instead, which stalled for milliseconds on a busy 2-core
+ * machine (shared/research/perf_baselines.md).
+ * Statistics are kept per chunk and summed in chunk order, so the result
+ * has the same bits with any number of threads.  Helpers never touch
+ * Python; the GIL is released by the caller (_scan.pyx).
+ */
+#ifndef LSC_POOL_H
+#define LSC_POOL_H
+
+#include "lsc_scan.h"
+
+#if (defined(__unix__) || defined(__APPLE__)) && !defined(LSC_NO_THREADS) \
+        && !defined(__STDC_NO_ATOMICS__)
+#define LSC_THREADS 1
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <sched.h>
+#include <unistd.h>
+#endif
+
+/* Work unit claimed by one thread: 256 KiB, a few microseconds. */
+#define LSC_CHUNK_BYTES (256 * 1024)
+#define LSC_MAX_THREADS 8
+/* Automatic threading starts at these input sizes (bytes); below them the
+ * wake-up of a helper costs more than it saves.  Measured with `lscore bench`. */
+#define LSC_MT_MIN_BYTES_WRITE (2 * 1024 * 1024)
+#define LSC_MT_MIN_BYTES_SCAN (2 * 1024 * 1024)
+/* How long an idle helper polls for the next job before it sleeps, and how
+ * long the caller polls for a helper finishing its chunk. */
+#define LSC_HELPER_SPIN_NS 50000
+#define LSC_CALLER_SPIN_NS 20000
+
+static inline lsc_n lsc_chunk_elems(const lsc_run *run)
+{
+    if (run->ndim > 1)
+        return run->n > 0 ? run->n : 1;
+    return LSC_CHUNK_BYTES / lsc_formats[run->code].width;
+}
+
+static inline size_t lsc_run_chunks(const lsc_run *run)
+{
+    if (run->code == LSC_CODE_INT || run->n <= 0)
+        return 0;
+    if (run->ndim > 1)
+        return 1;
+    return (size_t)((run->n + lsc_chunk_elems(run) - 1) / lsc_chunk_elems(run));
+}
+
+/* Chunk k of a run: elements [lo, hi); its statistics go to *r. */
+static int lsc_do_chunk(const lsc_run *run, size_t k, int op, double inv, lsc_result *r)
+{
+    lsc_n ce = lsc_chunk_elems(run), lo = (lsc_n)k * ce;
+    lsc_n hi = run->n - lo < ce ? run->n : lo + ce;
+    r->sumsq = 0;
+    r->maxabs = 0;
+    r->found = lsc_do_range(run, lo, hi, op, inv, r);
+    return r->found;
+}
+
+/* The bytes a run touches: [*lo, *hi). */
+static void lsc_run_span(const lsc_run *run, uintptr_t *lo, uintptr_t *hi)
+{
+    intptr_t a = 0, b = 0;
+    if (run->ndim <= 1) {
+        intptr_t last = (intptr_t)(run->n - 1) * (intptr_t)run->stride;
+        a = last < 0 ? last : 0;
+        b = last < 0 ? 0 : last;
+    } else {
+        for (int k = 0; k < run->ndim; k++) {
+            intptr_t last = (intptr_t)(run->shape[k] - 1) * (intptr_t)run->strides[k];
+            if (last < 0)
+                a += last;
+            else
+                b += last;
+        }
+    }
+    *lo = (uintptr_t)run->data + (uintptr_t)a;
+    *hi = (uintptr_t)run->data + (uintptr_t)b + (uintptr_t)lsc_formats[run->code].width;
+}
+
+static int lsc_span_cmp(const void *x, const void *y)
+{
+    uintptr_t a = ((const uintptr_t *)x)[0], b = ((const uintptr_t *)y)[0];
+    return a < b ? -1 : a > b;
+}
+
+/* Do two runs share bytes?  (Two views of one buffer in the same call.)
+ * Their chunks must then not be written by two threads at once: the caller
+ * runs such a job serially, in table order, as the reference does.  Also 1
+ * when the check cannot be made (out of memory). */
+static int lsc_runs_overlap(const lsc_run *runs, size_t nruns)
+{
+    uintptr_t *spans;
+    size_t m = 0;
+    int overlap = 0;
+    if (nruns < 2)
+        return 0;
+    spans = (uintptr_t *)malloc(2 * nruns * sizeof(uintptr_t));
+    if (!spans)
+        return 1;
+    for (size_t i = 0; i < nruns; i++)
+        if (runs[i].code != LSC_CODE_INT && runs[i].n > 0) {
+            lsc_run_span(&runs[i], &spans[2 * m], &spans[2 * m + 1]);
+            m++;
+        }
+    qsort(spans, m, 2 * sizeof(uintptr_t), lsc_span_cmp);
+    for (size_t i = 1, top = 1; i < m && !overlap; i++) {
+        overlap = spans[2 * i] < spans[top];      /* starts before the furthest end so far */
+        if (spans[2 * i + 1] > spans[top])
+            top = 2 * i + 1;
+    }
+    free(spans);
+    return overlap;
+}
+
+/* The whole job on the calling thread. */
+static lsc_result lsc_exec_serial(const lsc_run *runs, size_t nruns, int op, double inv)
+{
+    const lsc_isa *isa = lsc_isa_get();
+    lsc_result total = {0, 0.0, 0.0}, cr;
+    for (size_t i = 0; i < nruns; i++) {
+        const lsc_run *run = &runs[i];
+        const lsc_format *f = &lsc_formats[run->code];
+        int found;
+        if (run->code == LSC_CODE_INT || run->n <= 0)
+            continue;
+        if (op & LSC_OP_STATS) {
+            /* chunk by chunk, exactly as the threads do, for the same sums */
+            for (size_t k = 0, nc = lsc_run_chunks(run); k < nc; k++) {
+                lsc_do_chunk(run, k, op, inv, &cr);
+                lsc_result_merge(&total, &cr);
+            }
+            continue;
+        }
+        if (run->ndim <= 1 && !run->swapped && run->stride == f->width)
+            /* the common case, straight to the kernel (many small arrays) */
+            found = op == LSC_OP_SCAN ? isa->scan[f->widx](run->data, run->n, f->em, f->lsb)
+                                      : isa->unscale[run->code](run->data, run->n, inv);
+        else
+            found = lsc_do_range(run, 0, run->n, op, inv, &cr);
+        if (found) {
+            total.found = 1;
+            if (op == LSC_OP_SCAN)
+                return total;
+        }
+    }
+    return total;
+}
+
+#ifdef LSC_THREADS
+
+typedef struct {
+    const lsc_run *runs;
+    size_t nruns;
+    const size_t *first;        /* first[i]: first chunk of run i; first[nruns] = nchunks */
+    size_t nchunks;
+    int op;
+    double inv;
+    lsc_result *chunk_res;      /* one per chunk, for statistics */
+    int max_helpers;
+    atomic_size_t next;         /* next chunk to claim */
+    atomic_int found;
+    atomic_int seats;           /* helpers that joined */
+} lsc_job;
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t wake;        /* helpers sleep here between jobs */
+    pthread_cond_t done;        /* the caller sleeps here for a late helper */
+    int nhelpers;
+    _Atomic(lsc_job *) job;
+    atomic_uint gen;            /* bumped once per job */
+    atomic_int active;          /* helpers between joining and leaving a job */
+    atomic_int closed;          /* the current job takes no more helpers */
+    atomic_int sleeping;
+    atomic_int caller_waiting;
+    atomic_int busy;            /* a caller owns the pool */
+} lsc_pool;
+
+static lsc_pool *lsc_pool_g;
+static atomic_int lsc_pool_state;   /* 0 none, 1 being built, 2 ready, 3 unavailable */
+static atomic_size_t lsc_helper_chunks;   /* chunks done by helpers, ever (for tests) */
+
+/* One turn of a polling loop.  Every 16th turn gives the CPU away: when the
+ * other core is busy, the thread we wait for may be queued on this very CPU
+ * (a helper woken onto the caller's core, or the caller preempted by one). */
+static inline void lsc_poll_pause(int spins)
+{
+    if ((spins & 15) == 15) {
+        sched_yield();
+        return;
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline int64_t lsc_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Chunk c of the job; returns its found flag. */
+static int lsc_job_chunk(lsc_job *j, size_t c)
+{
+    /* the run holding chunk c: the last i with first[i] <= c */
+    size_t lo = 0, hi = j->nruns;
+    lsc_result r;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (j->first[mid] <= c)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    lsc_do_chunk(&j->runs[lo], c - j->first[lo], j->op, j->inv, &r);
+    if (j->chunk_res)
+        j->chunk_res[c] = r;
+    return r.found;
+}
+
+/* Claim and do chunks until none is left; returns how many were done.  A
+ * helper leaves the last chunk to the caller: a helper preempted inside it
+ * (the other core busy) would make the caller wait for it. */
+static size_t lsc_job_work(lsc_job *j, int helper)
+{
+    size_t done = 0;
+    for (;; done++) {
+        size_t c;
+        if (j->op == LSC_OP_SCAN && atomic_load_explicit(&j->found, memory_order_relaxed))
+            return done;
+        if (helper && atomic_load_explicit(&j->next, memory_order_relaxed) + 1 >= j->nchunks)
+            return done;
+        c = atomic_fetch_add(&j->next, 1);
+        if (c >= j->nchunks)
+            return done;
+        if (lsc_job_chunk(j, c))
+            atomic_store_explicit(&j->found, 1, memory_order_relaxed);
+    }
+}
+
+static unsigned lsc_helper_wait(lsc_pool *P, unsigned seen)
+{
+    int64_t deadline = lsc_now_ns() + LSC_HELPER_SPIN_NS;
+    unsigned g;
+    for (int spins = 0; (g = atomic_load(&P->gen)) == seen; spins++) {
+        if ((spins & 63) == 63 && lsc_now_ns() > deadline) {
+            pthread_mutex_lock(&P->mu);
+            atomic_fetch_add(&P->sleeping, 1);
+            while ((g = atomic_load(&P->gen)) == seen)
+                pthread_cond_wait(&P->wake, &P->mu);
+            atomic_fetch_sub(&P->sleeping, 1);
+            pthread_mutex_unlock(&P->mu);
+            return g;
+        }
+        lsc_poll_pause(spins);
+    }
+    return g;
+}
+
+static void *lsc_helper_main(void *arg)
+{
+    lsc_pool *P = (lsc_pool *)arg;
+    unsigned seen = atomic_load(&P->gen);
+    for (;;) {
+        seen = lsc_helper_wait(P, seen);
+        /* join, then look: the caller closes, then waits for active == 0,
+           so a helper that joins late either sees closed or is waited for */
+        atomic_fetch_add(&P->active, 1);
+        if (!atomic_load(&P->closed)) {
+            lsc_job *j = atomic_load(&P->job);
+            if (atomic_fetch_add(&j->seats, 1) < j->max_helpers)
+                atomic_fetch_add_explicit(&lsc_helper_chunks, lsc_job_work(j, 1),
+                                          memory_order_relaxed);
+        }
+        if (atomic_fetch_sub(&P->active, 1) == 1 && atomic_load(&P->caller_waiting)) {
+            pthread_mutex_lock(&P->mu);
+            pthread_cond_broadcast(&P->done);
+            pthread_mutex_unlock(&P->mu);
+        }
+    }
+    return NULL;
+}
+
+static int lsc_cpu_count(void)
+{
+#if defined(__linux__) && defined(CPU_COUNT)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+        return CPU_COUNT(&set);
+#endif
+    {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        return n > 0 ? (int)n : 1;
+    }
+}
+
+/* A forked child has none of the parent's helpers: start afresh. */
+static void lsc_pool_atfork_child(void)
+{
+    lsc_pool_g = NULL;
+    atomic_store(&lsc_pool_state, 0);
+}
+
+/* Threads the pool runs (callers included): min(CPUs, LSC_MAX_THREADS),
+ * capped by the environment variable LSCORE_NUM_THREADS. */
+static int lsc_pool_threads_wanted(void)
+{
+    int n = lsc_cpu_count();
+    const char *env = getenv("LSCORE_NUM_THREADS");
+    if (n > LSC_MAX_THREADS)
+        n = LSC_MAX_THREADS;
+    if (env && *env) {
+        int e = atoi(env);
+        if (e >= 1 && e < n)
+            n = e;
+    }
+    return n;
+}
+
+static lsc_pool *lsc_pool_build(void)
+{
+    static int atfork_done;
+    int n = lsc_pool_threads_wanted() - 1;
+    lsc_pool *P;
+    pthread_attr_t attr;
+    sigset_t all, old;
+    if (n < 1)
+        return NULL;
+    P = (lsc_pool *)calloc(1, sizeof(lsc_pool));
+    if (!P)
+        return NULL;
+    pthread_mutex_init(&P->mu, NULL);
+    pthread_cond_init(&P->wake, NULL);
+    pthread_cond_init(&P->done, NULL);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    /* helpers take no signals: Python handles them on the main thread */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    for (int i = 0; i < n; i++) {
+        pthread_t t;
+        if (pthread_create(&t, &attr, lsc_helper_main, P) != 0)
+            break;
+        P->nhelpers++;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    if (!atfork_done) {
+        pthread_atfork(NULL, NULL, lsc_pool_atfork_child);
+        atfork_done = 1;
+    }
+    /* a pool whose threads failed to start stays allocated and unused:
+       a helper that did start holds a pointer to it */
+    return P->nhelpers ? P : NULL;
+}
+
+/* The pool, built on first use; NULL while another thread builds it or when
+ * threads are unavailable (then the call runs serially). */
+static lsc_pool *lsc_pool_get(void)
+{
+    int expected = 0;
+    int s = atomic_load(&lsc_pool_state);
+    if (s == 2)
+        return lsc_pool_g;
+    if (s != 0 || !atomic_compare_exchange_strong(&lsc_pool_state, &expected, 1))
+        return NULL;
+    lsc_pool_g = lsc_pool_build();
+    atomic_store(&lsc_pool_state, lsc_pool_g ? 2 : 3);
+    return lsc_pool_g;
+}
+
+static lsc_result lsc_exec_pool(lsc_pool *P, const lsc_run *runs, size_t nruns, int op,
+                                double inv, int threads)
+{
+    lsc_result total = {0, 0.0, 0.0};
+    size_t *first = (size_t *)malloc((nruns + 1) * sizeof(size_t));
+    lsc_job j;
+    int64_t deadline;
+    if (!first)
+        return lsc_exec_serial(runs, nruns, op, inv);
+    first[0] = 0;
+    for (size_t i = 0; i < nruns; i++)
+        first[i + 1] = first[i] + lsc_run_chunks(&runs[i]);
+    j.runs = runs;
+    j.nruns = nruns;
+    j.first = first;
+    j.nchunks = first[nruns];
+    j.op = op;
+    j.inv = inv;
+    j.max_helpers = threads - 1;
+    j.chunk_res = NULL;
+    atomic_init(&j.next, 0);
+    atomic_init(&j.found, 0);
+    atomic_init(&j.seats, 0);
+    if (op & LSC_OP_STATS) {
+        j.chunk_res = (lsc_result *)malloc((j.nchunks ? j.nchunks : 1) * sizeof(lsc_result));
+        if (!j.chunk_res) {
+            free(first);
+            return lsc_exec_serial(runs, nruns, op, inv);
+        }
+    }
+    /* a scan looks at its first chunk alone: a NaN up front (the common
+       overflow) is answered without waking anybody */
+    if (op == LSC_OP_SCAN && j.nchunks && lsc_job_chunk(&j, atomic_fetch_add(&j.next, 1))) {
+        free(first);
+        total.found = 1;
+        return total;
+    }
+    if (atomic_load(&j.next) < j.nchunks) {
+        atomic_store(&P->job, &j);
+        atomic_store(&P->closed, 0);
+        atomic_fetch_add(&P->gen, 1);
+        if (atomic_load(&P->sleeping) > 0) {
+            pthread_mutex_lock(&P->mu);
+            pthread_cond_broadcast(&P->wake);
+            pthread_mutex_unlock(&P->mu);
+        }
+        lsc_job_work(&j, 0);
+        atomic_store(&P->closed, 1);
+        /* wait for helpers still inside a chunk */
+        deadline = lsc_now_ns() + LSC_CALLER_SPIN_NS;
+        for (int spins = 0; atomic_load(&P->active) > 0; spins++) {
+            if ((spins & 63) == 63 && lsc_now_ns() > deadline) {
+                pthread_mutex_lock(&P->mu);
+                atomic_store(&P->caller_waiting, 1);
+                while (atomic_load(&P->active) > 0)
+                    pthread_cond_wait(&P->done, &P->mu);
+                atomic_store(&P->caller_waiting, 0);
+                pthread_mutex_unlock(&P->mu);
+                break;
+            }
+            lsc_poll_pause(spins);
+        }
+    }
+    total.found = atomic_load(&j.found);
+    if (j.chunk_res) {
+        for (size_t c = 0; c < j.nchunks; c++)
+            lsc_result_merge(&total, &j.chunk_res[c]);
+        free(j.chunk_res);
+    }
+    free(first);
+    return total;
+}
+
+#endif /* LSC_THREADS */
+
+/* Chunks helpers have done since the start (tests check the pool works). */
+static size_t lsc_pool_helper_chunks(void)
+{
+#ifdef LSC_THREADS
+    return atomic_load(&lsc_helper_chunks);
+#else
+    return 0;
+#endif
+}
+
+/* The size of the pool (callers included); 1 where threads are unavailable. */
+static int lsc_pool_size(void)
+{
+#ifdef LSC_THREADS
+    return lsc_pool_threads_wanted();
+#else
+    return 1;
+#endif
+}
+
+/* Run `op` over the runs.  threads: 0 picks by size (serial below
+ * LSC_MT_MIN_BYTES_*), 1 is serial, k uses at most k threads. */
+static lsc_result lsc_exec(const lsc_run *runs, size_t nruns, lsc_n total_bytes, int op,
+                           double inv, int threads)
+{
+#ifdef LSC_THREADS
+    if (threads == 0) {
+        lsc_n min_bytes = op == LSC_OP_SCAN ? LSC_MT_MIN_BYTES_SCAN : LSC_MT_MIN_BYTES_WRITE;
+        threads = total_bytes >= min_bytes ? LSC_MAX_THREADS : 1;
+    }
+    if (threads > 1 && total_bytes > LSC_CHUNK_BYTES
+            && !((op & LSC_OP_WRITE) && lsc_runs_overlap(runs, nruns))) {
+        lsc_pool *P = lsc_pool_get();
+        int expected = 0;
+        /* one job at a time; a second caller meanwhile runs serially */
+        if (P && atomic_compare_exchange_strong(&P->busy, &expected, 1)) {
+            lsc_result r = lsc_exec_pool(P, runs, nruns, op, inv, threads);
+            atomic_store(&P->busy, 0);
+            return r;
+        }
+    }
+#else
+    (void)total_bytes;
+    (void)threads;
+#endif
+    return lsc_exec_serial(runs, nruns, op, inv);
+}
+
+#endif /* LSC_POOL_H */

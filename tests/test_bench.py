@@ -1,0 +1,86 @@
+"""`lscore bench` runs on tiny sizes and its JSON has every row (no timed assertions)."""
+import json
+import math
+
+import pytest
+
+from lscore import _cli, bench
+from lscore._ext import _scan
+
+
+def expected_rows():
+    """Every (group, method) the tiny run must report (skipped or not), from the issue's list."""
+    rows = set()
+    for n in (1000, 4096):
+        size = "1e3" if n == 1000 else str(n)
+        for dt in ("float16", "bfloat16", "float32", "float64"):
+            for m in ("lscore", "lscore 1 thread", "np.isfinite(a).all()",
+                      "np.sum(a.view(uint64))", "C read loop"):
+                rows.add((f"all_finite {dt} {size}", m))
+            for m in ("lscore", "lscore 1 thread", "lscore stats=True",
+                      "a *= inv; np.isfinite(a).all()", "torch foreach", "np.copyto", "C memcpy"):
+                rows.add((f"unscale_ {dt} {size}", m))
+    for m in ("lscore all_finite", "lscore unscale_", "numpy loop isfinite().all()",
+              "numpy loop a *= inv; isfinite", "torch foreach"):
+        rows.add(("300 x 64 float32", m))
+    for case in ("300 x 64", "300 log-uniform 1e2..1e5"):
+        for m in ("torch.amp.GradScaler('cpu')", "lscore core + SGD (numpy views)",
+                  "lscore.adapters.torch.GradScaler"):
+            rows.add((f"GradScaler step, {case}", m))
+    rows.add(("NaN at index 0 of 4096 float32", "lscore all_finite"))
+    rows.add(("NaN at index 0 of 4096 float32", "np.isfinite(a).all()"))
+    rows.add(("DynamicLossScale.update([1 element])", "lscore"))
+    rows.add(("import lscore (after numpy)", "subprocess"))
+    for m in ("lscore", "lscore 1 thread", "lscore 2 threads"):
+        rows.add(("unscale_ float32 4096, other core busy", m))
+    auto = _scan.isa()
+    for what in ("all_finite", "unscale_"):
+        for level in _scan.isa_levels():
+            rows.add((f"ISA levels, {what} float32 4096", level))
+        rows.add((f"ISA levels, {what} float32 4096", f"auto ({auto})"))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "bench.json"
+    assert _cli.main(["bench", "--tiny", "--no-progress", "--json", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+def test_json_has_every_row(tiny_run):
+    got = {(r["group"], r["method"]) for r in tiny_run["rows"]}
+    missing = expected_rows() - got
+    assert not missing, sorted(missing)
+
+
+def test_rows_are_timed_or_say_why_not(tiny_run):
+    for r in tiny_run["rows"]:
+        if "skipped" in r:
+            assert r["skipped"], r
+            if "torch" in r["method"] or "GradScaler" in r["group"]:
+                continue
+            assert "ml_dtypes" in r["skipped"], r
+            continue
+        assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"], r
+        assert math.isfinite(r["median_s"]) and r["repeats"] >= 1, r
+        if r["bytes"]:
+            assert r["gbps"] > 0, r
+        for v in r.get("ratios", {}).values():
+            assert v > 0, r
+
+
+def test_ratios_and_targets_present(tiny_run):
+    af = [r for r in tiny_run["rows"]
+          if r["group"] == "all_finite float32 4096" and r["method"] == "lscore"][0]
+    assert set(af["ratios"]) == {"numpy", "np.sum", "C read"}
+    names = [t["target"] for t in tiny_run["targets"]]
+    assert any("NaN at index 0" in n for n in names)
+    assert any("DynamicLossScale.update" in n for n in names)
+    assert any("import lscore" in n for n in names)
+    assert tiny_run["machine"]["isa"] == _scan.isa()
+
+
+def test_table_prints_every_row(tiny_run):
+    text = bench.format_table(tiny_run)
+    assert text.count("\n| ") >= len(tiny_run["rows"]) + len(tiny_run["targets"])
