@@ -190,9 +190,12 @@ class _GradUnscaler:
     def __reduce__(self):
         return (_GradUnscaler, ())
 
-    def __call__(self, param_groups, inv: float, allow_fp16: bool) -> dict:
+    def __call__(self, param_groups, inv: float, allow_fp16: bool, sumsq: list | None = None) -> dict:
         """Multiply every gradient by `inv` in place; {device: found_inf tensor} (1.0 where a
-        gradient held NaN/Inf before the multiply), for the devices that had gradients."""
+        gradient held NaN/Inf before the multiply), for the devices that had gradients.
+
+        With a list `sumsq`, appends the sum of squares of the unscaled gradients
+        (gathered in the same memory pass for the tabled ones)."""
         table = self._table
         if table is None:
             table = self._table = GradTable(torch.Tensor, _CODES, torch.strided, torch.Tensor,
@@ -215,9 +218,16 @@ class _GradUnscaler:
                 if groups:
                     _kernel_unscale(groups, torch.full((), inv, dtype=torch.float32),
                                     torch.zeros((), dtype=torch.float32), found)
+                    if sumsq is not None:
+                        sumsq.extend(float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2
+                                     for ts in groups.values() for t in ts)
         if written:
             # like torch's kernel, this leaves the autograd version counters alone
-            finite = _scan.unscale_raw(*table.views(), inv)
+            if sumsq is None:
+                finite = _scan.unscale_raw(*table.views(), inv)
+            else:
+                finite, norm, _ = _scan.unscale_raw(*table.views(), inv, True)
+                sumsq.append(norm * norm)
             cpu = found.get(_CPU)
             if cpu is None:
                 found[_CPU] = torch.full((), 0.0 if finite else 1.0, dtype=torch.float32)
@@ -462,10 +472,43 @@ class GradScaler:
             _kernel_unscale(groups, inv_scale, found_inf, found)
         return found
 
-    def _unscale_core(self, optimizer, inv: float, allow_fp16: bool) -> dict:
-        return self._unscaler(optimizer.param_groups, inv, allow_fp16)
+    def _unscale_core(self, optimizer, inv: float, allow_fp16: bool, sumsq=None) -> dict:
+        return self._unscaler(optimizer.param_groups, inv, allow_fp16, sumsq)
 
-    def unscale_(self, optimizer) -> None:
+    def unscale_and_clip_(self, optimizer, max_norm: float):
+        """``unscale_(optimizer)`` then ``clip_grad_norm_`` (L2) in one memory pass.
+
+        An lscore extra: the norm of the unscaled CPU gradients comes from the
+        same pass that unscales and checks them, so clipping costs one more
+        multiply instead of two more reads.  Returns the total norm as a tensor,
+        like ``torch.nn.utils.clip_grad_norm_`` (equal to it within float
+        rounding: lscore sums squares in float64).  When a gradient is NaN/Inf
+        the step will be skipped, so nothing is clipped and the norm is
+        returned as is (inf or nan).  Off the CPU path (CUDA tensors, a
+        disabled scaler) it is exactly ``unscale_`` + ``clip_grad_norm_``.
+        """
+        max_norm = real("max_norm", max_norm)
+        if not max_norm > 0:
+            raise ValueError(f"max_norm must be > 0, got {max_norm!r}")
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if not self._enabled or self._on_device:
+            if self._enabled:
+                self.unscale_(optimizer)
+            return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        sumsq: list = []
+        self.unscale_(optimizer, _sumsq=sumsq)
+        total = math.sqrt(math.fsum(sumsq))
+        found = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        finite = not any(v.item() for v in found.values())
+        dtype = params[0].grad.dtype if params else torch.float32
+        if finite and params:
+            coef = max_norm / (total + 1e-6)
+            if coef < 1.0:
+                with torch.no_grad():
+                    torch._foreach_mul_([p.grad for p in params], coef)
+        return torch.tensor(total, dtype=dtype)
+
+    def unscale_(self, optimizer, *, _sumsq=None) -> None:
         """Divide ("unscale") `optimizer`'s gradients by the scale, and check them for NaN/Inf."""
         if not self._enabled:
             return
@@ -486,7 +529,7 @@ class GradScaler:
                                                                     self._allow_fp16)
             else:
                 state["found_inf_per_device"] = self._unscale_core(
-                    optimizer, _reciprocal(self._state.scale), self._allow_fp16)
+                    optimizer, _reciprocal(self._state.scale), self._allow_fp16, _sumsq)
         except ValueError as e:
             if str(e) == "Attempting to unscale FP16 gradients.":
                 raise _fp16_help(e)

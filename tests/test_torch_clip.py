@@ -1,0 +1,70 @@
+"""GradScaler.unscale_and_clip_: one pass, the same result as unscale_ + clip_grad_norm_."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from lscore.adapters.torch import GradScaler  # noqa: E402
+
+
+def make(seed, bad=None):
+    g = torch.Generator().manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    x = torch.randn(64, 16, generator=g)
+    return model, x
+
+
+def one_step(scaler_cls, seed, max_norm, bad, fused):
+    model, x = make(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = scaler_cls("cpu", init_scale=2.0 ** 10)
+    scaler.scale(model(x).pow(2).sum()).backward()
+    if bad is not None:
+        next(model.parameters()).grad.view(-1)[3] = bad
+    if fused:
+        norm = scaler.unscale_and_clip_(opt, max_norm)
+    else:
+        scaler.unscale_(opt)
+        norm = torch.nn.utils.clip_grad_norm_(list(model.parameters()), max_norm)
+    grads = [p.grad.clone() for p in model.parameters()]
+    scaler.step(opt)
+    scaler.update()
+    return norm, grads, [p.detach().clone() for p in model.parameters()], scaler.get_scale()
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 10.0, 1e9])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_matches_unscale_then_clip(seed, max_norm):
+    n1, g1, p1, s1 = one_step(GradScaler, seed, max_norm, None, True)
+    n2, g2, p2, s2 = one_step(torch.amp.GradScaler, seed, max_norm, None, False)
+    assert n1.dtype == n2.dtype and math.isclose(float(n1), float(n2), rel_tol=1e-5)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    for a, b in zip(p1, p2):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert s1 == s2
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nonfinite_step_is_skipped_not_clipped(bad):
+    n1, _, p1, s1 = one_step(GradScaler, 3, 0.5, bad, True)
+    _, _, p2, s2 = one_step(torch.amp.GradScaler, 3, 0.5, bad, False)
+    assert not math.isfinite(float(n1))
+    assert s1 == s2 == 2.0 ** 9
+    for a, b in zip(p1, p2):
+        assert torch.equal(a, b)
+
+
+def test_call_order_and_arguments():
+    model, x = make(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = GradScaler("cpu")
+    scaler.scale(model(x).sum()).backward()
+    with pytest.raises(ValueError, match="max_norm must be > 0"):
+        scaler.unscale_and_clip_(opt, 0)
+    scaler.unscale_and_clip_(opt, 1.0)
+    with pytest.raises(RuntimeError, match="unscale_\\(\\) has already been called"):
+        scaler.unscale_and_clip_(opt, 1.0)
