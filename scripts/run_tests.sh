@@ -5,7 +5,7 @@ set -euo pipefail
 venv="$1"
 export PYTHONDONTWRITEBYTECODE=1
 set +e
-"$venv/bin/python" -m pytest -ra -q tests
+"$venv/bin/python" -m pytest -ra -v tests
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
