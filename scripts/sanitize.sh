@@ -29,7 +29,9 @@ cd "$src"
 # A build that silently lost the flags would pass everything below: check that
 # both extension modules call into the sanitizer runtimes.
 for so in "$venv"/lib/python*/site-packages/lscore/_ext/*.so; do
-    if ! nm -D "$so" | grep -q __asan_report || ! nm -D "$so" | grep -q __ubsan_handle; then
+    # (not `nm | grep -q`: under pipefail grep's early exit gives nm a SIGPIPE)
+    syms="$(nm -D "$so")"
+    if ! grep -q __asan_report <<<"$syms" || ! grep -q __ubsan_handle <<<"$syms"; then
         echo "sanitize: $so is not instrumented" >&2
         exit 1
     fi
