@@ -207,6 +207,27 @@ cdef int _table_grow(table_t *t, Py_ssize_t need) except -1:
     return 0
 
 
+cdef inline lsc_run *_push_run(table_t *t, cnp.ndarray a, lsc_n n, int code,
+                               int swapped) noexcept:
+    """Append `a` as one contiguous run (the caller made room and may then
+    turn it into a strided or N-d run); the table holds a reference."""
+    cdef lsc_run *e = &t.runs[t.size]
+    Py_INCREF(a)
+    t.objs[t.size] = <PyObject *>a
+    t.idxs[t.size] = t.count - 1
+    t.size += 1
+    e.data = <char *>cnp.PyArray_DATA(a)
+    e.n = n
+    e.code = code
+    e.swapped = swapped
+    e.ndim = 1
+    e.stride = cnp.PyArray_ITEMSIZE(a)
+    e.shape = NULL
+    e.strides = NULL
+    t.total_bytes += n * e.stride
+    return e
+
+
 cdef int _add_array(table_t *t, cnp.ndarray a) except -1:
     cdef int code = _dtype_code(a)
     cdef int flags = cnp.PyArray_FLAGS(a)
@@ -234,20 +255,7 @@ cdef int _add_array(table_t *t, cnp.ndarray a) except -1:
         return 0
     if t.size == t.cap:
         _table_grow(t, 1)
-    e = &t.runs[t.size]
-    Py_INCREF(a)
-    t.objs[t.size] = <PyObject *>a
-    t.idxs[t.size] = t.count - 1
-    t.size += 1
-    e.data = <char *>cnp.PyArray_DATA(a)
-    e.n = n
-    e.code = code
-    e.swapped = cnp.PyArray_ISBYTESWAPPED(a)
-    e.ndim = 1
-    e.stride = cnp.PyArray_ITEMSIZE(a)
-    e.shape = NULL
-    e.strides = NULL
-    t.total_bytes += n * e.stride
+    e = _push_run(t, a, n, code, cnp.PyArray_ISBYTESWAPPED(a))
     if one_segment:
         return 0
     st = cnp.PyArray_STRIDES(a)
@@ -274,7 +282,6 @@ cdef inline bint _push_plain(table_t *t, object x) noexcept:
     cdef int flags, nd, k, code, tn
     cdef cnp.npy_intp *shape
     cdef lsc_n n = 1
-    cdef lsc_run *e
     if type(x) is not cnp.ndarray or t.size == t.cap:
         return False
     a = <cnp.ndarray>x
@@ -304,20 +311,7 @@ cdef inline bint _push_plain(table_t *t, object x) noexcept:
     t.count += 1
     if n == 0:
         return True
-    e = &t.runs[t.size]
-    Py_INCREF(a)
-    t.objs[t.size] = <PyObject *>a
-    t.idxs[t.size] = t.count - 1
-    t.size += 1
-    e.data = <char *>cnp.PyArray_DATA(a)
-    e.n = n
-    e.stride = cnp.PyArray_ITEMSIZE(a)
-    e.shape = NULL
-    e.strides = NULL
-    e.ndim = 1
-    e.code = code
-    e.swapped = 0
-    t.total_bytes += n * e.stride
+    _push_run(t, a, n, code, 0)
     return True
 
 
