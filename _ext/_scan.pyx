@@ -13,7 +13,42 @@ from cpython.ref cimport PyObject, PyTypeObject, Py_INCREF, Py_DECREF, Py_TYPE
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.stdint cimport int64_t, uint64_t
 from libc.math cimport isfinite, sqrt
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
+
+cdef extern from *:
+    """
+    /* Start loading what _push_plain reads a few list items on: the array
+     * object 8 items ahead, and the shape of the one 4 ahead (its object
+     * came in 4 items ago), with the start of its data when it is to be
+     * scanned on the spot.  Separately allocated arrays are a chain of
+     * dependent cache misses (list -> object -> shape) that the core cannot
+     * run ahead on by itself.  Always inlined: gcc deems a function that
+     * only prefetches free of effects and would drop the call. */
+    static inline __attribute__((always_inline)) void lsc_prefetch_ahead(PyObject *items, Py_ssize_t i,
+                                                                      int data)
+    {
+        Py_ssize_t m = PyList_GET_SIZE(items);
+        if (i + 8 < m) {
+            const char *o = (const char *)PyList_GET_ITEM(items, i + 8);
+            __builtin_prefetch(o);
+            __builtin_prefetch(o + 64);
+        }
+        if (i + 4 < m) {
+            PyObject *o = PyList_GET_ITEM(items, i + 4);
+            if (Py_TYPE(o) == &PyArray_Type) {
+                __builtin_prefetch(PyArray_DIMS((PyArrayObject *)o));
+                if (data) {
+                    const char *d = (const char *)PyArray_DATA((PyArrayObject *)o);
+                    __builtin_prefetch(d);
+                    __builtin_prefetch(d + 64);
+                    __builtin_prefetch(d + 128);
+                    __builtin_prefetch(d + 192);
+                }
+            }
+        }
+    }
+    """
+    void lsc_prefetch_ahead(list items, Py_ssize_t i, int data) noexcept
 
 from _dtypes cimport *
 
@@ -57,6 +92,7 @@ cdef extern from "lsc_pool.h" nogil:
     int lsc_isa_select(const char *name)
     int lsc_isa_supported(int level)
     const lsc_isa *lsc_isa_get()
+    int lsc_scan_contig(int code, const char *p, lsc_n n)
     int lsc_pool_size()
     size_t lsc_pool_helper_chunks()
     uint64_t lsc_sum_u64(const char *p, lsc_n n)
@@ -82,6 +118,15 @@ ctypedef struct table_t:
     PyObject *inline_objs[INLINE_RUNS]
     Py_ssize_t *idxs        # each run's position among the leaves, in flattened order
     Py_ssize_t inline_idxs[INLINE_RUNS]
+    # unscale_'s cheap disjointness proofs, kept while the table fills
+    size_t prev_hi          # end of the last run's bytes
+    bint in_order           # every run starts at or after the end of the one before
+    bint all_own            # every run's array owns its memory (NPY_ARRAY_OWNDATA)
+    # all_finite scans small contiguous arrays as it meets them, while their
+    # headers are in cache, instead of adding runs (up to this many bytes in
+    # all, so that large inputs still reach the threads)
+    lsc_n inline_budget
+    bint found              # a non-finite element was seen inline
 
 SUPPORTED = ("float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2 "
              "(integer and bool arrays count as finite)")
@@ -161,6 +206,20 @@ cdef inline void _table_init(table_t *t, bint write) noexcept:
     t.write = write
     t.py_nonfinite = False
     t.count = 0
+    t.prev_hi = 0
+    t.in_order = True
+    t.all_own = True
+    t.inline_budget = 0 if write else NOGIL_BYTES
+    t.found = False
+
+
+cdef inline void _note_bytes(table_t *t, size_t lo, size_t hi, int flags) noexcept:
+    """Record that the run just added spans [lo, hi) (for _check_disjoint)."""
+    if lo < t.prev_hi:
+        t.in_order = False
+    t.prev_hi = hi
+    if not (flags & cnp.NPY_ARRAY_OWNDATA):
+        t.all_own = False
 
 
 cdef void _table_free(table_t *t) noexcept:
@@ -236,6 +295,7 @@ cdef int _add_array(table_t *t, cnp.ndarray a) except -1:
     cdef cnp.npy_intp *st
     cdef lsc_n n = 1
     cdef lsc_run *e
+    cdef size_t lo, hi
     cdef bint one_segment = (flags & (cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_F_CONTIGUOUS)) != 0
     for k in range(nd):
         n *= shape[k]
@@ -256,6 +316,9 @@ cdef int _add_array(table_t *t, cnp.ndarray a) except -1:
     if t.size == t.cap:
         _table_grow(t, 1)
     e = _push_run(t, a, n, code, cnp.PyArray_ISBYTESWAPPED(a))
+    if t.write:
+        _extent(a, &lo, &hi)
+        _note_bytes(t, lo, hi, flags)
     if one_segment:
         return 0
     st = cnp.PyArray_STRIDES(a)
@@ -282,6 +345,7 @@ cdef inline bint _push_plain(table_t *t, object x) noexcept:
     cdef int flags, nd, k, code, tn
     cdef cnp.npy_intp *shape
     cdef lsc_n n = 1
+    cdef lsc_run *e
     if type(x) is not cnp.ndarray or t.size == t.cap:
         return False
     a = <cnp.ndarray>x
@@ -311,11 +375,19 @@ cdef inline bint _push_plain(table_t *t, object x) noexcept:
     t.count += 1
     if n == 0:
         return True
-    _push_run(t, a, n, code, 0)
+    if n * cnp.PyArray_ITEMSIZE(a) <= t.inline_budget:
+        t.inline_budget -= n * cnp.PyArray_ITEMSIZE(a)
+        if not t.found:
+            t.found = lsc_scan_contig(code, <const char *>cnp.PyArray_DATA(a), n)
+        return True
+    e = _push_run(t, a, n, code, 0)
+    if t.write:
+        _note_bytes(t, <size_t>e.data, <size_t>e.data + <size_t>(n * e.stride), flags)
     return True
 
 
 cdef int _collect(table_t *t, object obj, int depth) except -1:
+    cdef Py_ssize_t i
     if depth > MAX_DEPTH:
         raise ValueError(f"arrays are nested deeper than {MAX_DEPTH} levels "
                          "(is a container inside itself?)")
@@ -326,7 +398,8 @@ cdef int _collect(table_t *t, object obj, int depth) except -1:
     if type(obj) is list:
         # the common input: a flat list of arrays, without a call per item
         _table_grow(t, len(<list>obj))
-        for x in <list>obj:
+        for i, x in enumerate(<list>obj):
+            lsc_prefetch_ahead(<list>obj, i, t.inline_budget > 0)
             if _push_plain(t, x):
                 continue
             if cnp.PyArray_Check(x):
@@ -376,18 +449,53 @@ cdef void _extent(cnp.ndarray a, size_t *lo, size_t *hi) noexcept:
     hi[0] += cnp.PyArray_ITEMSIZE(a)
 
 
+cdef bint _repeats(table_t *t) noexcept:
+    """True when some array object is in the table twice (or memory ran out:
+    the caller then takes the slow path, which decides exactly)."""
+    cdef Py_ssize_t i, k, m = t.size, cap = 64
+    cdef size_t mask, h
+    cdef PyObject *o
+    cdef PyObject *stack_slots[1024]
+    cdef PyObject **slots = stack_slots
+    while cap < 2 * m:
+        cap *= 2
+    if cap > 1024:
+        slots = <PyObject **>PyMem_Malloc(cap * sizeof(PyObject *))
+        if slots == NULL:
+            return True
+    memset(slots, 0, cap * sizeof(PyObject *))
+    mask = <size_t>cap - 1
+    for i in range(m):
+        o = t.objs[i]
+        h = (<size_t>o >> 4) * <size_t>0x9E3779B97F4A7C15 >> 32
+        k = h & mask
+        while slots[k] != NULL and slots[k] != o:
+            k = (k + 1) & mask
+        if slots[k] == o:
+            break
+        slots[k] = o
+    else:
+        i = -1
+    if slots != stack_slots:
+        PyMem_Free(slots)
+    return i >= 0
+
+
 cdef int _check_disjoint(table_t *t) except -1:
     """unscale_ must not multiply an element twice: refuse arrays that share memory.
 
-    Byte ranges [lo, hi) are pairwise disjoint exactly when, with the lo's and
-    the hi's sorted separately, every sorted lo[i + 1] >= sorted hi[i]: two
-    sorts and one sweep.  Only when that fails are pairs examined, and
-    np.shares_memory has the last word (interleaved views such as a[::2] and
-    a[1::2] are fine).
+    Two cheap proofs come first, both gathered while the table filled: the
+    runs lie one after another in memory (views of one flat buffer, in
+    order), or every array owns its memory and none is passed twice (two
+    arrays that own their memory never share it).  Otherwise: byte ranges
+    [lo, hi) are pairwise disjoint exactly when, with the lo's and the hi's
+    sorted separately, every sorted lo[i + 1] >= sorted hi[i]: two sorts and
+    one sweep.  Only when that fails are pairs examined, and np.shares_memory
+    has the last word (interleaved views such as a[::2] and a[1::2] are fine).
     """
     cdef Py_ssize_t i, j, m = t.size
     cdef size_t[::1] lov, hiv
-    if m < 2:
+    if m < 2 or t.in_order or (t.all_own and not _repeats(t)):
         return 0
     lo, hi = np.empty(m, np.uintp), np.empty(m, np.uintp)
     lov, hiv = lo, hi
@@ -449,7 +557,7 @@ def all_finite(arrays, int threads=0):
             _add_array(&t, <cnp.ndarray>arrays)
         else:
             _collect(&t, arrays, 0)
-        if t.py_nonfinite:
+        if t.py_nonfinite or t.found:
             return False
         r = _run(t.runs, t.size, t.total_bytes, LSC_OP_SCAN, 1.0, threads)
     finally:

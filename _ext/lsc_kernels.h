@@ -13,6 +13,25 @@
  */
 #define LSC_F(name) LSC_CAT(name, LSC_SFX)
 
+/* Is `top` set in any 64-bit lane of the vector q?  One vector test where
+ * the ISA has it (a chain of lane extracts cost a third of a 64-element
+ * scan); lsc_scan.h defines LSC_VTEST for the x86 levels. */
+#ifndef LSC_ANY_TOP
+#ifdef LSC_VTEST
+#define LSC_ANY_TOP(q, top) LSC_VTEST(q, top)
+#else
+#define LSC_ANY_TOP(q, top) LSC_F(any_top_)(q, top)
+static inline int LSC_F(any_top_)(uint64_t __attribute__((vector_size(LSC_VBYTES))) q,
+                                  uint64_t top)
+{
+    uint64_t any = 0;
+    for (int l = 0; l < LSC_VBYTES / 8; l++)
+        any |= q[l];
+    return (any & top) != 0;
+}
+#endif
+#endif
+
 /* ---- read-only scan, early exit per block ------------------------------- */
 
 /* The scans use vectors of the ISA's width, LSC_VBYTES (wider ones make
@@ -33,7 +52,6 @@ static int LSC_F(NAME)(const char *p, lsc_n n, uint64_t em64, uint64_t lsb64)   
         lsc_n end = i + m - m % lanes;                                             \
         vec acc = {0}, acc2 = {0};                                                 \
         vq q;                                                                      \
-        uint64_t any = 0;                                                          \
         /* two vectors a turn: two loads per cycle where the core can */         \
         for (; i + 2 * lanes <= end; i += 2 * lanes) {                             \
             vec w, w2;                                                             \
@@ -49,9 +67,7 @@ static int LSC_F(NAME)(const char *p, lsc_n n, uint64_t em64, uint64_t lsb64)   
         }                                                                          \
         acc |= acc2;                                                               \
         memcpy(&q, &acc, LSC_VBYTES);                                              \
-        for (int l = 0; l < LSC_VBYTES / 8; l++)                                   \
-            any |= q[l];                                                           \
-        if (any & (TOP))                                                           \
+        if (LSC_ANY_TOP(q, TOP))                                                   \
             return 1;                                                              \
     }                                                                              \
     for (; i < n; i++) {                                                           \
@@ -72,14 +88,16 @@ LSC_DEFINE_SCAN(scan_u64_, uint64_t, 0x8000000000000000ull)
 
 /* f32 and f64 in explicit vectors of the ISA's width (the auto-vectorised
  * loop spent a third of a 64-element call in its prologue), tail by words. */
-#define LSC_DEFINE_UNSCALE(NAME, T, U, SHIFT, EM, LSB)                             \
+#define LSC_DEFINE_UNSCALE(NAME, T, U, SHIFT, EM, LSB, TOP)                        \
 static int LSC_F(NAME)(char *p, lsc_n n, double inv64)                            \
 {                                                                                  \
     typedef U uvec __attribute__((vector_size(LSC_VBYTES)));                       \
     typedef T fvec __attribute__((vector_size(LSC_VBYTES)));                       \
+    typedef uint64_t vq __attribute__((vector_size(LSC_VBYTES)));                  \
     const lsc_n lanes = LSC_VBYTES / (lsc_n)sizeof(T);                             \
     const T inv = (T)inv64;                                                        \
     uvec acc = {0};                                                                \
+    vq q;                                                                          \
     U any = 0;                                                                     \
     lsc_n j = 0;                                                                   \
     for (; j + lanes <= n; j += lanes) {                                           \
@@ -91,8 +109,9 @@ static int LSC_F(NAME)(char *p, lsc_n n, double inv64)                          
         f *= inv;                                                                  \
         memcpy(p + j * (lsc_n)sizeof(T), &f, LSC_VBYTES);                          \
     }                                                                              \
-    for (int l = 0; l < (int)lanes; l++)                                           \
-        any |= acc[l];                                                             \
+    memcpy(&q, &acc, LSC_VBYTES);                                                  \
+    if (LSC_ANY_TOP(q, TOP))                                                       \
+        any = (U)1 << (SHIFT);                                                     \
     for (; j < n; j++) {                                                           \
         U w;                                                                       \
         T f;                                                                       \
@@ -105,9 +124,10 @@ static int LSC_F(NAME)(char *p, lsc_n n, double inv64)                          
     return (int)(any >> (SHIFT));                                                  \
 }
 
-LSC_DEFINE_UNSCALE(unscale_f32_, float, uint32_t, 31, 0x7F800000u, 0x00800000u)
+LSC_DEFINE_UNSCALE(unscale_f32_, float, uint32_t, 31, 0x7F800000u, 0x00800000u,
+                   0x8000000080000000ull)
 LSC_DEFINE_UNSCALE(unscale_f64_, double, uint64_t, 63, 0x7FF0000000000000ull,
-                   0x0010000000000000ull)
+                   0x0010000000000000ull, 0x8000000000000000ull)
 #undef LSC_DEFINE_UNSCALE
 
 static int LSC_F(unscale_f16_)(char *p, lsc_n n, double inv64)
@@ -129,8 +149,15 @@ static int LSC_F(unscale_f16_)(char *p, lsc_n n, double inv64)
         o = (o & ~nan) | (((o & 0x8000) | 0x7E00) & nan);
         memcpy(p + 2 * j, &o, sizeof(o));
     }
-    for (int l = 0; l < LSC_F16C_LANES; l++)
-        acc |= vacc[l];
+    {
+        /* OR the 64-bit words (2 or 4), not the 8 or 16 halves one by one */
+        uint64_t q[sizeof(vacc) / 8], any = 0;
+        memcpy(q, &vacc, sizeof(q));
+        for (size_t l = 0; l < sizeof(q) / 8; l++)
+            any |= q[l];
+        if (any & 0x8000800080008000ull)
+            acc = 0x8000;
+    }
 #endif
     for (; j < n; j++) {
         uint16_t w;
@@ -311,3 +338,5 @@ static const lsc_isa LSC_F(lsc_isa_) = {
 };
 
 #undef LSC_F
+
+#undef LSC_ANY_TOP

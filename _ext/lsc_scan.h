@@ -191,7 +191,11 @@ typedef struct {
 
 #define LSC_SFX v2
 #define LSC_VBYTES 16
+#ifdef __SSE4_1__   /* part of x86-64-v2, the build's baseline */
+#define LSC_VTEST(q, top) (!_mm_testz_si128((__m128i)(q), _mm_set1_epi64x((long long)(top))))
+#endif
 #include "lsc_kernels.h"
+#undef LSC_VTEST
 #undef LSC_VBYTES
 #undef LSC_SFX
 
@@ -204,7 +208,10 @@ typedef struct {
 #define LSC_F32V __m256
 #define LSC_H2F(w) _mm256_cvtph_ps((__m128i)(w))
 #define LSC_F2H(f) _mm256_cvtps_ph((f), 0)
+#define LSC_VTEST(q, top) \
+    (!_mm256_testz_si256((__m256i)(q), _mm256_set1_epi64x((long long)(top))))
 #include "lsc_kernels.h"
+#undef LSC_VTEST
 #undef LSC_F16C_LANES
 #undef LSC_F32V
 #undef LSC_H2F
@@ -221,7 +228,10 @@ typedef struct {
 #define LSC_F32V __m512
 #define LSC_H2F(w) _mm512_cvtph_ps((__m256i)(w))
 #define LSC_F2H(f) _mm512_cvtps_ph((f), 0)
+#define LSC_VTEST(q, top) \
+    (_mm512_test_epi64_mask((__m512i)(q), _mm512_set1_epi64((long long)(top))) != 0)
 #include "lsc_kernels.h"
+#undef LSC_VTEST
 #undef LSC_F16C_LANES
 #undef LSC_F32V
 #undef LSC_H2F
@@ -369,6 +379,13 @@ static inline double lsc_word_value(int code, uint64_t w, uint64_t *magbits)
     }
     *magbits = lsc_f32_bits(f) & 0x7FFFFFFFu;
     return f;
+}
+
+/* A contiguous native-order array: any non-finite element?  Early exit. */
+static inline int lsc_scan_contig(int code, const char *p, lsc_n n)
+{
+    const lsc_format *f = &lsc_formats[code];
+    return lsc_isa_get()->scan[f->widx](p, n, f->em, f->lsb);
 }
 
 /* One 1-D run: any non-finite element?  Early exit. */

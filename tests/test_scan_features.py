@@ -251,3 +251,75 @@ def test_isa_controls():
     assert _scan.pool_size() >= 1
     with pytest.raises(ValueError, match="not available"):
         _scan.set_isa("v9")
+
+
+def _shared_memory_case(rng):
+    """A list of arrays drawn from a few owned buffers: whole buffers, slices
+    (stepped, reversed, interleaved), copies and repeats, in a random order."""
+    bases = [np.arange(int(rng.integers(4, 40)), dtype=np.float32) for _ in range(3)]
+    pool = []
+    for b in bases:
+        n = b.size
+        i, j = sorted(int(x) for x in rng.integers(0, n + 1, 2))
+        pool += [b, b[i:j], b[::2], b[1::2], b[::-1], b[i:j][::-1], b[j:], b.copy()]
+    arrays = [pool[int(k)] for k in rng.integers(0, len(pool), int(rng.integers(2, 7)))]
+    if rng.random() < 0.5:
+        arrays.sort(key=lambda a: a.__array_interface__["data"][0])
+    return arrays
+
+
+def test_unscale_refuses_exactly_the_arrays_that_share_memory():
+    """The disjointness check's shortcuts (runs in address order, arrays that
+    own their memory) and its general path agree with np.shares_memory."""
+    rng = np.random.default_rng(21)
+    refused = accepted = 0
+    for _ in range(3000):
+        arrays = [a for a in _shared_memory_case(rng) if a.size]
+        clash = any(np.shares_memory(a, b) for k, a in enumerate(arrays) for b in arrays[k + 1:])
+        before = [a.copy() for a in arrays]
+        if clash:
+            with pytest.raises(ValueError, match="do not share memory"):
+                lscore.unscale_(arrays, 0.5)
+            for a, b in zip(arrays, before):
+                assert np.array_equal(a, b)
+            refused += 1
+        else:
+            assert lscore.unscale_(arrays, 0.5) is True
+            for a, b in zip(arrays, before):
+                assert np.array_equal(a, b * np.float32(0.5))
+            accepted += 1
+    assert refused > 300 and accepted > 300, (refused, accepted)
+
+
+@pytest.mark.parametrize("m", [2, 700, 5000])
+def test_unscale_finds_one_repeated_array_among_many(m):
+    """Arrays that own their memory are told apart by identity, in a table
+    on the stack or on the heap for long lists."""
+    rng = np.random.default_rng(m)
+    arrays = [np.ones(3, np.float32) for _ in range(m)]
+    rng.shuffle(arrays)
+    assert lscore.unscale_(arrays, 0.5) is True
+    i, j = sorted(int(x) for x in rng.choice(m, 2, replace=False))
+    arrays[j] = arrays[i]
+    with pytest.raises(ValueError, match=f"arrays {i} and {j} .* overlap"):
+        lscore.unscale_(arrays, 0.5)
+    assert all(np.all(a == 0.5) for a in arrays)
+
+
+def test_all_finite_scans_small_arrays_on_the_way_and_still_checks_the_rest():
+    """Small arrays are scanned as the walk meets them; a non-finite value
+    early on still lets an unsupported array later raise, as the reference does."""
+    small = [np.ones(64, np.float32) for _ in range(50)]
+    small[3][7] = np.nan
+    assert lscore.all_finite(small) is False
+    assert ref.all_finite(small) is False
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        lscore.all_finite(small + [np.zeros(2, np.complex64)])
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        ref.all_finite(small + [np.zeros(2, np.complex64)])
+    # past the inline budget the rest are added as runs and scanned after the walk
+    many = [np.ones(1024, np.float32) for _ in range(400)]
+    many[-1][-1] = np.inf
+    assert lscore.all_finite(many) is False
+    many[-1][-1] = 0
+    assert lscore.all_finite(many) is True
