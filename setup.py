@@ -6,7 +6,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 # x86-64-v2 is the portable baseline; faster kernels are picked at run time
-# (target_clones in _ext/lsc_scan.h).  No -ffast-math: the state machine and
+# (#pragma GCC target copies in _ext/lsc_scan.h).  No -ffast-math: the state machine and
 # the unscale must round exactly as the peers do.
 FLAGS = ["-O3", "-fno-strict-aliasing", "-ffp-contract=off"]
 if platform.machine() in ("x86_64", "AMD64"):

@@ -14,41 +14,7 @@ from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.stdint cimport int64_t, uint64_t
 from libc.math cimport isfinite, sqrt
 from libc.string cimport memcpy, memset
-
-cdef extern from *:
-    """
-    /* Start loading what _push_plain reads a few list items on: the array
-     * object 8 items ahead, and the shape of the one 4 ahead (its object
-     * came in 4 items ago), with the start of its data when it is to be
-     * scanned on the spot.  Separately allocated arrays are a chain of
-     * dependent cache misses (list -> object -> shape) that the core cannot
-     * run ahead on by itself.  Always inlined: gcc deems a function that
-     * only prefetches free of effects and would drop the call. */
-    static inline __attribute__((always_inline)) void lsc_prefetch_ahead(PyObject *items, Py_ssize_t i,
-                                                                      int data)
-    {
-        Py_ssize_t m = PyList_GET_SIZE(items);
-        if (i + 8 < m) {
-            const char *o = (const char *)PyList_GET_ITEM(items, i + 8);
-            __builtin_prefetch(o);
-            __builtin_prefetch(o + 64);
-        }
-        if (i + 4 < m) {
-            PyObject *o = PyList_GET_ITEM(items, i + 4);
-            if (Py_TYPE(o) == &PyArray_Type) {
-                __builtin_prefetch(PyArray_DIMS((PyArrayObject *)o));
-                if (data) {
-                    const char *d = (const char *)PyArray_DATA((PyArrayObject *)o);
-                    __builtin_prefetch(d);
-                    __builtin_prefetch(d + 64);
-                    __builtin_prefetch(d + 128);
-                    __builtin_prefetch(d + 192);
-                }
-            }
-        }
-    }
-    """
-    void lsc_prefetch_ahead(list items, Py_ssize_t i, int data) noexcept
+from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
 
 from _dtypes cimport *
 
@@ -62,6 +28,21 @@ cdef extern from "numpy/ndarraytypes.h":
     enum:
         NPY_HALF
         NPY_USERDEF
+
+# The array accessors on a borrowed PyArrayObject * (an ndarray variable
+# would take a reference to each array), for _plain_list
+cdef extern from "numpy/arrayobject.h":
+    int P_FLAGS "PyArray_FLAGS"(cnp.PyArrayObject *a) nogil
+    int P_TYPE "PyArray_TYPE"(cnp.PyArrayObject *a) nogil
+    int P_NDIM "PyArray_NDIM"(cnp.PyArrayObject *a) nogil
+    cnp.npy_intp *P_DIMS "PyArray_DIMS"(cnp.PyArrayObject *a) nogil
+    char *P_DATA "PyArray_BYTES"(cnp.PyArrayObject *a) nogil
+    bint P_ISBYTESWAPPED "PyArray_ISBYTESWAPPED"(cnp.PyArrayObject *a) nogil
+    PyTypeObject PyArray_Type
+
+cdef extern from "Python.h":
+    ctypedef struct PyListObject:
+        PyObject **ob_item
 
 cdef extern from "lsc_pool.h" nogil:
     ctypedef int64_t lsc_n
@@ -80,6 +61,9 @@ cdef extern from "lsc_pool.h" nogil:
         double maxabs
     ctypedef struct lsc_isa:
         const char *name
+    ctypedef struct lsc_format:
+        int width
+    const lsc_format lsc_formats[]
     enum:
         LSC_OP_SCAN
         LSC_OP_WRITE
@@ -93,6 +77,7 @@ cdef extern from "lsc_pool.h" nogil:
     int lsc_isa_supported(int level)
     const lsc_isa *lsc_isa_get()
     int lsc_scan_contig(int code, const char *p, lsc_n n)
+    int lsc_unscale_contig(int code, char *p, lsc_n n, double inv)
     int lsc_pool_size()
     size_t lsc_pool_helper_chunks()
     uint64_t lsc_sum_u64(const char *p, lsc_n n)
@@ -122,11 +107,6 @@ ctypedef struct table_t:
     size_t prev_hi          # end of the last run's bytes
     bint in_order           # every run starts at or after the end of the one before
     bint all_own            # every run's array owns its memory (NPY_ARRAY_OWNDATA)
-    # all_finite scans small contiguous arrays as it meets them, while their
-    # headers are in cache, instead of adding runs (up to this many bytes in
-    # all, so that large inputs still reach the threads)
-    lsc_n inline_budget
-    bint found              # a non-finite element was seen inline
 
 SUPPORTED = ("float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2 "
              "(integer and bool arrays count as finite)")
@@ -209,8 +189,6 @@ cdef inline void _table_init(table_t *t, bint write) noexcept:
     t.prev_hi = 0
     t.in_order = True
     t.all_own = True
-    t.inline_budget = 0 if write else NOGIL_BYTES
-    t.found = False
 
 
 cdef inline void _note_bytes(table_t *t, size_t lo, size_t hi, int flags) noexcept:
@@ -336,25 +314,22 @@ cdef int _add_array(table_t *t, cnp.ndarray a) except -1:
     return 0
 
 
-cdef inline bint _push_plain(table_t *t, object x) noexcept:
-    """Add x when it is the common case: an exact ndarray in one segment, in
-    native byte order, of float16/32/64 or an integer type (writable when
-    writing).  False means "not handled": _add_array then does the general
-    work (other dtypes, strides, byte order) and raises what needs raising."""
-    cdef cnp.ndarray a
-    cdef int flags, nd, k, code, tn
+cdef inline int _plain(PyObject *x, bint write, lsc_n *n) noexcept:
+    """The code of x when it is a plain array: an exact ndarray in one
+    segment, in native byte order, of float16/32/64 (writable when
+    writing), with its element count in n; LSC_CODE_INT for None, integer
+    and bool arrays and empty arrays (nothing to do); -1 otherwise."""
+    cdef cnp.PyArrayObject *a = <cnp.PyArrayObject *>x
+    cdef int flags, tn, code, k
     cdef cnp.npy_intp *shape
-    cdef lsc_n n = 1
-    cdef lsc_run *e
-    if type(x) is not cnp.ndarray or t.size == t.cap:
-        return False
-    a = <cnp.ndarray>x
-    flags = cnp.PyArray_FLAGS(a)
+    if x == <PyObject *>None:
+        return LSC_CODE_INT
+    if Py_TYPE(<object>x) is not &PyArray_Type:
+        return -1
+    flags = P_FLAGS(a)
     if not (flags & (cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_F_CONTIGUOUS)):
-        return False
-    if t.write and not (flags & cnp.NPY_ARRAY_WRITEABLE):
-        return False
-    tn = cnp.PyArray_TYPE(a)
+        return -1
+    tn = P_TYPE(a)
     if tn == cnp.NPY_FLOAT:
         code = LSC_CODE_F32
     elif tn == NPY_HALF:
@@ -362,32 +337,43 @@ cdef inline bint _push_plain(table_t *t, object x) noexcept:
     elif tn == cnp.NPY_DOUBLE:
         code = LSC_CODE_F64
     elif tn <= cnp.NPY_ULONGLONG:
-        t.count += 1
-        return True
+        return LSC_CODE_INT
     else:
+        return -1
+    if P_ISBYTESWAPPED(a) or (write and not (flags & cnp.NPY_ARRAY_WRITEABLE)):
+        return -1
+    shape = P_DIMS(a)
+    n[0] = 1
+    for k in range(P_NDIM(a)):
+        n[0] *= shape[k]
+    return code if n[0] else LSC_CODE_INT
+
+
+cdef inline bint _push_plain(table_t *t, object x) noexcept:
+    """Add x when it is a plain array (see _plain).  False means "not
+    handled": _add_array then does the general work (other dtypes, strides,
+    byte order) and raises what needs raising."""
+    cdef lsc_n n = 0
+    cdef int code
+    cdef lsc_run *e
+    if x is None:
+        return True
+    if t.size == t.cap:
         return False
-    if cnp.PyArray_ISBYTESWAPPED(a):
+    code = _plain(<PyObject *>x, t.write, &n)
+    if code < 0:
         return False
-    nd = cnp.PyArray_NDIM(a)
-    shape = cnp.PyArray_DIMS(a)
-    for k in range(nd):
-        n *= shape[k]
     t.count += 1
-    if n == 0:
+    if code == LSC_CODE_INT:
         return True
-    if n * cnp.PyArray_ITEMSIZE(a) <= t.inline_budget:
-        t.inline_budget -= n * cnp.PyArray_ITEMSIZE(a)
-        if not t.found:
-            t.found = lsc_scan_contig(code, <const char *>cnp.PyArray_DATA(a), n)
-        return True
-    e = _push_run(t, a, n, code, 0)
+    e = _push_run(t, <cnp.ndarray>x, n, code, 0)
     if t.write:
-        _note_bytes(t, <size_t>e.data, <size_t>e.data + <size_t>(n * e.stride), flags)
+        _note_bytes(t, <size_t>e.data, <size_t>e.data + <size_t>(n * e.stride),
+                    cnp.PyArray_FLAGS(<cnp.ndarray>x))
     return True
 
 
 cdef int _collect(table_t *t, object obj, int depth) except -1:
-    cdef Py_ssize_t i
     if depth > MAX_DEPTH:
         raise ValueError(f"arrays are nested deeper than {MAX_DEPTH} levels "
                          "(is a container inside itself?)")
@@ -398,8 +384,7 @@ cdef int _collect(table_t *t, object obj, int depth) except -1:
     if type(obj) is list:
         # the common input: a flat list of arrays, without a call per item
         _table_grow(t, len(<list>obj))
-        for i, x in enumerate(<list>obj):
-            lsc_prefetch_ahead(<list>obj, i, t.inline_budget > 0)
+        for x in <list>obj:
             if _push_plain(t, x):
                 continue
             if cnp.PyArray_Check(x):
@@ -449,14 +434,16 @@ cdef void _extent(cnp.ndarray a, size_t *lo, size_t *hi) noexcept:
     hi[0] += cnp.PyArray_ITEMSIZE(a)
 
 
-cdef bint _repeats(table_t *t) noexcept:
-    """True when some array object is in the table twice (or memory ran out:
-    the caller then takes the slow path, which decides exactly)."""
-    cdef Py_ssize_t i, k, m = t.size, cap = 64
-    cdef size_t mask, h
+cdef bint _repeats(PyObject **objs, Py_ssize_t m) noexcept:
+    """True when some object other than None is in objs[:m] twice (or memory
+    ran out: the caller then takes the slow path, which decides exactly)."""
+    cdef Py_ssize_t i, k, cap = 64
+    cdef size_t mask
     cdef PyObject *o
+    cdef PyObject *none = <PyObject *>None
     cdef PyObject *stack_slots[1024]
     cdef PyObject **slots = stack_slots
+    cdef bint seen = False
     while cap < 2 * m:
         cap *= 2
     if cap > 1024:
@@ -466,19 +453,19 @@ cdef bint _repeats(table_t *t) noexcept:
     memset(slots, 0, cap * sizeof(PyObject *))
     mask = <size_t>cap - 1
     for i in range(m):
-        o = t.objs[i]
-        h = (<size_t>o >> 4) * <size_t>0x9E3779B97F4A7C15 >> 32
-        k = h & mask
+        o = objs[i]
+        if o == none:
+            continue
+        k = ((<size_t>o >> 4) * <size_t>0x9E3779B97F4A7C15 >> 32) & mask
         while slots[k] != NULL and slots[k] != o:
             k = (k + 1) & mask
         if slots[k] == o:
+            seen = True
             break
         slots[k] = o
-    else:
-        i = -1
     if slots != stack_slots:
         PyMem_Free(slots)
-    return i >= 0
+    return seen
 
 
 cdef int _check_disjoint(table_t *t) except -1:
@@ -495,7 +482,7 @@ cdef int _check_disjoint(table_t *t) except -1:
     """
     cdef Py_ssize_t i, j, m = t.size
     cdef size_t[::1] lov, hiv
-    if m < 2 or t.in_order or (t.all_own and not _repeats(t)):
+    if m < 2 or t.in_order or (t.all_own and not _repeats(t.objs, m)):
         return 0
     lo, hi = np.empty(m, np.uintp), np.empty(m, np.uintp)
     lov, hiv = lo, hi
@@ -520,6 +507,49 @@ cdef int _check_disjoint(table_t *t) except -1:
                         "(in flattened order) overlap, so some elements would be "
                         "multiplied twice (the same array passed twice?)")
     return 0
+
+
+cdef int _plain_list(list arrays, bint write, int op, double inv) noexcept:
+    """The common call, a flat list of plain arrays (see _plain) of at most
+    NOGIL_BYTES in all, straight to the kernels: no table, no references.
+    The first pass checks every item, so that nothing is written unless all
+    of them qualify (and, for unscale_, are disjoint); no Python code runs
+    in between.  Returns 1 when some element was non-finite, 0 when none
+    was, and -1 when the list is not of that kind (the general path then
+    decides, and raises what needs raising)."""
+    cdef Py_ssize_t i, m = PyList_GET_SIZE(arrays)
+    cdef PyObject *x
+    cdef int code, found = 0
+    cdef bint in_order = True, all_own = True
+    cdef lsc_n n = 0, total = 0
+    cdef size_t lo, prev_hi = 0
+    for i in range(m):
+        x = PyList_GET_ITEM(arrays, i)
+        code = _plain(x, write, &n)
+        if code < 0:
+            return -1
+        if code == LSC_CODE_INT:
+            continue
+        total += n * lsc_formats[code].width
+        lo = <size_t>P_DATA(<cnp.PyArrayObject *>x)
+        in_order = in_order and lo >= prev_hi
+        prev_hi = lo + <size_t>(n * lsc_formats[code].width)
+        all_own = all_own and (P_FLAGS(<cnp.PyArrayObject *>x) & cnp.NPY_ARRAY_OWNDATA) != 0
+    if total > NOGIL_BYTES:
+        return -1
+    if write and not in_order and (not all_own or _repeats(
+            <PyObject **>&(<PyListObject *>arrays).ob_item[0], m)):
+        return -1
+    for i in range(m):
+        x = PyList_GET_ITEM(arrays, i)
+        code = _plain(x, write, &n)
+        if code == LSC_CODE_INT:
+            continue
+        if op & LSC_OP_WRITE:
+            found |= lsc_unscale_contig(code, P_DATA(<cnp.PyArrayObject *>x), n, inv)
+        elif lsc_scan_contig(code, P_DATA(<cnp.PyArrayObject *>x), n):
+            return 1
+    return found
 
 
 cdef inline lsc_result _run(const lsc_run *runs, size_t nruns, lsc_n total_bytes, int op,
@@ -551,13 +581,18 @@ def all_finite(arrays, int threads=0):
     """
     cdef table_t t
     cdef lsc_result r
+    cdef int found
+    if type(arrays) is list:
+        found = _plain_list(arrays, False, LSC_OP_SCAN, 1.0)
+        if found >= 0:
+            return not found
     _table_init(&t, False)
     try:
         if cnp.PyArray_Check(arrays):
             _add_array(&t, <cnp.ndarray>arrays)
         else:
             _collect(&t, arrays, 0)
-        if t.py_nonfinite or t.found:
+        if t.py_nonfinite:
             return False
         r = _run(t.runs, t.size, t.total_bytes, LSC_OP_SCAN, 1.0, threads)
     finally:
@@ -572,6 +607,11 @@ def unscale_(arrays, double inv_scale, bint stats=False, int threads=0):
     """
     cdef table_t t
     cdef lsc_result r
+    cdef int found
+    if type(arrays) is list and not stats:
+        found = _plain_list(arrays, True, _write_op(inv_scale, False), inv_scale)
+        if found >= 0:
+            return not found
     _table_init(&t, True)
     try:
         if cnp.PyArray_Check(arrays):

@@ -388,6 +388,13 @@ static inline int lsc_scan_contig(int code, const char *p, lsc_n n)
     return lsc_isa_get()->scan[f->widx](p, n, f->em, f->lsb);
 }
 
+/* The same, multiplying every element by inv in place (the whole array, also
+ * after a non-finite value). */
+static inline int lsc_unscale_contig(int code, char *p, lsc_n n, double inv)
+{
+    return lsc_isa_get()->unscale[code](p, n, inv);
+}
+
 /* One 1-D run: any non-finite element?  Early exit. */
 static int lsc_scan_run(int code, int swapped, const char *p, lsc_n n, lsc_n stride)
 {

@@ -305,6 +305,42 @@ def _step_fn(torch, method, params, opt, adapter):
     return step
 
 
+def _bench_torch_small(rows: _Rows, opts, torch, rng) -> None:
+    """GradScaler.unscale_ + update on 300 parameters of 64 elements: the fixed
+    cost per torch tensor of the whole path (.grad, dtype, device, strides,
+    data pointer), with fresh gradient tensors every step as after torch's
+    default zero_grad(set_to_none=True)."""
+    g = f"GradScaler.unscale_ + update, {N_SMALL} x 64"
+    kw = dict(dtype="float32", n=64 * N_SMALL, per=N_SMALL, opts=opts)
+    methods = ("torch.amp.GradScaler('cpu')", "lscore.adapters.torch.GradScaler")
+    if torch is None:
+        for m in methods:
+            rows.add(g, m, skip=TORCH_SKIP, **kw)
+        return
+    try:
+        from lscore.adapters.torch import GradScaler as adapter
+    except ImportError:
+        adapter = None
+    grads = [[torch.randn(64) for _ in range(N_SMALL)] for _ in range(2)]
+    for m in methods:
+        if m.startswith("lscore") and adapter is None:
+            rows.add(g, m, skip="lscore.adapters.torch is not available", **kw)
+            continue
+        params = [torch.nn.Parameter(torch.zeros(64)) for _ in range(N_SMALL)]
+        opt = torch.optim.SGD(params, lr=1e-6)
+        scaler = (adapter if m.startswith("lscore") else torch.amp.GradScaler)(
+            "cpu", init_scale=1.0, growth_interval=1 << 30)
+        scaler.scale(torch.ones(()))
+        turn = _alternating([0, 1])
+
+        def step():
+            for p, gr in zip(params, grads[turn()]):   # new .grad objects each step
+                p.grad = gr
+            scaler.unscale_(opt)
+            scaler.update()
+        rows.add(g, m, step, nbytes=2 * 4 * 64 * N_SMALL, **kw)
+
+
 def _bench_latency(rows: _Rows, opts, torch, rng) -> None:
     """Early exit, the per-step update and the import time."""
     n = max(opts.sizes)
@@ -378,8 +414,8 @@ def _bench_isa(rows: _Rows, opts, torch, rng) -> None:
                     _scan.set_isa(auto)
 
 
-SECTIONS = (_bench_arrays, _bench_small, _bench_gradscaler, _bench_latency, _bench_contention,
-            _bench_isa)
+SECTIONS = (_bench_arrays, _bench_small, _bench_gradscaler, _bench_torch_small, _bench_latency,
+            _bench_contention, _bench_isa)
 
 
 # ---- ratios, targets, output ---------------------------------------------------
@@ -468,6 +504,9 @@ def _targets(rows: list[dict], opts) -> list[dict]:
              "lscore unscale_", 30e-9, N_SMALL)
     absolute("300 x 64 float32 all_finite: per array", f"{N_SMALL} x 64 float32",
              "lscore all_finite", 30e-9, N_SMALL)
+    absolute("300 x 64 torch tensors: GradScaler.unscale_ + update, per tensor",
+             f"GradScaler.unscale_ + update, {N_SMALL} x 64", "lscore.adapters.torch.GradScaler",
+             250e-9, N_SMALL)
     absolute(f"NaN at index 0 of {big}", f"NaN at index 0 of {big} float32", "lscore all_finite",
              5e-6)
     absolute("DynamicLossScale.update([1 element])", "DynamicLossScale.update([1 element])",
@@ -549,7 +588,7 @@ def run(opts: Options) -> dict:
     torch = _torch() if opts.use_torch else None
     rng = np.random.default_rng(0)
     n_rows = (len(opts.sizes) * len(DTYPES) * (len(_AF_METHODS) + len(_UN_METHODS))
-              + 5 + 6 + 4 + 3 * len(opts.contention_sizes)
+              + 5 + 6 + 2 + 4 + 3 * len(opts.contention_sizes)
               + 2 * len(opts.isa_sizes) * (len(_scan.isa_levels()) + 1))
     rows = _Rows(n_rows, opts.progress)
     try:

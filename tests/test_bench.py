@@ -27,6 +27,8 @@ def expected_rows():
         for m in ("torch.amp.GradScaler('cpu')", "lscore core + SGD (numpy views)",
                   "lscore.adapters.torch.GradScaler"):
             rows.add((f"GradScaler step, {case}", m))
+    for m in ("torch.amp.GradScaler('cpu')", "lscore.adapters.torch.GradScaler"):
+        rows.add(("GradScaler.unscale_ + update, 300 x 64", m))
     rows.add(("NaN at index 0 of 4096 float32", "lscore all_finite"))
     rows.add(("NaN at index 0 of 4096 float32", "np.isfinite(a).all()"))
     rows.add(("DynamicLossScale.update([1 element])", "lscore"))
@@ -78,6 +80,7 @@ def test_ratios_and_targets_present(tiny_run):
     assert any("NaN at index 0" in n for n in names)
     assert any("DynamicLossScale.update" in n for n in names)
     assert any("import lscore" in n for n in names)
+    assert any("per tensor" in n for n in names)
     assert tiny_run["machine"]["isa"] == _scan.isa()
 
 

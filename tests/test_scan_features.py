@@ -306,20 +306,29 @@ def test_unscale_finds_one_repeated_array_among_many(m):
     assert all(np.all(a == 0.5) for a in arrays)
 
 
-def test_all_finite_scans_small_arrays_on_the_way_and_still_checks_the_rest():
-    """Small arrays are scanned as the walk meets them; a non-finite value
-    early on still lets an unsupported array later raise, as the reference does."""
+def test_flat_lists_of_plain_arrays_and_the_general_path_agree():
+    """A flat list of plain arrays of up to 256 KiB goes straight to the
+    kernels; anything else in it (a strided or read-only array, a tuple, too
+    many bytes) sends the whole call down the general path, with its errors."""
     small = [np.ones(64, np.float32) for _ in range(50)]
     small[3][7] = np.nan
     assert lscore.all_finite(small) is False
-    assert ref.all_finite(small) is False
+    assert lscore.all_finite(small + [np.ones(8)[::2]]) is False
     with pytest.raises(TypeError, match="unsupported dtype"):
         lscore.all_finite(small + [np.zeros(2, np.complex64)])
-    with pytest.raises(TypeError, match="unsupported dtype"):
-        ref.all_finite(small + [np.zeros(2, np.complex64)])
-    # past the inline budget the rest are added as runs and scanned after the walk
-    many = [np.ones(1024, np.float32) for _ in range(400)]
+    many = [np.ones(1024, np.float32) for _ in range(400)]     # 1.6 MB: the general path
     many[-1][-1] = np.inf
     assert lscore.all_finite(many) is False
     many[-1][-1] = 0
     assert lscore.all_finite(many) is True
+    # unscale_: one read-only array anywhere leaves every array untouched
+    arrays = [np.full(16, 4.0, np.float32) for _ in range(20)]
+    ro = np.full(16, 4.0, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        lscore.unscale_(arrays + [ro], 0.5)
+    with pytest.raises(ValueError, match="read-only"):
+        lscore.unscale_(arrays + [ro], 1.0)
+    assert all(np.all(a == 4.0) for a in arrays)
+    assert lscore.unscale_(arrays + [None, np.arange(3)], 0.5) is True
+    assert all(np.all(a == 2.0) for a in arrays)
