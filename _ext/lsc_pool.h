@@ -135,14 +135,6 @@ static lsc_result lsc_exec_serial(const lsc_run *runs, size_t nruns, int op, dou
         const lsc_run *run = &runs[i];
         const lsc_format *f = &lsc_formats[run->code];
         int found;
-        /* many small arrays: each is its own allocation, which the hardware
-           prefetcher cannot guess; ask for the start of one four runs on */
-        if (i + 4 < nruns) {
-            __builtin_prefetch(runs[i + 4].data);
-            __builtin_prefetch(runs[i + 4].data + 64);
-            __builtin_prefetch(runs[i + 4].data + 128);
-            __builtin_prefetch(runs[i + 4].data + 192);
-        }
         if (run->code == LSC_CODE_INT || run->n <= 0)
             continue;
         if (op & LSC_OP_STATS) {
