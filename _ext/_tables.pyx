@@ -15,12 +15,24 @@
 # while it is in use.
 cimport numpy as cnp
 from cpython.exc cimport PyErr_Clear
+from cpython.ref cimport PyObject, PyTypeObject
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 
 import numpy as np
 
 cnp.import_array()
+
+# A getset descriptor's C getter, to read `.grad` without the attribute
+# lookup (CPython's public descrobject.h layout)
+cdef extern from "Python.h":
+    ctypedef object (*getter_fn)(object, void *)
+    ctypedef struct PyGetSetDef:
+        getter_fn get
+        void *closure
+    ctypedef struct PyGetSetDescrObject:
+        PyGetSetDef *d_getset
+    PyTypeObject PyGetSetDescr_Type
 
 cdef extern from "lsc_dlpack.h":
     enum:
@@ -107,6 +119,7 @@ cdef class GradTable:
     cdef dict _codes_by_dtype
     cdef object _fast_type, _strided, _tensor_type, _assert_error, _fp16
     cdef object _param_type       # the last parameter type seen to pass the isinstance check
+    cdef PyGetSetDef *_grad_get   # its `.grad` getter, when `.grad` is a getset descriptor
     cdef lsc_dl_from_pyobject _dl
 
     def __cinit__(self, fast_type, dict codes, strided, tensor_type,
@@ -120,6 +133,7 @@ cdef class GradTable:
         self._tensor_type = tensor_type
         self._assert_error = assert_error
         self._param_type = None
+        self._grad_get = NULL
         self._dl = _exchange_api(fast_type)
         self._grow(capacity if capacity > 0 else 64)
 
@@ -247,7 +261,11 @@ cdef class GradTable:
                         raise self._assert_error(
                             f"expected param to be torch.Tensor, got {type(p).__name__}")
                     self._param_type = type(p)
-                g = p.grad
+                    self._grad_get = _getset(type(p), "grad")
+                if self._grad_get != NULL:
+                    g = self._grad_get.get(p, self._grad_get.closure)
+                else:
+                    g = p.grad
                 if g is None:
                     continue
                 if dl != NULL and type(g) is fast_type:
@@ -292,6 +310,19 @@ cdef class GradTable:
         """(ptrs, counts, strides, codes) of the runs added so far."""
         n = self.size
         return self._ptrs[:n], self._counts[:n], self._strides[:n], self._codes[:n]
+
+
+cdef PyGetSetDef *_getset(type tp, str name):
+    """The C getset behind `tp.name` when attribute lookup on an instance of
+    tp ends at one (a data descriptor wins over the instance __dict__), else
+    NULL; calling its getter is what `obj.name` would do, minus the lookup."""
+    for klass in tp.__mro__:
+        d = klass.__dict__.get(name)
+        if d is not None:
+            if type(d) is <type>&PyGetSetDescr_Type:
+                return (<PyGetSetDescrObject *><PyObject *>d).d_getset
+            return NULL
+    return NULL
 
 
 cdef int64_t _numel(int ndim, const int64_t *shape) noexcept:

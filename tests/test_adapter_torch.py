@@ -150,6 +150,28 @@ def test_non_tensor_param_message():
         assert str(e) == "expected param to be torch.Tensor, got float"
 
 
+def test_parameter_subclass_that_redefines_grad_is_read_like_torch():
+    """`.grad` is read through torch's C getter only where attribute lookup
+    would end there; a subclass's own `grad` is honoured, as torch does."""
+    class ShadowGrad(torch.nn.Parameter):
+        @property
+        def grad(self):
+            return self.shadow
+
+    plain = [torch.nn.Parameter(torch.zeros(4)) for _ in range(2)]
+    shadow = ShadowGrad(torch.zeros(4))
+    for cls in (TorchScaler, GradScaler):
+        for p in plain:
+            p.grad = torch.full((4,), 8.0)
+        shadow.shadow = torch.full((4,), 8.0)
+        opt = torch.optim.SGD([plain[0], shadow, plain[1]], lr=0.1)   # the type alternates
+        s = cls("cpu", init_scale=2.0)
+        s.scale(torch.ones(()))
+        s.unscale_(opt)
+        for t in (plain[0].grad, shadow.shadow, plain[1].grad):
+            assert torch.equal(t, torch.full((4,), 4.0)), cls
+
+
 @pytest.mark.parametrize("kwargs", [{"growth_factor": 1.0}, {"growth_factor": 0.5},
                                     {"backoff_factor": 1.0}, {"backoff_factor": 2.0}])
 def test_bad_factors_raise_torchs_message(kwargs):

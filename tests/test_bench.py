@@ -27,7 +27,8 @@ def expected_rows():
         for m in ("torch.amp.GradScaler('cpu')", "lscore core + SGD (numpy views)",
                   "lscore.adapters.torch.GradScaler"):
             rows.add((f"GradScaler step, {case}", m))
-    for m in ("torch.amp.GradScaler('cpu')", "lscore.adapters.torch.GradScaler"):
+    for m in (bench.GRAD_HARNESS, "torch.amp.GradScaler('cpu')",
+              "lscore.adapters.torch.GradScaler"):
         rows.add(("GradScaler.unscale_ + update, 300 x 64", m))
     rows.add(("NaN at index 0 of 4096 float32", "lscore all_finite"))
     rows.add(("NaN at index 0 of 4096 float32", "np.isfinite(a).all()"))
