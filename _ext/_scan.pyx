@@ -511,7 +511,8 @@ cdef int _check_disjoint(table_t *t) except -1:
 
 cdef int _plain_list(list arrays, bint write, int op, double inv) noexcept:
     """The common call, a flat list of plain arrays (see _plain) of at most
-    NOGIL_BYTES in all, straight to the kernels: no table, no references.
+    NOGIL_BYTES in all (one pool chunk: threads would not split it either),
+    straight to the kernels: no table, no references.
     The first pass checks every item, so that nothing is written unless all
     of them qualify (and, for unscale_, are disjoint); no Python code runs
     in between.  Returns 1 when some element was non-finite, 0 when none

@@ -16,7 +16,6 @@
 /* Is `top` set in any 64-bit lane of the vector q?  One vector test where
  * the ISA has it (a chain of lane extracts cost a third of a 64-element
  * scan); lsc_scan.h defines LSC_VTEST for the x86 levels. */
-#ifndef LSC_ANY_TOP
 #ifdef LSC_VTEST
 #define LSC_ANY_TOP(q, top) LSC_VTEST(q, top)
 #else
@@ -29,7 +28,6 @@ static inline int LSC_F(any_top_)(uint64_t __attribute__((vector_size(LSC_VBYTES
         any |= q[l];
     return (any & top) != 0;
 }
-#endif
 #endif
 
 /* ---- read-only scan, early exit per block ------------------------------- */
@@ -338,5 +336,4 @@ static const lsc_isa LSC_F(lsc_isa_) = {
 };
 
 #undef LSC_F
-
 #undef LSC_ANY_TOP

@@ -402,7 +402,7 @@ static int lsc_scan_run(int code, int swapped, const char *p, lsc_n n, lsc_n str
     if (code == LSC_CODE_INT || n <= 0)
         return 0;
     if (!swapped && stride == f->width)
-        return lsc_isa_get()->scan[f->widx](p, n, f->em, f->lsb);
+        return lsc_scan_contig(code, p, n);
     for (lsc_n i = 0; i < n; i++)
         if (lsc_word_nonfinite(lsc_load(p + i * stride, f->width, swapped), f))
             return 1;
