@@ -35,8 +35,8 @@ TORCH_SKIP = "torch is not installed"
 
 # ---- timing -----------------------------------------------------------------
 
-def _time(fn, min_time: float, repeat: int) -> dict:
-    """Median/min/max seconds per call of fn; k calls per timing, k fitted to min_time."""
+def _calls_per_timing(fn, min_time: float) -> int:
+    """How many calls of fn last about min_time."""
     k, dt = 1, 0.0
     while True:
         t0 = time.perf_counter()
@@ -46,15 +46,15 @@ def _time(fn, min_time: float, repeat: int) -> dict:
         if dt >= min_time / 4 or k >= 1 << 22:
             break
         k *= 4
-    k = max(1, int(k * min_time / max(dt, 1e-9)))
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in itertools.repeat(None, k):
-            fn()
-        samples.append((time.perf_counter() - t0) / k)
-    return {"median_s": statistics.median(samples), "min_s": min(samples),
-            "max_s": max(samples), "calls": k, "repeats": repeat}
+    return max(1, int(k * min_time / max(dt, 1e-9)))
+
+
+def _timing(fn, k: int) -> float:
+    """Seconds per call over k calls."""
+    t0 = time.perf_counter()
+    for _ in itertools.repeat(None, k):
+        fn()
+    return (time.perf_counter() - t0) / k
 
 
 def _alternating(values):
@@ -63,10 +63,19 @@ def _alternating(values):
 
 
 class _Rows:
-    """The rows of one run, with progress on stderr (tqdm when installed)."""
+    """The rows of one run, with progress on stderr (tqdm when installed).
+
+    `add` queues a row; `flush` times every queued row, taking their
+    `repeat` timings in turns (row 1, row 2, ..., row 1, row 2, ...), so that
+    the rows compared with each other see the same machine: on a shared host
+    a slow spell then lands on all of them instead of on one.  Callers flush
+    before the variables their functions use change.
+    """
 
     def __init__(self, total: int, progress: bool):
         self.rows: list[dict] = []
+        self._queued: list[tuple] = []
+        self._done = 0
         self._bar = None
         self._total = total
         self._progress = progress
@@ -78,33 +87,59 @@ class _Rows:
                 pass
 
     def add(self, group: str, method: str, fn=None, *, nbytes: int = 0, per: int = 1,
-            skip: str | None = None, opts=None, **extra) -> dict | None:
+            skip: str | None = None, opts=None, before=None, **extra) -> None:
+        """Queue a row timing fn (a skipped row when skip is given or fn is None);
+        `before` runs ahead of each of its timings (e.g. to pick an ISA level)."""
         if opts is not None and opts.only and not any(w in group for w in opts.only):
-            return None
+            return
         row = {"group": group, "method": method, "bytes": nbytes, "per": per, **extra}
+        self.rows.append(row)
         if skip is not None or fn is None:
             row["skipped"] = skip or "not available"
+            self._tick(row)
         else:
-            gc.disable()
-            try:
-                row.update(_time(fn, opts.min_time, opts.repeat))
-            finally:
-                gc.enable()
-            if nbytes:
-                row["gbps"] = nbytes / row["median_s"] / 1e9
-        self.rows.append(row)
-        self._tick(f"{group} {method}")
-        return row
+            self._queued.append((row, fn, before, opts))
 
-    def _tick(self, what: str) -> None:
+    def flush(self) -> None:
+        """Time the queued rows, in turns."""
+        queued, self._queued = self._queued, []
+        if not queued:
+            return
+        samples: list[list[float]] = [[] for _ in queued]
+        gc.disable()
+        try:
+            ks = []
+            for row, fn, before, opts in queued:
+                if before is not None:
+                    before()
+                ks.append(_calls_per_timing(fn, opts.min_time))
+            for _ in range(max(opts.repeat for *_, opts in queued)):
+                for i, (row, fn, before, opts) in enumerate(queued):
+                    if len(samples[i]) < opts.repeat:
+                        if before is not None:
+                            before()
+                        samples[i].append(_timing(fn, ks[i]))
+        finally:
+            gc.enable()
+        for (row, *_), k, ts in zip(queued, ks, samples):
+            row.update({"median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts),
+                        "calls": k, "repeats": len(ts)})
+            if row["bytes"]:
+                row["gbps"] = row["bytes"] / row["median_s"] / 1e9
+            self._tick(row)
+
+    def _tick(self, row: dict) -> None:
+        self._done += 1
+        what = f"{row['group']} {row['method']}"
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix_str(what[:40])
         elif self._progress:
-            print(f"\r[{len(self.rows)}/{self._total}] {what[:60]:60s}", end="",
+            print(f"\r[{self._done}/{self._total}] {what[:60]:60s}", end="",
                   file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        self.flush()
         if self._bar is not None:
             self._bar.close()
         elif self._progress:
@@ -210,6 +245,7 @@ def _bench_arrays(rows: _Rows, opts, torch, rng) -> None:
             dst = np.empty_like(a)
             rows.add(g_un, "np.copyto", lambda: np.copyto(dst, a), nbytes=2 * nb, **kw)
             rows.add(g_un, "C memcpy", lambda: _scan._bench_copy(dst, a), nbytes=2 * nb, **kw)
+            rows.flush()
             del a, dst, words
 
 
@@ -328,25 +364,31 @@ def _bench_torch_small(rows: _Rows, opts, torch, rng) -> None:
             if m.startswith("lscore") and adapter is None:
                 rows.add(g, m, skip="lscore.adapters.torch is not available", **kw)
                 continue
-            params = [torch.nn.Parameter(torch.zeros(64)) for _ in range(count)]
-            opt = torch.optim.SGD(params, lr=1e-6)
-            turn = _alternating([0, 1])
+            rows.add(g, m, _torch_small_step(torch, m, grads, adapter),
+                     nbytes=0 if m == GRAD_HARNESS else 2 * 4 * 64 * count, **kw)
+        rows.flush()
 
-            def new_grads():
-                for p, gr in zip(params, grads[turn()]):   # new .grad objects each step
-                    p.grad = gr
-            if m == GRAD_HARNESS:
-                rows.add(g, m, new_grads, **kw)
-                continue
-            scaler = (adapter if m.startswith("lscore") else torch.amp.GradScaler)(
-                "cpu", init_scale=1.0, growth_interval=1 << 30)
-            scaler.scale(torch.ones(()))
 
-            def step():
-                new_grads()
-                scaler.unscale_(opt)
-                scaler.update()
-            rows.add(g, m, step, nbytes=2 * 4 * 64 * count, **kw)
+def _torch_small_step(torch, method, grads, adapter):
+    """One step of `method` on its own parameters, given new .grad tensors first."""
+    params = [torch.nn.Parameter(torch.zeros(64)) for _ in grads[0]]
+    opt = torch.optim.SGD(params, lr=1e-6)
+    turn = _alternating([0, 1])
+
+    def new_grads():
+        for p, g in zip(params, grads[turn()]):   # new .grad objects each step
+            p.grad = g
+    if method == GRAD_HARNESS:
+        return new_grads
+    scaler = (adapter if method.startswith("lscore") else torch.amp.GradScaler)(
+        "cpu", init_scale=1.0, growth_interval=1 << 30)
+    scaler.scale(torch.ones(()))
+
+    def step():
+        new_grads()
+        scaler.unscale_(opt)
+        scaler.update()
+    return step
 
 
 # the part of a step that stands for backward(): the scalers' rows include it
@@ -362,14 +404,16 @@ def _bench_latency(rows: _Rows, opts, torch, rng) -> None:
     rows.add(g, "lscore all_finite", lambda: _scan.all_finite(a), dtype="float32", n=n, opts=opts)
     rows.add(g, "np.isfinite(a).all()", lambda: np.isfinite(a).all(), dtype="float32", n=n,
              opts=opts)
+    rows.flush()
     del a
     ls = lscore.DynamicLossScale()
     grads = [np.ones(1, np.float32)]
     rows.add("DynamicLossScale.update([1 element])", "lscore", lambda: ls.update(grads),
              dtype="float32", n=1, opts=opts)
     if not opts.only or any(w in "import lscore" for w in opts.only):
-        rows.rows.append(_import_time(opts))
-        rows._tick("import time")
+        row = _import_time(opts)
+        rows.rows.append(row)
+        rows._tick(row)
 
 
 def _import_time(opts) -> dict:
@@ -402,6 +446,7 @@ def _bench_contention(rows: _Rows, opts, torch, rng) -> None:
                      nbytes=2 * a.nbytes, **kw)
             rows.add(g, "lscore 2 threads", lambda: _scan.unscale_(a, inv(), False, 2),
                      nbytes=2 * a.nbytes, **kw)
+            rows.flush()
             del a
 
 
@@ -414,16 +459,18 @@ def _bench_isa(rows: _Rows, opts, torch, rng) -> None:
         inv = _alternating([0.5, 2.0])
         for what in ("all_finite", "unscale_"):
             g = f"ISA levels, {what} float32 {_size_label(n)}"
+            fn = ((lambda: _scan.all_finite(a, 1)) if what == "all_finite"
+                  else (lambda: _scan.unscale_(a, inv(), False, 1)))
             for level in levels + ["auto"]:
-                _scan.set_isa(auto if level == "auto" else level)
-                try:
-                    fn = ((lambda: _scan.all_finite(a, 1)) if what == "all_finite"
-                          else (lambda: _scan.unscale_(a, inv(), False, 1)))
-                    rows.add(g, f"{level} ({auto})" if level == "auto" else level, fn,
-                             nbytes=a.nbytes * (1 if what == "all_finite" else 2),
-                             dtype="float32", n=n, opts=opts, isa=level)
-                finally:
-                    _scan.set_isa(auto)
+                rows.add(g, f"{level} ({auto})" if level == "auto" else level, fn,
+                         nbytes=a.nbytes * (1 if what == "all_finite" else 2),
+                         dtype="float32", n=n, opts=opts, isa=level,
+                         before=lambda name=(auto if level == "auto" else level):
+                         _scan.set_isa(name))
+            try:
+                rows.flush()
+            finally:
+                _scan.set_isa(auto)
 
 
 SECTIONS = (_bench_arrays, _bench_small, _bench_gradscaler, _bench_torch_small, _bench_latency,
@@ -625,6 +672,7 @@ def run(opts: Options) -> dict:
     try:
         for section in SECTIONS:
             section(rows, opts, torch, rng)
+            rows.flush()
     finally:
         rows.close()
     _add_ratios(rows.rows)

@@ -89,3 +89,20 @@ def test_ratios_and_targets_present(tiny_run):
 def test_table_prints_every_row(tiny_run):
     text = bench.format_table(tiny_run)
     assert text.count("\n| ") >= len(tiny_run["rows"]) + len(tiny_run["targets"])
+
+
+def test_rows_of_a_group_are_timed_in_turns():
+    """flush() takes the timings of the queued rows round-robin, each after its `before`."""
+    log = []
+    opts = bench.Options(tiny=True, progress=False)
+    rows = bench._Rows(2, False)
+    rows.add("g", "one", lambda: log.append("1"), before=lambda: log.append("A"), opts=opts)
+    rows.add("g", "two", lambda: log.append("2"), before=lambda: log.append("B"), opts=opts)
+    rows.add("g", "skipped", skip="why not", opts=opts)
+    assert log == [] and [r["method"] for r in rows.rows] == ["one", "two", "skipped"]
+    rows.flush()
+    befores = [x for x in log if x in "AB"]
+    assert befores == ["A", "B"] + ["A", "B"] * opts.repeat      # calibration, then turns
+    for r in rows.rows[:2]:
+        assert r["repeats"] == opts.repeat and 0 < r["min_s"] <= r["median_s"] <= r["max_s"]
+    assert rows.rows[2]["skipped"] == "why not"
