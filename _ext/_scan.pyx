@@ -87,6 +87,30 @@ DEF NOGIL_BYTES = 262144
 DEF MAX_DEPTH = 64
 DEF INLINE_RUNS = 16
 
+# unscale_'s cheap proofs that no two arrays share memory, gathered in one
+# pass: the byte ranges come one after another in memory going up (views of
+# one flat buffer, separate arrays allocated in order) or going down (arrays
+# allocated in reverse, as a backward pass makes them), or every array owns
+# its memory (NPY_ARRAY_OWNDATA: two such arrays never share it, so only an
+# array passed twice can clash).
+ctypedef struct order_t:
+    size_t lo, hi           # the last range seen
+    bint up, down, all_own
+
+
+cdef inline void _order_init(order_t *o) noexcept:
+    o.lo = o.hi = 0
+    o.up = o.down = o.all_own = True
+
+
+cdef inline void _order_add(order_t *o, size_t lo, size_t hi, int flags) noexcept:
+    if o.hi:                # not the first range
+        o.up = o.up and lo >= o.hi
+        o.down = o.down and hi <= o.lo
+    o.lo, o.hi = lo, hi
+    o.all_own = o.all_own and (flags & cnp.NPY_ARRAY_OWNDATA) != 0
+
+
 # The table of one call: one lsc_run per non-empty floating array, and a
 # strong reference to each array so that nothing is freed while the kernels
 # run (also without the GIL).  Lives on the C stack; _table_free releases it.
@@ -103,10 +127,7 @@ ctypedef struct table_t:
     PyObject *inline_objs[INLINE_RUNS]
     Py_ssize_t *idxs        # each run's position among the leaves, in flattened order
     Py_ssize_t inline_idxs[INLINE_RUNS]
-    # unscale_'s cheap disjointness proofs, kept while the table fills
-    size_t prev_hi          # end of the last run's bytes
-    bint in_order           # every run starts at or after the end of the one before
-    bint all_own            # every run's array owns its memory (NPY_ARRAY_OWNDATA)
+    order_t order           # unscale_'s cheap disjointness proofs (see order_t)
 
 SUPPORTED = ("float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2 "
              "(integer and bool arrays count as finite)")
@@ -186,18 +207,7 @@ cdef inline void _table_init(table_t *t, bint write) noexcept:
     t.write = write
     t.py_nonfinite = False
     t.count = 0
-    t.prev_hi = 0
-    t.in_order = True
-    t.all_own = True
-
-
-cdef inline void _note_bytes(table_t *t, size_t lo, size_t hi, int flags) noexcept:
-    """Record that the run just added spans [lo, hi) (for _check_disjoint)."""
-    if lo < t.prev_hi:
-        t.in_order = False
-    t.prev_hi = hi
-    if not (flags & cnp.NPY_ARRAY_OWNDATA):
-        t.all_own = False
+    _order_init(&t.order)
 
 
 cdef void _table_free(table_t *t) noexcept:
@@ -296,7 +306,7 @@ cdef int _add_array(table_t *t, cnp.ndarray a) except -1:
     e = _push_run(t, a, n, code, cnp.PyArray_ISBYTESWAPPED(a))
     if t.write:
         _extent(a, &lo, &hi)
-        _note_bytes(t, lo, hi, flags)
+        _order_add(&t.order, lo, hi, flags)
     if one_segment:
         return 0
     st = cnp.PyArray_STRIDES(a)
@@ -368,8 +378,8 @@ cdef inline bint _push_plain(table_t *t, object x) noexcept:
         return True
     e = _push_run(t, <cnp.ndarray>x, n, code, 0)
     if t.write:
-        _note_bytes(t, <size_t>e.data, <size_t>e.data + <size_t>(n * e.stride),
-                    cnp.PyArray_FLAGS(<cnp.ndarray>x))
+        _order_add(&t.order, <size_t>e.data, <size_t>e.data + <size_t>(n * e.stride),
+                   cnp.PyArray_FLAGS(<cnp.ndarray>x))
     return True
 
 
@@ -468,13 +478,16 @@ cdef bint _repeats(PyObject **objs, Py_ssize_t m) noexcept:
     return seen
 
 
+cdef inline bint _disjoint(const order_t *o, PyObject **objs, Py_ssize_t m) noexcept:
+    """True when the cheap proofs show that the m arrays share no memory."""
+    return o.up or o.down or (o.all_own and not _repeats(objs, m))
+
+
 cdef int _check_disjoint(table_t *t) except -1:
     """unscale_ must not multiply an element twice: refuse arrays that share memory.
 
-    Two cheap proofs come first, both gathered while the table filled: the
-    runs lie one after another in memory (views of one flat buffer, in
-    order), or every array owns its memory and none is passed twice (two
-    arrays that own their memory never share it).  Otherwise: byte ranges
+    The cheap proofs of order_t come first, gathered while the table filled.
+    Otherwise: byte ranges
     [lo, hi) are pairwise disjoint exactly when, with the lo's and the hi's
     sorted separately, every sorted lo[i + 1] >= sorted hi[i]: two sorts and
     one sweep.  Only when that fails are pairs examined, and np.shares_memory
@@ -482,7 +495,7 @@ cdef int _check_disjoint(table_t *t) except -1:
     """
     cdef Py_ssize_t i, j, m = t.size
     cdef size_t[::1] lov, hiv
-    if m < 2 or t.in_order or (t.all_own and not _repeats(t.objs, m)):
+    if m < 2 or _disjoint(&t.order, t.objs, m):
         return 0
     lo, hi = np.empty(m, np.uintp), np.empty(m, np.uintp)
     lov, hiv = lo, hi
@@ -521,9 +534,10 @@ cdef int _plain_list(list arrays, bint write, int op, double inv) noexcept:
     cdef Py_ssize_t i, m = PyList_GET_SIZE(arrays)
     cdef PyObject *x
     cdef int code, found = 0
-    cdef bint in_order = True, all_own = True
-    cdef lsc_n n = 0, total = 0
-    cdef size_t lo, prev_hi = 0
+    cdef lsc_n n = 0, total = 0, nbytes
+    cdef size_t lo
+    cdef order_t order
+    _order_init(&order)
     for i in range(m):
         x = PyList_GET_ITEM(arrays, i)
         code = _plain(x, write, &n)
@@ -531,15 +545,13 @@ cdef int _plain_list(list arrays, bint write, int op, double inv) noexcept:
             return -1
         if code == LSC_CODE_INT:
             continue
-        total += n * lsc_formats[code].width
+        nbytes = n * lsc_formats[code].width
+        total += nbytes
         lo = <size_t>P_DATA(<cnp.PyArrayObject *>x)
-        in_order = in_order and lo >= prev_hi
-        prev_hi = lo + <size_t>(n * lsc_formats[code].width)
-        all_own = all_own and (P_FLAGS(<cnp.PyArrayObject *>x) & cnp.NPY_ARRAY_OWNDATA) != 0
+        _order_add(&order, lo, lo + <size_t>nbytes, P_FLAGS(<cnp.PyArrayObject *>x))
     if total > NOGIL_BYTES:
         return -1
-    if write and not in_order and (not all_own or _repeats(
-            <PyObject **>&(<PyListObject *>arrays).ob_item[0], m)):
+    if write and m > 1 and not _disjoint(&order, (<PyListObject *>arrays).ob_item, m):
         return -1
     for i in range(m):
         x = PyList_GET_ITEM(arrays, i)

@@ -263,28 +263,31 @@ def _shared_memory_case(rng):
         i, j = sorted(int(x) for x in rng.integers(0, n + 1, 2))
         pool += [b, b[i:j], b[::2], b[1::2], b[::-1], b[i:j][::-1], b[j:], b.copy()]
     arrays = [pool[int(k)] for k in rng.integers(0, len(pool), int(rng.integers(2, 7)))]
-    if rng.random() < 0.5:
-        arrays.sort(key=lambda a: a.__array_interface__["data"][0])
+    order = rng.integers(0, 3)          # shuffled, by address going up, going down
+    if order:
+        arrays.sort(key=lambda a: a.__array_interface__["data"][0], reverse=bool(order == 2))
     return arrays
 
 
 def test_unscale_refuses_exactly_the_arrays_that_share_memory():
-    """The disjointness check's shortcuts (runs in address order, arrays that
-    own their memory) and its general path agree with np.shares_memory."""
+    """The disjointness check's shortcuts (arrays in address order either way,
+    arrays that own their memory) and its general path agree with
+    np.shares_memory, for lists (the plain-list path) and tuples (the table)."""
     rng = np.random.default_rng(21)
     refused = accepted = 0
     for _ in range(3000):
         arrays = [a for a in _shared_memory_case(rng) if a.size]
         clash = any(np.shares_memory(a, b) for k, a in enumerate(arrays) for b in arrays[k + 1:])
         before = [a.copy() for a in arrays]
+        arg = arrays if rng.random() < 0.5 else tuple(arrays)
         if clash:
             with pytest.raises(ValueError, match="do not share memory"):
-                lscore.unscale_(arrays, 0.5)
+                lscore.unscale_(arg, 0.5)
             for a, b in zip(arrays, before):
                 assert np.array_equal(a, b)
             refused += 1
         else:
-            assert lscore.unscale_(arrays, 0.5) is True
+            assert lscore.unscale_(arg, 0.5) is True
             for a, b in zip(arrays, before):
                 assert np.array_equal(a, b * np.float32(0.5))
             accepted += 1
