@@ -658,6 +658,38 @@ def unscale_raw(const uint64_t[::1] ptrs, const int64_t[::1] counts,
     return _unscale_result(r, stats)
 
 
+cdef bint _raw_small(const uint64_t[::1] ptrs, const int64_t[::1] counts,
+                     const int64_t[::1] strides, const int[::1] codes, int op, double inv,
+                     lsc_result *r) noexcept:
+    """A table of contiguous buffers of at most NOGIL_BYTES in all, without
+    statistics: straight to the kernels, in table order (so aliased buffers
+    are multiplied one after another, as the serial path does); False,
+    having done nothing, for any other table."""
+    cdef Py_ssize_t i, m = ptrs.shape[0]
+    cdef lsc_n total = 0
+    if op & LSC_OP_STATS:
+        return False
+    for i in range(m):
+        if codes[i] == LSC_CODE_INT or counts[i] <= 0:
+            continue
+        if strides[i] != lsc_formats[codes[i]].width:
+            return False
+        total += counts[i] * strides[i]
+        if total > NOGIL_BYTES:
+            return False
+    r.found = 0
+    r.sumsq = r.maxabs = 0.0
+    for i in range(m):
+        if codes[i] == LSC_CODE_INT or counts[i] <= 0:
+            continue
+        if op & LSC_OP_WRITE:
+            r.found |= lsc_unscale_contig(codes[i], <char *>ptrs[i], counts[i], inv)
+        elif lsc_scan_contig(codes[i], <const char *>ptrs[i], counts[i]):
+            r.found = 1
+            break
+    return True
+
+
 cdef lsc_result _raw(const uint64_t[::1] ptrs, const int64_t[::1] counts,
                      const int64_t[::1] strides, const int[::1] codes, int op, double inv,
                      int threads) except *:
@@ -673,6 +705,8 @@ cdef lsc_result _raw(const uint64_t[::1] ptrs, const int64_t[::1] counts,
             raise ValueError(f"unknown dtype code {codes[i]}")
         if (op & LSC_OP_WRITE) and (codes[i] == LSC_CODE_E4M3FN or codes[i] == LSC_CODE_E5M2):
             raise TypeError("unscale_ does not support float8 buffers")
+    if _raw_small(ptrs, counts, strides, codes, op, inv, &r):
+        return r
     if m > INLINE_RUNS:
         runs = <lsc_run *>PyMem_Malloc(m * sizeof(lsc_run))
         if runs == NULL:

@@ -190,6 +190,10 @@ cdef class GradTable:
         cdef int64_t n = 1, span = 1, s, w = _WIDTH[code]
         cdef int m = 0, k, j
         cdef char *p
+        if ndim == 1 and (strides == NULL or strides[0] == 1 or shape[0] <= 1):
+            if shape[0] > 0:                     # the common gradient: a dense vector
+                self._push(<uint64_t><uintptr_t>data, shape[0], w, code)
+            return 1
         if ndim > MAX_DIMS:
             return 0
         for k in range(ndim):

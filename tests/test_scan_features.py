@@ -184,6 +184,31 @@ def test_views_of_one_buffer_are_multiplied_in_order():
         lscore.unscale_([a, a[10:]], 0.5, threads=2)
 
 
+@pytest.mark.parametrize("n", [1000, 900_000])
+def test_raw_tables_small_and_large_alias_and_stride_like_the_reference(n):
+    """Small contiguous tables go straight to the kernels, large or strided
+    ones through the runs: either way aliased buffers are multiplied one
+    after another, in table order, and a NaN is found wherever it is."""
+    rng = np.random.default_rng(n)
+    for case in range(20):
+        a = make_array(rng, np.dtype(np.float32), n, "contiguous")
+        if case % 3 == 0:
+            a[int(rng.integers(0, n))] = np.nan
+        b = a.copy()
+        step = 1 + case % 2                       # odd cases: a strided buffer
+        lo = int(rng.integers(0, n // 2))
+        views = [a, a[lo:], a[lo:lo + 50:step]]
+        ptrs = np.array([v.ctypes.data for v in views], np.uint64)
+        counts = np.array([v.size for v in views], np.int64)
+        strides = np.array([v.strides[0] for v in views], np.int64)
+        codes = np.full(3, int(Code.F32), np.int32)
+        got = _scan.unscale_raw(ptrs, counts, strides, codes, 0.5)
+        want = all([ref.unscale_(v, 0.5) for v in (b, b[lo:], b[lo:lo + 50:step])])
+        assert got is want
+        assert bits_equal_or_both_nan(a, b)
+        assert _scan.all_finite_raw(ptrs, counts, strides, codes) is (case % 3 != 0)
+
+
 def test_raw_tables_take_stats_and_threads():
     rng = np.random.default_rng(13)
     arrays = [make_array(rng, np.dtype(np.float32), n, "contiguous") for n in (5, 70_000, 200_000)]
