@@ -15,7 +15,7 @@
 # while it is in use.
 cimport numpy as cnp
 from cpython.exc cimport PyErr_Clear
-from cpython.ref cimport PyObject, PyTypeObject
+from cpython.ref cimport PyObject, PyTypeObject, Py_TYPE
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 
@@ -33,6 +33,9 @@ cdef extern from "Python.h":
     ctypedef struct PyGetSetDescrObject:
         PyGetSetDef *d_getset
     PyTypeObject PyGetSetDescr_Type
+    # bumped by CPython whenever an attribute of the type (or a base) changes
+    ctypedef struct TypeVersion "PyTypeObject":
+        unsigned int tp_version_tag
 
 cdef extern from "lsc_dlpack.h":
     enum:
@@ -120,6 +123,7 @@ cdef class GradTable:
     cdef object _fast_type, _strided, _tensor_type, _assert_error, _fp16
     cdef object _param_type       # the last parameter type seen to pass the isinstance check
     cdef PyGetSetDef *_grad_get   # its `.grad` getter, when `.grad` is a getset descriptor
+    cdef unsigned int _param_version   # the type's version tag when _grad_get was found
     cdef lsc_dl_from_pyobject _dl
 
     def __cinit__(self, fast_type, dict codes, strided, tensor_type,
@@ -134,6 +138,7 @@ cdef class GradTable:
         self._assert_error = assert_error
         self._param_type = None
         self._grad_get = NULL
+        self._param_version = 0
         self._dl = _exchange_api(fast_type)
         self._grow(capacity if capacity > 0 else 64)
 
@@ -265,7 +270,14 @@ cdef class GradTable:
                         raise self._assert_error(
                             f"expected param to be torch.Tensor, got {type(p).__name__}")
                     self._param_type = type(p)
+                    self._grad_get = NULL
+                    self._param_version = 0
+                if (<TypeVersion *>Py_TYPE(p)).tp_version_tag != self._param_version:
+                    # a new type, or `grad` may have been redefined on it since
                     self._grad_get = _getset(type(p), "grad")
+                    self._param_version = (<TypeVersion *>Py_TYPE(p)).tp_version_tag
+                    if self._param_version == 0:      # no tag: look `.grad` up every time
+                        self._grad_get = NULL
                 if self._grad_get != NULL:
                     g = self._grad_get.get(p, self._grad_get.closure)
                 else:

@@ -171,6 +171,22 @@ def test_parameter_subclass_that_redefines_grad_is_read_like_torch():
         for t in (plain[0].grad, shadow.shadow, plain[1].grad):
             assert torch.equal(t, torch.full((4,), 4.0)), cls
 
+    # `grad` redefined on the class after the scaler has read it once
+    class Later(torch.nn.Parameter):
+        pass
+    p = Later(torch.zeros(4))
+    p.grad = torch.full((4,), 8.0)
+    opt = torch.optim.SGD([p], lr=0.1)
+    s = GradScaler("cpu", init_scale=2.0, growth_interval=1 << 20)
+    s.scale(torch.ones(()))
+    s.unscale_(opt)
+    s.update()
+    assert torch.equal(p.grad, torch.full((4,), 4.0))
+    Later.grad = property(lambda self: self.shadow)
+    p.shadow = torch.full((4,), 8.0)
+    s.unscale_(opt)
+    assert torch.equal(p.shadow, torch.full((4,), 4.0))
+
 
 @pytest.mark.parametrize("kwargs", [{"growth_factor": 1.0}, {"growth_factor": 0.5},
                                     {"backoff_factor": 1.0}, {"backoff_factor": 2.0}])
