@@ -618,6 +618,17 @@ class Adam(ArrayOptimizer):
                 "epsilon": self.epsilon}
 
 
+def inner_attribute(name: str, how: str = "get and set") -> property:
+    """A property that reads and writes ``self._optimizer.<name>``: the
+    wrapped optimizer's attribute, seen through the wrapper."""
+    def fget(self):
+        return getattr(self._optimizer, name)
+
+    def fset(self, value):
+        setattr(self._optimizer, name, value)
+    return property(fget, fset, doc=f"The inner optimizer's ``{name}`` ({how}).")
+
+
 class LossScaleOptimizerBase:
     """Wraps an optimizer with loss scaling; the adapters bind it to an array module.
 
@@ -720,19 +731,10 @@ class LossScaleOptimizerBase:
         else:
             self._own_iterations += 1
 
-    def _passthrough(name):   # noqa: N805 - builds a property at class creation
-        def fget(self):
-            return getattr(self._optimizer, name)
-
-        def fset(self, value):
-            setattr(self._optimizer, name, value)
-        return property(fget, fset, doc=f"The inner optimizer's ``{name}`` (get and set).")
-
-    learning_rate = _passthrough("learning_rate")
-    clipnorm = _passthrough("clipnorm")
-    clipvalue = _passthrough("clipvalue")
-    global_clipnorm = _passthrough("global_clipnorm")
-    del _passthrough
+    learning_rate = inner_attribute("learning_rate")
+    clipnorm = inner_attribute("clipnorm")
+    clipvalue = inner_attribute("clipvalue")
+    global_clipnorm = inner_attribute("global_clipnorm")
 
     # -- scaling ------------------------------------------------------------------
     def get_scaled_loss(self, loss):

@@ -946,18 +946,9 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         optimizer._is_wrapped_by_loss_scale_optimizer = True
 
     # -- what torch code reads: the inner optimizer's groups, state and defaults --
-    def _shared(name):   # noqa: N805 - builds a property at class creation
-        def fget(self):
-            return getattr(self._optimizer, name)
-
-        def fset(self, value):
-            setattr(self._optimizer, name, value)
-        return property(fget, fset, doc=f"The inner optimizer's ``{name}`` (shared).")
-
-    param_groups = _shared("param_groups")
-    state = _shared("state")
-    defaults = _shared("defaults")
-    del _shared
+    param_groups = _optim.inner_attribute("param_groups", "shared")
+    state = _optim.inner_attribute("state", "shared")
+    defaults = _optim.inner_attribute("defaults", "shared")
 
     def add_param_group(self, param_group: dict) -> None:
         self._optimizer.add_param_group(param_group)
