@@ -76,8 +76,7 @@ cdef extern from "lsc_pool.h" nogil:
     int lsc_isa_select(const char *name)
     int lsc_isa_supported(int level)
     const lsc_isa *lsc_isa_get()
-    int lsc_scan_contig(int code, const char *p, lsc_n n)
-    int lsc_unscale_contig(int code, char *p, lsc_n n, double inv)
+    int lsc_contig(int op, int code, char *p, lsc_n n, double inv)
     int lsc_pool_size()
     size_t lsc_pool_helper_chunks()
     uint64_t lsc_sum_u64(const char *p, lsc_n n)
@@ -558,10 +557,10 @@ cdef int _plain_list(list arrays, bint write, int op, double inv) noexcept:
         code = _plain(x, write, &n)
         if code == LSC_CODE_INT:
             continue
-        if op & LSC_OP_WRITE:
-            found |= lsc_unscale_contig(code, P_DATA(<cnp.PyArrayObject *>x), n, inv)
-        elif lsc_scan_contig(code, P_DATA(<cnp.PyArrayObject *>x), n):
-            return 1
+        if lsc_contig(op, code, P_DATA(<cnp.PyArrayObject *>x), n, inv):
+            if op == LSC_OP_SCAN:
+                return 1
+            found = 1
     return found
 
 
@@ -682,11 +681,10 @@ cdef bint _raw_small(const uint64_t[::1] ptrs, const int64_t[::1] counts,
     for i in range(m):
         if codes[i] == LSC_CODE_INT or counts[i] <= 0:
             continue
-        if op & LSC_OP_WRITE:
-            r.found |= lsc_unscale_contig(codes[i], <char *>ptrs[i], counts[i], inv)
-        elif lsc_scan_contig(codes[i], <const char *>ptrs[i], counts[i]):
+        if lsc_contig(op, codes[i], <char *>ptrs[i], counts[i], inv):
             r.found = 1
-            break
+            if op == LSC_OP_SCAN:
+                break
     return True
 
 

@@ -5,7 +5,9 @@
  * `#pragma GCC target` around it, so each copy is the code an
  * -march=x86-64-vN build would emit for the same loops.  lsc_scan.h picks
  * one table of these functions at load time (runtime CPU dispatch) while the
- * extension itself is built for the portable baseline.
+ * extension itself is built for the portable baseline.  Its parameters
+ * (LSC_SFX, LSC_VBYTES, LSC_VTEST and the F16C macros) are #undef'd at the
+ * end, ready for the next copy.
  *
  * Every load and store goes through memcpy (unaligned data is well defined).
  * The scans OR `(w & EXP) + EXP_LSB` over a block: the top bit ends up set
@@ -335,5 +337,13 @@ static const lsc_isa LSC_F(lsc_isa_) = {
     LSC_F(stats_),
 };
 
+/* this copy is done: its parameters are free for the next one */
 #undef LSC_F
 #undef LSC_ANY_TOP
+#undef LSC_VTEST
+#undef LSC_F16C_LANES
+#undef LSC_F32V
+#undef LSC_H2F
+#undef LSC_F2H
+#undef LSC_VBYTES
+#undef LSC_SFX

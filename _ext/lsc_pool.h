@@ -129,11 +129,9 @@ static int lsc_runs_overlap(const lsc_run *runs, size_t nruns)
 /* The whole job on the calling thread. */
 static lsc_result lsc_exec_serial(const lsc_run *runs, size_t nruns, int op, double inv)
 {
-    const lsc_isa *isa = lsc_isa_get();
     lsc_result total = {0, 0.0, 0.0}, cr;
     for (size_t i = 0; i < nruns; i++) {
         const lsc_run *run = &runs[i];
-        const lsc_format *f = &lsc_formats[run->code];
         int found;
         if (run->code == LSC_CODE_INT || run->n <= 0)
             continue;
@@ -145,10 +143,9 @@ static lsc_result lsc_exec_serial(const lsc_run *runs, size_t nruns, int op, dou
             }
             continue;
         }
-        if (run->ndim <= 1 && !run->swapped && run->stride == f->width)
+        if (run->ndim <= 1 && !run->swapped && run->stride == lsc_formats[run->code].width)
             /* the common case, straight to the kernel (many small arrays) */
-            found = op == LSC_OP_SCAN ? isa->scan[f->widx](run->data, run->n, f->em, f->lsb)
-                                      : isa->unscale[run->code](run->data, run->n, inv);
+            found = lsc_contig(op, run->code, run->data, run->n, inv);
         else
             found = lsc_do_range(run, 0, run->n, op, inv, &cr);
         if (found) {

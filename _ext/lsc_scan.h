@@ -195,9 +195,6 @@ typedef struct {
 #define LSC_VTEST(q, top) (!_mm_testz_si128((__m128i)(q), _mm_set1_epi64x((long long)(top))))
 #endif
 #include "lsc_kernels.h"
-#undef LSC_VTEST
-#undef LSC_VBYTES
-#undef LSC_SFX
 
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v3")
@@ -211,13 +208,6 @@ typedef struct {
 #define LSC_VTEST(q, top) \
     (!_mm256_testz_si256((__m256i)(q), _mm256_set1_epi64x((long long)(top))))
 #include "lsc_kernels.h"
-#undef LSC_VTEST
-#undef LSC_F16C_LANES
-#undef LSC_F32V
-#undef LSC_H2F
-#undef LSC_F2H
-#undef LSC_VBYTES
-#undef LSC_SFX
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -231,13 +221,6 @@ typedef struct {
 #define LSC_VTEST(q, top) \
     (_mm512_test_epi64_mask((__m512i)(q), _mm512_set1_epi64((long long)(top))) != 0)
 #include "lsc_kernels.h"
-#undef LSC_VTEST
-#undef LSC_F16C_LANES
-#undef LSC_F32V
-#undef LSC_H2F
-#undef LSC_F2H
-#undef LSC_VBYTES
-#undef LSC_SFX
 #pragma GCC pop_options
 
 static const lsc_isa *const lsc_isas[] = {&lsc_isa_v2, &lsc_isa_v3, &lsc_isa_v4};
@@ -277,8 +260,6 @@ static inline int lsc_isa_supported(int level)
 #endif
 #endif
 #include "lsc_kernels.h"
-#undef LSC_VBYTES
-#undef LSC_SFX
 static const lsc_isa *const lsc_isas[] = {&lsc_isa_baseline};
 #define LSC_NISAS 1
 static inline int lsc_isa_supported(int level) { return level == 0; }
@@ -432,7 +413,7 @@ static int lsc_unscale_run(int code, int swapped, char *p, lsc_n n, lsc_n stride
         if (ks)
             return lsc_isa_get()->stats(code, p, n, inv, write, ks);
         if (write)
-            return lsc_isa_get()->unscale[code](p, n, inv);
+            return lsc_unscale_contig(code, p, n, inv);
         return lsc_scan_run(code, 0, p, n, stride);
     }
     for (lsc_n i = 0; i < n; i++) {
@@ -473,6 +454,13 @@ typedef struct {
 
 /* What a job does: scan (early exit), or check + write and/or statistics. */
 enum { LSC_OP_SCAN = 0, LSC_OP_WRITE = 1, LSC_OP_STATS = 2 };
+
+/* A contiguous native-order buffer through the kernel of op (LSC_OP_SCAN or
+ * LSC_OP_WRITE, no statistics): the found flag. */
+static inline int lsc_contig(int op, int code, char *p, lsc_n n, double inv)
+{
+    return op == LSC_OP_SCAN ? lsc_scan_contig(code, p, n) : lsc_unscale_contig(code, p, n, inv);
+}
 
 /* Elements [lo, hi) of a 1-D run, or the whole of an N-d run.  Returns the
  * found flag; statistics (op & LSC_OP_STATS) are folded into r. */
