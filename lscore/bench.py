@@ -531,27 +531,28 @@ def _targets(rows: list[dict], opts) -> list[dict]:
         out.append({"target": name, "measured": x, "required": need,
                     "met": x <= need if lower_is_better else x >= need})
 
-    def absolute(name, group, method, limit_s, per=1, minus=None):
+    def seconds(group, method, minus=None):
+        """The row's median, less the `minus` row's of the same group; None if missing."""
         r = _find(rows, group, method)
         b = _find(rows, group, minus) if minus else None
-        x = None if r is None or (minus and b is None) else (
-            (r["median_s"] - (b["median_s"] if b else 0.0)) / per)
+        if r is None or (minus and b is None):
+            return None
+        return r["median_s"] - (b["median_s"] if b else 0.0)
+
+    def at_most(name, x, limit_s):
         out.append({"target": name, "measured": x, "required": limit_s,
                     "met": None if x is None else x <= limit_s, "unit": "s"})
 
+    def absolute(name, group, method, limit_s, per=1, minus=None):
+        x = seconds(group, method, minus)
+        at_most(name, None if x is None else x / per, limit_s)
+
     def per_tensor(name, method, limit_s):
         """(step of N_SMALL tensors - step of 1) / (N_SMALL - 1), harness subtracted."""
-        t = {}
-        for count in (N_SMALL, 1):
-            g = f"GradScaler.unscale_ + update, {count} x 64"
-            r, b = _find(rows, g, method), _find(rows, g, GRAD_HARNESS)
-            if r is None or b is None:
-                out.append({"target": name, "measured": None, "required": limit_s, "met": None})
-                return
-            t[count] = r["median_s"] - b["median_s"]
-        x = (t[N_SMALL] - t[1]) / (N_SMALL - 1)
-        out.append({"target": name, "measured": x, "required": limit_s, "met": x <= limit_s,
-                    "unit": "s"})
+        many, one = (seconds(f"GradScaler.unscale_ + update, {count} x 64", method, GRAD_HARNESS)
+                     for count in (N_SMALL, 1))
+        at_most(name, None if many is None or one is None else (many - one) / (N_SMALL - 1),
+                limit_s)
 
     big = _size_label(max(opts.sizes))
     ratio(f"all_finite f32 {big} vs np.sum(a.view(uint64)) (speed)",
