@@ -189,4 +189,5 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             opt._gate = None
         if self._dev is not None:
             self._dev.step()                # advance only once the step went through
-        return xp.asarray(True) if gate is None else gate
+        self._last_applied = xp.asarray(True) if gate is None else gate
+        return self._last_applied

@@ -297,7 +297,22 @@ class LossScaleOptimizerBase:
             count=self._count_step, grads=lambda: grads,
             named_arrays=lambda m: [(m.name_of(v, f"var{i}"), _host(g))
                                     for i, (g, v) in enumerate(pairs)])
+        self._last_applied = applied
         return applied
+
+    _last_applied = True
+
+    @property
+    def last_step_skipped(self):
+        """Whether the last ``apply_gradients`` (or ``minimize``) skipped its step.
+
+        A bool; in the CuPy adapter's sync-free mode a 0-d device bool, so
+        that recording it costs no sync (reading it on the host is one).
+        """
+        applied = self._last_applied
+        if isinstance(applied, (bool, np.bool_)):
+            return not applied
+        return self._xp.logical_not(applied)
 
     #: an lscore.diagnostics.OverflowMonitor, or None: names the gradients that held
     #: NaN/Inf on every skipped step (the arrays are read only then)
