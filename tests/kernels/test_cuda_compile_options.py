@@ -65,3 +65,17 @@ def test_a_cubin_when_cupy_picks_the_real_architecture(cupy_compiler, monkeypatc
     image, lowered, log = cuda.compile_kernels("update.cu", "80")
     assert image[:4] == b"\x7fELF" and log == ""
     assert lowered[cuda.UPDATE_KERNEL].encode() in image
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("filename", sorted(cuda.KERNELS))
+def test_the_device_loads_a_cubin_of_its_own_architecture(filename):
+    """The loader's real path: CuPy picks the device's architecture, the module loads."""
+    import cupy
+    with cupy.cuda.Device(0) as device:
+        image, lowered, log = cuda.compile_kernels(filename)
+        assert image[:4] == b"\x7fELF" and log == ""
+        module, names = cuda.module(filename, device.id)
+    assert names == lowered
+    for name in cuda.KERNELS[filename]:
+        assert module.get_function(lowered[name]).ptr != 0
