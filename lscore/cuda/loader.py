@@ -80,11 +80,11 @@ def compile_kernels(name: str, arch: str | None = None, *, include_dir: str | No
     """The compiled image of ``_ext/<name>``, its lowered kernel names and NVRTC's log.
 
     Compiles through CuPy's NVRTC (``cupy.cuda.compiler.compile_using_nvrtc``),
-    so a CuPy install is all the GPU path needs.  `arch` is a compute
+    so CuPy and NVRTC are all the GPU path needs.  `arch` is a compute
     capability ("80"); None takes the current device's, capped at the newest
     this NVRTC knows.  CuPy then compiles a cubin for that architecture (or
-    PTX, under ``CUPY_COMPILE_WITH_PTX``): a cubin also runs on a driver
-    older than the NVRTC, where PTX from a newer NVRTC would not load.
+    PTX, under ``CUPY_COMPILE_WITH_PTX``): a cubin also runs on an older
+    driver of the same CUDA major, where PTX from a newer NVRTC would not load.
     CuPy asks the driver for the current device even when `arch` is given,
     so this needs a GPU; the CI tests stand in for that one query.
 
