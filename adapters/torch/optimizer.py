@@ -280,19 +280,19 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         pairs = _optim.grad_var_pairs(grads_and_vars)
         if not pairs:
             raise ValueError("No variables provided.")
-        pairs = _optim.drop_none_gradients(pairs, warn=self._scaling.shape != "tf1")
         params = {id(p) for g in self.param_groups for p in g["params"]}
         seen = set()
         for i, (g, v) in enumerate(pairs):
-            if not isinstance(g, torch.Tensor):
-                raise TypeError(f"gradient {i} must be a tensor, got {_optim.type_name(g)}")
+            if g is not None and not isinstance(g, torch.Tensor):
+                raise TypeError(f"gradient {i} must be a tensor or None, got "
+                                f"{_optim.type_name(g)}")
             if id(v) not in params:
                 # the inner optimizer keeps state and hyperparameters per parameter it holds
                 raise ValueError(f"variable {i} is not a parameter of the wrapped optimizer")
             if id(v) in seen:
                 raise ValueError(f"variable {i} appears twice in grads_and_vars")
             seen.add(id(v))
-        return pairs
+        return _optim.drop_none_gradients(pairs, warn=self._scaling.shape != "tf1")
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> bool:
         """TF1's ``apply_gradients``: check the (unscaled) gradients, update the scale, then

@@ -383,8 +383,10 @@ def test_torch_refusals_name_the_problem_and_change_nothing():
         opt.apply_gradients([(None, w)], global_step=global_step)
     with pytest.raises(ValueError, match="variable 0 is not a parameter of the wrapped"):
         opt.apply_gradients([(torch.ones(2), other)], global_step=global_step)
-    with pytest.raises(ValueError, match="variable 1 appears twice"):
-        opt.apply_gradients([(torch.ones(2), w), (torch.ones(2), w)], global_step=global_step)
+    with pytest.raises(ValueError, match="variable 1 appears twice"):     # counted with Nones
+        opt.apply_gradients([(None, w), (torch.ones(2), w)], global_step=global_step)
+    with pytest.raises(TypeError, match="gradient 1 must be a tensor or None, got numpy"):
+        opt.apply_gradients([(None, w), (np.ones(2), w)], global_step=global_step)
     with pytest.raises(RuntimeError, match="size"):    # torch's own check of the grad's shape
         opt.apply_gradients([(torch.ones(3), w)], global_step=global_step)
     w.grad = torch.zeros(2)
@@ -392,7 +394,8 @@ def test_torch_refusals_name_the_problem_and_change_nothing():
     with pytest.raises(RuntimeError, match="unscale_\\(\\) has been called"):
         opt.apply_gradients([(torch.ones(2), w)], global_step=global_step)
     assert torch.equal(w, torch.ones(2)) and global_step.item() == 0
-    assert opt.iterations == 0 and opt.loss_scale == 2.0 ** 32 and torch.equal(w.grad, torch.zeros(2))
+    assert opt.iterations == 0 and opt.loss_scale == 2.0 ** 32
+    assert torch.equal(w.grad, torch.zeros(2))
 
 
 @needs_torch
