@@ -166,10 +166,12 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             return super()._scaled_gradients(lambda _host: loss_and_grads_fn(scale), var_list)
         return super()._scaled_gradients(loss_and_grads_fn, var_list)
 
-    def apply_gradients(self, grads_and_vars):
-        """Default mode: as the NumPy adapter (returns a bool).  Sync-free: returns a device bool."""
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        """Default mode: as the NumPy adapter (returns a bool).  Sync-free: returns a device
+        bool, which is also added to ``global_step`` on the device."""
         if not self._sync_free:
-            return super().apply_gradients(grads_and_vars)
+            return super().apply_gradients(grads_and_vars, global_step, name)
+        advance = self._tf1_step_arguments(global_step, name)
         pairs = _optim.drop_none_gradients(_optim.grad_var_pairs(grads_and_vars), warn=True)
         opt, xp = self._optimizer, self._kernels.xp
         if self._dev is None:
@@ -190,4 +192,5 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         if self._dev is not None:
             self._dev.step()                # advance only once the step went through
         self._last_applied = xp.asarray(True) if gate is None else gate
+        advance(self._last_applied)
         return self._last_applied
