@@ -16,19 +16,20 @@ INF = float("inf")
 INPUTS = [1.0, 0.5, INF, 2.0, 1.0]
 
 
-def make(scaler_cls, clip=False):
+def make(scaler_cls, clip=False, device="cpu"):
     """A model, its optimizer and scaler, and the training step that uses them (the
-    one torch's GradScaler docs show, forward under CPU autocast in float16; with
-    `clip`, lscore's unscale_and_clip_ before the step)."""
+    one torch's GradScaler docs show, forward under autocast in float16; with `clip`,
+    lscore's unscale_and_clip_ before the step)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 1)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     # growth_interval=2: the scale grows within the five steps as well as backing off
-    scaler = scaler_cls("cpu", init_scale=2.0 ** 8, growth_interval=2)
-    x = torch.randn(32, 8)
+    scaler = scaler_cls(device, init_scale=2.0 ** 8, growth_interval=2)
+    x = torch.randn(32, 8).to(device)
 
     def step(k):
-        with torch.autocast("cpu", dtype=torch.float16):
+        with torch.autocast(device, dtype=torch.float16):
             loss = model(x * k).float().pow(2).mean()
         scaler.scale(loss).backward()
         if clip:
@@ -80,10 +81,11 @@ def run(step, steps):
         step(torch.tensor(k))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("clip", [False, True])
-def test_compiled_step_is_the_eager_step_bitwise(fresh_dynamo, clip):
-    eager_model, eager_scaler, eager_step = make(GradScaler, clip)
-    model, scaler, step = make(GradScaler, clip)
+def test_compiled_step_is_the_eager_step_bitwise(fresh_dynamo, clip, device):
+    eager_model, eager_scaler, eager_step = make(GradScaler, clip, device)
+    model, scaler, step = make(GradScaler, clip, device)
     compiled = torch.compile(step, backend="eager")
     # what would be printed: warnings as shown ("always": also those shown before in this
     # process; not "error", which would raise the ones dynamo hides on purpose), and
