@@ -1,4 +1,5 @@
-"""The GradScaler front's helpers: its ``policy=`` argument, float16 advice, autograd dtypes.
+"""The GradScaler front's helpers: its ``policy=`` argument, float16 advice, autograd dtypes,
+and how its methods run inside ``torch.compile``.
 
 ``resolve_policy`` turns what ``GradScaler(policy=...)`` accepts (a preset
 name, a Policy, a config or state dict, an lscore loss scale) into a Policy
@@ -7,6 +8,7 @@ torch-named arguments passed beside it, showing the call to use.
 """
 from __future__ import annotations
 
+import functools
 from collections import abc
 
 import torch
@@ -29,6 +31,30 @@ def fp16_help(e: ValueError) -> ValueError:
     else:  # Python 3.10
         e.args = (f"{e.args[0]} {FP16_HELP}",)
     return e
+
+
+def outside_graph(method):
+    """`method`, run eagerly (under ``torch.compiler.disable``) when called from code
+    that ``torch.compile`` traces.
+
+    dynamo cannot trace the scaler's compiled state machine and breaks the graph
+    wherever it gives up (five times in one step); a disabled call is one call it
+    leaves alone, as it leaves torch's own scaler.  ``torch.compiler.disable``
+    imports dynamo (about a second), so the disabled twin is made at the first
+    traced call, not at import; eager calls take the plain method.
+    """
+    disabled = None
+
+    @functools.wraps(method)
+    def run(*args, **kwargs):
+        nonlocal disabled
+        if not torch.compiler.is_compiling():
+            return method(*args, **kwargs)
+        if disabled is None:
+            disabled = torch.compiler.disable(method)
+        return disabled(*args, **kwargs)
+
+    return run
 
 
 def zero_d(value):

@@ -26,7 +26,8 @@ import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
 from lscore.adapters.torch._config import (ScalerConfigError, fp16_help, graph_dtypes,
-                                           policy_clash, resolve_policy, zero_d)
+                                           outside_graph, policy_clash, resolve_policy,
+                                           zero_d)
 from lscore.adapters.torch._paths import (Disabled, ScalerAssertionError, Unplaced,
                                           is_torch_shape, named_grads, replace_state,
                                           state_dict_with, torch_policy, unscale_with_kernel)
@@ -243,6 +244,7 @@ class GradScaler(torch.amp.GradScaler):
 
     # ---- scale -------------------------------------------------------------------
 
+    @outside_graph
     def scale(self, outputs):
         """Multiply a tensor (or nested lists/tuples/iterables of tensors) by the scale."""
         if self._auto:
@@ -287,6 +289,7 @@ class GradScaler(torch.amp.GradScaler):
 
     # ---- unscale -----------------------------------------------------------------
 
+    @outside_graph
     def unscale_and_clip_(self, optimizer, max_norm: float, norm_type: float = 2.0):
         """``unscale_(optimizer)`` then ``clip_grad_norm_(params, max_norm, norm_type)``.
 
@@ -351,6 +354,7 @@ class GradScaler(torch.amp.GradScaler):
                     torch._foreach_mul_(grads, coef.to(device))
         return total
 
+    @outside_graph
     def unscale_(self, optimizer, *, _stats=None) -> None:
         """Divide ("unscale") `optimizer`'s gradients by the scale, and check them for NaN/Inf."""
         if not self._enabled:
@@ -381,6 +385,7 @@ class GradScaler(torch.amp.GradScaler):
             retval = optimizer.step(*args, **kwargs)
         return retval
 
+    @outside_graph
     def step(self, optimizer, *args, **kwargs):
         """Unscale (unless done already) and call ``optimizer.step()`` unless a gradient
         is NaN/Inf; returns what that call returns, or None when the step is skipped."""
@@ -432,6 +437,7 @@ class GradScaler(torch.amp.GradScaler):
 
     # ---- update ------------------------------------------------------------------
 
+    @outside_graph
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """Grow or back off the scale from this iteration's found-inf flags, or set
         it to `new_scale` (a float or a one-element tensor on the scaler's device)."""
@@ -494,6 +500,7 @@ class GradScaler(torch.amp.GradScaler):
     def _get_scale_async(self):
         return self._scale
 
+    @outside_graph
     def get_scale(self) -> float:
         """The current scale as a Python float (1.0 when disabled); syncs on CUDA."""
         return self._path.get_scale()
