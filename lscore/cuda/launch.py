@@ -33,6 +33,7 @@ MARK_LIMIT = 0xFFFFFFFF
 
 
 Plan = collections.namedtuple("Plan", "table launches")
+_Norm = collections.namedtuple("_Norm", "unscale clip result coef_ptr keep")
 Plan.__doc__ = """Host tables of one dtype group: `table` (uint64) holds every launch's
 table back to back; `launches` lists (offset in words, ntensors, nblocks)."""
 
@@ -43,6 +44,10 @@ _CALL_SIZES = {"unscale": (8, 8, 8, 4),      # inv, inv_dev, found, mark
                "all_finite": (8, 4)}         # found, mark
 # which slots of the call block (uint64 words) those per-call parameters are
 _CALL_SLOTS = {"unscale": (0, 1, 2, 3), "all_finite": (2, 3)}
+# the call block: inv, inv_dev, found, mark, then the norm's inf_norm, max_norm, coef, coef_dev
+_INV, _INV_DEV, _FOUND, _MARK, _INF_NORM, _MAX_NORM, _COEF, _COEF_DEV = range(8)
+# the one-pass norm's reduction: each fold level has one thread per FOLD partials
+FOLD = 64
 
 
 def plan_launches(ptrs, sizes, *, chunk: int = CHUNK, max_tensors: int = MAX_TENSORS,
@@ -71,16 +76,21 @@ def _kernel_code(code) -> int:
 class Launches:
     """The packed launches of one device's groups (built by ``MultiTensor.prepare``).
 
-    ``ops[op]`` lists (kernel handle, grid, address of the ``void*[]``,
-    address of the byte widths, parameter count); the device tables and
-    the host argument blocks are held here for as long as this lives.
+    ``ops[op]`` lists (kernel handle, grid, block, address of the
+    ``void*[]``, address of the byte widths, parameter count); the device
+    tables and the host argument blocks are held here for as long as this
+    lives.  ``norm`` (packed by the first ``MultiTensor.launch_norm``) holds
+    the one-pass norm's launches, its buffers and ``result``: the device
+    float64 [norm, clip coefficient, found (1.0/0.0), folded total].
     """
 
-    __slots__ = ("ops", "count", "_keep")
+    __slots__ = ("ops", "count", "norm", "_specs", "_keep")
 
     def __init__(self):
         self.ops = {op: [] for op in OPS}
         self.count = 0
+        self.norm = None
+        self._specs = []        # (dtype code, own-argument block, blocks) of every launch
         self._keep = []
 
 
@@ -111,9 +121,11 @@ class MultiTensor:
         self.flag_ptr = backend.ptr(self.flag)
         self._mark = 0
         self._wrapped = False
-        # the per-call parameters, shared by every launch: inv, inv_dev, found, mark
-        self._call = np.zeros(4, np.uint64)
-        self._inv = self._call[0:1].view(np.float64)
+        # the per-call parameters, shared by every launch (slots: _INV ... _COEF_DEV)
+        self._call = np.zeros(8, np.uint64)
+        self._inv = self._call[_INV:_INV + 1].view(np.float64)
+        self._max_norm = self._call[_MAX_NORM:_MAX_NORM + 1].view(np.float64)
+        self._coef = self._call[_COEF:_COEF + 1].view(np.float64)
         self._call_addr = self._call.ctypes.data
 
     def _function(self, name: str):
@@ -138,13 +150,14 @@ class MultiTensor:
             for off, nt, nb in launches:
                 own = np.array([base + 8 * off, nt, self.chunk], np.uint64)
                 out._keep.append(own)
+                out._specs.append((code, own, nb))
                 for op in OPS:
                     params = np.array([own.ctypes.data + 8 * k for k in range(3)]
                                       + [self._call_addr + 8 * s for s in _CALL_SLOTS[op]],
                                       np.uint64)
                     widths = np.array(_OWN_SIZES + _CALL_SIZES[op], np.int64)
                     out._keep += [params, widths]
-                    out.ops[op].append((self._function(kernel_name(op, code)), nb,
+                    out.ops[op].append((self._function(kernel_name(op, code)), nb, self.block,
                                         params.ctypes.data, widths.ctypes.data, len(widths)))
                 out.count += 1
         return out
@@ -169,18 +182,105 @@ class MultiTensor:
             mark = self.next_mark()
         call = self._call
         self._inv[0] = inv
-        call[1] = inv_ptr
-        call[2] = self.flag_ptr if found_ptr is None else found_ptr
-        call[3] = mark
+        call[_INV_DEV] = inv_ptr
+        call[_FOUND] = self.flag_ptr if found_ptr is None else found_ptr
+        call[_MARK] = mark
+        self._enqueue(prepared.ops[op], stream)
+        return mark
+
+    def _enqueue(self, entries, stream) -> None:
         b = self.backend
         prev = b.enter()
         try:
             s = b.stream() if stream is None else stream
-            for fn, grid, params, widths, n in prepared.ops[op]:
-                b.launch_packed(fn, grid, self.block, params, widths, n, s)
+            for fn, grid, block, params, widths, n in entries:
+                b.launch_packed(fn, grid, block, params, widths, n, s)
         finally:
             b.leave(prev)
+
+    def _pack(self, keep: list, name: str, grid: int, block: int, args) -> tuple:
+        """One packed launch of `name`; `args` are (address, byte width) of its parameters."""
+        params = np.array([a for a, _ in args], np.uint64)
+        widths = np.array([w for _, w in args], np.int64)
+        keep += [params, widths]
+        return (self._function(name), grid, block, params.ctypes.data, widths.ctypes.data,
+                len(widths))
+
+    def _pack_norm(self, prepared: Launches) -> _Norm:
+        """The one-pass norm's launches over `prepared` (buffers allocated, arguments packed)."""
+        keep: list = []
+        call = lambda slot, width: (self._call_addr + 8 * slot, width)     # noqa: E731
+        sizes = [sum(nb for _, _, nb in prepared._specs) * self.block]
+        while sizes[-1] > FOLD:
+            sizes.append(-(-sizes[-1] // FOLD))
+        starts = np.cumsum([0] + sizes)
+        # one buffer: the per-thread partials, every fold level's output, then the result
+        buf = self.backend.to_device(np.zeros(int(starts[-1]) + 4, np.float64))
+        base = self.backend.ptr(buf)
+        addrs = np.array([base + 8 * int(k) for k in starts] + list(sizes), np.uint64)
+        keep += [buf, addrs]
+        at = lambda k: (addrs.ctypes.data + 8 * k, 8)                      # noqa: E731
+        nlev = len(sizes)
+        unscale, clip = [], []
+        part = 0
+        for code, own, nb in prepared._specs:
+            mine = (own.ctypes.data, 8), (own.ctypes.data + 8, 4), (own.ctypes.data + 16, 8)
+            slot = np.array([base + 8 * part], np.uint64)
+            keep.append(slot)
+            unscale.append(self._pack(keep, kernel_name("unscale_norm", code), nb, self.block, (
+                *mine, call(_INV, 8), call(_INV_DEV, 8), call(_FOUND, 8), call(_MARK, 4),
+                (slot.ctypes.data, 8), call(_INF_NORM, 4))))
+            clip.append(self._pack(keep, kernel_name("clip", code), nb, self.block,
+                                   (*mine, call(_COEF, 8), call(_COEF_DEV, 8))))
+            part += nb * self.block
+        for k in range(nlev - 1):
+            nout = sizes[k + 1]
+            block = min(self.block, nout)
+            unscale.append(self._pack(keep, "lsc_norm_fold", -(-nout // block), block, (
+                at(k), (addrs.ctypes.data + 8 * (nlev + 1 + k), 8), at(k + 1),
+                (addrs.ctypes.data + 8 * (nlev + 2 + k), 8), call(_INF_NORM, 4))))
+        unscale.append(self._pack(keep, "lsc_norm_finish", 1, 1, (
+            at(nlev - 1), (addrs.ctypes.data + 8 * (2 * nlev), 8), call(_INF_NORM, 4),
+            call(_MAX_NORM, 8), call(_FOUND, 8), call(_MARK, 4), at(nlev))))
+        result = buf[int(starts[-1]):]
+        return _Norm(unscale, clip, result, base + 8 * (int(starts[-1]) + 1), keep)
+
+    def launch_norm(self, prepared: Launches, *, inv: float = 1.0, inv_ptr: int = 0,
+                    inf_norm: bool = False, max_norm: float = 0.0, mark: int | None = None,
+                    stream=None) -> int:
+        """Enqueue the one-pass unscale + check + norm over `prepared`; returns the mark.
+
+        Every element is multiplied by `inv` (or the float64 at `inv_ptr`) as
+        ``launch("unscale")`` does, and the same pass gathers per-thread
+        partials of the values written: their sum of squares, or with
+        `inf_norm` their largest magnitude.  Fixed-order folds then leave
+        ``prepared.norm.result`` = [norm, clip coefficient for `max_norm`
+        (1.0 when `max_norm` is 0), 1.0 if NaN/Inf was seen else 0.0, total].
+        The first call on a plan allocates its buffers; later ones upload nothing.
+        """
+        if prepared.norm is None:
+            prepared.norm = self._pack_norm(prepared)
+        if mark is None:
+            mark = self.next_mark()
+        call = self._call
+        self._inv[0] = inv
+        call[_INV_DEV] = inv_ptr
+        call[_FOUND] = self.flag_ptr
+        call[_MARK] = mark
+        call[_INF_NORM] = 1 if inf_norm else 0
+        self._max_norm[0] = max_norm
+        self._enqueue(prepared.norm.unscale, stream)
         return mark
+
+    def launch_clip(self, prepared: Launches, *, coef: float | None = None, stream=None) -> None:
+        """Enqueue the clip: every element times `coef`, or (None) times the coefficient
+        the last ``launch_norm`` on `prepared` left on the device; a coefficient of 1
+        costs the launches only."""
+        if prepared.norm is None:
+            raise RuntimeError("launch_clip() needs a launch_norm() on the same plan first")
+        self._coef[0] = 1.0 if coef is None else coef
+        self._call[_COEF_DEV] = prepared.norm.coef_ptr if coef is None else 0
+        self._enqueue(prepared.norm.clip, stream)
 
     def found(self, mark: int) -> bool:
         """Whether the call that used `mark` saw NaN/Inf (reads the flag: one synchronisation)."""
