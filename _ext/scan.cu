@@ -131,27 +131,44 @@ union lsc_vec16 {
 };
 
 /* What a thread of the one-pass norm gathers from the values it leaves in
- * memory (after the multiply): nothing, their sum of squares (L2) or their
- * largest magnitude (inf). */
-enum { LSC_NORM_NONE = 0, LSC_NORM_L2 = 1, LSC_NORM_INF = 2 };
+ * memory (after the multiply), and the partial it stores: nothing, their
+ * sum of squares (L2), or their largest magnitude (inf), kept as the bits
+ * of |x| in double, whose integer order is the magnitude order with NaN
+ * above Inf. */
+struct lsc_norm_none {
+    static __device__ __forceinline__ void add(double, double *, lsc_u64 *) {}
+    static __device__ __forceinline__ void store(double *, lsc_i64, double, lsc_u64) {}
+};
 
-template <int NORM>
-__device__ __forceinline__ void lsc_norm_gather(double d, double *sumsq, lsc_u64 *maxbits)
-{
-    if (NORM == LSC_NORM_L2) {
+struct lsc_norm_l2 {
+    static __device__ __forceinline__ void add(double d, double *sumsq, lsc_u64 *)
+    {
         *sumsq += d * d;
-    } else {
+    }
+    static __device__ __forceinline__ void store(double *part, lsc_i64 i, double sumsq, lsc_u64)
+    {
+        part[i] = sumsq;
+    }
+};
+
+struct lsc_norm_inf {
+    static __device__ __forceinline__ void add(double d, double *, lsc_u64 *maxbits)
+    {
         lsc_u64 m = (lsc_u64)__double_as_longlong(d) & 0x7FFFFFFFFFFFFFFFull;
         *maxbits = m > *maxbits ? m : *maxbits;
     }
-}
+    static __device__ __forceinline__ void store(double *part, lsc_i64 i, double, lsc_u64 maxbits)
+    {
+        part[i] = __longlong_as_double((lsc_i64)maxbits);
+    }
+};
 
 /* One block: one chunk of one tensor.  WRITE selects the fused unscale;
- * NORM what every thread stores to part[blockIdx.x * blockDim.x + threadIdx.x]
+ * N what every thread stores to part[blockIdx.x * blockDim.x + threadIdx.x]
  * (its own slot: no shared memory, and a fixed order of its elements, so
  * the partials are the same bits run to run).  A null `found` skips the
  * check's store. */
-template <class F, bool WRITE, int NORM = LSC_NORM_NONE>
+template <class F, bool WRITE, class N = lsc_norm_none>
 __device__ __forceinline__ void lsc_mt_chunk(const lsc_u64 *table, int ntensors, lsc_i64 chunk,
                                              double inv, lsc_u32 *found, lsc_u32 mark,
                                              double *part = 0)
@@ -166,7 +183,7 @@ __device__ __forceinline__ void lsc_mt_chunk(const lsc_u64 *table, int ntensors,
     W *p = (W *)table[t];
     lsc_u32 acc = 0;
     double sumsq = 0.0;
-    lsc_u64 maxbits = 0;    /* |x| as double bits: integer order is magnitude order, NaN above Inf */
+    lsc_u64 maxbits = 0;
 
     /* vector part: 16-byte aligned start and a chunk made of whole vectors */
     if ((((lsc_u64)(p + lo)) & 15u) == 0 && chunk % VEC == 0) {
@@ -179,8 +196,7 @@ __device__ __forceinline__ void lsc_mt_chunk(const lsc_u64 *table, int ntensors,
                 acc |= F::bad(u.e[k]);
                 if (WRITE)
                     u.e[k] = F::mul(u.e[k], inv);
-                if (NORM != LSC_NORM_NONE)
-                    lsc_norm_gather<NORM>(F::val(u.e[k]), &sumsq, &maxbits);
+                N::add(F::val(u.e[k]), &sumsq, &maxbits);
             }
             if (WRITE)
                 q[i].v = u.v;
@@ -192,15 +208,11 @@ __device__ __forceinline__ void lsc_mt_chunk(const lsc_u64 *table, int ntensors,
         acc |= F::bad(w);
         if (WRITE)
             p[i] = w = F::mul(w, inv);
-        if (NORM != LSC_NORM_NONE)
-            lsc_norm_gather<NORM>(F::val(w), &sumsq, &maxbits);
+        N::add(F::val(w), &sumsq, &maxbits);
     }
     if (acc && found)
         *found = mark;
-    if (NORM == LSC_NORM_L2)
-        part[(lsc_i64)blockIdx.x * blockDim.x + threadIdx.x] = sumsq;
-    if (NORM == LSC_NORM_INF)
-        part[(lsc_i64)blockIdx.x * blockDim.x + threadIdx.x] = __longlong_as_double((lsc_i64)maxbits);
+    N::store(part, (lsc_i64)blockIdx.x * blockDim.x + threadIdx.x, sumsq, maxbits);
 }
 
 /* Multiply every element in place by inv (by *inv_dev when that is not
@@ -243,14 +255,14 @@ __global__ void lsc_mt_unscale_norm(const lsc_u64 *table, int ntensors, lsc_i64 
     double v = inv_dev ? *inv_dev : inv;
     if (inf_norm) {
         if (v == 1.0)
-            lsc_mt_chunk<F, false, LSC_NORM_INF>(table, ntensors, chunk, v, found, mark, part);
+            lsc_mt_chunk<F, false, lsc_norm_inf>(table, ntensors, chunk, v, found, mark, part);
         else
-            lsc_mt_chunk<F, true, LSC_NORM_INF>(table, ntensors, chunk, v, found, mark, part);
+            lsc_mt_chunk<F, true, lsc_norm_inf>(table, ntensors, chunk, v, found, mark, part);
     } else {
         if (v == 1.0)
-            lsc_mt_chunk<F, false, LSC_NORM_L2>(table, ntensors, chunk, v, found, mark, part);
+            lsc_mt_chunk<F, false, lsc_norm_l2>(table, ntensors, chunk, v, found, mark, part);
         else
-            lsc_mt_chunk<F, true, LSC_NORM_L2>(table, ntensors, chunk, v, found, mark, part);
+            lsc_mt_chunk<F, true, lsc_norm_l2>(table, ntensors, chunk, v, found, mark, part);
     }
 }
 

@@ -272,28 +272,33 @@ class MultiTensor:
         self._enqueue(prepared.norm.unscale, stream)
         return mark
 
-    def launch_clip(self, prepared: Launches, *, coef: float | None = None, stream=None) -> None:
-        """Enqueue the clip: every element times `coef`, or (None) times the coefficient
-        the last ``launch_norm`` on `prepared` left on the device; a coefficient of 1
-        costs the launches only."""
+    def launch_clip(self, prepared: Launches, *, coef: float | None = None, coef_ptr: int = 0,
+                    stream=None) -> None:
+        """Enqueue the clip: every element times `coef`, or the float64 at `coef_ptr`, or
+        (neither given) the coefficient the last ``launch_norm`` on `prepared` left on
+        the device; a coefficient of 1 costs the launches only."""
         if prepared.norm is None:
             raise RuntimeError("launch_clip() needs a launch_norm() on the same plan first")
+        if coef is None and not coef_ptr:
+            coef_ptr = prepared.norm.coef_ptr
         self._coef[0] = 1.0 if coef is None else coef
-        self._call[_COEF_DEV] = prepared.norm.coef_ptr if coef is None else 0
+        self._call[_COEF_DEV] = 0 if coef is not None else coef_ptr
         self._enqueue(prepared.norm.clip, stream)
 
     def found(self, mark: int) -> bool:
         """Whether the call that used `mark` saw NaN/Inf (reads the flag: one synchronisation)."""
         return self.backend.read_word(self.flag) == mark
 
-    def _prepared(self, code: int, ptrs: tuple, sizes: tuple) -> Launches:
-        key = (code, ptrs, sizes)
+    def prepared(self, groups) -> Launches:
+        """``prepare(groups)``, cached by the groups' (code, addresses, counts) (LRU)."""
+        key = tuple((int(c), tuple(p), tuple(n)) for c, p, n in groups)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        hit = self.prepare([(code, np.array(ptrs, np.uint64), np.array(sizes, np.int64))])
+        hit = self.prepare([(c, np.array(p, np.uint64), np.array(n, np.int64))
+                            for c, p, n in key])
         with self._lock:
             self._cache[key] = hit
             while len(self._cache) > self._cache_size:
@@ -319,7 +324,7 @@ class MultiTensor:
             g[1].append(int(n))
         count = 0
         for c, (gp, gs) in groups.items():
-            prepared = self._prepared(c, tuple(gp), tuple(gs))
+            prepared = self.prepared([(c, gp, gs)])
             self.launch(op, prepared, inv=inv, inv_ptr=inv_ptr, found_ptr=found_ptr, mark=mark,
                         stream=stream)
             count += prepared.count
