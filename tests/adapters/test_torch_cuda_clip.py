@@ -139,7 +139,9 @@ def test_fp16_gradients_are_refused_as_torch_refuses_them(where):
     before = [p.grad.clone() for p in model.parameters()]
     with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
         scaler.unscale_and_clip_(opt, 1.0)
-    assert all(torch.equal(a, p.grad) for a, p in zip(before, model.parameters()))
+    # bit for bit (the float16 loss overflows, so some gradients are NaN/Inf)
+    assert all(torch.equal(a.view(torch.int16), p.grad.view(torch.int16))
+               for a, p in zip(before, model.parameters()))
 
 
 def test_gather_declines_what_the_kernels_cannot_take():
