@@ -1,5 +1,7 @@
 """Multi-tensor kernels over nested device arrays of one array module (the adapters' front).
 
+all_finite, unscale_, and the one-pass unscale_and_norm / unscale_and_clip_.
+
 Framework-neutral: an array module (``xp``), an array type and how to read
 it, and a kernel backend per device.  ``lscore.adapters.cupy`` binds it to
 cupy and ``CupyBackend``; the tests bind it to NumPy and the host harness;

@@ -12,7 +12,9 @@ A call costs its launches and one read, nothing else: the tables of a plan
 are uploaded once (``prepare``), every argument of every launch is packed
 once into host memory that lives with the plan, and what a call changes
 (the inverse scale, the flag's address, the call's mark) is written into
-one shared argument block before the launches.
+one shared argument block before the launches.  The one-pass norm
+(``launch_norm`` / ``launch_clip``) packs its launches and allocates its
+partials buffer on a plan's first use, then costs the same.
 """
 from __future__ import annotations
 
@@ -206,44 +208,56 @@ class MultiTensor:
         return (self._function(name), grid, block, params.ctypes.data, widths.ctypes.data,
                 len(widths))
 
+    def _call_arg(self, slot: int, width: int) -> tuple:
+        """(address, byte width) of a per-call parameter in the shared call block."""
+        return self._call_addr + 8 * slot, width
+
     def _pack_norm(self, prepared: Launches) -> _Norm:
         """The one-pass norm's launches over `prepared` (buffers allocated, arguments packed)."""
         keep: list = []
-        call = lambda slot, width: (self._call_addr + 8 * slot, width)     # noqa: E731
-        sizes = [sum(nb for _, _, nb in prepared._specs) * self.block]
-        while sizes[-1] > FOLD:
-            sizes.append(-(-sizes[-1] // FOLD))
-        starts = np.cumsum([0] + sizes)
-        # one buffer: the per-thread partials, every fold level's output, then the result
-        buf = self.backend.to_device(np.zeros(int(starts[-1]) + 4, np.float64))
+        arg = self._call_arg
+        # per-thread partials, then levels of one value per FOLD of the level below,
+        # down to at most FOLD values for the single-thread finish
+        counts = [sum(nb for _, _, nb in prepared._specs) * self.block]
+        while counts[-1] > FOLD:
+            counts.append(-(-counts[-1] // FOLD))
+        offsets = np.cumsum([0] + counts)        # of each level in one buffer; the result last
+        buf = self.backend.to_device(np.zeros(int(offsets[-1]) + 4, np.float64))
         base = self.backend.ptr(buf)
-        addrs = np.array([base + 8 * int(k) for k in starts] + list(sizes), np.uint64)
-        keep += [buf, addrs]
-        at = lambda k: (addrs.ctypes.data + 8 * k, 8)                      # noqa: E731
-        nlev = len(sizes)
+        # the kernels take each level's address and count by pointer: host words kept here
+        levels = np.array([base + 8 * int(o) for o in offsets], np.uint64)
+        sizes = np.array(counts, np.int64)
+        keep += [buf, levels, sizes]
+
+        def level(k):
+            return levels.ctypes.data + 8 * k, 8
+
+        def size(k):
+            return sizes.ctypes.data + 8 * k, 8
+
         unscale, clip = [], []
-        part = 0
+        done = 0                                 # partial slots of the launches before
         for code, own, nb in prepared._specs:
-            mine = (own.ctypes.data, 8), (own.ctypes.data + 8, 4), (own.ctypes.data + 16, 8)
-            slot = np.array([base + 8 * part], np.uint64)
-            keep.append(slot)
+            table = (own.ctypes.data, 8), (own.ctypes.data + 8, 4), (own.ctypes.data + 16, 8)
+            part = np.array([base + 8 * done], np.uint64)
+            keep.append(part)
             unscale.append(self._pack(keep, kernel_name("unscale_norm", code), nb, self.block, (
-                *mine, call(_INV, 8), call(_INV_DEV, 8), call(_FOUND, 8), call(_MARK, 4),
-                (slot.ctypes.data, 8), call(_INF_NORM, 4))))
+                *table, arg(_INV, 8), arg(_INV_DEV, 8), arg(_FOUND, 8), arg(_MARK, 4),
+                (part.ctypes.data, 8), arg(_INF_NORM, 4))))
             clip.append(self._pack(keep, kernel_name("clip", code), nb, self.block,
-                                   (*mine, call(_COEF, 8), call(_COEF_DEV, 8))))
-            part += nb * self.block
-        for k in range(nlev - 1):
-            nout = sizes[k + 1]
-            block = min(self.block, nout)
-            unscale.append(self._pack(keep, "lsc_norm_fold", -(-nout // block), block, (
-                at(k), (addrs.ctypes.data + 8 * (nlev + 1 + k), 8), at(k + 1),
-                (addrs.ctypes.data + 8 * (nlev + 2 + k), 8), call(_INF_NORM, 4))))
+                                   (*table, arg(_COEF, 8), arg(_COEF_DEV, 8))))
+            done += nb * self.block
+        last = len(counts) - 1
+        for k in range(last):
+            block = min(self.block, counts[k + 1])
+            unscale.append(self._pack(keep, "lsc_norm_fold", -(-counts[k + 1] // block), block,
+                                      (level(k), size(k), level(k + 1), size(k + 1),
+                                       arg(_INF_NORM, 4))))
         unscale.append(self._pack(keep, "lsc_norm_finish", 1, 1, (
-            at(nlev - 1), (addrs.ctypes.data + 8 * (2 * nlev), 8), call(_INF_NORM, 4),
-            call(_MAX_NORM, 8), call(_FOUND, 8), call(_MARK, 4), at(nlev))))
-        result = buf[int(starts[-1]):]
-        return _Norm(unscale, clip, result, base + 8 * (int(starts[-1]) + 1), keep)
+            level(last), size(last), arg(_INF_NORM, 4), arg(_MAX_NORM, 8), arg(_FOUND, 8),
+            arg(_MARK, 4), level(last + 1))))
+        result = int(offsets[-1])
+        return _Norm(unscale, clip, buf[result:], base + 8 * (result + 1), keep)
 
     def launch_norm(self, prepared: Launches, *, inv: float = 1.0, inv_ptr: int = 0,
                     inf_norm: bool = False, max_norm: float = 0.0, mark: int | None = None,
