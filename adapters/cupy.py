@@ -1,7 +1,9 @@
 """CuPy adapter: LossScaleOptimizer, SGD, Adam, all_finite and unscale_ on CuPy arrays.
 
 The same names as ``lscore.adapters.numpy``, for arrays on a CUDA device.
-``all_finite`` and ``unscale_`` run lscore's multi-tensor kernels
+``all_finite``, ``unscale_`` and the one-pass ``unscale_and_norm`` /
+``unscale_and_clip_`` (the gradient norm gathered while unscaling, then
+torch's clip) run lscore's multi-tensor kernels
 (_ext/scan.cu, compiled once per device by NVRTC, see lscore/cuda/):
 one launch per dtype covers a whole list of arrays, float16, bfloat16,
 float32 and float64, with the CPU core's arithmetic.  The walk over the
@@ -47,7 +49,8 @@ from lscore.managers import (ExponentialUpdateLossScaleManager, FixedLossScaleMa
                              LossScaleManager)
 
 __all__ = [
-    "LossScaleOptimizer", "SGD", "Adam", "all_finite", "unscale_",
+    "LossScaleOptimizer", "SGD", "Adam", "all_finite", "unscale_", "unscale_and_norm",
+    "unscale_and_clip_",
     "LossScale", "FixedLossScale", "DynamicLossScale", "get",
     "LossScaleManager", "FixedLossScaleManager", "ExponentialUpdateLossScaleManager",
 ]
@@ -63,8 +66,18 @@ def unscale_(arrays, inv_scale) -> bool:
     return _KERNELS.unscale_(arrays, inv_scale)
 
 
+def unscale_and_norm(arrays, inv_scale, norm_type=2.0) -> tuple[bool, float]:
+    return _KERNELS.unscale_and_norm(arrays, inv_scale, norm_type)
+
+
+def unscale_and_clip_(arrays, inv_scale, max_norm, norm_type=2.0) -> tuple[bool, float]:
+    return _KERNELS.unscale_and_clip_(arrays, inv_scale, max_norm, norm_type)
+
+
 all_finite.__doc__ = _device.ArrayKernels.all_finite.__doc__
 unscale_.__doc__ = _device.ArrayKernels.unscale_.__doc__
+unscale_and_norm.__doc__ = _device.ArrayKernels.unscale_and_norm.__doc__
+unscale_and_clip_.__doc__ = _device.ArrayKernels.unscale_and_clip_.__doc__
 
 
 class SGD(_device.Gated, _arrays.SGD):

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
+from lscore.adapters.torch import _cuda_clip
 from lscore.adapters.torch._config import (ScalerConfigError, fp16_help, graph_dtypes,
                                            outside_graph, policy_clash, resolve_policy,
                                            zero_d)
@@ -302,9 +303,12 @@ class GradScaler(torch.amp.GradScaler):
         a tensor of the gradients' dtype, like ``clip_grad_norm_`` (the inf-norm
         exactly; the 2-norm within float rounding: lscore sums squares in
         float64).  When a gradient is NaN/Inf the step will be skipped, so
-        nothing is clipped and the norm is returned as is (inf or nan).  Off the
-        CPU path (CUDA tensors, a disabled scaler) it is exactly ``unscale_`` +
-        ``clip_grad_norm_``.
+        nothing is clipped and the norm is returned as is (inf or nan).  Dense
+        CUDA gradients with ``norm_type`` 2 or inf take lscore's one-pass kernels
+        (adapters/torch/_cuda_clip.py: the norm gathered while unscaling, on
+        torch's current stream, no host sync).  Otherwise off the CPU path (a
+        disabled scaler, other p-norms or layouts on CUDA) it is exactly
+        ``unscale_`` + ``clip_grad_norm_``.
         """
         max_norm = real("max_norm", max_norm)
         if not max_norm > 0:
@@ -316,6 +320,13 @@ class GradScaler(torch.amp.GradScaler):
         if math.isnan(p):
             raise ValueError(f"norm_type must be a number or 'inf', got {norm_type!r}")
         params = [q for g in optimizer.param_groups for q in g["params"] if q.grad is not None]
+        if self._enabled and self._path.on_device:
+            # CUDA gradients, p 2 or inf: lscore's one-pass kernels (adapters/torch/_cuda_clip.py)
+            one = _cuda_clip.OnePass.of(params, self._path.scale, p)
+            if one is not None:
+                self.unscale_(optimizer, _unscale=one)
+                return one.clip(max_norm, self._found_inf_per_device(optimizer),
+                                params[0].grad.dtype)
         if not self._enabled or self._path.on_device or p not in (2.0, math.inf):
             if self._enabled:
                 self.unscale_(optimizer)
@@ -355,7 +366,7 @@ class GradScaler(torch.amp.GradScaler):
         return total
 
     @outside_graph
-    def unscale_(self, optimizer, *, _stats=None) -> None:
+    def unscale_(self, optimizer, *, _stats=None, _unscale=None) -> None:
         """Divide ("unscale") `optimizer`'s gradients by the scale, and check them for NaN/Inf."""
         if not self._enabled:
             return
@@ -367,7 +378,7 @@ class GradScaler(torch.amp.GradScaler):
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
         try:
-            found = self._path.unscale(optimizer, self._allow_fp16, _stats)
+            found = (_unscale or self._path.unscale)(optimizer, self._allow_fp16, _stats)
         except ValueError as e:
             if str(e) == "Attempting to unscale FP16 gradients.":
                 raise fp16_help(e)

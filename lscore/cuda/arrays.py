@@ -1,5 +1,7 @@
 """Multi-tensor kernels over nested device arrays of one array module (the adapters' front).
 
+all_finite, unscale_, and the one-pass unscale_and_norm / unscale_and_clip_.
+
 Framework-neutral: an array module (``xp``), an array type and how to read
 it, and a kernel backend per device.  ``lscore.adapters.cupy`` binds it to
 cupy and ``CupyBackend``; the tests bind it to NumPy and the host harness;
@@ -16,7 +18,7 @@ from lscore.cuda.loader import TRAITS
 from lscore.dtypes import BY_NAME, Code
 from lscore.policy import real
 
-__all__ = ["ArrayKernels"]
+__all__ = ["ArrayKernels", "clip_coefficient", "norm_kind"]
 
 
 def _classify(dtype):
@@ -25,6 +27,37 @@ def _classify(dtype):
     if code is None or (code != Code.INT and code not in TRAITS):
         return None
     return int(code)
+
+
+def _inverse(inv_scale) -> float:
+    inv = inv_scale if type(inv_scale) is float else real("inv_scale", inv_scale)
+    if not (inv > 0 and math.isfinite(inv)):
+        raise ValueError(f"inv_scale must be finite and > 0, got {inv_scale!r}")
+    return inv
+
+
+def norm_kind(norm_type) -> bool:
+    """True for the inf-norm, False for the 2-norm: the two the one-pass kernels gather.
+
+    `norm_type` as ``torch.nn.utils.clip_grad_norm_`` takes it (a number, or
+    ``"inf"``); any other p is refused rather than computed in another pass.
+    """
+    try:
+        p = float(norm_type)
+    except (TypeError, ValueError):
+        p = None
+    if p not in (2.0, math.inf):
+        raise ValueError(f"norm_type must be 2 or inf (the norms the one-pass kernels gather), "
+                         f"got {norm_type!r}")
+    return p == math.inf
+
+
+def clip_coefficient(norm: float, max_norm: float, found: bool) -> float:
+    """torch's clip_grad_norm_ coefficient, max_norm / (norm + 1e-6) clamped to 1, in
+    float64; 1 when the check saw NaN/Inf or the norm is not finite (lsc_norm_finish's rule)."""
+    if found or not math.isfinite(norm):
+        return 1.0
+    return min(1.0, max_norm / (norm + 1e-6))
 
 
 class ArrayKernels:
@@ -119,10 +152,71 @@ class ArrayKernels:
         without a kernel, non-dense or self-overlapping arrays, read-only
         arrays and arrays that share memory.
         """
-        if type(inv_scale) is float:
-            inv = inv_scale
+        return self._run("unscale", arrays, _inverse(inv_scale))
+
+    def unscale_and_norm(self, arrays, inv_scale, norm_type=2.0) -> tuple[bool, float]:
+        """``unscale_``, and the norm of the values it wrote, gathered in the same pass.
+
+        Returns (all inputs finite, norm): the 2-norm (``norm_type=2``) or the
+        largest magnitude (``norm_type=inf``) over every floating array, as a
+        float64; other p-norms are refused.  The unscaled values are
+        ``unscale_``'s bit for bit.  Each value is widened to float64 exactly and
+        squared and summed in float64, per thread in a fixed order and then in
+        fixed-order folds, so the same arrays give the same bits on every call
+        (the order depends on the sizes, the launch limits and each array's
+        address modulo 16, never on scheduling).  The inf-norm is exact; the
+        2-norm differs from an exactly rounded float64 sum only by float64
+        rounding (relative error below 1e-12 for any realistic size).  NaN/Inf in
+        the input makes the norm NaN or Inf and ``finite`` False.  One host sync
+        per device.
+        """
+        return self._norm(arrays, _inverse(inv_scale), norm_kind(norm_type), 0.0)
+
+    def unscale_and_clip_(self, arrays, inv_scale, max_norm, norm_type=2.0) -> tuple[bool, float]:
+        """``unscale_and_norm``, then clip in place as ``torch.nn.utils.clip_grad_norm_`` does.
+
+        Every floating array is multiplied by max_norm / (norm + 1e-6) clamped
+        to 1 (taken in float64, applied with ``unscale_``'s rounding), unless
+        an input was NaN/Inf: then nothing is clipped, since the step will be
+        skipped.  The coefficient is computed on the device, so the arrays are
+        read once to unscale, check and measure, and once more only when the
+        coefficient is below 1.  Returns (all inputs finite, norm before clipping).
+        """
+        inv = _inverse(inv_scale)
+        inf_norm = norm_kind(norm_type)
+        limit = real("max_norm", max_norm)
+        if not (limit > 0 and math.isfinite(limit)):
+            raise ValueError(f"max_norm must be finite and > 0, got {max_norm!r}")
+        return self._norm(arrays, inv, inf_norm, limit)
+
+    def _norm(self, arrays, inv: float, inf_norm: bool, max_norm: float) -> tuple[bool, float]:
+        plan = self._table.plan(arrays)
+        if plan.write_error is not None:
+            raise ValueError(plan.write_error)
+        devices = plan.devices
+        # on one device the coefficient never leaves it; across devices it needs every norm
+        fold_on_device = max_norm if len(devices) == 1 else 0.0
+        calls = []
+        for dev in devices:
+            runner = self.device(dev)
+            prepared = self._launches(plan, dev, runner)
+            runner.launch_norm(prepared, inv=inv, inf_norm=inf_norm, max_norm=fold_on_device)
+            if fold_on_device:
+                runner.launch_clip(prepared)
+            calls.append((runner, prepared))
+        results = [runner.backend.get(prepared.norm.result) for runner, prepared in calls]
+        if not results:
+            return True, 0.0
+        found = any(r[2] for r in results)
+        if len(results) == 1:
+            return not found, float(results[0][0])
+        totals = [float(r[3]) for r in results]
+        if inf_norm:
+            norm = math.nan if any(map(math.isnan, totals)) else max(totals)
         else:
-            inv = real("inv_scale", inv_scale)
-        if not (inv > 0 and math.isfinite(inv)):
-            raise ValueError(f"inv_scale must be finite and > 0, got {inv_scale!r}")
-        return self._run("unscale", arrays, inv)
+            norm = math.sqrt(math.fsum(totals))
+        if max_norm:
+            coef = clip_coefficient(norm, max_norm, found)
+            for runner, prepared in calls:
+                runner.launch_clip(prepared, coef=coef)
+        return not found, norm

@@ -12,7 +12,9 @@ A call costs its launches and one read, nothing else: the tables of a plan
 are uploaded once (``prepare``), every argument of every launch is packed
 once into host memory that lives with the plan, and what a call changes
 (the inverse scale, the flag's address, the call's mark) is written into
-one shared argument block before the launches.
+one shared argument block before the launches.  The one-pass norm
+(``launch_norm`` / ``launch_clip``) packs its launches and allocates its
+partials buffer on a plan's first use, then costs the same.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ MARK_LIMIT = 0xFFFFFFFF
 
 
 Plan = collections.namedtuple("Plan", "table launches")
+_Norm = collections.namedtuple("_Norm", "unscale clip result coef_ptr keep")
 Plan.__doc__ = """Host tables of one dtype group: `table` (uint64) holds every launch's
 table back to back; `launches` lists (offset in words, ntensors, nblocks)."""
 
@@ -43,6 +46,10 @@ _CALL_SIZES = {"unscale": (8, 8, 8, 4),      # inv, inv_dev, found, mark
                "all_finite": (8, 4)}         # found, mark
 # which slots of the call block (uint64 words) those per-call parameters are
 _CALL_SLOTS = {"unscale": (0, 1, 2, 3), "all_finite": (2, 3)}
+# the call block: inv, inv_dev, found, mark, then the norm's inf_norm, max_norm, coef, coef_dev
+_INV, _INV_DEV, _FOUND, _MARK, _INF_NORM, _MAX_NORM, _COEF, _COEF_DEV = range(8)
+# the one-pass norm's reduction: each fold level has one thread per FOLD partials
+FOLD = 64
 
 
 def plan_launches(ptrs, sizes, *, chunk: int = CHUNK, max_tensors: int = MAX_TENSORS,
@@ -71,16 +78,21 @@ def _kernel_code(code) -> int:
 class Launches:
     """The packed launches of one device's groups (built by ``MultiTensor.prepare``).
 
-    ``ops[op]`` lists (kernel handle, grid, address of the ``void*[]``,
-    address of the byte widths, parameter count); the device tables and
-    the host argument blocks are held here for as long as this lives.
+    ``ops[op]`` lists (kernel handle, grid, block, address of the
+    ``void*[]``, address of the byte widths, parameter count); the device
+    tables and the host argument blocks are held here for as long as this
+    lives.  ``norm`` (packed by the first ``MultiTensor.launch_norm``) holds
+    the one-pass norm's launches, its buffers and ``result``: the device
+    float64 [norm, clip coefficient, found (1.0/0.0), folded total].
     """
 
-    __slots__ = ("ops", "count", "_keep")
+    __slots__ = ("ops", "count", "norm", "_specs", "_keep")
 
     def __init__(self):
         self.ops = {op: [] for op in OPS}
         self.count = 0
+        self.norm = None
+        self._specs = []        # (dtype code, own-argument block, blocks) of every launch
         self._keep = []
 
 
@@ -111,9 +123,11 @@ class MultiTensor:
         self.flag_ptr = backend.ptr(self.flag)
         self._mark = 0
         self._wrapped = False
-        # the per-call parameters, shared by every launch: inv, inv_dev, found, mark
-        self._call = np.zeros(4, np.uint64)
-        self._inv = self._call[0:1].view(np.float64)
+        # the per-call parameters, shared by every launch (slots: _INV ... _COEF_DEV)
+        self._call = np.zeros(8, np.uint64)
+        self._inv = self._call[_INV:_INV + 1].view(np.float64)
+        self._max_norm = self._call[_MAX_NORM:_MAX_NORM + 1].view(np.float64)
+        self._coef = self._call[_COEF:_COEF + 1].view(np.float64)
         self._call_addr = self._call.ctypes.data
 
     def _function(self, name: str):
@@ -138,13 +152,14 @@ class MultiTensor:
             for off, nt, nb in launches:
                 own = np.array([base + 8 * off, nt, self.chunk], np.uint64)
                 out._keep.append(own)
+                out._specs.append((code, own, nb))
                 for op in OPS:
                     params = np.array([own.ctypes.data + 8 * k for k in range(3)]
                                       + [self._call_addr + 8 * s for s in _CALL_SLOTS[op]],
                                       np.uint64)
                     widths = np.array(_OWN_SIZES + _CALL_SIZES[op], np.int64)
                     out._keep += [params, widths]
-                    out.ops[op].append((self._function(kernel_name(op, code)), nb,
+                    out.ops[op].append((self._function(kernel_name(op, code)), nb, self.block,
                                         params.ctypes.data, widths.ctypes.data, len(widths)))
                 out.count += 1
         return out
@@ -169,31 +184,135 @@ class MultiTensor:
             mark = self.next_mark()
         call = self._call
         self._inv[0] = inv
-        call[1] = inv_ptr
-        call[2] = self.flag_ptr if found_ptr is None else found_ptr
-        call[3] = mark
+        call[_INV_DEV] = inv_ptr
+        call[_FOUND] = self.flag_ptr if found_ptr is None else found_ptr
+        call[_MARK] = mark
+        self._enqueue(prepared.ops[op], stream)
+        return mark
+
+    def _enqueue(self, entries, stream) -> None:
         b = self.backend
         prev = b.enter()
         try:
             s = b.stream() if stream is None else stream
-            for fn, grid, params, widths, n in prepared.ops[op]:
-                b.launch_packed(fn, grid, self.block, params, widths, n, s)
+            for fn, grid, block, params, widths, n in entries:
+                b.launch_packed(fn, grid, block, params, widths, n, s)
         finally:
             b.leave(prev)
+
+    def _pack(self, keep: list, name: str, grid: int, block: int, args) -> tuple:
+        """One packed launch of `name`; `args` are (address, byte width) of its parameters."""
+        params = np.array([a for a, _ in args], np.uint64)
+        widths = np.array([w for _, w in args], np.int64)
+        keep += [params, widths]
+        return (self._function(name), grid, block, params.ctypes.data, widths.ctypes.data,
+                len(widths))
+
+    def _call_arg(self, slot: int, width: int) -> tuple:
+        """(address, byte width) of a per-call parameter in the shared call block."""
+        return self._call_addr + 8 * slot, width
+
+    def _pack_norm(self, prepared: Launches) -> _Norm:
+        """The one-pass norm's launches over `prepared` (buffers allocated, arguments packed)."""
+        keep: list = []
+        arg = self._call_arg
+        # per-thread partials, then levels of one value per FOLD of the level below,
+        # down to at most FOLD values for the single-thread finish
+        counts = [sum(nb for _, _, nb in prepared._specs) * self.block]
+        while counts[-1] > FOLD:
+            counts.append(-(-counts[-1] // FOLD))
+        offsets = np.cumsum([0] + counts)        # of each level in one buffer; the result last
+        buf = self.backend.to_device(np.zeros(int(offsets[-1]) + 4, np.float64))
+        base = self.backend.ptr(buf)
+        # the kernels take each level's address and count by pointer: host words kept here
+        levels = np.array([base + 8 * int(o) for o in offsets], np.uint64)
+        sizes = np.array(counts, np.int64)
+        keep += [buf, levels, sizes]
+
+        def level(k):
+            return levels.ctypes.data + 8 * k, 8
+
+        def size(k):
+            return sizes.ctypes.data + 8 * k, 8
+
+        unscale, clip = [], []
+        done = 0                                 # partial slots of the launches before
+        for code, own, nb in prepared._specs:
+            table = (own.ctypes.data, 8), (own.ctypes.data + 8, 4), (own.ctypes.data + 16, 8)
+            part = np.array([base + 8 * done], np.uint64)
+            keep.append(part)
+            unscale.append(self._pack(keep, kernel_name("unscale_norm", code), nb, self.block, (
+                *table, arg(_INV, 8), arg(_INV_DEV, 8), arg(_FOUND, 8), arg(_MARK, 4),
+                (part.ctypes.data, 8), arg(_INF_NORM, 4))))
+            clip.append(self._pack(keep, kernel_name("clip", code), nb, self.block,
+                                   (*table, arg(_COEF, 8), arg(_COEF_DEV, 8))))
+            done += nb * self.block
+        last = len(counts) - 1
+        for k in range(last):
+            block = min(self.block, counts[k + 1])
+            unscale.append(self._pack(keep, "lsc_norm_fold", -(-counts[k + 1] // block), block,
+                                      (level(k), size(k), level(k + 1), size(k + 1),
+                                       arg(_INF_NORM, 4))))
+        unscale.append(self._pack(keep, "lsc_norm_finish", 1, 1, (
+            level(last), size(last), arg(_INF_NORM, 4), arg(_MAX_NORM, 8), arg(_FOUND, 8),
+            arg(_MARK, 4), level(last + 1))))
+        result = int(offsets[-1])
+        return _Norm(unscale, clip, buf[result:], base + 8 * (result + 1), keep)
+
+    def launch_norm(self, prepared: Launches, *, inv: float = 1.0, inv_ptr: int = 0,
+                    inf_norm: bool = False, max_norm: float = 0.0, mark: int | None = None,
+                    stream=None) -> int:
+        """Enqueue the one-pass unscale + check + norm over `prepared`; returns the mark.
+
+        Every element is multiplied by `inv` (or the float64 at `inv_ptr`) as
+        ``launch("unscale")`` does, and the same pass gathers per-thread
+        partials of the values written: their sum of squares, or with
+        `inf_norm` their largest magnitude.  Fixed-order folds then leave
+        ``prepared.norm.result`` = [norm, clip coefficient for `max_norm`
+        (1.0 when `max_norm` is 0), 1.0 if NaN/Inf was seen else 0.0, total].
+        The first call on a plan allocates its buffers; later ones upload nothing.
+        """
+        if prepared.norm is None:
+            prepared.norm = self._pack_norm(prepared)
+        if mark is None:
+            mark = self.next_mark()
+        call = self._call
+        self._inv[0] = inv
+        call[_INV_DEV] = inv_ptr
+        call[_FOUND] = self.flag_ptr
+        call[_MARK] = mark
+        call[_INF_NORM] = 1 if inf_norm else 0
+        self._max_norm[0] = max_norm
+        self._enqueue(prepared.norm.unscale, stream)
         return mark
+
+    def launch_clip(self, prepared: Launches, *, coef: float | None = None, coef_ptr: int = 0,
+                    stream=None) -> None:
+        """Enqueue the clip: every element times `coef`, or the float64 at `coef_ptr`, or
+        (neither given) the coefficient the last ``launch_norm`` on `prepared` left on
+        the device; a coefficient of 1 costs the launches only."""
+        if prepared.norm is None:
+            raise RuntimeError("launch_clip() needs a launch_norm() on the same plan first")
+        if coef is None and not coef_ptr:
+            coef_ptr = prepared.norm.coef_ptr
+        self._coef[0] = 1.0 if coef is None else coef
+        self._call[_COEF_DEV] = 0 if coef is not None else coef_ptr
+        self._enqueue(prepared.norm.clip, stream)
 
     def found(self, mark: int) -> bool:
         """Whether the call that used `mark` saw NaN/Inf (reads the flag: one synchronisation)."""
         return self.backend.read_word(self.flag) == mark
 
-    def _prepared(self, code: int, ptrs: tuple, sizes: tuple) -> Launches:
-        key = (code, ptrs, sizes)
+    def prepared(self, groups) -> Launches:
+        """``prepare(groups)``, cached by the groups' (code, addresses, counts) (LRU)."""
+        key = tuple((int(c), tuple(p), tuple(n)) for c, p, n in groups)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        hit = self.prepare([(code, np.array(ptrs, np.uint64), np.array(sizes, np.int64))])
+        hit = self.prepare([(c, np.array(p, np.uint64), np.array(n, np.int64))
+                            for c, p, n in key])
         with self._lock:
             self._cache[key] = hit
             while len(self._cache) > self._cache_size:
@@ -219,7 +338,7 @@ class MultiTensor:
             g[1].append(int(n))
         count = 0
         for c, (gp, gs) in groups.items():
-            prepared = self._prepared(c, tuple(gp), tuple(gs))
+            prepared = self.prepared([(c, gp, gs)])
             self.launch(op, prepared, inv=inv, inv_ptr=inv_ptr, found_ptr=found_ptr, mark=mark,
                         stream=stream)
             count += prepared.count

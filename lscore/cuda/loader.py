@@ -43,7 +43,9 @@ def kernel_name(op: str, code: int) -> str:
 
 # .cu file -> the kernel names (NVRTC name expressions) the package launches from it
 KERNELS = {
-    "scan.cu": tuple(kernel_name(op, c) for op in OPS for c in TRAITS),
+    # the one-pass norm (lscore.cuda.launch.MultiTensor.launch_norm) beside the scan
+    "scan.cu": tuple(kernel_name(op, c) for op in OPS + ("unscale_norm", "clip") for c in TRAITS)
+               + ("lsc_norm_fold", "lsc_norm_finish"),
     "update.cu": (UPDATE_KERNEL,),
     # fused optimizers: float32 master weights, float16/bfloat16/float32 gradients
     "optim.cu": tuple(f"lsc_mt_{op}<{TRAITS[c]}>" for op in ("sgd", "adam")

@@ -31,6 +31,8 @@ class CountingBackend(HostBackend):
 KERNELS = _device.ArrayKernels(np, lambda dev: CountingBackend(), kind=kernels.READ_NUMPY)
 all_finite = KERNELS.all_finite
 unscale_ = KERNELS.unscale_
+unscale_and_norm = KERNELS.unscale_and_norm
+unscale_and_clip_ = KERNELS.unscale_and_clip_
 
 
 class SGD(_device.Gated, _arrays.SGD):

@@ -55,6 +55,16 @@ int run(void (*k)(A...), unsigned grid, unsigned block, void **params,
     X(lsc_mt_all_finite<lsc_bf16>)        \
     X(lsc_mt_all_finite<lsc_f32>)         \
     X(lsc_mt_all_finite<lsc_f64>)         \
+    X(lsc_mt_unscale_norm<lsc_f16>)       \
+    X(lsc_mt_unscale_norm<lsc_bf16>)      \
+    X(lsc_mt_unscale_norm<lsc_f32>)       \
+    X(lsc_mt_unscale_norm<lsc_f64>)       \
+    X(lsc_mt_clip<lsc_f16>)               \
+    X(lsc_mt_clip<lsc_bf16>)              \
+    X(lsc_mt_clip<lsc_f32>)               \
+    X(lsc_mt_clip<lsc_f64>)               \
+    X(lsc_norm_fold)                      \
+    X(lsc_norm_finish)                    \
     X(lsc_device_update)                  \
     X(lsc_mt_sgd<lsc_f16>)                \
     X(lsc_mt_sgd<lsc_bf16>)               \

@@ -1,0 +1,183 @@
+"""GradScaler.unscale_and_clip_ on CUDA gradients: unscale, check and norm in one pass.
+
+Design: off the CPU the GradScaler's path unscales with torch's kernel and
+``clip_grad_norm_`` then reads every gradient again for the norm.  Here
+lscore's one-pass kernels (_ext/scan.cu, launched through
+``lscore.cuda.MultiTensor`` on torch's current stream) unscale, check and
+gather the norm's partials in the same read, fold them in a fixed order (the
+same bits every call), and the clip multiplies with a coefficient that never
+leaves the device, so a clipped step reads the gradients once before the
+clip's own read-modify-write and adds no host synchronisation.
+
+What torch computes is kept wherever the result can depend on it: the inverse
+scale is torch's (float64 reciprocal of the float32 scale, rounded to
+float32), the unscale multiply rounds as ``_amp_foreach_non_finite_check_and_unscale_``,
+the total norm is returned in the gradients' dtype and the coefficient is
+``clamp(max_norm / (total + 1e-6), max=1)`` computed by torch on that tensor,
+and lsc_mt_clip multiplies as ``_foreach_mul_`` does.  Only the norm's sum
+differs: lscore sums squares in float64 where torch sums per tensor in
+float32, so the norm is torch's within torch's own float32 rounding (and
+exact for ``norm_type=inf``).  When a gradient is NaN/Inf nothing is clipped.
+
+``KERNELS`` is the one binding (CUDA tensors, ``TorchCudaBackend``: the
+kernels are loaded and launched through CuPy, so this path needs CuPy
+installed, ``lscore[cuda12]`` or ``lscore[cuda13]``; without it torch's
+path is taken); the tests rebind it to CPU tensors and the host harness
+(tests/helpers/cuda_host), so everything but the launches runs without a GPU.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import numpy as np
+import torch
+
+from lscore.cuda import CupyBackend
+from lscore.cuda.launch import MultiTensor
+from lscore.dtypes import Code
+
+__all__ = ["KERNELS", "Kernels", "OnePass", "TorchCudaBackend"]
+
+_CODES = {torch.float16: int(Code.F16), torch.bfloat16: int(Code.BF16),
+          torch.float32: int(Code.F32), torch.float64: int(Code.F64)}
+# NumPy host tables -> torch: the unsigned words travel as their signed twins
+_SIGNED = {np.dtype(np.uint64): np.int64, np.dtype(np.uint32): np.int32}
+
+
+class TorchCudaBackend(CupyBackend):
+    """lscore.cuda backend for one CUDA device holding torch tensors.
+
+    The kernels are CuPy's (NVRTC's cubin of _ext/scan.cu, loaded once per
+    device into the primary context that torch uses too, see
+    lscore.cuda.loader); memory is torch tensors and the launches go to
+    torch's current stream of the device.
+    """
+
+    def ptr(self, a: torch.Tensor) -> int:
+        return a.data_ptr()
+
+    def get(self, a: torch.Tensor) -> np.ndarray:
+        return a.cpu().numpy()
+
+    def to_device(self, host: np.ndarray) -> torch.Tensor:
+        """A device copy of `host`, complete on return (kernels on any stream may read it)."""
+        signed = _SIGNED.get(host.dtype)
+        t = torch.from_numpy(host.view(signed) if signed else host).to(f"cuda:{self.device}")
+        torch.cuda.synchronize(self.device)
+        return t
+
+    def stream(self) -> int:
+        return torch.cuda.current_stream(self.device).cuda_stream
+
+    def read_word(self, a: torch.Tensor) -> int:
+        return int(a[0].item()) & 0xFFFFFFFF
+
+
+class Kernels:
+    """The one-pass launchers for gradients on devices of one type, one per device."""
+
+    def __init__(self, device_type: str, make_backend, available=lambda: True):
+        self.device_type = device_type
+        self._make_backend = make_backend
+        self._runners: dict = {}
+        self.available = available
+
+    def runner(self, device: torch.device) -> MultiTensor:
+        index = device.index or 0
+        r = self._runners.get(index)
+        if r is None:
+            r = self._runners[index] = MultiTensor(self._make_backend(index))
+        return r
+
+
+# the kernels load through CuPy: without it, torch's own path (two reads) is taken
+KERNELS = Kernels("cuda", TorchCudaBackend,
+                  available=lambda: importlib.util.find_spec("cupy") is not None)
+
+
+def _gather(params, device_type: str) -> dict | None:
+    """{device: {dtype code: ([addresses], [counts])}} of the gradients, or None when one of
+    them is not a dense contiguous floating tensor of `device_type` (torch's path then)."""
+    groups: dict = {}
+    for q in params:
+        g = q.grad
+        code = _CODES.get(g.dtype)
+        if (code is None or g.device.type != device_type or g.layout is not torch.strided
+                or not g.is_contiguous()):
+            return None
+        ptrs, sizes = groups.setdefault(g.device, {}).setdefault(code, ([], []))
+        ptrs.append(g.data_ptr())
+        sizes.append(g.numel())
+    return groups
+
+
+class OnePass:
+    """One clipped step through the one-pass kernels.
+
+    ``of`` gathers the gradients (None when this path does not apply); the
+    object is then ``GradScaler.unscale_``'s unscale (its ``_unscale`` hook:
+    unscale, check and gather the norm, {device: found-inf tensor}), and
+    ``clip`` scales the gradients down with torch's coefficient.
+    """
+
+    def __init__(self, kernels: Kernels, groups: dict, scale: torch.Tensor, inf_norm: bool):
+        self.scale, self.inf_norm = scale, inf_norm
+        self.codes = {code for per_code in groups.values() for code in per_code}
+        self.calls = []
+        for device, per_code in groups.items():
+            runner = kernels.runner(device)
+            prepared = runner.prepared([(code, ptrs, sizes)
+                                        for code, (ptrs, sizes) in per_code.items()])
+            self.calls.append((device, runner, prepared))
+
+    @classmethod
+    def of(cls, params: list, scale: torch.Tensor, p: float, kernels: Kernels | None = None):
+        """The pass over the gradients of `params`, or None, touching nothing, when a
+        gradient is sparse, strided, not floating or not on the kernels' device type
+        (or there is none, or `p` is neither 2 nor inf, or CuPy, which loads the kernels,
+        is not installed): torch's path then."""
+        kernels = KERNELS if kernels is None else kernels
+        if not kernels.available():
+            return None
+        groups = _gather(params, kernels.device_type) if params else None
+        if not groups or p not in (2.0, math.inf):
+            return None
+        return cls(kernels, groups, scale, p == math.inf)
+
+    def __call__(self, optimizer, allow_fp16: bool, stats=None) -> dict:
+        if not allow_fp16 and Code.F16 in self.codes:
+            raise ValueError("Attempting to unscale FP16 gradients.")
+        # FP32 division can be imprecise; torch takes the reciprocal in FP64
+        inv = self.scale.double().reciprocal().float().double()
+        found = {}
+        for device, runner, prepared in self.calls:
+            here = inv.to(device, copy=True)
+            runner.launch_norm(prepared, inv_ptr=here.data_ptr(), inf_norm=self.inf_norm)
+            found[device] = torch.as_tensor(prepared.norm.result)[2].to(torch.float32, copy=True)
+        return found
+
+    def norm(self) -> torch.Tensor:
+        """The float64 norm over every device, on the scale's device (no host sync)."""
+        results = [torch.as_tensor(p.norm.result).to(self.scale.device) for _, _, p in self.calls]
+        if len(results) == 1:
+            return results[0][0].clone()
+        totals = torch.stack([r[3] for r in results])
+        return totals.max() if self.inf_norm else totals.sum().sqrt()
+
+    def clip(self, max_norm: float, found: dict, dtype: torch.dtype) -> torch.Tensor:
+        """Clip as ``clip_grad_norm_`` does, unless a `found` flag is set; returns the
+        total norm as a 0-d tensor of `dtype` (the first gradient's, as torch's)."""
+        with torch.no_grad():
+            total = self.norm().to(dtype)
+            coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+            flags = [f.to(total.device) for f in found.values()]
+            if flags:
+                # the step will be skipped: leave its gradients as they are
+                coef = torch.where(torch.stack(flags).sum() > 0, torch.ones_like(coef), coef)
+            # lsc_mt_clip rounds as _foreach_mul_ by this tensor does; 1 reads nothing
+            coef = coef.double()
+            for device, runner, prepared in self.calls:
+                here = coef.to(device, copy=True)
+                runner.launch_clip(prepared, coef_ptr=here.data_ptr())
+        return total
