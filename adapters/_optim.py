@@ -310,11 +310,17 @@ class LossScaleOptimizerBase:
             self._advance_iterations()
 
     def _scaled_gradients(self, loss_and_grads_fn, var_list):
+        loss, grads, var_list = self._loss_and_grads(loss_and_grads_fn, var_list,
+                                                     self._scaling.scale)
+        return loss, list(zip(self.get_unscaled_gradients(grads), var_list))
+
+    def _loss_and_grads(self, loss_and_grads_fn, var_list, scale):
+        """(loss, scaled grads, var_list) from ``loss_and_grads_fn(scale)``, checked."""
         if not callable(loss_and_grads_fn):
             raise TypeError("loss_and_grads_fn must be a callable fn(scale) -> (loss, grads), "
                             f"got {type_name(loss_and_grads_fn)}")
         var_list = list(var_list)
-        out = loss_and_grads_fn(self._scaling.scale)
+        out = loss_and_grads_fn(scale)
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise TypeError("loss_and_grads_fn(scale) must return (loss, grads), got "
                             f"{type_name(out)}")
@@ -322,7 +328,7 @@ class LossScaleOptimizerBase:
         if len(grads) != len(var_list):
             raise ValueError(f"loss_and_grads_fn returned {len(grads)} gradients for "
                              f"{len(var_list)} variables")
-        return loss, list(zip(self.get_unscaled_gradients(grads), var_list))
+        return loss, grads, var_list
 
     def compute_gradients(self, loss_and_grads_fn, var_list) -> list:
         """Unscaled (gradient, variable) pairs from ``loss_and_grads_fn(scale) -> (loss, grads)``.

@@ -55,11 +55,19 @@ __all__ = [
 _KERNELS = _device.ArrayKernels(cupy, cuda.CupyBackend, array_type=cupy.ndarray)
 
 
+def _capturing() -> bool:
+    return cupy.cuda.get_current_stream().is_capturing()
+
+
 def all_finite(arrays) -> bool:
+    _device.refuse_in_capture(_capturing(), "all_finite (it reads a flag back)",
+                              "check inside a capture with LossScaleOptimizer(sync_free=True)")
     return _KERNELS.all_finite(arrays)
 
 
 def unscale_(arrays, inv_scale) -> bool:
+    _device.refuse_in_capture(_capturing(), "unscale_ (it reads a flag back)",
+                              "unscale inside a capture with LossScaleOptimizer(sync_free=True)")
     return _KERNELS.unscale_(arrays, inv_scale)
 
 
@@ -67,21 +75,24 @@ all_finite.__doc__ = _device.ArrayKernels.all_finite.__doc__
 unscale_.__doc__ = _device.ArrayKernels.unscale_.__doc__
 
 
-class SGD(_device.Gated, _arrays.SGD):
-    __doc__ = _arrays.SGD.__doc__
-    _xp = cupy
-
-
-class Adam(_device.Gated, _arrays.Adam):
-    __doc__ = _arrays.Adam.__doc__
-    _xp = cupy
-
-
-class LossScaleOptimizer(_device.DeviceLossScaleOptimizer):
-    __doc__ = (_device.DeviceLossScaleOptimizer.__doc__ + "\n"
-               + _optim.LossScaleOptimizerBase.__doc__)
+class _Bound:
     _xp = cupy
     _kernels = _KERNELS
-    _all_finite = staticmethod(all_finite)
     _current_device = staticmethod(lambda: cupy.cuda.Device().id)
+    _capturing = staticmethod(_capturing)
+
+
+class SGD(_Bound, _device.GatedSGD, _arrays.SGD):
+    __doc__ = _arrays.SGD.__doc__ + "\n" + _device.Gated.__doc__
+
+
+class Adam(_Bound, _device.GatedAdam, _arrays.Adam):
+    __doc__ = _arrays.Adam.__doc__ + "\n" + _device.Gated.__doc__ + "\n" \
+        + _device.GatedAdam.__doc__
+
+
+class LossScaleOptimizer(_Bound, _device.DeviceLossScaleOptimizer):
+    __doc__ = (_device.DeviceLossScaleOptimizer.__doc__ + "\n"
+               + _optim.LossScaleOptimizerBase.__doc__)
+    _all_finite = staticmethod(all_finite)
     _optimizer_classes = {"SGD": SGD, "Adam": Adam}

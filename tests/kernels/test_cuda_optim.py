@@ -17,6 +17,7 @@ import pytest
 
 import lscore
 from lscore import cuda
+from lscore._ext import _codes
 from lscore.adapters import numpy as lnp
 from lscore.dtypes import BY_NAME, Code
 from helpers import FLOAT_DTYPES
@@ -217,7 +218,10 @@ def _alpha(opt):
         / (one - t(opt.beta_1) ** step)
 
 
-SLOT, NESTEROV, MAXIMIZE, AMSGRAD = 1, 2, 4, 8     # the LSC_OPT_* bits of optim.cu
+SLOT, NESTEROV, MAXIMIZE, AMSGRAD, CHECK, INV_AS_GRAD = (
+    _codes.OPTIM_FLAGS[k] for k in ("SLOT", "NESTEROV", "MAXIMIZE", "AMSGRAD", "CHECK",
+                                    "INV_AS_GRAD"))
+NO_COUNTER = (np.uint64(0), np.uint64(0), np.int64(0))     # Adam's bias, count, last
 
 
 def _sgd_launch(backend, opt, c, gs, cfg, tail):
@@ -234,7 +238,7 @@ def _adam_launch(backend, opt, c, gs, cfg, tail):
     flags = (MAXIMIZE if opt.maximize else 0) | (AMSGRAD if opt.amsgrad else 0)
     _launch(backend, "adam", c.records(gs), c.sizes, cfg,
             (t(_alpha(opt)), t(1 - opt.beta_1), t(1 - opt.beta_2), t(opt.epsilon),
-             t(opt.learning_rate), t(opt.weight_decay), np.int32(flags), *tail))
+             t(opt.learning_rate), t(opt.weight_decay), np.int32(flags), *tail, *NO_COUNTER))
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -300,7 +304,8 @@ def test_gate_word(backend, gate, skip_if, applied):
             (t(0.5), t(0.1), t(0.001), t(1e-7), t(0.5), t(0.0), np.int32(0))
         _launch(backend, op, rec, [21], cfg,
                 (*head, np.float64(0.5), np.uint64(0),
-                 np.uint64(0 if gate is None else word.ctypes.data), np.uint32(skip_if)))
+                 np.uint64(0 if gate is None else word.ctypes.data), np.uint32(skip_if),
+                 *(NO_COUNTER if op == "adam" else ())))
         assert np.all(w != 1.0) if applied else np.all(w == 1.0), op
         if op == "sgd":
             assert np.all(w == 0.5) or not applied      # 1 + -(2 * 0.5) * 0.5
