@@ -38,37 +38,38 @@ class CountingBackend(HostBackend):
         return super().to_device(host)
 
 
-KERNELS = _device.ArrayKernels(np, lambda dev: CountingBackend(), kind=kernels.READ_NUMPY)
-
-
 def _capturing() -> bool:
     return CountingBackend.capturing
 
 
-def all_finite(arrays) -> bool:
-    _device.refuse_in_capture(_capturing(), "all_finite (it reads a flag back)", "do not")
-    return KERNELS.all_finite(arrays)
+def bind(kernels):
+    """(all_finite, unscale_, SGD, Adam, LossScaleOptimizer) bound to `kernels` (an
+    ArrayKernels on the harness), as lscore.adapters.cupy binds them to its own."""
+    def all_finite(arrays) -> bool:
+        _device.refuse_in_capture(_capturing(), "all_finite (it reads a flag back)", "do not")
+        return kernels.all_finite(arrays)
+
+    def unscale_(arrays, inv_scale) -> bool:
+        _device.refuse_in_capture(_capturing(), "unscale_ (it reads a flag back)", "do not")
+        return kernels.unscale_(arrays, inv_scale)
+
+    class Bound:
+        _xp = np
+        _kernels = kernels
+        _capturing = staticmethod(_capturing)
+
+    class SGD(Bound, _device.GatedSGD, _arrays.SGD):
+        pass
+
+    class Adam(Bound, _device.GatedAdam, _arrays.Adam):
+        pass
+
+    class LossScaleOptimizer(Bound, _device.DeviceLossScaleOptimizer):
+        _all_finite = staticmethod(all_finite)
+        _optimizer_classes = {"SGD": SGD, "Adam": Adam}
+
+    return all_finite, unscale_, SGD, Adam, LossScaleOptimizer
 
 
-def unscale_(arrays, inv_scale) -> bool:
-    _device.refuse_in_capture(_capturing(), "unscale_ (it reads a flag back)", "do not")
-    return KERNELS.unscale_(arrays, inv_scale)
-
-
-class _Bound:
-    _xp = np
-    _kernels = KERNELS
-    _capturing = staticmethod(_capturing)
-
-
-class SGD(_Bound, _device.GatedSGD, _arrays.SGD):
-    pass
-
-
-class Adam(_Bound, _device.GatedAdam, _arrays.Adam):
-    pass
-
-
-class LossScaleOptimizer(_Bound, _device.DeviceLossScaleOptimizer):
-    _all_finite = staticmethod(all_finite)
-    _optimizer_classes = {"SGD": SGD, "Adam": Adam}
+KERNELS = _device.ArrayKernels(np, lambda dev: CountingBackend(), kind=kernels.READ_NUMPY)
+all_finite, unscale_, SGD, Adam, LossScaleOptimizer = bind(KERNELS)
