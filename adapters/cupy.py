@@ -10,17 +10,28 @@ same arrays every step pays the walk once, and a call is then its launches
 on CuPy's current stream (no uploads, no extra kernels) plus one read of
 the flag through pinned memory (one host sync per device).
 
+``SGD`` and ``Adam`` update dense float32 variables from float16, bfloat16
+or float32 gradients through the fused kernels (_ext/optim.cu): one launch
+per gradient dtype reads each gradient once and updates the variable and
+its slots, bit for bit as lscore.adapters.numpy; the records and launch
+tables are planned once per list of arrays.  Other variable dtypes, and
+clipped steps, take the elementwise path (CuPy array expressions).
+
 ``LossScaleOptimizer`` has two modes:
 
 - default: the NumPy adapter's behaviour; the check runs on the GPU and the
   step decision is made on the host after one sync per step (as torch's
-  GradScaler.step does);
+  GradScaler.step does), then the same fused kernels update;
 - ``sync_free=True`` (Keras shape, with this module's SGD or Adam): the scale
-  and its counters live on the device and are advanced there by the CPU
-  core's own state machine (_ext/update.cu); SGD and Adam read the device
-  flag and leave variables and slots unchanged on overflow.  Nothing is
-  copied to the host unless you read ``loss_scale``, ``dynamic_counter`` or
-  call ``sync_state()``.
+  and its counters, and Adam's step counter, live on the device and are
+  advanced there (the scale by the CPU core's own state machine,
+  _ext/update.cu); the fused kernels read this step's found flag and leave
+  variables and slots untouched on overflow (no copies).  Nothing is copied
+  to the host unless you read ``loss_scale``, ``dynamic_counter`` or call
+  ``sync_state()``.  After one eager step such a step can be captured in a
+  CUDA graph (``stream.begin_capture()`` / ``end_capture()``) and replayed;
+  see the README's CuPy section.  While the current stream is capturing,
+  calls that would synchronise or upload raise RuntimeError.
 
 Example::
 

@@ -361,6 +361,7 @@ def _gpu_run(cp, lcp, make, host_coefs, captured):
         for c, g in zip(coef, grads):
             cp.multiply(c, scale, out=g)
         return None, grads
+    cp.cuda.Device().synchronize()     # the arrays above were made on the legacy stream
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         for k, cs in enumerate(host_coefs):
