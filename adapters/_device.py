@@ -66,6 +66,7 @@ class Gated:
     _gate = None
     _kernels = None                               # the adapter's ArrayKernels
     _current_device = staticmethod(lambda: 0)
+    _on_device = staticmethod(lambda a, dev: True)   # whether array `a` lives on device `dev`
     _capturing = staticmethod(lambda: False)
     _launchers: dict = {}
 
@@ -96,18 +97,23 @@ class Gated:
 
     def _fusable(self, pairs) -> bool:
         """Whether the fused kernels can take this step (else the elementwise path)."""
-        if self._clipnorm or self._global_clipnorm or self._clipvalue:
+        if not pairs or self._clipnorm or self._global_clipnorm or self._clipvalue:
             return False
-        arr = self._xp.ndarray
+        arr, on = self._xp.ndarray, type(self)._on_device
+        dev = type(self)._current_device()
         seen = set()
         for g, v in pairs:
             if type(v) is not arr or type(g) is not arr or v.dtype != np.float32 \
                     or str(g.dtype) not in _FUSED_GRADS or g.shape != v.shape \
                     or not v.flags.c_contiguous or not g.flags.c_contiguous \
-                    or not getattr(v.flags, "writeable", True) or id(v) in seen:
+                    or not getattr(v.flags, "writeable", True) or id(v) in seen \
+                    or not on(v, dev) or not on(g, dev):
                 return False
             seen.add(id(v))
-        return True
+        # the kernels update all variables at once: overlapping ones need the sequential path
+        ptr = self.fused_launcher().backend.ptr
+        spans = sorted((ptr(v), ptr(v) + v.nbytes) for _, v in pairs if v.size)
+        return all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
 
     def _slot_names(self) -> tuple:
         raise NotImplementedError

@@ -90,6 +90,7 @@ class _Bound:
     _xp = cupy
     _kernels = _KERNELS
     _current_device = staticmethod(lambda: cupy.cuda.Device().id)
+    _on_device = staticmethod(lambda a, dev: a.device.id == dev)
     _capturing = staticmethod(_capturing)
 
 

@@ -245,6 +245,22 @@ def test_other_variable_dtypes_and_clipping_take_the_elementwise_path():
     assert _launched(FULL, "lsc_mt_sgd") == launched + 1 and np.all(w == 0.375)
 
 
+def test_overlapping_variables_and_empty_lists_keep_the_sequential_semantics():
+    base = np.ones(8, np.float32)
+    a, b = base[:6], base[2:]              # overlapping views: updated one after the other
+    ref = np.ones(8, np.float32)
+    ra, rb = ref[:6], ref[2:]
+    launched = _launched(FULL, "lsc_mt_sgd")
+    adapter.SGD(0.5).apply_gradients([(np.ones(6, np.float32), a), (np.ones(6, np.float32), b)])
+    lnp.SGD(0.5).apply_gradients([(np.ones(6, np.float32), ra), (np.ones(6, np.float32), rb)])
+    assert _launched(FULL, "lsc_mt_sgd") == launched and np.array_equal(base, ref)
+    ours = adapter.LossScaleOptimizer(adapter.Adam(0.1), sync_free=True)
+    theirs = lnp.LossScaleOptimizer(lnp.Adam(0.1))
+    ours.apply_gradients([])
+    theirs.apply_gradients([])
+    assert ours.iterations == theirs.iterations and ours.loss_scale == theirs.loss_scale
+
+
 def test_a_changed_address_is_planned_again():
     opt = adapter.SGD(0.5)
     w, g = np.ones(6, np.float32), np.ones(6, np.float32)
