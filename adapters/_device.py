@@ -21,6 +21,8 @@ sync-free bookkeeping all run in CI without a GPU.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from lscore import cuda
@@ -95,10 +97,31 @@ class Gated:
             hit = Gated._launchers[id(runner)] = cuda.FusedLauncher(runner)
         return hit
 
-    def _fusable(self, pairs) -> bool:
-        """Whether the fused kernels can take this step (else the elementwise path)."""
+    def _fused_plan(self, pairs):
+        """The fused kernels' plan of this step's pairs, or None: the elementwise path.
+
+        A list seen before costs one compiled walk (the adapter's
+        ``lscore.kernels.DeviceTable``, which checks each array's identity,
+        address, size and dtype) and a lookup; otherwise the pairs are
+        checked here and their records planned (uploaded), or found in the
+        launcher's cache by their addresses.
+        """
         if not pairs or self._clipnorm or self._global_clipnorm or self._clipvalue:
-            return False
+            return None
+        try:
+            walked = self._kernels.table.plan(([g for g, _ in pairs], [v for _, v in pairs]))
+        except (TypeError, ValueError):
+            return None        # not this module's arrays, a dtype without a kernel, not dense
+        key = ("fused", self._kind, self._slot_names(), type(self)._current_device())
+        hit = walked.payload.get(key)
+        if hit is not None and hit[0]() is self:
+            return hit[1]
+        plan = self._plan_records(pairs) if self._fusable(pairs) else None
+        walked.payload[key] = (weakref.ref(self), plan)
+        return plan
+
+    def _fusable(self, pairs) -> bool:
+        """Whether the fused kernels can take these pairs (else the elementwise path)."""
         arr, on = self._xp.ndarray, type(self)._on_device
         dev = type(self)._current_device()
         seen = set()
@@ -118,8 +141,9 @@ class Gated:
     def _slot_names(self) -> tuple:
         raise NotImplementedError
 
-    def _fused_plan(self, pairs) -> cuda.FusedPlan:
-        """The cached plan of this list; planned (uploaded) on first sight, never while capturing."""
+    def _plan_records(self, pairs) -> cuda.FusedPlan:
+        """The launcher's plan of these records; planned (uploaded) on first sight, never while
+        capturing."""
         launcher = self.fused_launcher()
         ptr = launcher.backend.ptr
         names = self._slot_names()
@@ -158,8 +182,9 @@ class Gated:
         pairs = _optim.grad_var_pairs(grads_and_vars)
         if pairs:
             pairs = _optim.drop_none_gradients(pairs, warn=True)
-            if self._gate is None and self._fusable(pairs):
-                self._fused_launch(self._fused_plan(pairs), check=False)
+            plan = self._fused_plan(pairs) if self._gate is None else None
+            if plan is not None:
+                self._fused_launch(plan, check=False)
                 self.iterations += 1
                 return self.iterations
         return super().apply_gradients(pairs)
@@ -383,14 +408,12 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             return super()._scaled_gradients(lambda _host: loss_and_grads_fn(scale), var_list)
         return super()._scaled_gradients(loss_and_grads_fn, var_list)
 
-    def _fused_pairs(self, grads, var_list):
-        """The (scaled gradient, variable) pairs when the fused kernels take them, else None."""
+    def _fused_plan(self, pairs):
+        """The inner optimizer's fused plan of these pairs, or None (the elementwise path)."""
         opt = self._optimizer
         if not isinstance(opt, Gated) or opt._gate is not None:
             return None
-        pairs = _optim.drop_none_gradients(list(zip(grads, var_list)),
-                                           warn=self._scaling.shape != "tf1")
-        return pairs if opt._fusable(pairs) else None
+        return opt._fused_plan(pairs)
 
     def minimize(self, loss_and_grads_fn, var_list):
         """``compute_gradients`` then ``apply_gradients``; returns the loss the function gave.
@@ -405,30 +428,34 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             s = self._scaling
             if s.predictable and self.overflow_monitor is None:
                 loss, grads, var_list = self._loss_and_grads(loss_and_grads_fn, var_list, s.scale)
-                pairs = self._fused_pairs(grads, var_list)
-                if pairs is not None:
-                    self._default_fused(pairs, self._fixed_value("inv"))
+                pairs = self._kept_pairs(grads, var_list)
+                plan = self._fused_plan(pairs)
+                if plan is not None:
+                    self._default_fused(plan, self._fixed_value("inv"))
                 else:
                     self.apply_gradients(zip(self.get_unscaled_gradients(grads), var_list))
                 return loss
             return super().minimize(loss_and_grads_fn, var_list)
         loss, grads, var_list = self._loss_and_grads(loss_and_grads_fn, var_list,
                                                      self._scale_for_fn())
-        pairs = self._fused_pairs(grads, var_list)
-        if pairs is not None:
-            self._sync_free_fused(pairs, scaled=True)
+        plan = self._fused_plan(self._kept_pairs(grads, var_list))
+        if plan is not None:
+            self._sync_free_fused(plan, scaled=True)
         else:
             self.apply_gradients(zip(self.get_unscaled_gradients(grads), var_list))
         return loss
+
+    def _kept_pairs(self, grads, var_list) -> list:
+        return _optim.drop_none_gradients(list(zip(grads, var_list)),
+                                          warn=self._scaling.shape != "tf1")
 
     def _refuse_default_in_capture(self) -> None:
         self._refuse_in_capture("a step of sync_free=False (it reads the found flag)",
                                 "capture a LossScaleOptimizer(..., sync_free=True)")
 
-    def _default_fused(self, pairs, inv: float) -> bool:
+    def _default_fused(self, plan, inv: float) -> bool:
         """Default mode on the fused kernels: check (one sync), decide on the host, update."""
         opt = self._optimizer
-        plan = opt._fused_plan(pairs)
         runner = opt.fused_launcher().runner
         mark = runner.next_mark()
         flags = _FLAGS["INV_AS_GRAD"]
@@ -440,8 +467,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             opt._fused_launch(plan, check=False, flags=flags, inv=inv)
             opt.iterations += 1
         applied, _ = _optim.run_step(self, finite, apply=apply, count=self._count_step,
-                                     grads=lambda: [g for g, _ in pairs],
-                                     named_arrays=lambda m: [])
+                                     grads=None, named_arrays=None)
         return applied
 
     def _device_counter(self) -> int:
@@ -462,10 +488,9 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         self._count_host = opt.iterations
         return backend.ptr(self._count)
 
-    def _sync_free_fused(self, pairs, *, scaled: bool):
+    def _sync_free_fused(self, plan, *, scaled: bool):
         """One sync-free step on the fused kernels: nothing read, nothing uploaded once planned."""
         opt, dev, xp = self._optimizer, self._dev, self._kernels.xp
-        plan = opt._fused_plan(pairs)
         inv, inv_ptr, flags = 1.0, 0, 0
         if scaled:
             flags = _FLAGS["INV_AS_GRAD"]
@@ -497,8 +522,9 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             return super().apply_gradients(grads_and_vars)
         pairs = _optim.drop_none_gradients(_optim.grad_var_pairs(grads_and_vars), warn=True)
         opt, xp = self._optimizer, self._kernels.xp
-        if opt._gate is None and opt._fusable(pairs):
-            return self._sync_free_fused(pairs, scaled=False)
+        plan = self._fused_plan(pairs)
+        if plan is not None:
+            return self._sync_free_fused(plan, scaled=False)
         self._refuse_in_capture("a step on the elementwise path (it copies the variables)",
                                 "capture only dense float32 variables with float16, bfloat16 "
                                 "or float32 gradients and no clipping (the fused kernels)")
