@@ -20,6 +20,7 @@ betas) are frozen into such a graph.
 from __future__ import annotations
 
 import collections
+import struct
 import threading
 
 import numpy as np
@@ -69,17 +70,25 @@ def bias_table(terms, *, limit: int = TABLE_LIMIT) -> tuple[np.ndarray, int]:
     return np.array(sq + d, np.float32), step
 
 
+# a per-call parameter as one little-endian 8-byte word, by NumPy kind and width
+_WORD = {("f", 4): "f4x", ("i", 4): "i4x", ("u", 4): "I4x", ("f", 8): "d", ("i", 8): "q",
+         ("u", 8): "Q"}
+_MAX_CALL_WORDS = 16
+
+
 class FusedPlan:
     """The device records and launch tables of one list (built by ``FusedLauncher.plan``).
 
     ``groups`` lists (gradient dtype code, [(table address, ntensors,
-    nblocks)]); the device buffers are held here for as long as this lives.
+    nblocks)]); the device buffers, and the packed launches of each kernel
+    signature (``packed``), are held here for as long as this lives.
     """
 
-    __slots__ = ("groups", "_keep")
+    __slots__ = ("groups", "packed", "_keep")
 
     def __init__(self, groups, keep):
         self.groups = groups
+        self.packed: dict = {}
         self._keep = keep
 
     @property
@@ -102,6 +111,10 @@ class FusedLauncher:
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
+        # the per-call parameters (optim.cu's, after `chunk`), one 8-byte word each,
+        # shared by every packed launch and written before each call's launches
+        self._call = np.zeros(_MAX_CALL_WORDS, np.uint64)
+        self._fn: dict = {}
 
     def cached(self, key) -> FusedPlan | None:
         """The plan of `key` if it is still cached (nothing is uploaded)."""
@@ -159,16 +172,46 @@ class FusedLauncher:
         """Enqueue `kind` ("sgd" or "adam") over `plan`; returns the launches made.
 
         `head`: the kernel's NumPy scalars between ``chunk`` and ``flags``
-        (optim.cu's signatures); `tail`: Adam's (bias, count, last).
+        (optim.cu's signatures); `tail`: Adam's (bias, count, last).  The
+        launches are packed once per plan and signature; a call writes its
+        parameters into the shared block and launches (cuLaunchKernel copies
+        them, so a captured graph keeps this call's values).
         """
-        b, r = self.backend, self.runner
-        rest = (np.int32(flags), np.float64(inv), np.uint64(inv_ptr), np.uint64(gate_ptr),
+        args = (*head, np.int32(flags), np.float64(inv), np.uint64(inv_ptr), np.uint64(gate_ptr),
                 np.uint32(skip_if), *tail)
-        n = 0
+        fmt = "<" + "".join(_WORD[a.dtype.kind, a.itemsize] for a in args)
+        packed = plan.packed.get((kind, fmt))
+        if packed is None:
+            packed = plan.packed[(kind, fmt)] = self._pack(kind, plan, args)
+        struct.pack_into(fmt, self._call, 0, *args)
+        b = self.backend
+        prev = b.enter()
+        try:
+            stream = b.stream()
+            for fn, grid, params, widths, n in packed[0]:
+                b.launch_packed(fn, grid, self.runner.block, params, widths, n, stream)
+        finally:
+            b.leave(prev)
+        return len(packed[0])
+
+    def _pack(self, kind: str, plan: FusedPlan, args: tuple):
+        """([(kernel handle, grid, void*[] address, widths address, count)], arrays kept)."""
+        r, call = self.runner, self._call.ctypes.data
+        out, keep = [], []
+        widths = np.array([8, 4, 8] + [a.itemsize for a in args], np.int64)
+        keep.append(widths)
         for code, launches in plan.groups:
-            name = f"lsc_mt_{kind}<{TRAITS[Code(code)]}>"
+            fn = self._function(f"lsc_mt_{kind}<{TRAITS[Code(code)]}>")
             for table, nt, nb in launches:
-                b.launch(name, nb, r.block,
-                         (np.uint64(table), np.int32(nt), np.int64(r.chunk), *head, *rest))
-                n += 1
-        return n
+                own = np.array([table, nt, r.chunk], np.uint64)
+                params = np.array([own.ctypes.data + 8 * k for k in range(3)]
+                                  + [call + 8 * k for k in range(len(args))], np.uint64)
+                keep += [own, params]
+                out.append((fn, nb, params.ctypes.data, widths.ctypes.data, len(widths)))
+        return out, keep
+
+    def _function(self, name: str):
+        fn = self._fn.get(name)
+        if fn is None:
+            fn = self._fn[name] = self.backend.function(name)
+        return fn
