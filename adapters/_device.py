@@ -13,11 +13,15 @@ sync-free bookkeeping all run in CI without a GPU.
   caches the plan of a list), then launched with packed arguments
   (``lscore.cuda.MultiTensor``); one host sync per device reads the flag;
   ``check_async`` leaves the flag on the device.
-- ``Gated``: a mixin for the array optimizers: while ``_gate`` holds a device
-  boolean, a step commits to the variable and its slots only where the gate
-  is true, so a skipped step changes nothing and needs no host sync.
+- ``Gated`` (``GatedSGD``, ``GatedAdam``): mixins for the array optimizers:
+  dense float32 variables are updated by the fused kernels
+  (``lscore.cuda.FusedLauncher`` over _ext/optim.cu), which also unscale,
+  check and skip on the device for a LossScaleOptimizer; other variables
+  take the elementwise path, where a device boolean ``_gate`` makes a
+  skipped step restore copies, so it changes nothing without a host sync.
 - ``DeviceLossScaleOptimizer``: the LossScaleOptimizer of adapters/_optim
-  with a ``sync_free`` mode that keeps the state machine on the device.
+  with a ``sync_free`` mode that keeps the state machine on the device, and
+  the guards that keep a CUDA-graph capture from synchronising.
 """
 from __future__ import annotations
 
@@ -215,9 +219,12 @@ class GatedAdam(Gated):
     """The fused-kernel side of Adam (optim.cu's lsc_mt_adam).
 
     Bias correction: by value from ``iterations``, or, under a sync-free
-    LossScaleOptimizer, from a device step counter (``device_counter``)
-    and a table of the host's own float32 terms (``lscore.cuda.bias_table``),
-    so a replayed CUDA graph uses each step's own t.
+    LossScaleOptimizer, from that wrapper's device step counter and a table
+    of the host's own float32 terms (``lscore.cuda.bias_table``, uploaded
+    once per (beta_1, beta_2)), so a replayed CUDA graph uses each step's
+    own t.  The table ends where both terms are exactly 1; betas that do
+    not get there within ``lscore.cuda.optim.TABLE_LIMIT`` steps
+    (beta_2 above about 0.99993) are refused there with a ValueError.
     """
 
     _kind = "adam"
