@@ -422,34 +422,33 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             return None
         return opt._fused_plan(pairs)
 
-    def minimize(self, loss_and_grads_fn, var_list):
-        """``compute_gradients`` then ``apply_gradients``; returns the loss the function gave.
+    def minimize(self, loss_and_grads_fn, var_list, *, global_step=None, name=None):
+        """``compute_gradients`` then ``apply_gradients`` (which takes ``global_step`` and
+        ``name``); returns the loss the function gave.
 
         On the fused path the gradients are read once: the kernels take the
         scaled gradients and the inverse scale (the device's, in sync-free
         mode) and unscale in registers, rounding as the NumPy adapter's
         ``get_unscaled_gradients`` (the inverse cast to the gradient's dtype).
         """
+        step = dict(global_step=global_step, name=name)
+        advance = self._tf1_step_arguments(global_step, name)   # refuse before the backward pass
         if not self._sync_free:
             self._refuse_default_in_capture()
             s = self._scaling
-            if s.predictable and self.overflow_monitor is None:
-                loss, grads, var_list = self._loss_and_grads(loss_and_grads_fn, var_list, s.scale)
-                pairs = self._kept_pairs(grads, var_list)
-                plan = self._fused_plan(pairs)
-                if plan is not None:
-                    self._default_fused(plan, self._fixed_value("inv"))
-                else:
-                    self.apply_gradients(zip(self.get_unscaled_gradients(grads), var_list))
-                return loss
-            return super().minimize(loss_and_grads_fn, var_list)
-        loss, grads, var_list = self._loss_and_grads(loss_and_grads_fn, var_list,
-                                                     self._scale_for_fn())
-        plan = self._fused_plan(self._kept_pairs(grads, var_list))
-        if plan is not None:
-            self._sync_free_fused(plan, scaled=True)
+            if not s.predictable or self.overflow_monitor is not None:
+                return super().minimize(loss_and_grads_fn, var_list, **step)
+            scale = s.scale
         else:
-            self.apply_gradients(zip(self.get_unscaled_gradients(grads), var_list))
+            scale = self._scale_for_fn()
+        loss, grads, var_list = self._loss_and_grads(loss_and_grads_fn, var_list, scale)
+        plan = self._fused_plan(self._kept_pairs(grads, var_list))
+        if plan is None:
+            self.apply_gradients(zip(self.get_unscaled_gradients(grads), var_list), **step)
+        elif self._sync_free:
+            self._sync_free_fused(plan, advance, scaled=True)
+        else:
+            self._default_fused(plan, advance, self._fixed_value("inv"))
         return loss
 
     def _kept_pairs(self, grads, var_list) -> list:
@@ -460,7 +459,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         self._refuse_in_capture("a step of sync_free=False (it reads the found flag)",
                                 "capture a LossScaleOptimizer(..., sync_free=True)")
 
-    def _default_fused(self, plan, inv: float) -> bool:
+    def _default_fused(self, plan, advance, inv: float) -> bool:
         """Default mode on the fused kernels: check (one sync), decide on the host, update."""
         opt = self._optimizer
         runner = opt.fused_launcher().runner
@@ -475,6 +474,8 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             opt.iterations += 1
         applied, _ = _optim.run_step(self, finite, apply=apply, count=self._count_step,
                                      grads=None, named_arrays=None)
+        self._last_applied = applied
+        advance(applied)
         return applied
 
     def _device_counter(self) -> int:
@@ -495,7 +496,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         self._count_host = opt.iterations
         return backend.ptr(self._count)
 
-    def _sync_free_fused(self, plan, *, scaled: bool):
+    def _sync_free_fused(self, plan, advance, *, scaled: bool):
         """One sync-free step on the fused kernels: nothing read, nothing uploaded once planned."""
         opt, dev, xp = self._optimizer, self._dev, self._kernels.xp
         inv, inv_ptr, flags = 1.0, 0, 0
@@ -520,18 +521,23 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         opt.iterations += 1
         if dev is not None:
             dev.step()
-        return self._applied if type(self)._capturing() else self._applied.copy()
+        # a captured step may not allocate: it hands out the buffer the next step rewrites
+        self._last_applied = self._applied if type(self)._capturing() else self._applied.copy()
+        advance(self._last_applied)
+        return self._last_applied
 
-    def apply_gradients(self, grads_and_vars):
-        """Default mode: as the NumPy adapter (returns a bool).  Sync-free: returns a device bool."""
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        """Default mode: as the NumPy adapter (returns a bool).  Sync-free: returns a device
+        bool, which is also added to ``global_step`` on the device."""
         if not self._sync_free:
             self._refuse_default_in_capture()
-            return super().apply_gradients(grads_and_vars)
+            return super().apply_gradients(grads_and_vars, global_step, name)
+        advance = self._tf1_step_arguments(global_step, name)
         pairs = _optim.drop_none_gradients(_optim.grad_var_pairs(grads_and_vars), warn=True)
         opt, xp = self._optimizer, self._kernels.xp
         plan = self._fused_plan(pairs)
         if plan is not None:
-            return self._sync_free_fused(plan, scaled=False)
+            return self._sync_free_fused(plan, advance, scaled=False)
         self._refuse_in_capture("a step on the elementwise path (it copies the variables)",
                                 "capture only dense float32 variables with float16, bfloat16 "
                                 "or float32 gradients and no clipping (the fused kernels)")
@@ -552,4 +558,6 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             opt._gate = None
         if self._dev is not None:
             self._dev.step()                # advance only once the step went through
-        return xp.asarray(True) if gate is None else gate
+        self._last_applied = xp.asarray(True) if gate is None else gate
+        advance(self._last_applied)
+        return self._last_applied

@@ -146,6 +146,49 @@ def drop_none_gradients(pairs: list, *, warn: bool) -> list:
     return kept
 
 
+def check_op_name(name) -> None:
+    """TF1's ``name`` names the op that ``apply_gradients`` returns; nothing here is
+    an op, so the name is only checked."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a str or None, got {type_name(name)}")
+
+
+def _no_advance(applied) -> None:
+    return None
+
+
+def global_step_advancer(global_step, in_place, expected: str):
+    """Check TF1's ``global_step`` before a step; returns ``advance(applied)`` for after it.
+
+    TF1's optimizers increment ``global_step`` inside the update they apply,
+    so a skipped step leaves it as it was.  A counter is None, any object
+    with ``assign_add`` (a TF-like variable), or what ``in_place(global_step)``
+    recognises: it returns an in-place ``add(delta)``, or None for a type the
+    adapter does not take.  `expected` names the adapter's counter in the
+    TypeError.  ``applied`` is a bool, or a 0-d device boolean (sync-free
+    CuPy), which is added as it is so that nothing waits for the device.
+    """
+    if global_step is None:
+        return _no_advance
+    assign_add = getattr(global_step, "assign_add", None)
+    add = assign_add if callable(assign_add) else in_place(global_step)
+    if add is None:
+        if isinstance(global_step, (int, np.integer)):
+            # TF1's global_step is a variable; a Python or NumPy integer is a copy
+            raise TypeError(f"global_step must be a counter that can be incremented in place, "
+                            f"got the integer {global_step!r}: pass {expected} or an "
+                            "object with an assign_add method")
+        raise TypeError(f"unsupported global_step type {type_name(global_step)}; expected "
+                        f"{expected} or an object with an assign_add method")
+
+    def advance(applied) -> None:
+        if not isinstance(applied, (bool, np.bool_)):
+            add(applied)
+        elif applied:
+            add(1)
+    return advance
+
+
 def inner_attribute(name: str, how: str = "get and set") -> property:
     """A property that reads and writes ``self._optimizer.<name>``: the
     wrapped optimizer's attribute, seen through the wrapper."""
@@ -281,12 +324,40 @@ class LossScaleOptimizerBase:
         return [None if g is None else _times(g, inv) for g in grads]
 
     # -- the step -----------------------------------------------------------------
-    def apply_gradients(self, grads_and_vars) -> bool:
+    def _array_counter(self, global_step):
+        """In-place ``add(delta)`` for a 0-d integer array of this adapter's array module."""
+        if not isinstance(global_step, self._xp.ndarray):
+            return None
+        if global_step.ndim != 0 or global_step.dtype.kind not in "iu":
+            # tf.train.get_global_step refuses a global_step that is not an integer scalar
+            raise TypeError(f"global_step must be a 0-d integer array, got shape "
+                            f"{global_step.shape} and dtype {global_step.dtype}")
+        if not getattr(global_step.flags, "writeable", True):
+            raise ValueError("global_step is read-only; it is incremented in place")
+
+        def add(delta) -> None:
+            global_step[...] += delta
+        return add
+
+    def _tf1_step_arguments(self, global_step, name):
+        """Check ``apply_gradients``'s TF1 arguments; returns ``advance(applied)``."""
+        check_op_name(name)
+        return global_step_advancer(global_step, self._array_counter,
+                                    f"a 0-d integer {self._xp.__name__}.ndarray")
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> bool:
         """Check the (unscaled) gradients, update the scale, then apply or skip the step.
 
-        Returns True when the step was applied.  None gradients are dropped
-        (with a warning, except in the TF1 shape); all None is a ValueError.
+        Returns True when the step was applied (TF1 returns the op that applies
+        it).  None gradients are dropped (with a warning, except in the TF1
+        shape); all None is a ValueError.  ``global_step``, as in TF1, is
+        advanced by one when the step is applied and left alone when it is
+        skipped: a 0-d integer array of this adapter's array module
+        (incremented in place) or any object with ``assign_add``; a Python int
+        is refused, it cannot change in place.  ``name`` (TF1's name for the
+        returned op) must be a str or None and has no other effect.
         """
+        advance = self._tf1_step_arguments(global_step, name)
         pairs = grad_var_pairs(grads_and_vars)
         if pairs:
             pairs = drop_none_gradients(pairs, warn=self._scaling.shape != "tf1")
@@ -297,7 +368,23 @@ class LossScaleOptimizerBase:
             count=self._count_step, grads=lambda: grads,
             named_arrays=lambda m: [(m.name_of(v, f"var{i}"), _host(g))
                                     for i, (g, v) in enumerate(pairs)])
+        self._last_applied = applied
+        advance(applied)
         return applied
+
+    _last_applied = True
+
+    @property
+    def last_step_skipped(self):
+        """Whether the last ``apply_gradients`` (or ``minimize``) skipped its step.
+
+        A bool; in the CuPy adapter's sync-free mode a 0-d device bool, so
+        that recording it costs no sync (reading it on the host is one).
+        """
+        applied = self._last_applied
+        if isinstance(applied, (bool, np.bool_)):
+            return not applied
+        return self._xp.logical_not(applied)
 
     #: an lscore.diagnostics.OverflowMonitor, or None: names the gradients that held
     #: NaN/Inf on every skipped step (the arrays are read only then)
@@ -317,8 +404,12 @@ class LossScaleOptimizerBase:
     def _loss_and_grads(self, loss_and_grads_fn, var_list, scale):
         """(loss, scaled grads, var_list) from ``loss_and_grads_fn(scale)``, checked."""
         if not callable(loss_and_grads_fn):
-            raise TypeError("loss_and_grads_fn must be a callable fn(scale) -> (loss, grads), "
-                            f"got {type_name(loss_and_grads_fn)}")
+            # TF1 code passes its loss tensor here; without autodiff there is nothing to
+            # differentiate it with
+            raise TypeError(f"{self._xp.__name__} has no autodiff, so a loss value cannot be "
+                            "differentiated here: loss_and_grads_fn must be a callable "
+                            "fn(scale) -> (loss, grads) that runs your backward pass seeded "
+                            f"with scale, got {type_name(loss_and_grads_fn)}")
         var_list = list(var_list)
         out = loss_and_grads_fn(scale)
         if not isinstance(out, (tuple, list)) or len(out) != 2:
@@ -338,10 +429,12 @@ class LossScaleOptimizerBase:
         """
         return self._scaled_gradients(loss_and_grads_fn, var_list)[1]
 
-    def minimize(self, loss_and_grads_fn, var_list):
-        """``compute_gradients`` then ``apply_gradients``; returns the loss the function gave."""
+    def minimize(self, loss_and_grads_fn, var_list, *, global_step=None, name=None):
+        """``compute_gradients`` then ``apply_gradients`` (which takes ``global_step`` and
+        ``name``); returns the loss the function gave."""
+        self._tf1_step_arguments(global_step, name)       # refuse before the backward pass
         loss, pairs = self._scaled_gradients(loss_and_grads_fn, var_list)
-        self.apply_gradients(pairs)
+        self.apply_gradients(pairs, global_step=global_step, name=name)
         return loss
 
     # -- configuration ------------------------------------------------------------

@@ -22,6 +22,44 @@ def _times(x: torch.Tensor, factor: float) -> torch.Tensor:
     return x * torch.tensor(factor, dtype=x.dtype, device=x.device)
 
 
+def _tensor_counter(global_step):
+    """In-place ``add(delta)`` for a 0-d integer tensor (TF1's int64 global_step variable)."""
+    if not isinstance(global_step, torch.Tensor):
+        return None
+    dtype = global_step.dtype
+    if (global_step.dim() != 0 or dtype.is_floating_point or dtype.is_complex
+            or dtype is torch.bool):
+        raise TypeError(f"global_step must be a 0-d integer tensor, got shape "
+                        f"{tuple(global_step.shape)} and dtype {dtype}")
+
+    def add(delta) -> None:
+        with torch.no_grad():
+            global_step.add_(delta)
+    return add
+
+
+def _tf1_step_arguments(global_step, name):
+    """Check ``apply_gradients``'s TF1 arguments; returns ``advance(applied)``."""
+    _optim.check_op_name(name)
+    return _optim.global_step_advancer(global_step, _tensor_counter, "a 0-d integer torch.Tensor")
+
+
+def _check_graph_options(gate_gradients, aggregation_method, colocate_gradients_with_ops):
+    """TF1's graph-building options of ``compute_gradients``: what they ask for is what
+    eager autograd does anyway, except a choice of aggregation, which has none here."""
+    if gate_gradients not in (LossScaleOptimizer.GATE_NONE, LossScaleOptimizer.GATE_OP,
+                              LossScaleOptimizer.GATE_GRAPH):
+        raise ValueError("gate_gradients must be one of: Optimizer.GATE_NONE, "
+                         f"Optimizer.GATE_OP, Optimizer.GATE_GRAPH.  Not {gate_gradients}")
+    if aggregation_method is not None:
+        raise ValueError("aggregation_method must be None: torch's autograd sums a "
+                         "variable's gradient contributions itself and TF's methods only "
+                         f"schedule that sum in a graph, got {aggregation_method!r}")
+    if not isinstance(colocate_gradients_with_ops, (bool, np.bool_)):
+        raise TypeError("colocate_gradients_with_ops must be a bool, got "
+                        f"{_optim.type_name(colocate_gradients_with_ops)}")
+
+
 class LossScaleOptimizer(torch.optim.Optimizer):
     """Loss scaling in the shape of TF/Keras's ``LossScaleOptimizer``, as a torch optimizer.
 
@@ -45,10 +83,20 @@ class LossScaleOptimizer(torch.optim.Optimizer):
     returns what the inner step returns (the closure's loss when one is given),
     None when the step is skipped; ``last_step_skipped`` says which.
 
+    TF1 training loops run unchanged on it: ``compute_gradients(loss,
+    var_list)`` gives unscaled ``(gradient, variable)`` pairs without touching
+    ``.grad``, ``apply_gradients(grads_and_vars, global_step=None, name=None)``
+    checks them and applies or skips the step, advancing ``global_step`` only
+    when the step is applied, and ``minimize(loss, global_step=None,
+    var_list=None, ...)`` is the two in turn.
+
     ``reducer`` (``lscore.distributed.TorchReducer(process_group)`` or any
     object with ``reduce(found_inf, stats=None) -> (found_inf, stats)``) makes
     the found-inf verdict of ``unscale_`` the OR over all ranks.
     """
+
+    # tf.compat.v1.train.Optimizer's values, which TF1 code passes as gate_gradients
+    GATE_NONE, GATE_OP, GATE_GRAPH = 0, 1, 2
 
     def __init__(self, optimizer, loss_scale=None, *, dynamic=True, initial_scale=None,
                  dynamic_growth_steps=None, loss_scale_manager=None, reducer=None):
@@ -179,6 +227,117 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             return again
 
         return loss, inner_closure
+
+    # -- TF1's training-loop methods ------------------------------------------------
+    def _var_list(self, var_list) -> list:
+        """TF1's default is the trainable variables: here every parameter of the wrapped
+        optimizer's groups that requires grad."""
+        if var_list is None:
+            var_list = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        var_list = list(var_list)
+        if not var_list:
+            raise ValueError("No variables to optimize.")
+        for i, v in enumerate(var_list):
+            if not isinstance(v, torch.Tensor) or not v.requires_grad:
+                raise ValueError(f"var_list[{i}] must be a tensor that requires grad, got "
+                                 f"{_optim.type_name(v)}"
+                                 + ("" if not isinstance(v, torch.Tensor) else
+                                    " with requires_grad=False"))
+        return var_list
+
+    def compute_gradients(self, loss, var_list=None, gate_gradients=GATE_OP,
+                          aggregation_method=None, colocate_gradients_with_ops=False,
+                          grad_loss=None) -> list:
+        """TF1's ``compute_gradients``: the unscaled ``[(gradient, variable)]`` of `loss`.
+
+        The loss (a tensor, or a callable returning one) is multiplied by the
+        scale cast to its dtype, differentiated with ``torch.autograd.grad``
+        (seeded with `grad_loss`, else ones, as TF sums a non-scalar loss) and
+        each gradient is multiplied by the float32 reciprocal of the scale, as
+        TF1's contrib optimizer does.  ``.grad`` is left alone; a variable the
+        loss does not reach gets None, kept in its pair as in TF1.  `var_list`
+        defaults to every parameter of the wrapped optimizer that requires
+        grad.  ``gate_gradients`` and ``colocate_gradients_with_ops`` are
+        checked and have no effect (eager autograd already computes every
+        gradient before any is applied, each on its tensor's device);
+        ``aggregation_method`` must be None.
+        """
+        _check_graph_options(gate_gradients, aggregation_method, colocate_gradients_with_ops)
+        var_list = self._var_list(var_list)
+        if callable(loss):
+            with torch.enable_grad():
+                loss = loss()
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"loss must be a tensor or a callable returning one, got "
+                            f"{_optim.type_name(loss)}")
+        scaled = _times(loss, self._scaling.scale)
+        seed = torch.ones_like(scaled) if grad_loss is None else grad_loss
+        grads = torch.autograd.grad(scaled, var_list, grad_outputs=seed, allow_unused=True)
+        return list(zip(self.get_unscaled_gradients(grads), var_list))
+
+    def _step_pairs(self, grads_and_vars) -> list:
+        """The pairs of ``apply_gradients``, checked against the wrapped optimizer's groups."""
+        pairs = _optim.grad_var_pairs(grads_and_vars)
+        if not pairs:
+            raise ValueError("No variables provided.")
+        params = {id(p) for g in self.param_groups for p in g["params"]}
+        seen = set()
+        for i, (g, v) in enumerate(pairs):
+            if g is not None and not isinstance(g, torch.Tensor):
+                raise TypeError(f"gradient {i} must be a tensor or None, got "
+                                f"{_optim.type_name(g)}")
+            if id(v) not in params:
+                # the inner optimizer keeps state and hyperparameters per parameter it holds
+                raise ValueError(f"variable {i} is not a parameter of the wrapped optimizer")
+            if id(v) in seen:
+                raise ValueError(f"variable {i} appears twice in grads_and_vars")
+            seen.add(id(v))
+        return _optim.drop_none_gradients(pairs, warn=self._scaling.shape != "tf1")
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> bool:
+        """TF1's ``apply_gradients``: check the (unscaled) gradients, update the scale, then
+        run or skip the inner step for these variables only.
+
+        The gradients stand in ``.grad`` during the step (the other parameters'
+        are None, so they do not move), then every ``.grad`` is put back as it
+        was.  Iterations, ``last_step_skipped``, hooks and LR schedulers see an
+        ordinary ``step()``.  ``global_step`` (a 0-d integer tensor, incremented
+        in place, or any object with ``assign_add``) advances by one only when
+        the step is applied, as in TF1; a Python int is refused.  ``name`` (TF1's
+        name for the returned op) must be a str or None and has no other effect.
+        Returns True when the step was applied (TF1 returns the op that applies it).
+        """
+        advance = _tf1_step_arguments(global_step, name)
+        pairs = self._step_pairs(grads_and_vars)
+        if self._found is not None:
+            raise RuntimeError("apply_gradients() takes its own gradients, but unscale_() has "
+                               "been called since the last step()")
+        saved = [(p, p.grad) for g in self.param_groups for p in g["params"]]
+        try:
+            for p, _ in saved:
+                p.grad = None
+            for g, v in pairs:
+                v.grad = g.detach()
+            found = self._unscaler([{"params": [v for _, v in pairs]}], 1.0, True)
+            self._found = reduce_found_inf(self._reducer, any(f.item() for f in found.values()))
+            self.step()
+        finally:
+            self._found = None
+            for p, g in saved:
+                p.grad = g
+        applied = not self._last_step_skipped
+        advance(applied)
+        return applied
+
+    def minimize(self, loss, global_step=None, var_list=None, gate_gradients=GATE_OP,
+                 aggregation_method=None, colocate_gradients_with_ops=False, name=None,
+                 grad_loss=None) -> bool:
+        """TF1's ``minimize``: ``compute_gradients`` then ``apply_gradients``; returns whether
+        the step was applied."""
+        _tf1_step_arguments(global_step, name)        # refuse before the backward pass
+        pairs = self.compute_gradients(loss, var_list, gate_gradients, aggregation_method,
+                                       colocate_gradients_with_ops, grad_loss)
+        return self.apply_gradients(pairs, global_step=global_step, name=name)
 
     def _count_step(self, applied: bool) -> None:
         """A torch optimizer keeps no step count: the wrapper counts."""

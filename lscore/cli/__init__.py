@@ -41,8 +41,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="lscore", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train a small model in float16 with and without loss scaling")
-    demo.add_argument("--backend", choices=("numpy", "torch"), default="numpy",
-                      help="array backend (torch: PyTorch with lscore.adapters.torch)")
+    demo.add_argument("--backend", choices=("numpy", "torch", "cupy"), default="numpy",
+                      help="array backend (torch: PyTorch with lscore.adapters.torch; cupy: "
+                           "real float16 on a GPU with lscore.adapters.cupy's fused sync-free "
+                           "optimizer, or the CPU demo when there is no GPU)")
     demo.add_argument("--steps", type=int, default=1000, help="training steps per mode")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", default=".", help="folder for lscore_demo.png and .json")

@@ -193,11 +193,14 @@ def _plot(records, path, cfg):
             title="float16 gradients flushed to zero\n(nonzero in float32, zero in float16)")
     ax3.legend(fontsize=8)
     fig.suptitle(f"lscore demo: MLP {'-'.join(map(str, cfg['sizes']))} on scikit-learn digits, "
-                 f"float16 {'via torch.autocast' if cfg.get('backend') == 'torch' else 'emulated'}, "
+                 f"float16 {_HOW_HALF.get(cfg.get('backend'), 'emulated')}, "
                  f"{cfg['steps']} steps per mode", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+_HOW_HALF = {"torch": "via torch.autocast", "cupy": "on the GPU (CuPy)"}
 
 
 def _table(records) -> str:
@@ -240,8 +243,8 @@ def config(steps: int, seed: int) -> dict:
 
 def run(steps: int = 1000, seed: int = 0, out: str = ".", backend: str = "numpy") -> int:
     """Train the four modes, print the table, write the PNG and the JSON; returns an exit code."""
-    if backend not in ("numpy", "torch"):
-        raise ValueError(f"unknown backend {backend!r}; expected numpy or torch")
+    if backend not in ("numpy", "torch", "cupy"):
+        raise ValueError(f"unknown backend {backend!r}; expected numpy, torch or cupy")
     from threadpoolctl import threadpool_limits   # installed with scikit-learn
     from tqdm import tqdm
 
@@ -253,7 +256,19 @@ def run(steps: int = 1000, seed: int = 0, out: str = ".", backend: str = "numpy"
     data = _data(seed)
     model0 = MLP(cfg["sizes"], np.random.default_rng(seed))
     progress = lambda it, desc: tqdm(it, desc=desc, leave=True, mininterval=0.3)  # noqa: E731
-    if backend == "torch":
+    if backend == "cupy":
+        from lscore.cli import demo_cupy
+
+        missing = demo_cupy.gpu_missing()
+        if missing is not None:
+            print(f"lscore demo --backend cupy needs a CUDA GPU: {missing}; "
+                  "running the CPU demo instead.\n")
+            backend = "numpy"
+    if backend == "cupy":
+        print(demo_cupy.DESCRIPTION + "\n")
+        cfg["backend"] = "cupy"
+        records = demo_cupy.train_all(model0, data, cfg, progress, MODES)
+    elif backend == "torch":
         from lscore.cli import demo_torch
 
         print(demo_torch.DESCRIPTION + "\n")

@@ -2,10 +2,10 @@
 
 Neutral ground for the adapters: the CuPy adapter and the torch adapter
 (CUDA tensors) both launch lscore's kernels through this package and never
-import each other.  Importing it imports no GPU framework; CuPy and
-cuda-bindings are imported when a kernel is first compiled or launched.
+import each other.  Importing it imports no GPU framework; CuPy is
+imported when a kernel is first compiled or launched.
 
-- ``loader``: the ``.cu`` sources, NVRTC (``compile_ptx``), modules per device, ``CupyBackend``
+- ``loader``: the ``.cu`` sources, CuPy's NVRTC (``compile_kernels``), modules per device, ``CupyBackend``
 - ``launch``: ``plan_launches`` and ``MultiTensor`` (chunked pointer tables per dtype group,
   uploaded once, launched with packed arguments)
 - ``device_state``: ``DeviceState``, one ``lsc_state`` and its flags on a device
@@ -20,9 +20,9 @@ from lscore.cuda.optim import FusedLauncher, FusedPlan, bias_table
 from lscore.cuda.launch import (BLOCK, CHUNK, MAX_BLOCKS, MAX_TENSORS, Launches, MultiTensor, Plan,
                                 plan_launches)
 from lscore.cuda.loader import (KERNELS, NVRTC_OPTIONS, OPS, TRAITS, UPDATE_KERNEL, CupyBackend,
-                                compile_ptx, device_arch, kernel_name, module, source)
+                                compile_kernels, kernel_name, module, source)
 
 __all__ = ["ArrayKernels", "Launches", "BLOCK", "CHUNK", "MAX_BLOCKS", "MAX_TENSORS", "KERNELS", "NVRTC_OPTIONS", "OPS",
-           "TRAITS", "UPDATE_KERNEL", "CupyBackend", "DeviceState", "FusedLauncher", "FusedPlan", "MultiTensor", "Plan",
-           "bias_table", "compile_ptx", "device_arch", "kernel_name", "module", "plan_launches",
-           "source"]
+           "TRAITS", "UPDATE_KERNEL", "CupyBackend", "DeviceState", "FusedLauncher", "FusedPlan",
+           "MultiTensor", "Plan", "bias_table", "compile_kernels", "kernel_name", "module",
+           "plan_launches", "source"]

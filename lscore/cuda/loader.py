@@ -2,14 +2,15 @@
 
 Design: the kernels are the ``.cu`` files shipped in ``lscore._ext`` (package
 data); this module is the only place that knows their file and kernel names.
-The PTX comes from NVRTC (``compile_ptx``, the same function the CI test
-runs without a GPU) with exact IEEE float32 options and is loaded once per
-device.  CuPy is imported only when a kernel is first compiled or launched.
+The code comes from CuPy's NVRTC (``compile_kernels``, the same function the
+CI tests run without a GPU) with exact IEEE float32 options and is loaded
+once per device.  CuPy is imported only when a kernel is first compiled or
+launched.
 """
 from __future__ import annotations
 
-import functools
 import importlib.resources
+import io
 import re
 import threading
 
@@ -18,7 +19,7 @@ import numpy as np
 from lscore.dtypes import Code
 
 __all__ = ["CupyBackend", "KERNELS", "NVRTC_OPTIONS", "OPS", "TRAITS", "UPDATE_KERNEL",
-           "compile_ptx", "device_arch", "kernel_name", "module", "source"]
+           "compile_kernels", "kernel_name", "module", "source"]
 
 # dtype code -> traits struct of _ext/scan.cu
 TRAITS = {Code.F16: "lsc_f16", Code.BF16: "lsc_bf16", Code.F32: "lsc_f32", Code.F64: "lsc_f64"}
@@ -26,9 +27,13 @@ OPS = ("unscale", "all_finite")
 UPDATE_KERNEL = "lsc_device_update"
 # NVRTC options of every compile.  Exact IEEE float32 (no flush of
 # subnormals to zero, no multiply-add contraction, correctly rounded
-# division) so the device rounds like the CPU core.  This is why the package
-# runs NVRTC itself: cupy.RawModule appends -ftz=true to every compile.
-NVRTC_OPTIONS = ("--std=c++17", "--ftz=false", "--fmad=false", "--prec-div=true")
+# division and square root) so the device rounds like the CPU core.  This is
+# why the package compiles with compile_using_nvrtc, not cupy.RawModule:
+# RawModule appends -ftz=true after the user's options on every compile, and
+# NVRTC keeps the last one.  compile_using_nvrtc adds only the architecture,
+# --device-as-default-execution-space (and --pch under CUPY_NVRTC_USE_PCH).
+NVRTC_OPTIONS = ("--std=c++17", "--ftz=false", "--fmad=false", "--prec-div=true",
+                 "--prec-sqrt=true")
 
 
 def kernel_name(op: str, code: int) -> str:
@@ -71,58 +76,36 @@ def _inlined(name: str, seen: set) -> str:
     return _INCLUDE.sub(header, _read(name))
 
 
-def _nvrtc_call(result, what: str):
-    """The value of a cuda.bindings nvrtc call's (status, value...) result; raises on failure."""
-    from cuda.bindings import nvrtc
-    if result[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise RuntimeError(f"NVRTC {what} failed: {result[0]}")
-    return result[1] if len(result) == 2 else None
+def compile_kernels(name: str, arch: str | None = None, *, include_dir: str | None = None):
+    """The compiled image of ``_ext/<name>``, its lowered kernel names and NVRTC's log.
 
+    Compiles through CuPy's NVRTC (``cupy.cuda.compiler.compile_using_nvrtc``),
+    so CuPy and NVRTC are all the GPU path needs.  `arch` is a compute
+    capability ("80"); None takes the current device's, capped at the newest
+    this NVRTC knows.  CuPy then compiles a cubin for that architecture (or
+    PTX, under ``CUPY_COMPILE_WITH_PTX``): a cubin also runs on an older
+    driver of the same CUDA major, where PTX from a newer NVRTC would not load.
+    CuPy asks the driver for the current device even when `arch` is given,
+    so this needs a GPU; the CI tests stand in for that one query.
 
-@functools.lru_cache(maxsize=None)
-def compile_ptx(name: str, arch: str, *, include_dir: str | None = None):
-    """PTX of ``_ext/<name>`` for `arch` ("compute_80"), and the lowered kernel names.
-
-    Uses NVRTC through cuda.bindings (no GPU or driver needed).  With
-    `include_dir` the file's own text is compiled against that include
+    With `include_dir` the file's own text is compiled against that include
     path; otherwise the self-contained ``source(name)``.  Returns
-    ``(ptx bytes, {name expression: lowered name}, log)``; raises
+    ``(image bytes, {name expression: lowered name}, log)``; raises
     RuntimeError with NVRTC's log when the compile fails.
     """
-    from cuda.bindings import nvrtc
+    from cupy.cuda import compiler
     text = source(name, inline_includes=include_dir is None)
-    prog = _nvrtc_call(nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], []),
-                       "create")
+    options = NVRTC_OPTIONS if include_dir is None else (*NVRTC_OPTIONS,
+                                                         f"--include-path={include_dir}")
+    log = io.StringIO()
     try:
-        for n in KERNELS[name]:
-            _nvrtc_call(nvrtc.nvrtcAddNameExpression(prog, n.encode()), f"name {n}")
-        opts = [f"--gpu-architecture={arch}", *NVRTC_OPTIONS]
-        if include_dir is not None:
-            opts.append(f"--include-path={include_dir}")
-        res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-        log = b" " * _nvrtc_call(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
-        _nvrtc_call(nvrtc.nvrtcGetProgramLog(prog, log), "log")
-        log = log.rstrip(b"\x00 \n").decode()
-        if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise RuntimeError(f"NVRTC could not compile {name} for {arch}:\n{log}")
-        lowered = {n: _nvrtc_call(nvrtc.nvrtcGetLoweredName(prog, n.encode()),
-                                  f"lowered {n}").decode() for n in KERNELS[name]}
-        ptx = b" " * _nvrtc_call(nvrtc.nvrtcGetPTXSize(prog), "PTX size")
-        _nvrtc_call(nvrtc.nvrtcGetPTX(prog, ptx), "PTX")
-        return ptx, lowered, log
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-
-
-def device_arch(compute_capability: int) -> str:
-    """The newest virtual architecture this NVRTC knows that a device of this capability runs."""
-    from cuda.bindings import nvrtc
-    archs = _nvrtc_call(nvrtc.nvrtcGetSupportedArchs(), "supported archs")
-    fit = [a for a in archs if a <= compute_capability]
-    if not fit:
-        raise RuntimeError(f"this NVRTC supports none of the architectures up to "
-                           f"sm_{compute_capability} (it knows {archs})")
-    return f"compute_{max(fit)}"
+        image, lowered = compiler.compile_using_nvrtc(
+            text, options=options, arch=arch, filename=name,
+            name_expressions=KERNELS[name], log_stream=log)
+    except compiler.CompileException as e:
+        raise RuntimeError(f"NVRTC could not compile {name} for "
+                           f"{arch or 'this device'}:\n{e}") from e
+    return image, lowered, log.getvalue().rstrip("\x00 \n")
 
 
 _DEVICE_TO_HOST = 2      # cudaMemcpyDeviceToHost
@@ -138,10 +121,10 @@ def module(name: str, device: int):
         if hit is None:
             import cupy
             from cupy.cuda import function
-            with cupy.cuda.Device(device) as d:
-                ptx, lowered, _ = compile_ptx(name, device_arch(int(d.compute_capability)))
+            with cupy.cuda.Device(device):
+                image, lowered, _ = compile_kernels(name)
                 mod = function.Module()
-                mod.load(ptx)
+                mod.load(image)
             hit = _modules[key] = (mod, lowered)
     return hit
 

@@ -2,6 +2,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from lscore import cli as _cli
@@ -167,5 +168,65 @@ def test_gpu_suite_skips_with_a_reason_without_a_gpu(tmp_path):
                       "--json", str(path)]) == 0
     out = json.loads(path.read_text())
     assert out["rows"] and all("no CUDA device" in r["skipped"] for r in out["rows"])
-    assert {r["method"] for r in out["rows"]} == set(_gpu.GPU_METHODS)
+    from lscore.cli.bench import _gpu_step
+    assert {r["method"] for r in out["rows"]} == set(_gpu.GPU_METHODS) | set(
+        _gpu_step.STEP_METHODS)
     assert all(t["met"] is None and t["measured"] is None for t in out["targets"])
+
+
+def test_gpu_step_rows_run_on_the_host_harness():
+    """The whole-step rows' code (lscore's modes, torch's foreach and fused, the floor) runs
+    end to end on NumPy arrays with the CPU host harness standing in for the GPU, and each
+    lscore mode trains its parameters as lscore's NumPy adapter does."""
+    pytest.importorskip("torch")
+    from lscore.cli.bench import _gpu_step
+    from lscore.cli.bench._harness import Rows
+    from lscore.cli.bench._report import add_ratios, format_table
+    from helpers.cuda_host import adapter
+
+    dev = _gpu_step.StepDevice(np, adapter, lambda: None, "cpu",
+                               no_capture="graph capture needs CuPy on a GPU")
+    opts = bench.Options(tiny=True, progress=False, suite="gpu")
+    rows = Rows(0, False)
+    targets = _gpu_step.run_steps(dev, opts, rows, np.random.default_rng(0))
+    add_ratios(rows.rows)
+    groups = {r["group"] for r in rows.rows}
+    assert len(groups) == len(_gpu_step.TINY_STEP_WORKLOADS) * len(_gpu_step.OPTIMIZERS)
+    for g in groups:
+        got = {r["method"]: r for r in rows.rows if r["group"] == g}
+        assert set(got) == set(_gpu_step.STEP_METHODS)
+        assert got[_gpu_step.LSCORE_METHODS[2]]["skipped"] == dev.no_capture
+        for m in _gpu_step.LSCORE_METHODS[:2] + _gpu_step.TORCH_METHODS + (_gpu_step.FLOOR,):
+            assert got[m]["median_s"] > 0, (g, m)
+        assert "torch fused" in got[_gpu_step.LSCORE_METHODS[1]]["ratios"]
+    assert all("step" in line for line in format_table(
+        {"rows": rows.rows, "targets": targets}).splitlines() if "/step)" in line)
+    measured = [t for t in targets if t["measured"] is not None]
+    assert {t["unit"] for t in targets} == {"time ratio"}
+    assert len(measured) == len(groups) * 2 + len(_gpu_step.TINY_STEP_WORKLOADS)
+    assert all(t["met"] == (t["measured"] <= t["required"]) for t in measured)
+
+
+def test_gpu_step_rows_lscore_steps_follow_the_numpy_adapter():
+    """A bench step (minimize over given scaled gradients) is a real training step: after
+    three of them, parameters equal lscore.adapters.numpy's on the same gradients."""
+    from lscore.adapters import numpy as lnp
+    from lscore.cli.bench import _gpu_step
+    from helpers.cuda_host import adapter
+
+    dev = _gpu_step.StepDevice(np, adapter, lambda: None, None)
+    rng = np.random.default_rng(1)
+    params0 = [rng.standard_normal(n, dtype=np.float32) for n in (3, 70, 1)]
+    grads = [(rng.standard_normal(p.size, dtype=np.float32) * 30).astype(np.float16)
+             for p in params0]
+    for name in _gpu_step.OPTIMIZERS:
+        for sync_free in (False, True):
+            step, params = _gpu_step._lscore_step(dev, name, grads, params0, sync_free)
+            ref = [p.copy() for p in params0]
+            opt = lnp.LossScaleOptimizer(_gpu_step._inner(lnp, name),
+                                         initial_scale=_gpu_step.INIT_SCALE)
+            for _ in range(3):
+                step()
+                opt.minimize(lambda s: (0.0, grads), ref)
+            for a, b in zip(params, ref):
+                np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))

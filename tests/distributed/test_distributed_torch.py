@@ -15,7 +15,7 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("this torch build has no torch.distributed gloo backend",
                 allow_module_level=True)
 
-from helpers.dist import checks, launch  # noqa: E402
+from helpers.dist import checks, devices, launch  # noqa: E402
 
 from lscore.distributed import TorchReducer  # noqa: E402
 
@@ -50,6 +50,33 @@ def test_a_dead_rank_makes_the_others_fail_not_hang(tmp_path):
     _ok(runs[:-1])
     survivor = launch.results(tmp_path, 1)[0]
     assert survivor["error"], "the reduce with a dead peer returned instead of raising"
+
+
+@pytest.mark.parametrize("gpus, local_rank, want", [
+    (0, 1, ("gloo", "cpu")),
+    (1, 1, ("gloo", "cpu")),           # one GPU, two ranks: rank 1 has none of its own
+    (2, 1, ("nccl", "cuda:1")),
+    (4, 1, ("nccl", "cuda:1")),
+])
+def test_a_rank_gets_a_gpu_of_its_own_or_the_cpu(monkeypatch, gpus, local_rank, want):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    backend, device = devices.pick(local_rank, WORLD)
+    assert (backend, str(device)) == want
+
+
+def test_no_nccl_means_gloo_whatever_the_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
+    assert devices.pick(0, WORLD) == ("gloo", torch.device("cpu"))
+
+
+def test_auto_backend_runs_each_rank_where_pick_says(tmp_path):
+    _ok(launch.torch_run("device", tmp_path, world=WORLD, backend="auto"))
+    recs = launch.results(tmp_path, WORLD)
+    assert [(r["backend"], r["device"]) for r in recs] == [
+        (backend, str(device)) for backend, device in (devices.pick(r, WORLD)
+                                                       for r in range(WORLD))]
 
 
 @pytest.mark.parametrize("code", launch.readme_examples("dist.init_process_group"),

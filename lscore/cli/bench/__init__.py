@@ -84,6 +84,7 @@ def _run_gpu_suite(opts: Options) -> dict:
         found = fn(opts, rows, rng)
     finally:
         rows.close()
+    add_ratios(rows.rows)
     return {"suite": opts.suite, "machine": machine(None),
             "settings": {"repeat": opts.repeat, "min_time_s": opts.min_time,
                          "first_sight_lists": opts.first_lists, "tiny": opts.tiny},

@@ -11,7 +11,8 @@ and the one synchronisation.
 
 gpu: the same calls on CuPy arrays against torch's foreach kernel (plus its
 ``found_inf.item()``) and a plain CuPy loop, on the same memory in the same
-run; every row is skipped, with the reason, without a CUDA device.
+run, then whole optimizer steps (_gpu_step.py); every row is skipped, with
+the reason, without a CUDA device.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import types
 import numpy as np
 
 from lscore import cuda, kernels
+from lscore.cli.bench import _gpu_step
 from lscore.cli.bench._harness import Rows, alternating, import_torch
 
 # (name, array count, sizes: "log" for log-uniform 1e2..1e6 else the size, dtype)
@@ -245,7 +247,8 @@ def run_gpu(opts, rows: Rows, rng) -> list[dict]:
             for m in GPU_METHODS:
                 rows.add(f"gpu {name}", m, skip=reason, opts=opts)
         return [{"target": f"gpu {name}: lscore unscale_ vs torch foreach", "measured": None,
-                 "required": 1.0, "met": None, "skipped": reason} for name, *_ in workloads]
+                 "required": 1.0, "met": None, "skipped": reason} for name, *_ in workloads] \
+            + _gpu_step.skipped_rows(rows, opts, reason)
     import cupy
     from lscore.adapters import cupy as lcp
     torch = import_torch()
@@ -293,4 +296,4 @@ def run_gpu(opts, rows: Rows, rng) -> list[dict]:
                 x = by[base]["median_s"] / by[GPU_METHODS[0]]["median_s"]
                 targets.append({"target": f"{g}: lscore unscale_ vs {base}", "measured": x,
                                 "required": 1.0, "met": x >= 1.0})
-    return targets
+    return targets + _gpu_step.run_steps(_gpu_step.cupy_device(), opts, rows, rng)

@@ -22,6 +22,10 @@ BASELINES = {
     "NaN at": {"numpy": "np.isfinite(a).all()"},
     "unscale_ float32": {"serial": "lscore 1 thread"},
     "ISA levels": {"v3": "v3"},
+    "gpu step": {"torch fused": "torch fused + GradScaler",
+                 "torch foreach": "torch foreach + GradScaler"},
+    "gpu ": {"torch": "torch foreach + found_inf.item()",
+             "cupy loop": "cupy loop g *= inv; isfinite().all()"},
 }
 
 
@@ -146,11 +150,12 @@ def format_table(result: dict) -> str:
             lines.append(f"| {r['group']} | {r['method']} | skipped: {r['skipped']} | | | |")
             continue
         per = r.get("per", 1)
-        med = fmt_time(r["median_s"]) + (f" ({fmt_time(r['median_s'] / per)}/array)"
-                                         if per > 1 else "")
+        med = fmt_time(r["median_s"]) + (
+            f" ({fmt_time(r['median_s'] / per)}/{r.get('per_unit', 'array')})" if per > 1 else "")
         ratios = ", ".join(f"{k} {v:.2f}x" for k, v in r.get("ratios", {}).items())
         gbps = f"{r['gbps']:.1f}" if "gbps" in r else ""
-        lines.append(f"| {r['group']} | {r['method']} | {med} | {fmt_time(r['min_s'])}-"
+        method = r["method"] + (f" ({r['note']})" if r.get("note") else "")
+        lines.append(f"| {r['group']} | {method} | {med} | {fmt_time(r['min_s'])}-"
                      f"{fmt_time(r['max_s'])} | {gbps} | {ratios} |")
     lines += ["", "| target | measured | required | met |", "|---|---|---|---|"]
     for t in result["targets"]:
@@ -160,7 +165,7 @@ def format_table(result: dict) -> str:
         unit = t.get("unit")
         fmt = fmt_time if unit == "s" else (
             (lambda x: f"{x:.3f} us") if unit in ("us_per_array", "us_per_call")
-            else (lambda x: f"{x:.2f}"))
+            else (lambda x: f"{x:.2f}x" if unit == "time ratio" else f"{x:.2f}"))
         lines.append(f"| {t['target']} | {fmt(t['measured'])} | {fmt(t['required'])} | "
                      f"{'yes' if t['met'] else 'NO'} |")
     return "\n".join(lines)

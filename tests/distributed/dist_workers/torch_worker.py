@@ -3,8 +3,12 @@
 usage: torch_worker.py MODE RANK WORLD PORT OUT_DIR [BACKEND]
 
 MODE: ``scenarios`` runs scenarios.run_all; ``die`` has the last rank exit
-abruptly while the others wait in a reduce (they must fail, not hang).
-Each rank writes OUT_DIR/rank<R>.json.
+abruptly while the others wait in a reduce (they must fail, not hang);
+``device`` records the backend and device the rank ran on after one reduce.
+BACKEND: ``gloo`` (the CPU, the default), ``nccl`` (a GPU per rank, or the
+rank exits saying so) or ``auto`` (helpers.dist.devices.pick: NCCL with a
+GPU per rank, else gloo on the CPU).  All ranks run on this host, so RANK is
+also the local rank.  Each rank writes OUT_DIR/rank<R>.json.
 """
 import datetime
 import json
@@ -15,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from helpers.dist import scenarios   # tests/ is on PYTHONPATH (helpers.dist.launch)
+from helpers.dist import devices, scenarios   # tests/ is on PYTHONPATH (helpers.dist.launch)
 from lscore.distributed import TorchReducer
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=30)
@@ -136,9 +140,14 @@ def main():
     backend = sys.argv[6] if len(sys.argv) > 6 else "gloo"
     rank, world = int(rank), int(world)
     device = torch.device("cpu")
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
+    if backend in ("nccl", "auto"):
+        picked, device = devices.pick(rank, world)
+        if backend == "nccl" and picked != "nccl":
+            sys.exit(f"nccl needs a CUDA device per rank: {torch.cuda.device_count()} "
+                     f"for {world} ranks")
+        backend = picked
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=COLLECTIVE_TIMEOUT)
     try:
@@ -152,6 +161,10 @@ def main():
                 result = {"error": None}
             except Exception as e:                # the point: it raises instead of hanging
                 result = {"error": f"{type(e).__name__}: {e}"[:300]}
+        elif mode == "device":
+            reducer = TorchReducer()
+            reducer.reduce(False)
+            result = {"backend": dist.get_backend(), "device": str(reducer.device())}
         else:
             group = TorchGroup(rank, world, device)
             result = ({"reduce_basic": scenarios.reduce_basic(group)} if backend == "nccl"
