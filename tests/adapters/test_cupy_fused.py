@@ -305,6 +305,26 @@ def test_bias_table_is_the_hosts_own_terms_up_to_saturation():
                         limit=1000)
 
 
+@pytest.mark.parametrize("sync_free", [False, True], ids=["default", "sync_free"])
+def test_fused_minimize_advances_global_step_only_on_applied_steps(monkeypatch, sync_free):
+    """TF1's global_step through the fused minimize: +1 on an applied step (a device bool
+    added on the device in sync-free mode), unchanged on a skipped one; last_step_skipped."""
+    _no_elementwise(monkeypatch)
+    w = [np.ones(5, np.float32)]
+    g = [np.zeros(5, np.float16)]
+    opt = adapter.LossScaleOptimizer(adapter.Adam(0.1), initial_scale=4.0,
+                                     dynamic_growth_steps=2, sync_free=sync_free)
+    global_step = np.array(0, np.int64)
+    seen = []
+    for k in range(6):
+        g[0][...] = np.inf if k in (1, 4) else 0.5
+        with np.errstate(all="ignore"):
+            opt.minimize(lambda s: (0.0, g), w, global_step=global_step)
+        seen.append((bool(opt.last_step_skipped), int(global_step)))
+    assert seen == [(False, 1), (True, 1), (False, 2), (False, 3), (True, 3), (False, 4)]
+    assert opt.iterations == 6 and opt.loss_scale == 2.0      # 4, 2, 2, 4, 2, 2
+
+
 @pytest.fixture
 def capturing():
     """Pretend the current stream is capturing (the harness refuses reads and uploads)."""
