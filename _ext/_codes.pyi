@@ -14,3 +14,4 @@ DEVICE_FLAGS: dict[str, int]
 NDEVICE_FLAGS: int
 DEVICE_VALS: dict[str, int]
 NDEVICE_VALS: int
+OPTIM_FLAGS: dict[str, int]

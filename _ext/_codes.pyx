@@ -7,6 +7,15 @@
 from _dtypes cimport *
 from _lsc_state cimport *
 
+cdef extern from "lsc_codes.h":
+    enum:
+        LSC_OPT_SLOT
+        LSC_OPT_NESTEROV
+        LSC_OPT_MAXIMIZE
+        LSC_OPT_AMSGRAD
+        LSC_OPT_CHECK
+        LSC_OPT_INV_AS_GRAD
+
 # dtype codes, by the member names of lscore.dtypes.Code
 CODES = {"INT": LSC_CODE_INT, "F16": LSC_CODE_F16, "BF16": LSC_CODE_BF16, "F32": LSC_CODE_F32,
          "F64": LSC_CODE_F64, "E4M3FN": LSC_CODE_E4M3FN, "E5M2": LSC_CODE_E5M2}
@@ -43,3 +52,8 @@ DEVICE_FLAGS = {"found": LSC_DEV_FOUND, "floor": LSC_DEV_FLOOR, "apply": LSC_DEV
 NDEVICE_FLAGS = LSC_DEV_NFLAGS
 DEVICE_VALS = {"inv_scale": LSC_DEV_INV_SCALE, "scale": LSC_DEV_SCALE}
 NDEVICE_VALS = LSC_DEV_NVALS
+
+# bits of the fused optimizer kernels' flags (optim.cu), by their names without LSC_OPT_
+OPTIM_FLAGS = {"SLOT": LSC_OPT_SLOT, "NESTEROV": LSC_OPT_NESTEROV, "MAXIMIZE": LSC_OPT_MAXIMIZE,
+               "AMSGRAD": LSC_OPT_AMSGRAD, "CHECK": LSC_OPT_CHECK,
+               "INV_AS_GRAD": LSC_OPT_INV_AS_GRAD}

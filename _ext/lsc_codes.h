@@ -142,4 +142,18 @@ enum {
     LSC_DEV_NVALS = 2
 };
 
+/* ---- the fused optimizers (optim.cu) -------------------------------------- */
+
+/* bits of lsc_mt_sgd's and lsc_mt_adam's `flags` */
+enum {
+    LSC_OPT_SLOT = 1,         /* SGD: a momentum slot (the host's momentum != 0) */
+    LSC_OPT_NESTEROV = 2,     /* SGD: nesterov */
+    LSC_OPT_MAXIMIZE = 4,     /* both: ascend (the gradient negated after unscaling) */
+    LSC_OPT_AMSGRAD = 8,      /* Adam: keep the running maximum of v (record slot 4) */
+    LSC_OPT_CHECK = 16,       /* both: only check; store skip_if at gate on a non-finite
+                                 unscaled gradient, write nothing else */
+    LSC_OPT_INV_AS_GRAD = 32  /* both: round the inverse to the gradient's dtype first, as a
+                                 framework multiplying in that dtype does (NumPy adapter) */
+};
+
 #endif /* LSC_CODES_H */

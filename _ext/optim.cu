@@ -19,11 +19,30 @@
  * unscaled gradient is not written back.
  *
  * Skip: the step is decided on the device before this launch (two-phase: a
- * check launch such as lsc_mt_all_finite marking `gate`, or update.cu's
- * apply flag).  When `gate` is not null and *gate == skip_if, every block
- * returns before touching memory, so parameters and slots stay bit for bit
- * unchanged.  (For a scan flag pass the call's mark; for update.cu's
- * flags[LSC_DEV_APPLY] pass 0.)
+ * check launch marking `gate`, or update.cu's apply flag).  When `gate` is
+ * not null and *gate == skip_if, every block returns before touching memory,
+ * so parameters and slots stay bit for bit unchanged.  (For a scan flag pass
+ * the call's mark; for update.cu's flags[LSC_DEV_APPLY] pass 0.)  The check
+ * can be these kernels themselves: with LSC_OPT_CHECK in `flags` a launch
+ * only unscales every gradient in registers, exactly as the update would,
+ * and stores skip_if at `gate` when one is NaN/Inf; it writes nothing else.
+ * So the check sees the unscaled values the update uses (a finite scaled
+ * gradient that overflows when unscaled counts), without storing them, and
+ * both phases run over the same plan of records.
+ *
+ * LSC_OPT_INV_AS_GRAD rounds the inverse to the gradient's dtype before the
+ * multiply: what the NumPy adapter's get_unscaled_gradients does (the scale
+ * cast to the gradient's dtype, as TF casts it).  The inverse is a float32
+ * value for the float32 policies, so float -> float16/bfloat16 is one
+ * rounding.  Without the bit the inverse is float(inv), as scan.cu's.
+ *
+ * Adam's bias correction comes from the host (`alpha`), or, when `count`
+ * is not null, from the device step counter *count (the optimizer's
+ * iterations, so t = *count + 1) and host tables `bias`: sq[t] at bias[t]
+ * and d[t] at bias[last + 1 + t], t capped at `last` (lscore/cuda/optim.py
+ * builds them exactly as the adapter computes sqrt(1 - beta_2**t) and
+ * 1 - beta_1**t, up to the step where both are 1).  A captured CUDA graph
+ * then replays later steps with the right t.
  *
  * The arithmetic is tf-keras's, in float32, in the order of the NumPy
  * adapter (adapters/_arrays.py), so with NVRTC's --fmad=false (no
@@ -31,6 +50,8 @@
  * result equals the NumPy adapter's bit for bit.  Host-side float32
  * constants (lr, momentum, Adam's alpha with its bias correction, 1 - beta,
  * epsilon) are computed by the host exactly as the adapter computes them.
+ *
+ * The flag bits (LSC_OPT_*) are lsc_codes.h's (lscore._ext._codes.OPTIM_FLAGS).
  *
  * Like scan.cu: no toolkit header, no shared memory, no __syncthreads.
  */
@@ -67,6 +88,31 @@ __device__ __forceinline__ float lsc_grad(typename F::word w, double inv)
     return lsc_widen<F>::f(inv == 1.0 ? w : F::mul(w, inv));
 }
 
+/* the inverse rounded to the gradient's dtype (LSC_OPT_INV_AS_GRAD) */
+template <class F>
+struct lsc_inv_in;
+
+template <>
+struct lsc_inv_in<lsc_f16> {
+    static __device__ __forceinline__ double f(double inv)
+    {
+        return lsc_f16_to_f32(lsc_f32_to_f16((float)inv));
+    }
+};
+
+template <>
+struct lsc_inv_in<lsc_bf16> {
+    static __device__ __forceinline__ double f(double inv)
+    {
+        return lsc_bf16_to_f32(lsc_f32_to_bf16((float)inv));
+    }
+};
+
+template <>
+struct lsc_inv_in<lsc_f32> {
+    static __device__ __forceinline__ double f(double inv) { return (float)inv; }
+};
+
 /* one block's work: its tensor's gradient and parameter, the rest of its
  * record (the slots), its element range and the inverse scale */
 template <class F>
@@ -78,14 +124,16 @@ struct lsc_opt_block {
     double inv;
 };
 
-/* fill *b for this block; false: the step is skipped (nothing is touched) */
+/* fill *b for this block; false: nothing to update (a skipped step, or a
+ * check launch, which has done its work) */
 template <class F>
 __device__ __forceinline__ bool lsc_opt_enter(const lsc_u64 *table, int ntensors, lsc_i64 chunk,
-                                              double inv, const double *inv_dev,
-                                              const lsc_u32 *gate, lsc_u32 skip_if,
+                                              int flags, double inv, const double *inv_dev,
+                                              lsc_u32 *gate, lsc_u32 skip_if,
                                               lsc_opt_block<F> *b)
 {
-    if (gate && *gate == skip_if)
+    bool check = (flags & LSC_OPT_CHECK) != 0;
+    if (!check && gate && *gate == skip_if)
         return false;
     lsc_u64 entry = table[2 * (lsc_i64)ntensors + blockIdx.x];
     lsc_i64 t = (lsc_i64)(entry & 0xFFFFFFFFull);
@@ -96,7 +144,17 @@ __device__ __forceinline__ bool lsc_opt_enter(const lsc_u64 *table, int ntensors
     b->g = (const typename F::word *)b->rec[0];
     b->w = (float *)b->rec[1];
     b->inv = inv_dev ? *inv_dev : inv;
-    return true;
+    if (flags & LSC_OPT_INV_AS_GRAD)
+        b->inv = lsc_inv_in<F>::f(b->inv);
+    if (!check)
+        return true;
+    for (lsc_i64 i = b->lo + threadIdx.x; i < b->hi; i += blockDim.x) {
+        if ((__float_as_uint(lsc_grad<F>(b->g[i], b->inv)) & LSC_EXP_F32) == LSC_EXP_F32) {
+            *gate = skip_if;     /* every writer stores the same word */
+            break;
+        }
+    }
+    return false;
 }
 
 /* decoupled weight decay, Keras's _apply_weight_decay (before the update):
@@ -105,13 +163,6 @@ __device__ __forceinline__ float lsc_decay(float w, float wd, float lr)
 {
     return wd != 0.0f ? w - w * wd * lr : w;
 }
-
-/* bits of both kernels' `flags` (kernel arguments only; they belong in
- * lsc_codes.h once an adapter passes them) */
-constexpr int LSC_OPT_SLOT = 1;      /* SGD: a momentum slot (the host's momentum != 0) */
-constexpr int LSC_OPT_NESTEROV = 2;  /* SGD: nesterov */
-constexpr int LSC_OPT_MAXIMIZE = 4;  /* both: ascend (the gradient negated after unscaling) */
-constexpr int LSC_OPT_AMSGRAD = 8;   /* Adam: keep the running maximum of v (record slot 4) */
 
 /* SGD, tf-keras (momentum and nesterov as adapters/_arrays.py's SGD):
  *     step = -g * lr
@@ -125,11 +176,11 @@ constexpr int LSC_OPT_AMSGRAD = 8;   /* Adam: keep the running maximum of v (rec
  * was the first applied one, a sync in the sync-free mode. */
 template <class F>
 __global__ void lsc_mt_sgd(const lsc_u64 *table, int ntensors, lsc_i64 chunk, float lr,
-                           float momentum, float damp, float wd, int flags, double inv, const double *inv_dev,
-                           const lsc_u32 *gate, lsc_u32 skip_if)
+                           float momentum, float damp, float wd, int flags, double inv,
+                           const double *inv_dev, lsc_u32 *gate, lsc_u32 skip_if)
 {
     lsc_opt_block<F> b;
-    if (!lsc_opt_enter<F>(table, ntensors, chunk, inv, inv_dev, gate, skip_if, &b))
+    if (!lsc_opt_enter<F>(table, ntensors, chunk, flags, inv, inv_dev, gate, skip_if, &b))
         return;
     float *w = b.w, *m = (float *)b.rec[2];
     bool slot = (flags & LSC_OPT_SLOT) != 0, nesterov = (flags & LSC_OPT_NESTEROV) != 0;
@@ -158,12 +209,17 @@ __global__ void lsc_mt_sgd(const lsc_u64 *table, int ntensors, lsc_i64 chunk, fl
 template <class F>
 __global__ void lsc_mt_adam(const lsc_u64 *table, int ntensors, lsc_i64 chunk, float alpha,
                             float c1, float c2, float eps, float lr, float wd, int flags,
-                            double inv, const double *inv_dev,
-                            const lsc_u32 *gate, lsc_u32 skip_if)
+                            double inv, const double *inv_dev, lsc_u32 *gate, lsc_u32 skip_if,
+                            const float *bias, const lsc_i64 *count, lsc_i64 last)
 {
     lsc_opt_block<F> b;
-    if (!lsc_opt_enter<F>(table, ntensors, chunk, inv, inv_dev, gate, skip_if, &b))
+    if (!lsc_opt_enter<F>(table, ntensors, chunk, flags, inv, inv_dev, gate, skip_if, &b))
         return;
+    if (count) {
+        lsc_i64 t = *count + 1;
+        t = t < last ? t : last;
+        alpha = (lr * bias[t]) / bias[last + 1 + t];    /* the adapter's order */
+    }
     float *w = b.w, *m = (float *)b.rec[2], *s = (float *)b.rec[3];
     float *vhat = (float *)b.rec[(flags & LSC_OPT_AMSGRAD) ? 4 : 3];
     bool amsgrad = (flags & LSC_OPT_AMSGRAD) != 0, maximize = (flags & LSC_OPT_MAXIMIZE) != 0;

@@ -239,11 +239,19 @@ class Adam(ArrayOptimizer):
                          global_clipnorm=global_clipnorm, name=name)
         self.beta_1, self.beta_2, self.epsilon = betas["beta_1"], betas["beta_2"], eps
 
+    def _bias_terms(self, t, step: int):
+        """(sqrt(1 - beta_2**step), 1 - beta_1**step) in scalar type `t` (the fused
+        CuPy Adam tabulates these for its device step counter)."""
+        one, s = t(1), t(step)
+        return np.sqrt(one - t(self.beta_2) ** s), one - t(self.beta_1) ** s
+
+    def _alpha(self, t):
+        sq, d = self._bias_terms(t, self.iterations + 1)
+        return t(self._learning_rate) * sq / d
+
     def _update_step(self, g, v) -> None:
         t = v.dtype.type
-        one, step = t(1), t(self.iterations + 1)
-        alpha = t(self._learning_rate) * np.sqrt(one - t(self.beta_2) ** step) \
-            / (one - t(self.beta_1) ** step)
+        alpha = self._alpha(t)
         m, vv = self._slot(v, "m"), self._slot(v, "v")
         m += (g - m) * t(1 - self.beta_1)
         vv += (g * g - vv) * t(1 - self.beta_2)

@@ -13,33 +13,68 @@ sync-free bookkeeping all run in CI without a GPU.
   caches the plan of a list), then launched with packed arguments
   (``lscore.cuda.MultiTensor``); one host sync per device reads the flag;
   ``check_async`` leaves the flag on the device.
-- ``Gated``: a mixin for the array optimizers: while ``_gate`` holds a device
-  boolean, a step commits to the variable and its slots only where the gate
-  is true, so a skipped step changes nothing and needs no host sync.
+- ``Gated`` (``GatedSGD``, ``GatedAdam``): mixins for the array optimizers:
+  dense float32 variables are updated by the fused kernels
+  (``lscore.cuda.FusedLauncher`` over _ext/optim.cu), which also unscale,
+  check and skip on the device for a LossScaleOptimizer; other variables
+  take the elementwise path, where a device boolean ``_gate`` makes a
+  skipped step restore copies, so it changes nothing without a host sync.
 - ``DeviceLossScaleOptimizer``: the LossScaleOptimizer of adapters/_optim
-  with a ``sync_free`` mode that keeps the state machine on the device.
+  with a ``sync_free`` mode that keeps the state machine on the device, and
+  the guards that keep a CUDA-graph capture from synchronising.
 """
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 
 from lscore import cuda
 from lscore.adapters import _optim
+from lscore.distributed import reduce_found_inf
+from lscore.dtypes import BY_NAME
 from lscore.state import LossScaleFloorError
 
 
 ArrayKernels = cuda.ArrayKernels
 
 
-class Gated:
-    """Mixin for ``_arrays.SGD``/``_arrays.Adam``: a device gate decides whether a step commits.
+def refuse_in_capture(capturing: bool, what: str, instead: str) -> None:
+    """RuntimeError instead of an operation that would break a CUDA stream capture."""
+    if capturing:
+        raise RuntimeError(f"{what} while the current stream is capturing a CUDA graph "
+                           f"would break the capture; {instead}")
 
-    With ``_gate`` None a step is the parent's.  With ``_gate`` a 0-d device
-    boolean, the parent's step runs, then the variable and its slots are
-    restored from copies where the gate is false; no host sync either way.
+
+_ONE_STEP = ("run one eager step with these very arrays before begin_capture(), so that "
+             "everything is planned and allocated")
+
+
+class Gated:
+    """Mixin for ``_arrays.SGD``/``_arrays.Adam`` on device arrays: the fused kernels, gated steps.
+
+    When every variable is a dense float32 array and every gradient a dense
+    float16, bfloat16 or float32 array (no clipping configured), a step is
+    lscore.cuda's fused kernels (_ext/optim.cu): one launch per gradient
+    dtype reads each gradient once, casts it to float32 and updates the
+    variable and its slots, bit for bit as the NumPy adapter; the records
+    and launch tables are planned once per list of arrays (re-planned when
+    an address, size or dtype changes).  Other variables (float16, float64)
+    and clipped steps take the elementwise path of ``_arrays``.
+
+    A LossScaleOptimizer drives the fused kernels itself (``_fused_plan``,
+    ``_fused_launch``) to unscale, check and skip on the device.  On the
+    elementwise path only, with ``_gate`` a 0-d device boolean, the
+    parent's step runs, then the variable and its slots are restored from
+    copies where the gate is false; no host sync either way.
     """
 
     _gate = None
+    _kernels = None                               # the adapter's ArrayKernels
+    _current_device = staticmethod(lambda: 0)
+    _on_device = staticmethod(lambda a, dev: True)   # whether array `a` lives on device `dev`
+    _capturing = staticmethod(lambda: False)
+    _launchers: dict = {}
 
     def _update_step(self, g, v) -> None:
         gate = self._gate
@@ -56,28 +91,215 @@ class Gated:
             xp.copyto(s, before[k] if k in before else xp.zeros_like(s), where=keep)
         return None
 
+    # -- the fused path --------------------------------------------------------------
+    def fused_launcher(self) -> cuda.FusedLauncher:
+        """The fused kernels' launcher of the current device (shares the adapter's backend)."""
+        dev = type(self)._current_device()
+        runner = self._kernels.device(dev)
+        hit = Gated._launchers.get(id(runner))
+        if hit is None or hit.runner is not runner:
+            hit = Gated._launchers[id(runner)] = cuda.FusedLauncher(runner)
+        return hit
+
+    def _fused_plan(self, pairs):
+        """The fused kernels' plan of this step's pairs, or None: the elementwise path.
+
+        A list seen before costs one compiled walk (the adapter's
+        ``lscore.kernels.DeviceTable``, which checks each array's identity,
+        address, size and dtype) and a lookup; otherwise the pairs are
+        checked here and their records planned (uploaded), or found in the
+        launcher's cache by their addresses.
+        """
+        if not pairs or self._clipnorm or self._global_clipnorm or self._clipvalue:
+            return None
+        try:
+            walked = self._kernels.table.plan(([g for g, _ in pairs], [v for _, v in pairs]))
+        except (TypeError, ValueError):
+            return None        # not this module's arrays, a dtype without a kernel, not dense
+        key = ("fused", self._kind, self._slot_names(), type(self)._current_device())
+        hit = walked.payload.get(key)
+        if hit is not None and hit[0]() is self:
+            return hit[1]
+        plan = self._plan_records(pairs) if self._fusable(pairs) else None
+        walked.payload[key] = (weakref.ref(self), plan)
+        return plan
+
+    def _fusable(self, pairs) -> bool:
+        """Whether the fused kernels can take these pairs (else the elementwise path)."""
+        arr, on = self._xp.ndarray, type(self)._on_device
+        dev = type(self)._current_device()
+        seen = set()
+        for g, v in pairs:
+            if type(v) is not arr or type(g) is not arr or v.dtype != np.float32 \
+                    or str(g.dtype) not in _FUSED_GRADS or g.shape != v.shape \
+                    or not v.flags.c_contiguous or not g.flags.c_contiguous \
+                    or not getattr(v.flags, "writeable", True) or id(v) in seen \
+                    or not on(v, dev) or not on(g, dev):
+                return False
+            seen.add(id(v))
+        # the kernels update all variables at once: overlapping ones need the sequential path
+        ptr = self.fused_launcher().backend.ptr
+        spans = sorted((ptr(v), ptr(v) + v.nbytes) for _, v in pairs if v.size)
+        return all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+
+    def _slot_names(self) -> tuple:
+        raise NotImplementedError
+
+    def _plan_records(self, pairs) -> cuda.FusedPlan:
+        """The launcher's plan of these records; planned (uploaded) on first sight, never while
+        capturing."""
+        launcher = self.fused_launcher()
+        ptr = launcher.backend.ptr
+        names = self._slot_names()
+        key, tensors = [], []
+        capturing = type(self)._capturing()
+        for g, v in pairs:
+            entry = self._slots.get(id(v))
+            slots = entry[1] if entry is not None and entry[0] is v else {}
+            if capturing and any(n not in slots for n in names):
+                refuse_in_capture(True, "creating an optimizer slot", _ONE_STEP)
+            rec = (ptr(g), ptr(v), *[ptr(self._slot(v, n)) for n in names])
+            code = BY_NAME[str(g.dtype)]
+            key.append((code, v.size, rec))
+            tensors.append((code, v.size, rec + (0,) * (_RECORD_WORDS[self._kind] - len(rec))))
+        key = tuple(key)
+        plan = launcher.cached(key)
+        if plan is None:
+            refuse_in_capture(capturing, "planning a new list of arrays (an upload)", _ONE_STEP)
+            plan = launcher.plan(key, tensors)
+        return plan
+
+    def _fused_launch(self, plan, *, check: bool, flags: int = 0, inv: float = 1.0,
+                      inv_ptr: int = 0, gate_ptr: int = 0, skip_if: int = 0,
+                      count_ptr: int = 0) -> int:
+        head, tail, own = self._fused_args(count_ptr)
+        flags |= own | (_FLAGS["CHECK"] if check else 0)
+        return self.fused_launcher().launch(self._kind, plan, head, flags=flags, inv=inv,
+                                            inv_ptr=inv_ptr, gate_ptr=gate_ptr,
+                                            skip_if=skip_if, tail=tail)
+
+    def _fused_args(self, count_ptr: int):
+        raise NotImplementedError
+
+    def apply_gradients(self, grads_and_vars) -> int:
+        """Update every variable in place; returns ``iterations``."""
+        pairs = _optim.grad_var_pairs(grads_and_vars)
+        if pairs:
+            pairs = _optim.drop_none_gradients(pairs, warn=True)
+            plan = self._fused_plan(pairs) if self._gate is None else None
+            if plan is not None:
+                self._fused_launch(plan, check=False)
+                self.iterations += 1
+                return self.iterations
+        return super().apply_gradients(pairs)
+
+
+_FUSED_GRADS = ("float16", "bfloat16", "float32")
+_FLAGS = cuda.optim.FLAGS
+_RECORD_WORDS = {"sgd": 3, "adam": 4}     # optim.cu reads rec[2] (SGD), rec[3] (Adam) always
+
+
+class GatedSGD(Gated):
+    """The fused-kernel side of SGD (momentum, nesterov; optim.cu's lsc_mt_sgd)."""
+
+    _kind = "sgd"
+
+    def _slot_names(self) -> tuple:
+        return ("momentum",) if self.momentum != 0 else ()
+
+    def _fused_args(self, count_ptr: int):
+        t = np.float32
+        own = (_FLAGS["SLOT"] if self.momentum != 0 else 0) \
+            | (_FLAGS["NESTEROV"] if self.nesterov else 0)
+        # damp 1, weight decay 0: tf-keras's SGD exactly
+        return (t(self._learning_rate), t(self.momentum), t(1.0), t(0.0)), (), own
+
+
+class GatedAdam(Gated):
+    """The fused-kernel side of Adam (optim.cu's lsc_mt_adam).
+
+    Bias correction: by value from ``iterations``, or, under a sync-free
+    LossScaleOptimizer, from that wrapper's device step counter and a table
+    of the host's own float32 terms (``lscore.cuda.bias_table``, uploaded
+    once per (beta_1, beta_2)), so a replayed CUDA graph uses each step's
+    own t.  The table ends where both terms are exactly 1; betas that do
+    not get there within ``lscore.cuda.optim.TABLE_LIMIT`` steps
+    (beta_2 above about 0.99993) are refused there with a ValueError.
+    """
+
+    _kind = "adam"
+    _bias = None         # (betas, device table, last)
+
+    def _slot_names(self) -> tuple:
+        return ("m", "v")
+
+    def _bias_table(self):
+        betas = (self.beta_1, self.beta_2)
+        if self._bias is None or self._bias[0] != betas:
+            refuse_in_capture(type(self)._capturing(), "uploading Adam's bias-correction table",
+                              _ONE_STEP)
+            table, last = cuda.bias_table(lambda step: self._bias_terms(np.float32, step))
+            self._bias = (betas, self.fused_launcher().backend.to_device(table), last)
+        return self._bias
+
+    def _fused_args(self, count_ptr: int):
+        t = np.float32
+        tail = (np.uint64(0), np.uint64(0), np.int64(0))
+        if count_ptr:
+            _, table, last = self._bias_table()
+            tail = (np.uint64(self.fused_launcher().backend.ptr(table)), np.uint64(count_ptr),
+                    np.int64(last))
+        head = (t(self._alpha(t)), t(1 - self.beta_1), t(1 - self.beta_2), t(self.epsilon),
+                t(self._learning_rate), t(0.0))
+        return head, tail, 0
+
 
 class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
     """LossScaleOptimizer on device arrays, in one of two modes.
 
     Default (``sync_free=False``): exactly the NumPy adapter's behaviour; the
-    finiteness check runs on the device and its flag is read once per step,
-    then the host state machine decides and the step is applied or skipped.
+    finiteness check runs on the device and its flag is read once per step
+    (as torch's GradScaler.step), then the host state machine decides and
+    the step is applied (this adapter's SGD/Adam: the fused kernels) or
+    skipped.  ``minimize`` hands the fused kernels the *scaled* gradients
+    and the inverse scale: they unscale in registers, for the check as for
+    the update, so no unscaled copy is written.
 
     ``sync_free=True`` (Keras shape only, with this adapter's SGD or Adam):
     the state machine runs on the device (lscore.cuda's update kernel, the
-    CPU core's code), the check's flag never leaves the device, and the inner
-    optimizer's step is gated by it, so a skipped step leaves variables and
-    slots unchanged without a host sync.  ``apply_gradients`` then returns a
-    0-d device boolean (True: applied); ``get_scaled_loss``,
-    ``get_unscaled_gradients`` and ``minimize`` use the device scale.  The
-    scale reaches the host only when asked: ``loss_scale``,
-    ``dynamic_counter`` and ``sync_state()`` copy the device state back (one
-    sync) and raise LossScaleFloorError if the policy gave up on the device.
+    CPU core's code) and the host reads nothing per step.  With dense
+    float32 variables and float16/bfloat16/float32 gradients a step is: the
+    fused check (it marks the device state's found flag), the fused update
+    gated by that flag (a skipped step touches nothing: no copies), Adam's
+    device step counter advanced, then the update kernel advances the scale
+    (it rewrites the inverse for the next step, hence the gate is this
+    step's found flag, read before, not the update's apply flag).
+    ``minimize`` passes the scaled gradients and the device inverse scale
+    (read through a pointer).  Other variables take the elementwise path,
+    whose skipped steps restore copies.  ``apply_gradients`` returns a 0-d
+    device boolean (True: applied); ``get_scaled_loss``,
+    ``get_unscaled_gradients`` and ``minimize`` use the device scale (the
+    scale ``minimize`` passes to ``loss_and_grads_fn`` is one preallocated
+    float32 device scalar).  The scale reaches the host only when asked:
+    ``loss_scale`` and ``dynamic_counter`` copy the device state back (one
+    sync) and raise LossScaleFloorError if the policy gave up on the device;
+    ``sync_state()`` also reads Adam's device step counter into
+    ``iterations`` (needed after replaying a CUDA graph, which the host
+    does not see).  As in tf-keras, a skipped step advances ``iterations``
+    (the device counter too), exactly as the NumPy adapter's.
+
+    CUDA graphs: after one eager step, a whole ``minimize`` (or scaled loss,
+    ``apply_gradients``) on the fused path can be captured and replayed;
+    every buffer it touches is allocated by then, and everything that
+    changes per step is read on the device.  While the current stream is
+    capturing, whatever would synchronise or upload (reading the scale,
+    the default mode, ``all_finite``/``unscale_``, a list of arrays not seen
+    before, the elementwise path) raises RuntimeError instead.
     """
 
     _kernels: ArrayKernels = None
     _current_device = staticmethod(lambda: 0)
+    _capturing = staticmethod(lambda: False)
 
     def __init__(self, optimizer, loss_scale=None, *, dynamic=True, initial_scale=None,
                  dynamic_growth_steps=None, loss_scale_manager=None, sync_free=False,
@@ -93,6 +315,8 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         self._dev = None
         self._device_id = None
         self._sync_free = bool(sync_free)
+        self._count = None          # Adam's device step counter (sync-free)
+        self._count_host = None     # the value the host last gave it
         if not sync_free:
             return
         if self._scaling.shape != "keras":
@@ -103,11 +327,15 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             raise TypeError("sync_free=True needs this adapter's SGD or Adam (they skip a step "
                             f"on the device), got {type(optimizer).__qualname__}")
         self._device_id = type(self)._current_device()
+        xp = self._kernels.xp
         if self._scaling.dynamic:
             state = self._host_state()
             runner = self._kernels.device(self._device_id)
             self._dev = cuda.DeviceState(runner.backend, state.nbytes)
             self._dev.put(state.to_bytes())
+        # preallocated: a captured step may not allocate
+        self._applied = xp.ones((), dtype=bool)
+        self._scale_arg = xp.asarray(self._fixed_value("scale"), dtype=np.float32)
 
     @property
     def sync_free(self) -> bool:
@@ -116,10 +344,14 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
     def _host_state(self):
         return self._scaling.dynamic_loss_scale.state
 
-    def sync_state(self) -> None:
-        """Copy the device state to the host (sync-free mode; one sync); raises on a floor error."""
+    def _refuse_in_capture(self, what: str, instead: str) -> None:
+        refuse_in_capture(type(self)._capturing(), what, instead)
+
+    def _read_state(self) -> None:
         if self._dev is None:
             return
+        self._refuse_in_capture("reading the loss scale (a device-to-host copy)",
+                                "read it after end_capture()")
         raw, flags, _ = self._dev.read()
         state = self._host_state()
         state.from_bytes(raw)
@@ -129,22 +361,33 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
                 f"loss scale cannot go below its minimum {state.policy.min_scale!r} "
                 f"(policy {state.policy.name!r}); the loss is probably diverging")
 
+    def sync_state(self) -> None:
+        """Copy the device state (and Adam's device step counter) to the host; raises on a
+        floor error.  Sync-free mode: one sync, two with Adam's counter."""
+        self._read_state()
+        if self._count is not None:
+            backend = self._optimizer.fused_launcher().backend
+            self._count_host = int(backend.get(self._count)[0])
+            self._optimizer.iterations = self._count_host
+
     @property
     def loss_scale(self):
-        self.sync_state()
+        self._read_state()
         return super().loss_scale
 
     @property
     def dynamic_counter(self):
-        self.sync_state()
+        self._read_state()
         return super().dynamic_counter
+
+    def _fixed_value(self, which: str) -> float:
+        s = self._scaling.scale
+        with _optim.quiet():
+            return s if which == "scale" else float(np.float32(1.0) / np.float32(s))
 
     def _device_value(self, which: str, dtype):
         if self._dev is None:    # a fixed scale: a host constant is exact and costs nothing
-            s = self._scaling.scale
-            with _optim.quiet():
-                v = s if which == "scale" else float(np.float32(1.0) / np.float32(s))
-            return self._kernels.xp.asarray(v, dtype=dtype)
+            return self._kernels.xp.asarray(self._fixed_value(which), dtype=dtype)
         arr = self._dev.scale if which == "scale" else self._dev.inv_scale
         return arr.reshape(()).astype(dtype)
 
@@ -160,20 +403,144 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             return super().get_unscaled_gradients(grads)
         return [None if g is None else g * self._device_value("inv", g.dtype) for g in grads]
 
+    def _scale_for_fn(self):
+        if self._dev is not None:    # refreshed in place (float64 -> float32, a kernel)
+            self._kernels.xp.copyto(self._scale_arg, self._dev.scale.reshape(()),
+                                    casting="same_kind")
+        return self._scale_arg
+
     def _scaled_gradients(self, loss_and_grads_fn, var_list):
         if self._sync_free and callable(loss_and_grads_fn):
-            scale = self._device_value("scale", np.float32)
+            scale = self._scale_for_fn()
             return super()._scaled_gradients(lambda _host: loss_and_grads_fn(scale), var_list)
         return super()._scaled_gradients(loss_and_grads_fn, var_list)
+
+    def _fused_plan(self, pairs):
+        """The inner optimizer's fused plan of these pairs, or None (the elementwise path)."""
+        opt = self._optimizer
+        if not isinstance(opt, Gated) or opt._gate is not None:
+            return None
+        return opt._fused_plan(pairs)
+
+    def minimize(self, loss_and_grads_fn, var_list, *, global_step=None, name=None):
+        """``compute_gradients`` then ``apply_gradients`` (which takes ``global_step`` and
+        ``name``); returns the loss the function gave.
+
+        On the fused path the gradients are read once: the kernels take the
+        scaled gradients and the inverse scale (the device's, in sync-free
+        mode) and unscale in registers, rounding as the NumPy adapter's
+        ``get_unscaled_gradients`` (the inverse cast to the gradient's dtype).
+        """
+        step = dict(global_step=global_step, name=name)
+        advance = self._tf1_step_arguments(global_step, name)   # refuse before the backward pass
+        if not self._sync_free:
+            self._refuse_default_in_capture()
+            s = self._scaling
+            if not s.predictable or self.overflow_monitor is not None:
+                return super().minimize(loss_and_grads_fn, var_list, **step)
+            scale = s.scale
+        else:
+            scale = self._scale_for_fn()
+        loss, grads, var_list = self._loss_and_grads(loss_and_grads_fn, var_list, scale)
+        plan = self._fused_plan(self._kept_pairs(grads, var_list))
+        if plan is None:
+            self.apply_gradients(zip(self.get_unscaled_gradients(grads), var_list), **step)
+        elif self._sync_free:
+            self._sync_free_fused(plan, advance, scaled=True)
+        else:
+            self._default_fused(plan, advance, self._fixed_value("inv"))
+        return loss
+
+    def _kept_pairs(self, grads, var_list) -> list:
+        return _optim.drop_none_gradients(list(zip(grads, var_list)),
+                                          warn=self._scaling.shape != "tf1")
+
+    def _refuse_default_in_capture(self) -> None:
+        self._refuse_in_capture("a step of sync_free=False (it reads the found flag)",
+                                "capture a LossScaleOptimizer(..., sync_free=True)")
+
+    def _default_fused(self, plan, advance, inv: float) -> bool:
+        """Default mode on the fused kernels: check (one sync), decide on the host, update."""
+        opt = self._optimizer
+        runner = opt.fused_launcher().runner
+        mark = runner.next_mark()
+        flags = _FLAGS["INV_AS_GRAD"]
+        opt._fused_launch(plan, check=True, flags=flags, inv=inv, gate_ptr=runner.flag_ptr,
+                          skip_if=mark)
+        finite = not reduce_found_inf(self._reducer, runner.found(mark))
+
+        def apply():
+            opt._fused_launch(plan, check=False, flags=flags, inv=inv)
+            opt.iterations += 1
+        applied, _ = _optim.run_step(self, finite, apply=apply, count=self._count_step,
+                                     grads=None, named_arrays=None)
+        self._last_applied = applied
+        advance(applied)
+        return applied
+
+    def _device_counter(self) -> int:
+        """Adam's device step counter (its address), given the host's iterations when they
+        changed behind it; 0 for SGD."""
+        opt = self._optimizer
+        if not isinstance(opt, GatedAdam):
+            return 0
+        backend = opt.fused_launcher().backend
+        if self._count is None:
+            self._refuse_in_capture("creating Adam's device step counter (an upload)", _ONE_STEP)
+            self._count = backend.to_device(np.array([opt.iterations], np.int64))
+        elif self._count_host != opt.iterations:
+            self._refuse_in_capture("setting the device step counter from iterations",
+                                    "do not set iterations between the eager step and the "
+                                    "capture")
+            self._count[...] = opt.iterations     # a fill on the device, no transfer
+        self._count_host = opt.iterations
+        return backend.ptr(self._count)
+
+    def _sync_free_fused(self, plan, advance, *, scaled: bool):
+        """One sync-free step on the fused kernels: nothing read, nothing uploaded once planned."""
+        opt, dev, xp = self._optimizer, self._dev, self._kernels.xp
+        inv, inv_ptr, flags = 1.0, 0, 0
+        if scaled:
+            flags = _FLAGS["INV_AS_GRAD"]
+            if dev is None:
+                inv = self._fixed_value("inv")
+            else:
+                inv_ptr = dev.inv_ptr
+        count_ptr = self._device_counter()
+        gate_ptr = 0
+        if dev is not None:          # Keras's fixed scale applies every step, NaN or not
+            gate_ptr = dev.found_ptr
+            opt._fused_launch(plan, check=True, flags=flags, inv=inv, inv_ptr=inv_ptr,
+                              gate_ptr=gate_ptr, skip_if=1)
+            xp.equal(dev.found.reshape(()), 0, out=self._applied)
+        opt._fused_launch(plan, check=False, flags=flags, inv=inv, inv_ptr=inv_ptr,
+                          gate_ptr=gate_ptr, skip_if=1, count_ptr=count_ptr)
+        if count_ptr:
+            xp.add(self._count, 1, out=self._count)
+            self._count_host += 1
+        opt.iterations += 1
+        if dev is not None:
+            dev.step()
+        # a captured step may not allocate: it hands out the buffer the next step rewrites
+        self._last_applied = self._applied if type(self)._capturing() else self._applied.copy()
+        advance(self._last_applied)
+        return self._last_applied
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         """Default mode: as the NumPy adapter (returns a bool).  Sync-free: returns a device
         bool, which is also added to ``global_step`` on the device."""
         if not self._sync_free:
+            self._refuse_default_in_capture()
             return super().apply_gradients(grads_and_vars, global_step, name)
         advance = self._tf1_step_arguments(global_step, name)
         pairs = _optim.drop_none_gradients(_optim.grad_var_pairs(grads_and_vars), warn=True)
         opt, xp = self._optimizer, self._kernels.xp
+        plan = self._fused_plan(pairs)
+        if plan is not None:
+            return self._sync_free_fused(plan, advance, scaled=False)
+        self._refuse_in_capture("a step on the elementwise path (it copies the variables)",
+                                "capture only dense float32 variables with float16, bfloat16 "
+                                "or float32 gradients and no clipping (the fused kernels)")
         if self._dev is None:
             gate = None                     # Keras fixed scale: every step applies
         else:

@@ -397,6 +397,12 @@ class LossScaleOptimizerBase:
             self._advance_iterations()
 
     def _scaled_gradients(self, loss_and_grads_fn, var_list):
+        loss, grads, var_list = self._loss_and_grads(loss_and_grads_fn, var_list,
+                                                     self._scaling.scale)
+        return loss, list(zip(self.get_unscaled_gradients(grads), var_list))
+
+    def _loss_and_grads(self, loss_and_grads_fn, var_list, scale):
+        """(loss, scaled grads, var_list) from ``loss_and_grads_fn(scale)``, checked."""
         if not callable(loss_and_grads_fn):
             # TF1 code passes its loss tensor here; without autodiff there is nothing to
             # differentiate it with
@@ -405,7 +411,7 @@ class LossScaleOptimizerBase:
                             "fn(scale) -> (loss, grads) that runs your backward pass seeded "
                             f"with scale, got {type_name(loss_and_grads_fn)}")
         var_list = list(var_list)
-        out = loss_and_grads_fn(self._scaling.scale)
+        out = loss_and_grads_fn(scale)
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise TypeError("loss_and_grads_fn(scale) must return (loss, grads), got "
                             f"{type_name(out)}")
@@ -413,7 +419,7 @@ class LossScaleOptimizerBase:
         if len(grads) != len(var_list):
             raise ValueError(f"loss_and_grads_fn returned {len(grads)} gradients for "
                              f"{len(var_list)} variables")
-        return loss, list(zip(self.get_unscaled_gradients(grads), var_list))
+        return loss, grads, var_list
 
     def compute_gradients(self, loss_and_grads_fn, var_list) -> list:
         """Unscaled (gradient, variable) pairs from ``loss_and_grads_fn(scale) -> (loss, grads)``.

@@ -12,17 +12,28 @@ same arrays every step pays the walk once, and a call is then its launches
 on CuPy's current stream (no uploads, no extra kernels) plus one read of
 the flag through pinned memory (one host sync per device).
 
+``SGD`` and ``Adam`` update dense float32 variables from float16, bfloat16
+or float32 gradients through the fused kernels (_ext/optim.cu): one launch
+per gradient dtype reads each gradient once and updates the variable and
+its slots, bit for bit as lscore.adapters.numpy; the records and launch
+tables are planned once per list of arrays.  Other variable dtypes, and
+clipped steps, take the elementwise path (CuPy array expressions).
+
 ``LossScaleOptimizer`` has two modes:
 
 - default: the NumPy adapter's behaviour; the check runs on the GPU and the
   step decision is made on the host after one sync per step (as torch's
-  GradScaler.step does);
+  GradScaler.step does), then the same fused kernels update;
 - ``sync_free=True`` (Keras shape, with this module's SGD or Adam): the scale
-  and its counters live on the device and are advanced there by the CPU
-  core's own state machine (_ext/update.cu); SGD and Adam read the device
-  flag and leave variables and slots unchanged on overflow.  Nothing is
-  copied to the host unless you read ``loss_scale``, ``dynamic_counter`` or
-  call ``sync_state()``.
+  and its counters, and Adam's step counter, live on the device and are
+  advanced there (the scale by the CPU core's own state machine,
+  _ext/update.cu); the fused kernels read this step's found flag and leave
+  variables and slots untouched on overflow (no copies).  Nothing is copied
+  to the host unless you read ``loss_scale``, ``dynamic_counter`` or call
+  ``sync_state()``.  After one eager step such a step can be captured in a
+  CUDA graph (``stream.begin_capture()`` / ``end_capture()``) and replayed;
+  see the README's CuPy section.  While the current stream is capturing,
+  calls that would synchronise or upload raise RuntimeError.
 
 Example::
 
@@ -58,19 +69,31 @@ __all__ = [
 _KERNELS = _device.ArrayKernels(cupy, cuda.CupyBackend, array_type=cupy.ndarray)
 
 
+def _capturing() -> bool:
+    return cupy.cuda.get_current_stream().is_capturing()
+
+
 def all_finite(arrays) -> bool:
+    _device.refuse_in_capture(_capturing(), "all_finite (it reads a flag back)",
+                              "check inside a capture with LossScaleOptimizer(sync_free=True)")
     return _KERNELS.all_finite(arrays)
 
 
 def unscale_(arrays, inv_scale) -> bool:
+    _device.refuse_in_capture(_capturing(), "unscale_ (it reads a flag back)",
+                              "unscale inside a capture with LossScaleOptimizer(sync_free=True)")
     return _KERNELS.unscale_(arrays, inv_scale)
 
 
 def unscale_and_norm(arrays, inv_scale, norm_type=2.0) -> tuple[bool, float]:
+    _device.refuse_in_capture(_capturing(), "unscale_and_norm (it reads the norm back)",
+                              "take the norm outside the captured step")
     return _KERNELS.unscale_and_norm(arrays, inv_scale, norm_type)
 
 
 def unscale_and_clip_(arrays, inv_scale, max_norm, norm_type=2.0) -> tuple[bool, float]:
+    _device.refuse_in_capture(_capturing(), "unscale_and_clip_ (it reads the norm back)",
+                              "clip outside the captured step")
     return _KERNELS.unscale_and_clip_(arrays, inv_scale, max_norm, norm_type)
 
 
@@ -80,21 +103,25 @@ unscale_and_norm.__doc__ = _device.ArrayKernels.unscale_and_norm.__doc__
 unscale_and_clip_.__doc__ = _device.ArrayKernels.unscale_and_clip_.__doc__
 
 
-class SGD(_device.Gated, _arrays.SGD):
-    __doc__ = _arrays.SGD.__doc__
-    _xp = cupy
-
-
-class Adam(_device.Gated, _arrays.Adam):
-    __doc__ = _arrays.Adam.__doc__
-    _xp = cupy
-
-
-class LossScaleOptimizer(_device.DeviceLossScaleOptimizer):
-    __doc__ = (_device.DeviceLossScaleOptimizer.__doc__ + "\n"
-               + _optim.LossScaleOptimizerBase.__doc__)
+class _Bound:
     _xp = cupy
     _kernels = _KERNELS
-    _all_finite = staticmethod(all_finite)
     _current_device = staticmethod(lambda: cupy.cuda.Device().id)
+    _on_device = staticmethod(lambda a, dev: a.device.id == dev)
+    _capturing = staticmethod(_capturing)
+
+
+class SGD(_Bound, _device.GatedSGD, _arrays.SGD):
+    __doc__ = _arrays.SGD.__doc__ + "\n" + _device.Gated.__doc__
+
+
+class Adam(_Bound, _device.GatedAdam, _arrays.Adam):
+    __doc__ = _arrays.Adam.__doc__ + "\n" + _device.Gated.__doc__ + "\n" \
+        + _device.GatedAdam.__doc__
+
+
+class LossScaleOptimizer(_Bound, _device.DeviceLossScaleOptimizer):
+    __doc__ = (_device.DeviceLossScaleOptimizer.__doc__ + "\n"
+               + _optim.LossScaleOptimizerBase.__doc__)
+    _all_finite = staticmethod(all_finite)
     _optimizer_classes = {"SGD": SGD, "Adam": Adam}

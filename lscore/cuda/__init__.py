@@ -9,16 +9,20 @@ imported when a kernel is first compiled or launched.
 - ``launch``: ``plan_launches`` and ``MultiTensor`` (chunked pointer tables per dtype group,
   uploaded once, launched with packed arguments)
 - ``device_state``: ``DeviceState``, one ``lsc_state`` and its flags on a device
+- ``optim``: ``FusedLauncher``, the fused SGD/Adam kernels over planned records
+  (float32 master weights), and ``bias_table`` (Adam's bias correction for a device counter)
 - ``arrays``: ``ArrayKernels``, all_finite / unscale_ over nested device arrays
   (compiled walk, cached plans, packed launches, one read of the flag)
 """
 from lscore.cuda.arrays import ArrayKernels
 from lscore.cuda.device_state import DeviceState
+from lscore.cuda.optim import FusedLauncher, FusedPlan, bias_table
 from lscore.cuda.launch import (BLOCK, CHUNK, MAX_BLOCKS, MAX_TENSORS, Launches, MultiTensor, Plan,
                                 plan_launches)
 from lscore.cuda.loader import (KERNELS, NVRTC_OPTIONS, OPS, TRAITS, UPDATE_KERNEL, CupyBackend,
                                 compile_kernels, kernel_name, module, source)
 
 __all__ = ["ArrayKernels", "Launches", "BLOCK", "CHUNK", "MAX_BLOCKS", "MAX_TENSORS", "KERNELS", "NVRTC_OPTIONS", "OPS",
-           "TRAITS", "UPDATE_KERNEL", "CupyBackend", "DeviceState", "MultiTensor", "Plan",
-           "compile_kernels", "kernel_name", "module", "plan_launches", "source"]
+           "TRAITS", "UPDATE_KERNEL", "CupyBackend", "DeviceState", "FusedLauncher", "FusedPlan",
+           "MultiTensor", "Plan", "bias_table", "compile_kernels", "kernel_name", "module",
+           "plan_launches", "source"]

@@ -17,6 +17,7 @@ import pytest
 
 import lscore
 from lscore import cuda
+from lscore._ext import _codes
 from lscore.adapters import numpy as lnp
 from lscore.dtypes import BY_NAME, Code
 from helpers import FLOAT_DTYPES
@@ -217,7 +218,10 @@ def _alpha(opt):
         / (one - t(opt.beta_1) ** step)
 
 
-SLOT, NESTEROV, MAXIMIZE, AMSGRAD = 1, 2, 4, 8     # the LSC_OPT_* bits of optim.cu
+SLOT, NESTEROV, MAXIMIZE, AMSGRAD, CHECK, INV_AS_GRAD = (
+    _codes.OPTIM_FLAGS[k] for k in ("SLOT", "NESTEROV", "MAXIMIZE", "AMSGRAD", "CHECK",
+                                    "INV_AS_GRAD"))
+NO_COUNTER = (np.uint64(0), np.uint64(0), np.int64(0))     # Adam's bias, count, last
 
 
 def _sgd_launch(backend, opt, c, gs, cfg, tail):
@@ -234,7 +238,7 @@ def _adam_launch(backend, opt, c, gs, cfg, tail):
     flags = (MAXIMIZE if opt.maximize else 0) | (AMSGRAD if opt.amsgrad else 0)
     _launch(backend, "adam", c.records(gs), c.sizes, cfg,
             (t(_alpha(opt)), t(1 - opt.beta_1), t(1 - opt.beta_2), t(opt.epsilon),
-             t(opt.learning_rate), t(opt.weight_decay), np.int32(flags), *tail))
+             t(opt.learning_rate), t(opt.weight_decay), np.int32(flags), *tail, *NO_COUNTER))
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -300,7 +304,101 @@ def test_gate_word(backend, gate, skip_if, applied):
             (t(0.5), t(0.1), t(0.001), t(1e-7), t(0.5), t(0.0), np.int32(0))
         _launch(backend, op, rec, [21], cfg,
                 (*head, np.float64(0.5), np.uint64(0),
-                 np.uint64(0 if gate is None else word.ctypes.data), np.uint32(skip_if)))
+                 np.uint64(0 if gate is None else word.ctypes.data), np.uint32(skip_if),
+                 *(NO_COUNTER if op == "adam" else ())))
         assert np.all(w != 1.0) if applied else np.all(w == 1.0), op
         if op == "sgd":
             assert np.all(w == 0.5) or not applied      # 1 + -(2 * 0.5) * 0.5
+
+
+# ---- the check launch, the inverse in the gradient's dtype, the device step counter ----
+
+def _as_grad_unscaled(gs, inv):
+    """What the NumPy adapter's get_unscaled_gradients makes: g * inv cast to g's dtype."""
+    with np.errstate(all="ignore"):
+        return [g * g.dtype.type(inv) for g in gs]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("as_grad", [False, True], ids=["float_inv", "inv_as_grad"])
+def test_check_launch_marks_unscaled_nonfinite_and_writes_nothing(backend, seed, as_grad):
+    """LSC_OPT_CHECK: the flag is set exactly when an *unscaled* gradient is NaN/Inf (a
+    finite float16 gradient times 2**10 can overflow), and no parameter or slot moves."""
+    rng = np.random.default_rng(500 + seed)
+    for case in range(20):
+        cfg = CONFIGS[case % len(CONFIGS)]
+        c = _Case(rng, cfg[0], 2)
+        gs = c.grads(rng, plant=rng.random() < 0.3)
+        inv = float(rng.choice(INVS + [2.0 ** 10, 1000.0]))
+        flags = CHECK | (INV_AS_GRAD if as_grad else 0)
+        before = [_u(a) for a in c.w] + [_u(s) for ss in c.slots for s in ss]
+        flag = np.zeros(1, np.uint32)
+        for op, head in (("sgd", (np.float32(0.5), np.float32(0.9), np.float32(1), np.float32(0),
+                                  np.int32(flags | SLOT))),
+                         ("adam", (np.float32(0.1), np.float32(0.1), np.float32(0.001),
+                                   np.float32(1e-7), np.float32(0.1), np.float32(0),
+                                   np.int32(flags)))):
+            flag[0] = 0
+            tail = NO_COUNTER if op == "adam" else ()
+            _launch(backend, op, c.records(gs), c.sizes, cfg,
+                    (*head, np.float64(inv), np.uint64(0), np.uint64(flag.ctypes.data),
+                     np.uint32(9), *tail))
+            if as_grad:
+                finite = all(np.isfinite(u.astype(np.float32)).all()
+                             for u in _as_grad_unscaled(gs, inv))
+            else:     # the core's unscale_, checked on its outputs
+                out = [g.copy() for g in gs]
+                lscore.unscale_(out, inv)
+                finite = lscore.all_finite(out)
+            assert flag[0] == (0 if finite else 9), (seed, case, op, inv)
+            after = [_u(a) for a in c.w] + [_u(s) for ss in c.slots for s in ss]
+            assert all(np.array_equal(a, b) for a, b in zip(after, before))
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_inverse_in_the_gradient_dtype_matches_the_numpy_adapters_unscaling(backend, seed):
+    """LSC_OPT_INV_AS_GRAD: the update equals the NumPy adapter's SGD on g * dtype(inv),
+    where dtype(inv) differs from float32(inv) (1/1000 in float16, 2**-25 rounds to 0)."""
+    rng = np.random.default_rng(600 + seed)
+    opt = lnp.SGD(0.1, momentum=0.9)
+    c = _Case(rng, 16, 1)
+    c.sizes = [17, 1, 40, 16, 3, 33]
+    c.gdt = [GRAD_DTYPES[k % len(GRAD_DTYPES)] for k in range(len(c.sizes))]
+    c.w = [np.ones(n, np.float32) for n in c.sizes]
+    c.ref_w = [w.copy() for w in c.w]
+    c.slots = [[np.zeros(n, np.float32)] for n in c.sizes]
+    cfg = CONFIGS[1]
+    for step, inv in enumerate([float(np.float32(1 / 1000)), 2.0 ** -25, 0.75, 1 / 3]):
+        gs = c.grads(rng, plant=False)
+        _launch(backend, "sgd", c.records(gs), c.sizes, cfg,
+                (np.float32(0.1), np.float32(0.9), np.float32(1), np.float32(0),
+                 np.int32(SLOT | INV_AS_GRAD), np.float64(inv), np.uint64(0), np.uint64(0),
+                 np.uint32(0)))
+        opt.apply_gradients(zip(_as_grad_unscaled(gs, inv), c.ref_w))
+        for k, (w, rw) in enumerate(zip(c.w, c.ref_w)):
+            assert np.array_equal(_u(w), _u(rw)), (seed, step, k)
+
+
+def test_adam_device_counter_reads_the_bias_table(backend):
+    """With `count`, alpha = (lr * sq[t]) / d[t] for t = *count + 1 capped at the table's
+    last step: the NumPy adapter's alpha at every step, through saturation and beyond
+    (alpha by value, 1e9, is then unused)."""
+    make = lambda: lnp.Adam(0.3, beta_1=0.5, beta_2=0.9)     # noqa: E731
+    table, last = cuda.bias_table(lambda s: make()._bias_terms(np.float32, s))
+    rng = np.random.default_rng(8)
+    count = np.zeros(1, np.int64)
+    for it in list(range(0, 12)) + list(range(last - 3, last + 4)) + [10 * last]:
+        c = _Case(rng, 8, 2)
+        gs = c.grads(rng, plant=False)
+        count[0] = it
+        _launch(backend, "adam", c.records(gs), c.sizes, CONFIGS[0],
+                (np.float32(1e9), np.float32(0.5), np.float32(1 - 0.9), np.float32(1e-7),
+                 np.float32(0.3), np.float32(0), np.int32(0), np.float64(1.0), np.uint64(0),
+                 np.uint64(0), np.uint32(0), np.uint64(table.ctypes.data),
+                 np.uint64(count.ctypes.data), np.int64(last)))
+        ref = make()
+        ref.iterations = it
+        ref.apply_gradients(zip([g.astype(np.float32) for g in gs], c.ref_w))
+        assert count[0] == it      # the kernel reads the counter; the adapter advances it
+        for k, (w, rw) in enumerate(zip(c.w, c.ref_w)):
+            assert np.array_equal(_u(w), _u(rw)), (it, k)

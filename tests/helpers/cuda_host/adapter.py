@@ -14,37 +14,64 @@ from . import HostBackend
 
 
 class CountingBackend(HostBackend):
-    """Counts device-to-host reads (each one is a host sync on a GPU) and uploads."""
+    """Counts device-to-host reads (each one is a host sync on a GPU) and uploads.
+
+    ``capturing`` pretends that the current stream is capturing a CUDA graph:
+    the bound classes see it (their ``_capturing``), and a read or an upload
+    then fails here as it would break a real capture.
+    """
 
     syncs = 0
     uploads = 0
+    capturing = False
 
     def get(self, a):
+        if CountingBackend.capturing:
+            raise AssertionError("a device-to-host read while capturing")
         CountingBackend.syncs += 1
         return super().get(a)
 
     def to_device(self, host):
+        if CountingBackend.capturing:
+            raise AssertionError("an upload while capturing")
         CountingBackend.uploads += 1
         return super().to_device(host)
 
 
+def _capturing() -> bool:
+    return CountingBackend.capturing
+
+
+def bind(kernels):
+    """(all_finite, unscale_, SGD, Adam, LossScaleOptimizer) bound to `kernels` (an
+    ArrayKernels on the harness), as lscore.adapters.cupy binds them to its own."""
+    def all_finite(arrays) -> bool:
+        _device.refuse_in_capture(_capturing(), "all_finite (it reads a flag back)", "do not")
+        return kernels.all_finite(arrays)
+
+    def unscale_(arrays, inv_scale) -> bool:
+        _device.refuse_in_capture(_capturing(), "unscale_ (it reads a flag back)", "do not")
+        return kernels.unscale_(arrays, inv_scale)
+
+    class Bound:
+        _xp = np
+        _kernels = kernels
+        _capturing = staticmethod(_capturing)
+
+    class SGD(Bound, _device.GatedSGD, _arrays.SGD):
+        pass
+
+    class Adam(Bound, _device.GatedAdam, _arrays.Adam):
+        pass
+
+    class LossScaleOptimizer(Bound, _device.DeviceLossScaleOptimizer):
+        _all_finite = staticmethod(all_finite)
+        _optimizer_classes = {"SGD": SGD, "Adam": Adam}
+
+    return all_finite, unscale_, SGD, Adam, LossScaleOptimizer
+
+
 KERNELS = _device.ArrayKernels(np, lambda dev: CountingBackend(), kind=kernels.READ_NUMPY)
-all_finite = KERNELS.all_finite
-unscale_ = KERNELS.unscale_
+all_finite, unscale_, SGD, Adam, LossScaleOptimizer = bind(KERNELS)
 unscale_and_norm = KERNELS.unscale_and_norm
 unscale_and_clip_ = KERNELS.unscale_and_clip_
-
-
-class SGD(_device.Gated, _arrays.SGD):
-    _xp = np
-
-
-class Adam(_device.Gated, _arrays.Adam):
-    _xp = np
-
-
-class LossScaleOptimizer(_device.DeviceLossScaleOptimizer):
-    _xp = np
-    _kernels = KERNELS
-    _all_finite = staticmethod(KERNELS.all_finite)
-    _optimizer_classes = {"SGD": SGD, "Adam": Adam}
