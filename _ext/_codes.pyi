@@ -2,6 +2,7 @@
 CODES: dict[str, int]
 NCODES: int
 WIDTHS: dict[int, int]
+EXP: dict[int, tuple[int, int]]
 PRECISION: dict[str, int]
 GROWTH_MODE: dict[str, int]
 BACKOFF_MODE: dict[str, int]

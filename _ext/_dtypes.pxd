@@ -17,6 +17,10 @@ cdef extern from "lsc_codes.h":
         LSC_WIDTH_F64
         LSC_WIDTH_E4M3FN
         LSC_WIDTH_E5M2
+    # exponent field of each float code and its lowest bit (e4m3fn: its NaN pattern)
+    const unsigned long long LSC_EXP_F16, LSC_EXP_LSB_F16, LSC_EXP_BF16, LSC_EXP_LSB_BF16
+    const unsigned long long LSC_EXP_F32, LSC_EXP_LSB_F32, LSC_EXP_F64, LSC_EXP_LSB_F64
+    const unsigned long long LSC_EXP_E4M3FN, LSC_EXP_LSB_E4M3FN, LSC_EXP_E5M2, LSC_EXP_LSB_E5M2
 
 
 cdef inline int lsc_code_width(int code) noexcept nogil:

@@ -30,18 +30,35 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from lscore._ext import _codes
+from lscore.dtypes import Code
+
 __all__ = ["OverflowMonitor", "OverflowReport", "TensorReport", "count_nonfinite",
            "named_arrays"]
 
+_WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_FORMAT_CODES = {"float16": Code.F16, "bfloat16": Code.BF16, "float32": Code.F32,
+                 "float64": Code.F64, "float8_e5m2": Code.E5M2,
+                 "float8_e4m3fn": Code.E4M3FN}
+
+
+def _masks(code: Code) -> tuple:
+    """(word type, sign, exponent, mantissa) masks of a float code, from lsc_codes.h.
+
+    The mantissa is every bit below the exponent's lowest; e4m3fn has no Inf
+    and its "exponent" (lowest bit 1) is its NaN pattern less the sign, so
+    it gets no exponent mask and that pattern as its mantissa mask.
+    """
+    width = _codes.WIDTHS[code]
+    expo, lsb = _codes.EXP[code]
+    sign = 1 << (8 * width - 1)
+    if lsb == 1:
+        return _WORDS[width], sign, None, expo
+    return _WORDS[width], sign, expo, lsb - 1
+
+
 # sign, exponent and mantissa masks of each floating format, on the raw words
-_FORMATS = {
-    "float16": (np.uint16, 0x8000, 0x7C00, 0x03FF),
-    "bfloat16": (np.uint16, 0x8000, 0x7F80, 0x007F),
-    "float32": (np.uint32, 0x80000000, 0x7F800000, 0x007FFFFF),
-    "float64": (np.uint64, 0x8000000000000000, 0x7FF0000000000000, 0x000FFFFFFFFFFFFF),
-    "float8_e5m2": (np.uint8, 0x80, 0x7C, 0x03),
-    "float8_e4m3fn": (np.uint8, 0x80, None, 0x7F),     # no Inf; NaN is S.1111.111
-}
+_FORMATS = {name: _masks(code) for name, code in _FORMAT_CODES.items()}
 _CHUNK = 1 << 20      # elements per pass: bounds the temporaries on huge arrays
 
 
