@@ -182,7 +182,7 @@ def mismatch(device: ArrayDevice, kern, arrays, values) -> str | None:
         if bad.size:
             k = int(bad[0])
             return (f"array {i} element {k}: {got[k]!r}, the CPU core gives {w[k]!r} "
-                    f"({bad.size} elements differ)")
+                    f"({bad.size} of {w.size} elements differ)")
     return None
 
 
