@@ -69,7 +69,8 @@ class ArrayKernels:
     NumPy arrays standing in for device memory on `device`); `config` (a
     ``LaunchConfig``; default: the process's, ``LSCORE_CUDA_LAUNCH``) goes to
     every launcher, and `limits` (chunk, block, max_tensors, max_blocks)
-    override it unchecked, for the host harness's tiny launches.  The walk,
+    override it with only the kernels' own checks, for the host harness's tiny
+    launches.  The walk,
     the grouping by device and dtype and the plan cache are compiled
     (``kernels.DeviceTable``); a call with the same arrays as an earlier one
     reuses that call's device tables and packed launches.

@@ -184,15 +184,15 @@ class MultiTensor:
     ``Launches`` (tables uploaded once); ``launch`` enqueues one op over them
     on the current stream and returns the call's mark; ``found(mark)``
     reads the flag back with one synchronisation.  ``run`` does all three
-    for raw tables, with its own plan cache (tests, tools).
+    for raw tables, with its own plan cache (tests, tools).  Chunk, block and
+    launch limits come from `config` (default: ``launch_config()``).
     """
 
     def __init__(self, backend, *, config: LaunchConfig | None = None, chunk: int | None = None,
                  block: int | None = None, max_tensors: int | None = None,
                  max_blocks: int | None = None, cache_size: int = 16):
-        # `config` (default: the process's, launch_config()) is checked for a GPU;
-        # the single limits override it unchecked beyond what the kernels need, so the
-        # host harness can run tiny chunks and blocks
+        # `config` is checked for a GPU; the single limits override it with only the
+        # kernels' own checks, so the host harness can run tiny chunks and blocks
         cfg = config if config is not None else launch_config()
         chunk = cfg.chunk if chunk is None else chunk
         block = cfg.block if block is None else block

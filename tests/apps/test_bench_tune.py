@@ -182,3 +182,28 @@ def test_gpu_tune_runs_on_a_gpu_and_every_configuration_is_exact(tmp_path):
                       "--json", str(path)]) == 0
     tune = json.loads(path.read_text())["tune"]
     assert tune["mismatches"] == {} and tune["chosen"] in tune["grid"]
+
+
+def test_nan_payloads_may_differ_but_nan_against_a_number_may_not():
+    class Reads(_tune.ArrayDevice):
+        """Returns what it was told the device wrote."""
+        def __init__(self, result):
+            super().__init__(_gpu.NullBackend)
+            self.result = result
+
+        def read(self, a):
+            return self.result.copy()
+    values = [np.array([np.nan, 1.5, 0.75], np.float32)]
+    want = _tune.expected(values)
+    other_nan = want[0][0].copy()
+    other_nan[0] = np.frombuffer(np.uint32(0x7FC00001).tobytes(), np.float32)[0]
+    dev = Reads(other_nan)
+    kern = dev.kernels(cuda.LaunchConfig())
+    arrays = [dev.upload(v) for v in values]
+    # NullBackend never marks the flag, so the answer agrees only when the CPU core says finite
+    want_found = (want[0], True)
+    assert _tune.mismatch(dev, kern, arrays, values, want_found) is None
+    number = want[0][0].copy()
+    number[0] = 0.0
+    why = _tune.mismatch(Reads(number), kern, arrays, values, want_found)
+    assert why is not None and why.startswith("array 0 element 0: ")

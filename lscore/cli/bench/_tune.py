@@ -164,21 +164,27 @@ def check_values(rng, sizes, dt: np.dtype) -> list[np.ndarray]:
     return out
 
 
-def mismatch(device: ArrayDevice, kern, arrays, values) -> str | None:
-    """Unscale `values` (written into `arrays`) by CHECK_INV on the device and on the CPU
-    core; None when the answers and every element's bits agree, else what differs."""
+def expected(values) -> tuple[list[np.ndarray], bool]:
+    """The CPU core's ``unscale_`` of copies of `values` by CHECK_INV: (arrays, finite)."""
+    want = [v.copy() for v in values]
+    return want, lscore.unscale_(want, CHECK_INV)
+
+
+def mismatch(device: ArrayDevice, kern, arrays, values, want=None) -> str | None:
+    """Unscale `values` (written into `arrays`) by CHECK_INV on the device; None when the
+    answer and every element's bits agree with the CPU core's (`want`: ``expected(values)``,
+    computed when not given), else what differs."""
     for a, v in zip(arrays, values):
         device.write(a, v)
     finite = kern.unscale_(arrays, CHECK_INV)
-    want = [v.copy() for v in values]
-    want_finite = lscore.unscale_(want, CHECK_INV)
+    want, want_finite = want if want is not None else expected(values)
     if finite != want_finite:
         return f"finite {finite}, the CPU core says {want_finite}"
     for i, (a, w) in enumerate(zip(arrays, want)):
         got = device.read(a)
-        same = _words(got) == _words(w)
-        both_nan = np.isnan(got.astype(np.float32)) & np.isnan(w.astype(np.float32))
-        bad = np.flatnonzero(~(same | both_nan))
+        bad = np.flatnonzero(_words(got) != _words(w))
+        # NaN payloads may differ between devices; NaN against NaN is equal here
+        bad = bad[~(np.isnan(got[bad].astype(np.float32)) & np.isnan(w[bad].astype(np.float32)))]
         if bad.size:
             k = int(bad[0])
             return (f"array {i} element {k}: {got[k]!r}, the CPU core gives {w[k]!r} "
@@ -232,6 +238,31 @@ def format_summary(tune: dict) -> str:
     return "\n".join(lines)
 
 
+def _measure(device: ArrayDevice, configs, rows, group: str, values, kw: dict) -> dict:
+    """Check, then time, every configuration on arrays of the sizes and dtype of `values`
+    (a workload; with one array, also a device copy of it); returns {label: mismatch}."""
+    want = expected(values)
+    ones = [np.ones_like(v) for v in values]
+    arrays = [device.upload(v) for v in ones]
+    kw = dict(kw, nbytes=2 * sum(v.nbytes for v in ones))
+    inv = alternating([0.5, 2.0])
+    bad = {}
+    for cfg in configs:
+        kern = device.kernels(cfg)
+        why = mismatch(device, kern, arrays, values, want)
+        for a, v in zip(arrays, ones):
+            device.write(a, v)
+        if why is not None:
+            bad[label(cfg)] = why
+        rows.add(group, label(cfg), lambda kern=kern: kern.unscale_(arrays, inv()),
+                 config=dataclasses.asdict(cfg), bitwise_equal=why is None, **kw)
+    if len(arrays) == 1:
+        dst = device.upload(ones[0])
+        rows.add(group, COPY_METHOD, lambda: device.copy(dst, arrays[0]), **kw)
+    rows.flush()
+    return bad
+
+
 def run_tune(opts, rows, rng, device: ArrayDevice | None = None) -> tuple[list, dict]:
     """Time every configuration of the grid on every workload; returns (targets, summary)."""
     reason = None
@@ -256,30 +287,16 @@ def run_tune(opts, rows, rng, device: ArrayDevice | None = None) -> tuple[list, 
             rows.add(g, "every configuration", skip="bfloat16 needs ml_dtypes", opts=opts)
             continue
         sizes = _gpu.workload_sizes(rng, count, size, opts.tiny)
-        values = check_values(rng, sizes, dt)
-        ones = [np.ones(n, dt) for n in sizes]
-        arrays = [device.upload(v) for v in ones]
-        nbytes = sum(v.nbytes for v in ones)
-        inv = alternating([0.5, 2.0])
-        kw = dict(dtype=dtname, n=count, per=count, nbytes=2 * nbytes, opts=opts)
-        for cfg in configs:
-            kern = device.kernels(cfg)
-            bad = mismatch(device, kern, arrays, values)
-            for a, v in zip(arrays, ones):
-                device.write(a, v)
-            if bad is not None:
-                mismatches.setdefault(name, {})[label(cfg)] = bad
-            rows.add(g, label(cfg), lambda kern=kern: kern.unscale_(arrays, inv()),
-                     config=dataclasses.asdict(cfg), bitwise_equal=bad is None, **kw)
-        if count == 1:
-            dst = device.upload(ones[0])
-            rows.add(g, COPY_METHOD, lambda: device.copy(dst, arrays[0]), **kw)
-        rows.flush()
-        got = {r["method"]: r for r in rows.rows if r["group"] == g and "median_s" in r}
-        times[name] = {label(c): got[label(c)]["median_s"] for c in configs if label(c) in got}
-        if count == 1 and COPY_METHOD in got:
-            big.append((name, got[COPY_METHOD]["median_s"]))
-        del arrays
+        bad = _measure(device, configs, rows, g, check_values(rng, sizes, dt),
+                       dict(dtype=dtname, n=count, per=count, opts=opts))
+        if bad:
+            mismatches[name] = bad
+        got = {r["method"]: r["median_s"] for r in rows.rows if r["group"] == g and "median_s" in r}
+        ts = {label(c): got[label(c)] for c in configs if label(c) in got}
+        if tune["default"] in ts:           # not when --only left the group out
+            times[name] = ts
+        if COPY_METHOD in got:
+            big.append((name, got[COPY_METHOD]))
     tune.update(summarize(times, LaunchConfig()), device=device.name, mismatches=mismatches)
     for name, ts in times.items():
         best = min(ts.values())
