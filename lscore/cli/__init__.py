@@ -62,11 +62,13 @@ def main(argv=None) -> int:
     bench.add_argument("--only", action="append", metavar="TEXT",
                        help="time only the groups whose name contains TEXT (repeatable)")
     bench.add_argument("--no-progress", action="store_true", help="no progress on stderr")
-    bench.add_argument("--suite", choices=("cpu", "gpu", "gpu-host"), default="cpu",
+    bench.add_argument("--suite", choices=("cpu", "gpu", "gpu-host", "gpu-tune"), default="cpu",
                        help="cpu (default): the CPU core; gpu: the CuPy path against torch's "
                             "foreach kernel on a CUDA device (skipped without one); gpu-host: "
                             "the CuPy path's host cost per call and per array, with the "
-                            "device replaced (no GPU needed)")
+                            "device replaced (no GPU needed); gpu-tune: unscale_ under a grid "
+                            "of chunk and block sizes on a CUDA device, and the one to set "
+                            "with LSCORE_CUDA_LAUNCH (skipped without one)")
     bench.set_defaults(func=_bench)
     from lscore.cli.migrate_cmd import add_parser as add_migrate
     add_migrate(sub)

@@ -6,8 +6,9 @@ import each other.  Importing it imports no GPU framework; CuPy is
 imported when a kernel is first compiled or launched.
 
 - ``loader``: the ``.cu`` sources, CuPy's NVRTC (``compile_kernels``), modules per device, ``CupyBackend``
-- ``launch``: ``plan_launches`` and ``MultiTensor`` (chunked pointer tables per dtype group,
-  uploaded once, launched with packed arguments)
+- ``launch``: ``LaunchConfig`` / ``launch_config`` (chunk, block and launch limits; the
+  process's from ``LSCORE_CUDA_LAUNCH``), ``plan_launches`` and ``MultiTensor`` (chunked
+  pointer tables per dtype group, uploaded once, launched with packed arguments)
 - ``device_state``: ``DeviceState``, one ``lsc_state`` and its flags on a device
 - ``optim``: ``FusedLauncher``, the fused SGD/Adam kernels over planned records
   (float32 master weights), and ``bias_table`` (Adam's bias correction for a device counter)
@@ -17,12 +18,12 @@ imported when a kernel is first compiled or launched.
 from lscore.cuda.arrays import ArrayKernels
 from lscore.cuda.device_state import DeviceState
 from lscore.cuda.optim import FusedLauncher, FusedPlan, bias_table
-from lscore.cuda.launch import (BLOCK, CHUNK, MAX_BLOCKS, MAX_TENSORS, Launches, MultiTensor, Plan,
-                                plan_launches)
+from lscore.cuda.launch import (BLOCK, CHUNK, MAX_BLOCKS, MAX_TENSORS, LaunchConfig, Launches,
+                                MultiTensor, Plan, launch_config, plan_launches)
 from lscore.cuda.loader import (KERNELS, NVRTC_OPTIONS, OPS, TRAITS, UPDATE_KERNEL, CupyBackend,
                                 compile_kernels, kernel_name, module, source)
 
-__all__ = ["ArrayKernels", "Launches", "BLOCK", "CHUNK", "MAX_BLOCKS", "MAX_TENSORS", "KERNELS", "NVRTC_OPTIONS", "OPS",
+__all__ = ["ArrayKernels", "LaunchConfig", "Launches", "BLOCK", "CHUNK", "MAX_BLOCKS", "MAX_TENSORS", "KERNELS", "NVRTC_OPTIONS", "OPS",
            "TRAITS", "UPDATE_KERNEL", "CupyBackend", "DeviceState", "FusedLauncher", "FusedPlan",
            "MultiTensor", "Plan", "bias_table", "compile_kernels", "kernel_name", "module",
-           "plan_launches", "source"]
+           "launch_config", "plan_launches", "source"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from lscore import kernels
-from lscore.cuda.launch import MultiTensor
+from lscore.cuda.launch import LaunchConfig, MultiTensor
 from lscore.cuda.loader import TRAITS
 from lscore.dtypes import BY_NAME, Code
 from lscore.policy import real
@@ -66,18 +66,22 @@ class ArrayKernels:
     `make_backend(device)` builds the kernel backend of a device.  Arrays
     are of `array_type` (default ``xp.ndarray``), read as `kind` says
     (``kernels.READ_CUDA_ARRAY``: CuPy's attributes; ``kernels.READ_NUMPY``:
-    NumPy arrays standing in for device memory on `device`); `limits`
-    (chunk, block, max_tensors, max_blocks) go to every launcher.  The walk,
+    NumPy arrays standing in for device memory on `device`); `config` (a
+    ``LaunchConfig``; default: the process's, ``LSCORE_CUDA_LAUNCH``) goes to
+    every launcher, and `limits` (chunk, block, max_tensors, max_blocks)
+    override it with only the kernels' own checks, for the host harness's tiny
+    launches.  The walk,
     the grouping by device and dtype and the plan cache are compiled
     (``kernels.DeviceTable``); a call with the same arrays as an earlier one
     reuses that call's device tables and packed launches.
     """
 
     def __init__(self, xp, make_backend, *, array_type=None, kind=kernels.READ_CUDA_ARRAY,
-                 device: int = 0, limits: dict | None = None):
+                 device: int = 0, config: LaunchConfig | None = None,
+                 limits: dict | None = None):
         self.xp = xp
         self._make_backend = make_backend
-        self._limits = dict(limits or {})
+        self._limits = dict(limits or {}, config=config)
         self._devices: dict = {}
         self._table = kernels.DeviceTable(
             array_type if array_type is not None else xp.ndarray, kind, _classify,

@@ -19,6 +19,9 @@ partials buffer on a plan's first use, then costs the same.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import numbers
+import os
 import threading
 
 import numpy as np
@@ -32,6 +35,10 @@ BLOCK = 512          # threads per block
 MAX_TENSORS = 4096   # tensors per launch
 MAX_BLOCKS = 65535   # blocks (chunks) per launch
 MARK_LIMIT = 0xFFFFFFFF
+# elements in the scan kernels' 16-byte vector load of the narrowest dtype (float16/bfloat16):
+# a chunk that is a multiple of it keeps every chunk on the vector path (scan.cu)
+VECTOR = 8
+ENV = "LSCORE_CUDA_LAUNCH"
 
 
 Plan = collections.namedtuple("Plan", "table launches")
@@ -50,6 +57,80 @@ _CALL_SLOTS = {"unscale": (0, 1, 2, 3), "all_finite": (2, 3)}
 _INV, _INV_DEV, _FOUND, _MARK, _INF_NORM, _MAX_NORM, _COEF, _COEF_DEV = range(8)
 # the one-pass norm's reduction: each fold level has one thread per FOLD partials
 FOLD = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """How the scan kernels split their work: elements per block (`chunk`), threads per
+    block (`block`), and the tensors and blocks one launch holds at most.
+
+    The defaults are torch's and apex's multi-tensor parameters (chunk 65536,
+    block 512), not yet chosen by a measurement of lscore's own; ``lscore
+    bench --suite gpu-tune`` measures a grid of them on a GPU.  ``str()``
+    gives the form ``LSCORE_CUDA_LAUNCH`` and ``parse`` read.
+    """
+
+    chunk: int = CHUNK
+    block: int = BLOCK
+    max_tensors: int = MAX_TENSORS
+    max_blocks: int = MAX_BLOCKS
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"{f.name} must be an int, got {v!r}")
+            object.__setattr__(self, f.name, int(v))
+        if self.chunk < VECTOR or self.chunk % VECTOR:
+            raise ValueError(f"chunk must be a positive multiple of {VECTOR} (the vector "
+                             f"width of float16), got {self.chunk}")
+        if not (32 <= self.block <= 1024 and self.block % 32 == 0):
+            raise ValueError(f"block must be a multiple of 32 in [32, 1024], got {self.block}")
+        # the block table packs the tensor index into 32 bits; a grid's x is below 2**31
+        if not 1 <= self.max_tensors <= 0xFFFFFFFF:
+            raise ValueError(f"max_tensors must be in [1, 2**32 - 1], got {self.max_tensors}")
+        if not 1 <= self.max_blocks <= 0x7FFFFFFF:
+            raise ValueError(f"max_blocks must be in [1, 2**31 - 1], got {self.max_blocks}")
+
+    def __str__(self) -> str:
+        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
+
+    @classmethod
+    def parse(cls, text: str, *, base: LaunchConfig | None = None) -> LaunchConfig:
+        """`base` (default: the defaults) with the ``key=value`` pairs of `text` changed,
+        e.g. ``"chunk=16384,block=256"``; ValueError naming the bad pair."""
+        keys = [f.name for f in dataclasses.fields(cls)]
+        values = {}
+        for item in (x.strip() for x in text.split(",")):
+            if not item:
+                continue
+            key, eq, value = (x.strip() for x in item.partition("="))
+            if not eq:
+                raise ValueError(f"launch setting {item!r} is not key=value, e.g. chunk=16384")
+            if key not in keys:
+                raise ValueError(f"unknown launch setting {key!r}; expected one of: "
+                                 f"{', '.join(keys)}")
+            if key in values:
+                raise ValueError(f"launch setting {key!r} given twice")
+            try:
+                values[key] = int(value)
+            except ValueError:
+                raise ValueError(f"launch setting {key} must be an integer, "
+                                 f"got {value!r}") from None
+        return dataclasses.replace(base if base is not None else cls(), **values)
+
+
+def launch_config() -> LaunchConfig:
+    """The process's launch configuration: the defaults, changed by ``LSCORE_CUDA_LAUNCH``.
+
+    Read whenever a launcher is built (a ``MultiTensor`` per device), so set the
+    variable before the first GPU call.  ValueError, naming the variable, on a bad value.
+    """
+    text = os.environ.get(ENV, "")
+    try:
+        return LaunchConfig.parse(text)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{ENV}={text!r}: {e}") from None
 
 
 def plan_launches(ptrs, sizes, *, chunk: int = CHUNK, max_tensors: int = MAX_TENSORS,
@@ -103,13 +184,21 @@ class MultiTensor:
     ``Launches`` (tables uploaded once); ``launch`` enqueues one op over them
     on the current stream and returns the call's mark; ``found(mark)``
     reads the flag back with one synchronisation.  ``run`` does all three
-    for raw tables, with its own plan cache (tests, tools).
+    for raw tables, with its own plan cache (tests, tools).  Chunk, block and
+    launch limits come from `config` (default: ``launch_config()``).
     """
 
-    def __init__(self, backend, *, chunk: int = CHUNK, block: int = BLOCK,
-                 max_tensors: int = MAX_TENSORS, max_blocks: int = MAX_BLOCKS,
-                 cache_size: int = 16):
-        if block < 1 or chunk % 8:
+    def __init__(self, backend, *, config: LaunchConfig | None = None, chunk: int | None = None,
+                 block: int | None = None, max_tensors: int | None = None,
+                 max_blocks: int | None = None, cache_size: int = 16):
+        # `config` is checked for a GPU; the single limits override it with only the
+        # kernels' own checks, so the host harness can run tiny chunks and blocks
+        cfg = config if config is not None else launch_config()
+        chunk = cfg.chunk if chunk is None else chunk
+        block = cfg.block if block is None else block
+        max_tensors = cfg.max_tensors if max_tensors is None else max_tensors
+        max_blocks = cfg.max_blocks if max_blocks is None else max_blocks
+        if block < 1 or chunk % VECTOR:
             raise ValueError(f"block must be >= 1 and chunk a multiple of 8, got {block}, {chunk}")
         self.backend = backend
         self.chunk, self.block = chunk, block

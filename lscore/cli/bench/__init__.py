@@ -8,7 +8,8 @@ torch rows need torch (skipped, with the reason, otherwise).
 
 ``--suite gpu-host`` times the host side of the CuPy path with the device
 replaced (no GPU needed) and ``--suite gpu`` the GPU rows (skipped, with
-the reason, without a CUDA device); see _gpu.py.
+the reason, without a CUDA device); see _gpu.py.  ``--suite gpu-tune`` times
+a grid of launch configurations on a GPU (_tune.py).
 """
 from __future__ import annotations
 
@@ -21,11 +22,11 @@ from lscore.cli.bench._harness import (DTYPES, FULL_SIZES, SIZES, TINY_SIZES, Ro
                                        import_torch)
 from lscore.cli.bench._report import add_ratios, format_table, machine, targets
 from lscore.cli.bench._sections import AF_METHODS, GRAD_HARNESS, SECTIONS, UN_METHODS
-from lscore.cli.bench import _gpu
+from lscore.cli.bench import _gpu, _tune
 
 __all__ = ["Options", "run", "main", "format_table", "GRAD_HARNESS", "SUITES"]
 
-SUITES = ("cpu", "gpu", "gpu-host")
+SUITES = ("cpu", "gpu", "gpu-host", "gpu-tune")
 
 
 class Options:
@@ -76,19 +77,23 @@ def run(opts: Options) -> dict:
 
 
 def _run_gpu_suite(opts: Options) -> dict:
-    """--suite gpu-host (the CuPy path's host cost, no GPU) or --suite gpu (needs one)."""
+    """--suite gpu-host (the CuPy path's host cost, no GPU), --suite gpu or gpu-tune (need one)."""
     rng = np.random.default_rng(0)
     rows = Rows(0, opts.progress)
+    extra = {}
     try:
-        fn = _gpu.run_host if opts.suite == "gpu-host" else _gpu.run_gpu
-        found = fn(opts, rows, rng)
+        if opts.suite == "gpu-tune":
+            found, extra["tune"] = _tune.run_tune(opts, rows, rng)
+        else:
+            fn = _gpu.run_host if opts.suite == "gpu-host" else _gpu.run_gpu
+            found = fn(opts, rows, rng)
     finally:
         rows.close()
     add_ratios(rows.rows)
     return {"suite": opts.suite, "machine": machine(None),
             "settings": {"repeat": opts.repeat, "min_time_s": opts.min_time,
                          "first_sight_lists": opts.first_lists, "tiny": opts.tiny},
-            "rows": rows.rows, "targets": found}
+            "rows": rows.rows, "targets": found, **extra}
 
 
 def main(args) -> int:
@@ -99,6 +104,8 @@ def main(args) -> int:
                    only=args.only or (), suite=getattr(args, "suite", "cpu"))
     result = run(opts)
     print(format_table(result))
+    if "tune" in result:
+        print(_tune.format_summary(result["tune"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
