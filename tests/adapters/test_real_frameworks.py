@@ -1,0 +1,259 @@
+"""Issue 17 with the real frameworks: Lightning and accelerate train with lscore's GradScaler.
+
+Each test fits, checkpoints and resumes through the framework's own entry points
+(``Trainer.fit(ckpt_path=...)``, ``Accelerator.save_state`` / ``load_state``) and
+compares the run with the same run on ``torch.amp.GradScaler("cpu")``: the scale
+after every step, which steps were skipped, and the parameters, bitwise.  Two
+planted overflows per epoch: a 1e30 input (finite in float32, inf in float16
+under autocast) and an inf input.
+
+Neither framework type-checks the scaler at run time (Lightning 2.6.6 and
+accelerate 1.15.0 only annotate ``torch.amp.GradScaler``); the isinstance checks
+here are what a type-checking caller would see.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+L = pytest.importorskip("lightning")
+accelerate = pytest.importorskip("accelerate")
+
+from accelerate.state import AcceleratorState  # noqa: E402
+from lightning.pytorch.plugins.precision import MixedPrecision  # noqa: E402
+
+from lscore.adapters.torch import GradScaler  # noqa: E402
+
+TorchScaler = torch.amp.GradScaler
+BAD = (2, 5)                    # the batches that overflow, in every epoch
+SCALER_ARGS = dict(init_scale=2.0 ** 10, growth_interval=2)
+
+
+def _inputs(n=8, overflow=True):
+    xs = torch.linspace(-1.0, 1.0, n * 4).reshape(n, 4)
+    if overflow:
+        xs[BAD[0]], xs[BAD[1]] = 1e30, float("inf")
+    return xs
+
+
+def _same_parameters(a, b) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(a, b))
+
+
+# ---- Lightning ---------------------------------------------------------------------------
+
+class _Module(L.LightningModule):
+    """A Linear(4, 1) trained by SGD; ``dtype`` autocasts inside the step when given
+    (a module that runs its own bfloat16 region under the fp16 plugin)."""
+
+    def __init__(self, dtype=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(4, 1)
+        self.dtype_inside = dtype
+
+    def training_step(self, batch, i):
+        if self.dtype_inside is None:
+            return self.layer(batch[0]).float().pow(2).mean()
+        with torch.autocast("cpu", dtype=self.dtype_inside):
+            return self.layer(batch[0]).float().pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+class _Record(L.Callback):
+    """Per step: the scale after update() and whether the parameters moved."""
+
+    def __init__(self):
+        self.scales, self.moved = [], []
+
+    def on_train_batch_start(self, trainer, module, batch, i):
+        self._before = [p.detach().clone() for p in module.parameters()]
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, i):
+        self.scales.append(trainer.precision_plugin.scaler.get_scale())
+        self.moved.append(not _same_parameters(self._before, module.parameters()))
+
+
+def _fit(scaler, epochs, root, ckpt_path=None, save=None, dtype=None):
+    """``Trainer(plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])`` fit.
+
+    The plugin is the only way to fp16 autocast on the CPU: ``Trainer(precision=
+    "16-mixed", plugins=[MixedPrecision(...)])`` raises "Received both", and
+    ``Trainer(accelerator="cpu", precision="16-mixed")`` alone switches to
+    bf16-mixed (lightning/pytorch/trainer/connectors/accelerator_connector.py)."""
+    record, module = _Record(), _Module(dtype)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=epochs, default_root_dir=root,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[record],
+                        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    # with no scaler to skip them, overflowing steps would turn the parameters to NaN
+    xs = _inputs(overflow=dtype is None)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs), batch_size=1)
+    with warnings.catch_warnings():
+        # Lightning's advice on DataLoader workers, and the auto scaler's own note
+        warnings.simplefilter("ignore")
+        trainer.fit(module, data, ckpt_path=ckpt_path)
+    if save is not None:
+        trainer.save_checkpoint(save)
+    return [p.detach().clone() for p in module.parameters()], record, trainer
+
+
+def test_lightning_fit_matches_torchs_scaler(tmp_path):
+    """Lightning's MixedPrecision plugin drives scale / unscale_ / step / update
+    (lightning/pytorch/plugins/precision/amp.py): same scales, same skips, same
+    parameters as with torch's scaler."""
+    ours = GradScaler("cpu", **SCALER_ARGS)
+    p_torch, r_torch, _ = _fit(TorchScaler("cpu", **SCALER_ARGS), 2, tmp_path)
+    p_ours, r_ours, trainer = _fit(ours, 2, tmp_path)
+    assert trainer.precision_plugin.scaler is ours
+    assert isinstance(trainer.precision_plugin.scaler, TorchScaler)
+    assert r_ours.scales == r_torch.scales
+    assert r_ours.moved == r_torch.moved
+    skipped = [i for i, moved in enumerate(r_ours.moved) if not moved]
+    assert skipped == [e * 8 + b for e in range(2) for b in BAD]
+    assert ours.skipped_steps == len(skipped)
+    assert len(set(r_ours.scales)) > 2          # grew and backed off
+    assert _same_parameters(p_ours, p_torch)
+    assert ours.state_dict() == trainer.precision_plugin.state_dict()
+
+
+@pytest.mark.parametrize("saver", [GradScaler, TorchScaler], ids=["lscore-ckpt", "torch-ckpt"])
+def test_lightning_resume_continues_as_the_uninterrupted_run(tmp_path, saver):
+    """``trainer.save_checkpoint`` after one epoch stores the scaler's state under
+    "MixedPrecision"; a fresh Trainer with a fresh lscore scaler resumes from it with
+    ``fit(ckpt_path=...)`` and ends bitwise where one uninterrupted two-epoch run ends,
+    whichever scaler wrote the checkpoint."""
+    p_full, r_full, _ = _fit(GradScaler("cpu", **SCALER_ARGS), 2, tmp_path / "full")
+    ckpt = tmp_path / "one-epoch.ckpt"
+    _, r_first, _ = _fit(saver("cpu", **SCALER_ARGS), 1, tmp_path / "first", save=ckpt)
+    stored = torch.load(ckpt, weights_only=True)["MixedPrecision"]
+    assert stored["scale"] == r_first.scales[-1] != SCALER_ARGS["init_scale"]
+    fresh = GradScaler("cpu", **SCALER_ARGS)
+    p_resumed, r_resumed, _ = _fit(fresh, 2, tmp_path / "resumed", ckpt_path=ckpt)
+    assert r_first.scales + r_resumed.scales == r_full.scales
+    assert r_first.moved + r_resumed.moved == r_full.moved
+    assert _same_parameters(p_resumed, p_full)
+
+
+def test_lightning_auto_scaler_disabled_by_bfloat16_resumes_auto(tmp_path):
+    """enabled="auto" under the fp16 plugin with a module that computes its loss in
+    bfloat16: the scaler disables itself at the first scale(); its state dict is {},
+    which Lightning does not store (checkpoint_connector.py: ``if
+    prec_plugin_state_dict``), so a fresh auto scaler resumes with nothing to load,
+    decides again, and the run ends where the uninterrupted one ends."""
+    def auto():
+        return GradScaler("cpu", enabled="auto")
+
+    p_full, _, t_full = _fit(auto(), 2, tmp_path / "full", dtype=torch.bfloat16)
+    assert not t_full.precision_plugin.scaler.is_enabled()
+    ckpt = tmp_path / "one-epoch.ckpt"
+    _fit(auto(), 1, tmp_path / "first", save=ckpt, dtype=torch.bfloat16)
+    assert "MixedPrecision" not in torch.load(ckpt, weights_only=True)
+    fresh = auto()
+    assert fresh.is_enabled()                   # undecided until its first scale()
+    p_resumed, r_resumed, _ = _fit(fresh, 2, tmp_path / "resumed", ckpt_path=ckpt,
+                                   dtype=torch.bfloat16)
+    assert not fresh.is_enabled() and r_resumed.scales == [1.0] * 8
+    assert _same_parameters(p_resumed, p_full)
+
+
+# ---- accelerate --------------------------------------------------------------------------
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """AcceleratorState is a process-wide singleton; each Accelerator here starts anew."""
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+
+
+def _accelerator(scaler):
+    """``Accelerator(mixed_precision="fp16", cpu=True)`` with `scaler` as its scaler.
+
+    accelerate 1.15 makes no GradScaler on the CPU (accelerator.py: fp16 needs
+    ``device.type != "cpu"`` for ``native_amp`` and a scaler), and
+    ``GradScalerKwargs`` only configures the torch scaler it would make.  So the
+    scaler is set as ``Accelerator.scaler`` before ``prepare()``, which hands it to the
+    AcceleratedOptimizer; ``backward`` then calls ``scaler.scale(loss).backward()`` and
+    the optimizer's ``step`` calls ``scaler.step(optimizer, closure)`` and
+    ``scaler.update()`` (optimizer.py).  ``accelerator.autocast()`` is a no-op there
+    for the same reason, so the steps autocast with torch's own context."""
+    acc = accelerate.Accelerator(mixed_precision="fp16", cpu=True)
+    assert acc.scaler is None
+    acc.scaler = scaler
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=1e-3))
+    assert opt.scaler is scaler
+    return acc, model, opt
+
+
+def _train(acc, model, opt, epochs=1):
+    """(scale after each step, whether accelerate saw each step skipped)."""
+    scales, skipped = [], []
+    for _ in range(epochs):
+        for x in _inputs():
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(x[None]).float().pow(2).mean()
+            acc.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            scales.append(acc.scaler.get_scale())
+            skipped.append(acc.optimizer_step_was_skipped)
+    return scales, skipped
+
+
+def _params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_accelerate_training_matches_torchs_scaler(fresh_accelerate_state):
+    runs = []
+    for cls in (TorchScaler, GradScaler):
+        AcceleratorState._reset_state(True)
+        acc, model, opt = _accelerator(cls("cpu", **SCALER_ARGS))
+        runs.append((_train(acc, model, opt, epochs=2), _params(model), acc.scaler))
+    ((s_torch, k_torch), p_torch, _), ((s_ours, k_ours), p_ours, ours) = runs
+    assert isinstance(ours, TorchScaler)
+    assert s_ours == s_torch and k_ours == k_torch
+    assert [i for i, k in enumerate(k_ours) if k] == [e * 8 + b for e in range(2) for b in BAD]
+    assert ours.skipped_steps == 4 and len(set(s_ours)) > 2
+    assert _same_parameters(p_ours, p_torch)
+
+
+@pytest.mark.parametrize("fsdp2_order", [False, True], ids=["load_state", "fsdp2-order"])
+def test_accelerate_save_state_load_state_resumes_exactly(tmp_path, fresh_accelerate_state,
+                                                          fsdp2_order):
+    """``save_state`` writes ``scaler.state_dict()`` to scaler.pt; a fresh Accelerator
+    with a fresh lscore scaler ``load_state``s model, optimizer and scaler and ends
+    bitwise where one uninterrupted run ends.  fsdp2-order also makes the calls
+    accelerate's load_state makes for FSDP2 before the optimizer is restored
+    (accelerator.py): ``scaler.load_state_dict(torch.load(scaler.pt))`` then
+    ``scaler._lazy_init_scale_growth_tracker(scaler._device)``, a string device."""
+    acc, model, opt = _accelerator(GradScaler("cpu", **SCALER_ARGS))
+    full_scales, full_skipped = _train(acc, model, opt, epochs=2)
+    p_full = _params(model)
+
+    AcceleratorState._reset_state(True)
+    acc, model, opt = _accelerator(GradScaler("cpu", **SCALER_ARGS))
+    first_scales, first_skipped = _train(acc, model, opt)
+    acc.save_state(tmp_path / "state")
+    saved = torch.load(tmp_path / "state" / "scaler.pt", weights_only=True)
+    assert saved == acc.scaler.state_dict() and saved["scale"] != SCALER_ARGS["init_scale"]
+
+    AcceleratorState._reset_state(True)
+    fresh = GradScaler("cpu", **SCALER_ARGS)
+    acc, model, opt = _accelerator(fresh)
+    if fsdp2_order:
+        fresh.load_state_dict(torch.load(tmp_path / "state" / "scaler.pt"))
+        fresh._lazy_init_scale_growth_tracker(fresh._device)
+    acc.load_state(tmp_path / "state")
+    assert fresh.state_dict() == saved
+    scales, skipped = _train(acc, model, opt)
+    assert first_scales + scales == full_scales
+    assert first_skipped + skipped == full_skipped
+    assert _same_parameters(_params(model), p_full)
