@@ -78,7 +78,7 @@ class _Record(L.Callback):
         self.moved.append(not _same_parameters(self._before, module.parameters()))
 
 
-def _fit(scaler, epochs, root, ckpt_path=None, save=None, dtype=None):
+def _fit(scaler, epochs, root, ckpt_path=None, save=None, dtype=None, clip=None):
     """``Trainer(plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])`` fit.
 
     The plugin is the only way to fp16 autocast on the CPU: ``Trainer(precision=
@@ -89,6 +89,7 @@ def _fit(scaler, epochs, root, ckpt_path=None, save=None, dtype=None):
     trainer = L.Trainer(accelerator="cpu", max_epochs=epochs, default_root_dir=root,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=[record],
+                        gradient_clip_val=clip,
                         plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
     # with no scaler to skip them, overflowing steps would turn the parameters to NaN
     xs = _inputs(overflow=dtype is None)
@@ -102,13 +103,26 @@ def _fit(scaler, epochs, root, ckpt_path=None, save=None, dtype=None):
     return [p.detach().clone() for p in module.parameters()], record, trainer
 
 
-def test_lightning_fit_matches_torchs_scaler(tmp_path):
+def test_lightning_takes_fp16_on_the_cpu_only_through_the_plugin():
+    """Why the tests pass the plugin and no ``precision=``: the two other spellings."""
+    with pytest.raises(ValueError, match="Received both"):
+        L.Trainer(accelerator="cpu", precision="16-mixed", logger=False,
+                  plugins=[MixedPrecision("16-mixed", "cpu", scaler=GradScaler("cpu"))])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = L.Trainer(accelerator="cpu", precision="16-mixed", logger=False)
+    assert trainer.precision_plugin.precision == "bf16-mixed"
+
+
+@pytest.mark.parametrize("clip", [None, 0.05], ids=["no-clip", "clip"])
+def test_lightning_fit_matches_torchs_scaler(tmp_path, clip):
     """Lightning's MixedPrecision plugin drives scale / unscale_ / step / update
-    (lightning/pytorch/plugins/precision/amp.py): same scales, same skips, same
+    (lightning/pytorch/plugins/precision/amp.py; with ``gradient_clip_val`` it clips
+    the gradients unscale_ left, between the two): same scales, same skips, same
     parameters as with torch's scaler."""
     ours = GradScaler("cpu", **SCALER_ARGS)
-    p_torch, r_torch, _ = _fit(TorchScaler("cpu", **SCALER_ARGS), 2, tmp_path)
-    p_ours, r_ours, trainer = _fit(ours, 2, tmp_path)
+    p_torch, r_torch, _ = _fit(TorchScaler("cpu", **SCALER_ARGS), 2, tmp_path, clip=clip)
+    p_ours, r_ours, trainer = _fit(ours, 2, tmp_path, clip=clip)
     assert trainer.precision_plugin.scaler is ours
     assert isinstance(trainer.precision_plugin.scaler, TorchScaler)
     assert r_ours.scales == r_torch.scales
@@ -192,14 +206,21 @@ def _accelerator(scaler):
     return acc, model, opt
 
 
-def _train(acc, model, opt, epochs=1):
-    """(scale after each step, whether accelerate saw each step skipped)."""
+def _train(acc, model, opt, epochs=1, clip=None):
+    """(scale after each step, whether accelerate saw each step skipped).
+
+    ``accelerator.clip_grad_norm_`` unscales through ``unscale_gradients``, which does
+    nothing without ``native_amp``, so on the CPU the scaler unscales the wrapped
+    optimizer first, as ``unscale_gradients`` does on a GPU."""
     scales, skipped = [], []
     for _ in range(epochs):
         for x in _inputs():
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = model(x[None]).float().pow(2).mean()
             acc.backward(loss)
+            if clip is not None:
+                acc.scaler.unscale_(opt.optimizer)
+                acc.clip_grad_norm_(model.parameters(), clip)
             opt.step()
             opt.zero_grad()
             scales.append(acc.scaler.get_scale())
@@ -211,12 +232,13 @@ def _params(model):
     return [p.detach().clone() for p in model.parameters()]
 
 
-def test_accelerate_training_matches_torchs_scaler(fresh_accelerate_state):
+@pytest.mark.parametrize("clip", [None, 0.05], ids=["no-clip", "clip"])
+def test_accelerate_training_matches_torchs_scaler(fresh_accelerate_state, clip):
     runs = []
     for cls in (TorchScaler, GradScaler):
         AcceleratorState._reset_state(True)
         acc, model, opt = _accelerator(cls("cpu", **SCALER_ARGS))
-        runs.append((_train(acc, model, opt, epochs=2), _params(model), acc.scaler))
+        runs.append((_train(acc, model, opt, epochs=2, clip=clip), _params(model), acc.scaler))
     ((s_torch, k_torch), p_torch, _), ((s_ours, k_ours), p_ours, ours) = runs
     assert isinstance(ours, TorchScaler)
     assert s_ours == s_torch and k_ours == k_torch
