@@ -135,18 +135,26 @@ def test_lightning_fit_matches_torchs_scaler(tmp_path, clip):
     assert ours.state_dict() == trainer.precision_plugin.state_dict()
 
 
-@pytest.mark.parametrize("saver", [GradScaler, TorchScaler], ids=["lscore-ckpt", "torch-ckpt"])
-def test_lightning_resume_continues_as_the_uninterrupted_run(tmp_path, saver):
+LSCORE_OPTIONS = dict(SCALER_ARGS, hysteresis=2, min_scale=2.0 ** 9)
+
+
+@pytest.mark.parametrize("saver, kw", [(GradScaler, SCALER_ARGS), (TorchScaler, SCALER_ARGS),
+                                       (GradScaler, LSCORE_OPTIONS)],
+                         ids=["lscore-ckpt", "torch-ckpt", "lscore-options-ckpt"])
+def test_lightning_resume_continues_as_the_uninterrupted_run(tmp_path, saver, kw):
     """``trainer.save_checkpoint`` after one epoch stores the scaler's state under
     "MixedPrecision"; a fresh Trainer with a fresh lscore scaler resumes from it with
     ``fit(ckpt_path=...)`` and ends bitwise where one uninterrupted two-epoch run ends,
-    whichever scaler wrote the checkpoint."""
-    p_full, r_full, _ = _fit(GradScaler("cpu", **SCALER_ARGS), 2, tmp_path / "full")
+    whichever scaler wrote the checkpoint.  With lscore's own options the state dict
+    also holds the "lscore" key (hysteresis and floor counters), which Lightning's
+    checkpoint keeps and loads back."""
+    p_full, r_full, _ = _fit(GradScaler("cpu", **kw), 2, tmp_path / "full")
     ckpt = tmp_path / "one-epoch.ckpt"
-    _, r_first, _ = _fit(saver("cpu", **SCALER_ARGS), 1, tmp_path / "first", save=ckpt)
+    _, r_first, _ = _fit(saver("cpu", **kw), 1, tmp_path / "first", save=ckpt)
     stored = torch.load(ckpt, weights_only=True)["MixedPrecision"]
     assert stored["scale"] == r_first.scales[-1] != SCALER_ARGS["init_scale"]
-    fresh = GradScaler("cpu", **SCALER_ARGS)
+    assert ("lscore" in stored) == (kw is LSCORE_OPTIONS)
+    fresh = GradScaler("cpu", **kw)
     p_resumed, r_resumed, _ = _fit(fresh, 2, tmp_path / "resumed", ckpt_path=ckpt)
     assert r_first.scales + r_resumed.scales == r_full.scales
     assert r_first.moved + r_resumed.moved == r_full.moved
@@ -173,6 +181,88 @@ def test_lightning_auto_scaler_disabled_by_bfloat16_resumes_auto(tmp_path):
                                    dtype=torch.bfloat16)
     assert not fresh.is_enabled() and r_resumed.scales == [1.0] * 8
     assert _same_parameters(p_resumed, p_full)
+
+
+class _Manual(_Module):
+    """Manual optimization: ``manual_backward`` scales (the plugin's pre_backward), and
+    ``opt.step()`` goes through the plugin's optimizer_step: unscale_, step, update."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, i):
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(self.layer(batch[0]).float().pow(2).mean())
+        opt.step()
+
+
+def test_lightning_manual_optimization_matches_torchs_scaler(tmp_path):
+    runs = []
+    for cls in (TorchScaler, GradScaler):
+        record, module = _Record(), _Manual()
+        trainer = L.Trainer(accelerator="cpu", max_epochs=2, default_root_dir=tmp_path,
+                            logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False,
+                            callbacks=[record],
+                            plugins=[MixedPrecision("16-mixed", "cpu", scaler=cls("cpu", **SCALER_ARGS))])
+        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(_inputs()), batch_size=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module, data)
+        runs.append((record, [p.detach().clone() for p in module.parameters()]))
+    (r_torch, p_torch), (r_ours, p_ours) = runs
+    assert r_ours.scales == r_torch.scales and r_ours.moved == r_torch.moved
+    assert r_ours.moved.count(False) == 4
+    assert _same_parameters(p_ours, p_torch)
+
+
+def _fabric_run(scaler, steps, root, start=0, load=None, save=None, clip=None):
+    """``Fabric(plugins=[MixedPrecision("16-mixed", "cpu", scaler=...)])``: ``backward``
+    scales, the wrapped optimizer's ``step`` calls ``scaler.step`` and ``update``
+    (lightning/fabric/plugins/precision/amp.py), ``clip_gradients`` unscales first;
+    ``fabric.save`` / ``load`` keep the scaler as any object with ``state_dict`` /
+    ``load_state_dict`` (fabric/strategies/strategy.py, ``_Stateful``)."""
+    from lightning.fabric.plugins.precision import MixedPrecision as FabricMixedPrecision
+
+    fabric = L.Fabric(accelerator="cpu", devices=1,
+                      plugins=[FabricMixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    model, opt = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=1e-3))
+    state = {"model": model, "optimizer": opt, "scaler": scaler}
+    if load is not None:
+        fabric.load(load, state)
+    scales = []
+    for x in _inputs()[start:start + steps]:
+        loss = model(x[None]).float().pow(2).mean()
+        fabric.backward(loss)
+        if clip is not None:
+            # Fabric raises on a non-finite norm by default; the scaler skips those steps
+            fabric.clip_gradients(model, opt, max_norm=clip, error_if_nonfinite=False)
+        opt.step()
+        opt.zero_grad()
+        scales.append(scaler.get_scale())
+    if save is not None:
+        fabric.save(save, state)
+    return scales, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("clip", [None, 0.05], ids=["no-clip", "clip"])
+def test_fabric_matches_torchs_scaler_and_resumes_exactly(tmp_path, clip):
+    s_torch, p_torch = _fabric_run(TorchScaler("cpu", **SCALER_ARGS), 8, tmp_path, clip=clip)
+    ours = GradScaler("cpu", **SCALER_ARGS)
+    s_ours, p_ours = _fabric_run(ours, 8, tmp_path, clip=clip)
+    assert s_ours == s_torch and ours.skipped_steps == 2
+    assert _same_parameters(p_ours, p_torch)
+    ckpt = tmp_path / "fabric.ckpt"
+    s_first, _ = _fabric_run(GradScaler("cpu", **SCALER_ARGS), 4, tmp_path, save=ckpt, clip=clip)
+    assert torch.load(ckpt, weights_only=True)["scaler"]["scale"] == s_first[-1]
+    s_rest, p_rest = _fabric_run(GradScaler("cpu", **SCALER_ARGS), 4, tmp_path, start=4,
+                                 load=ckpt, clip=clip)
+    assert s_first + s_rest == s_ours
+    assert _same_parameters(p_rest, p_ours)
 
 
 # ---- accelerate --------------------------------------------------------------------------
