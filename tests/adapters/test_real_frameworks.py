@@ -78,7 +78,7 @@ class _Record(L.Callback):
         self.moved.append(not _same_parameters(self._before, module.parameters()))
 
 
-def _fit(scaler, epochs, root, ckpt_path=None, save=None, dtype=None, clip=None):
+def _fit(scaler, epochs, root, ckpt_path=None, save=None, dtype=None, **trainer_kw):
     """``Trainer(plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])`` fit.
 
     The plugin is the only way to fp16 autocast on the CPU: ``Trainer(precision=
@@ -88,8 +88,7 @@ def _fit(scaler, epochs, root, ckpt_path=None, save=None, dtype=None, clip=None)
     record, module = _Record(), _Module(dtype)
     trainer = L.Trainer(accelerator="cpu", max_epochs=epochs, default_root_dir=root,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=[record],
-                        gradient_clip_val=clip,
+                        enable_model_summary=False, callbacks=[record], **trainer_kw,
                         plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
     # with no scaler to skip them, overflowing steps would turn the parameters to NaN
     xs = _inputs(overflow=dtype is None)
@@ -114,22 +113,32 @@ def test_lightning_takes_fp16_on_the_cpu_only_through_the_plugin():
     assert trainer.precision_plugin.precision == "bf16-mixed"
 
 
-@pytest.mark.parametrize("clip", [None, 0.05], ids=["no-clip", "clip"])
-def test_lightning_fit_matches_torchs_scaler(tmp_path, clip):
+def _unmoved(accumulate: int) -> list[int]:
+    """The batches of a two-epoch run after which the parameters are as before: those
+    that end no accumulation group, and those that end a group holding an overflow."""
+    bad_groups = {b // accumulate for b in BAD}
+    return [e * 8 + b for e in range(2) for b in range(8)
+            if (b + 1) % accumulate or b // accumulate in bad_groups]
+
+
+@pytest.mark.parametrize("kw", [{}, dict(gradient_clip_val=0.05), dict(accumulate_grad_batches=2)],
+                         ids=["plain", "clip", "accumulate"])
+def test_lightning_fit_matches_torchs_scaler(tmp_path, kw):
     """Lightning's MixedPrecision plugin drives scale / unscale_ / step / update
     (lightning/pytorch/plugins/precision/amp.py; with ``gradient_clip_val`` it clips
-    the gradients unscale_ left, between the two): same scales, same skips, same
-    parameters as with torch's scaler."""
+    the gradients unscale_ left, between the two; with ``accumulate_grad_batches``
+    it scales every backward and steps every k-th batch): same scales, same skips,
+    same parameters as with torch's scaler."""
     ours = GradScaler("cpu", **SCALER_ARGS)
-    p_torch, r_torch, _ = _fit(TorchScaler("cpu", **SCALER_ARGS), 2, tmp_path, clip=clip)
-    p_ours, r_ours, trainer = _fit(ours, 2, tmp_path, clip=clip)
+    p_torch, r_torch, _ = _fit(TorchScaler("cpu", **SCALER_ARGS), 2, tmp_path, **kw)
+    p_ours, r_ours, trainer = _fit(ours, 2, tmp_path, **kw)
     assert trainer.precision_plugin.scaler is ours
     assert isinstance(trainer.precision_plugin.scaler, TorchScaler)
     assert r_ours.scales == r_torch.scales
     assert r_ours.moved == r_torch.moved
-    skipped = [i for i, moved in enumerate(r_ours.moved) if not moved]
-    assert skipped == [e * 8 + b for e in range(2) for b in BAD]
-    assert ours.skipped_steps == len(skipped)
+    assert [i for i, moved in enumerate(r_ours.moved) if not moved] == _unmoved(
+        kw.get("accumulate_grad_batches", 1))
+    assert ours.skipped_steps == 4
     assert len(set(r_ours.scales)) > 2          # grew and backed off
     assert _same_parameters(p_ours, p_torch)
     assert ours.state_dict() == trainer.precision_plugin.state_dict()
@@ -275,7 +284,7 @@ def fresh_accelerate_state():
     AcceleratorState._reset_state(True)
 
 
-def _accelerator(scaler):
+def _accelerator(scaler, accumulate=1):
     """``Accelerator(mixed_precision="fp16", cpu=True)`` with `scaler` as its scaler.
 
     accelerate 1.15 makes no GradScaler on the CPU (accelerator.py: fp16 needs
@@ -286,7 +295,8 @@ def _accelerator(scaler):
     the optimizer's ``step`` calls ``scaler.step(optimizer, closure)`` and
     ``scaler.update()`` (optimizer.py).  ``accelerator.autocast()`` is a no-op there
     for the same reason, so the steps autocast with torch's own context."""
-    acc = accelerate.Accelerator(mixed_precision="fp16", cpu=True)
+    acc = accelerate.Accelerator(mixed_precision="fp16", cpu=True,
+                                 gradient_accumulation_steps=accumulate)
     assert acc.scaler is None
     acc.scaler = scaler
     torch.manual_seed(0)
@@ -305,14 +315,15 @@ def _train(acc, model, opt, epochs=1, clip=None):
     scales, skipped = [], []
     for _ in range(epochs):
         for x in _inputs():
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = model(x[None]).float().pow(2).mean()
-            acc.backward(loss)
-            if clip is not None:
-                acc.scaler.unscale_(opt.optimizer)
-                acc.clip_grad_norm_(model.parameters(), clip)
-            opt.step()
-            opt.zero_grad()
+            with acc.accumulate(model):
+                with torch.autocast("cpu", dtype=torch.float16):
+                    loss = model(x[None]).float().pow(2).mean()
+                acc.backward(loss)
+                if clip is not None:
+                    acc.scaler.unscale_(opt.optimizer)
+                    acc.clip_grad_norm_(model.parameters(), clip)
+                opt.step()
+                opt.zero_grad()
             scales.append(acc.scaler.get_scale())
             skipped.append(acc.optimizer_step_was_skipped)
     return scales, skipped
@@ -322,17 +333,19 @@ def _params(model):
     return [p.detach().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("clip", [None, 0.05], ids=["no-clip", "clip"])
-def test_accelerate_training_matches_torchs_scaler(fresh_accelerate_state, clip):
+@pytest.mark.parametrize("clip, accumulate", [(None, 1), (0.05, 1), (None, 2)],
+                         ids=["plain", "clip", "accumulate"])
+def test_accelerate_training_matches_torchs_scaler(fresh_accelerate_state, clip, accumulate):
+    """Also with ``gradient_accumulation_steps=2`` under ``accelerator.accumulate``,
+    where the optimizer's step calls the scaler only on the syncing batch."""
     runs = []
     for cls in (TorchScaler, GradScaler):
         AcceleratorState._reset_state(True)
-        acc, model, opt = _accelerator(cls("cpu", **SCALER_ARGS))
+        acc, model, opt = _accelerator(cls("cpu", **SCALER_ARGS), accumulate)
         runs.append((_train(acc, model, opt, epochs=2, clip=clip), _params(model), acc.scaler))
     ((s_torch, k_torch), p_torch, _), ((s_ours, k_ours), p_ours, ours) = runs
     assert isinstance(ours, TorchScaler)
     assert s_ours == s_torch and k_ours == k_torch
-    assert [i for i, k in enumerate(k_ours) if k] == [e * 8 + b for e in range(2) for b in BAD]
     assert ours.skipped_steps == 4 and len(set(s_ours)) > 2
     assert _same_parameters(p_ours, p_torch)
 
