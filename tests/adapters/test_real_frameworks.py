@@ -1,7 +1,8 @@
 """Issue 17 with the real frameworks: Lightning and accelerate train with lscore's GradScaler.
 
 Each test fits, checkpoints and resumes through the framework's own entry points
-(``Trainer.fit(ckpt_path=...)``, ``Accelerator.save_state`` / ``load_state``) and
+(``Trainer.fit(ckpt_path=...)``, Fabric's ``save`` / ``load``,
+``Accelerator.save_state`` / ``load_state``) and
 compares the run with the same run on ``torch.amp.GradScaler("cpu")``: the scale
 after every step, which steps were skipped, and the parameters, bitwise.  Two
 planted overflows per epoch: a 1e30 input (finite in float32, inf in float16
@@ -148,15 +149,18 @@ LSCORE_OPTIONS = dict(SCALER_ARGS, hysteresis=2, min_scale=2.0 ** 9)
 
 
 @pytest.mark.parametrize("saver, kw", [(GradScaler, SCALER_ARGS), (TorchScaler, SCALER_ARGS),
-                                       (GradScaler, LSCORE_OPTIONS)],
-                         ids=["lscore-ckpt", "torch-ckpt", "lscore-options-ckpt"])
+                                       (GradScaler, LSCORE_OPTIONS),
+                                       (GradScaler, dict(SCALER_ARGS, enabled="auto"))],
+                         ids=["lscore-ckpt", "torch-ckpt", "lscore-options-ckpt", "auto-fp16"])
 def test_lightning_resume_continues_as_the_uninterrupted_run(tmp_path, saver, kw):
     """``trainer.save_checkpoint`` after one epoch stores the scaler's state under
     "MixedPrecision"; a fresh Trainer with a fresh lscore scaler resumes from it with
     ``fit(ckpt_path=...)`` and ends bitwise where one uninterrupted two-epoch run ends,
     whichever scaler wrote the checkpoint.  With lscore's own options the state dict
     also holds the "lscore" key (hysteresis and floor counters), which Lightning's
-    checkpoint keeps and loads back."""
+    checkpoint keeps and loads back.  An ``enabled="auto"`` scaler that saw float16
+    stays enabled, and its fresh twin loads the state before its first scale()
+    (Lightning restores before training) and then decides the same way."""
     p_full, r_full, _ = _fit(GradScaler("cpu", **kw), 2, tmp_path / "full")
     ckpt = tmp_path / "one-epoch.ckpt"
     _, r_first, _ = _fit(saver("cpu", **kw), 1, tmp_path / "first", save=ckpt)
@@ -165,6 +169,7 @@ def test_lightning_resume_continues_as_the_uninterrupted_run(tmp_path, saver, kw
     assert ("lscore" in stored) == (kw is LSCORE_OPTIONS)
     fresh = GradScaler("cpu", **kw)
     p_resumed, r_resumed, _ = _fit(fresh, 2, tmp_path / "resumed", ckpt_path=ckpt)
+    assert fresh.is_enabled()
     assert r_first.scales + r_resumed.scales == r_full.scales
     assert r_first.moved + r_resumed.moved == r_full.moved
     assert _same_parameters(p_resumed, p_full)
