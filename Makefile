@@ -13,7 +13,7 @@ BUILD_DEPS = "setuptools>=69" "cython>=3.0" "numpy>=2.0" wheel
 	.venv-$*/bin/pip install $(PIP_FLAGS) $(BUILD_DEPS)
 
 venv-test: .venv-test/bin/python
-	.venv-test/bin/pip install $(PIP_FLAGS) -c constraints.txt --no-build-isolation -e ".[test,torch]"
+	.venv-test/bin/pip install $(PIP_FLAGS) -c constraints.txt --no-build-isolation -e ".[test,torch,peers]"
 	bash scripts/install_mpi.sh .venv-test
 
 venv-demo: .venv-demo/bin/python

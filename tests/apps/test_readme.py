@@ -9,7 +9,8 @@ from helpers import ROOT
 
 README = ROOT / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-NEEDS = {"torch": "torch", "cupy": "cupy", "mpi4py": "mpi4py", "ml_dtypes": "ml_dtypes"}
+NEEDS = {"torch": "torch", "cupy": "cupy", "mpi4py": "mpi4py", "ml_dtypes": "ml_dtypes",
+         "lightning": "lightning", "accelerate": "accelerate"}
 
 
 def _cuda_device() -> bool:
