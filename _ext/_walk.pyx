@@ -179,7 +179,10 @@ cdef class DeviceTable:
             walk(arrays, &v)
             if self._n == 0:
                 return self._empty
-            key = (<Py_ssize_t>self._buf[0], self._n)
+            # first and last leaf: lists that share their first arrays (an optimizer's
+            # gradients then its variables, two optimizers over the same gradients)
+            # keep their own plans
+            key = (<Py_ssize_t>self._buf[0], <Py_ssize_t>self._buf[self._n - 1], self._n)
             cand = self._plans.get(key)
             if cand is not None and self._matches(<DevicePlan>cand):
                 self.hits += 1

@@ -100,6 +100,20 @@ def test_a_new_list_of_the_same_arrays_reuses_the_plan():
 
 
 @harness
+def test_lists_that_share_their_first_arrays_keep_their_own_plans():
+    """Two optimizers over the same gradients (or a walk of gradients then variables)
+    alternate every step: each list stays cached instead of evicting the other."""
+    grads = [np.full(4, 4.0, np.float32), np.full(6, 4.0, np.float32)]
+    a, b = [grads, [np.ones(4, np.float32)]], [grads, [np.ones(4, np.float32)]]
+    KERNELS.all_finite(a)
+    KERNELS.all_finite(b)
+    hits, misses = KERNELS.table.hits, KERNELS.table.misses
+    for _ in range(3):
+        assert KERNELS.all_finite(a) and KERNELS.all_finite(b)
+    assert (KERNELS.table.hits - hits, KERNELS.table.misses - misses) == (6, 0)
+
+
+@harness
 def test_the_same_list_mutated_in_place_is_planned_again():
     grads = [np.full(5, 4.0, np.float32), np.full(3, 4.0, np.float32)]
     KERNELS.unscale_(grads, 0.5)

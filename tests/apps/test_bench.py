@@ -138,6 +138,32 @@ def test_gpu_host_targets_carry_unit_cached_measured_required_met(gpu_host_run):
     assert bench.format_table(gpu_host_run).count("\n| ") >= len(gpu_host_run["rows"])
 
 
+def test_gpu_host_times_whole_fused_steps(gpu_host_run):
+    """Both optimizers in both modes on every workload, each a fused step."""
+    from lscore.cli.bench import _gpu, _gpu_step
+    steps = {(r["group"], r["method"]) for r in gpu_host_run["rows"]
+             if r["group"].startswith("gpu-host step")}
+    assert steps == {(f"gpu-host step {o} {w}", f"{m} step, cached")
+                     for w, *_ in _gpu.TINY_WORKLOADS for o in _gpu_step.OPTIMIZERS
+                     for m in _gpu_step.LSCORE_METHODS[:2]}
+
+
+def test_the_null_adapter_steps_through_the_fused_launches_only():
+    """gpu-host's step rows time the fused path: a cached sync-free step is its launches
+    (check, update, per dtype group; the scale update), no elementwise work, no read."""
+    from lscore.cli.bench import _gpu, _gpu_step
+    dev = _gpu_step.StepDevice(np, _gpu.null_adapter(), lambda: None, None)
+    grads = [np.ones(n, dt) for n, dt in ((5, np.float16), (70, np.float32), (3, np.float16))]
+    step, params = _gpu_step._lscore_step(dev, "Adam", grads, [np.ones(g.size, np.float32)
+                                                                for g in grads], True)
+    step()
+    backend = dev.adapter.SGD._kernels.device(0).backend
+    launches, syncs = backend.launches, backend.syncs
+    step()
+    assert (backend.launches - launches, backend.syncs - syncs) == (2 * 2 + 1, 0)
+    assert all((p == 1).all() for p in params)       # NullBackend launches do nothing
+
+
 def test_gpu_host_times_the_adapters_path_with_only_the_launch_replaced():
     """The bench's binding, run on the host harness instead of the null device, computes
     what the CPU core computes: the timed path is the real one up to the launch."""

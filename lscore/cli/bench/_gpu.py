@@ -126,6 +126,9 @@ class NullBackend:
         self.syncs += 1
         return int(a[0])
 
+    def launch(self, name: str, grid: int, block: int, args: tuple, stream=None) -> None:
+        self.launches += 1
+
 
 def standin_kernels(make_backend=NullBackend) -> cuda.ArrayKernels:
     """The CuPy adapter's ArrayKernels bound to StandInArray and `make_backend(device)`."""
@@ -172,7 +175,8 @@ def _first_sight(fn, lists) -> list[float]:
 
 
 def run_host(opts, rows: Rows, rng) -> list[dict]:
-    """The gpu-host rows; returns the targets."""
+    """The gpu-host rows (unscale_ and all_finite, then whole fused steps); returns the
+    targets (the issue's host-cost targets are for the unscale_/all_finite calls)."""
     kern = standin_kernels()
     targets = []
     workloads = TINY_WORKLOADS if opts.tiny else WORKLOADS
@@ -215,7 +219,58 @@ def run_host(opts, rows: Rows, rng) -> list[dict]:
                                           f"{'cached' if cached else 'first sight'}, {how}",
                                 "workload": name, "op": op, "unit": unit, "cached": cached,
                                 "measured": x, "required": need, "met": x <= need})
+    run_host_steps(opts, rows, rng)
     return targets
+
+
+def null_adapter():
+    """lscore.adapters.cupy's optimizer classes bound to NumPy arrays and NullBackend.
+
+    The fused step's host side as on a GPU (the walk and plan lookup, the
+    packed launches of the check, the update and the scale update, the
+    sync-free bookkeeping), with the launches and the one read of the
+    default mode done by NullBackend.  CuPy's own per-step array operations
+    (casting the device scale for ``minimize``) are NumPy's here, cheaper
+    than a CuPy launch.
+    """
+    from lscore.adapters import _arrays, _device
+
+    kern = cuda.ArrayKernels(np, NullBackend, kind=kernels.READ_NUMPY)
+
+    class Bound:
+        _xp = np
+        _kernels = kern
+
+    class SGD(Bound, _device.GatedSGD, _arrays.SGD):
+        pass
+
+    class Adam(Bound, _device.GatedAdam, _arrays.Adam):
+        pass
+
+    class LossScaleOptimizer(Bound, _device.DeviceLossScaleOptimizer):
+        _all_finite = staticmethod(kern.all_finite)
+        _optimizer_classes = {"SGD": SGD, "Adam": Adam}
+
+    return types.SimpleNamespace(SGD=SGD, Adam=Adam, LossScaleOptimizer=LossScaleOptimizer)
+
+
+def run_host_steps(opts, rows: Rows, rng) -> None:
+    """gpu-host rows of whole fused optimizer steps: the host's time per step."""
+    dev = _gpu_step.StepDevice(np, null_adapter(), lambda: None, None)
+    workloads = TINY_WORKLOADS if opts.tiny else WORKLOADS
+    for wname, count, size, dtype in workloads:
+        sizes = workload_sizes(rng, count, size, opts.tiny)
+        params = [np.ones(n, np.float32) for n in sizes]
+        grads = [np.ones(n, dtype) for n in sizes]
+        for name in _gpu_step.OPTIMIZERS:
+            g = f"gpu-host step {name} {wname}"
+            for sync_free, method in ((False, _gpu_step.LSCORE_METHODS[0]),
+                                      (True, _gpu_step.LSCORE_METHODS[1])):
+                step, _ = _gpu_step._lscore_step(dev, name, grads, params, sync_free)
+                step()                                  # plans and slots: first sight
+                rows.add(g, f"{method} step, cached", step, dtype=dtype, n=count, per=count,
+                         opts=opts)
+            rows.flush()
 
 
 # ---- --suite gpu --------------------------------------------------------------
