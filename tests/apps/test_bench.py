@@ -154,7 +154,7 @@ def test_the_null_adapter_steps_through_the_fused_launches_only():
     from lscore.cli.bench import _gpu, _gpu_step
     dev = _gpu_step.StepDevice(np, _gpu.null_adapter(), lambda: None, None)
     grads = [np.ones(n, dt) for n, dt in ((5, np.float16), (70, np.float32), (3, np.float16))]
-    step, params = _gpu_step._lscore_step(dev, "Adam", grads, [np.ones(g.size, np.float32)
+    step, params = _gpu_step.lscore_step(dev, "Adam", grads, [np.ones(g.size, np.float32)
                                                                 for g in grads], True)
     step()
     backend = dev.adapter.SGD._kernels.device(0).backend
@@ -247,9 +247,9 @@ def test_gpu_step_rows_lscore_steps_follow_the_numpy_adapter():
              for p in params0]
     for name in _gpu_step.OPTIMIZERS:
         for sync_free in (False, True):
-            step, params = _gpu_step._lscore_step(dev, name, grads, params0, sync_free)
+            step, params = _gpu_step.lscore_step(dev, name, grads, params0, sync_free)
             ref = [p.copy() for p in params0]
-            opt = lnp.LossScaleOptimizer(_gpu_step._inner(lnp, name),
+            opt = lnp.LossScaleOptimizer(_gpu_step.inner_optimizer(lnp, name),
                                          initial_scale=_gpu_step.INIT_SCALE)
             for _ in range(3):
                 step()

@@ -233,25 +233,9 @@ def null_adapter():
     (casting the device scale for ``minimize``) are NumPy's here, cheaper
     than a CuPy launch.
     """
-    from lscore.adapters import _arrays, _device
+    from lscore.adapters import device
 
-    kern = cuda.ArrayKernels(np, NullBackend, kind=kernels.READ_NUMPY)
-
-    class Bound:
-        _xp = np
-        _kernels = kern
-
-    class SGD(Bound, _device.GatedSGD, _arrays.SGD):
-        pass
-
-    class Adam(Bound, _device.GatedAdam, _arrays.Adam):
-        pass
-
-    class LossScaleOptimizer(Bound, _device.DeviceLossScaleOptimizer):
-        _all_finite = staticmethod(kern.all_finite)
-        _optimizer_classes = {"SGD": SGD, "Adam": Adam}
-
-    return types.SimpleNamespace(SGD=SGD, Adam=Adam, LossScaleOptimizer=LossScaleOptimizer)
+    return device.bind(np, cuda.ArrayKernels(np, NullBackend, kind=kernels.READ_NUMPY))
 
 
 def run_host_steps(opts, rows: Rows, rng) -> None:
@@ -266,7 +250,7 @@ def run_host_steps(opts, rows: Rows, rng) -> None:
             g = f"gpu-host step {name} {wname}"
             for sync_free, method in ((False, _gpu_step.LSCORE_METHODS[0]),
                                       (True, _gpu_step.LSCORE_METHODS[1])):
-                step, _ = _gpu_step._lscore_step(dev, name, grads, params, sync_free)
+                step, _ = _gpu_step.lscore_step(dev, name, grads, params, sync_free)
                 step()                                  # plans and slots: first sight
                 rows.add(g, f"{method} step, cached", step, dtype=dtype, n=count, per=count,
                          opts=opts)

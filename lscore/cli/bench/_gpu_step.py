@@ -99,19 +99,19 @@ def _sizes(rng, count: int, size) -> list[int]:
     return [int(size)] * count
 
 
-def _inner(adapter, name: str):
+def inner_optimizer(adapter, name: str):
     if name == "SGD":
         return adapter.SGD(LR["SGD"], momentum=MOMENTUM)
     return adapter.Adam(LR["Adam"])
 
 
-def _lscore_step(dev: StepDevice, name: str, grads, params0, sync_free: bool):
+def lscore_step(dev: StepDevice, name: str, grads, params0, sync_free: bool):
     """(step, parameters): minimize over fresh copies of the parameters with the given
     (scaled) gradients, which the fused kernels read once."""
     xp = dev.xp
     params = [xp.array(p, copy=True) for p in params0]
-    opt = dev.adapter.LossScaleOptimizer(_inner(dev.adapter, name), initial_scale=INIT_SCALE,
-                                         sync_free=sync_free)
+    opt = dev.adapter.LossScaleOptimizer(inner_optimizer(dev.adapter, name),
+                                         initial_scale=INIT_SCALE, sync_free=sync_free)
     return (lambda: opt.minimize(lambda scale: (0.0, grads), params)), params
 
 
@@ -197,12 +197,12 @@ def run_steps(dev: StepDevice, opts, rows: Rows, rng) -> list[dict]:
             g = f"gpu step {name} {wname}"
             kw = dict(dtype=gdtype, n=count, per=STEPS_PER_CALL, per_unit="step", opts=opts)
             for sync_free, method in ((False, LSCORE_METHODS[0]), (True, LSCORE_METHODS[1])):
-                step, _ = _lscore_step(dev, name, grads, params_host, sync_free)
+                step, _ = lscore_step(dev, name, grads, params_host, sync_free)
                 rows.add(g, method, _timed(dev, step), **kw)
             if dev.capture is None:
                 rows.add(g, LSCORE_METHODS[2], skip=dev.no_capture, opts=opts)
             else:
-                replay = dev.capture(_lscore_step(dev, name, grads, params_host, True)[0])
+                replay = dev.capture(lscore_step(dev, name, grads, params_host, True)[0])
                 rows.add(g, LSCORE_METHODS[2], _timed(dev, replay), **kw)
             for how, method in zip(("foreach", "fused"), TORCH_METHODS):
                 if torch is None:

@@ -8,7 +8,7 @@ without a GPU.  Nothing is compiled until a kernel first runs.
 import numpy as np
 
 from lscore import kernels
-from lscore.adapters import _arrays, _device
+from lscore.adapters import _device, device
 
 from . import HostBackend
 
@@ -45,30 +45,8 @@ def _capturing() -> bool:
 def bind(kernels):
     """(all_finite, unscale_, SGD, Adam, LossScaleOptimizer) bound to `kernels` (an
     ArrayKernels on the harness), as lscore.adapters.cupy binds them to its own."""
-    def all_finite(arrays) -> bool:
-        _device.refuse_in_capture(_capturing(), "all_finite (it reads a flag back)", "do not")
-        return kernels.all_finite(arrays)
-
-    def unscale_(arrays, inv_scale) -> bool:
-        _device.refuse_in_capture(_capturing(), "unscale_ (it reads a flag back)", "do not")
-        return kernels.unscale_(arrays, inv_scale)
-
-    class Bound:
-        _xp = np
-        _kernels = kernels
-        _capturing = staticmethod(_capturing)
-
-    class SGD(Bound, _device.GatedSGD, _arrays.SGD):
-        pass
-
-    class Adam(Bound, _device.GatedAdam, _arrays.Adam):
-        pass
-
-    class LossScaleOptimizer(Bound, _device.DeviceLossScaleOptimizer):
-        _all_finite = staticmethod(all_finite)
-        _optimizer_classes = {"SGD": SGD, "Adam": Adam}
-
-    return all_finite, unscale_, SGD, Adam, LossScaleOptimizer
+    b = device.bind(np, kernels, capturing=_capturing)
+    return b.all_finite, b.unscale_, b.SGD, b.Adam, b.LossScaleOptimizer
 
 
 KERNELS = _device.ArrayKernels(np, lambda dev: CountingBackend(), kind=kernels.READ_NUMPY)
