@@ -42,8 +42,8 @@ class ArrayOptimizer:
 
     _xp = None
 
-    def __init__(self, learning_rate, *, clipnorm=None, clipvalue=None, global_clipnorm=None,
-                 name):
+    def __init__(self, learning_rate, *, weight_decay=None, clipnorm=None, clipvalue=None,
+                 global_clipnorm=None, name):
         if self._xp is None:
             raise TypeError(f"{type(self).__name__} is generic; use the one in "
                             "lscore.adapters.numpy or lscore.adapters.cupy")
@@ -55,6 +55,7 @@ class ArrayOptimizer:
                              f"Received: clipnorm={clipnorm}, global_clipnorm={global_clipnorm}.")
         self._clipnorm, self._global_clipnorm = clipnorm, global_clipnorm
         self._clipvalue = _clip_arg("clipvalue", clipvalue)
+        self.weight_decay = _clip_arg("weight_decay", weight_decay)
         self.name = name
         self.iterations = 0
         self._slots = {}      # id(variable) -> (variable, {slot name: array})
@@ -162,10 +163,16 @@ class ArrayOptimizer:
     def _update_step(self, g, v) -> None:
         raise NotImplementedError
 
+    def _decay(self, v) -> None:
+        """Decoupled weight decay, tf-keras's ``_apply_weight_decay``: v -= v * wd * lr."""
+        if self.weight_decay:
+            t = v.dtype.type
+            v -= v * t(self.weight_decay) * t(self._learning_rate)
+
     def get_config(self) -> dict:
         return {"name": self.name, "learning_rate": self._learning_rate,
-                "clipnorm": self._clipnorm, "global_clipnorm": self._global_clipnorm,
-                "clipvalue": self._clipvalue}
+                "weight_decay": self.weight_decay, "clipnorm": self._clipnorm,
+                "global_clipnorm": self._global_clipnorm, "clipvalue": self._clipvalue}
 
     @classmethod
     def from_config(cls, config: dict):
@@ -178,6 +185,7 @@ class ArrayOptimizer:
 class SGD(ArrayOptimizer):
     """Gradient descent with momentum, tf-keras's formulas, in the variable's dtype::
 
+        w -= w * weight_decay * lr            (if weight_decay, before the step)
         m = -g * lr + m * momentum            (m starts at 0)
         w += -g * lr + m * momentum           if nesterov
         w += m                                otherwise
@@ -185,18 +193,19 @@ class SGD(ArrayOptimizer):
     With ``momentum=0`` no slot is kept and the step is ``w += -g * lr``.
     """
 
-    def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, *, clipnorm=None,
-                 clipvalue=None, global_clipnorm=None, name="SGD"):
+    def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, *, weight_decay=None,
+                 clipnorm=None, clipvalue=None, global_clipnorm=None, name="SGD"):
         m = real("momentum", momentum)
         if not 0 <= m <= 1:
             raise ValueError(f"momentum must be in [0, 1], got {momentum!r}")
         if not isinstance(nesterov, (bool, np.bool_)):
             raise TypeError(f"nesterov must be a bool, got {nesterov!r}")
-        super().__init__(learning_rate, clipnorm=clipnorm, clipvalue=clipvalue,
-                         global_clipnorm=global_clipnorm, name=name)
+        super().__init__(learning_rate, weight_decay=weight_decay, clipnorm=clipnorm,
+                         clipvalue=clipvalue, global_clipnorm=global_clipnorm, name=name)
         self.momentum, self.nesterov = m, bool(nesterov)
 
     def _update_step(self, g, v) -> None:
+        self._decay(v)
         t = v.dtype.type
         step = -g * t(self._learning_rate)
         if self.momentum == 0:
@@ -218,14 +227,18 @@ class Adam(ArrayOptimizer):
         alpha = lr * sqrt(1 - beta_2**t) / (1 - beta_1**t)
         m += (g - m) * (1 - beta_1)
         v += (g*g - v) * (1 - beta_2)
+        vhat = max(vhat, v); v = vhat         (amsgrad only; vhat starts at 0)
         w -= m * alpha / (sqrt(v) + epsilon)
 
-    computed in the variable's dtype.  Under a Keras-shaped LossScaleOptimizer a
-    skipped step still advances ``iterations``, hence ``t``, as in tf-keras.
+    computed in the variable's dtype, after ``w -= w * weight_decay * lr``
+    when ``weight_decay`` is set (tf-keras's decoupled decay: AdamW).  Under a
+    Keras-shaped LossScaleOptimizer a skipped step still advances
+    ``iterations``, hence ``t``, as in tf-keras.
     """
 
-    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7, *,
-                 clipnorm=None, clipvalue=None, global_clipnorm=None, name="Adam"):
+    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+                 amsgrad=False, *, weight_decay=None, clipnorm=None, clipvalue=None,
+                 global_clipnorm=None, name="Adam"):
         betas = {}
         for key, value in (("beta_1", beta_1), ("beta_2", beta_2)):
             b = real(key, value)
@@ -235,9 +248,12 @@ class Adam(ArrayOptimizer):
         eps = real("epsilon", epsilon)
         if not (math.isfinite(eps) and eps >= 0):
             raise ValueError(f"epsilon must be finite and >= 0, got {epsilon!r}")
-        super().__init__(learning_rate, clipnorm=clipnorm, clipvalue=clipvalue,
-                         global_clipnorm=global_clipnorm, name=name)
+        if not isinstance(amsgrad, (bool, np.bool_)):
+            raise TypeError(f"amsgrad must be a bool, got {amsgrad!r}")
+        super().__init__(learning_rate, weight_decay=weight_decay, clipnorm=clipnorm,
+                         clipvalue=clipvalue, global_clipnorm=global_clipnorm, name=name)
         self.beta_1, self.beta_2, self.epsilon = betas["beta_1"], betas["beta_2"], eps
+        self.amsgrad = bool(amsgrad)
 
     def _bias_terms(self, t, step: int):
         """(sqrt(1 - beta_2**step), 1 - beta_1**step) in scalar type `t` (the fused
@@ -250,13 +266,18 @@ class Adam(ArrayOptimizer):
         return t(self._learning_rate) * sq / d
 
     def _update_step(self, g, v) -> None:
+        self._decay(v)
         t = v.dtype.type
         alpha = self._alpha(t)
         m, vv = self._slot(v, "m"), self._slot(v, "v")
         m += (g - m) * t(1 - self.beta_1)
         vv += (g * g - vv) * t(1 - self.beta_2)
+        if self.amsgrad:
+            vhat = self._slot(v, "vhat")
+            self._xp.maximum(vhat, vv, out=vhat)
+            vv = vhat
         v -= (m * alpha) / (self._xp.sqrt(vv) + t(self.epsilon))
 
     def get_config(self) -> dict:
         return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,
-                "epsilon": self.epsilon}
+                "epsilon": self.epsilon, "amsgrad": self.amsgrad}

@@ -161,7 +161,8 @@ class Gated:
             rec = (ptr(g), ptr(v), *[ptr(self._slot(v, n)) for n in names])
             code = BY_NAME[str(g.dtype)]
             key.append((code, v.size, rec))
-            tensors.append((code, v.size, rec + (0,) * (_RECORD_WORDS[self._kind] - len(rec))))
+            pad = max(_RECORD_WORDS[self._kind] - len(rec), 0)
+            tensors.append((code, v.size, rec + (0,) * pad))
         key = tuple(key)
         plan = launcher.cached(key)
         if plan is None:
@@ -196,7 +197,9 @@ class Gated:
 
 _FUSED_GRADS = ("float16", "bfloat16", "float32")
 _FLAGS = cuda.optim.FLAGS
-_RECORD_WORDS = {"sgd": 3, "adam": 4}     # optim.cu reads rec[2] (SGD), rec[3] (Adam) always
+# optim.cu reads rec[2] (SGD) and rec[3] (Adam) even without a slot there; amsgrad's rec[4]
+# is always a slot
+_RECORD_WORDS = {"sgd": 3, "adam": 4}
 
 
 class GatedSGD(Gated):
@@ -211,8 +214,9 @@ class GatedSGD(Gated):
         t = np.float32
         own = (_FLAGS["SLOT"] if self.momentum != 0 else 0) \
             | (_FLAGS["NESTEROV"] if self.nesterov else 0)
-        # damp 1, weight decay 0: tf-keras's SGD exactly
-        return (t(self._learning_rate), t(self.momentum), t(1.0), t(0.0)), (), own
+        # damp 1: tf-keras's SGD exactly (dampening is torch's, not a tf-keras argument)
+        return (t(self._learning_rate), t(self.momentum), t(1.0),
+                t(self.weight_decay or 0.0)), (), own
 
 
 class GatedAdam(Gated):
@@ -231,7 +235,7 @@ class GatedAdam(Gated):
     _bias = None         # (betas, device table, last)
 
     def _slot_names(self) -> tuple:
-        return ("m", "v")
+        return ("m", "v", "vhat") if self.amsgrad else ("m", "v")
 
     def _bias_table(self):
         betas = (self.beta_1, self.beta_2)
@@ -250,8 +254,8 @@ class GatedAdam(Gated):
             tail = (np.uint64(self.fused_launcher().backend.ptr(table)), np.uint64(count_ptr),
                     np.int64(last))
         head = (t(self._alpha(t)), t(1 - self.beta_1), t(1 - self.beta_2), t(self.epsilon),
-                t(self._learning_rate), t(0.0))
-        return head, tail, 0
+                t(self._learning_rate), t(self.weight_decay or 0.0))
+        return head, tail, _FLAGS["AMSGRAD"] if self.amsgrad else 0
 
 
 class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):

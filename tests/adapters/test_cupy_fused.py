@@ -39,6 +39,9 @@ OPTIMIZERS = {
     "nesterov": lambda m: m.SGD(0.3, momentum=0.5, nesterov=True),
     "adam": lambda m: m.Adam(0.01),
     "adam_betas": lambda m: m.Adam(0.3, beta_1=0.5, beta_2=0.9, epsilon=1e-3),
+    # tf-keras's decoupled weight decay (AdamW) and amsgrad
+    "sgd_decay": lambda m: m.SGD(0.05, momentum=0.9, weight_decay=0.1),
+    "adamw_amsgrad": lambda m: m.Adam(0.02, beta_2=0.9, amsgrad=True, weight_decay=0.3),
 }
 SHAPES = {
     "keras_dynamic": dict(initial_scale=16.0, dynamic_growth_steps=3),

@@ -155,7 +155,10 @@ def test_all_pairs_checked_before_any_update():
     (lambda: Adam(beta_1=1.0), ValueError, "beta_1 must be in [0, 1), got 1.0"),
     (lambda: Adam(epsilon=-1), ValueError, "epsilon must be finite and >= 0"),
     (lambda: SGD(clipvalue=-1), ValueError, "clipvalue must be None or a finite number >= 0"),
-], ids=["momentum", "nesterov", "lr-type", "lr-inf", "beta_1", "epsilon", "clipvalue"])
+    (lambda: Adam(weight_decay=-0.1), ValueError, "weight_decay must be None or a finite"),
+    (lambda: Adam(amsgrad=1), TypeError, "amsgrad must be a bool, got 1"),
+], ids=["momentum", "nesterov", "lr-type", "lr-inf", "beta_1", "epsilon", "clipvalue",
+        "weight_decay", "amsgrad"])
 def test_argument_errors(make, exc, msg):
     with pytest.raises(exc) as e:
         make()
@@ -173,7 +176,38 @@ def test_slots_follow_the_variable_object():
     assert b[0] == -1.0
 
 
+def test_weight_decay_is_keras_decoupled_decay_before_the_step():
+    """tf-keras's _apply_weight_decay: w -= w * wd * lr, then the optimizer's own step."""
+    w = np.array([2.0, -4.0])
+    SGD(0.1, weight_decay=0.5).apply_gradients([(np.array([1.0, 1.0]), w)])
+    np.testing.assert_array_equal(w, np.array([2.0, -4.0]) * (1 - 0.5 * 0.1) - 0.1)
+    w, g = np.array([1.0, -2.0]), np.array([0.5, -3.0])
+    Adam(0.01, weight_decay=0.2).apply_gradients([(g, w)])
+    plain = np.array([1.0, -2.0]) * (1 - 0.2 * 0.01)
+    Adam(0.01).apply_gradients([(g, plain)])
+    np.testing.assert_array_equal(w, plain)
+
+
+def test_amsgrad_keeps_the_largest_second_moment():
+    """After a large gradient then a small one, amsgrad divides by the larger v (vhat)."""
+    lr, b1, b2, eps = 0.1, 0.9, 0.5, 1e-7
+    w, plain = np.zeros(1), np.zeros(1)
+    ams, opt = Adam(lr, b1, b2, eps, amsgrad=True), Adam(lr, b1, b2, eps)
+    for g in (10.0, 0.1):
+        ams.apply_gradients([(np.array([g]), w)])
+        opt.apply_gradients([(np.array([g]), plain)])
+    m = (1 - b1) * 10.0
+    v = (1 - b2) * 100.0
+    m2, v2 = m + (0.1 - m) * (1 - b1), v + (0.01 - v) * (1 - b2)
+    first = -lr * math.sqrt(1 - b2) / (1 - b1) * m / (math.sqrt(v) + eps)
+    alpha2 = lr * math.sqrt(1 - b2 ** 2) / (1 - b1 ** 2)
+    np.testing.assert_allclose(w, first - alpha2 * m2 / (math.sqrt(max(v, v2)) + eps),
+                               rtol=1e-12)
+    assert v2 < v and abs(w[0] - plain[0]) > 1e-3
+
+
 def test_config_round_trip():
-    for opt in (SGD(0.5, 0.9, True, clipvalue=1.0), Adam(0.01, 0.8, 0.99, 1e-6, clipnorm=2.0)):
+    for opt in (SGD(0.5, 0.9, True, clipvalue=1.0, weight_decay=0.1),
+                Adam(0.01, 0.8, 0.99, 1e-6, True, clipnorm=2.0, weight_decay=0.004)):
         again = type(opt).from_config(opt.get_config())
         assert again.get_config() == opt.get_config()
