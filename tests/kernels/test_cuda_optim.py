@@ -167,16 +167,19 @@ def _run_steps(backend, seed, cases, make_opt, launch):
 # scales the step into the momentum every step (no undamped first step: optim.cu).
 
 class _RefSGD(lnp.SGD):
-    def __init__(self, *, weight_decay=0.0, maximize=False, dampening=0.0, **kw):
+    """The adapter's SGD (weight decay included) plus torch's maximize and dampening,
+    which tf-keras has not: the kernel's extra options."""
+
+    def __init__(self, *, maximize=False, dampening=0.0, **kw):
         super().__init__(**kw)
-        self.weight_decay, self.maximize, self.dampening = weight_decay, maximize, dampening
+        self.maximize, self.dampening = maximize, dampening
         self.slot_names = ["momentum"]
 
     def _update_step(self, g, v):
-        _decay(self, v)
         g = -g if self.maximize else g
         if not self.dampening or self.momentum == 0:
             return super()._update_step(g, v)
+        self._decay(v)
         t = v.dtype.type       # m = step * (1 - dampening) + m * momentum, every step
         step = -g * t(self._learning_rate)
         m = self._slot(v, "momentum")
@@ -186,29 +189,15 @@ class _RefSGD(lnp.SGD):
 
 
 class _RefAdam(lnp.Adam):
-    def __init__(self, *, weight_decay=0.0, maximize=False, amsgrad=False, **kw):
+    """The adapter's Adam (weight decay, amsgrad) plus torch's maximize."""
+
+    def __init__(self, *, maximize=False, **kw):
         super().__init__(**kw)
-        self.weight_decay, self.maximize, self.amsgrad = weight_decay, maximize, amsgrad
-        self.slot_names = ["m", "v"] + (["vhat"] if amsgrad else [])
+        self.maximize = maximize
+        self.slot_names = ["m", "v"] + (["vhat"] if self.amsgrad else [])
 
     def _update_step(self, g, v):
-        _decay(self, v)
-        if self.maximize:
-            g = -g
-        if not self.amsgrad:
-            return super()._update_step(g, v)
-        t = v.dtype.type
-        m, vv, vh = self._slot(v, "m"), self._slot(v, "v"), self._slot(v, "vhat")
-        m += (g - m) * t(1 - self.beta_1)
-        vv += (g * g - vv) * t(1 - self.beta_2)
-        np.maximum(vh, vv, out=vh)
-        v -= (m * _alpha(self)) / (np.sqrt(vh) + t(self.epsilon))
-
-
-def _decay(opt, v):
-    if opt.weight_decay:
-        t = v.dtype.type
-        v -= v * t(opt.weight_decay) * t(opt.learning_rate)
+        return super()._update_step(-g if self.maximize else g, v)
 
 
 def _alpha(opt):
@@ -229,8 +218,8 @@ def _sgd_launch(backend, opt, c, gs, cfg, tail):
         | (MAXIMIZE if opt.maximize else 0)
     t = np.float32
     _launch(backend, "sgd", c.records(gs), c.sizes, cfg,
-            (t(opt.learning_rate), t(opt.momentum), t(1 - opt.dampening), t(opt.weight_decay),
-             np.int32(flags), *tail))
+            (t(opt.learning_rate), t(opt.momentum), t(1 - opt.dampening),
+             t(opt.weight_decay or 0.0), np.int32(flags), *tail))
 
 
 def _adam_launch(backend, opt, c, gs, cfg, tail):
@@ -238,7 +227,8 @@ def _adam_launch(backend, opt, c, gs, cfg, tail):
     flags = (MAXIMIZE if opt.maximize else 0) | (AMSGRAD if opt.amsgrad else 0)
     _launch(backend, "adam", c.records(gs), c.sizes, cfg,
             (t(_alpha(opt)), t(1 - opt.beta_1), t(1 - opt.beta_2), t(opt.epsilon),
-             t(opt.learning_rate), t(opt.weight_decay), np.int32(flags), *tail, *NO_COUNTER))
+             t(opt.learning_rate), t(opt.weight_decay or 0.0), np.int32(flags), *tail,
+             *NO_COUNTER))
 
 
 @pytest.mark.parametrize("seed", range(4))
