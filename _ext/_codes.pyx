@@ -27,7 +27,8 @@ WIDTHS = {LSC_CODE_INT: LSC_WIDTH_INT, LSC_CODE_F16: LSC_WIDTH_F16,
           LSC_CODE_E5M2: LSC_WIDTH_E5M2}
 # (exponent field, its lowest bit) of each float code, on the raw words; for e4m3fn,
 # which has no Inf, the field is the NaN pattern S.1111.111 less the sign and the bit is 1
-EXP = {LSC_CODE_F16: (LSC_EXP_F16, LSC_EXP_LSB_F16), LSC_CODE_BF16: (LSC_EXP_BF16, LSC_EXP_LSB_BF16),
+EXP = {LSC_CODE_F16: (LSC_EXP_F16, LSC_EXP_LSB_F16),
+       LSC_CODE_BF16: (LSC_EXP_BF16, LSC_EXP_LSB_BF16),
        LSC_CODE_F32: (LSC_EXP_F32, LSC_EXP_LSB_F32), LSC_CODE_F64: (LSC_EXP_F64, LSC_EXP_LSB_F64),
        LSC_CODE_E4M3FN: (LSC_EXP_E4M3FN, LSC_EXP_LSB_E4M3FN),
        LSC_CODE_E5M2: (LSC_EXP_E5M2, LSC_EXP_LSB_E5M2)}

@@ -5,7 +5,8 @@ Neutral ground for the adapters: the CuPy adapter and the torch adapter
 import each other.  Importing it imports no GPU framework; CuPy is
 imported when a kernel is first compiled or launched.
 
-- ``loader``: the ``.cu`` sources, CuPy's NVRTC (``compile_kernels``), modules per device, ``CupyBackend``
+- ``loader``: the ``.cu`` sources, CuPy's NVRTC (``compile_kernels``), modules per
+  device, ``CupyBackend``
 - ``launch``: ``LaunchConfig`` / ``launch_config`` (chunk, block and launch limits; the
   process's from ``LSCORE_CUDA_LAUNCH``), ``plan_launches`` and ``MultiTensor`` (chunked
   pointer tables per dtype group, uploaded once, launched with packed arguments)
@@ -23,7 +24,7 @@ from lscore.cuda.launch import (BLOCK, CHUNK, MAX_BLOCKS, MAX_TENSORS, LaunchCon
 from lscore.cuda.loader import (KERNELS, NVRTC_OPTIONS, OPS, TRAITS, UPDATE_KERNEL, CupyBackend,
                                 compile_kernels, kernel_name, module, source)
 
-__all__ = ["ArrayKernels", "LaunchConfig", "Launches", "BLOCK", "CHUNK", "MAX_BLOCKS", "MAX_TENSORS", "KERNELS", "NVRTC_OPTIONS", "OPS",
-           "TRAITS", "UPDATE_KERNEL", "CupyBackend", "DeviceState", "FusedLauncher", "FusedPlan",
+__all__ = ["ArrayKernels", "LaunchConfig", "Launches", "BLOCK", "CHUNK", "MAX_BLOCKS",
+           "MAX_TENSORS", "KERNELS", "NVRTC_OPTIONS", "OPS", "TRAITS", "UPDATE_KERNEL", "CupyBackend", "DeviceState", "FusedLauncher", "FusedPlan",
            "MultiTensor", "Plan", "bias_table", "compile_kernels", "kernel_name", "module",
            "launch_config", "plan_launches", "source"]

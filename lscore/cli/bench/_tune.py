@@ -35,7 +35,8 @@ BLOCKS = (128, 256, 512, 1024)
 # --tiny: sizes a CPU harness runs in moments, with chunk edges inside the arrays
 TINY_CHUNKS = (512, 4096)
 TINY_BLOCKS = (32, 128)
-TINY_BIG = (("1 x 1e5 float32", 1, 10 ** 5, "float32"), ("1 x 2e5 float16", 1, 2 * 10 ** 5, "float16"),
+TINY_BIG = (("1 x 1e5 float32", 1, 10 ** 5, "float32"),
+            ("1 x 2e5 float16", 1, 2 * 10 ** 5, "float16"),
             ("1 x 2e5 bfloat16", 1, 2 * 10 ** 5, "bfloat16"))
 # the big tensor's unscale_ against a copy of the same bytes (read + write each)
 COPY_RATIO = 0.95
@@ -62,7 +63,8 @@ def label(cfg: LaunchConfig) -> str:
     that is not the default."""
     default = LaunchConfig()
     return ",".join(f"{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
-                    if f.name in ("chunk", "block") or getattr(cfg, f.name) != getattr(default, f.name))
+                    if f.name in ("chunk", "block")
+                    or getattr(cfg, f.name) != getattr(default, f.name))
 
 
 def workloads(tiny: bool = False) -> tuple:
