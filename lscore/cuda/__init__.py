@@ -25,6 +25,7 @@ from lscore.cuda.loader import (KERNELS, NVRTC_OPTIONS, OPS, TRAITS, UPDATE_KERN
                                 compile_kernels, kernel_name, module, source)
 
 __all__ = ["ArrayKernels", "LaunchConfig", "Launches", "BLOCK", "CHUNK", "MAX_BLOCKS",
-           "MAX_TENSORS", "KERNELS", "NVRTC_OPTIONS", "OPS", "TRAITS", "UPDATE_KERNEL", "CupyBackend", "DeviceState", "FusedLauncher", "FusedPlan",
-           "MultiTensor", "Plan", "bias_table", "compile_kernels", "kernel_name", "module",
-           "launch_config", "plan_launches", "source"]
+           "MAX_TENSORS", "KERNELS", "NVRTC_OPTIONS", "OPS", "TRAITS", "UPDATE_KERNEL",
+           "CupyBackend", "DeviceState", "FusedLauncher", "FusedPlan", "MultiTensor", "Plan",
+           "bias_table", "compile_kernels", "kernel_name", "module", "launch_config",
+           "plan_launches", "source"]
