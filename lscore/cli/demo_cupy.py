@@ -7,10 +7,12 @@ float16 arrays on the GPU.  The optimizer is lscore.adapters.cupy's SGD
 (fused kernels: float16 gradients are unscaled, checked and applied to the
 float32 masters in one pass).  The dynamic mode is the sync-free
 ``LossScaleOptimizer``: the scale, its counters and the skip decision stay on
-the device, and the loop never waits for the GPU; losses, scales and the
-flushed-gradient counts are gathered into device arrays and read once at the
-end.  The fixed mode is TF1's ``FixedLossScaleManager`` (a step whose
-gradients overflow is skipped), which syncs once per step to decide.
+the device and the loop reads nothing back and uploads nothing
+(the backward pass writes its gradients into fixed buffers, so the
+optimizer's plan of them is made once); losses, scales and the
+flushed-gradient counts are gathered into device arrays and read once at
+the end.  The fixed mode is TF1's ``FixedLossScaleManager`` (a step
+whose gradients overflow is skipped), which syncs once per step to decide.
 
 The code is written against an array module and an adapter module, so the
 tests run it on NumPy with the CPU host harness standing in for the GPU.
@@ -50,6 +52,15 @@ class DeviceMLP:
     def __init__(self, xp, model0):
         self.xp = xp
         self.params = [xp.asarray(p) for p in model0.params]
+        self._grads = {}     # dtype -> the gradient buffers, written in place every step
+
+    def _buffers(self, dt) -> list:
+        """Fixed gradient arrays: the fused optimizer plans a list of arrays once (a new
+        array at a new address costs an upload, which waits for the GPU)."""
+        bufs = self._grads.get(dt)
+        if bufs is None:
+            bufs = self._grads[dt] = [self.xp.empty(p.shape, dt) for p in self.params]
+        return bufs
 
     def forward(self, x, half: bool):
         xp = self.xp
@@ -78,11 +89,11 @@ class DeviceMLP:
         loss = -xp.log(p[rows, y] + 1e-30).mean()
         p[rows, y] -= 1
         d = (p * (xp.asarray(scale, xp.float32) / len(y))).astype(acts[0][0].dtype)
-        grads = [None] * len(self.params)
+        grads = self._buffers(d.dtype)
         for i in range(len(acts) - 1, -1, -1):
             a, w = acts[i]
-            grads[2 * i] = a.T @ d
-            grads[2 * i + 1] = d.sum(axis=0)
+            xp.matmul(a.T, d, out=grads[2 * i])
+            d.sum(axis=0, out=grads[2 * i + 1])
             if i:
                 d = (d @ w.T) * (a > 0)
         return loss, grads
