@@ -101,10 +101,12 @@ class ArrayKernels:
         return runner
 
     def _launches(self, plan, dev: int, runner):
-        """The packed launches of `plan` on `dev`, prepared (tables uploaded) once per plan."""
+        """The packed launches of `plan` on `dev`: kept with the plan, and shared by plans of
+        the same addresses and sizes (new arrays where the memory pool put the last ones
+        find their tables on the device: no upload)."""
         prepared = plan.payload.get(dev)
         if prepared is None:
-            prepared = plan.payload[dev] = runner.prepare(
+            prepared = plan.payload[dev] = runner.prepared(
                 [(code, ptrs, sizes) for d, code, ptrs, sizes in plan.groups if d == dev])
         return prepared
 

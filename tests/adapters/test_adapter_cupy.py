@@ -131,6 +131,22 @@ def test_the_same_list_mutated_in_place_is_planned_again():
 
 
 @harness
+def test_new_arrays_at_the_old_addresses_upload_nothing():
+    """Fresh arrays every call (as a backward pass makes them) where the last ones were:
+    planned again (new objects), but their launch tables are found on the device, so the
+    call uploads nothing; at other addresses they are uploaded."""
+    base = np.full(64, 4.0, np.float32)
+    views = lambda: [base[0:10], base[16:40], base[48:64]]       # noqa: E731
+    KERNELS.unscale_(views(), 1.0)
+    ups, misses = CountingBackend.uploads, KERNELS.table.misses
+    for _ in range(3):
+        assert KERNELS.unscale_(views(), 1.0)
+    assert (CountingBackend.uploads - ups, KERNELS.table.misses - misses) == (0, 3)
+    assert KERNELS.unscale_([base[1:11], base[16:40], base[48:64]], 1.0)
+    assert CountingBackend.uploads > ups
+
+
+@harness
 def test_arrays_freed_and_reallocated_are_planned_again():
     """New arrays (at the old addresses or not), a resized array and a changed dtype:
     the cached plan is never used for them."""
