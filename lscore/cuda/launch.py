@@ -394,14 +394,15 @@ class MultiTensor:
 
     def prepared(self, groups) -> Launches:
         """``prepare(groups)``, cached by the groups' (code, addresses, counts) (LRU)."""
-        key = tuple((int(c), tuple(p), tuple(n)) for c, p, n in groups)
+        groups = [(int(c), np.asarray(p, np.uint64), np.asarray(n, np.int64))
+                  for c, p, n in groups]
+        key = tuple((c, p.tobytes(), n.tobytes()) for c, p, n in groups)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        hit = self.prepare([(c, np.array(p, np.uint64), np.array(n, np.int64))
-                            for c, p, n in key])
+        hit = self.prepare(groups)
         with self._lock:
             self._cache[key] = hit
             while len(self._cache) > self._cache_size:

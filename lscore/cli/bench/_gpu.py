@@ -188,6 +188,8 @@ def run_host(opts, rows: Rows, rng) -> list[dict]:
         inv = alternating([0.5, 2.0])
         kw = dict(dtype=dtype, n=count, opts=opts)
         g = f"gpu-host {name}"
+        if opts.only and not any(w in g for w in opts.only):
+            continue
         rows.add(g, "unscale_ cached", lambda: kern.unscale_(arrays, inv()), per=count, **kw)
         rows.add(g, "all_finite cached", lambda: kern.all_finite(arrays), per=count, **kw)
         rows.add(g, "unscale_ cached, first array alone", lambda: kern.unscale_(one, inv()),
