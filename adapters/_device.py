@@ -46,6 +46,36 @@ def refuse_in_capture(capturing: bool, what: str, instead: str) -> None:
                            f"would break the capture; {instead}")
 
 
+def reading_calls(kernels: "ArrayKernels", capturing):
+    """``all_finite``, ``unscale_``, ``unscale_and_norm`` and ``unscale_and_clip_`` on
+    `kernels`, each refusing (RuntimeError) while `capturing()`: they read a flag or a
+    norm back, which would break a CUDA-graph capture."""
+    def all_finite(arrays) -> bool:
+        refuse_in_capture(capturing(), "all_finite (it reads a flag back)",
+                          "check inside a capture with LossScaleOptimizer(sync_free=True)")
+        return kernels.all_finite(arrays)
+
+    def unscale_(arrays, inv_scale) -> bool:
+        refuse_in_capture(capturing(), "unscale_ (it reads a flag back)",
+                          "unscale inside a capture with LossScaleOptimizer(sync_free=True)")
+        return kernels.unscale_(arrays, inv_scale)
+
+    def unscale_and_norm(arrays, inv_scale, norm_type=2.0) -> tuple[bool, float]:
+        refuse_in_capture(capturing(), "unscale_and_norm (it reads the norm back)",
+                          "take the norm outside the captured step")
+        return kernels.unscale_and_norm(arrays, inv_scale, norm_type)
+
+    def unscale_and_clip_(arrays, inv_scale, max_norm, norm_type=2.0) -> tuple[bool, float]:
+        refuse_in_capture(capturing(), "unscale_and_clip_ (it reads the norm back)",
+                          "clip outside the captured step")
+        return kernels.unscale_and_clip_(arrays, inv_scale, max_norm, norm_type)
+
+    calls = (all_finite, unscale_, unscale_and_norm, unscale_and_clip_)
+    for fn in calls:
+        fn.__doc__ = getattr(ArrayKernels, fn.__name__).__doc__
+    return calls
+
+
 _ONE_STEP = ("run one eager step with these very arrays before begin_capture(), so that "
              "everything is planned and allocated")
 

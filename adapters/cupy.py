@@ -73,34 +73,8 @@ def _capturing() -> bool:
     return cupy.cuda.get_current_stream().is_capturing()
 
 
-def all_finite(arrays) -> bool:
-    _device.refuse_in_capture(_capturing(), "all_finite (it reads a flag back)",
-                              "check inside a capture with LossScaleOptimizer(sync_free=True)")
-    return _KERNELS.all_finite(arrays)
-
-
-def unscale_(arrays, inv_scale) -> bool:
-    _device.refuse_in_capture(_capturing(), "unscale_ (it reads a flag back)",
-                              "unscale inside a capture with LossScaleOptimizer(sync_free=True)")
-    return _KERNELS.unscale_(arrays, inv_scale)
-
-
-def unscale_and_norm(arrays, inv_scale, norm_type=2.0) -> tuple[bool, float]:
-    _device.refuse_in_capture(_capturing(), "unscale_and_norm (it reads the norm back)",
-                              "take the norm outside the captured step")
-    return _KERNELS.unscale_and_norm(arrays, inv_scale, norm_type)
-
-
-def unscale_and_clip_(arrays, inv_scale, max_norm, norm_type=2.0) -> tuple[bool, float]:
-    _device.refuse_in_capture(_capturing(), "unscale_and_clip_ (it reads the norm back)",
-                              "clip outside the captured step")
-    return _KERNELS.unscale_and_clip_(arrays, inv_scale, max_norm, norm_type)
-
-
-all_finite.__doc__ = _device.ArrayKernels.all_finite.__doc__
-unscale_.__doc__ = _device.ArrayKernels.unscale_.__doc__
-unscale_and_norm.__doc__ = _device.ArrayKernels.unscale_and_norm.__doc__
-unscale_and_clip_.__doc__ = _device.ArrayKernels.unscale_and_clip_.__doc__
+all_finite, unscale_, unscale_and_norm, unscale_and_clip_ = _device.reading_calls(
+    _KERNELS, _capturing)
 
 
 class _Bound:

@@ -17,19 +17,12 @@ __all__ = ["bind"]
 
 
 def bind(xp, kernels, *, capturing=lambda: False) -> types.SimpleNamespace:
-    """``all_finite``, ``unscale_``, ``SGD``, ``Adam`` and ``LossScaleOptimizer`` on `xp`'s
-    arrays through `kernels` (an ``ArrayKernels``), device 0 being current; `capturing()`
-    says whether a CUDA graph is being captured (the calls that would break one refuse)."""
-    def all_finite(arrays) -> bool:
-        _device.refuse_in_capture(capturing(), "all_finite (it reads a flag back)",
-                                  "check inside a capture with LossScaleOptimizer(sync_free=True)")
-        return kernels.all_finite(arrays)
-
-    def unscale_(arrays, inv_scale) -> bool:
-        _device.refuse_in_capture(capturing(), "unscale_ (it reads a flag back)",
-                                  "unscale inside a capture with "
-                                  "LossScaleOptimizer(sync_free=True)")
-        return kernels.unscale_(arrays, inv_scale)
+    """``all_finite``, ``unscale_``, ``unscale_and_norm``, ``unscale_and_clip_``, ``SGD``,
+    ``Adam`` and ``LossScaleOptimizer`` on `xp`'s arrays through `kernels` (an
+    ``ArrayKernels``), device 0 being current; `capturing()` says whether a CUDA graph is
+    being captured (the calls that would break one refuse)."""
+    all_finite, unscale_, unscale_and_norm, unscale_and_clip_ = _device.reading_calls(
+        kernels, capturing)
 
     class Bound:
         _xp = xp
@@ -47,5 +40,7 @@ def bind(xp, kernels, *, capturing=lambda: False) -> types.SimpleNamespace:
         _all_finite = staticmethod(all_finite)
         _optimizer_classes = {"SGD": SGD, "Adam": Adam}
 
-    return types.SimpleNamespace(all_finite=all_finite, unscale_=unscale_, SGD=SGD, Adam=Adam,
+    return types.SimpleNamespace(all_finite=all_finite, unscale_=unscale_,
+                                 unscale_and_norm=unscale_and_norm,
+                                 unscale_and_clip_=unscale_and_clip_, SGD=SGD, Adam=Adam,
                                  LossScaleOptimizer=LossScaleOptimizer)
