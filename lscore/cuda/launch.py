@@ -269,6 +269,13 @@ class MultiTensor:
         mark; `inv_ptr`, when not 0, the device float64 read instead of
         `inv`.  Nothing is uploaded and nothing is read back.
         """
+        mark = self._set_call(inv, inv_ptr, found_ptr, mark)
+        self._enqueue(prepared.ops[op], stream)
+        return mark
+
+    def _set_call(self, inv: float, inv_ptr: int, found_ptr: int | None,
+                  mark: int | None) -> int:
+        """Write the scan's per-call parameters into the shared block; returns the mark."""
         if mark is None:
             mark = self.next_mark()
         call = self._call
@@ -276,7 +283,6 @@ class MultiTensor:
         call[_INV_DEV] = inv_ptr
         call[_FOUND] = self.flag_ptr if found_ptr is None else found_ptr
         call[_MARK] = mark
-        self._enqueue(prepared.ops[op], stream)
         return mark
 
     def _enqueue(self, entries, stream) -> None:
@@ -363,14 +369,8 @@ class MultiTensor:
         """
         if prepared.norm is None:
             prepared.norm = self._pack_norm(prepared)
-        if mark is None:
-            mark = self.next_mark()
-        call = self._call
-        self._inv[0] = inv
-        call[_INV_DEV] = inv_ptr
-        call[_FOUND] = self.flag_ptr
-        call[_MARK] = mark
-        call[_INF_NORM] = 1 if inf_norm else 0
+        mark = self._set_call(inv, inv_ptr, None, mark)
+        self._call[_INF_NORM] = 1 if inf_norm else 0
         self._max_norm[0] = max_norm
         self._enqueue(prepared.norm.unscale, stream)
         return mark
