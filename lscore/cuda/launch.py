@@ -270,7 +270,7 @@ class MultiTensor:
         `inv`.  Nothing is uploaded and nothing is read back.
         """
         mark = self._set_call(inv, inv_ptr, found_ptr, mark)
-        self._enqueue(prepared.ops[op], stream)
+        self.enqueue(prepared.ops[op], stream)
         return mark
 
     def _set_call(self, inv: float, inv_ptr: int, found_ptr: int | None,
@@ -285,7 +285,9 @@ class MultiTensor:
         call[_MARK] = mark
         return mark
 
-    def _enqueue(self, entries, stream) -> None:
+    def enqueue(self, entries, stream=None) -> None:
+        """Launch packed `entries` (kernel, grid, block, void*[], widths, count) on `stream`
+        (None: the backend's current stream of this device)."""
         b = self.backend
         prev = b.enter()
         try:
@@ -372,7 +374,7 @@ class MultiTensor:
         mark = self._set_call(inv, inv_ptr, None, mark)
         self._call[_INF_NORM] = 1 if inf_norm else 0
         self._max_norm[0] = max_norm
-        self._enqueue(prepared.norm.unscale, stream)
+        self.enqueue(prepared.norm.unscale, stream)
         return mark
 
     def launch_clip(self, prepared: Launches, *, coef: float | None = None, coef_ptr: int = 0,
@@ -386,7 +388,7 @@ class MultiTensor:
             coef_ptr = prepared.norm.coef_ptr
         self._coef[0] = 1.0 if coef is None else coef
         self._call[_COEF_DEV] = 0 if coef is not None else coef_ptr
-        self._enqueue(prepared.norm.clip, stream)
+        self.enqueue(prepared.norm.clip, stream)
 
     def found(self, mark: int) -> bool:
         """Whether the call that used `mark` saw NaN/Inf (reads the flag: one synchronisation)."""

@@ -184,18 +184,12 @@ class FusedLauncher:
         if packed is None:
             packed = plan.packed[(kind, fmt)] = self._pack(kind, plan, args)
         struct.pack_into(fmt, self._call, 0, *args)
-        b = self.backend
-        prev = b.enter()
-        try:
-            stream = b.stream()
-            for fn, grid, params, widths, n in packed[0]:
-                b.launch_packed(fn, grid, self.runner.block, params, widths, n, stream)
-        finally:
-            b.leave(prev)
+        self.runner.enqueue(packed[0])
         return len(packed[0])
 
     def _pack(self, kind: str, plan: FusedPlan, args: tuple):
-        """([(kernel handle, grid, void*[] address, widths address, count)], arrays kept)."""
+        """([(kernel handle, grid, block, void*[] address, widths address, count)], arrays
+        kept): the entries ``MultiTensor.enqueue`` launches."""
         r, call = self.runner, self._call.ctypes.data
         out, keep = [], []
         widths = np.array([8, 4, 8] + [a.itemsize for a in args], np.int64)
@@ -207,7 +201,8 @@ class FusedLauncher:
                 params = np.array([own.ctypes.data + 8 * k for k in range(3)]
                                   + [call + 8 * k for k in range(len(args))], np.uint64)
                 keep += [own, params]
-                out.append((fn, nb, params.ctypes.data, widths.ctypes.data, len(widths)))
+                out.append((fn, nb, r.block, params.ctypes.data, widths.ctypes.data,
+                            len(widths)))
         return out, keep
 
     def _function(self, name: str):
