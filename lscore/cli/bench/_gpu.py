@@ -25,7 +25,7 @@ import numpy as np
 
 from lscore import cuda, kernels
 from lscore.cli.bench import _gpu_step
-from lscore.cli.bench._harness import Rows, alternating, import_torch
+from lscore.cli.bench._harness import Rows, alternating, import_torch, workload_sizes
 
 # (name, array count, sizes: "log" for log-uniform 1e2..1e6 else the size, dtype)
 WORKLOADS = (("300 log-uniform 1e2..1e6 float32", 300, "log", "float32"),
@@ -134,13 +134,6 @@ def standin_kernels(make_backend=NullBackend) -> cuda.ArrayKernels:
     """The CuPy adapter's ArrayKernels bound to StandInArray and `make_backend(device)`."""
     return cuda.ArrayKernels(STANDIN_XP, make_backend, array_type=StandInArray,
                                 kind=kernels.READ_CUDA_ARRAY)
-
-
-def workload_sizes(rng, count: int, size, tiny: bool = False) -> list[int]:
-    if size == "log":
-        hi = 4 if tiny else 6
-        return [int(x) for x in np.exp(rng.uniform(np.log(1e2), np.log(10.0 ** hi), count))]
-    return [int(size)] * count
 
 
 class _HostLists:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lscore.cli.bench._harness import Rows, import_torch
+from lscore.cli.bench._harness import Rows, import_torch, workload_sizes
 
 # (name, array count, sizes: "log" for log-uniform 1e2..1e6 else the size, gradient dtype)
 STEP_WORKLOADS = (("300 log-uniform 1e2..1e6, float32 grads", 300, "log", "float32"),
@@ -90,13 +90,6 @@ def cupy_device() -> StepDevice:
     torch = import_torch()
     torch_device = "cuda" if torch is not None and torch.cuda.is_available() else None
     return StepDevice(cupy, adapter, sync, torch_device, capture=capture)
-
-
-def _sizes(rng, count: int, size) -> list[int]:
-    if size == "log":
-        hi = 6 if count >= 100 else 4
-        return [int(x) for x in np.exp(rng.uniform(np.log(1e2), np.log(10.0 ** hi), count))]
-    return [int(size)] * count
 
 
 def inner_optimizer(adapter, name: str):
@@ -187,7 +180,7 @@ def run_steps(dev: StepDevice, opts, rows: Rows, rng) -> list[dict]:
     targets = []
     workloads = TINY_STEP_WORKLOADS if opts.tiny else STEP_WORKLOADS
     for wname, count, size, gdtype in workloads:
-        sizes = _sizes(rng, count, size)
+        sizes = workload_sizes(rng, count, size, opts.tiny)
         params_host = [rng.standard_normal(n, dtype=np.float32) for n in sizes]
         # scaled gradients: about 1e-3 before scaling, finite in float16 at 2**15
         grads_host = [(rng.standard_normal(n, dtype=np.float32) * np.float32(1e-3 * INIT_SCALE))

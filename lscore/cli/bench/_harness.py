@@ -150,6 +150,15 @@ def dtype_of(name: str):
     return np.dtype(name)
 
 
+def workload_sizes(rng, count: int, size, tiny: bool = False) -> list[int]:
+    """Array sizes of a many-array workload: `count` log-uniform in 1e2..1e6 (1e2..1e4 when
+    `tiny`) for size "log", else `count` times `size`."""
+    if size == "log":
+        hi = 4 if tiny else 6
+        return [int(x) for x in np.exp(rng.uniform(np.log(1e2), np.log(10.0 ** hi), count))]
+    return [int(size)] * count
+
+
 def random_array(rng, dtype, n: int) -> np.ndarray:
     return rng.standard_normal(n, dtype=np.float32).astype(dtype)
 

@@ -27,7 +27,7 @@ import numpy as np
 import lscore
 from lscore import cuda, kernels
 from lscore.cli.bench import _gpu
-from lscore.cli.bench._harness import alternating
+from lscore.cli.bench._harness import alternating, workload_sizes
 from lscore.cuda.launch import ENV, LaunchConfig
 
 CHUNKS = (4096, 16384, 65536)
@@ -288,7 +288,7 @@ def run_tune(opts, rows, rng, device: ArrayDevice | None = None) -> tuple[list, 
         except ImportError:
             rows.add(g, "every configuration", skip="bfloat16 needs ml_dtypes", opts=opts)
             continue
-        sizes = _gpu.workload_sizes(rng, count, size, opts.tiny)
+        sizes = workload_sizes(rng, count, size, opts.tiny)
         bad = _measure(device, configs, rows, g, check_values(rng, sizes, dt),
                        dict(dtype=dtname, n=count, per=count, opts=opts))
         if bad:
