@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from lscore import cuda
 from lscore.managers import FixedLossScaleManager
 
 DESCRIPTION = ("The data is scikit-learn's bundled digits set (1797 8x8 images, no download); "
@@ -32,18 +33,8 @@ DESCRIPTION = ("The data is scikit-learn's bundled digits set (1797 8x8 images, 
                "the fixed one TF1's FixedLossScaleManager.")
 
 
-def gpu_missing() -> str | None:
-    """Why the CuPy demo cannot run here, or None."""
-    try:
-        import cupy
-    except ImportError:
-        return "CuPy is not installed (pip install 'lscore[cuda12]' or 'lscore[cuda13]')"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "CuPy sees no CUDA device"
-    except Exception as e:       # no driver reads as no device
-        return f"CuPy sees no CUDA device ({e})"
-    return None
+# why the CuPy demo cannot run here, or None
+gpu_missing = cuda.device_missing
 
 
 class DeviceMLP:

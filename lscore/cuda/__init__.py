@@ -22,10 +22,10 @@ from lscore.cuda.optim import FusedLauncher, FusedPlan, bias_table
 from lscore.cuda.launch import (BLOCK, CHUNK, MAX_BLOCKS, MAX_TENSORS, LaunchConfig, Launches,
                                 MultiTensor, Plan, launch_config, plan_launches)
 from lscore.cuda.loader import (KERNELS, NVRTC_OPTIONS, OPS, TRAITS, UPDATE_KERNEL, CupyBackend,
-                                compile_kernels, kernel_name, module, source)
+                                compile_kernels, device_missing, kernel_name, module, source)
 
 __all__ = ["ArrayKernels", "LaunchConfig", "Launches", "BLOCK", "CHUNK", "MAX_BLOCKS",
            "MAX_TENSORS", "KERNELS", "NVRTC_OPTIONS", "OPS", "TRAITS", "UPDATE_KERNEL",
            "CupyBackend", "DeviceState", "FusedLauncher", "FusedPlan", "MultiTensor", "Plan",
-           "bias_table", "compile_kernels", "kernel_name", "module", "launch_config",
-           "plan_launches", "source"]
+           "bias_table", "compile_kernels", "device_missing", "kernel_name", "module",
+           "launch_config", "plan_launches", "source"]

@@ -115,6 +115,22 @@ _modules: dict = {}
 _modules_lock = threading.Lock()
 
 
+def device_missing() -> str | None:
+    """Why lscore's kernels cannot run on a GPU here (no CuPy, or no device it can see), or
+    None when they can."""
+    try:
+        import cupy
+    except ImportError:
+        return ("no CUDA device: CuPy is not installed "
+                "(pip install 'lscore[cuda12]' or 'lscore[cuda13]')")
+    try:
+        if not cupy.cuda.is_available():
+            return "no CUDA device (CuPy sees none)"
+    except Exception as e:       # a broken driver install reads as no device
+        return f"no CUDA device ({e})"
+    return None
+
+
 def module(name: str, device: int):
     """(cupy Module, lowered names) of ``_ext/<name>`` on `device`, compiled and loaded once."""
     key = (name, int(device))

@@ -254,18 +254,8 @@ def run_host_steps(opts, rows: Rows, rng) -> None:
 
 # ---- --suite gpu --------------------------------------------------------------
 
-def gpu_skip_reason() -> str | None:
-    """Why the GPU rows cannot run here, or None."""
-    try:
-        import cupy
-    except ImportError:
-        return "no CUDA device: cupy is not installed"
-    try:
-        if not cupy.cuda.is_available():
-            return "no CUDA device (cupy sees none)"
-    except Exception as e:       # a broken driver install reads as no device
-        return f"no CUDA device ({e})"
-    return None
+# why the GPU rows cannot run here, or None
+gpu_skip_reason = cuda.device_missing
 
 
 GPU_METHODS = ("lscore unscale_", "lscore all_finite", "torch foreach + found_inf.item()",
