@@ -1,4 +1,5 @@
 """Extension list of lscore's compiled core; metadata lives in pyproject.toml."""
+
 import platform
 
 import numpy

@@ -7,14 +7,25 @@ import numpy.typing as npt
 SUPPORTED: str
 
 def all_finite(arrays: Any, threads: int = 0) -> bool: ...
-def unscale_(arrays: Any, inv_scale: float, stats: bool = False,
-             threads: int = 0) -> bool | tuple[bool, float, float]: ...
-def all_finite_raw(ptrs: npt.NDArray[np.uint64], counts: npt.NDArray[np.int64],
-                   strides: npt.NDArray[np.int64], codes: npt.NDArray[np.int32],
-                   threads: int = 0) -> bool: ...
-def unscale_raw(ptrs: npt.NDArray[np.uint64], counts: npt.NDArray[np.int64],
-                strides: npt.NDArray[np.int64], codes: npt.NDArray[np.int32], inv_scale: float,
-                stats: bool = False, threads: int = 0) -> bool | tuple[bool, float, float]: ...
+def unscale_(
+    arrays: Any, inv_scale: float, stats: bool = False, threads: int = 0
+) -> bool | tuple[bool, float, float]: ...
+def all_finite_raw(
+    ptrs: npt.NDArray[np.uint64],
+    counts: npt.NDArray[np.int64],
+    strides: npt.NDArray[np.int64],
+    codes: npt.NDArray[np.int32],
+    threads: int = 0,
+) -> bool: ...
+def unscale_raw(
+    ptrs: npt.NDArray[np.uint64],
+    counts: npt.NDArray[np.int64],
+    strides: npt.NDArray[np.int64],
+    codes: npt.NDArray[np.int32],
+    inv_scale: float,
+    stats: bool = False,
+    threads: int = 0,
+) -> bool | tuple[bool, float, float]: ...
 def isa() -> str: ...
 def isa_levels() -> list[str]: ...
 def set_isa(name: str) -> str: ...

@@ -16,11 +16,19 @@ class DevicePlan:
 class DeviceTable:
     hits: int
     misses: int
-    def __init__(self, array_type: type, kind: int, classify: Callable[[Any], int | None],
-                 expected: str, hint: str = ..., device: int = ...,
-                 cache_size: int = ...) -> None: ...
+    def __init__(
+        self,
+        array_type: type,
+        kind: int,
+        classify: Callable[[Any], int | None],
+        expected: str,
+        hint: str = ...,
+        device: int = ...,
+        cache_size: int = ...,
+    ) -> None: ...
     def clear(self) -> None: ...
     def plan(self, arrays: Any) -> DevicePlan: ...
 
-def plan_launches(ptrs: Any, sizes: Any, chunk: int, max_tensors: int,
-                  max_blocks: int) -> tuple[np.ndarray, list[tuple[int, int, int]]]: ...
+def plan_launches(
+    ptrs: Any, sizes: Any, chunk: int, max_tensors: int, max_blocks: int
+) -> tuple[np.ndarray, list[tuple[int, int, int]]]: ...

@@ -4,6 +4,7 @@ An adapter subclasses them and sets ``_xp`` (the array module: numpy, cupy).
 They meet the protocol the LossScaleOptimizer wrappers of _optim drive
 (``apply_gradients(grads_and_vars)``), which a user's own optimizer may meet too.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,9 @@ def _clip_arg(name: str, value):
         return None
     v = real(name, value)
     if not math.isfinite(v) or v < 0:
-        raise ValueError(f"{name} must be None or a finite number >= 0 (0 disables it), "
-                         f"got {value!r}")
+        raise ValueError(
+            f"{name} must be None or a finite number >= 0 (0 disables it), got {value!r}"
+        )
     return v
 
 
@@ -42,23 +44,35 @@ class ArrayOptimizer:
 
     _xp = None
 
-    def __init__(self, learning_rate, *, weight_decay=None, clipnorm=None, clipvalue=None,
-                 global_clipnorm=None, name):
+    def __init__(
+        self,
+        learning_rate,
+        *,
+        weight_decay=None,
+        clipnorm=None,
+        clipvalue=None,
+        global_clipnorm=None,
+        name,
+    ):
         if self._xp is None:
-            raise TypeError(f"{type(self).__name__} is generic; use the one in "
-                            "lscore.adapters.numpy or lscore.adapters.cupy")
+            raise TypeError(
+                f"{type(self).__name__} is generic; use the one in "
+                "lscore.adapters.numpy or lscore.adapters.cupy"
+            )
         self.learning_rate = learning_rate
         clipnorm = _clip_arg("clipnorm", clipnorm)
         global_clipnorm = _clip_arg("global_clipnorm", global_clipnorm)
         if clipnorm is not None and global_clipnorm is not None:
-            raise ValueError("At most one of `clipnorm` and `global_clipnorm` can be set. "
-                             f"Received: clipnorm={clipnorm}, global_clipnorm={global_clipnorm}.")
+            raise ValueError(
+                "At most one of `clipnorm` and `global_clipnorm` can be set. "
+                f"Received: clipnorm={clipnorm}, global_clipnorm={global_clipnorm}."
+            )
         self._clipnorm, self._global_clipnorm = clipnorm, global_clipnorm
         self._clipvalue = _clip_arg("clipvalue", clipvalue)
         self.weight_decay = _clip_arg("weight_decay", weight_decay)
         self.name = name
         self.iterations = 0
-        self._slots = {}      # id(variable) -> (variable, {slot name: array})
+        self._slots = {}  # id(variable) -> (variable, {slot name: array})
 
     @property
     def learning_rate(self) -> float:
@@ -104,11 +118,13 @@ class ArrayOptimizer:
     def _as_grad(self, g, v):
         xp = self._xp
         if not isinstance(v, xp.ndarray):
-            raise TypeError(f"variables must be {xp.__name__}.ndarray (updated in place), "
-                            f"got {type_name(v)}")
+            raise TypeError(
+                f"variables must be {xp.__name__}.ndarray (updated in place), got {type_name(v)}"
+            )
         if str(v.dtype) not in _FLOAT_NAMES:
-            raise TypeError(f"variables must have a floating dtype ({', '.join(_FLOAT_NAMES)}), "
-                            f"got {v.dtype}")
+            raise TypeError(
+                f"variables must have a floating dtype ({', '.join(_FLOAT_NAMES)}), got {v.dtype}"
+            )
         if not getattr(v.flags, "writeable", True):
             raise ValueError("variables must be writable; got a read-only array")
         g = xp.asarray(g, dtype=v.dtype)
@@ -134,14 +150,14 @@ class ArrayOptimizer:
         xp = self._xp
         if self._clipnorm:
             out = []
-            for g in grads:    # tf.clip_by_norm: g * c / max(||g||, c), in g's dtype
+            for g in grads:  # tf.clip_by_norm: g * c / max(||g||, c), in g's dtype
                 c = g.dtype.type(self._clipnorm)
                 out.append(g * c / xp.maximum(xp.sqrt(xp.sum(g * g)), c))
             return out
         if self._global_clipnorm:
             c = self._global_clipnorm
             norm = xp.sqrt(sum(xp.sum(g * g) for g in grads))
-            with quiet():     # tf.clip_by_global_norm; a zero norm gives scale 1
+            with quiet():  # tf.clip_by_global_norm; a zero norm gives scale 1
                 scale = c * xp.minimum(1.0 / norm, 1.0 / c) + (norm - norm)
             return [g * scale.astype(g.dtype) for g in grads]
         if self._clipvalue:
@@ -154,7 +170,7 @@ class ArrayOptimizer:
         if not pairs:
             return self.iterations
         pairs = drop_none_gradients(pairs, warn=True)
-        grads = [self._as_grad(g, v) for g, v in pairs]    # all checked before any update
+        grads = [self._as_grad(g, v) for g, v in pairs]  # all checked before any update
         for g, (_, v) in zip(self._clip(grads), pairs):
             self._update_step(g, v)
         self.iterations += 1
@@ -170,9 +186,14 @@ class ArrayOptimizer:
             v -= v * t(self.weight_decay) * t(self._learning_rate)
 
     def get_config(self) -> dict:
-        return {"name": self.name, "learning_rate": self._learning_rate,
-                "weight_decay": self.weight_decay, "clipnorm": self._clipnorm,
-                "global_clipnorm": self._global_clipnorm, "clipvalue": self._clipvalue}
+        return {
+            "name": self.name,
+            "learning_rate": self._learning_rate,
+            "weight_decay": self.weight_decay,
+            "clipnorm": self._clipnorm,
+            "global_clipnorm": self._global_clipnorm,
+            "clipvalue": self._clipvalue,
+        }
 
     @classmethod
     def from_config(cls, config: dict):
@@ -193,15 +214,31 @@ class SGD(ArrayOptimizer):
     With ``momentum=0`` no slot is kept and the step is ``w += -g * lr``.
     """
 
-    def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, *, weight_decay=None,
-                 clipnorm=None, clipvalue=None, global_clipnorm=None, name="SGD"):
+    def __init__(
+        self,
+        learning_rate=0.01,
+        momentum=0.0,
+        nesterov=False,
+        *,
+        weight_decay=None,
+        clipnorm=None,
+        clipvalue=None,
+        global_clipnorm=None,
+        name="SGD",
+    ):
         m = real("momentum", momentum)
         if not 0 <= m <= 1:
             raise ValueError(f"momentum must be in [0, 1], got {momentum!r}")
         if not isinstance(nesterov, (bool, np.bool_)):
             raise TypeError(f"nesterov must be a bool, got {nesterov!r}")
-        super().__init__(learning_rate, weight_decay=weight_decay, clipnorm=clipnorm,
-                         clipvalue=clipvalue, global_clipnorm=global_clipnorm, name=name)
+        super().__init__(
+            learning_rate,
+            weight_decay=weight_decay,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            name=name,
+        )
         self.momentum, self.nesterov = m, bool(nesterov)
 
     def _update_step(self, g, v) -> None:
@@ -236,9 +273,20 @@ class Adam(ArrayOptimizer):
     ``iterations``, hence ``t``, as in tf-keras.
     """
 
-    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
-                 amsgrad=False, *, weight_decay=None, clipnorm=None, clipvalue=None,
-                 global_clipnorm=None, name="Adam"):
+    def __init__(
+        self,
+        learning_rate=0.001,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-7,
+        amsgrad=False,
+        *,
+        weight_decay=None,
+        clipnorm=None,
+        clipvalue=None,
+        global_clipnorm=None,
+        name="Adam",
+    ):
         betas = {}
         for key, value in (("beta_1", beta_1), ("beta_2", beta_2)):
             b = real(key, value)
@@ -250,8 +298,14 @@ class Adam(ArrayOptimizer):
             raise ValueError(f"epsilon must be finite and >= 0, got {epsilon!r}")
         if not isinstance(amsgrad, (bool, np.bool_)):
             raise TypeError(f"amsgrad must be a bool, got {amsgrad!r}")
-        super().__init__(learning_rate, weight_decay=weight_decay, clipnorm=clipnorm,
-                         clipvalue=clipvalue, global_clipnorm=global_clipnorm, name=name)
+        super().__init__(
+            learning_rate,
+            weight_decay=weight_decay,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            name=name,
+        )
         self.beta_1, self.beta_2, self.epsilon = betas["beta_1"], betas["beta_2"], eps
         self.amsgrad = bool(amsgrad)
 
@@ -279,5 +333,10 @@ class Adam(ArrayOptimizer):
         v -= (m * alpha) / (self._xp.sqrt(vv) + t(self.epsilon))
 
     def get_config(self) -> dict:
-        return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,
-                "epsilon": self.epsilon, "amsgrad": self.amsgrad}
+        return {
+            **super().get_config(),
+            "beta_1": self.beta_1,
+            "beta_2": self.beta_2,
+            "epsilon": self.epsilon,
+            "amsgrad": self.amsgrad,
+        }

@@ -23,6 +23,7 @@ sync-free bookkeeping all run in CI without a GPU.
   with a ``sync_free`` mode that keeps the state machine on the device, and
   the guards that keep a CUDA-graph capture from synchronising.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -42,32 +43,47 @@ ArrayKernels = cuda.ArrayKernels
 def refuse_in_capture(capturing: bool, what: str, instead: str) -> None:
     """RuntimeError instead of an operation that would break a CUDA stream capture."""
     if capturing:
-        raise RuntimeError(f"{what} while the current stream is capturing a CUDA graph "
-                           f"would break the capture; {instead}")
+        raise RuntimeError(
+            f"{what} while the current stream is capturing a CUDA graph "
+            f"would break the capture; {instead}"
+        )
 
 
 def reading_calls(kernels: "ArrayKernels", capturing):
     """``all_finite``, ``unscale_``, ``unscale_and_norm`` and ``unscale_and_clip_`` on
     `kernels`, each refusing (RuntimeError) while `capturing()`: they read a flag or a
     norm back, which would break a CUDA-graph capture."""
+
     def all_finite(arrays) -> bool:
-        refuse_in_capture(capturing(), "all_finite (it reads a flag back)",
-                          "check inside a capture with LossScaleOptimizer(sync_free=True)")
+        refuse_in_capture(
+            capturing(),
+            "all_finite (it reads a flag back)",
+            "check inside a capture with LossScaleOptimizer(sync_free=True)",
+        )
         return kernels.all_finite(arrays)
 
     def unscale_(arrays, inv_scale) -> bool:
-        refuse_in_capture(capturing(), "unscale_ (it reads a flag back)",
-                          "unscale inside a capture with LossScaleOptimizer(sync_free=True)")
+        refuse_in_capture(
+            capturing(),
+            "unscale_ (it reads a flag back)",
+            "unscale inside a capture with LossScaleOptimizer(sync_free=True)",
+        )
         return kernels.unscale_(arrays, inv_scale)
 
     def unscale_and_norm(arrays, inv_scale, norm_type=2.0) -> tuple[bool, float]:
-        refuse_in_capture(capturing(), "unscale_and_norm (it reads the norm back)",
-                          "take the norm outside the captured step")
+        refuse_in_capture(
+            capturing(),
+            "unscale_and_norm (it reads the norm back)",
+            "take the norm outside the captured step",
+        )
         return kernels.unscale_and_norm(arrays, inv_scale, norm_type)
 
     def unscale_and_clip_(arrays, inv_scale, max_norm, norm_type=2.0) -> tuple[bool, float]:
-        refuse_in_capture(capturing(), "unscale_and_clip_ (it reads the norm back)",
-                          "clip outside the captured step")
+        refuse_in_capture(
+            capturing(),
+            "unscale_and_clip_ (it reads the norm back)",
+            "clip outside the captured step",
+        )
         return kernels.unscale_and_clip_(arrays, inv_scale, max_norm, norm_type)
 
     calls = (all_finite, unscale_, unscale_and_norm, unscale_and_clip_)
@@ -76,8 +92,10 @@ def reading_calls(kernels: "ArrayKernels", capturing):
     return calls
 
 
-_ONE_STEP = ("run one eager step with these very arrays before begin_capture(), so that "
-             "everything is planned and allocated")
+_ONE_STEP = (
+    "run one eager step with these very arrays before begin_capture(), so that "
+    "everything is planned and allocated"
+)
 
 
 class Gated:
@@ -100,9 +118,9 @@ class Gated:
     """
 
     _gate = None
-    _kernels = None                               # the adapter's ArrayKernels
+    _kernels = None  # the adapter's ArrayKernels
     _current_device = staticmethod(lambda: 0)
-    _on_device = staticmethod(lambda a, dev: True)   # whether array `a` lives on device `dev`
+    _on_device = staticmethod(lambda a, dev: True)  # whether array `a` lives on device `dev`
     _capturing = staticmethod(lambda: False)
     _launchers: dict = {}
 
@@ -145,7 +163,7 @@ class Gated:
         try:
             walked = self._kernels.table.plan(([g for g, _ in pairs], [v for _, v in pairs]))
         except (TypeError, ValueError):
-            return None        # not this module's arrays, a dtype without a kernel, not dense
+            return None  # not this module's arrays, a dtype without a kernel, not dense
         key = ("fused", self._kind, self._slot_names(), type(self)._current_device())
         hit = walked.payload.get(key)
         if hit is not None and hit[0]() is self:
@@ -160,11 +178,19 @@ class Gated:
         dev = type(self)._current_device()
         seen = set()
         for g, v in pairs:
-            if type(v) is not arr or type(g) is not arr or v.dtype != np.float32 \
-                    or str(g.dtype) not in _FUSED_GRADS or g.shape != v.shape \
-                    or not v.flags.c_contiguous or not g.flags.c_contiguous \
-                    or not getattr(v.flags, "writeable", True) or id(v) in seen \
-                    or not on(v, dev) or not on(g, dev):
+            if (
+                type(v) is not arr
+                or type(g) is not arr
+                or v.dtype != np.float32
+                or str(g.dtype) not in _FUSED_GRADS
+                or g.shape != v.shape
+                or not v.flags.c_contiguous
+                or not g.flags.c_contiguous
+                or not getattr(v.flags, "writeable", True)
+                or id(v) in seen
+                or not on(v, dev)
+                or not on(g, dev)
+            ):
                 return False
             seen.add(id(v))
         # the kernels update all variables at once: overlapping ones need the sequential path
@@ -200,14 +226,31 @@ class Gated:
             plan = launcher.plan(key, tensors)
         return plan
 
-    def _fused_launch(self, plan, *, check: bool, flags: int = 0, inv: float = 1.0,
-                      inv_ptr: int = 0, gate_ptr: int = 0, skip_if: int = 0,
-                      count_ptr: int = 0) -> int:
+    def _fused_launch(
+        self,
+        plan,
+        *,
+        check: bool,
+        flags: int = 0,
+        inv: float = 1.0,
+        inv_ptr: int = 0,
+        gate_ptr: int = 0,
+        skip_if: int = 0,
+        count_ptr: int = 0,
+    ) -> int:
         head, tail, own = self._fused_args(count_ptr)
         flags |= own | (_FLAGS["CHECK"] if check else 0)
-        return self.fused_launcher().launch(self._kind, plan, head, flags=flags, inv=inv,
-                                            inv_ptr=inv_ptr, gate_ptr=gate_ptr,
-                                            skip_if=skip_if, tail=tail)
+        return self.fused_launcher().launch(
+            self._kind,
+            plan,
+            head,
+            flags=flags,
+            inv=inv,
+            inv_ptr=inv_ptr,
+            gate_ptr=gate_ptr,
+            skip_if=skip_if,
+            tail=tail,
+        )
 
     def _fused_args(self, count_ptr: int):
         raise NotImplementedError
@@ -242,11 +285,15 @@ class GatedSGD(Gated):
 
     def _fused_args(self, count_ptr: int):
         t = np.float32
-        own = (_FLAGS["SLOT"] if self.momentum != 0 else 0) \
-            | (_FLAGS["NESTEROV"] if self.nesterov else 0)
+        own = (_FLAGS["SLOT"] if self.momentum != 0 else 0) | (
+            _FLAGS["NESTEROV"] if self.nesterov else 0
+        )
         # damp 1: tf-keras's SGD exactly (dampening is torch's, not a tf-keras argument)
-        return (t(self._learning_rate), t(self.momentum), t(1.0),
-                t(self.weight_decay or 0.0)), (), own
+        return (
+            (t(self._learning_rate), t(self.momentum), t(1.0), t(self.weight_decay or 0.0)),
+            (),
+            own,
+        )
 
 
 class GatedAdam(Gated):
@@ -262,7 +309,7 @@ class GatedAdam(Gated):
     """
 
     _kind = "adam"
-    _bias = None         # (betas, device table, last)
+    _bias = None  # (betas, device table, last)
 
     def _slot_names(self) -> tuple:
         return ("m", "v", "vhat") if self.amsgrad else ("m", "v")
@@ -270,8 +317,9 @@ class GatedAdam(Gated):
     def _bias_table(self):
         betas = (self.beta_1, self.beta_2)
         if self._bias is None or self._bias[0] != betas:
-            refuse_in_capture(type(self)._capturing(), "uploading Adam's bias-correction table",
-                              _ONE_STEP)
+            refuse_in_capture(
+                type(self)._capturing(), "uploading Adam's bias-correction table", _ONE_STEP
+            )
             table, last = cuda.bias_table(lambda step: self._bias_terms(np.float32, step))
             self._bias = (betas, self.fused_launcher().backend.to_device(table), last)
         return self._bias
@@ -281,10 +329,19 @@ class GatedAdam(Gated):
         tail = (np.uint64(0), np.uint64(0), np.int64(0))
         if count_ptr:
             _, table, last = self._bias_table()
-            tail = (np.uint64(self.fused_launcher().backend.ptr(table)), np.uint64(count_ptr),
-                    np.int64(last))
-        head = (t(self._alpha(t)), t(1 - self.beta_1), t(1 - self.beta_2), t(self.epsilon),
-                t(self._learning_rate), t(self.weight_decay or 0.0))
+            tail = (
+                np.uint64(self.fused_launcher().backend.ptr(table)),
+                np.uint64(count_ptr),
+                np.int64(last),
+            )
+        head = (
+            t(self._alpha(t)),
+            t(1 - self.beta_1),
+            t(1 - self.beta_2),
+            t(self.epsilon),
+            t(self._learning_rate),
+            t(self.weight_decay or 0.0),
+        )
         return head, tail, _FLAGS["AMSGRAD"] if self.amsgrad else 0
 
 
@@ -335,31 +392,52 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
     _current_device = staticmethod(lambda: 0)
     _capturing = staticmethod(lambda: False)
 
-    def __init__(self, optimizer, loss_scale=None, *, dynamic=True, initial_scale=None,
-                 dynamic_growth_steps=None, loss_scale_manager=None, sync_free=False,
-                 reducer=None):
+    def __init__(
+        self,
+        optimizer,
+        loss_scale=None,
+        *,
+        dynamic=True,
+        initial_scale=None,
+        dynamic_growth_steps=None,
+        loss_scale_manager=None,
+        sync_free=False,
+        reducer=None,
+    ):
         if not isinstance(sync_free, (bool, np.bool_)):
             raise TypeError(f"sync_free must be a bool, got {sync_free!r}")
         if sync_free and reducer is not None:
-            raise ValueError("sync_free=True cannot take a reducer: a reducer agrees on the "
-                             "found-inf flag on the host, and sync_free keeps it on the device")
-        super().__init__(optimizer, loss_scale, dynamic=dynamic, initial_scale=initial_scale,
-                         dynamic_growth_steps=dynamic_growth_steps,
-                         loss_scale_manager=loss_scale_manager, reducer=reducer)
+            raise ValueError(
+                "sync_free=True cannot take a reducer: a reducer agrees on the "
+                "found-inf flag on the host, and sync_free keeps it on the device"
+            )
+        super().__init__(
+            optimizer,
+            loss_scale,
+            dynamic=dynamic,
+            initial_scale=initial_scale,
+            dynamic_growth_steps=dynamic_growth_steps,
+            loss_scale_manager=loss_scale_manager,
+            reducer=reducer,
+        )
         self._dev = None
         self._device_id = None
         self._sync_free = bool(sync_free)
-        self._count = None          # Adam's device step counter (sync-free)
-        self._count_host = None     # the value the host last gave it
+        self._count = None  # Adam's device step counter (sync-free)
+        self._count_host = None  # the value the host last gave it
         if not sync_free:
             return
         if self._scaling.shape != "keras":
-            raise ValueError("sync_free=True needs the Keras shape (loss_scale None or a bool): "
-                             "the TF <= 2.3 and TF1 shapes do not advance iterations on a "
-                             "skipped step, which the host cannot know without a sync")
+            raise ValueError(
+                "sync_free=True needs the Keras shape (loss_scale None or a bool): "
+                "the TF <= 2.3 and TF1 shapes do not advance iterations on a "
+                "skipped step, which the host cannot know without a sync"
+            )
         if not isinstance(optimizer, Gated):
-            raise TypeError("sync_free=True needs this adapter's SGD or Adam (they skip a step "
-                            f"on the device), got {type(optimizer).__qualname__}")
+            raise TypeError(
+                "sync_free=True needs this adapter's SGD or Adam (they skip a step "
+                f"on the device), got {type(optimizer).__qualname__}"
+            )
         self._device_id = type(self)._current_device()
         xp = self._kernels.xp
         if self._scaling.dynamic:
@@ -384,8 +462,9 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
     def _read_state(self) -> None:
         if self._dev is None:
             return
-        self._refuse_in_capture("reading the loss scale (a device-to-host copy)",
-                                "read it after end_capture()")
+        self._refuse_in_capture(
+            "reading the loss scale (a device-to-host copy)", "read it after end_capture()"
+        )
         raw, flags, _ = self._dev.read()
         state = self._host_state()
         state.from_bytes(raw)
@@ -393,7 +472,8 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             self._dev.clear_floor()
             raise LossScaleFloorError(
                 f"loss scale cannot go below its minimum {state.policy.min_scale!r} "
-                f"(policy {state.policy.name!r}); the loss is probably diverging")
+                f"(policy {state.policy.name!r}); the loss is probably diverging"
+            )
 
     def sync_state(self) -> None:
         """Copy the device state (and Adam's device step counter) to the host; raises on a
@@ -420,7 +500,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             return s if which == "scale" else float(np.float32(1.0) / np.float32(s))
 
     def _device_value(self, which: str, dtype):
-        if self._dev is None:    # a fixed scale: a host constant is exact and costs nothing
+        if self._dev is None:  # a fixed scale: a host constant is exact and costs nothing
             return self._kernels.xp.asarray(self._fixed_value(which), dtype=dtype)
         arr = self._dev.scale if which == "scale" else self._dev.inv_scale
         return arr.reshape(()).astype(dtype)
@@ -438,9 +518,10 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         return [None if g is None else g * self._device_value("inv", g.dtype) for g in grads]
 
     def _scale_for_fn(self):
-        if self._dev is not None:    # refreshed in place (float64 -> float32, a kernel)
-            self._kernels.xp.copyto(self._scale_arg, self._dev.scale.reshape(()),
-                                    casting="same_kind")
+        if self._dev is not None:  # refreshed in place (float64 -> float32, a kernel)
+            self._kernels.xp.copyto(
+                self._scale_arg, self._dev.scale.reshape(()), casting="same_kind"
+            )
         return self._scale_arg
 
     def _scaled_gradients(self, loss_and_grads_fn, var_list):
@@ -466,7 +547,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         ``get_unscaled_gradients`` (the inverse cast to the gradient's dtype).
         """
         step = dict(global_step=global_step, name=name)
-        advance = self._tf1_step_arguments(global_step, name)   # refuse before the backward pass
+        advance = self._tf1_step_arguments(global_step, name)  # refuse before the backward pass
         if not self._sync_free:
             self._refuse_default_in_capture()
             s = self._scaling
@@ -486,12 +567,15 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         return loss
 
     def _kept_pairs(self, grads, var_list) -> list:
-        return _optim.drop_none_gradients(list(zip(grads, var_list)),
-                                          warn=self._scaling.shape != "tf1")
+        return _optim.drop_none_gradients(
+            list(zip(grads, var_list)), warn=self._scaling.shape != "tf1"
+        )
 
     def _refuse_default_in_capture(self) -> None:
-        self._refuse_in_capture("a step of sync_free=False (it reads the found flag)",
-                                "capture a LossScaleOptimizer(..., sync_free=True)")
+        self._refuse_in_capture(
+            "a step of sync_free=False (it reads the found flag)",
+            "capture a LossScaleOptimizer(..., sync_free=True)",
+        )
 
     def _default_fused(self, plan, advance, inv: float) -> bool:
         """Default mode on the fused kernels: check (one sync), decide on the host, update."""
@@ -499,15 +583,18 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         runner = opt.fused_launcher().runner
         mark = runner.next_mark()
         flags = _FLAGS["INV_AS_GRAD"]
-        opt._fused_launch(plan, check=True, flags=flags, inv=inv, gate_ptr=runner.flag_ptr,
-                          skip_if=mark)
+        opt._fused_launch(
+            plan, check=True, flags=flags, inv=inv, gate_ptr=runner.flag_ptr, skip_if=mark
+        )
         finite = not reduce_found_inf(self._reducer, runner.found(mark))
 
         def apply():
             opt._fused_launch(plan, check=False, flags=flags, inv=inv)
             opt.iterations += 1
-        applied, _ = _optim.run_step(self, finite, apply=apply, count=self._count_step,
-                                     grads=None, named_arrays=None)
+
+        applied, _ = _optim.run_step(
+            self, finite, apply=apply, count=self._count_step, grads=None, named_arrays=None
+        )
         self._last_applied = applied
         advance(applied)
         return applied
@@ -523,10 +610,11 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             self._refuse_in_capture("creating Adam's device step counter (an upload)", _ONE_STEP)
             self._count = backend.to_device(np.array([opt.iterations], np.int64))
         elif self._count_host != opt.iterations:
-            self._refuse_in_capture("setting the device step counter from iterations",
-                                    "do not set iterations between the eager step and the "
-                                    "capture")
-            self._count[...] = opt.iterations     # a fill on the device, no transfer
+            self._refuse_in_capture(
+                "setting the device step counter from iterations",
+                "do not set iterations between the eager step and the capture",
+            )
+            self._count[...] = opt.iterations  # a fill on the device, no transfer
         self._count_host = opt.iterations
         return backend.ptr(self._count)
 
@@ -542,13 +630,28 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
                 inv_ptr = dev.inv_ptr
         count_ptr = self._device_counter()
         gate_ptr = 0
-        if dev is not None:          # Keras's fixed scale applies every step, NaN or not
+        if dev is not None:  # Keras's fixed scale applies every step, NaN or not
             gate_ptr = dev.found_ptr
-            opt._fused_launch(plan, check=True, flags=flags, inv=inv, inv_ptr=inv_ptr,
-                              gate_ptr=gate_ptr, skip_if=1)
+            opt._fused_launch(
+                plan,
+                check=True,
+                flags=flags,
+                inv=inv,
+                inv_ptr=inv_ptr,
+                gate_ptr=gate_ptr,
+                skip_if=1,
+            )
             xp.equal(dev.found.reshape(()), 0, out=self._applied)
-        opt._fused_launch(plan, check=False, flags=flags, inv=inv, inv_ptr=inv_ptr,
-                          gate_ptr=gate_ptr, skip_if=1, count_ptr=count_ptr)
+        opt._fused_launch(
+            plan,
+            check=False,
+            flags=flags,
+            inv=inv,
+            inv_ptr=inv_ptr,
+            gate_ptr=gate_ptr,
+            skip_if=1,
+            count_ptr=count_ptr,
+        )
         if count_ptr:
             xp.add(self._count, 1, out=self._count)
             self._count_host += 1
@@ -572,26 +675,27 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         plan = self._fused_plan(pairs)
         if plan is not None:
             return self._sync_free_fused(plan, advance, scaled=False)
-        self._refuse_in_capture("a step on the elementwise path (it copies the variables)",
-                                "capture only dense float32 variables with float16, bfloat16 "
-                                "or float32 gradients and no clipping (the fused kernels)")
+        self._refuse_in_capture(
+            "a step on the elementwise path (it copies the variables)",
+            "capture only dense float32 variables with float16, bfloat16 "
+            "or float32 gradients and no clipping (the fused kernels)",
+        )
         if self._dev is None:
-            gate = None                     # Keras fixed scale: every step applies
+            gate = None  # Keras fixed scale: every step applies
         else:
-            self._kernels.check_async([g for g, _ in pairs], self._dev.found_ptr,
-                                      self._device_id)
+            self._kernels.check_async([g for g, _ in pairs], self._dev.found_ptr, self._device_id)
             gate = (self._dev.found == 0).reshape(())
         opt._gate = gate
         try:
-            opt.apply_gradients(pairs)      # validates everything before any write
+            opt.apply_gradients(pairs)  # validates everything before any write
         except BaseException:
             if self._dev is not None:
-                self._dev.found[...] = 0    # a failed call leaves no flag behind
+                self._dev.found[...] = 0  # a failed call leaves no flag behind
             raise
         finally:
             opt._gate = None
         if self._dev is not None:
-            self._dev.step()                # advance only once the step went through
+            self._dev.step()  # advance only once the step went through
         self._last_applied = xp.asarray(True) if gate is None else gate
         advance(self._last_applied)
         return self._last_applied

@@ -23,6 +23,7 @@ Nothing here knows an array type: the CuPy and torch adapters reuse it.
 The array-module-generic wrapper methods work through an ``xp`` namespace
 bound by the adapter (``numpy`` or ``cupy``); SGD and Adam are in _arrays.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -40,14 +41,18 @@ def check_inner_optimizer(optimizer, wrapper_cls, *, expected: str, is_optimizer
     `expected` describes that protocol in the TypeError.
     """
     if not is_optimizer(optimizer):
-        raise TypeError(f'"inner_optimizer" must be an instance of {expected}, '
-                        f"but got: {optimizer}.")
+        raise TypeError(
+            f'"inner_optimizer" must be an instance of {expected}, but got: {optimizer}.'
+        )
     if isinstance(optimizer, wrapper_cls):
-        raise TypeError("LossScaleOptimizer cannot wrap another LossScaleOptimizer, "
-                        f"but got: {optimizer}")
+        raise TypeError(
+            f"LossScaleOptimizer cannot wrap another LossScaleOptimizer, but got: {optimizer}"
+        )
     if getattr(optimizer, "_is_wrapped_by_loss_scale_optimizer", False):
-        raise ValueError('"inner_optimizer" is already wrapped by a LossScaleOptimizer. An '
-                         "optimizer can only be wrapped by a single LossScaleOptimizer")
+        raise ValueError(
+            '"inner_optimizer" is already wrapped by a LossScaleOptimizer. An '
+            "optimizer can only be wrapped by a single LossScaleOptimizer"
+        )
 
 
 def run_step(wrapper, finite: bool, *, apply, count, grads, named_arrays):
@@ -77,7 +82,7 @@ def run_step(wrapper, finite: bool, *, apply, count, grads, named_arrays):
         try:
             result = _apply_or_skip(s, applied, apply, count)
         except BaseException:
-            restore()        # the inner optimizer failed: the scale is as before
+            restore()  # the inner optimizer failed: the scale is as before
             raise
     if m is not None:
         m.observe(wrapper._monitor_steps, applied, before, s.scale, lambda: named_arrays(m))
@@ -98,6 +103,7 @@ def _apply_or_skip(s: LossScaling, applied: bool, apply, count):
 # ---------------------------------------------------------------------------
 # Array-module-generic part.  An adapter subclasses these and sets ``_xp`` (the
 # array module: numpy, cupy) and, for the wrapper, ``_all_finite``.
+
 
 def quiet():
     """Overflow to inf when a scale is cast to float16 is intended (TF does the same)."""
@@ -137,12 +143,16 @@ def drop_none_gradients(pairs: list, *, warn: bool) -> list:
     """Keras's rule: (None, var) pairs are dropped; if every gradient is None, ValueError."""
     kept = [(g, v) for g, v in pairs if g is not None]
     if pairs and not kept:
-        raise ValueError(f"No gradients provided for any variable: all {len(pairs)} "
-                         "gradients are None")
+        raise ValueError(
+            f"No gradients provided for any variable: all {len(pairs)} gradients are None"
+        )
     if warn and len(kept) < len(pairs):
         missing = [i for i, (g, _) in enumerate(pairs) if g is None]
-        warnings.warn(f"Gradients do not exist for variables at positions {missing} when "
-                      "minimizing the loss; those variables are left unchanged", stacklevel=3)
+        warnings.warn(
+            f"Gradients do not exist for variables at positions {missing} when "
+            "minimizing the loss; those variables are left unchanged",
+            stacklevel=3,
+        )
     return kept
 
 
@@ -175,28 +185,35 @@ def global_step_advancer(global_step, in_place, expected: str):
     if add is None:
         if isinstance(global_step, (int, np.integer)):
             # TF1's global_step is a variable; a Python or NumPy integer is a copy
-            raise TypeError(f"global_step must be a counter that can be incremented in place, "
-                            f"got the integer {global_step!r}: pass {expected} or an "
-                            "object with an assign_add method")
-        raise TypeError(f"unsupported global_step type {type_name(global_step)}; expected "
-                        f"{expected} or an object with an assign_add method")
+            raise TypeError(
+                f"global_step must be a counter that can be incremented in place, "
+                f"got the integer {global_step!r}: pass {expected} or an "
+                "object with an assign_add method"
+            )
+        raise TypeError(
+            f"unsupported global_step type {type_name(global_step)}; expected "
+            f"{expected} or an object with an assign_add method"
+        )
 
     def advance(applied) -> None:
         if not isinstance(applied, (bool, np.bool_)):
             add(applied)
         elif applied:
             add(1)
+
     return advance
 
 
 def inner_attribute(name: str, how: str = "get and set") -> property:
     """A property that reads and writes ``self._optimizer.<name>``: the
     wrapped optimizer's attribute, seen through the wrapper."""
+
     def fget(self):
         return getattr(self._optimizer, name)
 
     def fset(self, value):
         setattr(self._optimizer, name, value)
+
     return property(fget, fset, doc=f"The inner optimizer's ``{name}`` ({how}).")
 
 
@@ -231,18 +248,35 @@ class LossScaleOptimizerBase:
     _xp = None
     _all_finite = None
     _optimizer_classes: dict = {}
-    _expected_optimizer = ("an optimizer with an apply_gradients(grads_and_vars) method "
-                           "that updates arrays in place")
+    _expected_optimizer = (
+        "an optimizer with an apply_gradients(grads_and_vars) method that updates arrays in place"
+    )
 
-    def __init__(self, optimizer, loss_scale=None, *, dynamic=True, initial_scale=None,
-                 dynamic_growth_steps=None, loss_scale_manager=None, reducer=None):
-        check_inner_optimizer(optimizer, LossScaleOptimizerBase,
-                              expected=self._expected_optimizer,
-                              is_optimizer=lambda o: callable(getattr(o, "apply_gradients", None)))
+    def __init__(
+        self,
+        optimizer,
+        loss_scale=None,
+        *,
+        dynamic=True,
+        initial_scale=None,
+        dynamic_growth_steps=None,
+        loss_scale_manager=None,
+        reducer=None,
+    ):
+        check_inner_optimizer(
+            optimizer,
+            LossScaleOptimizerBase,
+            expected=self._expected_optimizer,
+            is_optimizer=lambda o: callable(getattr(o, "apply_gradients", None)),
+        )
         self._scaling = resolve_loss_scaling(
-            loss_scale, dynamic=dynamic, initial_scale=initial_scale,
-            dynamic_growth_steps=dynamic_growth_steps, loss_scale_manager=loss_scale_manager)
-        self._reducer = check_reducer(reducer)    # lscore.distributed: one verdict for all ranks
+            loss_scale,
+            dynamic=dynamic,
+            initial_scale=initial_scale,
+            dynamic_growth_steps=dynamic_growth_steps,
+            loss_scale_manager=loss_scale_manager,
+        )
+        self._reducer = check_reducer(reducer)  # lscore.distributed: one verdict for all ranks
         self._optimizer = optimizer
         self._own_iterations = 0
         try:
@@ -330,20 +364,24 @@ class LossScaleOptimizerBase:
             return None
         if global_step.ndim != 0 or global_step.dtype.kind not in "iu":
             # tf.train.get_global_step refuses a global_step that is not an integer scalar
-            raise TypeError(f"global_step must be a 0-d integer array, got shape "
-                            f"{global_step.shape} and dtype {global_step.dtype}")
+            raise TypeError(
+                f"global_step must be a 0-d integer array, got shape "
+                f"{global_step.shape} and dtype {global_step.dtype}"
+            )
         if not getattr(global_step.flags, "writeable", True):
             raise ValueError("global_step is read-only; it is incremented in place")
 
         def add(delta) -> None:
             global_step[...] += delta
+
         return add
 
     def _tf1_step_arguments(self, global_step, name):
         """Check ``apply_gradients``'s TF1 arguments; returns ``advance(applied)``."""
         check_op_name(name)
-        return global_step_advancer(global_step, self._array_counter,
-                                    f"a 0-d integer {self._xp.__name__}.ndarray")
+        return global_step_advancer(
+            global_step, self._array_counter, f"a 0-d integer {self._xp.__name__}.ndarray"
+        )
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> bool:
         """Check the (unscaled) gradients, update the scale, then apply or skip the step.
@@ -364,10 +402,15 @@ class LossScaleOptimizerBase:
         grads = [g for g, _ in pairs]
         finite = not reduce_found_inf(self._reducer, not type(self)._all_finite(grads))
         applied, _ = run_step(
-            self, finite, apply=lambda: self._optimizer.apply_gradients(pairs),
-            count=self._count_step, grads=lambda: grads,
-            named_arrays=lambda m: [(m.name_of(v, f"var{i}"), _host(g))
-                                    for i, (g, v) in enumerate(pairs)])
+            self,
+            finite,
+            apply=lambda: self._optimizer.apply_gradients(pairs),
+            count=self._count_step,
+            grads=lambda: grads,
+            named_arrays=lambda m: [
+                (m.name_of(v, f"var{i}"), _host(g)) for i, (g, v) in enumerate(pairs)
+            ],
+        )
         self._last_applied = applied
         advance(applied)
         return applied
@@ -397,8 +440,9 @@ class LossScaleOptimizerBase:
             self._advance_iterations()
 
     def _scaled_gradients(self, loss_and_grads_fn, var_list):
-        loss, grads, var_list = self._loss_and_grads(loss_and_grads_fn, var_list,
-                                                     self._scaling.scale)
+        loss, grads, var_list = self._loss_and_grads(
+            loss_and_grads_fn, var_list, self._scaling.scale
+        )
         return loss, list(zip(self.get_unscaled_gradients(grads), var_list))
 
     def _loss_and_grads(self, loss_and_grads_fn, var_list, scale):
@@ -406,19 +450,23 @@ class LossScaleOptimizerBase:
         if not callable(loss_and_grads_fn):
             # TF1 code passes its loss tensor here; without autodiff there is nothing to
             # differentiate it with
-            raise TypeError(f"{self._xp.__name__} has no autodiff, so a loss value cannot be "
-                            "differentiated here: loss_and_grads_fn must be a callable "
-                            "fn(scale) -> (loss, grads) that runs your backward pass seeded "
-                            f"with scale, got {type_name(loss_and_grads_fn)}")
+            raise TypeError(
+                f"{self._xp.__name__} has no autodiff, so a loss value cannot be "
+                "differentiated here: loss_and_grads_fn must be a callable "
+                "fn(scale) -> (loss, grads) that runs your backward pass seeded "
+                f"with scale, got {type_name(loss_and_grads_fn)}"
+            )
         var_list = list(var_list)
         out = loss_and_grads_fn(scale)
         if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise TypeError("loss_and_grads_fn(scale) must return (loss, grads), got "
-                            f"{type_name(out)}")
+            raise TypeError(
+                f"loss_and_grads_fn(scale) must return (loss, grads), got {type_name(out)}"
+            )
         loss, grads = out[0], list(out[1])
         if len(grads) != len(var_list):
-            raise ValueError(f"loss_and_grads_fn returned {len(grads)} gradients for "
-                             f"{len(var_list)} variables")
+            raise ValueError(
+                f"loss_and_grads_fn returned {len(grads)} gradients for {len(var_list)} variables"
+            )
         return loss, grads, var_list
 
     def compute_gradients(self, loss_and_grads_fn, var_list) -> list:
@@ -432,7 +480,7 @@ class LossScaleOptimizerBase:
     def minimize(self, loss_and_grads_fn, var_list, *, global_step=None, name=None):
         """``compute_gradients`` then ``apply_gradients`` (which takes ``global_step`` and
         ``name``); returns the loss the function gave."""
-        self._tf1_step_arguments(global_step, name)       # refuse before the backward pass
+        self._tf1_step_arguments(global_step, name)  # refuse before the backward pass
         loss, pairs = self._scaled_gradients(loss_and_grads_fn, var_list)
         self.apply_gradients(pairs, global_step=global_step, name=name)
         return loss
@@ -453,22 +501,35 @@ class LossScaleOptimizerBase:
         if not isinstance(config, dict):
             raise TypeError(f"config must be a dict, got {type(config).__name__}")
         key = "inner_optimizer" if "inner_optimizer" in config else "optimizer"
-        allowed = {key, "dynamic", "initial_scale", "dynamic_growth_steps", "loss_scale",
-                   "loss_scale_manager"}
+        allowed = {
+            key,
+            "dynamic",
+            "initial_scale",
+            "dynamic_growth_steps",
+            "loss_scale",
+            "loss_scale_manager",
+        }
         unknown = sorted(set(config) - allowed)
         if unknown or key not in config:
-            raise ValueError(f"not a LossScaleOptimizer config: unknown keys {unknown}"
-                             if unknown else "config has no 'inner_optimizer' or 'optimizer'")
+            raise ValueError(
+                f"not a LossScaleOptimizer config: unknown keys {unknown}"
+                if unknown
+                else "config has no 'inner_optimizer' or 'optimizer'"
+            )
         spec = config[key]
         classes = {**cls._optimizer_classes, **(custom_objects or {})}
         if not isinstance(spec, dict) or spec.get("class_name") not in classes:
-            raise ValueError(f"cannot deserialise the optimizer {spec!r}; known classes: "
-                             f"{', '.join(classes)} (pass others in custom_objects)")
+            raise ValueError(
+                f"cannot deserialise the optimizer {spec!r}; known classes: "
+                f"{', '.join(classes)} (pass others in custom_objects)"
+            )
         opt_cls = classes[spec["class_name"]]
         make = getattr(opt_cls, "from_config", None)
         inner = make(dict(spec["config"])) if make else opt_cls(**spec["config"])
         return cls(inner, **scaling_kwargs_from_config(config))
 
     def __repr__(self):
-        return (f"{type(self).__name__}({self._optimizer!r}, shape={self._scaling.shape!r}, "
-                f"loss_scale={self._scaling.scale!r}, dynamic={self.dynamic})")
+        return (
+            f"{type(self).__name__}({self._optimizer!r}, shape={self._scaling.shape!r}, "
+            f"loss_scale={self._scaling.scale!r}, dynamic={self.dynamic})"
+        )

@@ -5,6 +5,7 @@
 ``update(finite) -> should_apply``, whether a skipped step advances
 ``iterations``, and the config.  It knows no array type.
 """
+
 from __future__ import annotations
 
 import copy
@@ -13,13 +14,16 @@ import numbers
 import numpy as np
 
 from lscore.loss_scale import DynamicLossScale, FixedLossScale, LossScale, get
-from lscore.managers import (ExponentialUpdateLossScaleManager, FixedLossScaleManager,
-                             LossScaleManager)
+from lscore.managers import (
+    ExponentialUpdateLossScaleManager,
+    FixedLossScaleManager,
+    LossScaleManager,
+)
 from lscore.policy import positive_scale, tf_int
 from lscore.presets import ManagerPreset
 
 SHAPES = ("keras", "experimental", "tf1")
-KERAS_DEFAULT_INITIAL_SCALE = 2.0 ** 15
+KERAS_DEFAULT_INITIAL_SCALE = 2.0**15
 KERAS_DEFAULT_GROWTH_STEPS = 2000
 
 
@@ -37,16 +41,32 @@ class LossScaling:
     that has succeeded (a failed call then changes nothing).
     """
 
-    __slots__ = ("shape", "_dynamic_ls", "_fixed_scale", "_loss_scale", "_manager",
-                 "_initial", "_growth_steps")
+    __slots__ = (
+        "shape",
+        "_dynamic_ls",
+        "_fixed_scale",
+        "_loss_scale",
+        "_manager",
+        "_initial",
+        "_growth_steps",
+    )
 
-    def __init__(self, shape, *, dynamic_ls=None, fixed_scale=None, loss_scale=None,
-                 manager=None, initial=None, growth_steps=None):
+    def __init__(
+        self,
+        shape,
+        *,
+        dynamic_ls=None,
+        fixed_scale=None,
+        loss_scale=None,
+        manager=None,
+        initial=None,
+        growth_steps=None,
+    ):
         self.shape = shape
-        self._dynamic_ls = dynamic_ls      # an lscore DynamicLossScale driven by finite flags
-        self._fixed_scale = fixed_scale    # Keras fixed: float32 value, never changes
-        self._loss_scale = loss_scale      # experimental shape: the LossScale object
-        self._manager = manager            # tf1 shape: the LossScaleManager
+        self._dynamic_ls = dynamic_ls  # an lscore DynamicLossScale driven by finite flags
+        self._fixed_scale = fixed_scale  # Keras fixed: float32 value, never changes
+        self._loss_scale = loss_scale  # experimental shape: the LossScale object
+        self._manager = manager  # tf1 shape: the LossScaleManager
         self._initial = initial
         self._growth_steps = growth_steps
 
@@ -107,15 +127,16 @@ class LossScaling:
     def predictable(self) -> bool:
         """True when should_apply(finite) is known without running the update."""
         if self.shape != "experimental":
-            return True    # Keras: finite (dynamic) or always (fixed); tf1: finite
+            return True  # Keras: finite (dynamic) or always (fixed); tf1: finite
         ls = self._loss_scale
-        return ((isinstance(ls, DynamicLossScale) and not _overrides(ls, DynamicLossScale, "update"))
-                or (isinstance(ls, FixedLossScale) and not _overrides(ls, FixedLossScale, "update")))
+        return (
+            isinstance(ls, DynamicLossScale) and not _overrides(ls, DynamicLossScale, "update")
+        ) or (isinstance(ls, FixedLossScale) and not _overrides(ls, FixedLossScale, "update"))
 
     def should_apply(self, finite: bool) -> bool:
         """Whether a step with this finiteness is applied (only when ``predictable``)."""
         if self._fixed_scale is not None or isinstance(self._loss_scale, FixedLossScale):
-            return True    # TF's fixed LossScale applies every step, NaN included
+            return True  # TF's fixed LossScale applies every step, NaN included
         return bool(finite)
 
     def update(self, finite: bool, grads=None) -> bool:
@@ -138,8 +159,10 @@ class LossScaling:
                 return ls.state.update(finite)
             return True
         if grads is None:
-            raise ValueError(f"{type(ls).__name__} is a user-defined LossScale; its "
-                             "update(grads) needs the gradients")
+            raise ValueError(
+                f"{type(ls).__name__} is a user-defined LossScale; its "
+                "update(grads) needs the gradients"
+            )
         _, should_apply = ls.update(grads)
         return bool(should_apply)
 
@@ -164,6 +187,7 @@ class LossScaling:
             def restore():
                 vars(obj).clear()
                 vars(obj).update(saved)
+
             return restore
         return lambda: None
 
@@ -171,8 +195,11 @@ class LossScaling:
     def get_config(self) -> dict:
         """The loss-scale part of the LossScaleOptimizer config (TF's keys)."""
         if self.shape == "keras":
-            return {"dynamic": self.dynamic, "initial_scale": self._initial,
-                    "dynamic_growth_steps": self._growth_steps}
+            return {
+                "dynamic": self.dynamic,
+                "initial_scale": self._initial,
+                "dynamic_growth_steps": self._growth_steps,
+            }
         if self.shape == "experimental":
             ls = self._loss_scale
             return {"loss_scale": {"class_name": type(ls).__name__, "config": ls.get_config()}}
@@ -181,16 +208,25 @@ class LossScaling:
             cfg = {"loss_scale": m.get_loss_scale()}
         elif type(m) is ExponentialUpdateLossScaleManager or isinstance(m, ManagerPreset):
             p = m.state.policy
-            cfg = {"init_loss_scale": p.init_scale, "incr_every_n_steps": p.growth_interval,
-                   "decr_every_n_nan_or_inf": p.hysteresis, "incr_ratio": p.growth_factor,
-                   "decr_ratio": p.backoff_factor}
+            cfg = {
+                "init_loss_scale": p.init_scale,
+                "incr_every_n_steps": p.growth_interval,
+                "decr_every_n_nan_or_inf": p.hysteresis,
+                "incr_ratio": p.growth_factor,
+                "decr_ratio": p.backoff_factor,
+            }
         else:
-            raise TypeError(f"{type(m).__name__} has no config: only lscore's "
-                            "FixedLossScaleManager and ExponentialUpdateLossScaleManager "
-                            "can be serialised")
+            raise TypeError(
+                f"{type(m).__name__} has no config: only lscore's "
+                "FixedLossScaleManager and ExponentialUpdateLossScaleManager "
+                "can be serialised"
+            )
         # the "tf1" preset is ExponentialUpdateLossScaleManager's policy and arguments
-        name = "ExponentialUpdateLossScaleManager" if isinstance(m, ManagerPreset) \
+        name = (
+            "ExponentialUpdateLossScaleManager"
+            if isinstance(m, ManagerPreset)
             else type(m).__name__
+        )
         return {"loss_scale_manager": {"class_name": name, "config": cfg}}
 
     def __repr__(self):
@@ -209,37 +245,49 @@ def scaling_kwargs_from_config(config: dict) -> dict:
     if "loss_scale_manager" in config:
         spec = config["loss_scale_manager"]
         if not isinstance(spec, dict) or set(spec) != {"class_name", "config"}:
-            raise ValueError(f"loss_scale_manager must be a {{'class_name', 'config'}} dict, "
-                             f"got {spec!r}")
+            raise ValueError(
+                f"loss_scale_manager must be a {{'class_name', 'config'}} dict, got {spec!r}"
+            )
         cls = _MANAGERS.get(spec["class_name"])
         if cls is None:
-            raise ValueError(f"unknown loss scale manager {spec['class_name']!r}; expected one "
-                             f"of: {', '.join(_MANAGERS)}")
+            raise ValueError(
+                f"unknown loss scale manager {spec['class_name']!r}; expected one "
+                f"of: {', '.join(_MANAGERS)}"
+            )
         return {"loss_scale_manager": cls(**spec["config"])}
     if "loss_scale" in config:
         return {"loss_scale": get(config["loss_scale"])}
-    return {k: config[k] for k in ("dynamic", "initial_scale", "dynamic_growth_steps")
-            if k in config}
+    return {
+        k: config[k] for k in ("dynamic", "initial_scale", "dynamic_growth_steps") if k in config
+    }
 
 
 def _keras_scaling(dynamic, initial_scale, dynamic_growth_steps) -> LossScaling:
     """tf-keras's checks, in its order, plus lscore's range rules."""
     if not isinstance(dynamic, bool):
-        raise TypeError('"dynamic" argument to LossScaleOptimizer.__init__ must be a bool, '
-                        f"but got: {dynamic!r}")
+        raise TypeError(
+            '"dynamic" argument to LossScaleOptimizer.__init__ must be a bool, '
+            f"but got: {dynamic!r}"
+        )
     if dynamic:
         initial = KERAS_DEFAULT_INITIAL_SCALE if initial_scale is None else initial_scale
         steps = KERAS_DEFAULT_GROWTH_STEPS if dynamic_growth_steps is None else dynamic_growth_steps
         initial = positive_scale("initial_scale", initial)
         steps = tf_int("dynamic_growth_steps", steps)
-        return LossScaling("keras", dynamic_ls=DynamicLossScale(initial, steps, 2.0),
-                           initial=initial, growth_steps=steps)
+        return LossScaling(
+            "keras",
+            dynamic_ls=DynamicLossScale(initial, steps, 2.0),
+            initial=initial,
+            growth_steps=steps,
+        )
     if initial_scale is None:
         raise ValueError('"initial_scale" must be specified if "dynamic" is False')
     initial = positive_scale("initial_scale", initial_scale)
     if dynamic_growth_steps is not None:
-        raise ValueError('"dynamic_growth_steps" must be None if "dynamic" is False, '
-                         f"but got: {dynamic_growth_steps}")
+        raise ValueError(
+            '"dynamic_growth_steps" must be None if "dynamic" is False, '
+            f"but got: {dynamic_growth_steps}"
+        )
     return LossScaling("keras", fixed_scale=float(np.float32(initial)), initial=initial)
 
 
@@ -260,8 +308,14 @@ def _experimental_scaling(ls: LossScale) -> LossScaling:
     return LossScaling("experimental", loss_scale=ls, initial=initial, growth_steps=steps)
 
 
-def resolve_loss_scaling(loss_scale=None, *, dynamic=True, initial_scale=None,
-                         dynamic_growth_steps=None, loss_scale_manager=None) -> LossScaling:
+def resolve_loss_scaling(
+    loss_scale=None,
+    *,
+    dynamic=True,
+    initial_scale=None,
+    dynamic_growth_steps=None,
+    loss_scale_manager=None,
+) -> LossScaling:
     """Tell the three constructor shapes apart and validate them; see the module docstring.
 
     Raises TypeError or ValueError (tf-keras's messages for the Keras shape)
@@ -270,29 +324,41 @@ def resolve_loss_scaling(loss_scale=None, *, dynamic=True, initial_scale=None,
     keras_defaults = dynamic is True and initial_scale is None and dynamic_growth_steps is None
     if isinstance(loss_scale, LossScaleManager) or loss_scale_manager is not None:
         if loss_scale_manager is not None and loss_scale is not None:
-            raise TypeError("pass the LossScaleManager once: as the second argument or as "
-                            "loss_scale_manager=, not both")
+            raise TypeError(
+                "pass the LossScaleManager once: as the second argument or as "
+                "loss_scale_manager=, not both"
+            )
         manager = loss_scale if loss_scale_manager is None else loss_scale_manager
         if not isinstance(manager, LossScaleManager):
-            raise TypeError("loss_scale_manager must be an lscore LossScaleManager, got "
-                            f"{type(manager).__module__}.{type(manager).__qualname__}")
+            raise TypeError(
+                "loss_scale_manager must be an lscore LossScaleManager, got "
+                f"{type(manager).__module__}.{type(manager).__qualname__}"
+            )
         if not keras_defaults:
-            raise TypeError("dynamic, initial_scale and dynamic_growth_steps belong to the "
-                            "Keras shape; with a LossScaleManager the manager sets the policy")
+            raise TypeError(
+                "dynamic, initial_scale and dynamic_growth_steps belong to the "
+                "Keras shape; with a LossScaleManager the manager sets the policy"
+            )
         return _tf1_scaling(manager)
     if loss_scale is None or isinstance(loss_scale, (bool, np.bool_)):
         if loss_scale is not None:
             if dynamic is not True:
-                raise TypeError("dynamic was given twice: as the second argument "
-                                f"({loss_scale!r}) and as dynamic={dynamic!r}")
+                raise TypeError(
+                    "dynamic was given twice: as the second argument "
+                    f"({loss_scale!r}) and as dynamic={dynamic!r}"
+                )
             dynamic = loss_scale
         return _keras_scaling(dynamic, initial_scale, dynamic_growth_steps)
     if not keras_defaults:
-        raise TypeError("dynamic, initial_scale and dynamic_growth_steps belong to the Keras "
-                        "shape; with a loss_scale argument (TF <= 2.3 shape) the LossScale "
-                        "sets the policy")
+        raise TypeError(
+            "dynamic, initial_scale and dynamic_growth_steps belong to the Keras "
+            "shape; with a loss_scale argument (TF <= 2.3 shape) the LossScale "
+            "sets the policy"
+        )
     if not isinstance(loss_scale, (str, numbers.Real, LossScale, dict)):
-        raise TypeError("loss_scale must be a number, 'dynamic', a LossScale or a "
-                        "LossScaleManager (or None or a bool for the Keras shape), got "
-                        f"{type(loss_scale).__module__}.{type(loss_scale).__qualname__}")
+        raise TypeError(
+            "loss_scale must be a number, 'dynamic', a LossScale or a "
+            "LossScaleManager (or None or a bool for the Keras shape), got "
+            f"{type(loss_scale).__module__}.{type(loss_scale).__qualname__}"
+        )
     return _experimental_scaling(get(loss_scale))

@@ -49,6 +49,7 @@ Example::
 Arrays must be dense (C- or F-contiguous); integer and bool arrays count
 as finite and are never written.
 """
+
 from __future__ import annotations
 
 import cupy
@@ -56,14 +57,27 @@ import cupy
 from lscore import cuda
 from lscore.adapters import _arrays, _device, _optim
 from lscore.loss_scale import DynamicLossScale, FixedLossScale, LossScale, get
-from lscore.managers import (ExponentialUpdateLossScaleManager, FixedLossScaleManager,
-                             LossScaleManager)
+from lscore.managers import (
+    ExponentialUpdateLossScaleManager,
+    FixedLossScaleManager,
+    LossScaleManager,
+)
 
 __all__ = [
-    "LossScaleOptimizer", "SGD", "Adam", "all_finite", "unscale_", "unscale_and_norm",
+    "LossScaleOptimizer",
+    "SGD",
+    "Adam",
+    "all_finite",
+    "unscale_",
+    "unscale_and_norm",
     "unscale_and_clip_",
-    "LossScale", "FixedLossScale", "DynamicLossScale", "get",
-    "LossScaleManager", "FixedLossScaleManager", "ExponentialUpdateLossScaleManager",
+    "LossScale",
+    "FixedLossScale",
+    "DynamicLossScale",
+    "get",
+    "LossScaleManager",
+    "FixedLossScaleManager",
+    "ExponentialUpdateLossScaleManager",
 ]
 
 _KERNELS = _device.ArrayKernels(cupy, cuda.CupyBackend, array_type=cupy.ndarray)
@@ -74,7 +88,8 @@ def _capturing() -> bool:
 
 
 all_finite, unscale_, unscale_and_norm, unscale_and_clip_ = _device.reading_calls(
-    _KERNELS, _capturing)
+    _KERNELS, _capturing
+)
 
 
 class _Bound:
@@ -90,12 +105,12 @@ class SGD(_Bound, _device.GatedSGD, _arrays.SGD):
 
 
 class Adam(_Bound, _device.GatedAdam, _arrays.Adam):
-    __doc__ = _arrays.Adam.__doc__ + "\n" + _device.Gated.__doc__ + "\n" \
-        + _device.GatedAdam.__doc__
+    __doc__ = _arrays.Adam.__doc__ + "\n" + _device.Gated.__doc__ + "\n" + _device.GatedAdam.__doc__
 
 
 class LossScaleOptimizer(_Bound, _device.DeviceLossScaleOptimizer):
-    __doc__ = (_device.DeviceLossScaleOptimizer.__doc__ + "\n"
-               + _optim.LossScaleOptimizerBase.__doc__)
+    __doc__ = (
+        _device.DeviceLossScaleOptimizer.__doc__ + "\n" + _optim.LossScaleOptimizerBase.__doc__
+    )
     _all_finite = staticmethod(all_finite)
     _optimizer_classes = {"SGD": SGD, "Adam": Adam}

@@ -7,6 +7,7 @@ and the CPU host harness (the adapter's logic, kernels included, without a
 GPU), and ``lscore bench --suite gpu-host`` binds NumPy and a backend whose
 launches do nothing (the host's cost of a step).
 """
+
 from __future__ import annotations
 
 import types
@@ -22,7 +23,8 @@ def bind(xp, kernels, *, capturing=lambda: False) -> types.SimpleNamespace:
     ``ArrayKernels``), device 0 being current; `capturing()` says whether a CUDA graph is
     being captured (the calls that would break one refuse)."""
     all_finite, unscale_, unscale_and_norm, unscale_and_clip_ = _device.reading_calls(
-        kernels, capturing)
+        kernels, capturing
+    )
 
     class Bound:
         _xp = xp
@@ -40,7 +42,12 @@ def bind(xp, kernels, *, capturing=lambda: False) -> types.SimpleNamespace:
         _all_finite = staticmethod(all_finite)
         _optimizer_classes = {"SGD": SGD, "Adam": Adam}
 
-    return types.SimpleNamespace(all_finite=all_finite, unscale_=unscale_,
-                                 unscale_and_norm=unscale_and_norm,
-                                 unscale_and_clip_=unscale_and_clip_, SGD=SGD, Adam=Adam,
-                                 LossScaleOptimizer=LossScaleOptimizer)
+    return types.SimpleNamespace(
+        all_finite=all_finite,
+        unscale_=unscale_,
+        unscale_and_norm=unscale_and_norm,
+        unscale_and_clip_=unscale_and_clip_,
+        SGD=SGD,
+        Adam=Adam,
+        LossScaleOptimizer=LossScaleOptimizer,
+    )

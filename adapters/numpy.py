@@ -27,20 +27,33 @@ TF <= 2.3 with a ``LossScale``, TF1 with a ``LossScaleManager``).  TF1 loops kee
 array as ``global_step`` (advanced in place when the step is applied); where TF1
 passes a loss tensor to ``compute_gradients`` or ``minimize``, pass the function.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from lscore.adapters import _arrays, _optim
 from lscore.loss_scale import DynamicLossScale, FixedLossScale, LossScale, get
-from lscore.managers import (ExponentialUpdateLossScaleManager, FixedLossScaleManager,
-                             LossScaleManager)
+from lscore.managers import (
+    ExponentialUpdateLossScaleManager,
+    FixedLossScaleManager,
+    LossScaleManager,
+)
 from lscore.scan import all_finite, unscale_
 
 __all__ = [
-    "LossScaleOptimizer", "SGD", "Adam", "all_finite", "unscale_",
-    "LossScale", "FixedLossScale", "DynamicLossScale", "get",
-    "LossScaleManager", "FixedLossScaleManager", "ExponentialUpdateLossScaleManager",
+    "LossScaleOptimizer",
+    "SGD",
+    "Adam",
+    "all_finite",
+    "unscale_",
+    "LossScale",
+    "FixedLossScale",
+    "DynamicLossScale",
+    "get",
+    "LossScaleManager",
+    "FixedLossScaleManager",
+    "ExponentialUpdateLossScaleManager",
 ]
 
 

@@ -5,18 +5,23 @@ scan finds NaN/Inf in many arrays at memory speed.  The TF2 (`LossScale`),
 TF1 (`LossScaleManager`) and, in ``lscore.adapters``, Keras- and torch-shaped
 APIs sit on top.  ``import lscore`` needs only NumPy.
 """
+
 try:
     from lscore._ext import _codes, _grads, _scan, _state, _walk  # noqa: F401
 except ImportError as e:  # pragma: no cover - exercised only on a broken install
     raise ImportError(
         "lscore's compiled core (lscore._ext) is not built or does not load "
         f"({e}); from a source checkout run `pip install -e .` "
-        "(needs a C compiler, Cython >= 3 and numpy)") from e
+        "(needs a C compiler, Cython >= 3 and numpy)"
+    ) from e
 
 from lscore.policy import Policy
 from lscore.loss_scale import DynamicLossScale, FixedLossScale, LossScale, get
-from lscore.managers import (ExponentialUpdateLossScaleManager, FixedLossScaleManager,
-                             LossScaleManager)
+from lscore.managers import (
+    ExponentialUpdateLossScaleManager,
+    FixedLossScaleManager,
+    LossScaleManager,
+)
 from lscore.scan import all_finite, unscale_
 from lscore.state import LossScaleFloorError, LossScaleState
 from lscore.presets import preset
@@ -24,11 +29,20 @@ from lscore.presets import preset
 __version__ = "0.1.0"
 
 __all__ = [
-    "LossScale", "FixedLossScale", "DynamicLossScale", "get",
-    "LossScaleManager", "FixedLossScaleManager", "ExponentialUpdateLossScaleManager",
-    "all_finite", "unscale_",
-    "Policy", "LossScaleState", "LossScaleFloorError",
-    "preset", "migrate",
+    "LossScale",
+    "FixedLossScale",
+    "DynamicLossScale",
+    "get",
+    "LossScaleManager",
+    "FixedLossScaleManager",
+    "ExponentialUpdateLossScaleManager",
+    "all_finite",
+    "unscale_",
+    "Policy",
+    "LossScaleState",
+    "LossScaleFloorError",
+    "preset",
+    "migrate",
 ]
 
 del _codes, _grads, _scan, _state, _walk
@@ -38,5 +52,6 @@ def __getattr__(name):
     # lscore.migrate (sixteen peers' readers) loads on first use: `import lscore` stays fast
     if name == "migrate":
         import importlib
+
         return importlib.import_module("lscore.migrate")
     raise AttributeError(f"module 'lscore' has no attribute {name!r}")

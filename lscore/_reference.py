@@ -4,6 +4,7 @@ It is never a fallback: ``import lscore`` fails without the compiled core.
 Tests run the core and this module on the same generated inputs and demand
 the same results and the same exceptions.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -112,8 +113,9 @@ def update(state: RefState, finite: bool) -> tuple[RefState, int]:
     s = dataclasses.replace(state)
     apply = bool(finite) or p.apply_nonfinite
     if p.growth_mode == "never":
-        return dataclasses.replace(s, steps=s.steps + 1, skipped=s.skipped + (not apply)), \
-            APPLY if apply else SKIP
+        return dataclasses.replace(
+            s, steps=s.steps + 1, skipped=s.skipped + (not apply)
+        ), APPLY if apply else SKIP
     scale, nxt = s.scale, s.next_scale
     work = nxt if p.apply_next else scale
     good, left = s.good_steps, s.hysteresis_left
@@ -164,15 +166,21 @@ def update(state: RefState, finite: bool) -> tuple[RefState, int]:
             left = 1
         good = 0
         if p.min_action == "raise_below" and work <= _rnd(p, floor):
-            return dataclasses.replace(state, good_steps=good, hysteresis_left=left,
-                                       overflows=overflows, since_rescale=since,
-                                       overflow_seen=seen), FLOOR_ERROR
+            return dataclasses.replace(
+                state,
+                good_steps=good,
+                hysteresis_left=left,
+                overflows=overflows,
+                since_rescale=since,
+                overflow_seen=seen,
+            ), FLOOR_ERROR
     if p.apply_next:
         scale, nxt = nxt, work
     else:
         scale = work
-    return RefState(p, scale, nxt, good, left, s.steps + 1, s.skipped + (not apply),
-                    overflows, since, seen), APPLY if apply else SKIP
+    return RefState(
+        p, scale, nxt, good, left, s.steps + 1, s.skipped + (not apply), overflows, since, seen
+    ), APPLY if apply else SKIP
 
 
 # ---- scan ------------------------------------------------------------------
@@ -263,7 +271,7 @@ def unscale_(arrays, inv_scale: float, stats: bool = False):
             raise ValueError("unscale_ needs arrays whose elements do not overlap")
     floats = [a for a, kind in leaves if kind != "int" and a.size]
     for i, a in enumerate(floats):
-        for b in floats[i + 1:]:
+        for b in floats[i + 1 :]:
             if np.shares_memory(a, b):
                 raise ValueError("unscale_ needs arrays that do not share memory")
     finite = True

@@ -21,6 +21,7 @@ Example::
         _, applied = ls.update(grads)
         monitor.observe(step, applied, before, ls(), lambda: {"w": gw, "b": gb})
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,13 +34,17 @@ import numpy as np
 from lscore._ext import _codes
 from lscore.dtypes import Code
 
-__all__ = ["OverflowMonitor", "OverflowReport", "TensorReport", "count_nonfinite",
-           "named_arrays"]
+__all__ = ["OverflowMonitor", "OverflowReport", "TensorReport", "count_nonfinite", "named_arrays"]
 
 _WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-_FORMAT_CODES = {"float16": Code.F16, "bfloat16": Code.BF16, "float32": Code.F32,
-                 "float64": Code.F64, "float8_e5m2": Code.E5M2,
-                 "float8_e4m3fn": Code.E4M3FN}
+_FORMAT_CODES = {
+    "float16": Code.F16,
+    "bfloat16": Code.BF16,
+    "float32": Code.F32,
+    "float64": Code.F64,
+    "float8_e5m2": Code.E5M2,
+    "float8_e4m3fn": Code.E4M3FN,
+}
 
 
 def _masks(code: Code) -> tuple:
@@ -59,7 +64,7 @@ def _masks(code: Code) -> tuple:
 
 # sign, exponent and mantissa masks of each floating format, on the raw words
 _FORMATS = {name: _masks(code) for name, code in _FORMAT_CODES.items()}
-_CHUNK = 1 << 20      # elements per pass: bounds the temporaries on huge arrays
+_CHUNK = 1 << 20  # elements per pass: bounds the temporaries on huge arrays
 
 
 def count_nonfinite(a, fmt: str | None = None) -> tuple[int, int, int]:
@@ -76,16 +81,18 @@ def count_nonfinite(a, fmt: str | None = None) -> tuple[int, int, int]:
     name = fmt or a.dtype.name
     fmt = _FORMATS.get(name)
     if fmt is None or a.dtype.itemsize != np.dtype(fmt[0]).itemsize:
-        raise TypeError(f"cannot count NaN/Inf in {name} ({a.dtype}); expected "
-                        f"{', '.join(_FORMATS)}, an integer or a bool dtype")
+        raise TypeError(
+            f"cannot count NaN/Inf in {name} ({a.dtype}); expected "
+            f"{', '.join(_FORMATS)}, an integer or a bool dtype"
+        )
     word, sign, expo, mant = fmt
     if not a.dtype.isnative:
         a = a.byteswap().view(a.dtype.newbyteorder())
     flat = a.view(word).reshape(-1)
     nan = pos = neg = 0
     for i in range(0, flat.size, _CHUNK):
-        w = flat[i:i + _CHUNK]
-        if expo is None:                                   # e4m3fn: NaN only
+        w = flat[i : i + _CHUNK]
+        if expo is None:  # e4m3fn: NaN only
             nan += int(np.count_nonzero((w & word(mant)) == word(mant)))
             continue
         special = (w & word(expo)) == word(expo)
@@ -118,8 +125,7 @@ def named_arrays(arrays, prefix: str = "") -> list[tuple[str, object]]:
         out.append((prefix.rstrip(".") or "0", arrays))
         return out
     items = list(arrays)
-    if items and all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str)
-                     for x in items):
+    if items and all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) for x in items):
         for name, v in items:
             if v is not None:
                 out.append((prefix + name, v))
@@ -144,8 +150,11 @@ class TensorReport:
     size: int
 
     def __str__(self):
-        parts = [f"{n} {label}" for n, label in ((self.nan, "NaN"), (self.posinf, "+Inf"),
-                                                  (self.neginf, "-Inf")) if n]
+        parts = [
+            f"{n} {label}"
+            for n, label in ((self.nan, "NaN"), (self.posinf, "+Inf"), (self.neginf, "-Inf"))
+            if n
+        ]
         return f"{self.name} ({', '.join(parts)} of {self.size})"
 
 
@@ -160,8 +169,10 @@ class OverflowReport:
 
     def __str__(self):
         where = ", ".join(map(str, self.tensors)) if self.tensors else "no named tensor"
-        return (f"step {self.step} skipped (scale {_fmt(self.scale_before)} -> "
-                f"{_fmt(self.scale_after)}): {where}")
+        return (
+            f"step {self.step} skipped (scale {_fmt(self.scale_before)} -> "
+            f"{_fmt(self.scale_after)}): {where}"
+        )
 
 
 def _fmt(x: float) -> str:
@@ -194,8 +205,16 @@ class OverflowMonitor:
     (None before the first), ``last_report``.  Methods are thread-safe.
     """
 
-    def __init__(self, *, report: bool = True, logger="lscore", level: int = logging.WARNING,
-                 min_interval: int = 1000, max_tensors: int = 5, names=None):
+    def __init__(
+        self,
+        *,
+        report: bool = True,
+        logger="lscore",
+        level: int = logging.WARNING,
+        min_interval: int = 1000,
+        max_tensors: int = 5,
+        names=None,
+    ):
         if isinstance(min_interval, bool) or not isinstance(min_interval, int) or min_interval < 0:
             raise ValueError(f"min_interval must be an int >= 0, got {min_interval!r}")
         if isinstance(max_tensors, bool) or not isinstance(max_tensors, int) or max_tensors < 0:
@@ -213,11 +232,12 @@ class OverflowMonitor:
         self.last_skipped_step: int | None = None
         self.last_report: OverflowReport | None = None
         self._first_step: int | None = None
-        self._pending: dict | None = None        # the burst(s) not logged yet
+        self._pending: dict | None = None  # the burst(s) not logged yet
         self._last_logged: int | None = None
 
-    def observe(self, step: int, applied: bool, scale_before: float, scale_after: float,
-                arrays=None) -> OverflowReport | None:
+    def observe(
+        self, step: int, applied: bool, scale_before: float, scale_after: float, arrays=None
+    ) -> OverflowReport | None:
         """Record one step; on a skipped step, report which arrays held NaN/Inf.
 
         `arrays` is anything :func:`named_arrays` takes, or a callable
@@ -242,8 +262,12 @@ class OverflowMonitor:
                     self.last_report = rep
                 p = self._pending
                 if p is None:
-                    p = self._pending = {"first": step, "count": 0, "from": scale_before,
-                                         "starts_run": step == self._first_step}
+                    p = self._pending = {
+                        "first": step,
+                        "count": 0,
+                        "from": scale_before,
+                        "starts_run": step == self._first_step,
+                    }
                 p["count"] += 1
                 p["last"], p["to"], p["report"] = step, scale_after, rep
                 line = None
@@ -268,9 +292,11 @@ class OverflowMonitor:
 
     def state_dict(self) -> dict:
         with self._lock:
-            return {"total_skipped": self.total_skipped,
-                    "consecutive_skipped": self.consecutive_skipped,
-                    "last_skipped_step": self.last_skipped_step}
+            return {
+                "total_skipped": self.total_skipped,
+                "consecutive_skipped": self.consecutive_skipped,
+                "last_skipped_step": self.last_skipped_step,
+            }
 
     def load_state_dict(self, d: dict) -> None:
         keys = {"total_skipped", "consecutive_skipped", "last_skipped_step"}
@@ -290,7 +316,7 @@ class OverflowMonitor:
     def __getstate__(self):
         d = dict(self.__dict__)
         del d["_lock"]
-        d["logger"] = self.logger.name          # loggers are looked up again by name
+        d["logger"] = self.logger.name  # loggers are looked up again by name
         return d
 
     def __setstate__(self, d):
@@ -327,10 +353,13 @@ class OverflowMonitor:
             return None
         n = p["count"]
         steps = "step" if n == 1 else "steps"
-        fell = (f"the scale fell from {_fmt(p['from'])} to {_fmt(p['to'])}"
-                if p["to"] < p["from"] else f"the scale stayed at {_fmt(p['to'])}"
-                if p["to"] == p["from"] else
-                f"the scale went from {_fmt(p['from'])} to {_fmt(p['to'])}")
+        fell = (
+            f"the scale fell from {_fmt(p['from'])} to {_fmt(p['to'])}"
+            if p["to"] < p["from"]
+            else f"the scale stayed at {_fmt(p['to'])}"
+            if p["to"] == p["from"]
+            else f"the scale went from {_fmt(p['from'])} to {_fmt(p['to'])}"
+        )
         if p["starts_run"] and p["last"] - p["first"] + 1 == n:
             head = f"first {n} {steps} skipped while {fell}"
         elif n == 1:
@@ -339,11 +368,13 @@ class OverflowMonitor:
             head = f"{n} {steps} skipped in steps {p['first']}-{p['last']} while {fell}"
         rep = p["report"]
         if rep is not None and rep.tensors and self.max_tensors:
-            shown = ", ".join(map(str, rep.tensors[:self.max_tensors]))
+            shown = ", ".join(map(str, rep.tensors[: self.max_tensors]))
             more = len(rep.tensors) - self.max_tensors
             head += f"; last overflow: {shown}" + (f" and {more} more" if more > 0 else "")
         return head
 
     def __repr__(self):
-        return (f"OverflowMonitor(total_skipped={self.total_skipped}, consecutive_skipped="
-                f"{self.consecutive_skipped}, last_skipped_step={self.last_skipped_step})")
+        return (
+            f"OverflowMonitor(total_skipped={self.total_skipped}, consecutive_skipped="
+            f"{self.consecutive_skipped}, last_skipped_step={self.last_skipped_step})"
+        )

@@ -28,6 +28,7 @@ worker: for any realistic world size this is as cheap as a reduction.
 other backend through ``device=``); ``MPIReducer`` uses mpi4py, for NumPy and
 CuPy training loops.  Neither framework is imported until a reducer is made.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,8 +43,10 @@ __all__ = ["TorchReducer", "MPIReducer", "check_reducer", "reduce_found_inf"]
 def check_reducer(reducer):
     """`reducer` itself when it is None or has a callable ``reduce``; TypeError otherwise."""
     if reducer is not None and not callable(getattr(reducer, "reduce", None)):
-        raise TypeError("reducer must have a method reduce(found_inf, stats=None) -> "
-                        f"(found_inf, stats), got {type(reducer).__name__}")
+        raise TypeError(
+            "reducer must have a method reduce(found_inf, stats=None) -> "
+            f"(found_inf, stats), got {type(reducer).__name__}"
+        )
     return reducer
 
 
@@ -60,7 +63,7 @@ class _Layout:
     __slots__ = ("keys", "n_sum")
 
     def __init__(self, keys, n_sum):
-        self.keys = keys      # None for the (sumsq, max_abs) pair, else dict keys (sums first)
+        self.keys = keys  # None for the (sumsq, max_abs) pair, else dict keys (sums first)
         self.n_sum = n_sum
 
     def fold(self, rows: list):
@@ -71,10 +74,9 @@ class _Layout:
         """
         found = any(row[0] != 0 for row in rows)
         columns = list(zip(*rows))[1:]
-        values = [sum(c) for c in columns[:self.n_sum]]
+        values = [sum(c) for c in columns[: self.n_sum]]
         # max() would drop a NaN that is not first; a NaN maximum must reach everyone
-        values += [math.nan if any(v != v for v in c) else max(c)
-                   for c in columns[self.n_sum:]]
+        values += [math.nan if any(v != v for v in c) else max(c) for c in columns[self.n_sum :]]
         if self.keys is None:
             return found, tuple(values)
         return found, dict(zip(self.keys, values))
@@ -86,22 +88,26 @@ def _pack(found_inf, stats):
         sums, maxima = [], []
         for key, value in stats.items():
             if not isinstance(key, str) or not key.startswith(("sum", "max")):
-                raise ValueError("stats keys must start with 'sum' (added) or 'max' (maxed), "
-                                 f"got {key!r}")
-            (sums if key.startswith("sum") else maxima).append((key, real(f"stats[{key!r}]",
-                                                                          value)))
+                raise ValueError(
+                    f"stats keys must start with 'sum' (added) or 'max' (maxed), got {key!r}"
+                )
+            (sums if key.startswith("sum") else maxima).append(
+                (key, real(f"stats[{key!r}]", value))
+            )
         items = sums + maxima
         layout = _Layout(tuple(k for k, _ in items), len(sums))
         values = [v for _, v in items]
     elif isinstance(stats, (tuple, list)):
         if len(stats) != 2:
-            raise ValueError(f"stats as a sequence must be (sumsq, max_abs), got {len(stats)} "
-                             "values")
+            raise ValueError(
+                f"stats as a sequence must be (sumsq, max_abs), got {len(stats)} values"
+            )
         layout = _Layout(None, 1)
         values = [real("stats[0] (sumsq)", stats[0]), real("stats[1] (max_abs)", stats[1])]
     else:
-        raise TypeError("stats must be None, a (sumsq, max_abs) tuple or a dict, got "
-                        f"{type(stats).__name__}")
+        raise TypeError(
+            f"stats must be None, a (sumsq, max_abs) tuple or a dict, got {type(stats).__name__}"
+        )
     return layout, [1.0 if found_inf else 0.0] + values
 
 
@@ -134,6 +140,7 @@ class TorchReducer:
 
     def __init__(self, process_group=None, *, device=None):
         import torch
+
         self.process_group = process_group
         self._device = None if device is None else torch.device(device)
 
@@ -143,6 +150,7 @@ class TorchReducer:
     def world_size(self) -> int:
         """The group's size (1 when there is no group to talk to)."""
         import torch.distributed as dist
+
         if self.process_group is None and not (dist.is_available() and dist.is_initialized()):
             return 1
         n = dist.get_world_size(self.process_group)
@@ -155,9 +163,13 @@ class TorchReducer:
         if self._device is None:
             import torch
             import torch.distributed as dist
+
             backend = str(dist.get_backend(self.process_group)).lower()
-            self._device = (torch.device("cuda", torch.cuda.current_device())
-                            if backend == "nccl" else torch.device("cpu"))
+            self._device = (
+                torch.device("cuda", torch.cuda.current_device())
+                if backend == "nccl"
+                else torch.device("cpu")
+            )
         return self._device
 
     def reduce(self, found_inf, stats=None):
@@ -168,6 +180,7 @@ class TorchReducer:
             return _local(found_inf, stats)
         import torch
         import torch.distributed as dist
+
         group = self.process_group
         if stats is None:
             flag = torch.tensor([int(found_inf)], dtype=torch.int32, device=self.device())
@@ -201,6 +214,7 @@ class MPIReducer:
     def __init__(self, comm=None):
         if comm is None:
             from mpi4py import MPI
+
             comm = MPI.COMM_WORLD
         self.comm = comm
 
@@ -218,6 +232,7 @@ class MPIReducer:
         if world == 1:
             return _local(found_inf, stats)
         from mpi4py import MPI
+
         if stats is None:
             flag = np.array([int(found_inf)], dtype=np.int32)
             out = np.empty_like(flag)

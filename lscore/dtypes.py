@@ -1,11 +1,12 @@
 """Dtype codes of the compiled core (lsc_codes.h, read through _codes); public for the adapters."""
+
 import enum
 
 from lscore._ext._codes import CODES
 
 
 class Code(enum.IntEnum):
-    INT = CODES["INT"]        # integer and bool: finite, never written
+    INT = CODES["INT"]  # integer and bool: finite, never written
     F16 = CODES["F16"]
     BF16 = CODES["BF16"]
     F32 = CODES["F32"]
@@ -16,10 +17,13 @@ class Code(enum.IntEnum):
 
 # str(dtype) -> code; works for numpy/ml_dtypes, cupy and torch dtype names alike
 BY_NAME = {
-    "float16": Code.F16, "half": Code.F16,
+    "float16": Code.F16,
+    "half": Code.F16,
     "bfloat16": Code.BF16,
-    "float32": Code.F32, "float": Code.F32,
-    "float64": Code.F64, "double": Code.F64,
+    "float32": Code.F32,
+    "float": Code.F32,
+    "float64": Code.F64,
+    "double": Code.F64,
     "float8_e4m3fn": Code.E4M3FN,
     "float8_e5m2": Code.E5M2,
     "bool": Code.INT,

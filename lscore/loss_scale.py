@@ -6,6 +6,7 @@ would overflow float32 is refused, decreases divide by the multiplier and
 never go below 1.  Unlike TF, nonsense arguments (NaN or negative scales,
 non-numbers) are rejected when the object is built.
 """
+
 from __future__ import annotations
 
 import abc
@@ -50,17 +51,19 @@ class FixedLossScale(LossScale):
     """A loss scale that never changes; ``update`` always says apply (TF's behaviour)."""
 
     def __init__(self, loss_scale_value):
-        self._value = fixed_scale("loss_scale_value", loss_scale_value,
-                                   "loss_scale_value must be at least 1.")
+        self._value = fixed_scale(
+            "loss_scale_value", loss_scale_value, "loss_scale_value must be at least 1."
+        )
         self._scale32 = float(np.float32(self._value))
-        self._state = LossScaleState(Policy(name="fixed", init_scale=self._value,
-                                            growth_mode="never", apply_nonfinite=True))
+        self._state = LossScaleState(
+            Policy(name="fixed", init_scale=self._value, growth_mode="never", apply_nonfinite=True)
+        )
 
     def __call__(self) -> float:
         return self._scale32
 
     def update(self, grads):
-        del grads   # TF ignores them: a fixed scale applies every step
+        del grads  # TF ignores them: a fixed scale applies every step
         self._state.update(True)
         return None, True
 
@@ -106,15 +109,25 @@ class DynamicLossScale(LossScale):
             optimizer.apply(grads)
     """
 
-    def __init__(self, initial_loss_scale=2 ** 15, increment_period=2000, multiplier=2.0):
+    def __init__(self, initial_loss_scale=2**15, increment_period=2000, multiplier=2.0):
         self._initial = positive_scale("initial_loss_scale", initial_loss_scale)
         self._period = tf_int("increment_period", increment_period)
         self._multiplier = factor_at_least_one("multiplier", multiplier)
-        self._state = LossScaleState(Policy(
-            name="tf2", init_scale=self._initial, growth_factor=self._multiplier,
-            backoff_factor=1.0 / self._multiplier, growth_interval=self._period,
-            precision="float32", growth_mode="ge", backoff_mode="divide", min_scale=1.0,
-            guard_finite=True, refill=("backoff",)))
+        self._state = LossScaleState(
+            Policy(
+                name="tf2",
+                init_scale=self._initial,
+                growth_factor=self._multiplier,
+                backoff_factor=1.0 / self._multiplier,
+                growth_interval=self._period,
+                precision="float32",
+                growth_mode="ge",
+                backoff_mode="divide",
+                min_scale=1.0,
+                guard_finite=True,
+                refill=("backoff",),
+            )
+        )
 
     @property
     def initial_loss_scale(self) -> float:
@@ -144,8 +157,11 @@ class DynamicLossScale(LossScale):
         return None, self._state.update(kernels.all_finite(grads))
 
     def get_config(self) -> dict:
-        return {"initial_loss_scale": self._initial, "increment_period": self._period,
-                "multiplier": self._multiplier}
+        return {
+            "initial_loss_scale": self._initial,
+            "increment_period": self._period,
+            "multiplier": self._multiplier,
+        }
 
     def state_dict(self) -> dict:
         """The v1 state (JSON-safe): policy, scale, counters and this object's config."""
@@ -156,9 +172,11 @@ class DynamicLossScale(LossScale):
         self._state.load_state_dict(d, same_policy=True)
 
     def __repr__(self):
-        return (f"DynamicLossScale(current_loss_scale={self()}, num_good_steps="
-                f"{self.good_steps}, initial_loss_scale={self._initial}, increment_period="
-                f"{self._period}, multiplier={self._multiplier})")
+        return (
+            f"DynamicLossScale(current_loss_scale={self()}, num_good_steps="
+            f"{self.good_steps}, initial_loss_scale={self._initial}, increment_period="
+            f"{self._period}, multiplier={self._multiplier})"
+        )
 
 
 def get(identifier):

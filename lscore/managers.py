@@ -4,14 +4,22 @@ Code written against ``LossScaleManager.get_loss_scale()`` and
 ``update_loss_scale(finite_grads)`` keeps working after its import lines are
 switched to lscore.  Scales are Python floats holding float32 values.
 """
+
 from __future__ import annotations
 
 import abc
 
 import numpy as np
 
-from lscore.policy import (Policy, factor_at_least_one, fixed_scale, fraction, integer,
-                           positive_scale, tf_int)
+from lscore.policy import (
+    Policy,
+    factor_at_least_one,
+    fixed_scale,
+    fraction,
+    integer,
+    positive_scale,
+    tf_int,
+)
 from lscore.state import LossScaleState, as_finite
 
 __all__ = ["LossScaleManager", "FixedLossScaleManager", "ExponentialUpdateLossScaleManager"]
@@ -36,8 +44,9 @@ class FixedLossScaleManager(LossScaleManager):
         self._value = fixed_scale("loss_scale", loss_scale, "loss scale must be at least 1.")
         self._scale32 = float(np.float32(self._value))
         # the TF1 LossScaleOptimizer skips a non-finite step even with a fixed scale
-        self._state = LossScaleState(Policy(name="tf1_fixed", init_scale=self._value,
-                                            growth_mode="never"))
+        self._state = LossScaleState(
+            Policy(name="tf1_fixed", init_scale=self._value, growth_mode="never")
+        )
 
     def get_loss_scale(self) -> float:
         return self._scale32
@@ -79,19 +88,35 @@ class ExponentialUpdateLossScaleManager(LossScaleManager):
     Bad steps accumulate (they need not be consecutive) until the scale changes.
     """
 
-    def __init__(self, init_loss_scale, incr_every_n_steps, decr_every_n_nan_or_inf=2,
-                 incr_ratio=2, decr_ratio=0.8):
+    def __init__(
+        self,
+        init_loss_scale,
+        incr_every_n_steps,
+        decr_every_n_nan_or_inf=2,
+        incr_ratio=2,
+        decr_ratio=0.8,
+    ):
         self._init = positive_scale("init_loss_scale", init_loss_scale)
         self._incr_n = tf_int("incr_every_n_steps", incr_every_n_steps)
         self._decr_n = integer("decr_every_n_nan_or_inf", decr_every_n_nan_or_inf, minimum=1)
         self._incr_ratio = factor_at_least_one("incr_ratio", incr_ratio)
         self._decr_ratio = fraction("decr_ratio", decr_ratio)
-        self._state = LossScaleState(Policy(
-            name="tf1", init_scale=self._init, growth_factor=self._incr_ratio,
-            backoff_factor=self._decr_ratio, growth_interval=self._incr_n,
-            hysteresis=self._decr_n, precision="float32", growth_mode="ge",
-            backoff_mode="multiply", min_scale=1.0, guard_finite=True,
-            refill=("growth", "backoff")))
+        self._state = LossScaleState(
+            Policy(
+                name="tf1",
+                init_scale=self._init,
+                growth_factor=self._incr_ratio,
+                backoff_factor=self._decr_ratio,
+                growth_interval=self._incr_n,
+                hysteresis=self._decr_n,
+                precision="float32",
+                growth_mode="ge",
+                backoff_mode="multiply",
+                min_scale=1.0,
+                guard_finite=True,
+                refill=("growth", "backoff"),
+            )
+        )
 
     def get_loss_scale(self) -> float:
         return self._state.scale
@@ -113,15 +138,22 @@ class ExponentialUpdateLossScaleManager(LossScaleManager):
 
     def state_dict(self) -> dict:
         """The v1 state (JSON-safe); bad_steps is hysteresis - hysteresis_left."""
-        return self._state.state_dict(config={
-            "init_loss_scale": self._init, "incr_every_n_steps": self._incr_n,
-            "decr_every_n_nan_or_inf": self._decr_n, "incr_ratio": self._incr_ratio,
-            "decr_ratio": self._decr_ratio})
+        return self._state.state_dict(
+            config={
+                "init_loss_scale": self._init,
+                "incr_every_n_steps": self._incr_n,
+                "decr_every_n_nan_or_inf": self._decr_n,
+                "incr_ratio": self._incr_ratio,
+                "decr_ratio": self._decr_ratio,
+            }
+        )
 
     def load_state_dict(self, d: dict) -> None:
         """Take a v1 state saved by the same policy (works before the first update)."""
         self._state.load_state_dict(d, same_policy=True)
 
     def __repr__(self):
-        return (f"ExponentialUpdateLossScaleManager(loss_scale={self.get_loss_scale()}, "
-                f"good_steps={self.good_steps}, bad_steps={self.bad_steps})")
+        return (
+            f"ExponentialUpdateLossScaleManager(loss_scale={self.get_loss_scale()}, "
+            f"good_steps={self.good_steps}, bad_steps={self.bad_steps})"
+        )

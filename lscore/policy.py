@@ -4,6 +4,7 @@ All configuration validation lives here: the classes that imitate TF, Keras or
 torch translate their own argument names and call these helpers, then build a
 ``Policy``; the compiled core trusts a ``Policy`` and checks nothing.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,8 +40,7 @@ def _is_real(value) -> bool:
 def real(name: str, value) -> float:
     """`value` as a float; TypeError naming `name` unless it is a real number."""
     if not _is_real(value):
-        raise TypeError(f"{name} must be a real number, got {value!r} "
-                        f"({type(value).__name__})")
+        raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
     return float(value)
 
 
@@ -50,8 +50,7 @@ def positive_scale(name: str, value, *, precision: str = "float32") -> float:
     if not math.isfinite(v) or v <= 0:
         raise ValueError(f"{name} must be finite and > 0, got {value!r}")
     if precision != "float64" and overflows_f32(v):
-        raise ValueError(f"{name} must be finite in float32 (at most {F32_MAX:.8g}), "
-                         f"got {value!r}")
+        raise ValueError(f"{name} must be finite in float32 (at most {F32_MAX:.8g}), got {value!r}")
     return v
 
 
@@ -73,12 +72,11 @@ def fixed_scale(name: str, value, message: str) -> float:
     if v < 1:
         raise ValueError(message)
     if overflows_f32(v):
-        raise ValueError(f"{name} must be finite in float32 (at most {F32_MAX:.8g}), "
-                         f"got {value!r}")
+        raise ValueError(f"{name} must be finite in float32 (at most {F32_MAX:.8g}), got {value!r}")
     return v
 
 
-I64_MAX = 2 ** 63 - 1
+I64_MAX = 2**63 - 1
 
 
 def _fits_i64(name: str, v: int) -> int:
@@ -146,7 +144,7 @@ class Policy:
     """
 
     name: str = "custom"
-    init_scale: float = 2.0 ** 16
+    init_scale: float = 2.0**16
     growth_factor: float = 2.0
     backoff_factor: float = 0.5
     growth_interval: int = 2000
@@ -179,18 +177,26 @@ class Policy:
         for r in refill:
             choice("refill", r, REFILLS)
         object.__setattr__(self, "refill", tuple(sorted(set(refill), key=REFILLS.index)))
-        object.__setattr__(self, "init_scale",
-                           positive_scale("init_scale", self.init_scale, precision=self.precision))
-        object.__setattr__(self, "growth_factor",
-                           factor_at_least_one("growth_factor", self.growth_factor))
+        object.__setattr__(
+            self,
+            "init_scale",
+            positive_scale("init_scale", self.init_scale, precision=self.precision),
+        )
+        object.__setattr__(
+            self, "growth_factor", factor_at_least_one("growth_factor", self.growth_factor)
+        )
         object.__setattr__(self, "backoff_factor", fraction("backoff_factor", self.backoff_factor))
-        object.__setattr__(self, "growth_interval",
-                           integer("growth_interval", self.growth_interval))
+        object.__setattr__(
+            self, "growth_interval", integer("growth_interval", self.growth_interval)
+        )
         if self.growth_mode == "modulo" and self.growth_interval < 1:
-            raise ValueError(f"growth_interval must be >= 1 with growth_mode 'modulo', "
-                             f"got {self.growth_interval!r}")
-        object.__setattr__(self, "growth_offset", integer("growth_offset", self.growth_offset,
-                                                          minimum=0))
+            raise ValueError(
+                f"growth_interval must be >= 1 with growth_mode 'modulo', "
+                f"got {self.growth_interval!r}"
+            )
+        object.__setattr__(
+            self, "growth_offset", integer("growth_offset", self.growth_offset, minimum=0)
+        )
         object.__setattr__(self, "hysteresis", integer("hysteresis", self.hysteresis, minimum=1))
         for key in ("min_scale", "max_scale"):
             v = getattr(self, key)
@@ -199,10 +205,14 @@ class Policy:
                 if math.isnan(v) or v < 0 or (key == "min_scale" and math.isinf(v)):
                     raise ValueError(f"{key} must be a finite number >= 0 or None, got {v!r}")
                 object.__setattr__(self, key, v)
-        if (self.min_scale is not None and self.max_scale is not None
-                and self.min_scale > self.max_scale):
-            raise ValueError(f"min_scale must be <= max_scale, got {self.min_scale!r} > "
-                             f"{self.max_scale!r}")
+        if (
+            self.min_scale is not None
+            and self.max_scale is not None
+            and self.min_scale > self.max_scale
+        ):
+            raise ValueError(
+                f"min_scale must be <= max_scale, got {self.min_scale!r} > {self.max_scale!r}"
+            )
         tol = real("tolerance", self.tolerance)
         if not math.isfinite(tol) or tol < 0:
             raise ValueError(f"tolerance must be finite and >= 0, got {self.tolerance!r}")
@@ -210,16 +220,27 @@ class Policy:
         if self.floor_scale is not None:
             v = real("floor_scale", self.floor_scale)
             if not math.isfinite(v) or v < 0:
-                raise ValueError(f"floor_scale must be a finite number >= 0 or None, "
-                                 f"got {self.floor_scale!r}")
+                raise ValueError(
+                    f"floor_scale must be a finite number >= 0 or None, got {self.floor_scale!r}"
+                )
             object.__setattr__(self, "floor_scale", v)
         if self.min_action != "clamp" and self.min_scale is None and self.floor_scale is None:
             raise ValueError(f"min_action {self.min_action!r} needs a floor_scale or a min_scale")
         if self.growth_factor_after_overflow is not None:
-            object.__setattr__(self, "growth_factor_after_overflow", factor_at_least_one(
-                "growth_factor_after_overflow", self.growth_factor_after_overflow))
-        for key in ("guard_finite", "hysteresis_saturate", "apply_nonfinite",
-                    "flush_subnormal", "apply_next"):
+            object.__setattr__(
+                self,
+                "growth_factor_after_overflow",
+                factor_at_least_one(
+                    "growth_factor_after_overflow", self.growth_factor_after_overflow
+                ),
+            )
+        for key in (
+            "guard_finite",
+            "hysteresis_saturate",
+            "apply_nonfinite",
+            "flush_subnormal",
+            "apply_next",
+        ):
             if not isinstance(getattr(self, key), (bool, np.bool_)):
                 raise TypeError(f"{key} must be a bool, got {getattr(self, key)!r}")
 
@@ -288,9 +309,11 @@ class Policy:
             "flags": flags,
             "tolerance": self.tolerance,
             "floor_scale": 0.0 if floor is None else floor,
-            "growth_factor_after_overflow": (self.growth_factor if
-                                             self.growth_factor_after_overflow is None
-                                             else self.growth_factor_after_overflow),
+            "growth_factor_after_overflow": (
+                self.growth_factor
+                if self.growth_factor_after_overflow is None
+                else self.growth_factor_after_overflow
+            ),
         }
 
     @property

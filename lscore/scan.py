@@ -1,4 +1,5 @@
 """Public non-finite scan and fused unscale for NumPy arrays."""
+
 from __future__ import annotations
 
 import numpy as np

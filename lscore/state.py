@@ -1,4 +1,5 @@
 """LossScaleState: a Policy plus the compiled state machine, and the v1 state format."""
+
 from __future__ import annotations
 
 import math
@@ -16,7 +17,7 @@ COUNTERS = CyState.COUNTERS
 KEYS = ("format", "policy", "scale", "counters", "next_scale", "config")
 _APPLY, _FLOOR_ERROR = _codes.APPLY, _codes.FLOOR_ERROR
 # a loaded counter must leave the core room to count in int64 without overflow
-COUNTER_LIMIT = 2 ** 62
+COUNTER_LIMIT = 2**62
 
 
 class LossScaleFloorError(FloatingPointError):
@@ -85,7 +86,7 @@ class LossScaleState:
         return self._cy.hysteresis_left
 
     def counters(self) -> dict:
-        cy = self._cy.copy()   # one snapshot, whatever other threads do meanwhile
+        cy = self._cy.copy()  # one snapshot, whatever other threads do meanwhile
         return {k: getattr(cy, k) for k in COUNTERS}
 
     def update(self, finite: bool) -> bool:
@@ -97,13 +98,15 @@ class LossScaleState:
         if r == _FLOOR_ERROR:
             raise LossScaleFloorError(
                 f"loss scale cannot go below its minimum {self._policy.min_scale!r} "
-                f"(policy {self._policy.name!r}); the loss is probably diverging")
+                f"(policy {self._policy.name!r}); the loss is probably diverging"
+            )
         return r == _APPLY
 
     def set_scale(self, value: float) -> None:
         """Overwrite the scale (torch's ``update(new_scale)``); counters unchanged."""
         v = self._policy.round_scale(
-            positive_scale("new_scale", value, precision=self._policy.precision))
+            positive_scale("new_scale", value, precision=self._policy.precision)
+        )
         with self._lock:
             cy = self._cy
             # next_scale first: an update landing between the two writes then
@@ -118,8 +121,12 @@ class LossScaleState:
             # copy() is one C call: a consistent snapshot even while another
             # thread runs update(), which takes no lock
             cy, policy = self._cy.copy(), self._policy
-        d = {"format": FORMAT, "policy": policy.to_dict(), "scale": json_float(cy.scale),
-             "counters": {k: getattr(cy, k) for k in COUNTERS}}
+        d = {
+            "format": FORMAT,
+            "policy": policy.to_dict(),
+            "scale": json_float(cy.scale),
+            "counters": {k: getattr(cy, k) for k in COUNTERS},
+        }
         if policy.apply_next:
             d["next_scale"] = json_float(cy.next_scale)
         if config is not None:
@@ -148,10 +155,12 @@ class LossScaleState:
             mine.pop("init_scale"), theirs.pop("init_scale")
             diff = sorted(k for k in mine if mine[k] != theirs[k])
             if diff:
-                raise ValueError("the state was saved by a different policy ("
-                                 + ", ".join(f"{k}: {theirs[k]!r} != {mine[k]!r}" for k in diff)
-                                 + "); build the object from that state with "
-                                   "lscore.LossScaleState.from_state_dict")
+                raise ValueError(
+                    "the state was saved by a different policy ("
+                    + ", ".join(f"{k}: {theirs[k]!r} != {mine[k]!r}" for k in diff)
+                    + "); build the object from that state with "
+                    "lscore.LossScaleState.from_state_dict"
+                )
         with self._lock:
             self._policy = policy
             self._cy = cy
@@ -186,8 +195,11 @@ class LossScaleState:
 
     def __repr__(self):
         c = self.counters()
-        return (f"LossScaleState(policy={self._policy.name!r}, scale={self.scale!r}, "
-                + ", ".join(f"{k}={v}" for k, v in c.items()) + ")")
+        return (
+            f"LossScaleState(policy={self._policy.name!r}, scale={self.scale!r}, "
+            + ", ".join(f"{k}={v}" for k, v in c.items())
+            + ")"
+        )
 
 
 def as_finite(finite, name: str = "finite") -> bool:
@@ -224,8 +236,9 @@ def parse_state(d) -> tuple[Policy, CyState, dict | None]:
         raise TypeError(f"state must be a dict, got {type(d).__name__}")
     fmt = d.get("format")
     if fmt not in FORMATS:
-        raise ValueError(f"unknown state format {fmt!r}; this lscore understands: "
-                         f"{', '.join(FORMATS)}")
+        raise ValueError(
+            f"unknown state format {fmt!r}; this lscore understands: {', '.join(FORMATS)}"
+        )
     unknown = sorted(set(d) - set(KEYS))
     if unknown:
         raise ValueError(f"unknown keys in {FORMAT} state: {', '.join(map(repr, unknown))}")
@@ -249,8 +262,10 @@ def parse_state(d) -> tuple[Policy, CyState, dict | None]:
             raise TypeError(f"counter {k} must be an int, got {v!r}")
     negative = [k for k in COUNTERS if k != "hysteresis_left" and counters[k] < 0]
     if negative:
-        raise ValueError("counters must be >= 0 (except hysteresis_left), got "
-                         + ", ".join(f"{k}={counters[k]}" for k in negative))
+        raise ValueError(
+            "counters must be >= 0 (except hysteresis_left), got "
+            + ", ".join(f"{k}={counters[k]}" for k in negative)
+        )
     for k in COUNTERS:
         if abs(counters[k]) > COUNTER_LIMIT:
             raise ValueError(f"counter {k} must be at most 2**62 in size, got {counters[k]!r}")

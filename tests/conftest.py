@@ -9,6 +9,7 @@ written once and runs on each backend; a backend that cannot run here skips.
     array_backend   numpy, cuda_host, cupy (gpu): all_finite / unscale_ on nested arrays
     device_backend  cuda_host, cupy (gpu): lscore.adapters.cupy's code
 """
+
 import os
 
 import pytest
@@ -18,8 +19,13 @@ from helpers import backends
 try:
     from hypothesis import HealthCheck, settings
 
-    settings.register_profile("ci", max_examples=300, deadline=None, derandomize=False,
-                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile(
+        "ci",
+        max_examples=300,
+        deadline=None,
+        derandomize=False,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     settings.register_profile("dev", max_examples=100, deadline=None)
     settings.load_profile("ci" if os.environ.get("CI") else "dev")
 except ImportError:  # pragma: no cover
@@ -57,12 +63,14 @@ def pytest_collection_modifyitems(config, items):
 def _have_gpu() -> bool:
     try:
         import cupy
+
         if cupy.cuda.is_available():
             return True
     except Exception:
         pass
     try:
         import torch
+
         return bool(torch.cuda.is_available())
     except Exception:
         return False

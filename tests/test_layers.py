@@ -16,6 +16,7 @@ applications (``lscore/cli/``, ``lscore/__main__``).  This test parses every
 `check_tree` is run on the real tree and on small planted trees, so the
 checker itself is shown to catch each kind of violation.
 """
+
 from __future__ import annotations
 
 import ast
@@ -29,10 +30,20 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 FOLDERS = {"lscore": "lscore", "_ext": "lscore._ext", "adapters": "lscore.adapters"}
 ROOMS = ("kernels", "core", "adapters", "applications")
 FRAMEWORK_ADAPTERS = ("numpy", "cupy", "torch")
-FRAMEWORKS = ("torch", "cupy", "cupyx", "cuda", "mpi4py", "jax", "tensorflow", "ml_dtypes",
-              "matplotlib", "sklearn", "tqdm")
-_PYX_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import\s+(.+)|c?import\s+([\w.]+))",
-                         re.M)
+FRAMEWORKS = (
+    "torch",
+    "cupy",
+    "cupyx",
+    "cuda",
+    "mpi4py",
+    "jax",
+    "tensorflow",
+    "ml_dtypes",
+    "matplotlib",
+    "sklearn",
+    "tqdm",
+)
+_PYX_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import\s+(.+)|c?import\s+([\w.]+))", re.M)
 _PYX_DEF = re.compile(r"^(?:c?p?def|cdef class)\s+(?:[\w*]+\s+)*?(_\w+)\s*[(:]", re.M)
 
 
@@ -73,7 +84,7 @@ def _resolve(importer: str, is_pkg: bool, level: int, name: str | None) -> str:
         return name or ""
     base = importer.split(".")
     base = base if is_pkg else base[:-1]
-    base = base[:len(base) - (level - 1)]
+    base = base[: len(base) - (level - 1)]
     return ".".join(base + ([name] if name else []))
 
 
@@ -83,7 +94,9 @@ class Module:
     def __init__(self, name: str, path: pathlib.Path):
         self.name, self.path = name, path
         self.text = path.read_text(encoding="utf-8")
-        self.imports: list[tuple[str, tuple[str, ...], int, bool]] = []   # (module, names, line, top)
+        self.imports: list[
+            tuple[str, tuple[str, ...], int, bool]
+        ] = []  # (module, names, line, top)
         self.owned: set[str] = set()
         self.reads: list[tuple[str, int]] = []
         if path.suffix == ".pyx":
@@ -94,7 +107,7 @@ class Module:
     def _read_pyx(self) -> None:
         for m in _PYX_IMPORT.finditer(self.text):
             line = self.text.count("\n", 0, m.start()) + 1
-            top = not self.text[m.start():m.end()].startswith((" ", "\t"))
+            top = not self.text[m.start() : m.end()].startswith((" ", "\t"))
             if m.group(1):
                 names = tuple(n.strip().split(" as ")[0] for n in m.group(2).strip("()").split(","))
                 self.imports.append((m.group(1), names, line, top))
@@ -112,8 +125,9 @@ class Module:
                     self.imports.append((a.name, (), node.lineno, id(node) in top_level))
             elif isinstance(node, ast.ImportFrom):
                 mod = _resolve(self.name, pkg, node.level, node.module)
-                self.imports.append((mod, tuple(a.name for a in node.names), node.lineno,
-                                     id(node) in top_level))
+                self.imports.append(
+                    (mod, tuple(a.name for a in node.names), node.lineno, id(node) in top_level)
+                )
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 if node.name.startswith("_"):
                     self.owned.add(node.name)
@@ -122,12 +136,17 @@ class Module:
                     self.owned.add(node.attr)
                 elif not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
                     self.reads.append((node.attr, node.lineno))
-            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) \
-                    and _private(node.id):
+            elif (
+                isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and _private(node.id)
+            ):
                 self.owned.add(node.id)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                    and _private(node.value) and node.value.isidentifier():
-                self.owned.add(node.value)          # __slots__ entries, getattr names
+            elif (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and _private(node.value)
+                and node.value.isidentifier()
+            ):
+                self.owned.add(node.value)  # __slots__ entries, getattr names
 
 
 def _private(name: str) -> bool:
@@ -174,8 +193,9 @@ def check_tree(root: pathlib.Path) -> list[str]:
         for target, names, line, top in m.imports:
             base = target.split(".")[0]
             if base in FRAMEWORKS and top and mine in ("core", "kernels"):
-                problems.append(f"{where}:{line}: {mine} imports the framework {base} at "
-                                f"module level")
+                problems.append(
+                    f"{where}:{line}: {mine} imports the framework {base} at module level"
+                )
             if base != "lscore":
                 continue
             hits = {_known(full, modules) for full in [target] + [f"{target}.{n}" for n in names]}
@@ -187,26 +207,31 @@ def check_tree(root: pathlib.Path) -> list[str]:
                     problems.append(f"{where}:{line}: {mine} imports {theirs} ({hit})")
                 a, b = _adapter_of(m.name), _adapter_of(hit)
                 if mine == "adapters" and b is not None and a != b:
-                    problems.append(f"{where}:{line}: adapter code imports the {b} adapter "
-                                    f"({hit})")
+                    problems.append(f"{where}:{line}: adapter code imports the {b} adapter ({hit})")
                 private = [p for p in hit.split(".") if p.startswith("_")]
                 if theirs == "kernels":
                     if mine != "core":
-                        problems.append(f"{where}:{line}: {mine} imports the kernels ({hit}); "
-                                        f"go through lscore.kernels")
+                        problems.append(
+                            f"{where}:{line}: {mine} imports the kernels ({hit}); "
+                            f"go through lscore.kernels"
+                        )
                 elif private:
-                    pkg = hit[:hit.index("." + private[0])] if hit.index(private[0]) else hit
+                    pkg = hit[: hit.index("." + private[0])] if hit.index(private[0]) else hit
                     inside = m.name == pkg or m.name.startswith(pkg + ".")
                     if not inside or theirs != mine:
-                        problems.append(f"{where}:{line}: imports the private module {hit} "
-                                        f"from outside its package")
+                        problems.append(
+                            f"{where}:{line}: imports the private module {hit} "
+                            f"from outside its package"
+                        )
             for n in names:
                 if _private(n) and f"{target}.{n}" not in modules:
                     problems.append(f"{where}:{line}: imports the private name {n} of {target}")
         for attr, line in m.reads:
             if attr not in m.owned and owners.get(attr):
-                problems.append(f"{where}:{line}: reads {attr}, an underscore name of "
-                                f"{', '.join(sorted(owners[attr]))}")
+                problems.append(
+                    f"{where}:{line}: reads {attr}, an underscore name of "
+                    f"{', '.join(sorted(owners[attr]))}"
+                )
     return problems
 
 
@@ -222,12 +247,17 @@ def test_every_source_file_is_in_a_room():
 
 
 def _plant(tmp_path, files: dict[str, str]) -> list[str]:
-    base = {"lscore/__init__.py": "", "lscore/state.py": "class S:\n    def __init__(self):\n"
-            "        self._cy = 1\n", "_ext/__init__.py": "", "_ext/_scan.pyx":
-            "def _bench_copy(a):\n    pass\n", "adapters/__init__.py": "",
-            "adapters/numpy.py": "import lscore\n", "adapters/_optim.py": "",
-            "lscore/_dtypes.py": "",
-            "lscore/cli/__init__.py": "from lscore.adapters import numpy\n"}
+    base = {
+        "lscore/__init__.py": "",
+        "lscore/state.py": "class S:\n    def __init__(self):\n        self._cy = 1\n",
+        "_ext/__init__.py": "",
+        "_ext/_scan.pyx": "def _bench_copy(a):\n    pass\n",
+        "adapters/__init__.py": "",
+        "adapters/numpy.py": "import lscore\n",
+        "adapters/_optim.py": "",
+        "lscore/_dtypes.py": "",
+        "lscore/cli/__init__.py": "from lscore.adapters import numpy\n",
+    }
     for rel, text in {**base, **files}.items():
         p = tmp_path / rel
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -239,27 +269,53 @@ def test_a_clean_planted_tree_passes(tmp_path):
     assert _plant(tmp_path, {}) == []
 
 
-@pytest.mark.parametrize("files, expected", [
-    ({"lscore/scan.py": "def f():\n    from lscore.adapters import numpy\n"},
-     "core imports adapters"),
-    ({"lscore/scan.py": "from lscore.cli import main\n"}, "core imports applications"),
-    ({"adapters/numpy.py": "from lscore.cli import main\n"}, "adapters imports applications"),
-    ({"_ext/_state.pyx": "from lscore import state\n"}, "kernels import the Python module"),
-    ({"adapters/cupy.py": "from lscore.adapters import numpy\n"},
-     "adapter code imports the numpy adapter"),
-    ({"lscore/scan.py": "import torch\n"}, "imports the framework torch at module level"),
-    ({"_ext/_state.pyx": "import cupy\n"}, "imports the framework cupy at module level"),
-    ({"lscore/scan.py": "from lscore._ext._scan import _bench_copy\n"},
-     "imports the private name _bench_copy"),
-    ({"adapters/numpy.py": "from lscore._ext import _scan\n"},
-     "adapters imports the kernels (lscore._ext._scan)"),
-    ({"adapters/numpy.py": "from lscore import _dtypes\n"},
-     "imports the private module lscore._dtypes from outside"),
-    ({"lscore/managers.py": "def f(state):\n    return state._cy\n"},
-     "reads _cy, an underscore name of lscore.state"),
-], ids=["core->adapter in a function", "core->app", "adapter->app", "kernels->python",
-        "adapter->adapter", "framework in core", "framework in kernels", "private name",
-        "kernels from an adapter", "private module", "private attribute"])
+@pytest.mark.parametrize(
+    "files, expected",
+    [
+        (
+            {"lscore/scan.py": "def f():\n    from lscore.adapters import numpy\n"},
+            "core imports adapters",
+        ),
+        ({"lscore/scan.py": "from lscore.cli import main\n"}, "core imports applications"),
+        ({"adapters/numpy.py": "from lscore.cli import main\n"}, "adapters imports applications"),
+        ({"_ext/_state.pyx": "from lscore import state\n"}, "kernels import the Python module"),
+        (
+            {"adapters/cupy.py": "from lscore.adapters import numpy\n"},
+            "adapter code imports the numpy adapter",
+        ),
+        ({"lscore/scan.py": "import torch\n"}, "imports the framework torch at module level"),
+        ({"_ext/_state.pyx": "import cupy\n"}, "imports the framework cupy at module level"),
+        (
+            {"lscore/scan.py": "from lscore._ext._scan import _bench_copy\n"},
+            "imports the private name _bench_copy",
+        ),
+        (
+            {"adapters/numpy.py": "from lscore._ext import _scan\n"},
+            "adapters imports the kernels (lscore._ext._scan)",
+        ),
+        (
+            {"adapters/numpy.py": "from lscore import _dtypes\n"},
+            "imports the private module lscore._dtypes from outside",
+        ),
+        (
+            {"lscore/managers.py": "def f(state):\n    return state._cy\n"},
+            "reads _cy, an underscore name of lscore.state",
+        ),
+    ],
+    ids=[
+        "core->adapter in a function",
+        "core->app",
+        "adapter->app",
+        "kernels->python",
+        "adapter->adapter",
+        "framework in core",
+        "framework in kernels",
+        "private name",
+        "kernels from an adapter",
+        "private module",
+        "private attribute",
+    ],
+)
 def test_the_checker_catches_a_planted_violation(tmp_path, files, expected):
     problems = _plant(tmp_path, files)
     assert any(expected in p for p in problems), problems

@@ -6,6 +6,7 @@ name, a Policy, a config or state dict, an lscore loss scale) into a Policy
 and an optional starting state; ``policy_clash`` words the refusal of
 torch-named arguments passed beside it, showing the call to use.
 """
+
 from __future__ import annotations
 
 import functools
@@ -18,10 +19,12 @@ from lscore.policy import Policy
 from lscore.presets import table as preset_table
 from lscore.state import FORMAT, LossScaleState
 
-FP16_HELP = ("lscore: the parameters themselves are float16.  Keep float32 master weights "
-              "(leave the model in float32 and compute in float16 under torch.autocast, or "
-              "keep a float32 copy for the optimizer); float16 weights lose small updates.  "
-              "To unscale float16 gradients anyway, pass allow_fp16_params=True.")
+FP16_HELP = (
+    "lscore: the parameters themselves are float16.  Keep float32 master weights "
+    "(leave the model in float32 and compute in float16 under torch.autocast, or "
+    "keep a float32 copy for the optimizer); float16 weights lose small updates.  "
+    "To unscale float16 gradients anyway, pass allow_fp16_params=True."
+)
 
 
 def fp16_help(e: ValueError) -> ValueError:
@@ -62,8 +65,10 @@ def zero_d(value):
     if not isinstance(value, torch.Tensor):
         return value
     if value.dim() != 0:
-        raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor "
-                           f"with {value.dim()} dimensions.")
+        raise RuntimeError(
+            f"fill_ only supports 0-dimension value tensor but got tensor "
+            f"with {value.dim()} dimensions."
+        )
     return value.item()
 
 
@@ -101,15 +106,19 @@ def preset_function(name: str):
     if preset is not None:
         return preset
     where = getattr(lscore, "__file__", None)
-    if where is None:        # a folder without __init__.py: Python's namespace package
+    if where is None:  # a folder without __init__.py: Python's namespace package
         folders = ", ".join(map(str, getattr(lscore, "__path__", ())))
-        raise ImportError(f"policy={name!r} needs lscore.preset, but the module lscore is the "
-                          f"folder {folders}, not the installed package: a folder named "
-                          "lscore (without __init__.py) in the current directory or on "
-                          "sys.path shadows it; rename that folder or run from elsewhere")
-    raise ImportError(f"policy={name!r} needs lscore.preset, but the module lscore is "
-                      f"{where}, which does not define it: is another package named lscore "
-                      "shadowing the installed one?")
+        raise ImportError(
+            f"policy={name!r} needs lscore.preset, but the module lscore is the "
+            f"folder {folders}, not the installed package: a folder named "
+            "lscore (without __init__.py) in the current directory or on "
+            "sys.path shadows it; rename that folder or run from elsewhere"
+        )
+    raise ImportError(
+        f"policy={name!r} needs lscore.preset, but the module lscore is "
+        f"{where}, which does not define it: is another package named lscore "
+        "shadowing the installed one?"
+    )
 
 
 def policy_clash(policy, clash: dict) -> str:
@@ -126,15 +135,20 @@ def policy_clash(policy, clash: dict) -> str:
     for k in clash:
         own = k if k in spec.args else next((a for a, f in spec.rename.items() if f == k), None)
         if own is None:
-            return (f"{head}; preset {policy!r} ({spec.peer}) has no argument for {k}: its "
-                    f"arguments are {', '.join(spec.args)}, passed as "
-                    f"GradScaler(policy=lscore.preset({policy!r}, ...))")
+            return (
+                f"{head}; preset {policy!r} ({spec.peer}) has no argument for {k}: its "
+                f"arguments are {', '.join(spec.args)}, passed as "
+                f"GradScaler(policy=lscore.preset({policy!r}, ...))"
+            )
         peer[own] = clash[k]
     args = "".join(f", {k}={v!r}" for k, v in peer.items())
-    args += "".join(f", {k}=..." for k, v in spec.args.items()
-                    if v is preset_table.REQUIRED and k not in peer)
-    return (f"{head}; a preset takes its peer's own arguments: use "
-            f"GradScaler(policy=lscore.preset({policy!r}{args}))")
+    args += "".join(
+        f", {k}=..." for k, v in spec.args.items() if v is preset_table.REQUIRED and k not in peer
+    )
+    return (
+        f"{head}; a preset takes its peer's own arguments: use "
+        f"GradScaler(policy=lscore.preset({policy!r}{args}))"
+    )
 
 
 def resolve_policy(policy) -> tuple[Policy, dict | None]:
@@ -149,8 +163,10 @@ def resolve_policy(policy) -> tuple[Policy, dict | None]:
         if "format" in policy:
             return LossScaleState.from_state_dict(policy).policy, policy
         return Policy.from_dict(policy), None
-    state = getattr(policy, "state", None)           # a LossScale, e.g. lscore.preset(...)
+    state = getattr(policy, "state", None)  # a LossScale, e.g. lscore.preset(...)
     if isinstance(state, LossScaleState):
         return state.policy, state.state_dict()
-    raise TypeError(f"policy must be a preset name, an lscore Policy, a config dict or a "
-                    f"{FORMAT!r} state dict, got {type(policy).__name__}")
+    raise TypeError(
+        f"policy must be a preset name, an lscore Policy, a config dict or a "
+        f"{FORMAT!r} state dict, got {type(policy).__name__}"
+    )

@@ -25,6 +25,7 @@ installed, ``lscore[cuda12]`` or ``lscore[cuda13]``; without it torch's
 path is taken); the tests rebind it to CPU tensors and the host harness
 (tests/helpers/cuda_host), so everything but the launches runs without a GPU.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -39,8 +40,12 @@ from lscore.dtypes import Code
 
 __all__ = ["KERNELS", "Kernels", "OnePass", "TorchCudaBackend"]
 
-_CODES = {torch.float16: int(Code.F16), torch.bfloat16: int(Code.BF16),
-          torch.float32: int(Code.F32), torch.float64: int(Code.F64)}
+_CODES = {
+    torch.float16: int(Code.F16),
+    torch.bfloat16: int(Code.BF16),
+    torch.float32: int(Code.F32),
+    torch.float64: int(Code.F64),
+}
 # NumPy host tables -> torch: the unsigned words travel as their signed twins
 _SIGNED = {np.dtype(np.uint64): np.int64, np.dtype(np.uint32): np.int32}
 
@@ -92,8 +97,9 @@ class Kernels:
 
 
 # the kernels load through CuPy: without it, torch's own path (two reads) is taken
-KERNELS = Kernels("cuda", TorchCudaBackend,
-                  available=lambda: importlib.util.find_spec("cupy") is not None)
+KERNELS = Kernels(
+    "cuda", TorchCudaBackend, available=lambda: importlib.util.find_spec("cupy") is not None
+)
 
 
 def _gather(params, device_type: str) -> dict | None:
@@ -103,8 +109,12 @@ def _gather(params, device_type: str) -> dict | None:
     for q in params:
         g = q.grad
         code = _CODES.get(g.dtype)
-        if (code is None or g.device.type != device_type or g.layout is not torch.strided
-                or not g.is_contiguous()):
+        if (
+            code is None
+            or g.device.type != device_type
+            or g.layout is not torch.strided
+            or not g.is_contiguous()
+        ):
             return None
         ptrs, sizes = groups.setdefault(g.device, {}).setdefault(code, ([], []))
         ptrs.append(g.data_ptr())
@@ -127,8 +137,9 @@ class OnePass:
         self.calls = []
         for device, per_code in groups.items():
             runner = kernels.runner(device)
-            prepared = runner.prepared([(code, ptrs, sizes)
-                                        for code, (ptrs, sizes) in per_code.items()])
+            prepared = runner.prepared(
+                [(code, ptrs, sizes) for code, (ptrs, sizes) in per_code.items()]
+            )
             self.calls.append((device, runner, prepared))
 
     @classmethod

@@ -18,6 +18,7 @@ Each answers the same calls: ``unscale`` / ``check`` (an optimizer's gradients -
 ``set_scale``, ``load`` and ``pickled``.  torch's policy, as an lscore Policy, is
 here too: it decides whether torch's update kernel can run.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,13 +33,26 @@ from lscore.state import LossScaleState
 from lscore.state import json_float as _json_scale
 
 _CPU = torch.device("cpu")
-_CODES = {torch.float16: int(Code.F16), torch.bfloat16: int(Code.BF16),
-          torch.float32: int(Code.F32), torch.float64: int(Code.F64)}
+_CODES = {
+    torch.float16: int(Code.F16),
+    torch.bfloat16: int(Code.BF16),
+    torch.float32: int(Code.F32),
+    torch.float64: int(Code.F64),
+}
 # the parameters that make a Policy torch's, besides the four torch exposes
-_TORCH_SHAPE = dict(precision="float32_float64", growth_mode="eq", growth_offset=0,
-                    backoff_mode="multiply", min_action="clamp", guard_finite=True,
-                    refill=("finite",), hysteresis_saturate=False, apply_nonfinite=False,
-                    flush_subnormal=False, apply_next=False)
+_TORCH_SHAPE = dict(
+    precision="float32_float64",
+    growth_mode="eq",
+    growth_offset=0,
+    backoff_mode="multiply",
+    min_action="clamp",
+    guard_finite=True,
+    refill=("finite",),
+    hysteresis_saturate=False,
+    apply_nonfinite=False,
+    flush_subnormal=False,
+    apply_next=False,
+)
 
 
 class ScalerAssertionError(RuntimeError, AssertionError):
@@ -49,27 +63,42 @@ class ScalerAssertionError(RuntimeError, AssertionError):
     """
 
 
-def torch_policy(init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
-                 growth_interval=2000, *, min_scale=None, max_scale=None,
-                 hysteresis=1) -> Policy:
+def torch_policy(
+    init_scale=2.0**16,
+    growth_factor=2.0,
+    backoff_factor=0.5,
+    growth_interval=2000,
+    *,
+    min_scale=None,
+    max_scale=None,
+    hysteresis=1,
+) -> Policy:
     """The Policy of ``torch.amp.GradScaler``, plus lscore's clamps and hysteresis.
 
     ``hysteresis`` overflows in a row are needed for one backoff; every finite
     step refills the count (NeMo's rule); 1 is torch's behaviour.  A
     ``min_scale`` above or a ``max_scale`` below ``init_scale`` is refused.
     """
-    p = Policy(name="torch", init_scale=init_scale, growth_factor=growth_factor,
-               backoff_factor=backoff_factor, growth_interval=growth_interval,
-               hysteresis=hysteresis, min_scale=min_scale, max_scale=max_scale,
-               **_TORCH_SHAPE)
+    p = Policy(
+        name="torch",
+        init_scale=init_scale,
+        growth_factor=growth_factor,
+        backoff_factor=backoff_factor,
+        growth_interval=growth_interval,
+        hysteresis=hysteresis,
+        min_scale=min_scale,
+        max_scale=max_scale,
+        **_TORCH_SHAPE,
+    )
     scale_bounds(p.init_scale, p.min_scale, p.max_scale)
     return p
 
 
 def is_torch_shape(p: Policy) -> bool:
     """True when `p` behaves exactly as torch.amp.GradScaler with p's four numbers."""
-    return p.replace(name="torch") == torch_policy(p.init_scale, p.growth_factor,
-                                                   p.backoff_factor, p.growth_interval)
+    return p.replace(name="torch") == torch_policy(
+        p.init_scale, p.growth_factor, p.backoff_factor, p.growth_interval
+    )
 
 
 def _reciprocal(scale: float) -> float:
@@ -115,7 +144,8 @@ def unscale_with_kernel(optimizer, inv_scale, found_inf, allow_fp16) -> dict:
             for param in group["params"]:
                 if not isinstance(param, torch.Tensor):
                     raise ScalerAssertionError(
-                        f"expected param to be torch.Tensor, got {type(param).__name__}")
+                        f"expected param to be torch.Tensor, got {type(param).__name__}"
+                    )
                 if param.grad is None:
                     continue
                 if not allow_fp16 and param.grad.dtype == torch.float16:
@@ -124,6 +154,7 @@ def unscale_with_kernel(optimizer, inv_scale, found_inf, allow_fp16) -> dict:
         found: dict = {}
         _kernel_unscale(groups, inv_scale, found_inf, found)
     return found
+
 
 class GradUnscaler:
     """lscore's path for the gradients of some parameter groups: every dense CPU
@@ -138,7 +169,9 @@ class GradUnscaler:
     def __reduce__(self):
         return (GradUnscaler, ())
 
-    def __call__(self, param_groups, inv: float, allow_fp16: bool, stats: list | None = None) -> dict:
+    def __call__(
+        self, param_groups, inv: float, allow_fp16: bool, stats: list | None = None
+    ) -> dict:
         """Multiply every gradient by `inv` in place; {device: found_inf tensor} (1.0 where a
         gradient held NaN/Inf before the multiply), for the devices that had gradients.
 
@@ -146,8 +179,9 @@ class GradUnscaler:
         unscaled gradients (gathered in the same memory pass for the tabled ones)."""
         table = self._table
         if table is None:
-            table = self._table = kernels.GradTable(torch.Tensor, _CODES, torch.strided,
-                                                    torch.Tensor, ScalerAssertionError, 256)
+            table = self._table = kernels.GradTable(
+                torch.Tensor, _CODES, torch.strided, torch.Tensor, ScalerAssertionError, 256
+            )
         table.clear()
         written: list = []
         others: list = []
@@ -164,11 +198,19 @@ class GradUnscaler:
                     else:
                         _group(groups, t)
                 if groups:
-                    _kernel_unscale(groups, torch.full((), inv, dtype=torch.float32),
-                                    torch.zeros((), dtype=torch.float32), found)
+                    _kernel_unscale(
+                        groups,
+                        torch.full((), inv, dtype=torch.float32),
+                        torch.zeros((), dtype=torch.float32),
+                        found,
+                    )
                     if stats is not None:
-                        stats.extend(_stats(t) for per_dtype in groups.values()
-                                     for ts in per_dtype.values() for t in ts)
+                        stats.extend(
+                            _stats(t)
+                            for per_dtype in groups.values()
+                            for ts in per_dtype.values()
+                            for t in ts
+                        )
         if written:
             # like torch's kernel, this leaves the autograd version counters alone
             if stats is None:
@@ -229,9 +271,9 @@ class _Path:
     """An enabled scaler's path: the host state machine, and the CPU unscaler (reused
     from step to step; a pickle names it)."""
 
-    on_device = False       # torch's kernels unscale (and, under torch's policy, update)
-    scale = None            # the float32 scale tensor, once placed
-    tracker = None          # torch's growth tracker tensor (the device path only)
+    on_device = False  # torch's kernels unscale (and, under torch's policy, update)
+    scale = None  # the float32 scale tensor, once placed
+    tracker = None  # torch's growth tracker tensor (the device path only)
 
     def __init__(self, state: LossScaleState, unscaler: GradUnscaler | None = None):
         self.state = state
@@ -249,8 +291,14 @@ class _Path:
     def pickled(self) -> dict:
         """The scale's part of a pickled GradScaler, in the single-module adapter's keys."""
         self.pull()
-        return {"_state": self.state, "_init_scale": self.get_scale(), "_scale": None,
-                "_tracker_t": None, "_scale_value": None, "_unscaler": self.unscaler}
+        return {
+            "_state": self.state,
+            "_init_scale": self.get_scale(),
+            "_scale": None,
+            "_tracker_t": None,
+            "_scale_value": None,
+            "_unscaler": self.unscaler,
+        }
 
 
 class Unplaced(_Path):
@@ -315,10 +363,11 @@ class _Placed(_Path):
         super().__init__(state, unscaler)
         s = state.scale
         self.scale = torch.full((), s, dtype=torch.float32, device=device)
-        self.written = s           # what the host last wrote into self.scale
+        self.written = s  # what the host last wrote into self.scale
         if tracked:
-            self.tracker = torch.full((), state.counters()["good_steps"], dtype=torch.int32,
-                                      device=device)
+            self.tracker = torch.full(
+                (), state.counters()["good_steps"], dtype=torch.int32, device=device
+            )
 
     def _write(self) -> None:
         """Copy the host state into the tensors (the scale only when it changed)."""
@@ -341,24 +390,25 @@ class _Placed(_Path):
 
     def load(self, d: dict, reported: float | None) -> None:
         self.state.load_state_dict(d)
-        self.written = None        # write the scale even when unchanged
+        self.written = None  # write the scale even when unchanged
         self._write()
 
 
 class _CorePath(_Placed):
     """CPU: lscore's compiled core unscales and checks; the host state machine updates."""
 
-    observes_always = True     # the found-inf flags are on the host already
+    observes_always = True  # the found-inf flags are on the host already
 
     def __init__(self, state, device, unscaler):
         super().__init__(state, device, unscaler, tracked=False)
 
     def growth_tracker(self) -> torch.Tensor:
-        return torch.full((), self.good_steps(), dtype=torch.int32)     # a copy, as torch's
+        return torch.full((), self.good_steps(), dtype=torch.int32)  # a copy, as torch's
 
     def unscale(self, optimizer, allow_fp16: bool, stats: list | None = None) -> dict:
-        return self.unscaler(optimizer.param_groups, _reciprocal(self.state.scale),
-                             allow_fp16, stats)
+        return self.unscaler(
+            optimizer.param_groups, _reciprocal(self.state.scale), allow_fp16, stats
+        )
 
     def check(self, optimizer) -> dict:
         return self.unscaler(optimizer.param_groups, 1.0, True)
@@ -382,7 +432,7 @@ class _DevicePath(_Placed):
     scale and tracker tensors on the device; otherwise the host state machine does."""
 
     on_device = True
-    observes_always = False    # reading the flag on the host is a sync
+    observes_always = False  # reading the flag on the host is a sync
 
     def __init__(self, state, device, unscaler):
         super().__init__(state, device, unscaler, tracked=True)
@@ -414,8 +464,11 @@ class _DevicePath(_Placed):
     def unscale(self, optimizer, allow_fp16: bool, stats: list | None = None) -> dict:
         scale = self.scale
         # FP32 division can be imprecise; torch takes the reciprocal in FP64
-        inv = (scale.double().reciprocal().float()
-               if scale.device != torch.device("mps:0") else scale.reciprocal())
+        inv = (
+            scale.double().reciprocal().float()
+            if scale.device != torch.device("mps:0")
+            else scale.reciprocal()
+        )
         found = torch.full((), 0.0, dtype=torch.float32, device=scale.device)
         return unscale_with_kernel(optimizer, inv, found, allow_fp16)
 

@@ -1,4 +1,5 @@
 """``LossScaleOptimizer``: TF/Keras-shaped loss scaling as a ``torch.optim.Optimizer``."""
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -11,9 +12,14 @@ from lscore.adapters.torch._paths import GradUnscaler, named_grads
 from lscore.distributed import check_reducer, reduce_found_inf
 from lscore.state import LossScaleState
 
-_HOOK_DICTS = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
-               "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks",
-               "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
+_HOOK_DICTS = (
+    "_optimizer_step_pre_hooks",
+    "_optimizer_step_post_hooks",
+    "_optimizer_state_dict_pre_hooks",
+    "_optimizer_state_dict_post_hooks",
+    "_optimizer_load_state_dict_pre_hooks",
+    "_optimizer_load_state_dict_post_hooks",
+)
 
 
 def _times(x: torch.Tensor, factor: float) -> torch.Tensor:
@@ -27,14 +33,16 @@ def _tensor_counter(global_step):
     if not isinstance(global_step, torch.Tensor):
         return None
     dtype = global_step.dtype
-    if (global_step.dim() != 0 or dtype.is_floating_point or dtype.is_complex
-            or dtype is torch.bool):
-        raise TypeError(f"global_step must be a 0-d integer tensor, got shape "
-                        f"{tuple(global_step.shape)} and dtype {dtype}")
+    if global_step.dim() != 0 or dtype.is_floating_point or dtype.is_complex or dtype is torch.bool:
+        raise TypeError(
+            f"global_step must be a 0-d integer tensor, got shape "
+            f"{tuple(global_step.shape)} and dtype {dtype}"
+        )
 
     def add(delta) -> None:
         with torch.no_grad():
             global_step.add_(delta)
+
     return add
 
 
@@ -47,17 +55,26 @@ def _tf1_step_arguments(global_step, name):
 def _check_graph_options(gate_gradients, aggregation_method, colocate_gradients_with_ops):
     """TF1's graph-building options of ``compute_gradients``: what they ask for is what
     eager autograd does anyway, except a choice of aggregation, which has none here."""
-    if gate_gradients not in (LossScaleOptimizer.GATE_NONE, LossScaleOptimizer.GATE_OP,
-                              LossScaleOptimizer.GATE_GRAPH):
-        raise ValueError("gate_gradients must be one of: Optimizer.GATE_NONE, "
-                         f"Optimizer.GATE_OP, Optimizer.GATE_GRAPH.  Not {gate_gradients}")
+    if gate_gradients not in (
+        LossScaleOptimizer.GATE_NONE,
+        LossScaleOptimizer.GATE_OP,
+        LossScaleOptimizer.GATE_GRAPH,
+    ):
+        raise ValueError(
+            "gate_gradients must be one of: Optimizer.GATE_NONE, "
+            f"Optimizer.GATE_OP, Optimizer.GATE_GRAPH.  Not {gate_gradients}"
+        )
     if aggregation_method is not None:
-        raise ValueError("aggregation_method must be None: torch's autograd sums a "
-                         "variable's gradient contributions itself and TF's methods only "
-                         f"schedule that sum in a graph, got {aggregation_method!r}")
+        raise ValueError(
+            "aggregation_method must be None: torch's autograd sums a "
+            "variable's gradient contributions itself and TF's methods only "
+            f"schedule that sum in a graph, got {aggregation_method!r}"
+        )
     if not isinstance(colocate_gradients_with_ops, (bool, np.bool_)):
-        raise TypeError("colocate_gradients_with_ops must be a bool, got "
-                        f"{_optim.type_name(colocate_gradients_with_ops)}")
+        raise TypeError(
+            "colocate_gradients_with_ops must be a bool, got "
+            f"{_optim.type_name(colocate_gradients_with_ops)}"
+        )
 
 
 class LossScaleOptimizer(torch.optim.Optimizer):
@@ -98,14 +115,30 @@ class LossScaleOptimizer(torch.optim.Optimizer):
     # tf.compat.v1.train.Optimizer's values, which TF1 code passes as gate_gradients
     GATE_NONE, GATE_OP, GATE_GRAPH = 0, 1, 2
 
-    def __init__(self, optimizer, loss_scale=None, *, dynamic=True, initial_scale=None,
-                 dynamic_growth_steps=None, loss_scale_manager=None, reducer=None):
+    def __init__(
+        self,
+        optimizer,
+        loss_scale=None,
+        *,
+        dynamic=True,
+        initial_scale=None,
+        dynamic_growth_steps=None,
+        loss_scale_manager=None,
+        reducer=None,
+    ):
         _optim.check_inner_optimizer(
-            optimizer, LossScaleOptimizer, expected="torch.optim.Optimizer",
-            is_optimizer=lambda o: isinstance(o, torch.optim.Optimizer))
+            optimizer,
+            LossScaleOptimizer,
+            expected="torch.optim.Optimizer",
+            is_optimizer=lambda o: isinstance(o, torch.optim.Optimizer),
+        )
         scaling = _scaling.resolve_loss_scaling(
-            loss_scale, dynamic=dynamic, initial_scale=initial_scale,
-            dynamic_growth_steps=dynamic_growth_steps, loss_scale_manager=loss_scale_manager)
+            loss_scale,
+            dynamic=dynamic,
+            initial_scale=initial_scale,
+            dynamic_growth_steps=dynamic_growth_steps,
+            loss_scale_manager=loss_scale_manager,
+        )
         # not Optimizer.__init__: it would copy the groups instead of sharing them
         for name in _HOOK_DICTS:
             setattr(self, name, OrderedDict())
@@ -113,8 +146,8 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._optimizer = optimizer
         self._scaling = scaling
         self._unscaler = GradUnscaler()
-        self._found: bool | None = None      # set by unscale_ until the step
-        self._reducer = check_reducer(reducer)    # lscore.distributed: one verdict for all ranks
+        self._found: bool | None = None  # set by unscale_ until the step
+        self._reducer = check_reducer(reducer)  # lscore.distributed: one verdict for all ranks
         self._iterations = 0
         self._last_step_skipped = False
         optimizer._is_wrapped_by_loss_scale_optimizer = True
@@ -196,13 +229,17 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             loss, closure = self._closure_step(closure)
         if self._found is None:
             self.unscale_()
-        apply = (self._optimizer.step if closure is None
-                 else lambda: self._optimizer.step(closure))
+        apply = self._optimizer.step if closure is None else lambda: self._optimizer.step(closure)
         applied, ret = _optim.run_step(
-            self, not self._found, apply=apply, count=self._count_step,
-            grads=lambda: [p.grad for g in self.param_groups for p in g["params"]
-                           if p.grad is not None],
-            named_arrays=lambda m: named_grads(m, [self.param_groups]))
+            self,
+            not self._found,
+            apply=apply,
+            count=self._count_step,
+            grads=lambda: [
+                p.grad for g in self.param_groups for p in g["params"] if p.grad is not None
+            ],
+            named_arrays=lambda m: named_grads(m, [self.param_groups]),
+        )
         self._found = None
         self._last_step_skipped = not applied
         if not applied:
@@ -214,7 +251,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         the closure for the inner step, whose first call returns that loss)."""
         with torch.enable_grad():
             loss = closure()
-        self._found = None              # the closure computed new gradients
+        self._found = None  # the closure computed new gradients
         self.unscale_()
         first = [loss]
 
@@ -239,15 +276,22 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             raise ValueError("No variables to optimize.")
         for i, v in enumerate(var_list):
             if not isinstance(v, torch.Tensor) or not v.requires_grad:
-                raise ValueError(f"var_list[{i}] must be a tensor that requires grad, got "
-                                 f"{_optim.type_name(v)}"
-                                 + ("" if not isinstance(v, torch.Tensor) else
-                                    " with requires_grad=False"))
+                raise ValueError(
+                    f"var_list[{i}] must be a tensor that requires grad, got "
+                    f"{_optim.type_name(v)}"
+                    + ("" if not isinstance(v, torch.Tensor) else " with requires_grad=False")
+                )
         return var_list
 
-    def compute_gradients(self, loss, var_list=None, gate_gradients=GATE_OP,
-                          aggregation_method=None, colocate_gradients_with_ops=False,
-                          grad_loss=None) -> list:
+    def compute_gradients(
+        self,
+        loss,
+        var_list=None,
+        gate_gradients=GATE_OP,
+        aggregation_method=None,
+        colocate_gradients_with_ops=False,
+        grad_loss=None,
+    ) -> list:
         """TF1's ``compute_gradients``: the unscaled ``[(gradient, variable)]`` of `loss`.
 
         The loss (a tensor, or a callable returning one) is multiplied by the
@@ -268,8 +312,9 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = loss()
         if not isinstance(loss, torch.Tensor):
-            raise TypeError(f"loss must be a tensor or a callable returning one, got "
-                            f"{_optim.type_name(loss)}")
+            raise TypeError(
+                f"loss must be a tensor or a callable returning one, got {_optim.type_name(loss)}"
+            )
         scaled = _times(loss, self._scaling.scale)
         seed = torch.ones_like(scaled) if grad_loss is None else grad_loss
         grads = torch.autograd.grad(scaled, var_list, grad_outputs=seed, allow_unused=True)
@@ -284,8 +329,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         seen = set()
         for i, (g, v) in enumerate(pairs):
             if g is not None and not isinstance(g, torch.Tensor):
-                raise TypeError(f"gradient {i} must be a tensor or None, got "
-                                f"{_optim.type_name(g)}")
+                raise TypeError(f"gradient {i} must be a tensor or None, got {_optim.type_name(g)}")
             if id(v) not in params:
                 # the inner optimizer keeps state and hyperparameters per parameter it holds
                 raise ValueError(f"variable {i} is not a parameter of the wrapped optimizer")
@@ -310,8 +354,10 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         advance = _tf1_step_arguments(global_step, name)
         pairs = self._step_pairs(grads_and_vars)
         if self._found is not None:
-            raise RuntimeError("apply_gradients() takes its own gradients, but unscale_() has "
-                               "been called since the last step()")
+            raise RuntimeError(
+                "apply_gradients() takes its own gradients, but unscale_() has "
+                "been called since the last step()"
+            )
         saved = [(p, p.grad) for g in self.param_groups for p in g["params"]]
         try:
             for p, _ in saved:
@@ -329,14 +375,28 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         advance(applied)
         return applied
 
-    def minimize(self, loss, global_step=None, var_list=None, gate_gradients=GATE_OP,
-                 aggregation_method=None, colocate_gradients_with_ops=False, name=None,
-                 grad_loss=None) -> bool:
+    def minimize(
+        self,
+        loss,
+        global_step=None,
+        var_list=None,
+        gate_gradients=GATE_OP,
+        aggregation_method=None,
+        colocate_gradients_with_ops=False,
+        name=None,
+        grad_loss=None,
+    ) -> bool:
         """TF1's ``minimize``: ``compute_gradients`` then ``apply_gradients``; returns whether
         the step was applied."""
-        _tf1_step_arguments(global_step, name)        # refuse before the backward pass
-        pairs = self.compute_gradients(loss, var_list, gate_gradients, aggregation_method,
-                                       colocate_gradients_with_ops, grad_loss)
+        _tf1_step_arguments(global_step, name)  # refuse before the backward pass
+        pairs = self.compute_gradients(
+            loss,
+            var_list,
+            gate_gradients,
+            aggregation_method,
+            colocate_gradients_with_ops,
+            grad_loss,
+        )
         return self.apply_gradients(pairs, global_step=global_step, name=name)
 
     def _count_step(self, applied: bool) -> None:
@@ -359,8 +419,11 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         iteration count and the v1 scale state (None for a fixed scale)."""
         d = self._optimizer.state_dict()
         holder = self._scale_holder()
-        d["loss_scale"] = {"shape": self._scaling.shape, "iterations": self._iterations,
-                           "state": None if holder is None else holder.state_dict()}
+        d["loss_scale"] = {
+            "shape": self._scaling.shape,
+            "iterations": self._iterations,
+            "state": None if holder is None else holder.state_dict(),
+        }
         return d
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -371,16 +434,22 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         holder = self._scale_holder()
         if ls is not None:
             if not isinstance(ls, dict) or set(ls) != {"shape", "iterations", "state"}:
-                raise ValueError("loss_scale must be a dict with keys 'shape', 'iterations' "
-                                 f"and 'state', got {ls!r}")
+                raise ValueError(
+                    "loss_scale must be a dict with keys 'shape', 'iterations' "
+                    f"and 'state', got {ls!r}"
+                )
             if ls["shape"] != self._scaling.shape:
-                raise ValueError(f"the checkpoint's loss scaling has the {ls['shape']!r} shape; "
-                                 f"this optimizer has {self._scaling.shape!r}")
+                raise ValueError(
+                    f"the checkpoint's loss scaling has the {ls['shape']!r} shape; "
+                    f"this optimizer has {self._scaling.shape!r}"
+                )
             if (ls["state"] is None) != (holder is None):
-                raise ValueError("the checkpoint's loss scale and this optimizer's differ in "
-                                 "kind (fixed vs dynamic)")
+                raise ValueError(
+                    "the checkpoint's loss scale and this optimizer's differ in "
+                    "kind (fixed vs dynamic)"
+                )
             if holder is not None:
-                LossScaleState.from_state_dict(ls["state"])       # validate first
+                LossScaleState.from_state_dict(ls["state"])  # validate first
         self._optimizer.load_state_dict(d)
         if ls is not None:
             if holder is not None:
@@ -389,8 +458,12 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._found = None
 
     def __getstate__(self) -> dict:
-        return {"_optimizer": self._optimizer, "_scaling": self._scaling,
-                "_iterations": self._iterations, "_last_step_skipped": self._last_step_skipped}
+        return {
+            "_optimizer": self._optimizer,
+            "_scaling": self._scaling,
+            "_iterations": self._iterations,
+            "_last_step_skipped": self._last_step_skipped,
+        }
 
     def __setstate__(self, state: dict) -> None:
         for name in _HOOK_DICTS:
@@ -401,5 +474,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._patch_step_function()
 
     def __repr__(self) -> str:
-        return (f"LossScaleOptimizer({self._optimizer!r}, shape={self._scaling.shape!r}, "
-                f"loss_scale={self._scaling.scale!r}, dynamic={self.dynamic})")
+        return (
+            f"LossScaleOptimizer({self._optimizer!r}, shape={self._scaling.shape!r}, "
+            f"loss_scale={self._scaling.scale!r}, dynamic={self.dynamic})"
+        )

@@ -12,6 +12,7 @@ multiplication, no floor).  On other devices it calls torch's own kernels
 (``_amp_foreach_non_finite_check_and_unscale_``, ``_amp_update_scale_``), so it
 adds no host synchronisation there.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -26,29 +27,70 @@ import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
 from lscore.adapters.torch import _cuda_clip
-from lscore.adapters.torch._config import (ScalerConfigError, fp16_help, graph_dtypes,
-                                           outside_graph, policy_clash, resolve_policy,
-                                           zero_d)
-from lscore.adapters.torch._paths import (Disabled, ScalerAssertionError, Unplaced,
-                                          is_torch_shape, named_grads, replace_state,
-                                          state_dict_with, torch_policy, unscale_with_kernel)
+from lscore.adapters.torch._config import (
+    ScalerConfigError,
+    fp16_help,
+    graph_dtypes,
+    outside_graph,
+    policy_clash,
+    resolve_policy,
+    zero_d,
+)
+from lscore.adapters.torch._paths import (
+    Disabled,
+    ScalerAssertionError,
+    Unplaced,
+    is_torch_shape,
+    named_grads,
+    replace_state,
+    state_dict_with,
+    torch_policy,
+    unscale_with_kernel,
+)
 from lscore.distributed import TorchReducer, reduce_found_inf
 from lscore.policy import integer, real
 from lscore.state import LossScaleState
 
 __all__ = ["GradScaler", "ScalerConfigError"]
 
-_FIX = ("This may indicate your script did not use scaler.scale(loss or outputs) "
-        "earlier in the iteration.")
-_DEFAULTS = dict(init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
-                 growth_interval=2000, min_scale=None, max_scale=None, hysteresis=1)
+_FIX = (
+    "This may indicate your script did not use scaler.scale(loss or outputs) "
+    "earlier in the iteration."
+)
+_DEFAULTS = dict(
+    init_scale=2.0**16,
+    growth_factor=2.0,
+    backoff_factor=0.5,
+    growth_interval=2000,
+    min_scale=None,
+    max_scale=None,
+    hysteresis=1,
+)
 # a pickled GradScaler holds the single-module adapter's keys, in its order;
 # _PICKLED_PATH are the scale's part (the path's, now)
-_PICKLED = ("_device", "_auto", "_enabled", "_allow_fp16", "_monitor_groups", "_last_skipped",
-            "_skipped", "_state", "_init_scale", "_growth_factor", "_backoff_factor",
-            "_growth_interval", "_scale", "_tracker_t", "_scale_value", "_unscaler",
-            "_per_optimizer_states", "_reducer")
+_PICKLED = (
+    "_device",
+    "_auto",
+    "_enabled",
+    "_allow_fp16",
+    "_monitor_groups",
+    "_last_skipped",
+    "_skipped",
+    "_state",
+    "_init_scale",
+    "_growth_factor",
+    "_backoff_factor",
+    "_growth_interval",
+    "_scale",
+    "_tracker_t",
+    "_scale_value",
+    "_unscaler",
+    "_per_optimizer_states",
+    "_reducer",
+)
 _PICKLED_PATH = ("_state", "_init_scale", "_scale", "_tracker_t", "_scale_value", "_unscaler")
+
+
 class GradScaler(torch.amp.GradScaler):
     """A drop-in for ``torch.amp.GradScaler`` with the same scale sequence.
 
@@ -107,12 +149,22 @@ class GradScaler(torch.amp.GradScaler):
     (``step()`` already does).
     """
 
-    def __init__(self, device: str = "cuda", init_scale: float = 2.0 ** 16,
-                 growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                 growth_interval: int = 2000, enabled: bool = True, *,
-                 min_scale: float | None = None, max_scale: float | None = None,
-                 hysteresis: int = 1, policy=None, process_group=None,
-                 allow_fp16_params: bool = False) -> None:
+    def __init__(
+        self,
+        device: str = "cuda",
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+        *,
+        min_scale: float | None = None,
+        max_scale: float | None = None,
+        hysteresis: int = 1,
+        policy=None,
+        process_group=None,
+        allow_fp16_params: bool = False,
+    ) -> None:
         self._device = device
         self._auto = isinstance(enabled, str) and enabled == "auto"
         if isinstance(enabled, str) and not self._auto:
@@ -124,10 +176,15 @@ class GradScaler(torch.amp.GradScaler):
         self._monitor_groups: list = []
         self._last_skipped: Any = False
         self._skipped: Any = 0
-        if device == "cuda" and enabled and not (
-                torch.cuda.is_available() or importlib.util.find_spec("torch_xla")):
-            warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  "
-                          "Disabling.", stacklevel=2)
+        if (
+            device == "cuda"
+            and enabled
+            and not (torch.cuda.is_available() or importlib.util.find_spec("torch_xla"))
+        ):
+            warnings.warn(
+                "torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.",
+                stacklevel=2,
+            )
             self._enabled = False
         if not self._enabled:
             self._path = Disabled()
@@ -138,13 +195,26 @@ class GradScaler(torch.amp.GradScaler):
             raise ScalerConfigError("The backoff factor must be < 1.0.")
         v1 = None
         if policy is None:
-            p = torch_policy(init_scale, growth_factor, backoff_factor, growth_interval,
-                             min_scale=min_scale, max_scale=max_scale, hysteresis=hysteresis)
+            p = torch_policy(
+                init_scale,
+                growth_factor,
+                backoff_factor,
+                growth_interval,
+                min_scale=min_scale,
+                max_scale=max_scale,
+                hysteresis=hysteresis,
+            )
             raw = (init_scale, growth_factor, backoff_factor, growth_interval)
         else:
-            given = dict(init_scale=init_scale, growth_factor=growth_factor,
-                         backoff_factor=backoff_factor, growth_interval=growth_interval,
-                         min_scale=min_scale, max_scale=max_scale, hysteresis=hysteresis)
+            given = dict(
+                init_scale=init_scale,
+                growth_factor=growth_factor,
+                backoff_factor=backoff_factor,
+                growth_interval=growth_interval,
+                min_scale=min_scale,
+                max_scale=max_scale,
+                hysteresis=hysteresis,
+            )
             clash = {k: v for k, v in given.items() if v != _DEFAULTS[k]}
             if clash:
                 raise ValueError(policy_clash(policy, clash))
@@ -223,8 +293,9 @@ class GradScaler(torch.amp.GradScaler):
             raise ScalerAssertionError("_growth_tracker initialized before _scale")
         self._placed_scale(torch.device(dev))
 
-    def _unscale_grads_(self, optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor,
-                        allow_fp16: bool) -> dict:
+    def _unscale_grads_(
+        self, optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor, allow_fp16: bool
+    ) -> dict:
         """torch's hook: multiply `optimizer`'s gradients by `inv_scale` with torch's kernel,
         per device and dtype; {device: found-inf tensor} (as ShardedGradScaler uses it)."""
         return unscale_with_kernel(optimizer, inv_scale, found_inf, allow_fp16)
@@ -253,8 +324,9 @@ class GradScaler(torch.amp.GradScaler):
         if not self._enabled:
             return outputs
         if isinstance(outputs, torch.Tensor):
-            return outputs * self._placed_scale(outputs.device).to(device=outputs.device,
-                                                                   non_blocking=True)
+            return outputs * self._placed_scale(outputs.device).to(
+                device=outputs.device, non_blocking=True
+            )
 
         per_device: dict = {}
 
@@ -262,8 +334,9 @@ class GradScaler(torch.amp.GradScaler):
             if isinstance(val, torch.Tensor):
                 s = per_device.get(val.device)
                 if s is None:
-                    s = self._placed_scale(val.device).to(device=val.device, non_blocking=True,
-                                                          copy=True)
+                    s = self._placed_scale(val.device).to(
+                        device=val.device, non_blocking=True, copy=True
+                    )
                     per_device[val.device] = s
                 return val * s
             if isinstance(val, abc.Iterable):
@@ -284,9 +357,12 @@ class GradScaler(torch.amp.GradScaler):
         self._enabled = False
         self._path = Disabled(self._path)
         kinds = ", ".join(sorted(str(d).replace("torch.", "") for d in dtypes)) or "none"
-        warnings.warn(f"GradScaler(enabled='auto'): no float16 tensor behind the loss "
-                      f"(dtypes seen: {kinds}); bfloat16 and float32 training need no loss "
-                      f"scaling, so this scaler is disabled.", stacklevel=3)
+        warnings.warn(
+            f"GradScaler(enabled='auto'): no float16 tensor behind the loss "
+            f"(dtypes seen: {kinds}); bfloat16 and float32 training need no loss "
+            f"scaling, so this scaler is disabled.",
+            stacklevel=3,
+        )
 
     # ---- unscale -----------------------------------------------------------------
 
@@ -314,7 +390,7 @@ class GradScaler(torch.amp.GradScaler):
         if not max_norm > 0:
             raise ValueError(f"max_norm must be > 0, got {max_norm!r}")
         try:
-            p = float(norm_type)        # as clip_grad_norm_ converts it ("inf" too)
+            p = float(norm_type)  # as clip_grad_norm_ converts it ("inf" too)
         except (TypeError, ValueError):
             raise ValueError(f"norm_type must be a number or 'inf', got {norm_type!r}") from None
         if math.isnan(p):
@@ -325,8 +401,9 @@ class GradScaler(torch.amp.GradScaler):
             one = _cuda_clip.OnePass.of(params, self._path.scale, p)
             if one is not None:
                 self.unscale_(optimizer, _unscale=one)
-                return one.clip(max_norm, self._found_inf_per_device(optimizer),
-                                params[0].grad.dtype)
+                return one.clip(
+                    max_norm, self._found_inf_per_device(optimizer), params[0].grad.dtype
+                )
         if not self._enabled or self._path.on_device or p not in (2.0, math.inf):
             if self._enabled:
                 self.unscale_(optimizer)
@@ -353,8 +430,7 @@ class GradScaler(torch.amp.GradScaler):
             if total is None:
                 if not params:
                     return torch.tensor(0.0)
-                norms = [n for grads in groups.values()
-                         for n in torch._foreach_norm(grads, p)]
+                norms = [n for grads in groups.values() for n in torch._foreach_norm(grads, p)]
                 total = torch.linalg.vector_norm(torch.stack(norms), p)
             else:
                 total = torch.tensor(total, dtype=dtype)
@@ -373,8 +449,9 @@ class GradScaler(torch.amp.GradScaler):
         self._check_scale_growth_tracker("unscale_")
         state = self._per_optimizer_states[id(optimizer)]
         if state["stage"] is OptState.UNSCALED:
-            raise RuntimeError("unscale_() has already been called on this optimizer since "
-                               "the last update().")
+            raise RuntimeError(
+                "unscale_() has already been called on this optimizer since the last update()."
+            )
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
         try:
@@ -403,8 +480,7 @@ class GradScaler(torch.amp.GradScaler):
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
-            raise RuntimeError("Closure use is not currently supported if GradScaler is "
-                               "enabled.")
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         self._check_scale_growth_tracker("step")
         state = self._per_optimizer_states[id(optimizer)]
         if state["stage"] is OptState.STEPPED:
@@ -427,17 +503,24 @@ class GradScaler(torch.amp.GradScaler):
                 "GradScaler is going to stop passing itself as a keyword argument to the "
                 "passed optimizer. In the near future GradScaler registers `grad_scale: "
                 "Tensor` and `found_inf: Tensor` to the passed optimizer and let the "
-                "optimizer use them directly.", FutureWarning, stacklevel=3)
+                "optimizer use them directly.",
+                FutureWarning,
+                stacklevel=3,
+            )
             kwargs.update({"grad_scaler": self})
         else:
             if state["stage"] is OptState.READY:
                 self._check_inf_per_device(optimizer)
             scale = self._get_scale_async()
-            found_inf = sum(t.to(scale.device, non_blocking=True)
-                            for t in state["found_inf_per_device"].values())
-            optimizer.grad_scale = (getattr(optimizer, "grad_scale", None)
-                                    if state["stage"] == OptState.UNSCALED
-                                    else scale * getattr(optimizer, "grad_scale", 1))
+            found_inf = sum(
+                t.to(scale.device, non_blocking=True)
+                for t in state["found_inf_per_device"].values()
+            )
+            optimizer.grad_scale = (
+                getattr(optimizer, "grad_scale", None)
+                if state["stage"] == OptState.UNSCALED
+                else scale * getattr(optimizer, "grad_scale", 1)
+            )
             optimizer.found_inf = found_inf
         retval = optimizer.step(*args, **kwargs)
         state["stage"] = OptState.STEPPED
@@ -456,16 +539,24 @@ class GradScaler(torch.amp.GradScaler):
             return
         self._check_scale_growth_tracker("update")
         path = self._path
-        found_infs = path.flags([f for st in self._per_optimizer_states.values()
-                                 for f in st["found_inf_per_device"].values()])
+        found_infs = path.flags(
+            [
+                f
+                for st in self._per_optimizer_states.values()
+                for f in st["found_inf_per_device"].values()
+            ]
+        )
         if new_scale is not None:
             self._set_new_scale(new_scale)
         elif not found_infs:
             raise ScalerAssertionError("No inf checks were recorded prior to update.")
         step = self._steps_seen
-        outcome = path.update(found_infs, new_scale is None,
-                              (self._growth_factor, self._backoff_factor, self._growth_interval))
-        if outcome is None:             # the device path, new_scale and no inf checks
+        outcome = path.update(
+            found_infs,
+            new_scale is None,
+            (self._growth_factor, self._backoff_factor, self._growth_interval),
+        )
+        if outcome is None:  # the device path, new_scale and no inf checks
             self._last_skipped = False
         else:
             skipped, count, before = outcome
@@ -488,13 +579,20 @@ class GradScaler(torch.amp.GradScaler):
         m = self.overflow_monitor
         if m is None:
             return
-        m.observe(step, not skipped, float(before if before is not None else self.get_scale()),
-                  self.get_scale(), lambda: named_grads(m, groups))
+        m.observe(
+            step,
+            not skipped,
+            float(before if before is not None else self.get_scale()),
+            self.get_scale(),
+            lambda: named_grads(m, groups),
+        )
 
     def _set_new_scale(self, new_scale) -> None:
         if isinstance(new_scale, torch.Tensor):
-            reason = ("new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
-                      "torch.FloatTensor with requires_grad=False.")
+            reason = (
+                "new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
+                "torch.FloatTensor with requires_grad=False."
+            )
             if new_scale.device.type != self._device:
                 raise ScalerAssertionError(reason)
             if new_scale.numel() != 1:
@@ -502,8 +600,9 @@ class GradScaler(torch.amp.GradScaler):
             if new_scale.requires_grad is True:
                 raise ScalerAssertionError(reason)
         elif not isinstance(new_scale, (int, float)) or isinstance(new_scale, bool):
-            raise TypeError(f"new_scale must be a float or a 1-element tensor, got "
-                            f"{type(new_scale).__name__}")
+            raise TypeError(
+                f"new_scale must be a float or a 1-element tensor, got {type(new_scale).__name__}"
+            )
         self._path.set_scale(new_scale)
 
     # ---- queries -----------------------------------------------------------------
@@ -542,7 +641,7 @@ class GradScaler(torch.amp.GradScaler):
 
     def _set_policy(self, **changes) -> None:
         state = self._state
-        policy = state.policy.replace(**changes)     # validates
+        policy = state.policy.replace(**changes)  # validates
         # (on torch's device path the tensors hold scale and tracker; the host copy
         # keeps the policy for pickling and state dicts)
         replace_state(state, state.scale, state.counters()["good_steps"], policy)
@@ -573,9 +672,13 @@ class GradScaler(torch.amp.GradScaler):
         use); an empty dict when disabled."""
         if not self._enabled:
             return {}
-        d = {"scale": self.get_scale(), "growth_factor": self._growth_factor,
-             "backoff_factor": self._backoff_factor, "growth_interval": self._growth_interval,
-             "_growth_tracker": self._get_growth_tracker()}
+        d = {
+            "scale": self.get_scale(),
+            "growth_factor": self._growth_factor,
+            "backoff_factor": self._backoff_factor,
+            "growth_interval": self._growth_interval,
+            "_growth_tracker": self._get_growth_tracker(),
+        }
         if self._uses_lscore_options():
             d["lscore"] = self._state.state_dict()
         return d
@@ -589,8 +692,10 @@ class GradScaler(torch.amp.GradScaler):
             # float16 behind its loss); this one decides again at its first scale()
             return
         if len(state_dict) == 0:
-            raise RuntimeError("The source state dict is empty, possibly because it was saved "
-                               "from a disabled instance of GradScaler.")
+            raise RuntimeError(
+                "The source state dict is empty, possibly because it was saved "
+                "from a disabled instance of GradScaler."
+            )
         # torch fill_()s its tensors with these: 0-d tensors (older checkpoints) work too
         scale = zero_d(state_dict["scale"])
         gf, bf = state_dict["growth_factor"], state_dict["backoff_factor"]
@@ -607,11 +712,15 @@ class GradScaler(torch.amp.GradScaler):
             self._growth_interval = p.growth_interval
         else:
             state = self._state
-            policy = state.policy.replace(growth_factor=gf, backoff_factor=bf,
-                                          growth_interval=gi)
+            policy = state.policy.replace(growth_factor=gf, backoff_factor=bf, growth_interval=gi)
             # a torch dict has no hysteresis count: start full, as NeMo does
-            d = state_dict_with(state, float(np.float32(scale)), policy,
-                                 good_steps=int(tracker), hysteresis_left=policy.hysteresis)
+            d = state_dict_with(
+                state,
+                float(np.float32(scale)),
+                policy,
+                good_steps=int(tracker),
+                hysteresis_left=policy.hysteresis,
+            )
             self._path.load(d, scale)
             self._init_values = (scale, int(tracker))
             self._growth_factor, self._backoff_factor, self._growth_interval = gf, bf, gi
@@ -621,7 +730,8 @@ class GradScaler(torch.amp.GradScaler):
         if self._enabled and len(self._per_optimizer_states) != 0:
             raise ScalerAssertionError(
                 "A GradScaler instance may only be pickled at the beginning of an "
-                "iteration, or at the end after scaler.update().")
+                "iteration, or at the end after scaler.update()."
+            )
         state = self.__dict__.copy()
         state.update(state.pop("_path").pickled())
         if self._enabled:
@@ -634,14 +744,18 @@ class GradScaler(torch.amp.GradScaler):
         held = {k: state.pop(k) for k in _PICKLED_PATH if k in state}
         self.__dict__.update(state)
         # a pickled scaler is unplaced (as after torch's own unpickling: _scale is None)
-        path = (Unplaced(held["_state"], held["_init_scale"], held.get("_unscaler"))
-                if "_state" in held else None)
+        path = (
+            Unplaced(held["_state"], held["_init_scale"], held.get("_unscaler"))
+            if "_state" in held
+            else None
+        )
         self._path = path if self._enabled else Disabled(path)
 
     def _check_inf_per_device(self, optimizer) -> dict:
         self._check_scale_growth_tracker("_check_inf_per_device")
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = self._agree(
-            self._path.check(optimizer))
+            self._path.check(optimizer)
+        )
         return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
 
     def _agree(self, found: dict) -> dict:
@@ -651,8 +765,11 @@ class GradScaler(torch.amp.GradScaler):
             return found
         local = any(bool(f.item()) for f in found.values())
         flag = reduce_found_inf(self._reducer, local)
-        return {self._scale.device: torch.full((), float(flag), dtype=torch.float32,
-                                               device=self._scale.device)}
+        return {
+            self._scale.device: torch.full(
+                (), float(flag), dtype=torch.float32, device=self._scale.device
+            )
+        }
 
     def _found_inf_per_device(self, optimizer) -> dict:
         return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
@@ -660,5 +777,7 @@ class GradScaler(torch.amp.GradScaler):
     def __repr__(self) -> str:
         if not self._enabled:
             return "GradScaler(enabled=False)"
-        return (f"GradScaler(device={self._device!r}, scale={self.get_scale()!r}, "
-                f"policy={self._state.policy.name!r}, skipped_steps={self.skipped_steps})")
+        return (
+            f"GradScaler(device={self._device!r}, scale={self.get_scale()!r}, "
+            f"policy={self._state.policy.name!r}, skipped_steps={self.skipped_steps})"
+        )

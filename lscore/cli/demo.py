@@ -13,6 +13,7 @@ float32; float16 without loss scaling; float16 with dynamic loss scaling
 (the Keras 2 LossScaleOptimizer); float16 with a fixed scale (TF1's
 FixedLossScaleManager, which skips steps whose gradients overflow).
 """
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,8 @@ class MLP:
         self.params = []
         for n_in, n_out in zip(sizes[:-1], sizes[1:]):
             w = rng.standard_normal((n_in, n_out)).astype(np.float32) * np.float32(
-                math.sqrt(2.0 / n_in))                      # He initialisation
+                math.sqrt(2.0 / n_in)
+            )  # He initialisation
             self.params += [w, np.zeros(n_out, np.float32)]
 
     def copy(self):
@@ -65,14 +67,14 @@ class MLP:
         """Mean cross-entropy and the gradients of loss * scale (float16 if `half`)."""
         r = _half if half else _keep
         logits, acts = self.forward(x, half)
-        z = logits - logits.max(axis=1, keepdims=True)      # the loss itself in float32
+        z = logits - logits.max(axis=1, keepdims=True)  # the loss itself in float32
         p = np.exp(z)
         p /= p.sum(axis=1, keepdims=True)
         loss = float(-np.mean(np.log(p[np.arange(len(y)), y] + 1e-30)))
         d = p
         d[np.arange(len(y)), y] -= 1
         with np.errstate(over="ignore", invalid="ignore"):
-            d = r(d * np.float32(scale / len(y)))           # seeded with the scale
+            d = r(d * np.float32(scale / len(y)))  # seeded with the scale
             grads = [None] * len(self.params)
             for i in range(len(acts) - 1, -1, -1):
                 a, w = acts[i]
@@ -99,7 +101,7 @@ def _data(seed: int):
 def _underflow(grads16, grads32):
     """(elements nonzero in float32 but zero in float16, elements nonzero in float32)."""
     lost = total = 0
-    for g16, g32 in zip(grads16[::2], grads32[::2]):      # weight matrices
+    for g16, g32 in zip(grads16[::2], grads32[::2]):  # weight matrices
         nz = g32 != 0
         total += int(nz.sum())
         lost += int((nz & (g16 == 0)).sum())
@@ -109,11 +111,13 @@ def _underflow(grads16, grads32):
 def _optimizer(mode, cfg, adapter):
     sgd = adapter.SGD(cfg["learning_rate"], momentum=cfg["momentum"])
     if mode == MODES[2]:
-        return adapter.LossScaleOptimizer(sgd, initial_scale=cfg["initial_scale"],
-                                          dynamic_growth_steps=cfg["growth_steps"])
+        return adapter.LossScaleOptimizer(
+            sgd, initial_scale=cfg["initial_scale"], dynamic_growth_steps=cfg["growth_steps"]
+        )
     if mode == MODES[3]:
         return adapter.LossScaleOptimizer(
-            sgd, loss_scale_manager=adapter.FixedLossScaleManager(cfg["fixed_scale"]))
+            sgd, loss_scale_manager=adapter.FixedLossScaleManager(cfg["fixed_scale"])
+        )
     return sgd
 
 
@@ -124,7 +128,7 @@ def train_mode(mode, model0, data, cfg, adapter, progress):
     half = mode != MODES[0]
     opt = _optimizer(mode, cfg, adapter)
     scaled = isinstance(opt, adapter.LossScaleOptimizer)
-    rng = np.random.default_rng(cfg["seed"] + 1)          # same batches in every mode
+    rng = np.random.default_rng(cfg["seed"] + 1)  # same batches in every mode
     rec = {"mode": mode, "loss": [], "scale": [], "skipped_at": [], "underflow": []}
     lost = total = skipped = 0
     t0 = time.perf_counter()
@@ -156,32 +160,46 @@ def train_mode(mode, model0, data, cfg, adapter, progress):
         skipped=skipped,
         final_scale=opt.loss_scaling.scale if scaled else None,
         underflow_fraction=(lost / total) if half and total else None,
-        wall_time=time.perf_counter() - t0)
+        wall_time=time.perf_counter() - t0,
+    )
     return rec
 
 
 def _plot(records, path, cfg):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.6))
     colors = dict(zip(MODES, ("black", "tab:red", "tab:blue", "tab:green")))
-    k = max(1, cfg["steps"] // 100)                       # moving average window
+    k = max(1, cfg["steps"] // 100)  # moving average window
     for rec in records:
         loss = np.asarray(rec["loss"])
         smooth = np.convolve(loss, np.ones(k) / k, mode="valid")
-        ax1.plot(np.arange(len(smooth)) + k - 1, smooth, color=colors[rec["mode"]],
-                 label=f"{rec['mode']} (test acc {rec['test_accuracy']:.3f})", lw=1.4)
-    ax1.set(yscale="log", xlabel="step", ylabel=f"training loss ({k}-step mean)",
-            title="Training loss")
+        ax1.plot(
+            np.arange(len(smooth)) + k - 1,
+            smooth,
+            color=colors[rec["mode"]],
+            label=f"{rec['mode']} (test acc {rec['test_accuracy']:.3f})",
+            lw=1.4,
+        )
+    ax1.set(
+        yscale="log", xlabel="step", ylabel=f"training loss ({k}-step mean)", title="Training loss"
+    )
     ax1.legend(fontsize=8)
     for rec in records[2:]:
         ax2.plot(rec["scale"], color=colors[rec["mode"]], label=rec["mode"], lw=1.4)
         if rec["skipped_at"]:
             s = np.asarray(rec["skipped_at"])
-            ax2.plot(s, np.asarray(rec["scale"])[s], "x", color=colors[rec["mode"]], ms=5,
-                     label=f"skipped step ({rec['mode'].split(', ')[1]})")
+            ax2.plot(
+                s,
+                np.asarray(rec["scale"])[s],
+                "x",
+                color=colors[rec["mode"]],
+                ms=5,
+                label=f"skipped step ({rec['mode'].split(', ')[1]})",
+            )
     ax2.set(yscale="log", xlabel="step", ylabel="loss scale", title="Loss scale (base 2 log axis)")
     ax2.set_yscale("log", base=2)
     ax2.legend(fontsize=8)
@@ -189,12 +207,18 @@ def _plot(records, path, cfg):
         if rec["underflow"]:
             st, fr = zip(*rec["underflow"])
             ax3.plot(st, 100 * np.asarray(fr), color=colors[rec["mode"]], label=rec["mode"], lw=1.2)
-    ax3.set(xlabel="step", ylabel="% of weight-gradient elements",
-            title="float16 gradients flushed to zero\n(nonzero in float32, zero in float16)")
+    ax3.set(
+        xlabel="step",
+        ylabel="% of weight-gradient elements",
+        title="float16 gradients flushed to zero\n(nonzero in float32, zero in float16)",
+    )
     ax3.legend(fontsize=8)
-    fig.suptitle(f"lscore demo: MLP {'-'.join(map(str, cfg['sizes']))} on scikit-learn digits, "
-                 f"float16 {_HOW_HALF.get(cfg.get('backend'), 'emulated')}, "
-                 f"{cfg['steps']} steps per mode", fontsize=11)
+    fig.suptitle(
+        f"lscore demo: MLP {'-'.join(map(str, cfg['sizes']))} on scikit-learn digits, "
+        f"float16 {_HOW_HALF.get(cfg.get('backend'), 'emulated')}, "
+        f"{cfg['steps']} steps per mode",
+        fontsize=11,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -208,13 +232,22 @@ def _table(records) -> str:
     rows = []
     for r in records:
         uf = r["underflow_fraction"]
-        rows.append((r["mode"], f"{r['test_accuracy']:.4f}", str(r["skipped"]),
-                     "-" if r["final_scale"] is None else f"{r['final_scale']:g}",
-                     "-" if uf is None else f"{100 * uf:.2f}%", f"{r['wall_time']:.1f}"))
+        rows.append(
+            (
+                r["mode"],
+                f"{r['test_accuracy']:.4f}",
+                str(r["skipped"]),
+                "-" if r["final_scale"] is None else f"{r['final_scale']:g}",
+                "-" if uf is None else f"{100 * uf:.2f}%",
+                f"{r['wall_time']:.1f}",
+            )
+        )
     widths = [max(len(x[i]) for x in rows + [head]) for i in range(len(head))]
     line = "  ".join("-" * w for w in widths)
-    fmt = lambda row: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
-                                for i, (c, w) in enumerate(zip(row, widths)))
+    fmt = lambda row: "  ".join(
+        c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
+        for i, (c, w) in enumerate(zip(row, widths))
+    )
     return "\n".join([fmt(head), line] + [fmt(r) for r in rows])
 
 
@@ -227,30 +260,42 @@ def _summary(records, cfg) -> str:
         f"{cfg['measure_every']} steps); with dynamic loss scaling "
         f"{100 * dyn['underflow_fraction']:.2f}%.",
         f"Test accuracy: float32 {f32['test_accuracy']:.4f}, float16 without scaling "
-        f"{raw['test_accuracy']:.4f}, float16 with dynamic scaling {dyn['test_accuracy']:.4f}."]
+        f"{raw['test_accuracy']:.4f}, float16 with dynamic scaling {dyn['test_accuracy']:.4f}.",
+    ]
     gap = dyn["test_accuracy"] - raw["test_accuracy"]
     if abs(gap) < 0.01:
-        lines.append("On this small, easy problem the lost gradients cost little accuracy: the "
-                     "underflow is real, its effect on the result here is small.")
+        lines.append(
+            "On this small, easy problem the lost gradients cost little accuracy: the "
+            "underflow is real, its effect on the result here is small."
+        )
     return "\n".join(lines)
 
 
 def config(steps: int, seed: int) -> dict:
-    return {"steps": steps, "seed": seed, "sizes": [64, 128, 128, 128, 10], "batch_size": 64,
-            "learning_rate": 0.05, "momentum": 0.9, "initial_scale": 2.0 ** 15,
-            "growth_steps": 200, "fixed_scale": 2.0 ** 10, "measure_every": 10}
+    return {
+        "steps": steps,
+        "seed": seed,
+        "sizes": [64, 128, 128, 128, 10],
+        "batch_size": 64,
+        "learning_rate": 0.05,
+        "momentum": 0.9,
+        "initial_scale": 2.0**15,
+        "growth_steps": 200,
+        "fixed_scale": 2.0**10,
+        "measure_every": 10,
+    }
 
 
 def run(steps: int = 1000, seed: int = 0, out: str = ".", backend: str = "numpy") -> int:
     """Train the four modes, print the table, write the PNG and the JSON; returns an exit code."""
     if backend not in ("numpy", "torch", "cupy"):
         raise ValueError(f"unknown backend {backend!r}; expected numpy, torch or cupy")
-    from threadpoolctl import threadpool_limits   # installed with scikit-learn
+    from threadpoolctl import threadpool_limits  # installed with scikit-learn
     from tqdm import tqdm
 
     from lscore.adapters import numpy as adapter
 
-    threadpool_limits(1)    # the matrices are small: BLAS threads only add overhead
+    threadpool_limits(1)  # the matrices are small: BLAS threads only add overhead
 
     cfg = config(steps, seed)
     data = _data(seed)
@@ -261,8 +306,10 @@ def run(steps: int = 1000, seed: int = 0, out: str = ".", backend: str = "numpy"
 
         missing = demo_cupy.gpu_missing()
         if missing is not None:
-            print(f"lscore demo --backend cupy needs a CUDA GPU: {missing}; "
-                  "running the CPU demo instead.\n")
+            print(
+                f"lscore demo --backend cupy needs a CUDA GPU: {missing}; "
+                "running the CPU demo instead.\n"
+            )
             backend = "numpy"
     if backend == "cupy":
         print(demo_cupy.DESCRIPTION + "\n")
@@ -285,8 +332,16 @@ def run(steps: int = 1000, seed: int = 0, out: str = ".", backend: str = "numpy"
     js = os.path.join(out, "lscore_demo.json")
     _plot(records, png, cfg)
     with open(js, "w") as f:
-        json.dump({"config": cfg, "results": [
-            {k: v for k, v in r.items() if k not in ("loss", "scale", "underflow")}
-            for r in records]}, f, indent=1)
+        json.dump(
+            {
+                "config": cfg,
+                "results": [
+                    {k: v for k, v in r.items() if k not in ("loss", "scale", "underflow")}
+                    for r in records
+                ],
+            },
+            f,
+            indent=1,
+        )
     print(f"\nplot: {os.path.abspath(png)}\nresults: {os.path.abspath(js)}")
     return 0

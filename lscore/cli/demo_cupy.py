@@ -17,6 +17,7 @@ whose gradients overflow is skipped), which syncs once per step to decide.
 The code is written against an array module and an adapter module, so the
 tests run it on NumPy with the CPU host harness standing in for the GPU.
 """
+
 from __future__ import annotations
 
 import time
@@ -26,11 +27,13 @@ import numpy as np
 from lscore import cuda
 from lscore.managers import FixedLossScaleManager
 
-DESCRIPTION = ("The data is scikit-learn's bundled digits set (1797 8x8 images, no download); "
-               "the model a ReLU perceptron.  CuPy backend: real float16 matrix products and "
-               "gradients on the GPU, float32 master weights, lscore.adapters.cupy's fused SGD; "
-               "the dynamic scale is the sync-free LossScaleOptimizer (no host sync per step), "
-               "the fixed one TF1's FixedLossScaleManager.")
+DESCRIPTION = (
+    "The data is scikit-learn's bundled digits set (1797 8x8 images, no download); "
+    "the model a ReLU perceptron.  CuPy backend: real float16 matrix products and "
+    "gradients on the GPU, float32 master weights, lscore.adapters.cupy's fused SGD; "
+    "the dynamic scale is the sync-free LossScaleOptimizer (no host sync per step), "
+    "the fixed one TF1's FixedLossScaleManager."
+)
 
 
 # why the CuPy demo cannot run here, or None
@@ -43,7 +46,7 @@ class DeviceMLP:
     def __init__(self, xp, model0):
         self.xp = xp
         self.params = [xp.asarray(p) for p in model0.params]
-        self._grads = {}     # dtype -> the gradient buffers, written in place every step
+        self._grads = {}  # dtype -> the gradient buffers, written in place every step
 
     def _buffers(self, dt) -> list:
         """Fixed gradient arrays: the fused optimizer plans a list of arrays once (a new
@@ -73,7 +76,7 @@ class DeviceMLP:
         xp = self.xp
         logits, acts = self.forward(x, half)
         z = logits.astype(xp.float32)
-        z = z - z.max(axis=1, keepdims=True)                 # the loss itself in float32
+        z = z - z.max(axis=1, keepdims=True)  # the loss itself in float32
         p = xp.exp(z)
         p /= p.sum(axis=1, keepdims=True)
         rows = xp.arange(len(y))
@@ -97,12 +100,16 @@ class DeviceMLP:
 def _optimizer(mode, cfg, adapter, modes):
     sgd = adapter.SGD(cfg["learning_rate"], momentum=cfg["momentum"])
     if mode == modes[2]:
-        return adapter.LossScaleOptimizer(sgd, initial_scale=cfg["initial_scale"],
-                                          dynamic_growth_steps=cfg["growth_steps"],
-                                          sync_free=True)
+        return adapter.LossScaleOptimizer(
+            sgd,
+            initial_scale=cfg["initial_scale"],
+            dynamic_growth_steps=cfg["growth_steps"],
+            sync_free=True,
+        )
     if mode == modes[3]:
         return adapter.LossScaleOptimizer(
-            sgd, loss_scale_manager=FixedLossScaleManager(cfg["fixed_scale"]))
+            sgd, loss_scale_manager=FixedLossScaleManager(cfg["fixed_scale"])
+        )
     return sgd
 
 
@@ -113,7 +120,7 @@ def train_mode(mode, model0, data, cfg, xp, adapter, progress, modes):
     half = mode != modes[0]
     opt = _optimizer(mode, cfg, adapter, modes)
     scaled = isinstance(opt, adapter.LossScaleOptimizer)
-    rng = np.random.default_rng(cfg["seed"] + 1)          # same batches in every mode
+    rng = np.random.default_rng(cfg["seed"] + 1)  # same batches in every mode
     steps, every = cfg["steps"], cfg["measure_every"]
     losses = xp.zeros(steps, xp.float32)
     scales = xp.ones(steps, xp.float32)
@@ -132,9 +139,10 @@ def train_mode(mode, model0, data, cfg, xp, adapter, progress, modes):
                 loss, grads = model.loss_and_grads(x, y, scale, half)
                 seen["grads"] = grads
                 return loss, grads
+
             if scaled:
                 loss = opt.minimize(loss_and_grads, model.params)
-                skipped[step] = opt.last_step_skipped      # sync-free: a device bool, no sync
+                skipped[step] = opt.last_step_skipped  # sync-free: a device bool, no sync
             else:
                 loss, grads = loss_and_grads(1.0)
                 opt.apply_gradients(list(zip(grads, model.params)))
@@ -142,7 +150,7 @@ def train_mode(mode, model0, data, cfg, xp, adapter, progress, modes):
             scales[step] = seen["scale"]
             if half and step % every == 0:
                 _, g32 = model.loss_and_grads(x, y, 1.0, False)
-                for g16, g in zip(seen["grads"][::2], g32[::2]):    # weight matrices
+                for g16, g in zip(seen["grads"][::2], g32[::2]):  # weight matrices
                     nz = g != 0
                     flushed[step // every, 0] += (nz & (g16 == 0)).sum()
                     flushed[step // every, 1] += nz.sum()
@@ -150,16 +158,20 @@ def train_mode(mode, model0, data, cfg, xp, adapter, progress, modes):
     counts = _host(xp, flushed)
     lost, total = int(counts[:, 0].sum()), int(counts[:, 1].sum())
     return {
-        "mode": mode, "loss": [float(v) for v in _host(xp, losses)],
-        "scale": [float(v) for v in _host(xp, scales)], "skipped_at": skipped_at,
+        "mode": mode,
+        "loss": [float(v) for v in _host(xp, losses)],
+        "scale": [float(v) for v in _host(xp, scales)],
+        "skipped_at": skipped_at,
         "underflow": [(k * every, int(a) / max(int(b), 1)) for k, (a, b) in enumerate(counts)]
-        if half else [],
+        if half
+        else [],
         "test_accuracy": model.accuracy(xte, yte, half),
         "train_accuracy": model.accuracy(xtr, ytr, half),
         "skipped": len(skipped_at),
         "final_scale": float(opt.loss_scale) if scaled else None,
         "underflow_fraction": (lost / total) if half and total else None,
-        "wall_time": time.perf_counter() - t0}
+        "wall_time": time.perf_counter() - t0,
+    }
 
 
 def _host(xp, a) -> np.ndarray:

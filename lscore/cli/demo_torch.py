@@ -10,6 +10,7 @@ autocast the matrix products and their gradients run in real float16, so small
 activation gradients flush to zero without loss scaling.  torch is imported
 inside the functions, so ``import lscore`` never pulls it in.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,11 +20,13 @@ import numpy as np
 
 from lscore.managers import FixedLossScaleManager
 
-DESCRIPTION = ("The data is scikit-learn's bundled digits set (1797 8x8 images, no "
-               "download); the model a ReLU perceptron.  PyTorch backend: float16 through torch.autocast on the CPU (real float16 "
-               "matrix products, float32 master weights), lscore.adapters.torch.GradScaler "
-               "for the dynamic scale and LossScaleOptimizer with a FixedLossScaleManager "
-               "for the fixed one.")
+DESCRIPTION = (
+    "The data is scikit-learn's bundled digits set (1797 8x8 images, no "
+    "download); the model a ReLU perceptron.  PyTorch backend: float16 through torch.autocast on the CPU (real float16 "
+    "matrix products, float32 master weights), lscore.adapters.torch.GradScaler "
+    "for the dynamic scale and LossScaleOptimizer with a FixedLossScaleManager "
+    "for the fixed one."
+)
 
 
 def _model(model0) -> torch.nn.Sequential:
@@ -87,7 +90,7 @@ def train_mode(mode, model0, data, cfg, progress, modes) -> dict:
     import torch
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)      # the matrices are small: more threads only add overhead
+    torch.set_num_threads(1)  # the matrices are small: more threads only add overhead
     try:
         return _train(torch, mode, model0, data, cfg, progress, modes)
     finally:
@@ -105,11 +108,12 @@ def _train(torch, mode, model0, data, cfg, progress, modes) -> dict:
     sgd = torch.optim.SGD(model.parameters(), lr=cfg["learning_rate"], momentum=cfg["momentum"])
     scaler = opt = None
     if mode == modes[2]:
-        scaler = GradScaler("cpu", init_scale=cfg["initial_scale"],
-                            growth_interval=cfg["growth_steps"])
+        scaler = GradScaler(
+            "cpu", init_scale=cfg["initial_scale"], growth_interval=cfg["growth_steps"]
+        )
     elif mode == modes[3]:
         opt = LossScaleOptimizer(sgd, loss_scale_manager=FixedLossScaleManager(cfg["fixed_scale"]))
-    rng = np.random.default_rng(cfg["seed"] + 1)          # same batches in every mode
+    rng = np.random.default_rng(cfg["seed"] + 1)  # same batches in every mode
     rec = {"mode": mode, "loss": [], "scale": [], "skipped_at": [], "underflow": []}
     lost = total = skipped = 0
     t0 = time.perf_counter()
@@ -150,7 +154,9 @@ def _train(torch, mode, model0, data, cfg, progress, modes) -> dict:
     rec.update(
         test_accuracy=_accuracy(model, xte, yte, half),
         train_accuracy=_accuracy(model, xtr, ytr, half),
-        skipped=skipped, final_scale=final,
+        skipped=skipped,
+        final_scale=final,
         underflow_fraction=(lost / total) if half and total else None,
-        wall_time=time.perf_counter() - t0)
+        wall_time=time.perf_counter() - t0,
+    )
     return rec

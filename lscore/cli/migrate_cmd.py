@@ -1,4 +1,5 @@
 """`lscore migrate`: a peer's loss-scale config or checkpoint state to lscore's, and back."""
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,7 @@ def _inert(qualified: str):
 
         def __setstate__(self, state):
             if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
-                state = {**(state[0] or {}), **state[1]}      # (dict, slots) as pickle gives
+                state = {**(state[0] or {}), **state[1]}  # (dict, slots) as pickle gives
             if isinstance(state, dict):
                 self.__dict__.update(state)
             else:
@@ -50,6 +51,7 @@ def load_checkpoint(path: str, unsafe_pickle: bool = False):
     import pickle
 
     import torch
+
     if unsafe_pickle:
         return torch.load(path, map_location="cpu", weights_only=False), []
     try:
@@ -57,7 +59,7 @@ def load_checkpoint(path: str, unsafe_pickle: bool = False):
     except pickle.UnpicklingError:
         serialization = torch.serialization
         if not hasattr(serialization, "get_unsafe_globals_in_checkpoint"):
-            raise                                   # torch < 2.5
+            raise  # torch < 2.5
         names = sorted(serialization.get_unsafe_globals_in_checkpoint(path))
         if not names:
             raise
@@ -75,18 +77,27 @@ def _read(path: str, unsafe_pickle: bool = False, notes: list | None = None):
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise ValueError(f"{path} is not JSON ({json_error}), and torch is not installed to "
-                         f"read it as a torch.save file") from None
+        raise ValueError(
+            f"{path} is not JSON ({json_error}), and torch is not installed to "
+            f"read it as a torch.save file"
+        ) from None
     try:
         data, inert = load_checkpoint(path, unsafe_pickle)
     except Exception as e:  # torch raises many types for a file it cannot read
-        hint = "" if unsafe_pickle else " (objects other than tensors and plain containers " \
+        hint = (
+            ""
+            if unsafe_pickle
+            else " (objects other than tensors and plain containers "
             "need --unsafe-pickle, for files you trust)"
-        raise ValueError(f"{path} is neither JSON nor a readable torch.save file: "
-                         f"{type(e).__name__}: {e}{hint}") from None
+        )
+        raise ValueError(
+            f"{path} is neither JSON nor a readable torch.save file: {type(e).__name__}: {e}{hint}"
+        ) from None
     if inert and notes is not None:
-        notes.append(f"{path}: objects of {', '.join(inert)} were read as plain data "
-                     f"(torch.load weights_only=True; none of their code ran)")
+        notes.append(
+            f"{path}: objects of {', '.join(inert)} were read as plain data "
+            f"(torch.load weights_only=True; none of their code ran)"
+        )
     return data
 
 
@@ -113,21 +124,25 @@ def cli(args) -> int:
         notes: list = []
         if args.to_peer is not None:
             if args.source is None:
-                raise ValueError("--to needs a FILE: an lscore state (lscore.state/1) or an "
-                                 "lscore config ({\"preset\": ...})")
+                raise ValueError(
+                    "--to needs a FILE: an lscore state (lscore.state/1) or an "
+                    'lscore config ({"preset": ...})'
+                )
             data = _read(args.source, args.unsafe_pickle)
             if isinstance(data, dict) and "format" in data:
                 config = parse_state(data)[2]
                 if not config or "preset" not in config:
-                    raise ValueError(f"{args.source} holds an lscore state without a preset "
-                                     f"config; save it from an lscore.preset object")
+                    raise ValueError(
+                        f"{args.source} holds an lscore state without a preset "
+                        f"config; save it from an lscore.preset object"
+                    )
                 ls = preset(**unjson_config(config))
                 ls.load_state_dict(data)
             elif isinstance(data, dict) and "preset" in data:
                 ls = preset(**unjson_config(data))
             else:
                 raise ValueError(f"{args.source} is neither an lscore state nor an lscore config")
-            state = to_peer(args.to_peer, ls)      # fails first if the peer cannot hold it
+            state = to_peer(args.to_peer, ls)  # fails first if the peer cannot hold it
             print(f"# {args.to_peer} config")
             try:
                 print(json.dumps(peer_config(args.to_peer, ls), indent=2, default=str))
@@ -136,8 +151,7 @@ def cli(args) -> int:
             print(f"# {args.to_peer} state")
             print(json.dumps(state, indent=2, default=str))
             return 0
-        config = _read(args.source, args.unsafe_pickle, notes) \
-            if args.source is not None else None
+        config = _read(args.source, args.unsafe_pickle, notes) if args.source is not None else None
         state = _read(args.state, args.unsafe_pickle, notes) if args.state is not None else None
         m = convert(args.from_peer, config=config, state=state)
         notes += m.notes
@@ -169,25 +183,46 @@ def cli(args) -> int:
 
 def add_parser(sub) -> None:
     """The `migrate` subcommand of the `lscore` command line."""
-    p = sub.add_parser("migrate", help="convert a peer's loss-scale config/state to lscore's "
-                                       "(--from) or back (--to)",
-                       description="Convert a peer's loss-scale config or checkpoint state into "
-                                   "lscore's, or an lscore state back into a peer's. Peers: "
-                                   + ", ".join(PEERS) + ".")
+    p = sub.add_parser(
+        "migrate",
+        help="convert a peer's loss-scale config/state to lscore's (--from) or back (--to)",
+        description="Convert a peer's loss-scale config or checkpoint state into "
+        "lscore's, or an lscore state back into a peer's. Peers: " + ", ".join(PEERS) + ".",
+    )
     way = p.add_mutually_exclusive_group(required=True)
-    way.add_argument("--from", dest="from_peer", choices=PEERS, metavar="PEER",
-                     help="the peer the config/state comes from")
-    way.add_argument("--to", dest="to_peer", choices=PEERS, metavar="PEER",
-                     help="the peer to convert an lscore state or config back to")
-    p.add_argument("source", nargs="?", metavar="FILE",
-                   help="--from: the peer's config (JSON; a ds_config for deepspeed, a NeMo or "
-                        "fairseq config); --to: an lscore state or config (JSON)")
-    p.add_argument("--state", metavar="FILE",
-                   help="the peer's scaler state, or a whole checkpoint holding it (Megatron, "
-                        "DeepSpeed, Lightning, accelerate's scaler.pt, fairseq, a torch "
-                        "{'model', 'optimizer', 'scaler'} dict): JSON, or a torch.save file if "
-                        "torch is installed (read with weights_only=True)")
+    way.add_argument(
+        "--from",
+        dest="from_peer",
+        choices=PEERS,
+        metavar="PEER",
+        help="the peer the config/state comes from",
+    )
+    way.add_argument(
+        "--to",
+        dest="to_peer",
+        choices=PEERS,
+        metavar="PEER",
+        help="the peer to convert an lscore state or config back to",
+    )
+    p.add_argument(
+        "source",
+        nargs="?",
+        metavar="FILE",
+        help="--from: the peer's config (JSON; a ds_config for deepspeed, a NeMo or "
+        "fairseq config); --to: an lscore state or config (JSON)",
+    )
+    p.add_argument(
+        "--state",
+        metavar="FILE",
+        help="the peer's scaler state, or a whole checkpoint holding it (Megatron, "
+        "DeepSpeed, Lightning, accelerate's scaler.pt, fairseq, a torch "
+        "{'model', 'optimizer', 'scaler'} dict): JSON, or a torch.save file if "
+        "torch is installed (read with weights_only=True)",
+    )
     p.add_argument("--out", metavar="FILE", help="write the lscore state here (JSON)")
-    p.add_argument("--unsafe-pickle", action="store_true",
-                   help="let torch.load unpickle arbitrary objects (only for files you trust)")
+    p.add_argument(
+        "--unsafe-pickle",
+        action="store_true",
+        help="let torch.load unpickle arbitrary objects (only for files you trust)",
+    )
     p.set_defaults(func=cli)

@@ -16,16 +16,61 @@ imported when a kernel is first compiled or launched.
 - ``arrays``: ``ArrayKernels``, all_finite / unscale_ over nested device arrays
   (compiled walk, cached plans, packed launches, one read of the flag)
 """
+
 from lscore.cuda.arrays import ArrayKernels
 from lscore.cuda.device_state import DeviceState
 from lscore.cuda.optim import FusedLauncher, FusedPlan, bias_table
-from lscore.cuda.launch import (BLOCK, CHUNK, MAX_BLOCKS, MAX_TENSORS, LaunchConfig, Launches,
-                                MultiTensor, Plan, launch_config, plan_launches)
-from lscore.cuda.loader import (KERNELS, NVRTC_OPTIONS, OPS, TRAITS, UPDATE_KERNEL, CupyBackend,
-                                compile_kernels, device_missing, kernel_name, module, source)
+from lscore.cuda.launch import (
+    BLOCK,
+    CHUNK,
+    MAX_BLOCKS,
+    MAX_TENSORS,
+    LaunchConfig,
+    Launches,
+    MultiTensor,
+    Plan,
+    launch_config,
+    plan_launches,
+)
+from lscore.cuda.loader import (
+    KERNELS,
+    NVRTC_OPTIONS,
+    OPS,
+    TRAITS,
+    UPDATE_KERNEL,
+    CupyBackend,
+    compile_kernels,
+    device_missing,
+    kernel_name,
+    module,
+    source,
+)
 
-__all__ = ["ArrayKernels", "LaunchConfig", "Launches", "BLOCK", "CHUNK", "MAX_BLOCKS",
-           "MAX_TENSORS", "KERNELS", "NVRTC_OPTIONS", "OPS", "TRAITS", "UPDATE_KERNEL",
-           "CupyBackend", "DeviceState", "FusedLauncher", "FusedPlan", "MultiTensor", "Plan",
-           "bias_table", "compile_kernels", "device_missing", "kernel_name", "module",
-           "launch_config", "plan_launches", "source"]
+__all__ = [
+    "ArrayKernels",
+    "LaunchConfig",
+    "Launches",
+    "BLOCK",
+    "CHUNK",
+    "MAX_BLOCKS",
+    "MAX_TENSORS",
+    "KERNELS",
+    "NVRTC_OPTIONS",
+    "OPS",
+    "TRAITS",
+    "UPDATE_KERNEL",
+    "CupyBackend",
+    "DeviceState",
+    "FusedLauncher",
+    "FusedPlan",
+    "MultiTensor",
+    "Plan",
+    "bias_table",
+    "compile_kernels",
+    "device_missing",
+    "kernel_name",
+    "module",
+    "launch_config",
+    "plan_launches",
+    "source",
+]

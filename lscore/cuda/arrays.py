@@ -8,6 +8,7 @@ cupy and ``CupyBackend``; the tests bind it to NumPy and the host harness;
 ``lscore bench --suite gpu-host`` to CuPy-shaped stand-ins and a backend
 whose launches do nothing, to time the host side alone.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,9 @@ def norm_kind(norm_type) -> bool:
     except (TypeError, ValueError):
         p = None
     if p not in (2.0, math.inf):
-        raise ValueError(f"norm_type must be 2 or inf (the norms the one-pass kernels gather), "
-                         f"got {norm_type!r}")
+        raise ValueError(
+            f"norm_type must be 2 or inf (the norms the one-pass kernels gather), got {norm_type!r}"
+        )
     return p == math.inf
 
 
@@ -76,17 +78,29 @@ class ArrayKernels:
     reuses that call's device tables and packed launches.
     """
 
-    def __init__(self, xp, make_backend, *, array_type=None, kind=kernels.READ_CUDA_ARRAY,
-                 device: int = 0, config: LaunchConfig | None = None,
-                 limits: dict | None = None):
+    def __init__(
+        self,
+        xp,
+        make_backend,
+        *,
+        array_type=None,
+        kind=kernels.READ_CUDA_ARRAY,
+        device: int = 0,
+        config: LaunchConfig | None = None,
+        limits: dict | None = None,
+    ):
         self.xp = xp
         self._make_backend = make_backend
         self._limits = dict(limits or {}, config=config)
         self._devices: dict = {}
         self._table = kernels.DeviceTable(
-            array_type if array_type is not None else xp.ndarray, kind, _classify,
+            array_type if array_type is not None else xp.ndarray,
+            kind,
+            _classify,
             f"{xp.__name__}.ndarray or nested lists, tuples and dicts of them",
-            hint=xp.__name__, device=device)
+            hint=xp.__name__,
+            device=device,
+        )
 
     @property
     def table(self):
@@ -107,7 +121,8 @@ class ArrayKernels:
         prepared = plan.payload.get(dev)
         if prepared is None:
             prepared = plan.payload[dev] = runner.prepared(
-                [(code, ptrs, sizes) for d, code, ptrs, sizes in plan.groups if d == dev])
+                [(code, ptrs, sizes) for d, code, ptrs, sizes in plan.groups if d == dev]
+            )
         return prepared
 
     def check_async(self, arrays, found_ptr: int, device: int) -> None:
@@ -115,25 +130,27 @@ class ArrayKernels:
         plan = self._table.plan(arrays)
         for dev in plan.devices:
             if dev != device:
-                raise ValueError(f"arrays on device {dev}, but the loss scale lives on "
-                                 f"device {device}")
+                raise ValueError(
+                    f"arrays on device {dev}, but the loss scale lives on device {device}"
+                )
         for dev in plan.devices:
             runner = self.device(dev)
-            runner.launch("all_finite", self._launches(plan, dev, runner), found_ptr=found_ptr,
-                          mark=1)
+            runner.launch(
+                "all_finite", self._launches(plan, dev, runner), found_ptr=found_ptr, mark=1
+            )
 
     def _run(self, op: str, arrays, inv: float) -> bool:
         plan = self._table.plan(arrays)
         if op == "unscale" and plan.write_error is not None:
             raise ValueError(plan.write_error)
         devices = plan.devices
-        if len(devices) == 1:                    # the common call
+        if len(devices) == 1:  # the common call
             dev = devices[0]
             runner = self.device(dev)
             mark = runner.launch(op, self._launches(plan, dev, runner), inv=inv)
             return not runner.found(mark)
         calls = []
-        for dev in devices:                      # enqueue on every device, then read each
+        for dev in devices:  # enqueue on every device, then read each
             runner = self.device(dev)
             calls.append((runner, runner.launch(op, self._launches(plan, dev, runner), inv=inv)))
         return not any([runner.found(mark) for runner, mark in calls])

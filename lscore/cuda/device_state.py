@@ -1,4 +1,5 @@
 """The loss-scale state machine resident on a device (the update kernel's buffers)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,31 +41,39 @@ class DeviceState:
     @property
     def found(self):
         """The device found flag (uint32, one element)."""
-        return self.flags[FOUND:FOUND + 1]
+        return self.flags[FOUND : FOUND + 1]
 
     @property
     def apply(self):
         """The device decision of the last step (uint32, 1 apply / 0 skip)."""
-        return self.flags[APPLY:APPLY + 1]
+        return self.flags[APPLY : APPLY + 1]
 
     @property
     def inv_scale(self):
-        return self.vals[INV_SCALE:INV_SCALE + 1]
+        return self.vals[INV_SCALE : INV_SCALE + 1]
 
     @property
     def scale(self):
-        return self.vals[SCALE:SCALE + 1]
+        return self.vals[SCALE : SCALE + 1]
 
     def _launch(self, advance: int) -> None:
-        self.backend.launch(UPDATE_KERNEL, 1, 1, (np.uint64(self.state_ptr),
-                                                  np.uint64(self.flags_ptr),
-                                                  np.uint64(self.vals_ptr), np.int32(advance)))
+        self.backend.launch(
+            UPDATE_KERNEL,
+            1,
+            1,
+            (
+                np.uint64(self.state_ptr),
+                np.uint64(self.flags_ptr),
+                np.uint64(self.vals_ptr),
+                np.int32(advance),
+            ),
+        )
 
     def put(self, raw: bytes) -> None:
         """Write a struct (CyState.to_bytes()); clears floor and apply, refreshes vals."""
         if len(raw) != self.nbytes:
             raise ValueError(f"an lsc_state is {self.nbytes} bytes, got {len(raw)}")
-        self.buf[:self.nbytes] = self.backend.to_device(np.frombuffer(raw, np.uint8))
+        self.buf[: self.nbytes] = self.backend.to_device(np.frombuffer(raw, np.uint8))
         self.flags[FLOOR] = self.flags[APPLY] = 0
         self._launch(0)
 
@@ -76,8 +85,11 @@ class DeviceState:
         """(struct bytes, flags, vals) copied to the host in one transfer (one sync)."""
         host = self.backend.get(self.buf)
         n, end = self.nbytes, self.nbytes + FLAGS_BYTES
-        return (host[:n].tobytes(), host[n:end].view(np.uint32).copy(),
-                host[end:].view(np.float64).copy())
+        return (
+            host[:n].tobytes(),
+            host[n:end].view(np.uint32).copy(),
+            host[end:].view(np.float64).copy(),
+        )
 
     def clear_floor(self) -> None:
         self.flags[FLOOR] = 0

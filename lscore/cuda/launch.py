@@ -16,6 +16,7 @@ one shared argument block before the launches.  The one-pass norm
 (``launch_norm`` / ``launch_clip``) packs its launches and allocates its
 partials buffer on a plan's first use, then costs the same.
 """
+
 from __future__ import annotations
 
 import collections
@@ -30,10 +31,10 @@ from lscore import kernels
 from lscore.dtypes import Code
 from lscore.cuda.loader import OPS, TRAITS, kernel_name
 
-CHUNK = 65536        # elements per block
-BLOCK = 512          # threads per block
-MAX_TENSORS = 4096   # tensors per launch
-MAX_BLOCKS = 65535   # blocks (chunks) per launch
+CHUNK = 65536  # elements per block
+BLOCK = 512  # threads per block
+MAX_TENSORS = 4096  # tensors per launch
+MAX_BLOCKS = 65535  # blocks (chunks) per launch
 MARK_LIMIT = 0xFFFFFFFF
 # elements in the scan kernels' 16-byte vector load of the narrowest dtype (float16/bfloat16):
 # a chunk that is a multiple of it keeps every chunk on the vector path (scan.cu)
@@ -49,8 +50,10 @@ table back to back; `launches` lists (offset in words, ntensors, nblocks)."""
 # byte widths of the scan kernels' parameters (_ext/scan.cu), in order:
 # table, ntensors, chunk, then the per-call ones
 _OWN_SIZES = (8, 4, 8)
-_CALL_SIZES = {"unscale": (8, 8, 8, 4),      # inv, inv_dev, found, mark
-               "all_finite": (8, 4)}         # found, mark
+_CALL_SIZES = {
+    "unscale": (8, 8, 8, 4),  # inv, inv_dev, found, mark
+    "all_finite": (8, 4),
+}  # found, mark
 # which slots of the call block (uint64 words) those per-call parameters are
 _CALL_SLOTS = {"unscale": (0, 1, 2, 3), "all_finite": (2, 3)}
 # the call block: inv, inv_dev, found, mark, then the norm's inf_norm, max_norm, coef, coef_dev
@@ -82,8 +85,10 @@ class LaunchConfig:
                 raise TypeError(f"{f.name} must be an int, got {v!r}")
             object.__setattr__(self, f.name, int(v))
         if self.chunk < VECTOR or self.chunk % VECTOR:
-            raise ValueError(f"chunk must be a positive multiple of {VECTOR} (the vector "
-                             f"width of float16), got {self.chunk}")
+            raise ValueError(
+                f"chunk must be a positive multiple of {VECTOR} (the vector "
+                f"width of float16), got {self.chunk}"
+            )
         if not (32 <= self.block <= 1024 and self.block % 32 == 0):
             raise ValueError(f"block must be a multiple of 32 in [32, 1024], got {self.block}")
         # the block table packs the tensor index into 32 bits; a grid's x is below 2**31
@@ -108,15 +113,17 @@ class LaunchConfig:
             if not eq:
                 raise ValueError(f"launch setting {item!r} is not key=value, e.g. chunk=16384")
             if key not in keys:
-                raise ValueError(f"unknown launch setting {key!r}; expected one of: "
-                                 f"{', '.join(keys)}")
+                raise ValueError(
+                    f"unknown launch setting {key!r}; expected one of: {', '.join(keys)}"
+                )
             if key in values:
                 raise ValueError(f"launch setting {key!r} given twice")
             try:
                 values[key] = int(value)
             except ValueError:
-                raise ValueError(f"launch setting {key} must be an integer, "
-                                 f"got {value!r}") from None
+                raise ValueError(
+                    f"launch setting {key} must be an integer, got {value!r}"
+                ) from None
         return dataclasses.replace(base if base is not None else cls(), **values)
 
 
@@ -133,8 +140,9 @@ def launch_config() -> LaunchConfig:
         raise ValueError(f"{ENV}={text!r}: {e}") from None
 
 
-def plan_launches(ptrs, sizes, *, chunk: int = CHUNK, max_tensors: int = MAX_TENSORS,
-                  max_blocks: int = MAX_BLOCKS) -> Plan:
+def plan_launches(
+    ptrs, sizes, *, chunk: int = CHUNK, max_tensors: int = MAX_TENSORS, max_blocks: int = MAX_BLOCKS
+) -> Plan:
     """Split tensors (device addresses, element counts) into launches of chunks.
 
     Each block of a launch handles one chunk of one tensor; a launch holds at
@@ -151,8 +159,10 @@ def _kernel_code(code) -> int:
     """`code` as an int; TypeError when no scan kernel takes that dtype."""
     code = int(code)
     if code not in TRAITS:
-        raise TypeError(f"dtype code {code} has no CUDA kernel; supported: "
-                        f"{', '.join(Code(k).name for k in TRAITS)}")
+        raise TypeError(
+            f"dtype code {code} has no CUDA kernel; supported: "
+            f"{', '.join(Code(k).name for k in TRAITS)}"
+        )
     return code
 
 
@@ -173,7 +183,7 @@ class Launches:
         self.ops = {op: [] for op in OPS}
         self.count = 0
         self.norm = None
-        self._specs = []        # (dtype code, own-argument block, blocks) of every launch
+        self._specs = []  # (dtype code, own-argument block, blocks) of every launch
         self._keep = []
 
 
@@ -188,9 +198,17 @@ class MultiTensor:
     launch limits come from `config` (default: ``launch_config()``).
     """
 
-    def __init__(self, backend, *, config: LaunchConfig | None = None, chunk: int | None = None,
-                 block: int | None = None, max_tensors: int | None = None,
-                 max_blocks: int | None = None, cache_size: int = 16):
+    def __init__(
+        self,
+        backend,
+        *,
+        config: LaunchConfig | None = None,
+        chunk: int | None = None,
+        block: int | None = None,
+        max_tensors: int | None = None,
+        max_blocks: int | None = None,
+        cache_size: int = 16,
+    ):
         # `config` is checked for a GPU; the single limits override it with only the
         # kernels' own checks, so the host harness can run tiny chunks and blocks
         cfg = config if config is not None else launch_config()
@@ -214,9 +232,9 @@ class MultiTensor:
         self._wrapped = False
         # the per-call parameters, shared by every launch (slots: _INV ... _COEF_DEV)
         self._call = np.zeros(8, np.uint64)
-        self._inv = self._call[_INV:_INV + 1].view(np.float64)
-        self._max_norm = self._call[_MAX_NORM:_MAX_NORM + 1].view(np.float64)
-        self._coef = self._call[_COEF:_COEF + 1].view(np.float64)
+        self._inv = self._call[_INV : _INV + 1].view(np.float64)
+        self._max_norm = self._call[_MAX_NORM : _MAX_NORM + 1].view(np.float64)
+        self._coef = self._call[_COEF : _COEF + 1].view(np.float64)
         self._call_addr = self._call.ctypes.data
 
     def _function(self, name: str):
@@ -230,9 +248,13 @@ class MultiTensor:
         out = Launches()
         for code, ptrs, sizes in groups:
             code = _kernel_code(code)
-            table, launches = plan_launches(ptrs, sizes, chunk=self.chunk,
-                                            max_tensors=self.max_tensors,
-                                            max_blocks=self.max_blocks)
+            table, launches = plan_launches(
+                ptrs,
+                sizes,
+                chunk=self.chunk,
+                max_tensors=self.max_tensors,
+                max_blocks=self.max_blocks,
+            )
             if not launches:
                 continue
             dev = self.backend.to_device(table)
@@ -243,13 +265,23 @@ class MultiTensor:
                 out._keep.append(own)
                 out._specs.append((code, own, nb))
                 for op in OPS:
-                    params = np.array([own.ctypes.data + 8 * k for k in range(3)]
-                                      + [self._call_addr + 8 * s for s in _CALL_SLOTS[op]],
-                                      np.uint64)
+                    params = np.array(
+                        [own.ctypes.data + 8 * k for k in range(3)]
+                        + [self._call_addr + 8 * s for s in _CALL_SLOTS[op]],
+                        np.uint64,
+                    )
                     widths = np.array(_OWN_SIZES + _CALL_SIZES[op], np.int64)
                     out._keep += [params, widths]
-                    out.ops[op].append((self._function(kernel_name(op, code)), nb, self.block,
-                                        params.ctypes.data, widths.ctypes.data, len(widths)))
+                    out.ops[op].append(
+                        (
+                            self._function(kernel_name(op, code)),
+                            nb,
+                            self.block,
+                            params.ctypes.data,
+                            widths.ctypes.data,
+                            len(widths),
+                        )
+                    )
                 out.count += 1
         return out
 
@@ -257,12 +289,21 @@ class MultiTensor:
         """A fresh mark for a call on this device's flag (1 .. 2**32 - 1)."""
         self._mark = self._mark % MARK_LIMIT + 1
         if self._mark == 1 and self._wrapped:
-            self.flag[...] = 0               # once per 2**32 calls: no stale mark survives
+            self.flag[...] = 0  # once per 2**32 calls: no stale mark survives
         self._wrapped = True
         return self._mark
 
-    def launch(self, op: str, prepared: Launches, *, inv: float = 1.0, inv_ptr: int = 0,
-               found_ptr: int | None = None, mark: int | None = None, stream=None) -> int:
+    def launch(
+        self,
+        op: str,
+        prepared: Launches,
+        *,
+        inv: float = 1.0,
+        inv_ptr: int = 0,
+        found_ptr: int | None = None,
+        mark: int | None = None,
+        stream=None,
+    ) -> int:
         """Enqueue `op` over prepared launches; returns the mark the kernels store on NaN/Inf.
 
         `found_ptr` (default: this runner's flag) is the uint32 the kernels
@@ -273,8 +314,7 @@ class MultiTensor:
         self.enqueue(prepared.ops[op], stream)
         return mark
 
-    def _set_call(self, inv: float, inv_ptr: int, found_ptr: int | None,
-                  mark: int | None) -> int:
+    def _set_call(self, inv: float, inv_ptr: int, found_ptr: int | None, mark: int | None) -> int:
         """Write the scan's per-call parameters into the shared block; returns the mark."""
         if mark is None:
             mark = self.next_mark()
@@ -302,8 +342,14 @@ class MultiTensor:
         params = np.array([a for a, _ in args], np.uint64)
         widths = np.array([w for _, w in args], np.int64)
         keep += [params, widths]
-        return (self._function(name), grid, block, params.ctypes.data, widths.ctypes.data,
-                len(widths))
+        return (
+            self._function(name),
+            grid,
+            block,
+            params.ctypes.data,
+            widths.ctypes.data,
+            len(widths),
+        )
 
     def _call_arg(self, slot: int, width: int) -> tuple:
         """(address, byte width) of a per-call parameter in the shared call block."""
@@ -318,7 +364,7 @@ class MultiTensor:
         counts = [sum(nb for _, _, nb in prepared._specs) * self.block]
         while counts[-1] > FOLD:
             counts.append(-(-counts[-1] // FOLD))
-        offsets = np.cumsum([0] + counts)        # of each level in one buffer; the result last
+        offsets = np.cumsum([0] + counts)  # of each level in one buffer; the result last
         buf = self.backend.to_device(np.zeros(int(offsets[-1]) + 4, np.float64))
         base = self.backend.ptr(buf)
         # the kernels take each level's address and count by pointer: host words kept here
@@ -333,32 +379,81 @@ class MultiTensor:
             return sizes.ctypes.data + 8 * k, 8
 
         unscale, clip = [], []
-        done = 0                                 # partial slots of the launches before
+        done = 0  # partial slots of the launches before
         for code, own, nb in prepared._specs:
             table = (own.ctypes.data, 8), (own.ctypes.data + 8, 4), (own.ctypes.data + 16, 8)
             part = np.array([base + 8 * done], np.uint64)
             keep.append(part)
-            unscale.append(self._pack(keep, kernel_name("unscale_norm", code), nb, self.block, (
-                *table, arg(_INV, 8), arg(_INV_DEV, 8), arg(_FOUND, 8), arg(_MARK, 4),
-                (part.ctypes.data, 8), arg(_INF_NORM, 4))))
-            clip.append(self._pack(keep, kernel_name("clip", code), nb, self.block,
-                                   (*table, arg(_COEF, 8), arg(_COEF_DEV, 8))))
+            unscale.append(
+                self._pack(
+                    keep,
+                    kernel_name("unscale_norm", code),
+                    nb,
+                    self.block,
+                    (
+                        *table,
+                        arg(_INV, 8),
+                        arg(_INV_DEV, 8),
+                        arg(_FOUND, 8),
+                        arg(_MARK, 4),
+                        (part.ctypes.data, 8),
+                        arg(_INF_NORM, 4),
+                    ),
+                )
+            )
+            clip.append(
+                self._pack(
+                    keep,
+                    kernel_name("clip", code),
+                    nb,
+                    self.block,
+                    (*table, arg(_COEF, 8), arg(_COEF_DEV, 8)),
+                )
+            )
             done += nb * self.block
         last = len(counts) - 1
         for k in range(last):
             block = min(self.block, counts[k + 1])
-            unscale.append(self._pack(keep, "lsc_norm_fold", -(-counts[k + 1] // block), block,
-                                      (level(k), size(k), level(k + 1), size(k + 1),
-                                       arg(_INF_NORM, 4))))
-        unscale.append(self._pack(keep, "lsc_norm_finish", 1, 1, (
-            level(last), size(last), arg(_INF_NORM, 4), arg(_MAX_NORM, 8), arg(_FOUND, 8),
-            arg(_MARK, 4), level(last + 1))))
+            unscale.append(
+                self._pack(
+                    keep,
+                    "lsc_norm_fold",
+                    -(-counts[k + 1] // block),
+                    block,
+                    (level(k), size(k), level(k + 1), size(k + 1), arg(_INF_NORM, 4)),
+                )
+            )
+        unscale.append(
+            self._pack(
+                keep,
+                "lsc_norm_finish",
+                1,
+                1,
+                (
+                    level(last),
+                    size(last),
+                    arg(_INF_NORM, 4),
+                    arg(_MAX_NORM, 8),
+                    arg(_FOUND, 8),
+                    arg(_MARK, 4),
+                    level(last + 1),
+                ),
+            )
+        )
         result = int(offsets[-1])
         return _Norm(unscale, clip, buf[result:], base + 8 * (result + 1), keep)
 
-    def launch_norm(self, prepared: Launches, *, inv: float = 1.0, inv_ptr: int = 0,
-                    inf_norm: bool = False, max_norm: float = 0.0, mark: int | None = None,
-                    stream=None) -> int:
+    def launch_norm(
+        self,
+        prepared: Launches,
+        *,
+        inv: float = 1.0,
+        inv_ptr: int = 0,
+        inf_norm: bool = False,
+        max_norm: float = 0.0,
+        mark: int | None = None,
+        stream=None,
+    ) -> int:
         """Enqueue the one-pass unscale + check + norm over `prepared`; returns the mark.
 
         Every element is multiplied by `inv` (or the float64 at `inv_ptr`) as
@@ -377,8 +472,9 @@ class MultiTensor:
         self.enqueue(prepared.norm.unscale, stream)
         return mark
 
-    def launch_clip(self, prepared: Launches, *, coef: float | None = None, coef_ptr: int = 0,
-                    stream=None) -> None:
+    def launch_clip(
+        self, prepared: Launches, *, coef: float | None = None, coef_ptr: int = 0, stream=None
+    ) -> None:
         """Enqueue the clip: every element times `coef`, or the float64 at `coef_ptr`, or
         (neither given) the coefficient the last ``launch_norm`` on `prepared` left on
         the device; a coefficient of 1 costs the launches only."""
@@ -396,8 +492,7 @@ class MultiTensor:
 
     def prepared(self, groups) -> Launches:
         """``prepare(groups)``, cached by the groups' (code, addresses, counts) (LRU)."""
-        groups = [(int(c), np.asarray(p, np.uint64), np.asarray(n, np.int64))
-                  for c, p, n in groups]
+        groups = [(int(c), np.asarray(p, np.uint64), np.asarray(n, np.int64)) for c, p, n in groups]
         key = tuple((c, p.tobytes(), n.tobytes()) for c, p, n in groups)
         with self._lock:
             hit = self._cache.get(key)
@@ -411,8 +506,19 @@ class MultiTensor:
                 self._cache.popitem(last=False)
         return hit
 
-    def run(self, op: str, ptrs, sizes, codes, found_ptr: int, inv_ptr: int = 0,
-            stream=None, *, inv: float = 1.0, mark: int = 1) -> int:
+    def run(
+        self,
+        op: str,
+        ptrs,
+        sizes,
+        codes,
+        found_ptr: int,
+        inv_ptr: int = 0,
+        stream=None,
+        *,
+        inv: float = 1.0,
+        mark: int = 1,
+    ) -> int:
         """Launch `op` ("unscale" or "all_finite") over raw tables; returns launches made.
 
         `found_ptr` is the device address of a uint32 the kernels set to
@@ -431,7 +537,14 @@ class MultiTensor:
         count = 0
         for c, (gp, gs) in groups.items():
             prepared = self.prepared([(c, gp, gs)])
-            self.launch(op, prepared, inv=inv, inv_ptr=inv_ptr, found_ptr=found_ptr, mark=mark,
-                        stream=stream)
+            self.launch(
+                op,
+                prepared,
+                inv=inv,
+                inv_ptr=inv_ptr,
+                found_ptr=found_ptr,
+                mark=mark,
+                stream=stream,
+            )
             count += prepared.count
         return count

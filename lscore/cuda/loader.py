@@ -7,6 +7,7 @@ CI tests run without a GPU) with exact IEEE float32 options and is loaded
 once per device.  CuPy is imported only when a kernel is first compiled or
 launched.
 """
+
 from __future__ import annotations
 
 import importlib.resources
@@ -18,8 +19,18 @@ import numpy as np
 
 from lscore.dtypes import Code
 
-__all__ = ["CupyBackend", "KERNELS", "NVRTC_OPTIONS", "OPS", "TRAITS", "UPDATE_KERNEL",
-           "compile_kernels", "kernel_name", "module", "source"]
+__all__ = [
+    "CupyBackend",
+    "KERNELS",
+    "NVRTC_OPTIONS",
+    "OPS",
+    "TRAITS",
+    "UPDATE_KERNEL",
+    "compile_kernels",
+    "kernel_name",
+    "module",
+    "source",
+]
 
 # dtype code -> traits struct of _ext/scan.cu
 TRAITS = {Code.F16: "lsc_f16", Code.BF16: "lsc_bf16", Code.F32: "lsc_f32", Code.F64: "lsc_f64"}
@@ -32,8 +43,13 @@ UPDATE_KERNEL = "lsc_device_update"
 # RawModule appends -ftz=true after the user's options on every compile, and
 # NVRTC keeps the last one.  compile_using_nvrtc adds only the architecture,
 # --device-as-default-execution-space (and --pch under CUPY_NVRTC_USE_PCH).
-NVRTC_OPTIONS = ("--std=c++17", "--ftz=false", "--fmad=false", "--prec-div=true",
-                 "--prec-sqrt=true")
+NVRTC_OPTIONS = (
+    "--std=c++17",
+    "--ftz=false",
+    "--fmad=false",
+    "--prec-div=true",
+    "--prec-sqrt=true",
+)
 
 
 def kernel_name(op: str, code: int) -> str:
@@ -45,11 +61,14 @@ def kernel_name(op: str, code: int) -> str:
 KERNELS = {
     # the one-pass norm (lscore.cuda.launch.MultiTensor.launch_norm) beside the scan
     "scan.cu": tuple(kernel_name(op, c) for op in OPS + ("unscale_norm", "clip") for c in TRAITS)
-               + ("lsc_norm_fold", "lsc_norm_finish"),
+    + ("lsc_norm_fold", "lsc_norm_finish"),
     "update.cu": (UPDATE_KERNEL,),
     # fused optimizers: float32 master weights, float16/bfloat16/float32 gradients
-    "optim.cu": tuple(f"lsc_mt_{op}<{TRAITS[c]}>" for op in ("sgd", "adam")
-                      for c in (Code.F16, Code.BF16, Code.F32)),
+    "optim.cu": tuple(
+        f"lsc_mt_{op}<{TRAITS[c]}>"
+        for op in ("sgd", "adam")
+        for c in (Code.F16, Code.BF16, Code.F32)
+    ),
 }
 _FILE_OF = {k: f for f, names in KERNELS.items() for k in names}
 _INCLUDE = re.compile(r'^#include "([A-Za-z0-9_.]+)"[ \t]*$', re.M)
@@ -75,6 +94,7 @@ def _inlined(name: str, seen: set) -> str:
             return ""
         seen.add(m.group(1))
         return _inlined(m.group(1), seen)
+
     return _INCLUDE.sub(header, _read(name))
 
 
@@ -96,21 +116,29 @@ def compile_kernels(name: str, arch: str | None = None, *, include_dir: str | No
     RuntimeError with NVRTC's log when the compile fails.
     """
     from cupy.cuda import compiler
+
     text = source(name, inline_includes=include_dir is None)
-    options = NVRTC_OPTIONS if include_dir is None else (*NVRTC_OPTIONS,
-                                                         f"--include-path={include_dir}")
+    options = (
+        NVRTC_OPTIONS if include_dir is None else (*NVRTC_OPTIONS, f"--include-path={include_dir}")
+    )
     log = io.StringIO()
     try:
         image, lowered = compiler.compile_using_nvrtc(
-            text, options=options, arch=arch, filename=name,
-            name_expressions=KERNELS[name], log_stream=log)
+            text,
+            options=options,
+            arch=arch,
+            filename=name,
+            name_expressions=KERNELS[name],
+            log_stream=log,
+        )
     except compiler.CompileException as e:
-        raise RuntimeError(f"NVRTC could not compile {name} for "
-                           f"{arch or 'this device'}:\n{e}") from e
+        raise RuntimeError(
+            f"NVRTC could not compile {name} for {arch or 'this device'}:\n{e}"
+        ) from e
     return image, lowered, log.getvalue().rstrip("\x00 \n")
 
 
-_DEVICE_TO_HOST = 2      # cudaMemcpyDeviceToHost
+_DEVICE_TO_HOST = 2  # cudaMemcpyDeviceToHost
 _modules: dict = {}
 _modules_lock = threading.Lock()
 
@@ -121,12 +149,14 @@ def device_missing() -> str | None:
     try:
         import cupy
     except ImportError:
-        return ("no CUDA device: CuPy is not installed "
-                "(pip install 'lscore[cuda12]' or 'lscore[cuda13]')")
+        return (
+            "no CUDA device: CuPy is not installed "
+            "(pip install 'lscore[cuda12]' or 'lscore[cuda13]')"
+        )
     try:
         if not cupy.cuda.is_available():
             return "no CUDA device (CuPy sees none)"
-    except Exception as e:       # a broken driver install reads as no device
+    except Exception as e:  # a broken driver install reads as no device
         return f"no CUDA device ({e})"
     return None
 
@@ -139,6 +169,7 @@ def module(name: str, device: int):
         if hit is None:
             import cupy
             from cupy.cuda import function
+
             with cupy.cuda.Device(device):
                 image, lowered, _ = compile_kernels(name)
                 mod = function.Module()
@@ -158,12 +189,12 @@ class CupyBackend:
 
     def __init__(self, device: int | None = None):
         import cupy
+
         self.xp = cupy
         self._driver = cupy.cuda.driver
         self._runtime = cupy.cuda.runtime
-        self.device = cupy.cuda.Device(device).id if device is not None \
-            else cupy.cuda.Device().id
-        self._functions: list = []            # the Function objects behind the handles
+        self.device = cupy.cuda.Device(device).id if device is not None else cupy.cuda.Device().id
+        self._functions: list = []  # the Function objects behind the handles
         with cupy.cuda.Device(self.device):
             self._pinned = cupy.cuda.alloc_pinned_memory(8)
         self._word = np.ndarray((1,), np.uint32, buffer=self._pinned)
@@ -192,7 +223,7 @@ class CupyBackend:
     def enter(self) -> int:
         """Make this device current (for the launches); returns the device to restore."""
         prev = self._runtime.getDevice()
-        self._runtime.setDevice(self.device)     # also makes its primary context current
+        self._runtime.setDevice(self.device)  # also makes its primary context current
         return prev
 
     def leave(self, prev: int) -> None:
@@ -203,8 +234,9 @@ class CupyBackend:
         """CuPy's current stream of this device (what the user's own kernels are ordered on)."""
         return self.xp.cuda.get_current_stream(self.device).ptr
 
-    def launch_packed(self, fn: int, grid: int, block: int, params: int, widths: int,
-                      nparams: int, stream: int) -> None:
+    def launch_packed(
+        self, fn: int, grid: int, block: int, params: int, widths: int, nparams: int, stream: int
+    ) -> None:
         self._driver.launchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, params, 0)
 
     def read_word(self, a) -> int:
@@ -212,8 +244,7 @@ class CupyBackend:
         prev = self.enter()
         try:
             s = self.stream()
-            self._runtime.memcpyAsync(self._word.ctypes.data, a.data.ptr, 4,
-                                      _DEVICE_TO_HOST, s)
+            self._runtime.memcpyAsync(self._word.ctypes.data, a.data.ptr, 4, _DEVICE_TO_HOST, s)
             self._runtime.streamSynchronize(s)
         finally:
             self.leave(prev)
@@ -227,5 +258,9 @@ class CupyBackend:
             if stream is None:
                 fn((grid,), (block,), args)
             else:
-                fn((grid,), (block,), args,
-                   stream=self.xp.cuda.ExternalStream(int(stream), self.device))
+                fn(
+                    (grid,),
+                    (block,),
+                    args,
+                    stream=self.xp.cuda.ExternalStream(int(stream), self.device),
+                )

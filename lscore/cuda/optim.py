@@ -17,6 +17,7 @@ betas) are frozen into such a graph.
 
 ``bias_table`` builds Adam's bias-correction tables for the device counter.
 """
+
 from __future__ import annotations
 
 import collections
@@ -52,7 +53,7 @@ def bias_table(terms, *, limit: int = TABLE_LIMIT) -> tuple[np.ndarray, int]:
     the kernel caps t at `last`).  ValueError when that step is beyond
     `limit`.
     """
-    sq, d = [np.float32(1)], [np.float32(1)]       # index 0: never read (t >= 1)
+    sq, d = [np.float32(1)], [np.float32(1)]  # index 0: never read (t >= 1)
     one = np.float32(1)
     step = 0
     while True:
@@ -61,7 +62,8 @@ def bias_table(terms, *, limit: int = TABLE_LIMIT) -> tuple[np.ndarray, int]:
             raise ValueError(
                 f"Adam's bias correction does not reach 1 in float32 within {limit} steps "
                 "for these betas (beta_2 too close to 1): the device step counter's table "
-                "would be too large; use beta_2 <= 0.9999, or sync_free=False")
+                "would be too large; use beta_2 <= 0.9999, or sync_free=False"
+            )
         a, b = terms(step)
         sq.append(np.float32(a))
         d.append(np.float32(b))
@@ -71,8 +73,14 @@ def bias_table(terms, *, limit: int = TABLE_LIMIT) -> tuple[np.ndarray, int]:
 
 
 # a per-call parameter as one little-endian 8-byte word, by NumPy kind and width
-_WORD = {("f", 4): "f4x", ("i", 4): "i4x", ("u", 4): "I4x", ("f", 8): "d", ("i", 8): "q",
-         ("u", 8): "Q"}
+_WORD = {
+    ("f", 4): "f4x",
+    ("i", 4): "i4x",
+    ("u", 4): "I4x",
+    ("f", 8): "d",
+    ("i", 8): "q",
+    ("u", 8): "Q",
+}
 _MAX_CALL_WORDS = 16
 
 
@@ -136,8 +144,10 @@ class FusedLauncher:
         by_code: dict = {}
         for i, (code, _, _) in enumerate(tensors):
             if Code(code) not in GRAD_CODES:
-                raise TypeError(f"the fused optimizers read float16, bfloat16 or float32 "
-                                f"gradients, not {Code(code).name}")
+                raise TypeError(
+                    f"the fused optimizers read float16, bfloat16 or float32 "
+                    f"gradients, not {Code(code).name}"
+                )
             by_code.setdefault(int(code), []).append(i)
         b, r = self.backend, self.runner
         d = len(tensors[0][2]) if tensors else 0
@@ -145,8 +155,13 @@ class FusedLauncher:
         base = b.ptr(records)
         tables, planned, start = [], [], 0
         for code, idx in by_code.items():
-            p = plan_launches([base + 8 * d * i for i in idx], [tensors[i][1] for i in idx],
-                              chunk=r.chunk, max_tensors=r.max_tensors, max_blocks=r.max_blocks)
+            p = plan_launches(
+                [base + 8 * d * i for i in idx],
+                [tensors[i][1] for i in idx],
+                chunk=r.chunk,
+                max_tensors=r.max_tensors,
+                max_blocks=r.max_blocks,
+            )
             if p.launches:
                 planned.append((code, start, p.launches))
                 tables.append(p.table)
@@ -158,8 +173,9 @@ class FusedLauncher:
             keep.append(table)
             tbase = b.ptr(table)
             for code, start, launches in planned:
-                groups.append((code, [(tbase + 8 * (start + off), nt, nb)
-                                      for off, nt, nb in launches]))
+                groups.append(
+                    (code, [(tbase + 8 * (start + off), nt, nb) for off, nt, nb in launches])
+                )
         hit = FusedPlan(groups, keep)
         with self._lock:
             self._cache[key] = hit
@@ -167,8 +183,19 @@ class FusedLauncher:
                 self._cache.popitem(last=False)
         return hit
 
-    def launch(self, kind: str, plan: FusedPlan, head: tuple, *, flags: int, inv: float = 1.0,
-               inv_ptr: int = 0, gate_ptr: int = 0, skip_if: int = 0, tail: tuple = ()) -> int:
+    def launch(
+        self,
+        kind: str,
+        plan: FusedPlan,
+        head: tuple,
+        *,
+        flags: int,
+        inv: float = 1.0,
+        inv_ptr: int = 0,
+        gate_ptr: int = 0,
+        skip_if: int = 0,
+        tail: tuple = (),
+    ) -> int:
         """Enqueue `kind` ("sgd" or "adam") over `plan`; returns the launches made.
 
         `head`: the kernel's NumPy scalars between ``chunk`` and ``flags``
@@ -177,8 +204,15 @@ class FusedLauncher:
         parameters into the shared block and launches (cuLaunchKernel copies
         them, so a captured graph keeps this call's values).
         """
-        args = (*head, np.int32(flags), np.float64(inv), np.uint64(inv_ptr), np.uint64(gate_ptr),
-                np.uint32(skip_if), *tail)
+        args = (
+            *head,
+            np.int32(flags),
+            np.float64(inv),
+            np.uint64(inv_ptr),
+            np.uint64(gate_ptr),
+            np.uint32(skip_if),
+            *tail,
+        )
         fmt = "<" + "".join(_WORD[a.dtype.kind, a.itemsize] for a in args)
         packed = plan.packed.get((kind, fmt))
         if packed is None:
@@ -198,11 +232,13 @@ class FusedLauncher:
             fn = self._function(f"lsc_mt_{kind}<{TRAITS[Code(code)]}>")
             for table, nt, nb in launches:
                 own = np.array([table, nt, r.chunk], np.uint64)
-                params = np.array([own.ctypes.data + 8 * k for k in range(3)]
-                                  + [call + 8 * k for k in range(len(args))], np.uint64)
+                params = np.array(
+                    [own.ctypes.data + 8 * k for k in range(3)]
+                    + [call + 8 * k for k in range(len(args))],
+                    np.uint64,
+                )
                 keep += [own, params]
-                out.append((fn, nb, r.block, params.ctypes.data, widths.ctypes.data,
-                            len(widths)))
+                out.append((fn, nb, r.block, params.ctypes.data, widths.ctypes.data, len(widths)))
         return out, keep
 
     def _function(self, name: str):

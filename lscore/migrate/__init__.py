@@ -16,28 +16,60 @@ which the scaler state is found by the keys the peer writes.  Unknown keys are
 errors that name them.  Tensors and NumPy values are read with ``.item()``;
 nothing imports a framework.
 """
+
 from __future__ import annotations
 
 import math
 import warnings
 
-from lscore.migrate._base import (Loaded, Migration, MigrationNote, MISSING, path_text, PeerBase,
-                                  walk_path)
+from lscore.migrate._base import (
+    Loaded,
+    Migration,
+    MigrationNote,
+    MISSING,
+    path_text,
+    PeerBase,
+    walk_path,
+)
 from lscore.migrate._deepspeed import DeepSpeedPeer, MegatronPeer
-from lscore.migrate._others import (ApexFp16UtilsPeer, ApexPeer, ChainerPeer, ColossalAIPeer,
-                                    FairseqPeer, JmpPeer, MXNetPeer, PaddlePeer)
+from lscore.migrate._others import (
+    ApexFp16UtilsPeer,
+    ApexPeer,
+    ChainerPeer,
+    ColossalAIPeer,
+    FairseqPeer,
+    JmpPeer,
+    MXNetPeer,
+    PaddlePeer,
+)
 from lscore.migrate._tf import Keras2Peer, Keras3Peer, TF1Peer, TF2Peer
 from lscore.migrate._torch import NemoPeer, TorchPeer
 from lscore.presets import preset, PresetLossScale, table
 
-__all__ = ["from_peer", "convert", "to_peer", "peer_config", "Migration", "MigrationNote",
-           "PEERS"]
+__all__ = ["from_peer", "convert", "to_peer", "peer_config", "Migration", "MigrationNote", "PEERS"]
 
 # one reader per peer (_torch, _tf, _deepspeed, _others), by preset name
-_PEERS = {p.preset: p for p in (
-    TorchPeer(), NemoPeer(), TF2Peer(), Keras2Peer(), Keras3Peer(), TF1Peer(), DeepSpeedPeer(),
-    MegatronPeer(), ApexPeer(), ApexFp16UtilsPeer(), PaddlePeer(), JmpPeer(), FairseqPeer(),
-    ColossalAIPeer(), ChainerPeer(), MXNetPeer())}
+_PEERS = {
+    p.preset: p
+    for p in (
+        TorchPeer(),
+        NemoPeer(),
+        TF2Peer(),
+        Keras2Peer(),
+        Keras3Peer(),
+        TF1Peer(),
+        DeepSpeedPeer(),
+        MegatronPeer(),
+        ApexPeer(),
+        ApexFp16UtilsPeer(),
+        PaddlePeer(),
+        JmpPeer(),
+        FairseqPeer(),
+        ColossalAIPeer(),
+        ChainerPeer(),
+        MXNetPeer(),
+    )
+}
 PEERS = tuple(sorted(_PEERS))
 
 
@@ -149,8 +181,10 @@ def _args_for(name: str, ls) -> dict:
     mine, theirs = _behaviour(policy), _behaviour(target.policy)
     diff = sorted(k for k in mine if k not in ("name", "init_scale") and mine[k] != theirs[k])
     if diff:
-        raise ValueError(f"the {policy.name!r} policy cannot be held by {name}; it differs in: "
-                         + ", ".join(f"{k}={mine[k]!r} ({name}: {theirs[k]!r})" for k in diff))
+        raise ValueError(
+            f"the {policy.name!r} policy cannot be held by {name}; it differs in: "
+            + ", ".join(f"{k}={mine[k]!r} ({name}: {theirs[k]!r})" for k in diff)
+        )
     return target.args
 
 

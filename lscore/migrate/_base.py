@@ -1,4 +1,5 @@
 """The parts every peer reader shares: reading values, dicts and keys, and the peer base."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,9 +9,11 @@ from lscore.policy import integer, real
 from lscore.presets import PresetLossScale
 
 MISSING = object()
-BF16_NEEDS_NO_SCALING = ("bfloat16 has float32's exponent range, so its gradients do not "
-                         "underflow as float16 ones do: bf16 needs no loss scaling (train "
-                         "without a loss scale, or use one only for an fp16 run)")
+BF16_NEEDS_NO_SCALING = (
+    "bfloat16 has float32's exponent range, so its gradients do not "
+    "underflow as float16 ones do: bf16 needs no loss scaling (train "
+    "without a loss scale, or use one only for an fp16 run)"
+)
 
 
 class MigrationNote(UserWarning):
@@ -80,8 +83,10 @@ def check_keys(what: str, d, allowed, required=()):
         raise TypeError(f"{what} must be a dict, got {type(d).__name__}")
     unknown = sorted(set(found) - set(allowed), key=str)
     if unknown:
-        raise ValueError(f"unknown keys in {what}: {', '.join(map(repr, unknown))}; "
-                         f"expected: {', '.join(allowed)}")
+        raise ValueError(
+            f"unknown keys in {what}: {', '.join(map(repr, unknown))}; "
+            f"expected: {', '.join(allowed)}"
+        )
     missing = [k for k in required if k not in found]
     if missing:
         raise ValueError(f"{what} is missing: {', '.join(map(repr, missing))}")
@@ -121,16 +126,17 @@ class PeerBase:
     """
 
     preset = ""
-    what = ""                           # how errors name the peer's scaler state
+    what = ""  # how errors name the peer's scaler state
     config_keys: tuple = ()
-    ignored_config_keys: tuple = ()     # peer keys that carry no loss-scale information
+    ignored_config_keys: tuple = ()  # peer keys that carry no loss-scale information
     state_keys: tuple = ()
     places: tuple = ()
     config_places: tuple = ()
 
     def args(self, config, notes: list) -> dict:
-        config = check_keys(f"{self.preset} config", config,
-                       self.config_keys + self.ignored_config_keys)
+        config = check_keys(
+            f"{self.preset} config", config, self.config_keys + self.ignored_config_keys
+        )
         return {k: v for k, v in config.items() if k in self.config_keys}
 
     def is_state(self, d: dict) -> bool:
@@ -150,8 +156,10 @@ class PeerBase:
     def not_found(self, d) -> str:
         looked = [f"the {self.what} itself (keys {', '.join(self.state_keys)})"]
         looked += [path_text(p) for p in self.places]
-        return (f"found no {self.what} in this checkpoint; looked for: {'; '.join(looked)}; "
-                f"its top-level keys are: {top_keys(d)}")
+        return (
+            f"found no {self.what} in this checkpoint; looked for: {'; '.join(looked)}; "
+            f"its top-level keys are: {top_keys(d)}"
+        )
 
     def load(self, state, args: dict, notes: list) -> Loaded:
         """The state in lscore terms; may update `args` from what the state holds."""
@@ -184,8 +192,9 @@ def iteration_counters(st) -> Loaded:
     last = read_count("last_overflow_iter", st["last_overflow_iter"], -1)
     if last >= it:
         raise ValueError(f"last_overflow_iter must be < cur_iter, got {last} >= {it}")
-    return Loaded(read_scale("cur_scale", st["cur_scale"]),
-                  {"good_steps": it - last - 1, "steps": it})
+    return Loaded(
+        read_scale("cur_scale", st["cur_scale"]), {"good_steps": it - last - 1, "steps": it}
+    )
 
 
 def same_value(a, b) -> bool:

@@ -1,21 +1,42 @@
 """DeepSpeed and Megatron-LM: their scalers, configs and whole checkpoints."""
+
 from __future__ import annotations
 
 import math
 
-from lscore.migrate._base import (as_dict, BF16_NEEDS_NO_SCALING, check_keys, is_auto,
-                                  iteration_counters, Loaded, MISSING, PeerBase, read_count,
-                                  read_scale, read_value, same_value, top_keys, walk_path)
+from lscore.migrate._base import (
+    as_dict,
+    BF16_NEEDS_NO_SCALING,
+    check_keys,
+    is_auto,
+    iteration_counters,
+    Loaded,
+    MISSING,
+    PeerBase,
+    read_count,
+    read_scale,
+    read_value,
+    same_value,
+    top_keys,
+    walk_path,
+)
 from lscore.presets import table
 
 # DeepSpeedFP16Config (deepspeed/runtime/precision_config.py): the fp16 section's keys and
 # defaults.  Its model forbids any other key (DeepSpeedConfigModel: extra="forbid") and
 # drops "auto" values before validating them (DeepSpeedConfigModel.__init__), so an
 # "auto" the Hugging Face Trainer did not fill takes these defaults.
-DS_FP16_DEFAULTS = {"enabled": False, "auto_cast": False, "loss_scale": 0,
-                    "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
-                    "consecutive_hysteresis": False, "min_loss_scale": 1,
-                    "fp16_master_weights_and_grads": False}
+DS_FP16_DEFAULTS = {
+    "enabled": False,
+    "auto_cast": False,
+    "loss_scale": 0,
+    "initial_scale_power": 16,
+    "loss_scale_window": 1000,
+    "hysteresis": 2,
+    "consecutive_hysteresis": False,
+    "min_loss_scale": 1,
+    "fp16_master_weights_and_grads": False,
+}
 
 
 class DeepSpeedPeer(PeerBase):
@@ -32,13 +53,33 @@ class DeepSpeedPeer(PeerBase):
     what = "DeepSpeed loss scaler state"
     fp16_keys = tuple(DS_FP16_DEFAULTS) + ("raise_error_at_min_scale",)
     # DynamicLossScaler's attributes (ZeRO pickles the object itself)
-    scaler_keys = ("cur_scale", "cur_iter", "last_overflow_iter", "scale_factor",
-                   "scale_window", "min_scale", "delayed_shift", "cur_hysteresis",
-                   "consecutive_hysteresis", "raise_error_at_min_scale", "dynamic", "dtype")
+    scaler_keys = (
+        "cur_scale",
+        "cur_iter",
+        "last_overflow_iter",
+        "scale_factor",
+        "scale_window",
+        "min_scale",
+        "delayed_shift",
+        "cur_hysteresis",
+        "consecutive_hysteresis",
+        "raise_error_at_min_scale",
+        "dynamic",
+        "dtype",
+    )
     # FP16_Optimizer / FP16_UnfusedOptimizer.state_dict() (deepspeed/runtime/fp16/)
-    fp16_optimizer_keys = ("dynamic_loss_scale", "cur_scale", "cur_iter", "last_overflow_iter",
-                           "scale_factor", "scale_window", "optimizer_state_dict",
-                           "fp32_groups_flat", "fp32_groups", "clip_grad")
+    fp16_optimizer_keys = (
+        "dynamic_loss_scale",
+        "cur_scale",
+        "cur_iter",
+        "last_overflow_iter",
+        "scale_factor",
+        "scale_window",
+        "optimizer_state_dict",
+        "fp32_groups_flat",
+        "fp32_groups",
+        "clip_grad",
+    )
     state_keys = scaler_keys + ("loss_scaler", "dynamic_loss_scale")
     # engine._save_checkpoint: mp_rank_*_model_states.pt holds the optimizer's state_dict
     # under "optimizer" (None under ZeRO); engine._save_zero_checkpoint:
@@ -51,7 +92,7 @@ class DeepSpeedPeer(PeerBase):
         if not isinstance(config, dict):
             raise TypeError(f"ds_config must be a dict, got {type(config).__name__}")
         if config and set(config) <= set(table.TABLE["deepspeed"].args):
-            return dict(config)                   # DynamicLossScaler's own arguments
+            return dict(config)  # DynamicLossScaler's own arguments
         whole = "fp16" in config or "bf16" in config or "bfloat16" in config
         fp16 = config.get("fp16", {}) if whole else config
         fp16 = check_keys("ds_config fp16 section", fp16, self.fp16_keys)
@@ -62,45 +103,63 @@ class DeepSpeedPeer(PeerBase):
             if bf16_on:
                 enabled = False
             else:
-                notes.append('fp16.enabled is "auto": the Hugging Face Trainer sets it from '
-                              'its fp16 flag; lscore takes it as true')
+                notes.append(
+                    'fp16.enabled is "auto": the Hugging Face Trainer sets it from '
+                    "its fp16 flag; lscore takes it as true"
+                )
                 enabled = True
         if enabled is True and bf16_on:
-            raise ValueError("this ds_config enables both fp16 and bf16; DeepSpeed refuses "
-                             "that, and only an fp16 run has a loss scale")
+            raise ValueError(
+                "this ds_config enables both fp16 and bf16; DeepSpeed refuses "
+                "that, and only an fp16 run has a loss scale"
+            )
         if enabled is not True:
             if bf16_on:
-                raise ValueError(f"this ds_config enables bf16 (bf16.enabled is true), for "
-                                 f"which DeepSpeed keeps a fixed scale of 1.0; "
-                                 f"{BF16_NEEDS_NO_SCALING}")
-            raise ValueError(f"fp16.enabled must be true for DeepSpeed to scale the loss, got "
-                             f"{fp16.get('enabled', False)!r} (fp16 is not enabled in this "
-                             f"ds_config, so DeepSpeed does no loss scaling)")
+                raise ValueError(
+                    f"this ds_config enables bf16 (bf16.enabled is true), for "
+                    f"which DeepSpeed keeps a fixed scale of 1.0; "
+                    f"{BF16_NEEDS_NO_SCALING}"
+                )
+            raise ValueError(
+                f"fp16.enabled must be true for DeepSpeed to scale the loss, got "
+                f"{fp16.get('enabled', False)!r} (fp16 is not enabled in this "
+                f"ds_config, so DeepSpeed does no loss scaling)"
+            )
         autos = [k for k, v in fp16.items() if k != "enabled" and is_auto(v)]
         if autos:
-            notes.append("DeepSpeed drops \"auto\" values it is given and uses its defaults; "
-                         "lscore took " + ", ".join(f"fp16.{k}={DS_FP16_DEFAULTS[k]!r}"
-                                                     for k in autos if k in DS_FP16_DEFAULTS))
+            notes.append(
+                'DeepSpeed drops "auto" values it is given and uses its defaults; '
+                "lscore took "
+                + ", ".join(
+                    f"fp16.{k}={DS_FP16_DEFAULTS[k]!r}" for k in autos if k in DS_FP16_DEFAULTS
+                )
+            )
             fp16 = {k: v for k, v in fp16.items() if not is_auto(v)}
         if fp16.get("loss_scale", 0) != 0:
-            raise ValueError(f"fp16.loss_scale {fp16['loss_scale']!r} is a static scale; "
-                             f"use lscore.FixedLossScale({fp16['loss_scale']!r})")
+            raise ValueError(
+                f"fp16.loss_scale {fp16['loss_scale']!r} is a static scale; "
+                f"use lscore.FixedLossScale({fp16['loss_scale']!r})"
+            )
         power = fp16.get("initial_scale_power", DS_FP16_DEFAULTS["initial_scale_power"])
-        return {"init_scale": 2.0 ** read_count("initial_scale_power", power, None),
-                "scale_window": fp16.get("loss_scale_window", 1000),
-                "min_scale": fp16.get("min_loss_scale", 1),
-                "delayed_shift": fp16.get("hysteresis", 2),
-                "consecutive_hysteresis": fp16.get("consecutive_hysteresis", False),
-                # DynamicLossScaler's default: the engine never passes it
-                "raise_error_at_min_scale": fp16.get("raise_error_at_min_scale", True)}
+        return {
+            "init_scale": 2.0 ** read_count("initial_scale_power", power, None),
+            "scale_window": fp16.get("loss_scale_window", 1000),
+            "min_scale": fp16.get("min_loss_scale", 1),
+            "delayed_shift": fp16.get("hysteresis", 2),
+            "consecutive_hysteresis": fp16.get("consecutive_hysteresis", False),
+            # DynamicLossScaler's default: the engine never passes it
+            "raise_error_at_min_scale": fp16.get("raise_error_at_min_scale", True),
+        }
 
     def locate(self, checkpoint):
         state, path = super().locate(checkpoint)
         d = as_dict(state)
         if path == ("optimizer",) and state is None:
-            raise ValueError("checkpoint['optimizer'] is None: this is the model-states file "
-                             "of a ZeRO run; DeepSpeed keeps the loss scaler in the "
-                             "*_optim_states.pt files beside it (optimizer_state_dict)")
+            raise ValueError(
+                "checkpoint['optimizer'] is None: this is the model-states file "
+                "of a ZeRO run; DeepSpeed keeps the loss scaler in the "
+                "*_optim_states.pt files beside it (optimizer_state_dict)"
+            )
         if d is not None and "loss_scaler" in d:
             # a ZeRO optimizer's state_dict (stage_1_and_2.py, stage3.py): the pickled scaler
             path = (path or ()) + ("loss_scaler",)
@@ -109,86 +168,127 @@ class DeepSpeedPeer(PeerBase):
 
     def load(self, state, args, notes):
         d = as_dict(state)
-        if d is not None and ("optimizer_state_dict" in d or "fp32_groups_flat" in d
-                              or "fp32_groups" in d or "dynamic_loss_scale" in d):
+        if d is not None and (
+            "optimizer_state_dict" in d
+            or "fp32_groups_flat" in d
+            or "fp32_groups" in d
+            or "dynamic_loss_scale" in d
+        ):
             return self._load_fp16_optimizer(d, args, notes)
         st = check_keys(self.what, state, self.scaler_keys, ("cur_scale",))
         if st.get("dynamic", True) is False or "cur_iter" not in st:
             scale = read_value("cur_scale", st["cur_scale"])
-            raise ValueError(f"this DeepSpeed loss scaler is static (LossScaler, scale "
-                             f"{scale!r}): DeepSpeed uses it for a static fp16.loss_scale, and "
-                             f"a scale of 1.0 for bf16 and fp32; use lscore.FixedLossScale for "
-                             f"a static scale")
-        check_keys(self.what, st, self.scaler_keys,
-                   ("cur_scale", "cur_iter", "last_overflow_iter"))
+            raise ValueError(
+                f"this DeepSpeed loss scaler is static (LossScaler, scale "
+                f"{scale!r}): DeepSpeed uses it for a static fp16.loss_scale, and "
+                f"a scale of 1.0 for bf16 and fp32; use lscore.FixedLossScale for "
+                f"a static scale"
+            )
+        check_keys(self.what, st, self.scaler_keys, ("cur_scale", "cur_iter", "last_overflow_iter"))
         self._check_factor(st)
-        for key in ("scale_window", "min_scale", "delayed_shift", "consecutive_hysteresis",
-                    "raise_error_at_min_scale"):
+        for key in (
+            "scale_window",
+            "min_scale",
+            "delayed_shift",
+            "consecutive_hysteresis",
+            "raise_error_at_min_scale",
+        ):
             if key in st:
                 args[key] = read_value(key, st[key])
         loaded = iteration_counters(st)
         # old checkpoints lack cur_hysteresis; DeepSpeed then restarts it at delayed_shift
-        loaded.counters["hysteresis_left"] = read_count("cur_hysteresis", st.get(
-            "cur_hysteresis", args.get("delayed_shift", 2)), 1)
+        loaded.counters["hysteresis_left"] = read_count(
+            "cur_hysteresis", st.get("cur_hysteresis", args.get("delayed_shift", 2)), 1
+        )
         return loaded
 
     def _load_fp16_optimizer(self, d, args, notes):
-        st = check_keys("DeepSpeed FP16_Optimizer state", d, self.fp16_optimizer_keys,
-                   ("cur_scale", "cur_iter"))
+        st = check_keys(
+            "DeepSpeed FP16_Optimizer state", d, self.fp16_optimizer_keys, ("cur_scale", "cur_iter")
+        )
         if not read_value("dynamic_loss_scale", st.get("dynamic_loss_scale", True)):
-            raise ValueError(f"this DeepSpeed FP16_Optimizer state has a static loss scale "
-                             f"({read_value('cur_scale', st['cur_scale'])!r}); use "
-                             f"lscore.FixedLossScale")
-        check_keys("DeepSpeed FP16_Optimizer state", d, self.fp16_optimizer_keys,
-              ("cur_scale", "cur_iter", "last_overflow_iter"))
+            raise ValueError(
+                f"this DeepSpeed FP16_Optimizer state has a static loss scale "
+                f"({read_value('cur_scale', st['cur_scale'])!r}); use "
+                f"lscore.FixedLossScale"
+            )
+        check_keys(
+            "DeepSpeed FP16_Optimizer state",
+            d,
+            self.fp16_optimizer_keys,
+            ("cur_scale", "cur_iter", "last_overflow_iter"),
+        )
         self._check_factor(st)
         if "scale_window" in st:
             args["scale_window"] = read_count("scale_window", st["scale_window"], 1)
         # FP16_Optimizer._update_scale (fused_optimizer.py, unfused_optimizer.py) has no
         # hysteresis and never raises at the minimum, whatever the ds_config says
-        changed = [f"{k}={v!r}" for k, v in (("delayed_shift", 1),
-                                              ("raise_error_at_min_scale", False))
-                   if args.get(k) != v]
+        changed = [
+            f"{k}={v!r}"
+            for k, v in (("delayed_shift", 1), ("raise_error_at_min_scale", False))
+            if args.get(k) != v
+        ]
         args.update(delayed_shift=1, raise_error_at_min_scale=False)
         if changed:
-            notes.append("this state was saved by DeepSpeed's FP16_Optimizer (fp16 without "
-                         "ZeRO), whose update has no hysteresis and never raises at the "
-                         "minimum scale; lscore took " + ", ".join(changed))
+            notes.append(
+                "this state was saved by DeepSpeed's FP16_Optimizer (fp16 without "
+                "ZeRO), whose update has no hysteresis and never raises at the "
+                "minimum scale; lscore took " + ", ".join(changed)
+            )
         return iteration_counters(st)
 
     def _check_factor(self, st):
         if read_value("scale_factor", st.get("scale_factor", 2.0)) != 2.0:
-            raise ValueError(f"scale_factor must be 2 (DeepSpeed fixes it), got "
-                             f"{st['scale_factor']!r}")
+            raise ValueError(
+                f"scale_factor must be 2 (DeepSpeed fixes it), got {st['scale_factor']!r}"
+            )
 
     def dump(self, ls, args):
         c = ls.state.counters()
-        return {"cur_scale": ls.state.scale, "cur_iter": c["steps"],
-                "last_overflow_iter": c["steps"] - c["good_steps"] - 1,
-                "cur_hysteresis": c["hysteresis_left"], "scale_factor": 2.0,
-                "scale_window": args["scale_window"], "min_scale": args["min_scale"],
-                "delayed_shift": args["delayed_shift"],
-                "consecutive_hysteresis": args["consecutive_hysteresis"],
-                "raise_error_at_min_scale": args["raise_error_at_min_scale"], "dynamic": True}
+        return {
+            "cur_scale": ls.state.scale,
+            "cur_iter": c["steps"],
+            "last_overflow_iter": c["steps"] - c["good_steps"] - 1,
+            "cur_hysteresis": c["hysteresis_left"],
+            "scale_factor": 2.0,
+            "scale_window": args["scale_window"],
+            "min_scale": args["min_scale"],
+            "delayed_shift": args["delayed_shift"],
+            "consecutive_hysteresis": args["consecutive_hysteresis"],
+            "raise_error_at_min_scale": args["raise_error_at_min_scale"],
+            "dynamic": True,
+        }
 
     def config(self, args):
         """A ds_config "fp16" section with only the keys DeepSpeedFP16Config accepts."""
         power = math.log2(args["init_scale"])
         if not power.is_integer():
-            raise ValueError(f"init_scale must be a power of 2 for fp16.initial_scale_power to "
-                             f"express it, got {args['init_scale']!r}")
+            raise ValueError(
+                f"init_scale must be a power of 2 for fp16.initial_scale_power to "
+                f"express it, got {args['init_scale']!r}"
+            )
         if not args["raise_error_at_min_scale"]:
-            raise ValueError("raise_error_at_min_scale must be true for a ds_config to express "
-                             "it, got False (DeepSpeed's fp16 section has no such key, and its "
-                             "DynamicLossScaler raises at the minimum scale)")
+            raise ValueError(
+                "raise_error_at_min_scale must be true for a ds_config to express "
+                "it, got False (DeepSpeed's fp16 section has no such key, and its "
+                "DynamicLossScaler raises at the minimum scale)"
+            )
         if not float(args["min_scale"]).is_integer():
-            raise ValueError(f"min_scale must be an integer for fp16.min_loss_scale (an int in "
-                             f"DeepSpeedFP16Config) to express it, got {args['min_scale']!r}")
-        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": int(power),
-                         "loss_scale_window": args["scale_window"],
-                         "hysteresis": args["delayed_shift"],
-                         "consecutive_hysteresis": args["consecutive_hysteresis"],
-                         "min_loss_scale": int(args["min_scale"])}}
+            raise ValueError(
+                f"min_scale must be an integer for fp16.min_loss_scale (an int in "
+                f"DeepSpeedFP16Config) to express it, got {args['min_scale']!r}"
+            )
+        return {
+            "fp16": {
+                "enabled": True,
+                "loss_scale": 0,
+                "initial_scale_power": int(power),
+                "loss_scale_window": args["scale_window"],
+                "hysteresis": args["delayed_shift"],
+                "consecutive_hysteresis": args["consecutive_hysteresis"],
+                "min_loss_scale": int(args["min_scale"]),
+            }
+        }
 
 
 class MegatronPeer(PeerBase):
@@ -202,11 +302,21 @@ class MegatronPeer(PeerBase):
 
     preset = "megatron"
     what = "Megatron grad_scaler state"
-    config_keys = ("initial_scale", "min_scale", "growth_factor", "backoff_factor",
-                   "growth_interval", "hysteresis")
+    config_keys = (
+        "initial_scale",
+        "min_scale",
+        "growth_factor",
+        "backoff_factor",
+        "growth_interval",
+        "hysteresis",
+    )
     # OptimizerConfig's (and the training arguments') names for the same arguments
-    optimizer_config = {"initial_loss_scale": "initial_scale", "min_loss_scale": "min_scale",
-                        "loss_scale_window": "growth_interval", "hysteresis": "hysteresis"}
+    optimizer_config = {
+        "initial_loss_scale": "initial_scale",
+        "min_loss_scale": "min_scale",
+        "loss_scale_window": "growth_interval",
+        "hysteresis": "hysteresis",
+    }
     state_keys = ("scale", "growth_tracker", "hysteresis_tracker")
     places = (("optimizer", "grad_scaler"), ("grad_scaler",))
     config_places = (("args",),)
@@ -219,19 +329,25 @@ class MegatronPeer(PeerBase):
             # Megatron's arguments or a whole OptimizerConfig: read the loss-scale fields
             if d.get("loss_scale") is None and not d.get("fp16", True):
                 if d.get("bf16"):
-                    raise ValueError(f"this Megatron run is bf16 without a loss_scale, for "
-                                     f"which Megatron builds no grad scaler; "
-                                     f"{BF16_NEEDS_NO_SCALING}")
-                raise ValueError("fp16 must be true for Megatron to scale the loss, got False "
-                                 "(this run uses no grad scaler)")
+                    raise ValueError(
+                        f"this Megatron run is bf16 without a loss_scale, for "
+                        f"which Megatron builds no grad scaler; "
+                        f"{BF16_NEEDS_NO_SCALING}"
+                    )
+                raise ValueError(
+                    "fp16 must be true for Megatron to scale the loss, got False "
+                    "(this run uses no grad scaler)"
+                )
             d = {k: d[k] for k in tuple(self.optimizer_config) + ("loss_scale",) if k in d}
-        config = check_keys("megatron config", d,
-                       self.config_keys + tuple(self.optimizer_config) + ("loss_scale",))
+        config = check_keys(
+            "megatron config", d, self.config_keys + tuple(self.optimizer_config) + ("loss_scale",)
+        )
         if config.get("loss_scale") is not None:
-            raise ValueError(f"loss_scale {config['loss_scale']!r} selects Megatron's "
-                             f"ConstantGradScaler; use lscore.FixedLossScale")
-        return {self.optimizer_config.get(k, k): v for k, v in config.items()
-                if k != "loss_scale"}
+            raise ValueError(
+                f"loss_scale {config['loss_scale']!r} selects Megatron's "
+                f"ConstantGradScaler; use lscore.FixedLossScale"
+            )
+        return {self.optimizer_config.get(k, k): v for k, v in config.items() if k != "loss_scale"}
 
     def locate(self, checkpoint):
         d = as_dict(checkpoint)
@@ -242,31 +358,48 @@ class MegatronPeer(PeerBase):
             if not found or any(f is None for f in found):
                 raise ValueError(self.not_found(d))
             if any(not same_value(f, found[0]) for f in found[1:]):
-                raise ValueError(f"checkpoint['optimizer'] holds {len(found)} optimizers with "
-                                 f"different grad_scaler states; pass one of them, e.g. "
-                                 f"checkpoint['optimizer'][0]['grad_scaler']")
+                raise ValueError(
+                    f"checkpoint['optimizer'] holds {len(found)} optimizers with "
+                    f"different grad_scaler states; pass one of them, e.g. "
+                    f"checkpoint['optimizer'][0]['grad_scaler']"
+                )
             return found[0], ("optimizer", 0, "grad_scaler")
-        if d is not None and not self.is_state(d) and opt is not MISSING \
-                and "grad_scaler" not in d and walk_path(opt, ("grad_scaler",)) is MISSING:
-            raise ValueError("checkpoint['optimizer'] has no 'grad_scaler': the run used no "
-                             "grad scaler (bf16 or fp32 training), so there is no loss scale "
-                             "to migrate; its optimizer keys are: " + top_keys(as_dict(opt)
-                                                                                 or {}))
+        if (
+            d is not None
+            and not self.is_state(d)
+            and opt is not MISSING
+            and "grad_scaler" not in d
+            and walk_path(opt, ("grad_scaler",)) is MISSING
+        ):
+            raise ValueError(
+                "checkpoint['optimizer'] has no 'grad_scaler': the run used no "
+                "grad scaler (bf16 or fp32 training), so there is no loss scale "
+                "to migrate; its optimizer keys are: " + top_keys(as_dict(opt) or {})
+            )
         return super().locate(checkpoint)
 
     def load(self, state, args, notes):
         if isinstance(state, dict) and "grad_scaler" in state:
-            state = state["grad_scaler"]          # the optimizer state_dict's entry
+            state = state["grad_scaler"]  # the optimizer state_dict's entry
         if isinstance(state, dict) and not state:
-            raise ValueError("the Megatron grad_scaler state is empty: it was saved by a "
-                             "ConstantGradScaler (a static loss_scale); use "
-                             "lscore.FixedLossScale")
+            raise ValueError(
+                "the Megatron grad_scaler state is empty: it was saved by a "
+                "ConstantGradScaler (a static loss_scale); use "
+                "lscore.FixedLossScale"
+            )
         st = check_keys(self.what, state, self.state_keys, self.state_keys)
-        return Loaded(read_scale("scale", st["scale"]), {
-            "good_steps": read_count("growth_tracker", st["growth_tracker"]),
-            "hysteresis_left": read_count("hysteresis_tracker", st["hysteresis_tracker"], None)})
+        return Loaded(
+            read_scale("scale", st["scale"]),
+            {
+                "good_steps": read_count("growth_tracker", st["growth_tracker"]),
+                "hysteresis_left": read_count("hysteresis_tracker", st["hysteresis_tracker"], None),
+            },
+        )
 
     def dump(self, ls, args):
         c = ls.state.counters()
-        return {"scale": ls.state.scale, "growth_tracker": c["good_steps"],
-                "hysteresis_tracker": c["hysteresis_left"]}
+        return {
+            "scale": ls.state.scale,
+            "growth_tracker": c["good_steps"],
+            "hysteresis_tracker": c["hysteresis_left"],
+        }

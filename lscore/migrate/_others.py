@@ -1,10 +1,22 @@
 """The remaining peers: apex, apex fp16_utils, Paddle, jmp, fairseq, ColossalAI, Chainer, MXNet."""
+
 from __future__ import annotations
 
-from lscore.migrate._base import (as_dict, BF16_NEEDS_NO_SCALING, check_keys, iteration_counters,
-                                  Loaded, MISSING, PeerBase, read_count, read_scale, read_value,
-                                  walk_path)
+from lscore.migrate._base import (
+    as_dict,
+    BF16_NEEDS_NO_SCALING,
+    check_keys,
+    iteration_counters,
+    Loaded,
+    MISSING,
+    PeerBase,
+    read_count,
+    read_scale,
+    read_value,
+    walk_path,
+)
 from lscore.presets import table
+
 
 class ApexPeer(PeerBase):
     """apex amp (apex/amp/scaler.py); amp.state_dict() is {"loss_scaler<i>": {...}}.
@@ -15,8 +27,14 @@ class ApexPeer(PeerBase):
 
     preset = "apex"
     what = "apex amp state"
-    config_keys = ("loss_scale", "init_scale", "scale_factor", "scale_window", "min_loss_scale",
-                   "max_loss_scale")
+    config_keys = (
+        "loss_scale",
+        "init_scale",
+        "scale_factor",
+        "scale_window",
+        "min_loss_scale",
+        "max_loss_scale",
+    )
     state_keys = ("loss_scale", "unskipped")
     places = (("amp",), ("amp_scaling_state",), ("ApexMixedPrecisionPlugin",))
 
@@ -27,17 +45,25 @@ class ApexPeer(PeerBase):
         if isinstance(state, dict) and any(str(k).startswith("loss_scaler") for k in state):
             names = sorted(state)
             if len(names) != 1:
-                raise ValueError(f"this amp state holds {len(names)} loss scalers "
-                                 f"({', '.join(names)}); pass one of them, e.g. "
-                                 f"state[{names[0]!r}]")
+                raise ValueError(
+                    f"this amp state holds {len(names)} loss scalers "
+                    f"({', '.join(names)}); pass one of them, e.g. "
+                    f"state[{names[0]!r}]"
+                )
             state = state[names[0]]
         st = check_keys("apex loss scaler state", state, self.state_keys, self.state_keys)
-        return Loaded(read_scale("loss_scale", st["loss_scale"]),
-                       {"good_steps": read_count("unskipped", st["unskipped"])})
+        return Loaded(
+            read_scale("loss_scale", st["loss_scale"]),
+            {"good_steps": read_count("unskipped", st["unskipped"])},
+        )
 
     def dump(self, ls, args):
-        return {"loss_scaler0": {"loss_scale": ls.state.scale,
-                                 "unskipped": ls.state.counters()["good_steps"]}}
+        return {
+            "loss_scaler0": {
+                "loss_scale": ls.state.scale,
+                "unskipped": ls.state.counters()["good_steps"],
+            }
+        }
 
 
 class ApexFp16UtilsPeer(PeerBase):
@@ -50,10 +76,15 @@ class ApexFp16UtilsPeer(PeerBase):
     preset = "apex_fp16_utils"
     what = "apex fp16_utils DynamicLossScaler state"
     config_keys = ("init_scale", "scale_factor", "scale_window")
-    state_keys = ("cur_scale", "cur_iter", "last_overflow_iter", "scale_factor",
-                  "scale_window")
-    optimizer_keys = ("loss_scaler", "dynamic_loss_scale", "overflow",
-                      "first_closure_call_this_step", "optimizer_state_dict", "fp32_from_fp16")
+    state_keys = ("cur_scale", "cur_iter", "last_overflow_iter", "scale_factor", "scale_window")
+    optimizer_keys = (
+        "loss_scaler",
+        "dynamic_loss_scale",
+        "overflow",
+        "first_closure_call_this_step",
+        "optimizer_state_dict",
+        "fp32_from_fp16",
+    )
 
     def is_state(self, d):
         return super().is_state(d) or "loss_scaler" in d
@@ -63,11 +94,14 @@ class ApexFp16UtilsPeer(PeerBase):
         if d is not None and "loss_scaler" in d:
             d = check_keys("apex FP16_Optimizer state", d, self.optimizer_keys, ("loss_scaler",))
             if not read_value("dynamic_loss_scale", d.get("dynamic_loss_scale", True)):
-                raise ValueError("this apex FP16_Optimizer state has a static loss scale; use "
-                                 "lscore.FixedLossScale")
+                raise ValueError(
+                    "this apex FP16_Optimizer state has a static loss scale; use "
+                    "lscore.FixedLossScale"
+                )
             state = d["loss_scaler"]
-        st = check_keys(self.what, state, self.state_keys,
-                   ("cur_scale", "cur_iter", "last_overflow_iter"))
+        st = check_keys(
+            self.what, state, self.state_keys, ("cur_scale", "cur_iter", "last_overflow_iter")
+        )
         for key in ("scale_factor", "scale_window"):
             if key in st:
                 args[key] = read_value(key, st[key])
@@ -75,46 +109,77 @@ class ApexFp16UtilsPeer(PeerBase):
 
     def dump(self, ls, args):
         c = ls.state.counters()
-        return {"cur_scale": ls.state.scale, "cur_iter": c["steps"],
-                "last_overflow_iter": c["steps"] - c["good_steps"] - 1,
-                "scale_factor": args["scale_factor"], "scale_window": args["scale_window"]}
+        return {
+            "cur_scale": ls.state.scale,
+            "cur_iter": c["steps"],
+            "last_overflow_iter": c["steps"] - c["good_steps"] - 1,
+            "scale_factor": args["scale_factor"],
+            "scale_window": args["scale_window"],
+        }
 
 
 class PaddlePeer(PeerBase):
     preset = "paddle"
     what = "Paddle GradScaler state"
-    config_keys = ("enable", "init_loss_scaling", "incr_ratio", "decr_ratio",
-                   "incr_every_n_steps", "decr_every_n_nan_or_inf", "use_dynamic_loss_scaling")
-    state_keys = ("scale", "incr_ratio", "decr_ratio", "incr_every_n_steps",
-                  "decr_every_n_nan_or_inf", "incr_count", "decr_count",
-                  "use_dynamic_loss_scaling")
+    config_keys = (
+        "enable",
+        "init_loss_scaling",
+        "incr_ratio",
+        "decr_ratio",
+        "incr_every_n_steps",
+        "decr_every_n_nan_or_inf",
+        "use_dynamic_loss_scaling",
+    )
+    state_keys = (
+        "scale",
+        "incr_ratio",
+        "decr_ratio",
+        "incr_every_n_steps",
+        "decr_every_n_nan_or_inf",
+        "incr_count",
+        "decr_count",
+        "use_dynamic_loss_scaling",
+    )
 
     def is_state(self, d):
         return True
 
     def load(self, state, args, notes):
         if isinstance(state, dict) and not state:
-            raise ValueError("the GradScaler state is empty (it was saved from a disabled "
-                             "GradScaler)")
+            raise ValueError(
+                "the GradScaler state is empty (it was saved from a disabled GradScaler)"
+            )
         st = check_keys(self.what, state, self.state_keys, self.state_keys)
-        for key in ("incr_ratio", "decr_ratio", "incr_every_n_steps", "decr_every_n_nan_or_inf",
-                    "use_dynamic_loss_scaling"):
+        for key in (
+            "incr_ratio",
+            "decr_ratio",
+            "incr_every_n_steps",
+            "decr_every_n_nan_or_inf",
+            "use_dynamic_loss_scaling",
+        ):
             args[key] = read_value(key, st[key])
         n = read_count("decr_every_n_nan_or_inf", st["decr_every_n_nan_or_inf"], 1)
         decr = read_count("decr_count", st["decr_count"])
         if decr >= n:
             raise ValueError(f"decr_count must be < decr_every_n_nan_or_inf ({n}), got {decr}")
-        return Loaded(read_scale("scale", st["scale"]), {
-            "good_steps": read_count("incr_count", st["incr_count"]), "hysteresis_left": n - decr})
+        return Loaded(
+            read_scale("scale", st["scale"]),
+            {"good_steps": read_count("incr_count", st["incr_count"]), "hysteresis_left": n - decr},
+        )
 
     def dump(self, ls, args):
         c = ls.state.counters()
         n = args["decr_every_n_nan_or_inf"]
-        return {"scale": [ls.state.scale], "incr_ratio": args["incr_ratio"],
-                "decr_ratio": args["decr_ratio"], "incr_every_n_steps": args["incr_every_n_steps"],
-                "decr_every_n_nan_or_inf": n, "incr_count": c["good_steps"],
-                "decr_count": n - c["hysteresis_left"],
-                "use_dynamic_loss_scaling": args["use_dynamic_loss_scaling"]}
+        return {
+            "scale": [ls.state.scale],
+            "incr_ratio": args["incr_ratio"],
+            "decr_ratio": args["decr_ratio"],
+            "incr_every_n_steps": args["incr_every_n_steps"],
+            "decr_every_n_nan_or_inf": n,
+            "incr_count": c["good_steps"],
+            "decr_count": n - c["hysteresis_left"],
+            "use_dynamic_loss_scaling": args["use_dynamic_loss_scaling"],
+        }
 
 
 class JmpPeer(PeerBase):
@@ -133,9 +198,13 @@ class JmpPeer(PeerBase):
         return Loaded()
 
     def dump(self, ls, args):
-        return {"loss_scale": ls.state.scale, "counter": ls.state.counters()["good_steps"],
-                "period": args["period"], "factor": args["factor"],
-                "min_loss_scale": args["min_loss_scale"]}
+        return {
+            "loss_scale": ls.state.scale,
+            "counter": ls.state.counters()["good_steps"],
+            "period": args["period"],
+            "factor": args["factor"],
+            "min_loss_scale": args["min_loss_scale"],
+        }
 
 
 class FairseqPeer(PeerBase):
@@ -152,18 +221,40 @@ class FairseqPeer(PeerBase):
 
     preset = "fairseq"
     what = "fairseq optimizer state"
-    config_keys = ("init_scale", "scale_factor", "scale_window", "tolerance", "threshold",
-                   "min_loss_scale")
-    options = {"fp16_init_scale": "init_scale", "fp16_scale_window": "scale_window",
-               "fp16_scale_tolerance": "tolerance", "threshold_loss_scale": "threshold",
-               "min_loss_scale": "min_loss_scale"}
-    option_defaults = {"fp16_init_scale": 2 ** 7, "fp16_scale_window": None,
-                       "fp16_scale_tolerance": 0.0, "threshold_loss_scale": None,
-                       "min_loss_scale": 1e-4}
+    config_keys = (
+        "init_scale",
+        "scale_factor",
+        "scale_window",
+        "tolerance",
+        "threshold",
+        "min_loss_scale",
+    )
+    options = {
+        "fp16_init_scale": "init_scale",
+        "fp16_scale_window": "scale_window",
+        "fp16_scale_tolerance": "tolerance",
+        "threshold_loss_scale": "threshold",
+        "min_loss_scale": "min_loss_scale",
+    }
+    option_defaults = {
+        "fp16_init_scale": 2**7,
+        "fp16_scale_window": None,
+        "fp16_scale_tolerance": 0.0,
+        "threshold_loss_scale": None,
+        "min_loss_scale": 1e-4,
+    }
     # other options that decide whether and how fairseq scales the loss
-    flags = ("fp16", "bf16", "memory_efficient_fp16", "memory_efficient_bf16", "amp",
-             "fp16_no_flatten_grads", "update_freq", "distributed_world_size",
-             "model_parallel_size")
+    flags = (
+        "fp16",
+        "bf16",
+        "memory_efficient_fp16",
+        "memory_efficient_bf16",
+        "amp",
+        "fp16_no_flatten_grads",
+        "update_freq",
+        "distributed_world_size",
+        "model_parallel_size",
+    )
     state_keys = ("loss_scale",)
     places = (("last_optimizer_state",),)
     config_places = (("cfg",), ("args",))
@@ -172,31 +263,42 @@ class FairseqPeer(PeerBase):
         d = as_dict(config)
         if d is None:
             raise TypeError(f"fairseq config must be a dict, got {type(config).__name__}")
-        d = {k.lstrip("-").replace("-", "_") if isinstance(k, str) else k: v
-             for k, v in d.items()}
-        if "common" in d:                           # a whole fairseq cfg
+        d = {k.lstrip("-").replace("-", "_") if isinstance(k, str) else k: v for k, v in d.items()}
+        if "common" in d:  # a whole fairseq cfg
             opts = dict(as_dict(d["common"]) or {})
-            for section, key in (("optimization", "update_freq"),
-                                 ("distributed_training", "distributed_world_size")):
+            for section, key in (
+                ("optimization", "update_freq"),
+                ("distributed_training", "distributed_world_size"),
+            ):
                 found = walk_path(d, (section, key))
                 if found is not MISSING:
                     opts[key] = found
-        elif not isinstance(config, dict):          # an argparse.Namespace of fairseq's args
+        elif not isinstance(config, dict):  # an argparse.Namespace of fairseq's args
             opts = d
         elif set(d) <= set(self.config_keys):
-            return dict(d)                          # DynamicLossScaler's own arguments
+            return dict(d)  # DynamicLossScaler's own arguments
         else:
-            opts = check_keys("fairseq config", d, tuple(self.options) + self.flags
-                         + tuple(k for k in self.config_keys if k not in self.options.values()))
+            opts = check_keys(
+                "fairseq config",
+                d,
+                tuple(self.options)
+                + self.flags
+                + tuple(k for k in self.config_keys if k not in self.options.values()),
+            )
         if opts.get("bf16") or opts.get("memory_efficient_bf16"):
-            raise ValueError(f"this fairseq run is bf16, for which fairseq builds no loss "
-                             f"scaler; {BF16_NEEDS_NO_SCALING}")
+            raise ValueError(
+                f"this fairseq run is bf16, for which fairseq builds no loss "
+                f"scaler; {BF16_NEEDS_NO_SCALING}"
+            )
         if opts.get("amp"):
-            raise ValueError("this fairseq run uses --amp, whose AMPOptimizer scales the loss "
-                             "with torch's GradScaler; migrate it with peer 'torch'")
+            raise ValueError(
+                "this fairseq run uses --amp, whose AMPOptimizer scales the loss "
+                "with torch's GradScaler; migrate it with peer 'torch'"
+            )
         if "fp16" in opts and not (opts["fp16"] or opts.get("memory_efficient_fp16")):
-            raise ValueError(f"fp16 must be true for fairseq to scale the loss, got "
-                             f"{opts['fp16']!r}")
+            raise ValueError(
+                f"fp16 must be true for fairseq to scale the loss, got {opts['fp16']!r}"
+            )
         args = {k: opts[k] for k in ("scale_factor",) if k in opts}
         for name, arg in self.options.items():
             args[arg] = opts.get(name, self.option_defaults[name])
@@ -208,27 +310,35 @@ class FairseqPeer(PeerBase):
         freq = opts.get("update_freq", [1])
         freq = list(freq) if isinstance(freq, (list, tuple)) else [freq]
         if len(freq) > 1:
-            raise ValueError("fp16_scale_window must be given explicitly when using a custom "
-                             f"update_freq schedule, got update_freq={freq!r}")
+            raise ValueError(
+                "fp16_scale_window must be given explicitly when using a custom "
+                f"update_freq schedule, got update_freq={freq!r}"
+            )
         world = opts.get("distributed_world_size")
         parallel = int(opts.get("model_parallel_size") or 1)
         dp = int((world or 1) / parallel)
-        window = int(2 ** 14 / dp / freq[0])
+        window = int(2**14 / dp / freq[0])
         if world is None or "update_freq" not in opts:
-            notes.append(f"fp16_scale_window is None: fairseq sets it to int(2**14 / "
-                         f"data-parallel size / update_freq[0]); this config does not give "
-                         f"both, so lscore took a data-parallel size of {dp} and update_freq "
-                         f"{freq!r}: scale_window={window}")
+            notes.append(
+                f"fp16_scale_window is None: fairseq sets it to int(2**14 / "
+                f"data-parallel size / update_freq[0]); this config does not give "
+                f"both, so lscore took a data-parallel size of {dp} and update_freq "
+                f"{freq!r}: scale_window={window}"
+            )
         else:
-            notes.append(f"fp16_scale_window is None: lscore took fairseq's int(2**14 / {dp} / "
-                         f"{freq[0]}) = {window}")
+            notes.append(
+                f"fp16_scale_window is None: lscore took fairseq's int(2**14 / {dp} / "
+                f"{freq[0]}) = {window}"
+            )
         return window
 
     def load(self, state, args, notes):
         d = as_dict(state)
         if d is not None and "loss_scale" not in d and ("state" in d or "param_groups" in d):
-            raise ValueError("this fairseq optimizer state has no 'loss_scale': the run did "
-                             "not use fairseq's fp16 loss scaler (bf16, --amp or fp32 training)")
+            raise ValueError(
+                "this fairseq optimizer state has no 'loss_scale': the run did "
+                "not use fairseq's fp16 loss scaler (bf16, --amp or fp32 training)"
+            )
         # FP16Optimizer.state_dict(): the inner optimizer's keys plus "loss_scale"
         st = check_keys(self.what, state, ("loss_scale", "state", "param_groups"), ("loss_scale",))
         # fairseq saves no counters: it restarts them on resume, and so does lscore
@@ -258,8 +368,12 @@ class ColossalAIPeer(PeerBase):
         return Loaded(read_scale("scale", st["scale"]))
 
     def dump(self, ls, args):
-        return {"scale": ls.state.scale, "growth_factor": args["growth_factor"],
-                "backoff_factor": args["backoff_factor"], "hysteresis": args["hysteresis"]}
+        return {
+            "scale": ls.state.scale,
+            "growth_factor": args["growth_factor"],
+            "backoff_factor": args["backoff_factor"],
+            "hysteresis": args["hysteresis"],
+        }
 
 
 def read_attributes(what, state, keys, required):
@@ -268,8 +382,7 @@ def read_attributes(what, state, keys, required):
         return check_keys(what, state, keys, required)
     d = as_dict(state)
     if d is None:
-        raise TypeError(f"{what} must be a dict or the peer's object, got "
-                        f"{type(state).__name__}")
+        raise TypeError(f"{what} must be a dict or the peer's object, got {type(state).__name__}")
     return check_keys(what, {k: d[k] for k in keys if k in d}, keys, required)
 
 
@@ -284,8 +397,13 @@ class ChainerPeer(PeerBase):
     preset = "chainer"
     what = "chainer optimizer loss-scale attributes"
     config_keys = ("interval", "scale")
-    state_keys = ("_loss_scale", "_loss_scaling_isnan_ever", "_loss_scaling_is_dynamic",
-                  "_loss_scaling_multiplier", "_loss_scale_max")
+    state_keys = (
+        "_loss_scale",
+        "_loss_scaling_isnan_ever",
+        "_loss_scaling_is_dynamic",
+        "_loss_scaling_multiplier",
+        "_loss_scale_max",
+    )
 
     def is_state(self, d):
         return True
@@ -293,15 +411,20 @@ class ChainerPeer(PeerBase):
     def load(self, state, args, notes):
         st = read_attributes(self.what, state, self.state_keys, ("_loss_scale",))
         if st.get("_loss_scaling_is_dynamic") is False:
-            raise ValueError("this chainer optimizer has a static loss scale "
-                             f"({st['_loss_scale']!r}); use lscore.FixedLossScale")
+            raise ValueError(
+                "this chainer optimizer has a static loss scale "
+                f"({st['_loss_scale']!r}); use lscore.FixedLossScale"
+            )
         seen = read_value("_loss_scaling_isnan_ever", st.get("_loss_scaling_isnan_ever", False))
-        return Loaded(read_scale("_loss_scale", st["_loss_scale"]),
-                       {"overflow_seen": int(bool(seen))})
+        return Loaded(
+            read_scale("_loss_scale", st["_loss_scale"]), {"overflow_seen": int(bool(seen))}
+        )
 
     def dump(self, ls, args):
-        return {"_loss_scale": ls.state.scale,
-                "_loss_scaling_isnan_ever": bool(ls.state.counters()["overflow_seen"])}
+        return {
+            "_loss_scale": ls.state.scale,
+            "_loss_scaling_isnan_ever": bool(ls.state.counters()["overflow_seen"]),
+        }
 
 
 class MXNetPeer(PeerBase):
@@ -314,8 +437,13 @@ class MXNetPeer(PeerBase):
     preset = "mxnet"
     what = "MXNet LossScaler attributes"
     config_keys = tuple(table.TABLE["mxnet"].args)
-    state_keys = ("_loss_scale", "_next_loss_scale", "_max_loss_scale", "_scale_seq_len",
-                  "_unskipped")
+    state_keys = (
+        "_loss_scale",
+        "_next_loss_scale",
+        "_max_loss_scale",
+        "_scale_seq_len",
+        "_unskipped",
+    )
 
     def is_state(self, d):
         return True
@@ -327,12 +455,17 @@ class MXNetPeer(PeerBase):
         if "_scale_seq_len" in st:
             args["scale_seq_len"] = read_value("_scale_seq_len", st["_scale_seq_len"])
         scale = read_scale("_loss_scale", st["_loss_scale"])
-        return Loaded(scale, {"good_steps": read_count("_unskipped", st["_unskipped"])},
-                       read_scale("_next_loss_scale", st.get("_next_loss_scale", scale)))
+        return Loaded(
+            scale,
+            {"good_steps": read_count("_unskipped", st["_unskipped"])},
+            read_scale("_next_loss_scale", st.get("_next_loss_scale", scale)),
+        )
 
     def dump(self, ls, args):
-        return {"_loss_scale": ls.state.scale,
-                "_next_loss_scale": float(ls.state_dict().get("next_scale", ls.state.scale)),
-                "_max_loss_scale": args["max_loss_scale"],
-                "_scale_seq_len": args["scale_seq_len"],
-                "_unskipped": ls.state.counters()["good_steps"]}
+        return {
+            "_loss_scale": ls.state.scale,
+            "_next_loss_scale": float(ls.state_dict().get("next_scale", ls.state.scale)),
+            "_max_loss_scale": args["max_loss_scale"],
+            "_scale_seq_len": args["scale_seq_len"],
+            "_unskipped": ls.state.counters()["good_steps"],
+        }

@@ -1,15 +1,32 @@
 """Peers that write torch GradScaler states: torch itself, Lightning, accelerate, NeMo."""
+
 from __future__ import annotations
 
-from lscore.migrate._base import (as_dict, BF16_NEEDS_NO_SCALING, check_keys, Loaded, MISSING,
-                                  PeerBase, read_count, read_scale, read_value, walk_path)
+from lscore.migrate._base import (
+    as_dict,
+    BF16_NEEDS_NO_SCALING,
+    check_keys,
+    Loaded,
+    MISSING,
+    PeerBase,
+    read_count,
+    read_scale,
+    read_value,
+    walk_path,
+)
 
-LIGHTNING_SCALER_KEYS = ("MixedPrecision", "FSDPPrecision", "MixedPrecisionPlugin",
-                         "FSDPMixedPrecisionPlugin", "FSDPPrecisionPlugin",
-                         "NativeMixedPrecisionPlugin", "ShardedNativeMixedPrecisionPlugin",
-                         "FullyShardedNativeMixedPrecisionPlugin",
-                         "FullyShardedNativeNativeMixedPrecisionPlugin",
-                         "native_amp_scaling_state")
+LIGHTNING_SCALER_KEYS = (
+    "MixedPrecision",
+    "FSDPPrecision",
+    "MixedPrecisionPlugin",
+    "FSDPMixedPrecisionPlugin",
+    "FSDPPrecisionPlugin",
+    "NativeMixedPrecisionPlugin",
+    "ShardedNativeMixedPrecisionPlugin",
+    "FullyShardedNativeMixedPrecisionPlugin",
+    "FullyShardedNativeNativeMixedPrecisionPlugin",
+    "native_amp_scaling_state",
+)
 # NeMo 1's Lightning precision plugins (nemo/collections/nlp/parts/nlp_overrides.py)
 NEMO_SCALER_KEYS = ("PipelineMixedPrecisionPlugin", "MegatronHalfPrecisionPlugin")
 
@@ -17,35 +34,49 @@ NEMO_SCALER_KEYS = ("PipelineMixedPrecisionPlugin", "MegatronHalfPrecisionPlugin
 class TorchPeer(PeerBase):
     preset = "torch"
     what = "torch GradScaler state"
-    config_keys = ("device", "init_scale", "growth_factor", "backoff_factor", "growth_interval",
-                   "enabled")
-    state_keys = ("scale", "growth_factor", "backoff_factor", "growth_interval",
-                  "_growth_tracker")
-    places = tuple((k,) for k in ("scaler", "amp_scaler", "grad_scaler")
-                   + LIGHTNING_SCALER_KEYS)
+    config_keys = (
+        "device",
+        "init_scale",
+        "growth_factor",
+        "backoff_factor",
+        "growth_interval",
+        "enabled",
+    )
+    state_keys = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+    places = tuple((k,) for k in ("scaler", "amp_scaler", "grad_scaler") + LIGHTNING_SCALER_KEYS)
 
     def is_state(self, d):
         return super().is_state(d) or "lscore" in d
 
     def load(self, state, args, notes):
         if isinstance(state, dict) and "lscore" in state:
-            raise ValueError("this GradScaler state holds an 'lscore' entry: it was saved by "
-                             "lscore.adapters.torch.GradScaler; load it with that class")
+            raise ValueError(
+                "this GradScaler state holds an 'lscore' entry: it was saved by "
+                "lscore.adapters.torch.GradScaler; load it with that class"
+            )
         if isinstance(state, dict) and not state:
-            raise ValueError("the GradScaler state is empty (it was saved from a disabled "
-                             "GradScaler)")
+            raise ValueError(
+                "the GradScaler state is empty (it was saved from a disabled GradScaler)"
+            )
         st = check_keys(self.what, state, self.state_keys, self.state_keys)
-        args.update(growth_factor=read_value("growth_factor", st["growth_factor"]),
-                    backoff_factor=read_value("backoff_factor", st["backoff_factor"]),
-                    growth_interval=read_count("growth_interval", st["growth_interval"], None))
-        return Loaded(read_scale("scale", st["scale"]),
-                       {"good_steps": read_count("_growth_tracker", st["_growth_tracker"])})
+        args.update(
+            growth_factor=read_value("growth_factor", st["growth_factor"]),
+            backoff_factor=read_value("backoff_factor", st["backoff_factor"]),
+            growth_interval=read_count("growth_interval", st["growth_interval"], None),
+        )
+        return Loaded(
+            read_scale("scale", st["scale"]),
+            {"good_steps": read_count("_growth_tracker", st["_growth_tracker"])},
+        )
 
     def dump(self, ls, args):
-        return {"scale": ls.state.scale, "growth_factor": args["growth_factor"],
-                "backoff_factor": args["backoff_factor"],
-                "growth_interval": args["growth_interval"],
-                "_growth_tracker": ls.state.counters()["good_steps"]}
+        return {
+            "scale": ls.state.scale,
+            "growth_factor": args["growth_factor"],
+            "backoff_factor": args["backoff_factor"],
+            "growth_interval": args["growth_interval"],
+            "_growth_tracker": ls.state.counters()["good_steps"],
+        }
 
 
 class NemoPeer(TorchPeer):
@@ -60,33 +91,41 @@ class NemoPeer(TorchPeer):
     preset = "nemo"
     what = "NeMo GradScaler state"
     config_keys = TorchPeer.config_keys[1:] + ("hysteresis",)
-    model_names = {"native_amp_init_scale": "init_scale",
-                   "native_amp_growth_interval": "growth_interval", "hysteresis": "hysteresis"}
-    builder_defaults = {"init_scale": 2.0 ** 32, "growth_interval": 1000, "hysteresis": 2}
+    model_names = {
+        "native_amp_init_scale": "init_scale",
+        "native_amp_growth_interval": "growth_interval",
+        "hysteresis": "hysteresis",
+    }
+    builder_defaults = {"init_scale": 2.0**32, "growth_interval": 1000, "hysteresis": 2}
     places = tuple((k,) for k in NEMO_SCALER_KEYS) + TorchPeer.places
 
     def args(self, config, notes):
         d = as_dict(config)
         if d is None:
             raise TypeError(f"nemo config must be a dict, got {type(config).__name__}")
-        if "model" in d or "trainer" in d:           # a whole NeMo config
+        if "model" in d or "trainer" in d:  # a whole NeMo config
             precision = walk_path(d, ("trainer", "precision"))
             if precision is not MISSING and precision is not None:
                 self._check_precision(precision)
             return self._from_model(as_dict(d.get("model", {})) or {}, "model.", notes)
         if not set(d) <= set(self.config_keys) and (
-                "native_amp_init_scale" in d or "native_amp_growth_interval" in d):
-            return self._from_model(d, "", notes)   # the model section of a NeMo config
-        return super().args(config, notes)         # GradScaler's own arguments
+            "native_amp_init_scale" in d or "native_amp_growth_interval" in d
+        ):
+            return self._from_model(d, "", notes)  # the model section of a NeMo config
+        return super().args(config, notes)  # GradScaler's own arguments
 
     def _check_precision(self, precision):
         p = str(precision)
         if p in ("bf16", "bf16-mixed", "bf16-true"):
-            raise ValueError(f"trainer.precision is {precision!r}: NeMo builds no GradScaler "
-                             f"for it; {BF16_NEEDS_NO_SCALING}")
+            raise ValueError(
+                f"trainer.precision is {precision!r}: NeMo builds no GradScaler "
+                f"for it; {BF16_NEEDS_NO_SCALING}"
+            )
         if p not in ("16", "16-mixed"):
-            raise ValueError(f"trainer.precision must be 16 or '16-mixed' for NeMo to scale "
-                             f"the loss, got {precision!r}")
+            raise ValueError(
+                f"trainer.precision must be 16 or '16-mixed' for NeMo to scale "
+                f"the loss, got {precision!r}"
+            )
 
     def _from_model(self, model, prefix, notes):
         args, taken = {}, []
@@ -97,9 +136,12 @@ class NemoPeer(TorchPeer):
                 args[arg] = self.builder_defaults[arg]
                 taken.append(f"{prefix}{name}={self.builder_defaults[arg]!r}")
         if taken:
-            notes.append("the NeMo config leaves " + ", ".join(n.split("=")[0] for n in taken)
-                         + " unset; lscore took the defaults of NeMo's MegatronTrainerBuilder: "
-                         + ", ".join(taken))
+            notes.append(
+                "the NeMo config leaves "
+                + ", ".join(n.split("=")[0] for n in taken)
+                + " unset; lscore took the defaults of NeMo's MegatronTrainerBuilder: "
+                + ", ".join(taken)
+            )
         return args
 
     def _offset(self, args) -> int:
@@ -108,16 +150,21 @@ class NemoPeer(TorchPeer):
         return max(h, 1) - h if isinstance(h, int) else 0
 
     def load(self, state, args, notes):
-        st = dict(check_keys(self.what, state,
-                        self.state_keys + ("_hysteresis_tracker", "_hysterisis_tracker")))
+        st = dict(
+            check_keys(
+                self.what, state, self.state_keys + ("_hysteresis_tracker", "_hysterisis_tracker")
+            )
+        )
         left = st.pop("_hysteresis_tracker", st.pop("_hysterisis_tracker", None))
         loaded = super().load(st, args, notes)
         if left is not None:
-            loaded.counters["hysteresis_left"] = (read_count("_hysteresis_tracker", left, None)
-                                                  + self._offset(args))
+            loaded.counters["hysteresis_left"] = read_count(
+                "_hysteresis_tracker", left, None
+            ) + self._offset(args)
         return loaded
 
     def dump(self, ls, args):
-        return {**super().dump(ls, args),
-                "_hysteresis_tracker": ls.state.counters()["hysteresis_left"]
-                - self._offset(args)}
+        return {
+            **super().dump(ls, args),
+            "_hysteresis_tracker": ls.state.counters()["hysteresis_left"] - self._offset(args),
+        }

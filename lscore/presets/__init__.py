@@ -4,6 +4,7 @@ Each preset takes its peer's own constructor arguments and defaults and
 reproduces the peer's scale sequence (off-by-ones, counters, floor and cap,
 arithmetic precision); the table behind it is ``lscore/presets/table.py``.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -22,14 +23,19 @@ NAMES = table.NAMES
 
 def json_config(config: dict) -> dict:
     """A preset config with infinite floats as the strings "inf"/"-inf" (valid JSON)."""
-    return {k: ("inf" if v == math.inf else "-inf" if v == -math.inf else v)
-            if isinstance(v, float) else v for k, v in config.items()}
+    return {
+        k: ("inf" if v == math.inf else "-inf" if v == -math.inf else v)
+        if isinstance(v, float)
+        else v
+        for k, v in config.items()
+    }
 
 
 def unjson_config(config: dict) -> dict:
     """The inverse of `json_config`."""
-    return {k: float(v) if isinstance(v, str) and v in ("inf", "-inf") else v
-            for k, v in config.items()}
+    return {
+        k: float(v) if isinstance(v, str) and v in ("inf", "-inf") else v for k, v in config.items()
+    }
 
 
 class PresetLossScale(LossScale):
@@ -101,8 +107,10 @@ class PresetLossScale(LossScale):
         """The preset object a v1 state was saved from (its "config" names the preset)."""
         config = parse_state(d)[2]
         if not config or "preset" not in config:
-            raise ValueError("this state has no preset config; rebuild the object with "
-                             "lscore.preset(...) and call load_state_dict")
+            raise ValueError(
+                "this state has no preset config; rebuild the object with "
+                "lscore.preset(...) and call load_state_dict"
+            )
         obj = preset(**unjson_config(config))
         obj.load_state_dict(d)
         return obj
@@ -112,8 +120,11 @@ class PresetLossScale(LossScale):
 
     def __repr__(self):
         c = self.counters()
-        return (f"{type(self).__name__}(scale={self()!r}, "
-                + ", ".join(f"{k}={v}" for k, v in c.items()) + ")")
+        return (
+            f"{type(self).__name__}(scale={self()!r}, "
+            + ", ".join(f"{k}={v}" for k, v in c.items())
+            + ")"
+        )
 
 
 class ManagerPreset(PresetLossScale, LossScaleManager):
@@ -134,13 +145,16 @@ def _camel(name: str) -> str:
 
 def _make_class(name: str):
     spec = table.TABLE[name]
-    args = ", ".join(f"{k}" if v is table.REQUIRED else f"{k}={v!r}"
-                     for k, v in spec.args.items())
-    doc = (f"Preset {name!r}: {spec.peer}.\n\n" + inspect.cleandoc(spec.doc)
-           + f"\n\nArguments (the peer's own): {args}.")
+    args = ", ".join(f"{k}" if v is table.REQUIRED else f"{k}={v!r}" for k, v in spec.args.items())
+    doc = (
+        f"Preset {name!r}: {spec.peer}.\n\n"
+        + inspect.cleandoc(spec.doc)
+        + f"\n\nArguments (the peer's own): {args}."
+    )
     base = ManagerPreset if name == "tf1" else PresetLossScale
-    return type(_camel(name), (base,), {"__doc__": doc, "preset_name": name,
-                                        "__module__": __name__})
+    return type(
+        _camel(name), (base,), {"__doc__": doc, "preset_name": name, "__module__": __name__}
+    )
 
 
 CLASSES = {name: _make_class(name) for name in NAMES}

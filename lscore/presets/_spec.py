@@ -1,4 +1,5 @@
 """The parts of a preset row: the Spec record and the validators of peers' arguments."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,15 +13,15 @@ REQUIRED = type("Required", (), {"__repr__": lambda self: "<required>"})()
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    peer: str                       # the class (or function) the preset imitates
-    args: dict                      # peer argument -> peer default (REQUIRED: none)
-    checks: dict                    # peer argument -> validator(name, value) -> value
-    rename: dict                    # peer argument -> Policy field, taken as is
-    fixed: dict                     # Policy fields the peer does not let users choose
-    derive: Callable | None         # (checked args) -> more Policy fields
+    peer: str  # the class (or function) the preset imitates
+    args: dict  # peer argument -> peer default (REQUIRED: none)
+    checks: dict  # peer argument -> validator(name, value) -> value
+    rename: dict  # peer argument -> Policy field, taken as is
+    fixed: dict  # Policy fields the peer does not let users choose
+    derive: Callable | None  # (checked args) -> more Policy fields
     doc: str
-    counters: Callable | None = None   # (checked args) -> initial counters
-    invert: Callable | None = None     # (Policy) -> peer arguments not in `rename`
+    counters: Callable | None = None  # (checked args) -> initial counters
+    invert: Callable | None = None  # (Policy) -> peer arguments not in `rename`
 
 
 def f32(name, v):
@@ -57,13 +58,16 @@ def non_negative(name, v):
 def optional(check):
     def run(name, v):
         return None if v is None else check(name, v)
+
     return run
 
 
 def optional_truthy(check):
     """ColossalAI and apex test min/max scales for truthiness: None and 0 disable them."""
+
     def run(name, v):
         return None if v is None or v == 0 else check(name, v)
+
     return run
 
 

@@ -7,24 +7,56 @@ fields the peer fixes in ``fixed``, the rest in ``derive``.  ``invert`` is the
 way back (Policy -> peer arguments) used by ``lscore.migrate``.  The
 pseudocode in ``doc`` becomes the docstring of the preset's class.
 """
+
 from __future__ import annotations
 
 import math
 
-from lscore.policy import (Policy, boolean, factor_above_one, factor_at_least_one, fraction,
-                            real, tf_int)
-from lscore.presets._spec import (REQUIRED, Spec, any_int, cap, dynamic_or_number, f32, f64,
-                                  int_ge0, int_ge1, non_negative, open_fraction, optional,
-                                  optional_truthy, string)
+from lscore.policy import (
+    Policy,
+    boolean,
+    factor_above_one,
+    factor_at_least_one,
+    fraction,
+    real,
+    tf_int,
+)
+from lscore.presets._spec import (
+    REQUIRED,
+    Spec,
+    any_int,
+    cap,
+    dynamic_or_number,
+    f32,
+    f64,
+    int_ge0,
+    int_ge1,
+    non_negative,
+    open_fraction,
+    optional,
+    optional_truthy,
+    string,
+)
 
 FIXED_SCALE = {"growth_mode": "never", "apply_nonfinite": True}
 # A step skipped by a peer that keeps its scale fixed but still checks (Paddle static).
 FIXED_SCALE_SKIPPING = {"growth_mode": "never", "apply_nonfinite": False}
 
-TF_DYNAMIC = dict(precision="float32", growth_mode="ge", backoff_mode="divide", min_scale=1.0,
-                  guard_finite=True, refill=("backoff",))
-TORCH = dict(precision="float32_float64", growth_mode="eq", backoff_mode="multiply",
-             guard_finite=True, refill=("backoff",))
+TF_DYNAMIC = dict(
+    precision="float32",
+    growth_mode="ge",
+    backoff_mode="divide",
+    min_scale=1.0,
+    guard_finite=True,
+    refill=("backoff",),
+)
+TORCH = dict(
+    precision="float32_float64",
+    growth_mode="eq",
+    backoff_mode="multiply",
+    guard_finite=True,
+    refill=("backoff",),
+)
 
 
 def _tf2(a):
@@ -36,19 +68,24 @@ def _keras2(a):
         if a["initial_scale"] is None:
             raise ValueError('"initial_scale" must be specified if "dynamic" is False')
         if a["dynamic_growth_steps"] is not None:
-            raise ValueError('"dynamic_growth_steps" must be None if "dynamic" is False, but '
-                             f'got: {a["dynamic_growth_steps"]}')
+            raise ValueError(
+                '"dynamic_growth_steps" must be None if "dynamic" is False, but '
+                f"got: {a['dynamic_growth_steps']}"
+            )
         return dict(FIXED_SCALE, init_scale=a["initial_scale"])
-    init = 2.0 ** 15 if a["initial_scale"] is None else a["initial_scale"]
+    init = 2.0**15 if a["initial_scale"] is None else a["initial_scale"]
     steps = 2000 if a["dynamic_growth_steps"] is None else a["dynamic_growth_steps"]
-    return dict(TF_DYNAMIC, init_scale=init, growth_interval=steps, growth_factor=2.0,
-                backoff_factor=0.5)
+    return dict(
+        TF_DYNAMIC, init_scale=init, growth_interval=steps, growth_factor=2.0, backoff_factor=0.5
+    )
 
 
 def _keras3(a):
     if a["dynamic"] is not True:
-        raise ValueError("LossScaleOptimizer no longer supports `dynamic=False`. Instead, simply "
-                         "set `loss_scale_factor` directly on the `inner_optimizer`.")
+        raise ValueError(
+            "LossScaleOptimizer no longer supports `dynamic=False`. Instead, simply "
+            "set `loss_scale_factor` directly on the `inner_optimizer`."
+        )
     return {}
 
 
@@ -70,19 +107,25 @@ def _apex(a):
     if a["loss_scale"] != "dynamic":
         return dict(FIXED_SCALE, init_scale=a["loss_scale"])
     # amp clamps the initial scale to the maximum too
-    return {"init_scale": min(a["init_scale"], a["max_loss_scale"]),
-            "max_scale": a["max_loss_scale"], "min_scale": a["min_loss_scale"]}
+    return {
+        "init_scale": min(a["init_scale"], a["max_loss_scale"]),
+        "max_scale": a["max_loss_scale"],
+        "min_scale": a["min_loss_scale"],
+    }
 
 
 def _deepspeed(a):
-    return {"refill": ("finite",) if a["consecutive_hysteresis"] else ("growth",),
-            "min_action": "raise_at" if a["raise_error_at_min_scale"] else "clamp"}
+    return {
+        "refill": ("finite",) if a["consecutive_hysteresis"] else ("growth",),
+        "min_action": "raise_at" if a["raise_error_at_min_scale"] else "clamp",
+    }
 
 
 def _megatron(a):
     if a["min_scale"] > a["initial_scale"]:
-        raise ValueError(f"min_scale must be <= initial_scale, got {a['min_scale']!r} > "
-                         f"{a['initial_scale']!r}")
+        raise ValueError(
+            f"min_scale must be <= initial_scale, got {a['min_scale']!r} > {a['initial_scale']!r}"
+        )
     return {}
 
 
@@ -125,12 +168,19 @@ def _jmp(a):
 TABLE: dict[str, Spec] = {
     "tf2": Spec(
         peer="tf.mixed_precision.experimental.DynamicLossScale (TF 2.0-2.3)",
-        args={"initial_loss_scale": 2 ** 15, "increment_period": 2000, "multiplier": 2.0},
-        checks={"initial_loss_scale": f32, "increment_period": tf_int,
-                "multiplier": factor_at_least_one},
-        rename={"initial_loss_scale": "init_scale", "increment_period": "growth_interval",
-                "multiplier": "growth_factor"},
-        fixed=TF_DYNAMIC, derive=_tf2,
+        args={"initial_loss_scale": 2**15, "increment_period": 2000, "multiplier": 2.0},
+        checks={
+            "initial_loss_scale": f32,
+            "increment_period": tf_int,
+            "multiplier": factor_at_least_one,
+        },
+        rename={
+            "initial_loss_scale": "init_scale",
+            "increment_period": "growth_interval",
+            "multiplier": "growth_factor",
+        },
+        fixed=TF_DYNAMIC,
+        derive=_tf2,
         doc="""TF2's DynamicLossScale, in float32::
 
         if finite:
@@ -142,16 +192,24 @@ TABLE: dict[str, Spec] = {
         else:
             good_steps = 0
             scale = max(scale / multiplier, 1)
-        """),
+        """,
+    ),
     "keras2": Spec(
         peer="tf-keras LossScaleOptimizer (TF 2.4-2.15)",
         args={"dynamic": True, "initial_scale": None, "dynamic_growth_steps": None},
-        checks={"dynamic": boolean, "initial_scale": optional(f32),
-                "dynamic_growth_steps": optional(tf_int)},
-        rename={}, fixed={}, derive=_keras2,
-        invert=lambda p: ({"dynamic": False, "initial_scale": p.init_scale}
-                          if p.growth_mode == "never" else
-                          {"initial_scale": p.init_scale, "dynamic_growth_steps": p.growth_interval}),
+        checks={
+            "dynamic": boolean,
+            "initial_scale": optional(f32),
+            "dynamic_growth_steps": optional(tf_int),
+        },
+        rename={},
+        fixed={},
+        derive=_keras2,
+        invert=lambda p: (
+            {"dynamic": False, "initial_scale": p.init_scale}
+            if p.growth_mode == "never"
+            else {"initial_scale": p.init_scale, "dynamic_growth_steps": p.growth_interval}
+        ),
         doc="""tf-keras LossScaleOptimizer's loss scale (multiplier fixed at 2), float32::
 
         dynamic=False: scale = initial_scale forever; every step is applied
@@ -165,16 +223,32 @@ TABLE: dict[str, Spec] = {
             else:
                 good_steps = 0
                 scale = max(scale / 2, 1)
-        """),
+        """,
+    ),
     "keras3": Spec(
         peer="keras.optimizers.LossScaleOptimizer (Keras 3)",
-        args={"initial_scale": 2.0 ** 15, "dynamic_growth_steps": 2000, "name": None,
-              "dynamic": True},
-        checks={"initial_scale": f32, "dynamic_growth_steps": any_int,
-                "name": optional(string), "dynamic": boolean},
+        args={
+            "initial_scale": 2.0**15,
+            "dynamic_growth_steps": 2000,
+            "name": None,
+            "dynamic": True,
+        },
+        checks={
+            "initial_scale": f32,
+            "dynamic_growth_steps": any_int,
+            "name": optional(string),
+            "dynamic": boolean,
+        },
         rename={"initial_scale": "init_scale", "dynamic_growth_steps": "growth_interval"},
-        fixed=dict(precision="float32", growth_mode="eq", growth_factor=2.0, backoff_factor=0.5,
-                   backoff_mode="multiply", guard_finite=False, flush_subnormal=True),
+        fixed=dict(
+            precision="float32",
+            growth_mode="eq",
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            backoff_mode="multiply",
+            guard_finite=False,
+            flush_subnormal=True,
+        ),
         derive=_keras3,
         doc="""Keras 3's LossScaleOptimizer, in float32 (subnormal results flush to 0 as
         on TF's CPU)::
@@ -190,19 +264,39 @@ TABLE: dict[str, Spec] = {
             scale = scale * 0.5                             # no floor
 
         Keras 3 checks the *scaled* gradients; pass those to ``update``.
-        """),
+        """,
+    ),
     "tf1": Spec(
         peer="tf.contrib.mixed_precision.ExponentialUpdateLossScaleManager",
-        args={"init_loss_scale": REQUIRED, "incr_every_n_steps": REQUIRED,
-              "decr_every_n_nan_or_inf": 2, "incr_ratio": 2, "decr_ratio": 0.8},
-        checks={"init_loss_scale": f32, "incr_every_n_steps": tf_int,
-                "decr_every_n_nan_or_inf": int_ge1, "incr_ratio": factor_at_least_one,
-                "decr_ratio": fraction},
-        rename={"init_loss_scale": "init_scale", "incr_every_n_steps": "growth_interval",
-                "decr_every_n_nan_or_inf": "hysteresis", "incr_ratio": "growth_factor",
-                "decr_ratio": "backoff_factor"},
-        fixed=dict(precision="float32", growth_mode="ge", backoff_mode="multiply", min_scale=1.0,
-                   guard_finite=True, refill=("growth", "backoff")),
+        args={
+            "init_loss_scale": REQUIRED,
+            "incr_every_n_steps": REQUIRED,
+            "decr_every_n_nan_or_inf": 2,
+            "incr_ratio": 2,
+            "decr_ratio": 0.8,
+        },
+        checks={
+            "init_loss_scale": f32,
+            "incr_every_n_steps": tf_int,
+            "decr_every_n_nan_or_inf": int_ge1,
+            "incr_ratio": factor_at_least_one,
+            "decr_ratio": fraction,
+        },
+        rename={
+            "init_loss_scale": "init_scale",
+            "incr_every_n_steps": "growth_interval",
+            "decr_every_n_nan_or_inf": "hysteresis",
+            "incr_ratio": "growth_factor",
+            "decr_ratio": "backoff_factor",
+        },
+        fixed=dict(
+            precision="float32",
+            growth_mode="ge",
+            backoff_mode="multiply",
+            min_scale=1.0,
+            guard_finite=True,
+            refill=("growth", "backoff"),
+        ),
         derive=None,
         doc="""TF1's ExponentialUpdateLossScaleManager, in float32::
 
@@ -218,17 +312,34 @@ TABLE: dict[str, Spec] = {
                 good_steps = bad_steps = 0
             else:
                 bad_steps += 1; good_steps = 0
-        """),
+        """,
+    ),
     "torch": Spec(
         peer="torch.amp.GradScaler",
-        args={"device": "cuda", "init_scale": 2.0 ** 16, "growth_factor": 2.0,
-              "backoff_factor": 0.5, "growth_interval": 2000, "enabled": True},
-        checks={"device": string, "init_scale": f32, "growth_factor": factor_above_one,
-                "backoff_factor": open_fraction, "growth_interval": any_int,
-                "enabled": boolean},
-        rename={"init_scale": "init_scale", "growth_factor": "growth_factor",
-                "backoff_factor": "backoff_factor", "growth_interval": "growth_interval"},
-        fixed={}, derive=_torch,
+        args={
+            "device": "cuda",
+            "init_scale": 2.0**16,
+            "growth_factor": 2.0,
+            "backoff_factor": 0.5,
+            "growth_interval": 2000,
+            "enabled": True,
+        },
+        checks={
+            "device": string,
+            "init_scale": f32,
+            "growth_factor": factor_above_one,
+            "backoff_factor": open_fraction,
+            "growth_interval": any_int,
+            "enabled": boolean,
+        },
+        rename={
+            "init_scale": "init_scale",
+            "growth_factor": "growth_factor",
+            "backoff_factor": "backoff_factor",
+            "growth_interval": "growth_interval",
+        },
+        fixed={},
+        derive=_torch,
         doc="""torch.amp.GradScaler (``_amp_update_scale_``): a float32 scale, each product
         taken in double and rounded to float32::
 
@@ -242,17 +353,35 @@ TABLE: dict[str, Spec] = {
             growth_tracker += 1
 
         enabled=False: scale 1.0, every step applied.  ``device`` is recorded only.
-        """),
+        """,
+    ),
     "nemo": Spec(
         peer="NeMo GradScaler (torch GradScaler with hysteresis)",
-        args={"init_scale": 2.0 ** 16, "growth_factor": 2.0, "backoff_factor": 0.5,
-              "growth_interval": 2000, "enabled": True, "hysteresis": 1},
-        checks={"init_scale": f32, "growth_factor": factor_above_one,
-                "backoff_factor": open_fraction, "growth_interval": any_int,
-                "enabled": boolean, "hysteresis": int_ge0},
-        rename={"init_scale": "init_scale", "growth_factor": "growth_factor",
-                "backoff_factor": "backoff_factor", "growth_interval": "growth_interval"},
-        fixed={}, derive=_nemo, invert=lambda p: {"hysteresis": p.hysteresis},
+        args={
+            "init_scale": 2.0**16,
+            "growth_factor": 2.0,
+            "backoff_factor": 0.5,
+            "growth_interval": 2000,
+            "enabled": True,
+            "hysteresis": 1,
+        },
+        checks={
+            "init_scale": f32,
+            "growth_factor": factor_above_one,
+            "backoff_factor": open_fraction,
+            "growth_interval": any_int,
+            "enabled": boolean,
+            "hysteresis": int_ge0,
+        },
+        rename={
+            "init_scale": "init_scale",
+            "growth_factor": "growth_factor",
+            "backoff_factor": "backoff_factor",
+            "growth_interval": "growth_interval",
+        },
+        fixed={},
+        derive=_nemo,
+        invert=lambda p: {"hysteresis": p.hysteresis},
         doc="""NeMo's GradScaler: torch's rule and arithmetic, plus a hysteresis tracker::
 
         if not finite:
@@ -266,17 +395,35 @@ TABLE: dict[str, Spec] = {
         hysteresis=0 (which NeMo accepts) backs off on every overflow, as 1 does.
         NeMo's load_state_dict looks for a misspelt key and so restarts the tracker
         at 1; lscore restores the saved tracker.
-        """),
+        """,
+    ),
     "apex": Spec(
         peer="apex.amp LossScaler",
-        args={"loss_scale": "dynamic", "init_scale": 2.0 ** 16, "scale_factor": 2.0,
-              "scale_window": 2000, "min_loss_scale": None, "max_loss_scale": 2.0 ** 24},
-        checks={"loss_scale": dynamic_or_number, "init_scale": f64, "scale_factor": real,
-                "scale_window": int_ge1, "min_loss_scale": optional_truthy(f64),
-                "max_loss_scale": cap},
+        args={
+            "loss_scale": "dynamic",
+            "init_scale": 2.0**16,
+            "scale_factor": 2.0,
+            "scale_window": 2000,
+            "min_loss_scale": None,
+            "max_loss_scale": 2.0**24,
+        },
+        checks={
+            "loss_scale": dynamic_or_number,
+            "init_scale": f64,
+            "scale_factor": real,
+            "scale_window": int_ge1,
+            "min_loss_scale": optional_truthy(f64),
+            "max_loss_scale": cap,
+        },
         rename={"scale_window": "growth_interval"},
-        fixed=dict(precision="float64", growth_mode="eq", growth_factor=2.0, backoff_factor=0.5,
-                   backoff_mode="multiply", guard_finite=False),
+        fixed=dict(
+            precision="float64",
+            growth_mode="eq",
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            backoff_mode="multiply",
+            guard_finite=False,
+        ),
         derive=_apex,
         doc="""apex amp's LossScaler, in Python floats (``scale_factor`` is accepted and, as
         in apex, ignored)::
@@ -290,15 +437,25 @@ TABLE: dict[str, Spec] = {
                 unskipped += 1
             if unskipped == scale_window:
                 scale = min(max_loss_scale, scale * 2); unskipped = 0
-        """),
+        """,
+    ),
     "apex_fp16_utils": Spec(
         peer="apex.fp16_utils DynamicLossScaler",
-        args={"init_scale": 2 ** 32, "scale_factor": 2.0, "scale_window": 1000},
+        args={"init_scale": 2**32, "scale_factor": 2.0, "scale_window": 1000},
         checks={"init_scale": f64, "scale_factor": factor_above_one, "scale_window": int_ge1},
-        rename={"init_scale": "init_scale", "scale_factor": "growth_factor",
-                "scale_window": "growth_interval"},
-        fixed=dict(precision="float64", growth_mode="modulo", growth_offset=0,
-                   backoff_mode="divide", min_scale=1.0, guard_finite=False),
+        rename={
+            "init_scale": "init_scale",
+            "scale_factor": "growth_factor",
+            "scale_window": "growth_interval",
+        },
+        fixed=dict(
+            precision="float64",
+            growth_mode="modulo",
+            growth_offset=0,
+            backoff_mode="divide",
+            min_scale=1.0,
+            guard_finite=False,
+        ),
         derive=_apex_fp16_utils,
         doc="""apex's legacy fp16_utils DynamicLossScaler, in Python floats::
 
@@ -308,20 +465,42 @@ TABLE: dict[str, Spec] = {
         elif (iter - last_overflow_iter) % scale_window == 0:
             scale = scale * scale_factor
         iter += 1
-        """),
+        """,
+    ),
     "deepspeed": Spec(
         peer="deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-        args={"init_scale": 2.0 ** 16, "scale_window": 1000, "min_scale": 1.0,
-              "delayed_shift": 2, "consecutive_hysteresis": False,
-              "raise_error_at_min_scale": True},
-        checks={"init_scale": f64, "scale_window": int_ge1, "min_scale": f64,
-                "delayed_shift": int_ge1, "consecutive_hysteresis": boolean,
-                "raise_error_at_min_scale": boolean},
-        rename={"init_scale": "init_scale", "scale_window": "growth_interval",
-                "min_scale": "min_scale", "delayed_shift": "hysteresis"},
-        fixed=dict(precision="float64", growth_mode="modulo", growth_offset=1, growth_factor=2.0,
-                   backoff_factor=0.5, backoff_mode="divide", hysteresis_saturate=True,
-                   guard_finite=True),
+        args={
+            "init_scale": 2.0**16,
+            "scale_window": 1000,
+            "min_scale": 1.0,
+            "delayed_shift": 2,
+            "consecutive_hysteresis": False,
+            "raise_error_at_min_scale": True,
+        },
+        checks={
+            "init_scale": f64,
+            "scale_window": int_ge1,
+            "min_scale": f64,
+            "delayed_shift": int_ge1,
+            "consecutive_hysteresis": boolean,
+            "raise_error_at_min_scale": boolean,
+        },
+        rename={
+            "init_scale": "init_scale",
+            "scale_window": "growth_interval",
+            "min_scale": "min_scale",
+            "delayed_shift": "hysteresis",
+        },
+        fixed=dict(
+            precision="float64",
+            growth_mode="modulo",
+            growth_offset=1,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            backoff_mode="divide",
+            hysteresis_saturate=True,
+            guard_finite=True,
+        ),
         derive=_deepspeed,
         doc="""DeepSpeed's DynamicLossScaler, in Python floats (factor fixed at 2; the class
         has no defaults, these are ds_config's)::
@@ -344,19 +523,41 @@ TABLE: dict[str, Spec] = {
 
         DeepSpeed's scale can grow to inf, and the next overflow then crashes it
         (OverflowError formatting int(inf)); lscore refuses a growth to inf instead.
-        """),
+        """,
+    ),
     "megatron": Spec(
         peer="megatron.core.optimizer.grad_scaler.DynamicGradScaler",
-        args={"initial_scale": 2.0 ** 32, "min_scale": 1.0, "growth_factor": 2.0,
-              "backoff_factor": 0.5, "growth_interval": 1000, "hysteresis": 2},
-        checks={"initial_scale": f32, "min_scale": f32, "growth_factor": factor_above_one,
-                "backoff_factor": open_fraction, "growth_interval": int_ge1,
-                "hysteresis": int_ge1},
-        rename={"initial_scale": "init_scale", "min_scale": "min_scale",
-                "growth_factor": "growth_factor", "backoff_factor": "backoff_factor",
-                "growth_interval": "growth_interval", "hysteresis": "hysteresis"},
-        fixed=dict(precision="float32", growth_mode="eq", backoff_mode="multiply",
-                   guard_finite=False, refill=("growth",)),
+        args={
+            "initial_scale": 2.0**32,
+            "min_scale": 1.0,
+            "growth_factor": 2.0,
+            "backoff_factor": 0.5,
+            "growth_interval": 1000,
+            "hysteresis": 2,
+        },
+        checks={
+            "initial_scale": f32,
+            "min_scale": f32,
+            "growth_factor": factor_above_one,
+            "backoff_factor": open_fraction,
+            "growth_interval": int_ge1,
+            "hysteresis": int_ge1,
+        },
+        rename={
+            "initial_scale": "init_scale",
+            "min_scale": "min_scale",
+            "growth_factor": "growth_factor",
+            "backoff_factor": "backoff_factor",
+            "growth_interval": "growth_interval",
+            "hysteresis": "hysteresis",
+        },
+        fixed=dict(
+            precision="float32",
+            growth_mode="eq",
+            backoff_mode="multiply",
+            guard_finite=False,
+            refill=("growth",),
+        ),
         derive=_megatron,
         doc="""Megatron-core's DynamicGradScaler (no class defaults; these are
         OptimizerConfig's), float32 tensors::
@@ -372,19 +573,42 @@ TABLE: dict[str, Spec] = {
                 growth_tracker = 0
                 hysteresis_tracker = hysteresis
                 scale = scale * growth_factor    # no guard: may become inf
-        """),
+        """,
+    ),
     "fairseq": Spec(
         peer="fairseq.optim.dynamic_loss_scaler.DynamicLossScaler",
-        args={"init_scale": 2.0 ** 15, "scale_factor": 2.0, "scale_window": 2000,
-              "tolerance": 0.0, "threshold": None, "min_loss_scale": 1e-4},
-        checks={"init_scale": f64, "scale_factor": factor_above_one, "scale_window": int_ge1,
-                "tolerance": non_negative, "threshold": optional(non_negative),
-                "min_loss_scale": non_negative},
-        rename={"init_scale": "init_scale", "scale_factor": "growth_factor",
-                "scale_window": "growth_interval", "tolerance": "tolerance",
-                "threshold": "min_scale", "min_loss_scale": "floor_scale"},
-        fixed=dict(precision="float64", growth_mode="modulo", growth_offset=0,
-                   backoff_mode="divide", guard_finite=False, min_action="raise_below"),
+        args={
+            "init_scale": 2.0**15,
+            "scale_factor": 2.0,
+            "scale_window": 2000,
+            "tolerance": 0.0,
+            "threshold": None,
+            "min_loss_scale": 1e-4,
+        },
+        checks={
+            "init_scale": f64,
+            "scale_factor": factor_above_one,
+            "scale_window": int_ge1,
+            "tolerance": non_negative,
+            "threshold": optional(non_negative),
+            "min_loss_scale": non_negative,
+        },
+        rename={
+            "init_scale": "init_scale",
+            "scale_factor": "growth_factor",
+            "scale_window": "growth_interval",
+            "tolerance": "tolerance",
+            "threshold": "min_scale",
+            "min_loss_scale": "floor_scale",
+        },
+        fixed=dict(
+            precision="float64",
+            growth_mode="modulo",
+            growth_offset=0,
+            backoff_mode="divide",
+            guard_finite=False,
+            min_action="raise_below",
+        ),
         derive=_fairseq,
         doc="""fairseq's DynamicLossScaler, in Python floats::
 
@@ -405,20 +629,42 @@ TABLE: dict[str, Spec] = {
         False.  After its FloatingPointError fairseq leaves ``iter`` unadvanced, so
         its next clean step doubles the scale and its next overflow divides by zero;
         lscore continues as after any other overflow.
-        """),
+        """,
+    ),
     "paddle": Spec(
         peer="paddle.amp.GradScaler (dygraph)",
-        args={"enable": True, "init_loss_scaling": 2.0 ** 16, "incr_ratio": 2.0,
-              "decr_ratio": 0.5, "incr_every_n_steps": 2000, "decr_every_n_nan_or_inf": 1,
-              "use_dynamic_loss_scaling": True},
-        checks={"enable": boolean, "init_loss_scaling": f32, "incr_ratio": factor_above_one,
-                "decr_ratio": open_fraction, "incr_every_n_steps": any_int,
-                "decr_every_n_nan_or_inf": int_ge1, "use_dynamic_loss_scaling": boolean},
-        rename={"init_loss_scaling": "init_scale", "incr_ratio": "growth_factor",
-                "decr_ratio": "backoff_factor", "incr_every_n_steps": "growth_interval",
-                "decr_every_n_nan_or_inf": "hysteresis"},
-        fixed=dict(precision="float32", growth_mode="eq", backoff_mode="multiply",
-                   guard_finite=False, refill=("finite", "backoff")),
+        args={
+            "enable": True,
+            "init_loss_scaling": 2.0**16,
+            "incr_ratio": 2.0,
+            "decr_ratio": 0.5,
+            "incr_every_n_steps": 2000,
+            "decr_every_n_nan_or_inf": 1,
+            "use_dynamic_loss_scaling": True,
+        },
+        checks={
+            "enable": boolean,
+            "init_loss_scaling": f32,
+            "incr_ratio": factor_above_one,
+            "decr_ratio": open_fraction,
+            "incr_every_n_steps": any_int,
+            "decr_every_n_nan_or_inf": int_ge1,
+            "use_dynamic_loss_scaling": boolean,
+        },
+        rename={
+            "init_loss_scaling": "init_scale",
+            "incr_ratio": "growth_factor",
+            "decr_ratio": "backoff_factor",
+            "incr_every_n_steps": "growth_interval",
+            "decr_every_n_nan_or_inf": "hysteresis",
+        },
+        fixed=dict(
+            precision="float32",
+            growth_mode="eq",
+            backoff_mode="multiply",
+            guard_finite=False,
+            refill=("finite", "backoff"),
+        ),
         derive=_paddle,
         doc="""Paddle's dygraph GradScaler, float32 tensors::
 
@@ -433,18 +679,39 @@ TABLE: dict[str, Spec] = {
 
         use_dynamic_loss_scaling=False: the scale stays, non-finite steps are skipped.
         enable=False: scale 1.0, every step applied.
-        """),
+        """,
+    ),
     "jmp": Spec(
         peer="jmp.DynamicLossScale",
-        args={"loss_scale": REQUIRED, "counter": 0, "period": 2000, "factor": 2,
-              "min_loss_scale": 1.0},
-        checks={"loss_scale": f32, "counter": int_ge0, "period": int_ge1,
-                "factor": factor_above_one, "min_loss_scale": f32},
-        rename={"loss_scale": "init_scale", "period": "growth_interval",
-                "factor": "growth_factor", "min_loss_scale": "min_scale"},
-        fixed=dict(precision="float32", growth_mode="eq", backoff_mode="divide",
-                   guard_finite=True, flush_subnormal=True),
-        derive=_jmp, counters=lambda a: {"good_steps": a["counter"]},
+        args={
+            "loss_scale": REQUIRED,
+            "counter": 0,
+            "period": 2000,
+            "factor": 2,
+            "min_loss_scale": 1.0,
+        },
+        checks={
+            "loss_scale": f32,
+            "counter": int_ge0,
+            "period": int_ge1,
+            "factor": factor_above_one,
+            "min_loss_scale": f32,
+        },
+        rename={
+            "loss_scale": "init_scale",
+            "period": "growth_interval",
+            "factor": "growth_factor",
+            "min_loss_scale": "min_scale",
+        },
+        fixed=dict(
+            precision="float32",
+            growth_mode="eq",
+            backoff_mode="divide",
+            guard_finite=True,
+            flush_subnormal=True,
+        ),
+        derive=_jmp,
+        counters=lambda a: {"good_steps": a["counter"]},
         doc="""jmp's DynamicLossScale, float32 arrays (XLA on CPU flushes subnormals)::
 
         if grads_finite:
@@ -454,21 +721,45 @@ TABLE: dict[str, Spec] = {
         else:
             counter = 0
             loss_scale = max(min_loss_scale, loss_scale / factor)
-        """),
+        """,
+    ),
     "colossalai": Spec(
         peer="colossalai DynamicGradScaler",
-        args={"initial_scale": 2 ** 16, "growth_factor": 2, "backoff_factor": 0.5,
-              "growth_interval": 1000, "min_scale": None, "max_scale": None, "hysteresis": 2,
-              "verbose": False},
-        checks={"initial_scale": f32, "growth_factor": factor_above_one,
-                "backoff_factor": open_fraction, "growth_interval": any_int,
-                "min_scale": optional_truthy(f32), "max_scale": optional_truthy(f32),
-                "hysteresis": int_ge0, "verbose": boolean},
-        rename={"initial_scale": "init_scale", "growth_factor": "growth_factor",
-                "backoff_factor": "backoff_factor", "growth_interval": "growth_interval",
-                "min_scale": "min_scale", "max_scale": "max_scale"},
-        fixed=dict(precision="float32", growth_mode="eq", backoff_mode="multiply",
-                   guard_finite=False, refill=("growth",)),
+        args={
+            "initial_scale": 2**16,
+            "growth_factor": 2,
+            "backoff_factor": 0.5,
+            "growth_interval": 1000,
+            "min_scale": None,
+            "max_scale": None,
+            "hysteresis": 2,
+            "verbose": False,
+        },
+        checks={
+            "initial_scale": f32,
+            "growth_factor": factor_above_one,
+            "backoff_factor": open_fraction,
+            "growth_interval": any_int,
+            "min_scale": optional_truthy(f32),
+            "max_scale": optional_truthy(f32),
+            "hysteresis": int_ge0,
+            "verbose": boolean,
+        },
+        rename={
+            "initial_scale": "init_scale",
+            "growth_factor": "growth_factor",
+            "backoff_factor": "backoff_factor",
+            "growth_interval": "growth_interval",
+            "min_scale": "min_scale",
+            "max_scale": "max_scale",
+        },
+        fixed=dict(
+            precision="float32",
+            growth_mode="eq",
+            backoff_mode="multiply",
+            guard_finite=False,
+            refill=("growth",),
+        ),
         derive=_colossalai,
         doc="""ColossalAI's DynamicGradScaler, float32 tensors::
 
@@ -481,15 +772,25 @@ TABLE: dict[str, Spec] = {
             if growth_step == growth_interval:
                 growth_step = hysteresis_step = 0
                 scale = scale * growth_factor, at most max_scale if truthy
-        """),
+        """,
+    ),
     "chainer": Spec(
         peer="chainer Optimizer.loss_scaling(interval, scale)",
         args={"interval": 1000, "scale": None},
         checks={"interval": int_ge1, "scale": optional(f64)},
         rename={},
-        fixed=dict(precision="float64", growth_mode="eq", growth_interval=1, init_scale=1.0,
-                   growth_factor=2.0, backoff_factor=0.5, backoff_mode="multiply",
-                   min_scale=1.0, max_scale=65504.0, guard_finite=False),
+        fixed=dict(
+            precision="float64",
+            growth_mode="eq",
+            growth_interval=1,
+            init_scale=1.0,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            backoff_mode="multiply",
+            min_scale=1.0,
+            max_scale=65504.0,
+            guard_finite=False,
+        ),
         derive=_chainer,
         doc="""Chainer's loss scaling, in Python floats::
 
@@ -498,15 +799,26 @@ TABLE: dict[str, Spec] = {
             m = 0.5 if not finite else (2 ** (1 / interval) if an overflow was ever
                                         seen else 2)
             scale = max(1, min(65504, scale * m))
-        """),
+        """,
+    ),
     "mxnet": Spec(
         peer="mxnet.contrib.amp LossScaler",
-        args={"loss_scale": 2.0 ** 16, "max_loss_scale": 2.0 ** 24, "scale_seq_len": 2000},
+        args={"loss_scale": 2.0**16, "max_loss_scale": 2.0**24, "scale_seq_len": 2000},
         checks={"loss_scale": f64, "max_loss_scale": f64, "scale_seq_len": int_ge1},
-        rename={"loss_scale": "init_scale", "max_loss_scale": "max_scale",
-                "scale_seq_len": "growth_interval"},
-        fixed=dict(precision="float64", growth_mode="eq", growth_factor=2.0, backoff_factor=0.5,
-                   backoff_mode="multiply", guard_finite=False, apply_next=True),
+        rename={
+            "loss_scale": "init_scale",
+            "max_loss_scale": "max_scale",
+            "scale_seq_len": "growth_interval",
+        },
+        fixed=dict(
+            precision="float64",
+            growth_mode="eq",
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            backoff_mode="multiply",
+            guard_finite=False,
+            apply_next=True,
+        ),
         derive=None,
         doc="""MXNet's contrib.amp LossScaler (no constructor arguments in MXNet; its fixed
         attributes are keywords here), in Python floats; each check first adopts the
@@ -519,7 +831,8 @@ TABLE: dict[str, Spec] = {
             unskipped += 1
         if unskipped == scale_seq_len:
             unskipped = 0; next_loss_scale = min(max_loss_scale, loss_scale * 2)
-        """),
+        """,
+    ),
 }
 
 NAMES = tuple(sorted(TABLE))
@@ -532,13 +845,17 @@ def resolve(name: str, kwargs: dict) -> tuple[Spec, dict]:
     spec = TABLE[name]
     unknown = [k for k in kwargs if k not in spec.args]
     if unknown:
-        raise TypeError(f"preset {name!r} ({spec.peer}) got an unexpected argument "
-                        f"{unknown[0]!r}; its arguments are: {', '.join(spec.args)}")
+        raise TypeError(
+            f"preset {name!r} ({spec.peer}) got an unexpected argument "
+            f"{unknown[0]!r}; its arguments are: {', '.join(spec.args)}"
+        )
     args = {**spec.args, **kwargs}
     missing = [k for k, v in args.items() if v is REQUIRED]
     if missing:
-        raise TypeError(f"preset {name!r} ({spec.peer}) is missing the required argument"
-                        f"{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+        raise TypeError(
+            f"preset {name!r} ({spec.peer}) is missing the required argument"
+            f"{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}"
+        )
     return spec, {k: spec.checks[k](k, v) for k, v in args.items()}
 
 
@@ -550,8 +867,11 @@ def policy(name: str, args: dict) -> Policy:
     if spec.derive is not None:
         fields.update(spec.derive(args))
     if fields.get("growth_mode") == "never":
-        fields = {k: v for k, v in fields.items() if k in ("init_scale", "growth_mode",
-                                                           "apply_nonfinite", "precision")}
+        fields = {
+            k: v
+            for k, v in fields.items()
+            if k in ("init_scale", "growth_mode", "apply_nonfinite", "precision")
+        }
         fields.setdefault("init_scale", args.get(_init_arg(spec)))
     return Policy(name=name, **fields)
 

@@ -8,6 +8,7 @@ both bindings (cupy only with a GPU); the others read the harness's counters
 and caches.  Expected results come from the NumPy adapter and the CPU core;
 all_finite / unscale_ against the CPU core are in test_backends.py.
 """
+
 import shutil
 import warnings
 
@@ -18,8 +19,9 @@ import lscore
 from lscore.adapters import numpy as lnp
 from helpers.cuda_host.adapter import KERNELS, SGD, Adam, CountingBackend, LossScaleOptimizer
 
-harness = pytest.mark.skipif(shutil.which("g++") is None,
-                             reason="g++ is missing: the CUDA host harness cannot be built")
+harness = pytest.mark.skipif(
+    shutil.which("g++") is None, reason="g++ is missing: the CUDA host harness cannot be built"
+)
 
 
 def bits(a):
@@ -36,6 +38,7 @@ def same(a, b) -> bool:
 
 
 # ---- all_finite / unscale_ through the adapter's gathering ----------------
+
 
 def test_errors_change_nothing(device_backend):
     b = device_backend
@@ -66,8 +69,12 @@ def _calls(kern, arrays, inv=0.5):
     runner = kern.device(0)
     u, s, n = CountingBackend.uploads, CountingBackend.syncs, len(runner.backend.launches)
     finite = kern.unscale_(arrays, inv)
-    return (finite, CountingBackend.uploads - u, CountingBackend.syncs - s,
-            len(runner.backend.launches) - n)
+    return (
+        finite,
+        CountingBackend.uploads - u,
+        CountingBackend.syncs - s,
+        len(runner.backend.launches) - n,
+    )
 
 
 @harness
@@ -77,7 +84,7 @@ def test_a_cached_call_is_its_launches_and_one_read():
     table = KERNELS.table
     hits = table.hits
     first = _calls(KERNELS, grads)
-    assert first[0] and first[1] >= 2 and first[2] == 1        # tables uploaded on first sight
+    assert first[0] and first[1] >= 2 and first[2] == 1  # tables uploaded on first sight
     for k in range(3):
         finite, uploads, syncs, launches = _calls(KERNELS, grads, 2.0 if k % 2 == 0 else 0.5)
         assert finite and uploads == 0 and syncs == 1 and launches == 2
@@ -124,7 +131,7 @@ def test_the_same_list_mutated_in_place_is_planned_again():
     assert not KERNELS.unscale_(grads, 0.5)
     assert KERNELS.table.misses == misses + 1
     assert np.all(grads[1] == 2.0) and np.all(old == 2.0) and grads[0][0] == 1.0
-    grads.append(np.full(2, 4.0, np.float32))               # grown in place
+    grads.append(np.full(2, 4.0, np.float32))  # grown in place
     grads[0][2] = 1.0
     assert KERNELS.unscale_(grads, 0.5) and np.all(grads[2] == 2.0)
     assert KERNELS.table.misses == misses + 2
@@ -136,7 +143,7 @@ def test_new_arrays_at_the_old_addresses_upload_nothing():
     planned again (new objects), but their launch tables are found on the device, so the
     call uploads nothing; at other addresses they are uploaded."""
     base = np.full(64, 4.0, np.float32)
-    views = lambda: [base[0:10], base[16:40], base[48:64]]       # noqa: E731
+    views = lambda: [base[0:10], base[16:40], base[48:64]]  # noqa: E731
     KERNELS.unscale_(views(), 1.0)
     ups, misses = CountingBackend.uploads, KERNELS.table.misses
     for _ in range(3):
@@ -163,11 +170,15 @@ def test_arrays_freed_and_reallocated_are_planned_again():
     # can be swapped): never the cached plan
     from lscore.cuda import ArrayKernels
     from lscore.cli.bench._gpu import STANDIN_XP, StandInArray
+
     kern = ArrayKernels(STANDIN_XP, lambda dev: CountingBackend(), array_type=StandInArray)
     a, other = StandInArray(np.full(8, 4.0, np.float32)), StandInArray(np.full(2, 4.0, np.float32))
     kern.unscale_([a, other], 0.5)
-    for host in (np.full(8, 4.0, np.float32), np.full(20, 4.0, np.float32),
-                 np.full(8, 4.0, np.float64)):
+    for host in (
+        np.full(8, 4.0, np.float32),
+        np.full(20, 4.0, np.float32),
+        np.full(8, 4.0, np.float64),
+    ):
         new = StandInArray(host)
         misses = kern.table.misses
         a.data, a.size, a.dtype, a.host = new.data, new.size, new.dtype, host
@@ -192,19 +203,27 @@ def test_bad_input_is_refused_before_any_write(device_backend):
     xp = b.xp
     good = b.asarray(np.full(4, 2.0, np.float32))
     base = b.asarray(np.full(8, 2.0, np.float32))
-    cases = [([good, good], ValueError, "share memory"),
-             ([good, base, base[2:6]], ValueError, "share memory"),
-             ([good, b.asarray(np.ones((4, 4), np.float32)).T[::2]], ValueError, "dense"),
-             ([good, b.asarray(np.ones(3, np.complex64))], TypeError, "unsupported dtype"),
-             ([good, np.ones(3, np.float32) if xp is not np else [1.0]], TypeError,
-              "unsupported array type")]
+    cases = [
+        ([good, good], ValueError, "share memory"),
+        ([good, base, base[2:6]], ValueError, "share memory"),
+        ([good, b.asarray(np.ones((4, 4), np.float32)).T[::2]], ValueError, "dense"),
+        ([good, b.asarray(np.ones(3, np.complex64))], TypeError, "unsupported dtype"),
+        (
+            [good, np.ones(3, np.float32) if xp is not np else [1.0]],
+            TypeError,
+            "unsupported array type",
+        ),
+    ]
     if xp is np:
         ro = np.full(4, 2.0, np.float32)
         ro.flags.writeable = False
-        over = np.lib.stride_tricks.as_strided(np.full(4, 2.0, np.float32), (4, 4), (0, 4),
-                                               writeable=True)
-        cases += [([good, ro], ValueError, "read-only"),
-                  ([good, over], ValueError, "elements do not overlap")]
+        over = np.lib.stride_tricks.as_strided(
+            np.full(4, 2.0, np.float32), (4, 4), (0, 4), writeable=True
+        )
+        cases += [
+            ([good, ro], ValueError, "read-only"),
+            ([good, over], ValueError, "elements do not overlap"),
+        ]
     for arrays, exc, match in cases:
         with pytest.raises(exc, match=match):
             b.unscale_(arrays, 0.5)
@@ -214,6 +233,7 @@ def test_bad_input_is_refused_before_any_write(device_backend):
 @harness
 def test_mixed_frameworks_are_refused():
     from lscore.cli.bench._gpu import StandInArray
+
     a = np.full(4, 2.0, np.float32)
     with pytest.raises(TypeError, match="unsupported array type .*StandInArray"):
         KERNELS.unscale_([a, StandInArray(np.ones(3, np.float32))], 0.5)
@@ -250,14 +270,20 @@ def test_work_goes_to_the_current_stream_of_each_device():
     """Arrays on two devices: each device's launches on its current stream, then one read each."""
     from lscore.cuda import ArrayKernels
     from lscore.cli.bench._gpu import STANDIN_XP, StandInArray
+
     backends = {}
 
     def make(dev):
         backends[dev] = _StreamBackend(dev)
         return backends[dev]
+
     kern = ArrayKernels(STANDIN_XP, make, array_type=StandInArray)
-    host = [np.full(5, 4.0, np.float32), np.full(3, 4.0, np.float16),
-            np.full(6, 4.0, np.float32), np.full(2, 4.0, np.float64)]
+    host = [
+        np.full(5, 4.0, np.float32),
+        np.full(3, 4.0, np.float16),
+        np.full(6, 4.0, np.float32),
+        np.full(2, 4.0, np.float64),
+    ]
     arrays = [StandInArray(h, device=d) for h, d in zip(host, (0, 1, 1, 0))]
     for current in (7, 9):
         _StreamBackend.current = current
@@ -279,19 +305,26 @@ def test_work_goes_to_the_current_stream_of_each_device():
 def test_more_arrays_than_one_launch_holds_through_the_adapter():
     """Tiny launch limits: many launches per call, each array exactly once, NaN/Inf first and last."""
     from lscore.cuda import ArrayKernels
-    kern = ArrayKernels(np, lambda dev: CountingBackend(), kind=lscore.kernels.READ_NUMPY,
-                        limits=dict(chunk=8, block=3, max_tensors=3, max_blocks=4))
+
+    kern = ArrayKernels(
+        np,
+        lambda dev: CountingBackend(),
+        kind=lscore.kernels.READ_NUMPY,
+        limits=dict(chunk=8, block=3, max_tensors=3, max_blocks=4),
+    )
     rng = np.random.default_rng(7)
     for trial in range(12):
         dts = [np.float32, np.float16, np.float64]
-        arrays = [rng.standard_normal(int(rng.integers(0, 30))).astype(dts[k % 3])
-                  for k in range(int(rng.integers(5, 25)))]
+        arrays = [
+            rng.standard_normal(int(rng.integers(0, 30))).astype(dts[k % 3])
+            for k in range(int(rng.integers(5, 25)))
+        ]
         if trial % 3 == 1 and arrays[0].size:
             arrays[0][0] = np.inf
         if trial % 3 == 2 and arrays[-1].size:
             arrays[-1][-1] = np.nan
         finite, want = _unscaled(arrays, 0.25)
-        for _ in range(2):                      # first sight, then the cached plan
+        for _ in range(2):  # first sight, then the cached plan
             got = [a.copy() for a in arrays]
             assert kern.unscale_(got, 0.25) == finite
             for g, w in zip(got, want):
@@ -310,8 +343,8 @@ def test_the_flag_is_never_reset_between_calls():
     assert not KERNELS.all_finite([a, b])
     launches = len(runner.backend.launches)
     assert KERNELS.all_finite([a]) and KERNELS.unscale_([a], 0.5)
-    assert len(runner.backend.launches) == launches + 2      # no reset kernel, no copy
-    assert int(runner.flag[0]) != 0                          # the old mark is still there
+    assert len(runner.backend.launches) == launches + 2  # no reset kernel, no copy
+    assert int(runner.flag[0]) != 0  # the old mark is still there
 
 
 # ---- LossScaleOptimizer: default mode against the NumPy adapter ----------------------
@@ -347,6 +380,7 @@ def _run_pair(backend, shape, make_opt, steps, seed, sync_free=False, dtype=np.f
 
         def fn_for(xp, coef):
             return lambda scale: (0.0, [c * xp.asarray(scale, dtype) for c in coef])
+
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             pairs_o = opt_o.compute_gradients(fn_for(xp, coef_o), ours)
@@ -389,6 +423,7 @@ def test_default_mode_syncs_once_per_step():
 
 # ---- sync-free mode --------------------------------------------------------------
 
+
 @pytest.mark.parametrize("shape", ["keras_dynamic", "keras_fixed"])
 @pytest.mark.parametrize("make", [_sgd, _adam], ids=["sgd", "adam"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
@@ -396,8 +431,7 @@ def test_sync_free_matches_numpy_adapter(device_backend, shape, make, dtype):
     b = device_backend
     for seed in range(3):
         inner_o, inner_t = _run_pair(b, shape, make, 30, seed, sync_free=True, dtype=dtype)
-        for (v_o, slots_o), (v_t, slots_t) in zip(inner_o._slots.values(),
-                                                  inner_t._slots.values()):
+        for (v_o, slots_o), (v_t, slots_t) in zip(inner_o._slots.values(), inner_t._slots.values()):
             for k in slots_t:
                 assert same(b.to_numpy(slots_o[k]), slots_t[k]), k
 
@@ -406,10 +440,11 @@ def test_sync_free_adam_skips_an_inf_step_like_numpy_adapter(device_backend):
     b = device_backend
     w_host = np.ones(8, np.float32)
     (w_dev,) = b.variables([w_host])
-    opt_d = b.LossScaleOptimizer(b.module.Adam(0.01), initial_scale=4.0, dynamic_growth_steps=2,
-                                 sync_free=True)
+    opt_d = b.LossScaleOptimizer(
+        b.module.Adam(0.01), initial_scale=4.0, dynamic_growth_steps=2, sync_free=True
+    )
     opt_h = lnp.LossScaleOptimizer(lnp.Adam(0.01), initial_scale=4.0, dynamic_growth_steps=2)
-    with np.errstate(invalid="ignore"):     # a gated step computes, then drops, NaN
+    with np.errstate(invalid="ignore"):  # a gated step computes, then drops, NaN
         for k in range(10):
             g = np.full(8, np.inf if k == 3 else 0.5, np.float32)
             opt_d.apply_gradients([(b.asarray(g), w_dev)])
@@ -430,8 +465,8 @@ def test_sync_free_steps_do_not_read_the_device():
         opt.get_scaled_loss(np.float32(2.0))
     assert CountingBackend.syncs == before
     assert [bool(r) for r in results] == [True, True, False, True, True, True]
-    assert opt.loss_scale == 2.0 ** 15 / 2 and CountingBackend.syncs == before + 1
-    assert opt.iterations == 6     # Keras: a skipped step still counts
+    assert opt.loss_scale == 2.0**15 / 2 and CountingBackend.syncs == before + 1
+    assert opt.iterations == 6  # Keras: a skipped step still counts
 
 
 @harness
@@ -448,10 +483,10 @@ def test_sync_free_failed_call_changes_nothing():
 @harness
 def test_sync_free_floor_error_is_raised_on_read():
     opt = LossScaleOptimizer(SGD(0.1), sync_free=True)
-    opt._dev.flags[1] = 1     # as update.cu sets it when a policy gives up at its minimum
+    opt._dev.flags[1] = 1  # as update.cu sets it when a policy gives up at its minimum
     with pytest.raises(lscore.LossScaleFloorError, match="minimum"):
         opt.sync_state()
-    opt.sync_state()          # raised once, then cleared
+    opt.sync_state()  # raised once, then cleared
 
 
 @harness

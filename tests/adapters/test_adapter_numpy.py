@@ -8,6 +8,7 @@ Each TF test differentiates a tiny loss; here the same gradients come from a
 hand-written backward pass seeded with the loss scale, which is what
 ``minimize(loss_and_grads_fn, var_list)`` expects.
 """
+
 import warnings
 
 import numpy as np
@@ -20,13 +21,16 @@ from lscore.adapters.numpy import SGD, Adam, LossScaleOptimizer
 
 def linear_loss(var, coef):
     """loss = sum(var * coef): the gradient of loss * scale is coef * scale."""
+
     def fn(scale):
         with np.errstate(invalid="ignore"):
             return float(np.sum(var * coef)), [np.full_like(var, coef) * np.float32(scale)]
+
     return fn
 
 
 # -- tf-keras loss_scale_optimizer_test.py ------------------------------------------------
+
 
 def test_dynamic_update():
     """testDynamicUpdate: I=2, P=1, lr 1, loss var*2; then a NaN loss is skipped."""
@@ -56,23 +60,22 @@ def test_dynamic_loss_scale():
     np.testing.assert_array_equal(var, [3.0])
     opt.minimize(fn, [var])
     np.testing.assert_array_equal(var, [1.0])
-    assert seen == [2.0, 4.0]     # the backprop was seeded with the doubled scale
+    assert seen == [2.0, 4.0]  # the backprop was seeded with the doubled scale
 
 
 @pytest.mark.parametrize("clip_type", ["clipnorm", "global_clipnorm", "clipvalue"])
 def test_clipping(clip_type):
     """testClipping: clip the unscaled gradient of finite steps; an Inf step is skipped."""
     var = np.array([5.0], np.float32)
-    opt = LossScaleOptimizer(SGD(2.0, **{clip_type: 2.0}), initial_scale=2,
-                             dynamic_growth_steps=1)
+    opt = LossScaleOptimizer(SGD(2.0, **{clip_type: 2.0}), initial_scale=2, dynamic_growth_steps=1)
     assert getattr(opt, clip_type) == 2.0
     opt.minimize(linear_loss(var, 4.0), [var])
-    np.testing.assert_array_equal(var, [1.0])         # grad 4 clipped to 2: 5 - 2*2
+    np.testing.assert_array_equal(var, [1.0])  # grad 4 clipped to 2: 5 - 2*2
     assert opt.loss_scale == 4.0
-    setattr(opt, clip_type, 3.0)                      # passed through to the inner optimizer
+    setattr(opt, clip_type, 3.0)  # passed through to the inner optimizer
     assert getattr(opt.inner_optimizer, clip_type) == 3.0
     opt.minimize(linear_loss(var, 4.0), [var])
-    np.testing.assert_array_equal(var, [-5.0])        # clipped to 3: 1 - 3*2
+    np.testing.assert_array_equal(var, [-5.0])  # clipped to 3: 1 - 3*2
     assert opt.loss_scale == 8.0
     opt.minimize(linear_loss(var, np.inf), [var])
     np.testing.assert_array_equal(var, [-5.0])
@@ -101,8 +104,9 @@ def test_iterations_incremented():
     assert var[0] == 3.0 and opt.iterations == 2 and opt.inner_optimizer.iterations == 2
 
 
-@pytest.mark.parametrize("loss_scale", ["dynamic", lscore.FixedLossScaleManager(8)],
-                         ids=["tf2.3-experimental", "tf1"])
+@pytest.mark.parametrize(
+    "loss_scale", ["dynamic", lscore.FixedLossScaleManager(8)], ids=["tf2.3-experimental", "tf1"]
+)
 def test_skipped_step_does_not_count_outside_keras_shape(loss_scale):
     var = np.array([5.0], np.float32)
     opt = LossScaleOptimizer(SGD(1.0), loss_scale)
@@ -119,15 +123,13 @@ def test_iterations_setter_and_defaults():
     assert opt.iterations == 7 and inner.iterations == 7
     assert not opt.dynamic and opt.dynamic_counter is None and opt.dynamic_growth_steps is None
     opt = LossScaleOptimizer(SGD())
-    assert (opt.initial_scale, opt.dynamic_growth_steps, opt.loss_scale) == (2 ** 15, 2000,
-                                                                             2 ** 15)
+    assert (opt.initial_scale, opt.dynamic_growth_steps, opt.loss_scale) == (2**15, 2000, 2**15)
 
 
 def test_checkpoint_counter():
     """testCheckpoint: I=1, P=2, one step -> scale 1, counter 1; momentum slot -1."""
     var = np.array([2.0], np.float32)
-    opt = LossScaleOptimizer(SGD(1.0, momentum=1.0), initial_scale=1.0,
-                             dynamic_growth_steps=2.0)
+    opt = LossScaleOptimizer(SGD(1.0, momentum=1.0), initial_scale=1.0, dynamic_growth_steps=2.0)
     opt.minimize(linear_loss(var, 1.0), [var])
     assert var[0] == 1.0 and opt.loss_scale == 1.0 and opt.dynamic_counter == 1
     assert opt.iterations == 1
@@ -140,17 +142,35 @@ def test_get_scaled_loss_of_a_python_float():
     assert opt.get_scaled_loss(lambda: 5.0)() == 10.0
 
 
-@pytest.mark.parametrize("make, exc, msg", [
-    (lambda: LossScaleOptimizer(1), TypeError,
-     '"inner_optimizer" must be an instance of an optimizer with an '
-     'apply_gradients(grads_and_vars) method that updates arrays in place, but got: 1.'),
-    (lambda: LossScaleOptimizer(SGD(), dynamic="dynamic"), TypeError,
-     "\"dynamic\" argument to LossScaleOptimizer.__init__ must be a bool, but got: 'dynamic'"),
-    (lambda: LossScaleOptimizer(SGD(), dynamic=False), ValueError,
-     '"initial_scale" must be specified if "dynamic" is False'),
-    (lambda: LossScaleOptimizer(SGD(), dynamic=False, initial_scale=1, dynamic_growth_steps=2),
-     ValueError, '"dynamic_growth_steps" must be None if "dynamic" is False, but got: 2'),
-], ids=["not-optimizer", "dynamic-not-bool", "fixed-no-scale", "fixed-growth"])
+@pytest.mark.parametrize(
+    "make, exc, msg",
+    [
+        (
+            lambda: LossScaleOptimizer(1),
+            TypeError,
+            '"inner_optimizer" must be an instance of an optimizer with an '
+            "apply_gradients(grads_and_vars) method that updates arrays in place, but got: 1.",
+        ),
+        (
+            lambda: LossScaleOptimizer(SGD(), dynamic="dynamic"),
+            TypeError,
+            "\"dynamic\" argument to LossScaleOptimizer.__init__ must be a bool, but got: 'dynamic'",
+        ),
+        (
+            lambda: LossScaleOptimizer(SGD(), dynamic=False),
+            ValueError,
+            '"initial_scale" must be specified if "dynamic" is False',
+        ),
+        (
+            lambda: LossScaleOptimizer(
+                SGD(), dynamic=False, initial_scale=1, dynamic_growth_steps=2
+            ),
+            ValueError,
+            '"dynamic_growth_steps" must be None if "dynamic" is False, but got: 2',
+        ),
+    ],
+    ids=["not-optimizer", "dynamic-not-bool", "fixed-no-scale", "fixed-growth"],
+)
 def test_tf_keras_errors(make, exc, msg):
     with pytest.raises(exc) as e:
         make()
@@ -163,10 +183,11 @@ def test_hyperparameters_pass_through():
     opt.learning_rate = 0.005
     assert inner.learning_rate == 0.005 and opt.learning_rate == 0.005
     with pytest.raises(AttributeError):
-        opt.beta_1      # noqa: B018 - tf-keras exposes no arbitrary attribute
+        opt.beta_1  # noqa: B018 - tf-keras exposes no arbitrary attribute
 
 
 # -- None gradients ------------------------------------------------------------------------
+
 
 def test_none_gradients_keras_dropped_with_warning():
     a, b = np.array([1.0], np.float32), np.array([1.0], np.float32)
@@ -185,8 +206,11 @@ def test_none_gradients_tf1_ignored_silently():
     assert a[0] == 1.0 and b[0] == 0.5
 
 
-@pytest.mark.parametrize("loss_scale", [None, "dynamic", lscore.FixedLossScaleManager(8)],
-                         ids=["keras", "experimental", "tf1"])
+@pytest.mark.parametrize(
+    "loss_scale",
+    [None, "dynamic", lscore.FixedLossScaleManager(8)],
+    ids=["keras", "experimental", "tf1"],
+)
 def test_all_none_gradients_raise_and_change_nothing(loss_scale):
     a = np.array([1.0], np.float32)
     opt = LossScaleOptimizer(SGD(1.0), loss_scale)
@@ -216,6 +240,7 @@ def test_bad_gradient_type_raises_before_any_change():
 
 # -- contrib loss_scale_optimizer_test.py --------------------------------------------------
 
+
 def test_contrib_fixed_manager_skips_nan_and_inf():
     """test_apply_gradients: grads nan, inf, 0.1 on a 0-d var -> 1, 1, 0.9."""
     x = np.array(1.0, np.float32)
@@ -230,6 +255,7 @@ def test_contrib_fixed_manager_skips_nan_and_inf():
 
 def test_contrib_custom_manager_is_updated():
     """test_apply_gradients_loss_scale_is_updated: +1 on finite, -1 otherwise, from 8."""
+
     class Simple(lscore.LossScaleManager):
         def __init__(self, v):
             self.v = float(v)
@@ -258,15 +284,16 @@ def _fp16_chain(x):
 
     def fn(scale):
         loss = x.astype(np.float16) * c1 * c2 * c3
-        g = np.float16(scale) * c3 * c2 * c1          # reverse order, as backprop runs
+        g = np.float16(scale) * c3 * c2 * c1  # reverse order, as backprop runs
         return loss, [np.asarray(g, np.float16).astype(np.float32)]
+
     return fn
 
 
 def test_contrib_compute_gradients_recovers_fp16_gradient():
     x = np.array(1.0, np.float32)
     opt = LossScaleOptimizer(SGD(1), lscore.FixedLossScaleManager(1e4))
-    (g, v), = opt.compute_gradients(_fp16_chain(x), [x])
+    ((g, v),) = opt.compute_gradients(_fp16_chain(x), [x])
     assert v is x and x == 1.0
     np.testing.assert_allclose(g, 1e-4, rtol=1e-6, atol=1e-6)
     # without scaling the same backward pass underflows to 0 (1e-4 * 1e-4 in float16)
@@ -293,6 +320,7 @@ def test_compute_gradients_checks_the_function():
 
 # -- experimental (TF <= 2.3) shape ---------------------------------------------------------
 
+
 def test_experimental_shape_loss_scale_object():
     ls = lscore.DynamicLossScale(4, 1)
     opt = LossScaleOptimizer(SGD(1.0), ls)
@@ -310,6 +338,7 @@ def test_experimental_fixed_applies_nonfinite():
 
 
 # -- the protocol: any optimizer with apply_gradients ---------------------------------------
+
 
 class Plain:
     """An optimizer that meets only the protocol: no iterations, no config."""
@@ -336,14 +365,18 @@ def test_custom_optimizer_without_iterations():
 
 # -- config ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("make", [
-    lambda: LossScaleOptimizer(SGD(2.0, momentum=0.5), dynamic=False, initial_scale=2),
-    lambda: LossScaleOptimizer(SGD(2.0, momentum=0.5), initial_scale=2, dynamic_growth_steps=3),
-    lambda: LossScaleOptimizer(Adam(0.5, beta_1=0.8, clipnorm=1.0), "dynamic"),
-    lambda: LossScaleOptimizer(SGD(1.0), lscore.DynamicLossScale(2, 3, 4.0)),
-    lambda: LossScaleOptimizer(SGD(1.0), lscore.ExponentialUpdateLossScaleManager(2, 3)),
-], ids=["keras-fixed", "keras-dynamic", "experimental-adam", "experimental-multiplier4",
-        "tf1"])
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: LossScaleOptimizer(SGD(2.0, momentum=0.5), dynamic=False, initial_scale=2),
+        lambda: LossScaleOptimizer(SGD(2.0, momentum=0.5), initial_scale=2, dynamic_growth_steps=3),
+        lambda: LossScaleOptimizer(Adam(0.5, beta_1=0.8, clipnorm=1.0), "dynamic"),
+        lambda: LossScaleOptimizer(SGD(1.0), lscore.DynamicLossScale(2, 3, 4.0)),
+        lambda: LossScaleOptimizer(SGD(1.0), lscore.ExponentialUpdateLossScaleManager(2, 3)),
+    ],
+    ids=["keras-fixed", "keras-dynamic", "experimental-adam", "experimental-multiplier4", "tf1"],
+)
 def test_config_round_trip(make):
     opt = make()
     cfg = opt.get_config()
@@ -384,6 +417,7 @@ def test_module_exports():
 def test_the_tf1_preset_is_accepted_as_loss_scale_manager():
     """lscore.preset("tf1", ...) is a LossScaleManager: the wrapper takes it as TF1 code
     takes ExponentialUpdateLossScaleManager, with the same steps and the same config."""
+
     def run(manager):
         v = np.ones(3, np.float32)
         opt = LossScaleOptimizer(SGD(0.5), loss_scale_manager=manager)

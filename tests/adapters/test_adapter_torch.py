@@ -3,6 +3,7 @@
 Expected values come from torch.amp.GradScaler run on the same inputs, or
 from lscore._reference for the lscore-only options.
 """
+
 from __future__ import annotations
 
 import copy
@@ -15,8 +16,12 @@ import pytest
 torch = pytest.importorskip("torch")
 import lscore  # noqa: E402
 from lscore import _reference as ref  # noqa: E402
-from lscore.adapters.torch import (GradScaler, ScalerAssertionError,  # noqa: E402
-                                   ScalerConfigError, torch_policy)
+from lscore.adapters.torch import (
+    GradScaler,
+    ScalerAssertionError,  # noqa: E402
+    ScalerConfigError,
+    torch_policy,
+)
 
 TorchScaler = torch.amp.GradScaler
 BOTH = pytest.mark.parametrize("cls", [TorchScaler, GradScaler], ids=["torch", "lscore"])
@@ -24,8 +29,9 @@ BOTH = pytest.mark.parametrize("cls", [TorchScaler, GradScaler], ids=["torch", "
 
 def make(dtype=torch.float32, seed=0):
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
-                                torch.nn.Linear(8, 2)).to(dtype)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)).to(
+        dtype
+    )
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
 
 
@@ -50,6 +56,7 @@ def raised(fn):
 
 
 # ---- misuse: torch's exception types and messages ----------------------------------
+
 
 def _unscale_twice(s, m, o):
     s.scale(m(torch.randn(2, 4)).sum()).backward()
@@ -89,6 +96,7 @@ def _update_with(make_new_scale):
         s.scale(m(torch.randn(2, 4)).sum()).backward()
         s.step(o)
         s.update(make_new_scale())
+
     return fn
 
 
@@ -115,8 +123,10 @@ MISUSE = {
     "update without step": (_update_without_step, AssertionError),
     "step without grads": (_step_without_grads, AssertionError),
     "bad new_scale": (_update_with(lambda: torch.ones(2)), AssertionError),
-    "new_scale requires grad": (_update_with(lambda: torch.ones((), requires_grad=True)),
-                                AssertionError),
+    "new_scale requires grad": (
+        _update_with(lambda: torch.ones((), requires_grad=True)),
+        AssertionError,
+    ),
     "pickle mid-iteration": (_pickle_mid_iteration, AssertionError),
     "fp16 gradients": (_fp16_grads, ValueError),
     "empty state dict": (lambda s, m, o: s.load_state_dict({}), RuntimeError),
@@ -153,6 +163,7 @@ def test_non_tensor_param_message():
 def test_parameter_subclass_that_redefines_grad_is_read_like_torch():
     """`.grad` is read through torch's C getter only where attribute lookup
     would end there; a subclass's own `grad` is honoured, as torch does."""
+
     class ShadowGrad(torch.nn.Parameter):
         @property
         def grad(self):
@@ -164,7 +175,7 @@ def test_parameter_subclass_that_redefines_grad_is_read_like_torch():
         for p in plain:
             p.grad = torch.full((4,), 8.0)
         shadow.shadow = torch.full((4,), 8.0)
-        opt = torch.optim.SGD([plain[0], shadow, plain[1]], lr=0.1)   # the type alternates
+        opt = torch.optim.SGD([plain[0], shadow, plain[1]], lr=0.1)  # the type alternates
         s = cls("cpu", init_scale=2.0)
         s.scale(torch.ones(()))
         s.unscale_(opt)
@@ -174,6 +185,7 @@ def test_parameter_subclass_that_redefines_grad_is_read_like_torch():
     # `grad` redefined on the class after the scaler has read it once
     class Later(torch.nn.Parameter):
         pass
+
     p = Later(torch.zeros(4))
     p.grad = torch.full((4,), 8.0)
     opt = torch.optim.SGD([p], lr=0.1)
@@ -188,8 +200,15 @@ def test_parameter_subclass_that_redefines_grad_is_read_like_torch():
     assert torch.equal(p.shadow, torch.full((4,), 4.0))
 
 
-@pytest.mark.parametrize("kwargs", [{"growth_factor": 1.0}, {"growth_factor": 0.5},
-                                    {"backoff_factor": 1.0}, {"backoff_factor": 2.0}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"growth_factor": 1.0},
+        {"growth_factor": 0.5},
+        {"backoff_factor": 1.0},
+        {"backoff_factor": 2.0},
+    ],
+)
 def test_bad_factors_raise_torchs_message(kwargs):
     expected = raised(lambda: TorchScaler("cpu", **kwargs))
     got = raised(lambda: GradScaler("cpu", **kwargs))
@@ -212,6 +231,7 @@ def test_failed_unscale_writes_nothing():
 
 
 # ---- enabled=False and the CUDA default without CUDA ---------------------------------
+
 
 def test_disabled_scaler_is_a_pass_through():
     m, o = make()
@@ -243,12 +263,18 @@ def test_cuda_default_without_cuda_warns_and_disables():
 
 # ---- API results equal torch's --------------------------------------------------------
 
+
 @pytest.mark.parametrize("outputs", ["tensor", "list", "tuple", "nested", "generator"])
 def test_scale_outputs_like_torch(outputs):
     def build():
         a, b = torch.tensor([1.5, -2.0]), torch.tensor([3.0], dtype=torch.float64)
-        return {"tensor": a, "list": [a, b], "tuple": (a, b), "nested": [a, (b, [a])],
-                "generator": (x for x in (a, b))}[outputs]
+        return {
+            "tensor": a,
+            "list": [a, b],
+            "tuple": (a, b),
+            "nested": [a, (b, [a])],
+            "generator": (x for x in (a, b)),
+        }[outputs]
 
     def flat(x):
         if isinstance(x, torch.Tensor):
@@ -269,7 +295,7 @@ def test_scale_outputs_like_torch(outputs):
 def test_getters_setters_and_state_dict_like_torch():
     kw = dict(init_scale=3.3, growth_factor=3.0, backoff_factor=0.25, growth_interval=3)
     t, o = TorchScaler("cpu", **kw), GradScaler("cpu", **kw)
-    assert o.get_scale() == t.get_scale() == 3.3          # before scale(): the raw value
+    assert o.get_scale() == t.get_scale() == 3.3  # before scale(): the raw value
     assert o.state_dict() == t.state_dict()
     for s in (t, o):
         s.set_growth_factor(1.5)
@@ -284,8 +310,11 @@ def test_getters_setters_and_state_dict_like_torch():
         iteration(o, m2, o2, finite, x)
         assert o.get_scale() == t.get_scale()
         assert o.state_dict() == t.state_dict()
-    assert (o.get_growth_factor(), o.get_backoff_factor(), o.get_growth_interval()) == \
-        (t.get_growth_factor(), t.get_backoff_factor(), t.get_growth_interval())
+    assert (o.get_growth_factor(), o.get_backoff_factor(), o.get_growth_interval()) == (
+        t.get_growth_factor(),
+        t.get_backoff_factor(),
+        t.get_growth_interval(),
+    )
     assert o.is_enabled() is True
 
 
@@ -313,7 +342,7 @@ def test_new_scale_float_and_tensor():
             s.scale(m(torch.randn(2, 4)).sum()).backward()
             s.step(o)
             if isinstance(value, int) and s is scalers[0]:
-                s.update(float(value))    # torch takes only floats and tensors
+                s.update(float(value))  # torch takes only floats and tensors
             else:
                 s.update(value)
         assert scalers[1].get_scale() == scalers[0].get_scale()
@@ -321,8 +350,10 @@ def test_new_scale_float_and_tensor():
 
 
 def test_state_dicts_cross_load_and_pickle():
-    t, o = TorchScaler("cpu", init_scale=512.0, growth_interval=3), \
-        GradScaler("cpu", init_scale=512.0, growth_interval=3)
+    t, o = (
+        TorchScaler("cpu", init_scale=512.0, growth_interval=3),
+        GradScaler("cpu", init_scale=512.0, growth_interval=3),
+    )
     m1, o1 = make()
     m2 = copy.deepcopy(m1)
     o2 = torch.optim.SGD(m2.parameters(), lr=0.1)
@@ -347,6 +378,7 @@ def test_state_dicts_cross_load_and_pickle():
 
 # ---- lscore's options -------------------------------------------------------------
 
+
 def reference_scales(policy, events):
     st = ref.RefState.initial(policy)
     out = []
@@ -356,14 +388,40 @@ def reference_scales(policy, events):
     return out
 
 
-@pytest.mark.parametrize("opts", [
-    dict(hysteresis=2), dict(hysteresis=3, growth_interval=2), dict(min_scale=64.0),
-    dict(max_scale=1024.0, growth_interval=1), dict(min_scale=100.0, max_scale=300.0,
-                                                     hysteresis=2, growth_interval=1),
-], ids=["hyst2", "hyst3", "min", "max", "all"])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(hysteresis=2),
+        dict(hysteresis=3, growth_interval=2),
+        dict(min_scale=64.0),
+        dict(max_scale=1024.0, growth_interval=1),
+        dict(min_scale=100.0, max_scale=300.0, hysteresis=2, growth_interval=1),
+    ],
+    ids=["hyst2", "hyst3", "min", "max", "all"],
+)
 def test_lscore_options_follow_the_reference(opts):
-    events = [False, True, False, False, True, True, False, False, False, True, True, True,
-              False, True, False, False, False, False, False, True]
+    events = [
+        False,
+        True,
+        False,
+        False,
+        True,
+        True,
+        False,
+        False,
+        False,
+        True,
+        True,
+        True,
+        False,
+        True,
+        False,
+        False,
+        False,
+        False,
+        False,
+        True,
+    ]
     kw = dict(init_scale=256.0, growth_interval=opts.pop("growth_interval", 3))
     s = GradScaler("cpu", **kw, **opts)
     m, o = make()
@@ -386,8 +444,13 @@ def test_lscore_options_follow_the_reference(opts):
 
 def test_hysteresis_one_is_torch_and_has_no_extra_key():
     s = GradScaler("cpu", hysteresis=1)
-    assert set(s.state_dict()) == {"scale", "growth_factor", "backoff_factor",
-                                   "growth_interval", "_growth_tracker"}
+    assert set(s.state_dict()) == {
+        "scale",
+        "growth_factor",
+        "backoff_factor",
+        "growth_interval",
+        "_growth_tracker",
+    }
 
 
 def test_policy_argument_forms():
@@ -413,14 +476,22 @@ def test_policy_argument_forms():
 
 
 @pytest.mark.skipif(not hasattr(lscore, "preset"), reason="needs lscore.preset")
-@pytest.mark.parametrize("name,kwargs", [("deepspeed", {}), ("megatron", {}),
-                                         ("deepspeed", dict(init_scale=2.0 ** 8, scale_window=2,
-                                                            delayed_shift=2))],
-                         ids=["deepspeed", "megatron", "deepspeed_args"])
+@pytest.mark.parametrize(
+    "name,kwargs",
+    [
+        ("deepspeed", {}),
+        ("megatron", {}),
+        ("deepspeed", dict(init_scale=2.0**8, scale_window=2, delayed_shift=2)),
+    ],
+    ids=["deepspeed", "megatron", "deepspeed_args"],
+)
 def test_policy_presets_follow_lscore_preset(name, kwargs):
     events = [True, False, False, True, True, True, False, True, True, True, True]
-    s = (GradScaler("cpu", policy=lscore.preset(name, **kwargs)) if kwargs
-         else GradScaler("cpu", policy=name))
+    s = (
+        GradScaler("cpu", policy=lscore.preset(name, **kwargs))
+        if kwargs
+        else GradScaler("cpu", policy=name)
+    )
     ls = lscore.preset(name, **kwargs)
     m, o = make()
     for finite in events:
@@ -440,12 +511,13 @@ def test_setter_validation_changes_nothing():
 
 # ---- scale edge cases, compared with torch ------------------------------------------
 
+
 @pytest.mark.parametrize("case", ["collapse_to_zero", "growth_at_float32_max"])
 def test_scale_edges_like_torch(case):
     if case == "collapse_to_zero":
         kw, events = dict(init_scale=1.0, backoff_factor=0.01), [False] * 25 + [True] * 3
     else:
-        kw, events = dict(init_scale=2.0 ** 126, growth_interval=1), [True] * 4
+        kw, events = dict(init_scale=2.0**126, growth_interval=1), [True] * 4
     t, o = TorchScaler("cpu", **kw), GradScaler("cpu", **kw)
     m1, o1 = make()
     m2 = copy.deepcopy(m1)
@@ -463,6 +535,7 @@ def test_scale_edges_like_torch(case):
 
 
 # ---- CPU gradient layouts and dtypes ---------------------------------------------------
+
 
 def _layout_grad(kind, dtype, gen):
     base = torch.randn(6, 10, generator=gen, dtype=torch.float64).to(dtype) * 100
@@ -486,8 +559,9 @@ def _layout_grad(kind, dtype, gen):
 LAYOUTS = ["contiguous", "transposed", "sliced", "offset", "permuted3d", "zero_d", "empty"]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16],
-                         ids=["f32", "f64", "bf16"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.bfloat16], ids=["f32", "f64", "bf16"]
+)
 @pytest.mark.parametrize("bad", [None, "nan", "inf", "-inf"])
 def test_unscale_layouts_bitwise_like_torch(dtype, bad):
     results = []
@@ -506,13 +580,13 @@ def test_unscale_layouts_bitwise_like_torch(dtype, bad):
         s.scale(torch.ones(()))
         s.unscale_(opt)
         found = sum(v.item() for v in s._found_inf_per_device(opt).values())
-        results.append((found, [p.grad.clone() for p in params],
-                        [p.grad.stride() for p in params]))
+        results.append((found, [p.grad.clone() for p in params], [p.grad.stride() for p in params]))
     (f_t, g_t, st_t), (f_o, g_o, st_o) = results
     assert f_o == f_t and st_o == st_t
     for a, b in zip(g_t, g_o):
-        w = {torch.float32: torch.int32, torch.float64: torch.int64,
-             torch.bfloat16: torch.int16}[dtype]
+        w = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16}[
+            dtype
+        ]
         nan = torch.isnan(a)
         assert torch.equal(nan, torch.isnan(b))
         assert torch.equal(a.contiguous().view(w)[~nan], b.contiguous().view(w)[~nan])
@@ -549,8 +623,13 @@ def test_sparse_grads_like_torch(dtype):
         else:
             s.unscale_(opt)
             found = s._found_inf_per_device(opt)
-        out.append((sum(v.item() for v in found.values()), p.grad.is_coalesced(),
-                    p.grad.coalesce().to_dense()))
+        out.append(
+            (
+                sum(v.item() for v in found.values()),
+                p.grad.is_coalesced(),
+                p.grad.coalesce().to_dense(),
+            )
+        )
     assert out[0][:2] == out[1][:2]
     assert torch.equal(out[0][2].float(), out[1][2].float())
 
@@ -576,7 +655,7 @@ def test_autocast_cpu_like_torch(dtype):
     params = []
     for cls in (TorchScaler, GradScaler):
         m, o = make(seed=3)
-        s = cls("cpu", init_scale=2.0 ** 10, growth_interval=2)
+        s = cls("cpu", init_scale=2.0**10, growth_interval=2)
         torch.manual_seed(11)
         scales = []
         for i in range(6):
@@ -595,7 +674,10 @@ def test_autocast_cpu_like_torch(dtype):
 
 # ---- torch's kernel path (what runs for CUDA tensors), exercised on the CPU -------------
 
-@pytest.mark.parametrize("opts", [{}, {"hysteresis": 2, "min_scale": 1.0}], ids=["torch", "options"])
+
+@pytest.mark.parametrize(
+    "opts", [{}, {"hysteresis": 2, "min_scale": 1.0}], ids=["torch", "options"]
+)
 def test_torch_kernel_path_matches(opts):
     events = [True, False, True, True, True, False, False, True, True]
     kw = dict(init_scale=64.0, growth_interval=2)

@@ -6,6 +6,7 @@ compared with the CPU core and lscore._reference; the LossScaleOptimizer
 behaviours are tf-keras's (tf_semantics.md §7), which every adapter's wrapper
 follows whatever array type it holds.
 """
+
 import numpy as np
 import pytest
 
@@ -18,6 +19,7 @@ def bits(a):
 
 
 # ---- all_finite / unscale_ on nested arrays, against the CPU core ------------------------
+
 
 def _nested(rng, dtypes, bad):
     arrs = []
@@ -65,10 +67,12 @@ def test_empty_input_and_none_are_finite(array_backend):
 
 # ---- LossScaleOptimizer: the tf-keras behaviours every adapter's wrapper shares ---------
 
+
 def _fixed(backend, scale, learning_rate=1.0):
     variables = backend.variables([np.array([1.0], np.float32)])
-    opt = backend.LossScaleOptimizer(backend.sgd(variables, learning_rate), dynamic=False,
-                                     initial_scale=scale)
+    opt = backend.LossScaleOptimizer(
+        backend.sgd(variables, learning_rate), dynamic=False, initial_scale=scale
+    )
     return opt, variables
 
 
@@ -85,8 +89,9 @@ def test_wrapping_twice_and_nesting_raise(backend):
     (v,) = backend.variables([np.ones(3, np.float32)])
     inner = backend.sgd([v])
     backend.LossScaleOptimizer(inner)
-    with pytest.raises(ValueError, match='"inner_optimizer" is already wrapped by a '
-                                         'LossScaleOptimizer.'):
+    with pytest.raises(
+        ValueError, match='"inner_optimizer" is already wrapped by a LossScaleOptimizer.'
+    ):
         backend.LossScaleOptimizer(inner)
     with pytest.raises(TypeError) as e:
         backend.LossScaleOptimizer(backend.LossScaleOptimizer(backend.sgd([v])))
@@ -96,11 +101,10 @@ def test_wrapping_twice_and_nesting_raise(backend):
 def test_scaled_loss_casts_the_scale_to_the_loss_dtype(backend):
     opt, _ = _fixed(backend, 2.0)
     assert backend.to_numpy(opt.get_scaled_loss(backend.scalar(5.0, np.float32))) == 10.0
-    assert backend.to_numpy(opt.get_scaled_loss(lambda: backend.scalar(5.0, np.float32))()) \
-        == 10.0
+    assert backend.to_numpy(opt.get_scaled_loss(lambda: backend.scalar(5.0, np.float32))()) == 10.0
     half = backend.to_numpy(opt.get_scaled_loss(backend.scalar(5, np.float16)))
     assert half == 10.0 and half.dtype == np.float16
-    for scale in (65536, 2.0 ** 17):       # the scale is cast to float16 first: inf
+    for scale in (65536, 2.0**17):  # the scale is cast to float16 first: inf
         big, _ = _fixed(backend, scale)
         assert np.isinf(backend.to_numpy(big.get_scaled_loss(backend.scalar(1, np.float16))))
         scaled = big.get_scaled_loss(lambda: backend.scalar(2.0, np.float32))
@@ -110,19 +114,19 @@ def test_scaled_loss_casts_the_scale_to_the_loss_dtype(backend):
 def test_unscaled_gradients_keep_none_and_dtype_with_float32_reciprocal(backend):
     """testGetUnscaledGradients: None kept, dtype kept; float32 reciprocal arithmetic."""
     opt, _ = _fixed(backend, 2)
-    g = opt.get_unscaled_gradients([backend.scalar(3.0, np.float32), None,
-                                    backend.scalar(-4.0, np.float16)])
+    g = opt.get_unscaled_gradients(
+        [backend.scalar(3.0, np.float32), None, backend.scalar(-4.0, np.float16)]
+    )
     assert backend.to_numpy(g[0]) == 1.5 and g[1] is None
     assert backend.to_numpy(g[2]) == -2.0 and backend.to_numpy(g[2]).dtype == np.float16
     three, _ = _fixed(backend, 3)
     (u,) = three.get_unscaled_gradients([backend.asarray(np.array(5.0, np.float32))])
     u = backend.to_numpy(u)
     assert u == np.float32(1.6666667) and u != np.float32(5) / np.float32(3)
-    huge, _ = _fixed(backend, 2 ** 25)
-    (z,) = huge.get_unscaled_gradients([backend.asarray(np.array(2.0 ** 15, np.float16))])
-    assert backend.to_numpy(z) == 0.0       # 2**-25 rounds to 0 in float16, as in TF
-    big, _ = _fixed(backend, 2.0 ** 17)
-    out = big.get_unscaled_gradients([backend.asarray(np.array([2.0 ** 17, 3.0], np.float32)),
-                                      None])
+    huge, _ = _fixed(backend, 2**25)
+    (z,) = huge.get_unscaled_gradients([backend.asarray(np.array(2.0**15, np.float16))])
+    assert backend.to_numpy(z) == 0.0  # 2**-25 rounds to 0 in float16, as in TF
+    big, _ = _fixed(backend, 2.0**17)
+    out = big.get_unscaled_gradients([backend.asarray(np.array([2.0**17, 3.0], np.float32)), None])
     assert out[1] is None
-    assert np.array_equal(backend.to_numpy(out[0]), np.array([1.0, 3.0 / 2 ** 17], np.float32))
+    assert np.array_equal(backend.to_numpy(out[0]), np.array([1.0, 3.0 / 2**17], np.float32))

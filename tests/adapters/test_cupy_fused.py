@@ -8,6 +8,7 @@ lscore.adapters.numpy: parameters, slots, scale, counters and iterations
 must match bit for bit after every step (NaN aside: see ``same``).  The
 last test captures a real CUDA graph and needs a GPU.
 """
+
 import shutil
 import types
 import warnings
@@ -28,9 +29,14 @@ from helpers.cuda_host.adapter import CountingBackend  # noqa: E402
 
 GRAD_DTYPES = [d for d in FLOAT_DTYPES if d.name in ("float16", "bfloat16", "float32")]
 # small launch limits: chunk edges, tensors split over launches, many launches
-SMALL = adapter.bind(_device.ArrayKernels(
-    np, lambda dev: CountingBackend(), kind=kernels.READ_NUMPY,
-    limits=dict(chunk=16, block=4, max_tensors=3, max_blocks=5)))
+SMALL = adapter.bind(
+    _device.ArrayKernels(
+        np,
+        lambda dev: CountingBackend(),
+        kind=kernels.READ_NUMPY,
+        limits=dict(chunk=16, block=4, max_tensors=3, max_blocks=5),
+    )
+)
 FULL = adapter.bind(adapter.KERNELS)
 
 OPTIMIZERS = {
@@ -46,7 +52,7 @@ OPTIMIZERS = {
 SHAPES = {
     "keras_dynamic": dict(initial_scale=16.0, dynamic_growth_steps=3),
     # scale < 1: a finite scaled float16 gradient can overflow once unscaled
-    "keras_small_scale": dict(initial_scale=2.0 ** -6, dynamic_growth_steps=2),
+    "keras_small_scale": dict(initial_scale=2.0**-6, dynamic_growth_steps=2),
     # not a power of two: the inverse rounds differently in float16 than in float32
     "keras_odd_scale": dict(initial_scale=1000.0, dynamic_growth_steps=4),
     "keras_fixed": dict(dynamic=False, initial_scale=8.0),
@@ -60,6 +66,7 @@ def _kwargs(shape):
     kw = SHAPES[shape]
     if kw == "manager":
         import lscore
+
         return dict(loss_scale_manager=lscore.ExponentialUpdateLossScaleManager(64, 2, 2))
     return dict(kw)
 
@@ -97,7 +104,7 @@ class Pair:
         rng = self.rng
         cs = [rng.standard_normal(n) * rng.choice([1e-3, 1.0, 50.0]) for n in self.sizes]
         if rng.random() < 0.1:
-            cs[int(rng.integers(0, len(cs)))] *= 2e5     # float16 overflows, scaled or not
+            cs[int(rng.integers(0, len(cs)))] *= 2e5  # float16 overflows, scaled or not
         if rng.random() < plant_p:
             k = int(rng.integers(0, len(cs)))
             if cs[k].size:
@@ -114,6 +121,7 @@ class Pair:
             for b, c, dt in zip(self.gbuf, cs, self.gdt):
                 b[...] = (c * np.float32(scale)).astype(dt)
             return 0.0, self.gbuf
+
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             if api == "minimize":
@@ -128,8 +136,9 @@ class Pair:
         for k, (a, b) in enumerate(zip(self.ours, self.theirs)):
             assert same(a, b), (ctx, k)
         assert self.opt_o.iterations == self.opt_t.iterations, ctx
-        for (v_o, s_o), (v_t, s_t) in zip(self.inner_o._slots.values(),
-                                          self.inner_t._slots.values()):
+        for (v_o, s_o), (v_t, s_t) in zip(
+            self.inner_o._slots.values(), self.inner_t._slots.values()
+        ):
             assert sorted(s_o) == sorted(s_t), ctx
             for k in s_t:
                 assert same(s_o[k], s_t[k]), (ctx, k)
@@ -161,7 +170,7 @@ def test_sync_free_fused_matches_numpy_adapter_bitwise(opt, shape, binding):
             p.check((seed, k))
             if k % 10 == 9:
                 p.check_scale((seed, k))
-        p.opt_o.sync_state()           # Adam: the device counter back into iterations
+        p.opt_o.sync_state()  # Adam: the device counter back into iterations
         p.check((seed, "synced"))
         assert skipped or shape == "keras_fixed"
 
@@ -183,8 +192,10 @@ def test_default_mode_fused_matches_numpy_adapter_bitwise(opt, shape, binding):
 
 def _no_elementwise(monkeypatch):
     """The elementwise step (with Gated's copies and restores) must not run."""
+
     def refuse(*a, **k):
         raise AssertionError("the elementwise path ran")
+
     monkeypatch.setattr(_device.Gated, "_update_step", refuse)
 
 
@@ -192,7 +203,7 @@ def _no_elementwise(monkeypatch):
 def test_sync_free_steps_read_nothing_upload_nothing_copy_nothing(monkeypatch, opt):
     _no_elementwise(monkeypatch)
     p = Pair(FULL, OPTIMIZERS[opt], "keras_dynamic", True, [7, 40, 3], 3)
-    p.step()                                  # the first step plans and uploads
+    p.step()  # the first step plans and uploads
     ngroups = len({dt.name for dt in p.gdt})
     syncs, uploads = CountingBackend.syncs, CountingBackend.uploads
     kind = "lsc_mt_sgd" if opt == "momentum" else "lsc_mt_adam"
@@ -232,7 +243,7 @@ def test_default_mode_apply_gradients_syncs_once_and_updates_fused(monkeypatch):
     for _ in range(4):
         opt.apply_gradients(zip([np.ones(5, np.float32), np.ones(3, np.float16)], w))
     assert CountingBackend.syncs - before == 4
-    assert _launched(FULL, "lsc_mt_sgd") - launched == 4 * 2      # two gradient dtypes
+    assert _launched(FULL, "lsc_mt_sgd") - launched == 4 * 2  # two gradient dtypes
 
 
 def test_other_variable_dtypes_and_clipping_take_the_elementwise_path():
@@ -250,7 +261,7 @@ def test_other_variable_dtypes_and_clipping_take_the_elementwise_path():
 
 def test_overlapping_variables_and_empty_lists_keep_the_sequential_semantics():
     base = np.ones(8, np.float32)
-    a, b = base[:6], base[2:]              # overlapping views: updated one after the other
+    a, b = base[:6], base[2:]  # overlapping views: updated one after the other
     ref = np.ones(8, np.float32)
     ra, rb = ref[:6], ref[2:]
     launched = _launched(FULL, "lsc_mt_sgd")
@@ -271,8 +282,8 @@ def test_a_changed_address_is_planned_again():
     uploads = CountingBackend.uploads
     opt.apply_gradients([(g, w)])
     assert CountingBackend.uploads == uploads
-    opt.apply_gradients([(np.ones(6, np.float32) * 2, w)])    # another gradient buffer
-    assert CountingBackend.uploads == uploads + 2             # records and tables
+    opt.apply_gradients([(np.ones(6, np.float32) * 2, w)])  # another gradient buffer
+    assert CountingBackend.uploads == uploads + 2  # records and tables
     assert np.all(w == 1.0 - 0.5 - 0.5 - 1.0)
 
 
@@ -287,7 +298,7 @@ def test_device_step_counter_mirrors_iterations():
         p.step()
     assert CountingBackend.syncs == syncs
     p.check("after a host write")
-    p.inner_o.iterations = -7          # a stale host value: sync_state reads the device's
+    p.inner_o.iterations = -7  # a stale host value: sync_state reads the device's
     p.opt_o.sync_state()
     assert p.inner_o.iterations == p.inner_t.iterations == 43
 
@@ -298,14 +309,15 @@ def test_bias_table_is_the_hosts_own_terms_up_to_saturation():
     one = np.float32(1)
     for t in list(range(1, 50)) + list(range(last - 50, last + 1)):
         sq, d = opt._bias_terms(np.float32, t)
-        assert bits(table[t:t + 1]) == bits(np.array([sq])) and table[last + 1 + t] == d
+        assert bits(table[t : t + 1]) == bits(np.array([sq])) and table[last + 1 + t] == d
     sq, d = opt._bias_terms(np.float32, last - 1)
     assert (sq, d) != (one, one)
     for t in (last, last + 1, 10 * last):
         assert opt._bias_terms(np.float32, t) == (one, one)
     with pytest.raises(ValueError, match="beta_2 too close to 1"):
-        cuda.bias_table(lambda s: adapter.Adam(beta_2=0.9999999)._bias_terms(np.float32, s),
-                        limit=1000)
+        cuda.bias_table(
+            lambda s: adapter.Adam(beta_2=0.9999999)._bias_terms(np.float32, s), limit=1000
+        )
 
 
 @pytest.mark.parametrize("sync_free", [False, True], ids=["default", "sync_free"])
@@ -315,8 +327,9 @@ def test_fused_minimize_advances_global_step_only_on_applied_steps(monkeypatch, 
     _no_elementwise(monkeypatch)
     w = [np.ones(5, np.float32)]
     g = [np.zeros(5, np.float16)]
-    opt = adapter.LossScaleOptimizer(adapter.Adam(0.1), initial_scale=4.0,
-                                     dynamic_growth_steps=2, sync_free=sync_free)
+    opt = adapter.LossScaleOptimizer(
+        adapter.Adam(0.1), initial_scale=4.0, dynamic_growth_steps=2, sync_free=sync_free
+    )
     global_step = np.array(0, np.int64)
     seen = []
     for k in range(6):
@@ -325,7 +338,7 @@ def test_fused_minimize_advances_global_step_only_on_applied_steps(monkeypatch, 
             opt.minimize(lambda s: (0.0, g), w, global_step=global_step)
         seen.append((bool(opt.last_step_skipped), int(global_step)))
     assert seen == [(False, 1), (True, 1), (False, 2), (False, 3), (True, 3), (False, 4)]
-    assert opt.iterations == 6 and opt.loss_scale == 2.0      # 4, 2, 2, 4, 2, 2
+    assert opt.iterations == 6 and opt.loss_scale == 2.0  # 4, 2, 2, 4, 2, 2
 
 
 @pytest.fixture
@@ -341,10 +354,10 @@ def capturing():
 def test_a_captured_step_needs_nothing_from_the_host(capturing, monkeypatch):
     CountingBackend.capturing = False
     p = Pair(FULL, OPTIMIZERS["adam"], "keras_dynamic", True, [5, 17, 1], 7)
-    p.step()                                  # the eager warm-up step
+    p.step()  # the eager warm-up step
     _no_elementwise(monkeypatch)
     CountingBackend.capturing = True
-    for _ in range(4):                        # the harness runs "captured" steps at once
+    for _ in range(4):  # the harness runs "captured" steps at once
         p.step()
     CountingBackend.capturing = False
     p.opt_o.sync_state()
@@ -372,11 +385,11 @@ def test_what_would_break_a_capture_raises_clearly(capturing):
         with pytest.raises(RuntimeError, match="capturing"):
             fn(g)
     with pytest.raises(RuntimeError, match="eager step"):
-        opt.minimize(lambda s: (0.0, [np.ones(5, np.float16)]), w)     # a new gradient buffer
+        opt.minimize(lambda s: (0.0, [np.ones(5, np.float16)]), w)  # a new gradient buffer
     with pytest.raises(RuntimeError, match="eager step"):
         opt.minimize(lambda s: (0.0, [np.ones(2, np.float16)]), [np.ones(2, np.float32)])
     with pytest.raises(RuntimeError, match="elementwise path"):
-        opt.apply_gradients([(np.ones(2), np.ones(2))])                 # float64: elementwise
+        opt.apply_gradients([(np.ones(2), np.ones(2))])  # float64: elementwise
     opt.inner_optimizer.beta_2 = 0.99
     with pytest.raises(RuntimeError, match="bias-correction table"):
         opt.minimize(lambda s: (0.0, g), w)
@@ -386,6 +399,7 @@ def test_what_would_break_a_capture_raises_clearly(capturing):
 
 # ---- a real CUDA graph (GPU only) -----------------------------------------------
 
+
 def _gpu_run(cp, lcp, make, host_coefs, captured):
     """101 sync-free steps over float16/float32 gradients, eagerly or as one eager step
     then 100 replays of a captured one; returns every array and counter on the host."""
@@ -393,14 +407,16 @@ def _gpu_run(cp, lcp, make, host_coefs, captured):
     dts = [np.float16, np.float32, np.float16, np.float32]
     coef = [cp.zeros(x.size, np.float32) for x in w]
     grads = [cp.zeros(x.size, dt) for x, dt in zip(w, dts)]
-    opt = lcp.LossScaleOptimizer(make(lcp), initial_scale=2.0 ** 4, dynamic_growth_steps=3,
-                                 sync_free=True)
+    opt = lcp.LossScaleOptimizer(
+        make(lcp), initial_scale=2.0**4, dynamic_growth_steps=3, sync_free=True
+    )
 
-    def loss_and_grads(scale):          # no allocation: a captured step may not allocate
+    def loss_and_grads(scale):  # no allocation: a captured step may not allocate
         for c, g in zip(coef, grads):
             cp.multiply(c, scale, out=g)
         return None, grads
-    cp.cuda.Device().synchronize()     # the arrays above were made on the legacy stream
+
+    cp.cuda.Device().synchronize()  # the arrays above were made on the legacy stream
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         for k, cs in enumerate(host_coefs):
@@ -422,11 +438,11 @@ def _gpu_run(cp, lcp, make, host_coefs, captured):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("make", [OPTIMIZERS["momentum"], OPTIMIZERS["adam"]],
-                         ids=["sgd", "adam"])
+@pytest.mark.parametrize("make", [OPTIMIZERS["momentum"], OPTIMIZERS["adam"]], ids=["sgd", "adam"])
 def test_a_captured_step_replays_bitwise_like_eager_steps(make):
     cp = pytest.importorskip("cupy")
     from lscore.adapters import cupy as lcp
+
     rng = np.random.default_rng(11)
     host = []
     for k in range(101):
@@ -440,4 +456,4 @@ def test_a_captured_step_replays_bitwise_like_eager_steps(make):
         assert np.array_equal(bits(a), bits(b))
     assert eager[2:4] == graph[2:4]
     if "Adam" in type(make(lcp)).__name__:
-        assert eager[4] == graph[4] == 101      # the device step counter, read back
+        assert eager[4] == graph[4] == 101  # the device step counter, read back

@@ -10,6 +10,7 @@ one read, nothing uploaded once the plan is cached, every launch on the
 current stream, the clip enqueued before that read.  The kernels' generated
 cases are in tests/kernels/test_cuda_norm.py.
 """
+
 import math
 import shutil
 
@@ -19,8 +20,9 @@ import pytest
 import lscore
 from helpers.cuda_host.adapter import CountingBackend
 
-harness = pytest.mark.skipif(shutil.which("g++") is None,
-                             reason="g++ is missing: the CUDA host harness cannot be built")
+harness = pytest.mark.skipif(
+    shutil.which("g++") is None, reason="g++ is missing: the CUDA host harness cannot be built"
+)
 
 
 def bits(a):
@@ -29,8 +31,10 @@ def bits(a):
 
 def _hosts(b, seed, bad=None):
     rng = np.random.default_rng(seed)
-    hosts = [(rng.standard_normal(n) * 40).astype(dt)
-             for n, dt in zip((70000, 3, 0, 1025, 17, 4096), b.float_dtypes * 2)]
+    hosts = [
+        (rng.standard_normal(n) * 40).astype(dt)
+        for n, dt in zip((70000, 3, 0, 1025, 17, 4096), b.float_dtypes * 2)
+    ]
     if bad is not None:
         hosts[0][0] = bad
         hosts[-1][-1] = bad
@@ -49,9 +53,9 @@ def test_norm_matches_cpu_core_and_reference(device_backend, seed, norm_type):
     inf_norm = norm_type == "inf"
     hosts = _hosts(b, seed)
     want = [h.copy() for h in hosts]
-    lscore.unscale_(want, 2.0 ** -7)
+    lscore.unscale_(want, 2.0**-7)
     arrays = [b.asarray(h) for h in hosts]
-    finite, norm = b.module.unscale_and_norm(arrays, 2.0 ** -7, norm_type)
+    finite, norm = b.module.unscale_and_norm(arrays, 2.0**-7, norm_type)
     assert finite
     for a, w in zip(arrays, want):
         assert np.array_equal(bits(b.to_numpy(a)), bits(w))
@@ -106,8 +110,13 @@ def test_refusals_write_nothing(device_backend):
 
 def _kernels(backend_cls):
     from lscore import cuda, kernels
-    return cuda.ArrayKernels(np, lambda dev: backend_cls(), kind=kernels.READ_NUMPY,
-                             limits=dict(chunk=64, block=8, max_tensors=3, max_blocks=4))
+
+    return cuda.ArrayKernels(
+        np,
+        lambda dev: backend_cls(),
+        kind=kernels.READ_NUMPY,
+        limits=dict(chunk=64, block=8, max_tensors=3, max_blocks=4),
+    )
 
 
 @harness
@@ -135,10 +144,12 @@ def test_a_cached_call_is_its_launches_and_one_read(op):
         assert finite and uploads == 0 and syncs == 1
         names = [n for n, _, _ in launches]
         assert names.index("lsc_norm_finish") > max(
-            i for i, n in enumerate(names) if n.startswith("lsc_mt_unscale_norm"))
+            i for i, n in enumerate(names) if n.startswith("lsc_mt_unscale_norm")
+        )
         clips = [i for i, n in enumerate(names) if n.startswith("lsc_mt_clip")]
-        assert bool(clips) == (op == "clip") and all(i > names.index("lsc_norm_finish")
-                                                   for i in clips)
+        assert bool(clips) == (op == "clip") and all(
+            i > names.index("lsc_norm_finish") for i in clips
+        )
     if op == "clip":
         assert all(np.allclose(g, 1.0 / math.sqrt(378), rtol=1e-3) for g in grads)
 
@@ -170,11 +181,18 @@ def test_arrays_on_two_devices_combine_their_norms():
     """One norm over both devices (their totals folded on the host), one coefficient for all."""
     from lscore.cli.bench._gpu import STANDIN_XP, StandInArray
     from lscore.cuda import ArrayKernels
-    kern = ArrayKernels(STANDIN_XP, lambda dev: CountingBackend(), array_type=StandInArray,
-                        limits=dict(chunk=16, block=4))
+
+    kern = ArrayKernels(
+        STANDIN_XP,
+        lambda dev: CountingBackend(),
+        array_type=StandInArray,
+        limits=dict(chunk=16, block=4),
+    )
     rng = np.random.default_rng(9)
-    hosts = [rng.standard_normal(n).astype(dt) for n, dt in
-             ((50, np.float32), (3, np.float16), (33, np.float64), (8, np.float32))]
+    hosts = [
+        rng.standard_normal(n).astype(dt)
+        for n, dt in ((50, np.float32), (3, np.float16), (33, np.float64), (8, np.float32))
+    ]
     unscaled = [h.copy() for h in hosts]
     lscore.unscale_(unscaled, 0.5)
     arrays = [StandInArray(h, device=d) for h, d in zip(hosts, (0, 1, 1, 0))]
@@ -182,8 +200,10 @@ def test_arrays_on_two_devices_combine_their_norms():
         ref = _norm64(unscaled, norm_type == "inf")
         copies = [h.copy() for h in hosts]
         finite, norm = kern.unscale_and_norm(
-            [StandInArray(c, device=a.data.device_id) for c, a in zip(copies, arrays)], 0.5,
-            norm_type)
+            [StandInArray(c, device=a.data.device_id) for c, a in zip(copies, arrays)],
+            0.5,
+            norm_type,
+        )
         assert finite and math.isclose(norm, ref, rel_tol=1e-12)
     finite, norm = kern.unscale_and_clip_(arrays, 0.5, 1.0)
     coef = 1.0 / (norm + 1e-6)

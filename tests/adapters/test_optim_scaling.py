@@ -1,4 +1,5 @@
 """adapters/_optim.py: the three LossScaleOptimizer shapes and their loss-scale rules."""
+
 import math
 import subprocess
 import sys
@@ -14,26 +15,30 @@ from lscore.adapters._scaling import LossScaling, resolve_loss_scaling, scaling_
 
 def test_keras_defaults():
     s = resolve_loss_scaling()
-    assert (s.shape, s.dynamic, s.scale) == ("keras", True, 2.0 ** 15)
-    assert (s.initial_scale, s.dynamic_growth_steps, s.dynamic_counter) == (2.0 ** 15, 2000, 0)
+    assert (s.shape, s.dynamic, s.scale) == ("keras", True, 2.0**15)
+    assert (s.initial_scale, s.dynamic_growth_steps, s.dynamic_counter) == (2.0**15, 2000, 0)
     assert isinstance(s.initial_scale, float) and isinstance(s.dynamic_growth_steps, int)
     assert s.skip_advances_iterations and s.predictable
-    assert s.get_config() == {"dynamic": True, "initial_scale": 32768.0,
-                              "dynamic_growth_steps": 2000}
+    assert s.get_config() == {
+        "dynamic": True,
+        "initial_scale": 32768.0,
+        "dynamic_growth_steps": 2000,
+    }
 
 
-@pytest.mark.parametrize("args, kwargs", [((True,), {}), ((), {"dynamic": True})],
-                         ids=["positional-bool", "keyword"])
+@pytest.mark.parametrize(
+    "args, kwargs", [((True,), {}), ((), {"dynamic": True})], ids=["positional-bool", "keyword"]
+)
 def test_keras_bool_positional_is_dynamic(args, kwargs):
     s = resolve_loss_scaling(*args, initial_scale=4, dynamic_growth_steps=2.7, **kwargs)
     assert (s.shape, s.dynamic, s.scale, s.dynamic_growth_steps) == ("keras", True, 4.0, 2)
 
 
 def test_keras_fixed():
-    s = resolve_loss_scaling(False, initial_scale=0.25)      # tf-keras accepts < 1
+    s = resolve_loss_scaling(False, initial_scale=0.25)  # tf-keras accepts < 1
     assert (s.shape, s.dynamic, s.scale, s.dynamic_counter) == ("keras", False, 0.25, None)
     assert s.dynamic_growth_steps is None
-    assert s.update(False) is True and s.scale == 0.25       # fixed applies NaN steps
+    assert s.update(False) is True and s.scale == 0.25  # fixed applies NaN steps
     assert s.should_apply(False) is True
 
 
@@ -50,18 +55,27 @@ def test_keras_dynamic_rule_is_tf_with_multiplier_2():
         assert s.scale == rs.scale and s.dynamic_counter == rs.good_steps
 
 
-@pytest.mark.parametrize("kwargs, exc, msg", [
-    ({"dynamic": "dynamic"}, TypeError,
-     "\"dynamic\" argument to LossScaleOptimizer.__init__ must be a bool, but got: 'dynamic'"),
-    ({"dynamic": False}, ValueError, '"initial_scale" must be specified if "dynamic" is False'),
-    ({"dynamic": False, "initial_scale": 1, "dynamic_growth_steps": 2}, ValueError,
-     '"dynamic_growth_steps" must be None if "dynamic" is False, but got: 2'),
-    ({"initial_scale": 0}, ValueError, "initial_scale must be finite and > 0, got 0"),
-    ({"initial_scale": math.nan}, ValueError, "initial_scale must be finite and > 0"),
-    ({"dynamic": False, "initial_scale": -1.0}, ValueError, "initial_scale must be finite"),
-    ({"initial_scale": "x"}, TypeError, "initial_scale must be a real number"),
-    ({"dynamic_growth_steps": "x"}, ValueError, "dynamic_growth_steps must be convertible"),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc, msg",
+    [
+        (
+            {"dynamic": "dynamic"},
+            TypeError,
+            "\"dynamic\" argument to LossScaleOptimizer.__init__ must be a bool, but got: 'dynamic'",
+        ),
+        ({"dynamic": False}, ValueError, '"initial_scale" must be specified if "dynamic" is False'),
+        (
+            {"dynamic": False, "initial_scale": 1, "dynamic_growth_steps": 2},
+            ValueError,
+            '"dynamic_growth_steps" must be None if "dynamic" is False, but got: 2',
+        ),
+        ({"initial_scale": 0}, ValueError, "initial_scale must be finite and > 0, got 0"),
+        ({"initial_scale": math.nan}, ValueError, "initial_scale must be finite and > 0"),
+        ({"dynamic": False, "initial_scale": -1.0}, ValueError, "initial_scale must be finite"),
+        ({"initial_scale": "x"}, TypeError, "initial_scale must be a real number"),
+        ({"dynamic_growth_steps": "x"}, ValueError, "dynamic_growth_steps must be convertible"),
+    ],
+)
 def test_keras_errors(kwargs, exc, msg):
     with pytest.raises(exc) as e:
         resolve_loss_scaling(**kwargs)
@@ -78,11 +92,17 @@ def test_dynamic_given_twice():
         resolve_loss_scaling(True, dynamic=False)
 
 
-@pytest.mark.parametrize("arg, dynamic, scale", [
-    ("dynamic", True, 2.0 ** 15), (128, False, 128.0), (np.float32(8), False, 8.0),
-    (lscore.DynamicLossScale(16, 3), True, 16.0),
-    ({"class_name": "FixedLossScale", "config": {"loss_scale_value": 2.0}}, False, 2.0),
-], ids=["dynamic", "int", "np-float32", "LossScale", "config-dict"])
+@pytest.mark.parametrize(
+    "arg, dynamic, scale",
+    [
+        ("dynamic", True, 2.0**15),
+        (128, False, 128.0),
+        (np.float32(8), False, 8.0),
+        (lscore.DynamicLossScale(16, 3), True, 16.0),
+        ({"class_name": "FixedLossScale", "config": {"loss_scale_value": 2.0}}, False, 2.0),
+    ],
+    ids=["dynamic", "int", "np-float32", "LossScale", "config-dict"],
+)
 def test_experimental_shape(arg, dynamic, scale):
     s = resolve_loss_scaling(arg)
     assert (s.shape, s.dynamic, s.scale) == ("experimental", dynamic, scale)
@@ -97,8 +117,12 @@ def test_experimental_keeps_the_same_loss_scale_object():
     assert s.update(True) is True and ls() == 4.0 and s.scale == 4.0
     assert s.update(False) is False and ls() == 2.0
     assert s.dynamic_counter == 0 and s.dynamic_growth_steps == 1
-    assert s.get_config() == {"loss_scale": {"class_name": "DynamicLossScale", "config": {
-        "initial_loss_scale": 2.0, "increment_period": 1, "multiplier": 2.0}}}
+    assert s.get_config() == {
+        "loss_scale": {
+            "class_name": "DynamicLossScale",
+            "config": {"initial_loss_scale": 2.0, "increment_period": 1, "multiplier": 2.0},
+        }
+    }
 
 
 def test_experimental_fixed_applies_nonfinite():
@@ -132,8 +156,10 @@ def test_experimental_custom_loss_scale_gets_the_grads():
         s.update(True)
 
 
-@pytest.mark.parametrize("bad, exc", [("Dynamic", ValueError), (0.5, ValueError),
-                                      ([1], TypeError), (object(), TypeError)])
+@pytest.mark.parametrize(
+    "bad, exc",
+    [("Dynamic", ValueError), (0.5, ValueError), ([1], TypeError), (object(), TypeError)],
+)
 def test_experimental_errors(bad, exc):
     with pytest.raises(exc):
         resolve_loss_scaling(bad)
@@ -146,12 +172,19 @@ def test_experimental_refuses_keras_keywords():
 
 @pytest.mark.parametrize("how", ["positional", "keyword"])
 def test_tf1_shape(how):
-    m = lscore.ExponentialUpdateLossScaleManager(4, 2, decr_every_n_nan_or_inf=1,
-                                                 decr_ratio=0.5)
-    s = (resolve_loss_scaling(m) if how == "positional"
-         else resolve_loss_scaling(loss_scale_manager=m))
+    m = lscore.ExponentialUpdateLossScaleManager(4, 2, decr_every_n_nan_or_inf=1, decr_ratio=0.5)
+    s = (
+        resolve_loss_scaling(m)
+        if how == "positional"
+        else resolve_loss_scaling(loss_scale_manager=m)
+    )
     assert (s.shape, s.dynamic, s.scale, s.initial_scale, s.dynamic_growth_steps) == (
-        "tf1", True, 4.0, 4.0, 2)
+        "tf1",
+        True,
+        4.0,
+        4.0,
+        2,
+    )
     assert not s.skip_advances_iterations and s.loss_scale_object is m
     assert s.update(False) is False and s.scale == 2.0
     assert s.update(True) is True and s.dynamic_counter == 1
@@ -173,18 +206,33 @@ def test_tf1_errors():
         resolve_loss_scaling(m, dynamic=False)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: resolve_loss_scaling(),
-    lambda: resolve_loss_scaling(False, initial_scale=3),
-    lambda: resolve_loss_scaling(initial_scale=8, dynamic_growth_steps=5),
-    lambda: resolve_loss_scaling("dynamic"),
-    lambda: resolve_loss_scaling(lscore.DynamicLossScale(4, 7, 3.0)),
-    lambda: resolve_loss_scaling(64),
-    lambda: resolve_loss_scaling(lscore.FixedLossScaleManager(1e4)),
-    lambda: resolve_loss_scaling(lscore.ExponentialUpdateLossScaleManager(
-        1024, 7, decr_every_n_nan_or_inf=3, incr_ratio=3, decr_ratio=0.25)),
-], ids=["keras", "keras-fixed", "keras-args", "exp-dynamic", "exp-multiplier3", "exp-fixed",
-        "tf1-fixed", "tf1-exponential"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: resolve_loss_scaling(),
+        lambda: resolve_loss_scaling(False, initial_scale=3),
+        lambda: resolve_loss_scaling(initial_scale=8, dynamic_growth_steps=5),
+        lambda: resolve_loss_scaling("dynamic"),
+        lambda: resolve_loss_scaling(lscore.DynamicLossScale(4, 7, 3.0)),
+        lambda: resolve_loss_scaling(64),
+        lambda: resolve_loss_scaling(lscore.FixedLossScaleManager(1e4)),
+        lambda: resolve_loss_scaling(
+            lscore.ExponentialUpdateLossScaleManager(
+                1024, 7, decr_every_n_nan_or_inf=3, incr_ratio=3, decr_ratio=0.25
+            )
+        ),
+    ],
+    ids=[
+        "keras",
+        "keras-fixed",
+        "keras-args",
+        "exp-dynamic",
+        "exp-multiplier3",
+        "exp-fixed",
+        "tf1-fixed",
+        "tf1-exponential",
+    ],
+)
 def test_config_round_trip(make):
     s = make()
     cfg = s.get_config()
@@ -212,8 +260,9 @@ def test_check_inner_optimizer_messages():
     def is_opt(o):
         return callable(getattr(o, "apply_gradients", None))
 
-    with pytest.raises(TypeError, match='"inner_optimizer" must be an instance of an '
-                                        'optimizer, but got: 1.'):
+    with pytest.raises(
+        TypeError, match='"inner_optimizer" must be an instance of an optimizer, but got: 1.'
+    ):
         check_inner_optimizer(1, Wrapper, expected="an optimizer", is_optimizer=is_opt)
 
     class W2(Wrapper):
@@ -235,8 +284,10 @@ def test_check_inner_optimizer_messages():
 
 def test_shared_adapter_modules_import_no_framework():
     """The torch and CuPy adapters import these: they must not pull in a framework themselves."""
-    code = ("import sys, lscore.adapters._optim, lscore.adapters._scaling, lscore.adapters._arrays; "
-            "print(sorted(m for m in ('torch', 'cupy') if m in sys.modules))")
+    code = (
+        "import sys, lscore.adapters._optim, lscore.adapters._scaling, lscore.adapters._arrays; "
+        "print(sorted(m for m in ('torch', 'cupy') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert LossScaling.__module__ == "lscore.adapters._scaling"

@@ -1,4 +1,5 @@
 """SGD and Adam of lscore.adapters.numpy against hand-computed steps (tf-keras's formulas)."""
+
 import math
 
 import numpy as np
@@ -14,7 +15,7 @@ def test_sgd_plain_step_in_place_0d():
     ref = w
     opt = SGD(learning_rate=0.1)
     assert opt.apply_gradients([(0.5, w)]) == 1
-    assert w is ref and w.shape == () and w == f32(0.95)   # 1 - 0.5 * 0.1 in float32
+    assert w is ref and w.shape == () and w == f32(0.95)  # 1 - 0.5 * 0.1 in float32
 
 
 def test_sgd_momentum_keras_docstring_example():
@@ -55,13 +56,13 @@ def test_adam_first_two_steps_by_hand():
     opt.apply_gradients([(g1, w)])
     # step 1: m = 0.1 g, v = 0.001 g^2, alpha = lr sqrt(1 - b2) / (1 - b1)
     m = (1 - b1) * g1
-    v = (1 - b2) * g1 ** 2
+    v = (1 - b2) * g1**2
     w_hand = np.array([1.0, -2.0]) - lr * math.sqrt(1 - b2) / (1 - b1) * m / (np.sqrt(v) + eps)
     np.testing.assert_allclose(w, w_hand, rtol=1e-12)
     opt.apply_gradients([(g2, w)])
     m = m + (g2 - m) * (1 - b1)
-    v = v + (g2 ** 2 - v) * (1 - b2)
-    w_hand = w_hand - lr * math.sqrt(1 - b2 ** 2) / (1 - b1 ** 2) * m / (np.sqrt(v) + eps)
+    v = v + (g2**2 - v) * (1 - b2)
+    w_hand = w_hand - lr * math.sqrt(1 - b2**2) / (1 - b1**2) * m / (np.sqrt(v) + eps)
     np.testing.assert_allclose(w, w_hand, rtol=1e-12)
     assert opt.iterations == 2
 
@@ -81,16 +82,20 @@ def test_adam_counts_skipped_keras_steps():
     opt.apply_gradients([(np.array([np.nan]), w)])
     opt.apply_gradients([(np.array([2.0]), w)])
     # t = 2, m = 0.1*2, v = 0.001*4: step = 0.1*sqrt(1-0.999**2)/(1-0.81) * 0.2/sqrt(0.004)
-    hand = 0.1 * math.sqrt(1 - 0.999 ** 2) / (1 - 0.9 ** 2) * 0.2 / math.sqrt(0.004)
+    hand = 0.1 * math.sqrt(1 - 0.999**2) / (1 - 0.9**2) * 0.2 / math.sqrt(0.004)
     np.testing.assert_allclose(-w, [hand], rtol=1e-12)
 
 
-@pytest.mark.parametrize("kw, expected", [
-    ({"clipnorm": 1.0}, [[0.6, 0.8], [1.0]]),                    # each array on its own
-    ({"global_clipnorm": 1.0}, [[3 / 13, 4 / 13], [12 / 13]]),   # ||(3, 4, 12)|| = 13
-    ({"clipvalue": 2.0}, [[2.0, 2.0], [2.0]]),
-    ({"clipnorm": 0.0}, [[3.0, 4.0], [12.0]]),                   # 0 disables, as in Keras
-], ids=["clipnorm", "global_clipnorm", "clipvalue", "clipnorm-0"])
+@pytest.mark.parametrize(
+    "kw, expected",
+    [
+        ({"clipnorm": 1.0}, [[0.6, 0.8], [1.0]]),  # each array on its own
+        ({"global_clipnorm": 1.0}, [[3 / 13, 4 / 13], [12 / 13]]),  # ||(3, 4, 12)|| = 13
+        ({"clipvalue": 2.0}, [[2.0, 2.0], [2.0]]),
+        ({"clipnorm": 0.0}, [[3.0, 4.0], [12.0]]),  # 0 disables, as in Keras
+    ],
+    ids=["clipnorm", "global_clipnorm", "clipvalue", "clipnorm-0"],
+)
 def test_clipping_by_hand(kw, expected):
     a, b = np.zeros(2), np.zeros(1)
     SGD(1.0, **kw).apply_gradients([(np.array([3.0, 4.0]), a), (np.array([12.0]), b)])
@@ -106,7 +111,7 @@ def test_clipnorm_priority_and_exclusion():
         opt.global_clipnorm = 2.0
     a = np.zeros(2)
     SGD(1.0, clipnorm=1.0, clipvalue=0.1).apply_gradients([(np.array([3.0, 4.0]), a)])
-    np.testing.assert_allclose(-a, [0.6, 0.8])               # clipnorm wins, as in tf-keras
+    np.testing.assert_allclose(-a, [0.6, 0.8])  # clipnorm wins, as in tf-keras
 
 
 def test_global_clipnorm_zero_gradients():
@@ -117,7 +122,7 @@ def test_global_clipnorm_zero_gradients():
 
 def test_empty_none_and_all_none():
     opt = SGD(1.0)
-    assert opt.apply_gradients([]) == 0                      # no-op, iterations unchanged
+    assert opt.apply_gradients([]) == 0  # no-op, iterations unchanged
     a, b = np.ones(1), np.ones(1)
     with pytest.warns(UserWarning, match="Gradients do not exist"):
         opt.apply_gradients([(None, a), (np.ones(1), b)])
@@ -126,12 +131,16 @@ def test_empty_none_and_all_none():
         opt.apply_gradients([(None, a)])
 
 
-@pytest.mark.parametrize("var, grad, exc, msg", [
-    (1.0, 1.0, TypeError, "variables must be numpy.ndarray"),
-    (np.float32(1.0), 1.0, TypeError, "variables must be numpy.ndarray"),
-    (np.ones(2, np.int32), np.ones(2), TypeError, "floating dtype"),
-    (np.ones(2), np.ones(3), ValueError, "does not match variable shape"),
-], ids=["python-float", "numpy-scalar", "int-array", "shape"])
+@pytest.mark.parametrize(
+    "var, grad, exc, msg",
+    [
+        (1.0, 1.0, TypeError, "variables must be numpy.ndarray"),
+        (np.float32(1.0), 1.0, TypeError, "variables must be numpy.ndarray"),
+        (np.ones(2, np.int32), np.ones(2), TypeError, "floating dtype"),
+        (np.ones(2), np.ones(3), ValueError, "does not match variable shape"),
+    ],
+    ids=["python-float", "numpy-scalar", "int-array", "shape"],
+)
 def test_variable_errors(var, grad, exc, msg):
     with pytest.raises(exc, match=msg):
         SGD().apply_gradients([(grad, var)])
@@ -147,18 +156,31 @@ def test_all_pairs_checked_before_any_update():
     assert list(a) == [1.0, 1.0] and opt.iterations == 0
 
 
-@pytest.mark.parametrize("make, exc, msg", [
-    (lambda: SGD(momentum=1.5), ValueError, "momentum must be in [0, 1], got 1.5"),
-    (lambda: SGD(nesterov="yes"), TypeError, "nesterov must be a bool"),
-    (lambda: SGD(learning_rate="x"), TypeError, "learning_rate must be a real number"),
-    (lambda: SGD(learning_rate=math.inf), ValueError, "learning_rate must be finite"),
-    (lambda: Adam(beta_1=1.0), ValueError, "beta_1 must be in [0, 1), got 1.0"),
-    (lambda: Adam(epsilon=-1), ValueError, "epsilon must be finite and >= 0"),
-    (lambda: SGD(clipvalue=-1), ValueError, "clipvalue must be None or a finite number >= 0"),
-    (lambda: Adam(weight_decay=-0.1), ValueError, "weight_decay must be None or a finite"),
-    (lambda: Adam(amsgrad=1), TypeError, "amsgrad must be a bool, got 1"),
-], ids=["momentum", "nesterov", "lr-type", "lr-inf", "beta_1", "epsilon", "clipvalue",
-        "weight_decay", "amsgrad"])
+@pytest.mark.parametrize(
+    "make, exc, msg",
+    [
+        (lambda: SGD(momentum=1.5), ValueError, "momentum must be in [0, 1], got 1.5"),
+        (lambda: SGD(nesterov="yes"), TypeError, "nesterov must be a bool"),
+        (lambda: SGD(learning_rate="x"), TypeError, "learning_rate must be a real number"),
+        (lambda: SGD(learning_rate=math.inf), ValueError, "learning_rate must be finite"),
+        (lambda: Adam(beta_1=1.0), ValueError, "beta_1 must be in [0, 1), got 1.0"),
+        (lambda: Adam(epsilon=-1), ValueError, "epsilon must be finite and >= 0"),
+        (lambda: SGD(clipvalue=-1), ValueError, "clipvalue must be None or a finite number >= 0"),
+        (lambda: Adam(weight_decay=-0.1), ValueError, "weight_decay must be None or a finite"),
+        (lambda: Adam(amsgrad=1), TypeError, "amsgrad must be a bool, got 1"),
+    ],
+    ids=[
+        "momentum",
+        "nesterov",
+        "lr-type",
+        "lr-inf",
+        "beta_1",
+        "epsilon",
+        "clipvalue",
+        "weight_decay",
+        "amsgrad",
+    ],
+)
 def test_argument_errors(make, exc, msg):
     with pytest.raises(exc) as e:
         make()
@@ -170,8 +192,8 @@ def test_slots_follow_the_variable_object():
     opt = SGD(1.0, momentum=1.0)
     for _ in range(2):
         opt.apply_gradients([(np.ones(1), a)])
-    assert a[0] == -3.0                # momentum 1: steps 1, then 2
-    b = np.zeros(1)                    # a fresh array gets a fresh momentum slot
+    assert a[0] == -3.0  # momentum 1: steps 1, then 2
+    b = np.zeros(1)  # a fresh array gets a fresh momentum slot
     opt.apply_gradients([(np.ones(1), b)])
     assert b[0] == -1.0
 
@@ -200,14 +222,15 @@ def test_amsgrad_keeps_the_largest_second_moment():
     v = (1 - b2) * 100.0
     m2, v2 = m + (0.1 - m) * (1 - b1), v + (0.01 - v) * (1 - b2)
     first = -lr * math.sqrt(1 - b2) / (1 - b1) * m / (math.sqrt(v) + eps)
-    alpha2 = lr * math.sqrt(1 - b2 ** 2) / (1 - b1 ** 2)
-    np.testing.assert_allclose(w, first - alpha2 * m2 / (math.sqrt(max(v, v2)) + eps),
-                               rtol=1e-12)
+    alpha2 = lr * math.sqrt(1 - b2**2) / (1 - b1**2)
+    np.testing.assert_allclose(w, first - alpha2 * m2 / (math.sqrt(max(v, v2)) + eps), rtol=1e-12)
     assert v2 < v and abs(w[0] - plain[0]) > 1e-3
 
 
 def test_config_round_trip():
-    for opt in (SGD(0.5, 0.9, True, clipvalue=1.0, weight_decay=0.1),
-                Adam(0.01, 0.8, 0.99, 1e-6, True, clipnorm=2.0, weight_decay=0.004)):
+    for opt in (
+        SGD(0.5, 0.9, True, clipvalue=1.0, weight_decay=0.1),
+        Adam(0.01, 0.8, 0.99, 1e-6, True, clipnorm=2.0, weight_decay=0.004),
+    ):
         again = type(opt).from_config(opt.get_config())
         assert again.get_config() == opt.get_config()

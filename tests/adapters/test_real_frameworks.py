@@ -12,6 +12,7 @@ Neither framework type-checks the scaler at run time (Lightning 2.6.6 and
 accelerate 1.15.0 only annotate ``torch.amp.GradScaler``); the isinstance checks
 here are what a type-checking caller would see.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -28,8 +29,8 @@ from lightning.pytorch.plugins.precision import MixedPrecision  # noqa: E402
 from lscore.adapters.torch import GradScaler  # noqa: E402
 
 TorchScaler = torch.amp.GradScaler
-BAD = (2, 5)                    # the batches that overflow, in every epoch
-SCALER_ARGS = dict(init_scale=2.0 ** 10, growth_interval=2)
+BAD = (2, 5)  # the batches that overflow, in every epoch
+SCALER_ARGS = dict(init_scale=2.0**10, growth_interval=2)
 
 
 def _inputs(n=8, overflow=True):
@@ -44,6 +45,7 @@ def _same_parameters(a, b) -> bool:
 
 
 # ---- Lightning ---------------------------------------------------------------------------
+
 
 class _Module(L.LightningModule):
     """A Linear(4, 1) trained by SGD; ``dtype`` autocasts inside the step when given
@@ -87,10 +89,18 @@ def _fit(scaler, epochs, root, ckpt_path=None, save=None, dtype=None, **trainer_
     ``Trainer(accelerator="cpu", precision="16-mixed")`` alone switches to
     bf16-mixed (lightning/pytorch/trainer/connectors/accelerator_connector.py)."""
     record, module = _Record(), _Module(dtype)
-    trainer = L.Trainer(accelerator="cpu", max_epochs=epochs, default_root_dir=root,
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=[record], **trainer_kw,
-                        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=epochs,
+        default_root_dir=root,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[record],
+        **trainer_kw,
+        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
+    )
     # with no scaler to skip them, overflowing steps would turn the parameters to NaN
     xs = _inputs(overflow=dtype is None)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs), batch_size=1)
@@ -106,8 +116,12 @@ def _fit(scaler, epochs, root, ckpt_path=None, save=None, dtype=None, **trainer_
 def test_lightning_takes_fp16_on_the_cpu_only_through_the_plugin():
     """Why the tests pass the plugin and no ``precision=``: the two other spellings."""
     with pytest.raises(ValueError, match="Received both"):
-        L.Trainer(accelerator="cpu", precision="16-mixed", logger=False,
-                  plugins=[MixedPrecision("16-mixed", "cpu", scaler=GradScaler("cpu"))])
+        L.Trainer(
+            accelerator="cpu",
+            precision="16-mixed",
+            logger=False,
+            plugins=[MixedPrecision("16-mixed", "cpu", scaler=GradScaler("cpu"))],
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = L.Trainer(accelerator="cpu", precision="16-mixed", logger=False)
@@ -118,12 +132,19 @@ def _unmoved(accumulate: int) -> list[int]:
     """The batches of a two-epoch run after which the parameters are as before: those
     that end no accumulation group, and those that end a group holding an overflow."""
     bad_groups = {b // accumulate for b in BAD}
-    return [e * 8 + b for e in range(2) for b in range(8)
-            if (b + 1) % accumulate or b // accumulate in bad_groups]
+    return [
+        e * 8 + b
+        for e in range(2)
+        for b in range(8)
+        if (b + 1) % accumulate or b // accumulate in bad_groups
+    ]
 
 
-@pytest.mark.parametrize("kw", [{}, dict(gradient_clip_val=0.05), dict(accumulate_grad_batches=2)],
-                         ids=["plain", "clip", "accumulate"])
+@pytest.mark.parametrize(
+    "kw",
+    [{}, dict(gradient_clip_val=0.05), dict(accumulate_grad_batches=2)],
+    ids=["plain", "clip", "accumulate"],
+)
 def test_lightning_fit_matches_torchs_scaler(tmp_path, kw):
     """Lightning's MixedPrecision plugin drives scale / unscale_ / step / update
     (lightning/pytorch/plugins/precision/amp.py; with ``gradient_clip_val`` it clips
@@ -138,20 +159,27 @@ def test_lightning_fit_matches_torchs_scaler(tmp_path, kw):
     assert r_ours.scales == r_torch.scales
     assert r_ours.moved == r_torch.moved
     assert [i for i, moved in enumerate(r_ours.moved) if not moved] == _unmoved(
-        kw.get("accumulate_grad_batches", 1))
+        kw.get("accumulate_grad_batches", 1)
+    )
     assert ours.skipped_steps == 4
-    assert len(set(r_ours.scales)) > 2          # grew and backed off
+    assert len(set(r_ours.scales)) > 2  # grew and backed off
     assert _same_parameters(p_ours, p_torch)
     assert ours.state_dict() == trainer.precision_plugin.state_dict()
 
 
-LSCORE_OPTIONS = dict(SCALER_ARGS, hysteresis=2, min_scale=2.0 ** 9)
+LSCORE_OPTIONS = dict(SCALER_ARGS, hysteresis=2, min_scale=2.0**9)
 
 
-@pytest.mark.parametrize("saver, kw", [(GradScaler, SCALER_ARGS), (TorchScaler, SCALER_ARGS),
-                                       (GradScaler, LSCORE_OPTIONS),
-                                       (GradScaler, dict(SCALER_ARGS, enabled="auto"))],
-                         ids=["lscore-ckpt", "torch-ckpt", "lscore-options-ckpt", "auto-fp16"])
+@pytest.mark.parametrize(
+    "saver, kw",
+    [
+        (GradScaler, SCALER_ARGS),
+        (TorchScaler, SCALER_ARGS),
+        (GradScaler, LSCORE_OPTIONS),
+        (GradScaler, dict(SCALER_ARGS, enabled="auto")),
+    ],
+    ids=["lscore-ckpt", "torch-ckpt", "lscore-options-ckpt", "auto-fp16"],
+)
 def test_lightning_resume_continues_as_the_uninterrupted_run(tmp_path, saver, kw):
     """``trainer.save_checkpoint`` after one epoch stores the scaler's state under
     "MixedPrecision"; a fresh Trainer with a fresh lscore scaler resumes from it with
@@ -181,6 +209,7 @@ def test_lightning_auto_scaler_disabled_by_bfloat16_resumes_auto(tmp_path):
     which Lightning does not store (checkpoint_connector.py: ``if
     prec_plugin_state_dict``), so a fresh auto scaler resumes with nothing to load,
     decides again, and the run ends where the uninterrupted one ends."""
+
     def auto():
         return GradScaler("cpu", enabled="auto")
 
@@ -190,9 +219,10 @@ def test_lightning_auto_scaler_disabled_by_bfloat16_resumes_auto(tmp_path):
     _fit(auto(), 1, tmp_path / "first", save=ckpt, dtype=torch.bfloat16)
     assert "MixedPrecision" not in torch.load(ckpt, weights_only=True)
     fresh = auto()
-    assert fresh.is_enabled()                   # undecided until its first scale()
-    p_resumed, r_resumed, _ = _fit(fresh, 2, tmp_path / "resumed", ckpt_path=ckpt,
-                                   dtype=torch.bfloat16)
+    assert fresh.is_enabled()  # undecided until its first scale()
+    p_resumed, r_resumed, _ = _fit(
+        fresh, 2, tmp_path / "resumed", ckpt_path=ckpt, dtype=torch.bfloat16
+    )
     assert not fresh.is_enabled() and r_resumed.scales == [1.0] * 8
     assert _same_parameters(p_resumed, p_full)
 
@@ -216,11 +246,17 @@ def test_lightning_manual_optimization_matches_torchs_scaler(tmp_path):
     runs = []
     for cls in (TorchScaler, GradScaler):
         record, module = _Record(), _Manual()
-        trainer = L.Trainer(accelerator="cpu", max_epochs=2, default_root_dir=tmp_path,
-                            logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False,
-                            callbacks=[record],
-                            plugins=[MixedPrecision("16-mixed", "cpu", scaler=cls("cpu", **SCALER_ARGS))])
+        trainer = L.Trainer(
+            accelerator="cpu",
+            max_epochs=2,
+            default_root_dir=tmp_path,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[record],
+            plugins=[MixedPrecision("16-mixed", "cpu", scaler=cls("cpu", **SCALER_ARGS))],
+        )
         data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(_inputs()), batch_size=1)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -240,8 +276,11 @@ def _fabric_run(scaler, steps, root, start=0, load=None, save=None, clip=None):
     ``load_state_dict`` (fabric/strategies/strategy.py, ``_Stateful``)."""
     from lightning.fabric.plugins.precision import MixedPrecision as FabricMixedPrecision
 
-    fabric = L.Fabric(accelerator="cpu", devices=1,
-                      plugins=[FabricMixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    fabric = L.Fabric(
+        accelerator="cpu",
+        devices=1,
+        plugins=[FabricMixedPrecision("16-mixed", "cpu", scaler=scaler)],
+    )
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     model, opt = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=1e-3))
@@ -249,7 +288,7 @@ def _fabric_run(scaler, steps, root, start=0, load=None, save=None, clip=None):
     if load is not None:
         fabric.load(load, state)
     scales = []
-    for x in _inputs()[start:start + steps]:
+    for x in _inputs()[start : start + steps]:
         loss = model(x[None]).float().pow(2).mean()
         fabric.backward(loss)
         if clip is not None:
@@ -273,13 +312,15 @@ def test_fabric_matches_torchs_scaler_and_resumes_exactly(tmp_path, clip):
     ckpt = tmp_path / "fabric.ckpt"
     s_first, _ = _fabric_run(GradScaler("cpu", **SCALER_ARGS), 4, tmp_path, save=ckpt, clip=clip)
     assert torch.load(ckpt, weights_only=True)["scaler"]["scale"] == s_first[-1]
-    s_rest, p_rest = _fabric_run(GradScaler("cpu", **SCALER_ARGS), 4, tmp_path, start=4,
-                                 load=ckpt, clip=clip)
+    s_rest, p_rest = _fabric_run(
+        GradScaler("cpu", **SCALER_ARGS), 4, tmp_path, start=4, load=ckpt, clip=clip
+    )
     assert s_first + s_rest == s_ours
     assert _same_parameters(p_rest, p_ours)
 
 
 # ---- accelerate --------------------------------------------------------------------------
+
 
 @pytest.fixture
 def fresh_accelerate_state():
@@ -300,8 +341,9 @@ def _accelerator(scaler, accumulate=1):
     the optimizer's ``step`` calls ``scaler.step(optimizer, closure)`` and
     ``scaler.update()`` (optimizer.py).  ``accelerator.autocast()`` is a no-op there
     for the same reason, so the steps autocast with torch's own context."""
-    acc = accelerate.Accelerator(mixed_precision="fp16", cpu=True,
-                                 gradient_accumulation_steps=accumulate)
+    acc = accelerate.Accelerator(
+        mixed_precision="fp16", cpu=True, gradient_accumulation_steps=accumulate
+    )
     assert acc.scaler is None
     acc.scaler = scaler
     torch.manual_seed(0)
@@ -338,8 +380,9 @@ def _params(model):
     return [p.detach().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("clip, accumulate", [(None, 1), (0.05, 1), (None, 2)],
-                         ids=["plain", "clip", "accumulate"])
+@pytest.mark.parametrize(
+    "clip, accumulate", [(None, 1), (0.05, 1), (None, 2)], ids=["plain", "clip", "accumulate"]
+)
 def test_accelerate_training_matches_torchs_scaler(fresh_accelerate_state, clip, accumulate):
     """Also with ``gradient_accumulation_steps=2`` under ``accelerator.accumulate``,
     where the optimizer's step calls the scaler only on the syncing batch."""
@@ -356,8 +399,9 @@ def test_accelerate_training_matches_torchs_scaler(fresh_accelerate_state, clip,
 
 
 @pytest.mark.parametrize("fsdp2_order", [False, True], ids=["load_state", "fsdp2-order"])
-def test_accelerate_save_state_load_state_resumes_exactly(tmp_path, fresh_accelerate_state,
-                                                          fsdp2_order):
+def test_accelerate_save_state_load_state_resumes_exactly(
+    tmp_path, fresh_accelerate_state, fsdp2_order
+):
     """``save_state`` writes ``scaler.state_dict()`` to scaler.pt; a fresh Accelerator
     with a fresh lscore scaler ``load_state``s model, optimizer and scaler and ends
     bitwise where one uninterrupted run ends.  fsdp2-order also makes the calls

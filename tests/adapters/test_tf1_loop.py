@@ -19,6 +19,7 @@ and simpler TF1 scripts ``optimizer.minimize(loss, global_step=global_step)`` wi
 tests below make those calls on lscore's optimizers, with the expected values of
 TF's contrib tests (shared/research/tf_semantics.md, section 4).
 """
+
 import warnings
 
 import numpy as np
@@ -31,7 +32,7 @@ from helpers.cuda_host.adapter import CountingBackend
 try:
     import torch
     from lscore.adapters.torch import LossScaleOptimizer
-except ImportError:     # the NumPy and harness tests run without torch
+except ImportError:  # the NumPy and harness tests run without torch
     torch = None
 
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
@@ -49,8 +50,8 @@ class Variable:
 
 def _bert_manager():
     return lscore.ExponentialUpdateLossScaleManager(
-        init_loss_scale=2 ** 32, incr_every_n_steps=1000, decr_every_n_nan_or_inf=2,
-        decr_ratio=0.5)
+        init_loss_scale=2**32, incr_every_n_steps=1000, decr_every_n_nan_or_inf=2, decr_ratio=0.5
+    )
 
 
 def _model(seed=0):
@@ -69,42 +70,45 @@ def _params(model):
 
 # -- every adapter: apply_gradients(grads_and_vars, global_step=None, name=None) --------------
 
+
 def test_apply_gradients_advances_global_step_only_when_applied(backend):
     """contrib's test_apply_gradients ([nan, inf, 0.1], fixed manager 1e4, var 1, lr 1 ->
     1, 1, 0.9) with a global_step: TF1 runs the inner apply, which increments it, only
     under ``cond(is_overall_finite, ...)``."""
-    var, = backend.variables([np.array(1.0, np.float32)])
+    (var,) = backend.variables([np.array(1.0, np.float32)])
     opt = backend.LossScaleOptimizer(backend.sgd([var], 1.0), lscore.FixedLossScaleManager(1e4))
     global_step = backend.asarray(np.array(0, np.int64))
     got = []
     for g in (np.nan, np.inf, 0.1):
         grad = backend.asarray(np.array(g, np.float32))
         applied = opt.apply_gradients([(grad, var)], global_step=global_step, name="train")
-        got.append((bool(applied), float(backend.to_numpy(var)),
-                    int(backend.to_numpy(global_step))))
+        got.append(
+            (bool(applied), float(backend.to_numpy(var)), int(backend.to_numpy(global_step)))
+        )
     assert got == [(False, 1.0, 0), (False, 1.0, 0), (True, np.float32(0.9), 1)]
-    assert opt.iterations == 1      # the TF1 shape does not count skipped steps either
+    assert opt.iterations == 1  # the TF1 shape does not count skipped steps either
 
 
 @pytest.mark.parametrize("shape", ["keras", "experimental", "tf1"])
 def test_global_step_counts_applied_steps_in_every_shape(backend, shape):
     """In the Keras shape ``iterations`` counts skipped steps too (tf-keras); ``global_step``
     is TF1's and counts applied steps only, in every shape."""
-    var, = backend.variables([np.ones(2, np.float32)])
+    (var,) = backend.variables([np.ones(2, np.float32)])
     arg = {"keras": None, "experimental": "dynamic", "tf1": _bert_manager()}[shape]
     opt = backend.LossScaleOptimizer(backend.sgd([var], 0.1), arg)
     global_step = Variable()
     pattern = [1.0, np.nan, 1.0, np.inf, np.inf, 1.0]
     for g in pattern:
-        opt.apply_gradients([(backend.asarray(np.full(2, g, np.float32)), var)],
-                            global_step=global_step)
+        opt.apply_gradients(
+            [(backend.asarray(np.full(2, g, np.float32)), var)], global_step=global_step
+        )
     applied = sum(np.isfinite(g) for g in pattern)
     assert global_step.value == applied == 3
     assert opt.iterations == (len(pattern) if shape == "keras" else applied)
 
 
 def test_apply_gradients_refuses_a_python_int_global_step(backend):
-    var, = backend.variables([np.ones(1, np.float32)])
+    (var,) = backend.variables([np.ones(1, np.float32)])
     opt = backend.LossScaleOptimizer(backend.sgd([var], 0.1), lscore.FixedLossScaleManager(8))
     grad = backend.asarray(np.ones(1, np.float32))
     for bad in (0, np.int64(0), True):
@@ -124,13 +128,17 @@ def test_apply_gradients_refuses_a_python_int_global_step(backend):
 
 # -- NumPy: no autodiff -------------------------------------------------------------------
 
+
 def test_numpy_compute_gradients_of_a_loss_value_says_to_pass_a_callable():
     """TF1 code hands compute_gradients its loss tensor; NumPy cannot differentiate it."""
     w = np.ones(3, np.float32)
     opt = lnp.LossScaleOptimizer(lnp.SGD(0.1), _bert_manager())
     loss = np.sum(w * w)
-    with pytest.raises(TypeError, match=r"numpy has no autodiff.*callable fn\(scale\) -> "
-                                        r"\(loss, grads\).*got numpy.float32"):
+    with pytest.raises(
+        TypeError,
+        match=r"numpy has no autodiff.*callable fn\(scale\) -> "
+        r"\(loss, grads\).*got numpy.float32",
+    ):
         opt.compute_gradients(loss, [w])
     with pytest.raises(TypeError, match="numpy has no autodiff"):
         opt.minimize(loss, [w])
@@ -140,10 +148,10 @@ def test_numpy_compute_gradients_of_a_loss_value_says_to_pass_a_callable():
 def test_numpy_minimize_and_apply_gradients_advance_a_numpy_global_step():
     w = np.ones(3, np.float32)
     opt = lnp.LossScaleOptimizer(lnp.SGD(0.5), _bert_manager())
-    global_step = np.array(0, np.int64)       # updated in place, as a TF variable
+    global_step = np.array(0, np.int64)  # updated in place, as a TF variable
     coef = [1.0]
 
-    def loss_and_grads(scale):             # loss = coef * sum(w), backprop seeded with scale
+    def loss_and_grads(scale):  # loss = coef * sum(w), backprop seeded with scale
         return coef[0] * np.sum(w), [np.float32(scale) * np.full(3, coef[0], np.float32)]
 
     opt.minimize(loss_and_grads, [w], global_step=global_step)
@@ -164,12 +172,14 @@ def test_numpy_global_step_must_be_writable_and_refusals_change_nothing():
         opt.apply_gradients([(np.ones(2, np.float32), w)], global_step=frozen)
     called = []
     with pytest.raises(TypeError, match="incremented in place"):
-        opt.minimize(lambda s: called.append(s) or (0.0, [np.ones(2, np.float32)]), [w],
-                     global_step=5)
-    assert not called and np.all(w == 1.0) and opt.loss_scale == 2.0 ** 32
+        opt.minimize(
+            lambda s: called.append(s) or (0.0, [np.ones(2, np.float32)]), [w], global_step=5
+        )
+    assert not called and np.all(w == 1.0) and opt.loss_scale == 2.0**32
 
 
 # -- CuPy adapter's sync-free mode: the flag is added on the device ---------------------------
+
 
 def test_sync_free_global_step_is_advanced_on_the_device_without_a_sync(device_backend):
     """sync_free=True: apply_gradients returns a device bool; global_step (a 0-d device
@@ -194,6 +204,7 @@ def test_sync_free_global_step_is_advanced_on_the_device_without_a_sync(device_b
 
 # -- torch: compute_gradients / apply_gradients / minimize on a loss tensor -------------------
 
+
 @needs_torch
 def test_torch_compute_gradients_recovers_a_float16_gradient():
     """contrib's test: with a fixed 1e4 manager compute_gradients returns the true
@@ -205,9 +216,10 @@ def test_torch_compute_gradients_recovers_a_float16_gradient():
         return x.half() * c1 * c2 * c3
 
     for scale, want in ((1e4, 1e-4), (1.0, 0.0)):
-        opt = LossScaleOptimizer(torch.optim.SGD([x], lr=1.0),
-                                 loss_scale_manager=lscore.FixedLossScaleManager(scale))
-        (g, v), = opt.compute_gradients(loss(), [x])
+        opt = LossScaleOptimizer(
+            torch.optim.SGD([x], lr=1.0), loss_scale_manager=lscore.FixedLossScaleManager(scale)
+        )
+        ((g, v),) = opt.compute_gradients(loss(), [x])
         assert v is x and x.grad is None
         assert g.item() == pytest.approx(want, rel=1e-3, abs=0.0)
 
@@ -219,9 +231,10 @@ def test_torch_bert_loop_matches_plain_torch_bitwise():
     so scaling is exact in float32) give the parameters of a plain torch loop, bit for bit;
     the step with NaN in the loss is skipped and global_step does not count it."""
     model, ref = _model(), _model()
-    frozen = torch.nn.Parameter(torch.ones(1))    # trainable, unreached by the loss: None grad
-    opt = LossScaleOptimizer(torch.optim.Adam(list(model.parameters()) + [frozen], lr=1e-2),
-                             _bert_manager())
+    frozen = torch.nn.Parameter(torch.ones(1))  # trainable, unreached by the loss: None grad
+    opt = LossScaleOptimizer(
+        torch.optim.Adam(list(model.parameters()) + [frozen], lr=1e-2), _bert_manager()
+    )
     ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
     global_step = torch.zeros((), dtype=torch.int64)
     tvars = list(model.parameters()) + [frozen]
@@ -237,22 +250,22 @@ def test_torch_bert_loop_matches_plain_torch_bitwise():
         grads, tvars_with_grads = list(zip(*grads_and_vars))
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
         clipped = [g * (1.0 / max(norm.item(), 1.0)) for g in grads]
-        applied = opt.apply_gradients(list(zip(clipped, tvars_with_grads)),
-                                      global_step=global_step)
+        applied = opt.apply_gradients(list(zip(clipped, tvars_with_grads)), global_step=global_step)
         assert applied is (step != 3)
         if applied:
             ref_opt.zero_grad()
             torch.nn.functional.mse_loss(ref(x), y).backward()
             ref_grads = [p.grad for p in ref.parameters()]
             ref_norm = torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(g) for g in ref_grads]))
+                torch.stack([torch.linalg.vector_norm(g) for g in ref_grads])
+            )
             for g in ref_grads:
                 g.mul_(1.0 / max(ref_norm.item(), 1.0))
             ref_opt.step()
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.equal(p, q)
     assert global_step.item() == 5 and opt.iterations == 5
-    assert frozen.item() == 1.0 and opt.loss_scale == 2.0 ** 32
+    assert frozen.item() == 1.0 and opt.loss_scale == 2.0**32
     assert all(p.grad is None for p in tvars)
 
 
@@ -262,8 +275,9 @@ def test_torch_minimize_with_global_step():
     optimizer: the same parameters as a plain torch SGD loop; a NaN loss is skipped and
     not counted."""
     model, ref = _model(1), _model(1)
-    opt = LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                             _bert_manager())
+    opt = LossScaleOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), _bert_manager()
+    )
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     global_step = torch.zeros((), dtype=torch.int64)
     results = []
@@ -282,9 +296,10 @@ def test_torch_minimize_with_global_step():
         assert torch.equal(p, q)
     # two infinite steps in a row back the scale off (decr_every_n_nan_or_inf=2)
     for _ in range(2):
-        opt.minimize(torch.nn.functional.mse_loss(model(x), y) * float("nan"),
-                     global_step=global_step)
-    assert opt.loss_scale == 2.0 ** 31 and global_step.item() == 4
+        opt.minimize(
+            torch.nn.functional.mse_loss(model(x), y) * float("nan"), global_step=global_step
+        )
+    assert opt.loss_scale == 2.0**31 and global_step.item() == 4
 
 
 @needs_torch
@@ -292,8 +307,10 @@ def test_torch_apply_gradients_is_a_step_for_state_dict_hooks_and_schedulers():
     """The same events through apply_gradients and through step() leave the same
     parameters, optimizer state, scale, iterations and scheduler position."""
     a, b = _model(2), _model(2)
-    opts = [LossScaleOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), "dynamic")
-            for m in (a, b)]
+    opts = [
+        LossScaleOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), "dynamic")
+        for m in (a, b)
+    ]
     scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5) for o in opts]
     hook_calls = []
     opts[0].register_step_post_hook(lambda *args: hook_calls.append(1))
@@ -315,8 +332,9 @@ def test_torch_apply_gradients_is_a_step_for_state_dict_hooks_and_schedulers():
     for k in sb["state"]:
         assert torch.equal(sa["state"][k]["momentum_buffer"], sb["state"][k]["momentum_buffer"])
     assert opts[0].loss_scale() == opts[1].loss_scale() and len(hook_calls) == 5
-    restored = LossScaleOptimizer(torch.optim.SGD(_model(2).parameters(), lr=0.1, momentum=0.9),
-                                  "dynamic")
+    restored = LossScaleOptimizer(
+        torch.optim.SGD(_model(2).parameters(), lr=0.1, momentum=0.9), "dynamic"
+    )
     restored.load_state_dict(sa)
     assert restored.state_dict()["loss_scale"] == sa["loss_scale"]
 
@@ -341,15 +359,18 @@ def test_torch_compute_gradients_options():
     TF does), TF1's gate constants, and var_list defaulting to the trainable parameters."""
     w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
     fixed = torch.nn.Parameter(torch.tensor([5.0]), requires_grad=False)
-    opt = LossScaleOptimizer(torch.optim.SGD([w, fixed], lr=0.1),
-                             lscore.FixedLossScaleManager(1024))
-    (g, v), = opt.compute_gradients(lambda: (w * w).sum(), gate_gradients=opt.GATE_NONE,
-                                    colocate_gradients_with_ops=True)
+    opt = LossScaleOptimizer(
+        torch.optim.SGD([w, fixed], lr=0.1), lscore.FixedLossScaleManager(1024)
+    )
+    ((g, v),) = opt.compute_gradients(
+        lambda: (w * w).sum(), gate_gradients=opt.GATE_NONE, colocate_gradients_with_ops=True
+    )
     assert v is w and torch.equal(g, torch.tensor([2.0, 4.0]))
-    (g, _), = opt.compute_gradients((w * w).sum(), [w], opt.GATE_GRAPH,
-                                    grad_loss=torch.tensor(3.0))
+    ((g, _),) = opt.compute_gradients(
+        (w * w).sum(), [w], opt.GATE_GRAPH, grad_loss=torch.tensor(3.0)
+    )
     assert torch.equal(g, torch.tensor([6.0, 12.0]))
-    (g, _), = opt.compute_gradients(w * w, [w])
+    ((g, _),) = opt.compute_gradients(w * w, [w])
     assert torch.equal(g, torch.tensor([2.0, 4.0]))
 
 
@@ -380,18 +401,18 @@ def test_torch_refusals_name_the_problem_and_change_nothing():
         opt.apply_gradients([(None, w)], global_step=global_step)
     with pytest.raises(ValueError, match="variable 0 is not a parameter of the wrapped"):
         opt.apply_gradients([(torch.ones(2), other)], global_step=global_step)
-    with pytest.raises(ValueError, match="variable 1 appears twice"):     # counted with Nones
+    with pytest.raises(ValueError, match="variable 1 appears twice"):  # counted with Nones
         opt.apply_gradients([(None, w), (torch.ones(2), w)], global_step=global_step)
     with pytest.raises(TypeError, match="gradient 1 must be a tensor or None, got numpy"):
         opt.apply_gradients([(None, w), (np.ones(2), w)], global_step=global_step)
-    with pytest.raises(RuntimeError, match="size"):    # torch's own check of the grad's shape
+    with pytest.raises(RuntimeError, match="size"):  # torch's own check of the grad's shape
         opt.apply_gradients([(torch.ones(3), w)], global_step=global_step)
     w.grad = torch.zeros(2)
     opt.unscale_()
     with pytest.raises(RuntimeError, match="unscale_\\(\\) has been called"):
         opt.apply_gradients([(torch.ones(2), w)], global_step=global_step)
     assert torch.equal(w, torch.ones(2)) and global_step.item() == 0
-    assert opt.iterations == 0 and opt.loss_scale == 2.0 ** 32
+    assert opt.iterations == 0 and opt.loss_scale == 2.0**32
     assert torch.equal(w.grad, torch.zeros(2))
 
 

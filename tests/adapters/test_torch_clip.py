@@ -1,4 +1,5 @@
 """GradScaler.unscale_and_clip_: one pass, the same result as unscale_ + clip_grad_norm_."""
+
 import math
 
 import pytest
@@ -20,13 +21,13 @@ def make(seed, bad=None):
 def one_step(scaler_cls, seed, max_norm, bad, fused, norm_type=2.0):
     model, x = make(seed)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = scaler_cls("cpu", init_scale=2.0 ** 10)
+    scaler = scaler_cls("cpu", init_scale=2.0**10)
     scaler.scale(model(x).pow(2).sum()).backward()
     if bad is not None:
         next(model.parameters()).grad.view(-1)[3] = bad
     if fused:
         norm = scaler.unscale_and_clip_(opt, max_norm, norm_type)
-        assert not scaler._on_device        # lscore's CPU core path unscaled them
+        assert not scaler._on_device  # lscore's CPU core path unscaled them
     else:
         scaler.unscale_(opt)
         norm = torch.nn.utils.clip_grad_norm_(list(model.parameters()), max_norm, norm_type)
@@ -54,7 +55,7 @@ def test_nonfinite_step_is_skipped_not_clipped(bad):
     n1, _, p1, s1 = one_step(GradScaler, 3, 0.5, bad, True)
     _, _, p2, s2 = one_step(torch.amp.GradScaler, 3, 0.5, bad, False)
     assert not math.isfinite(float(n1))
-    assert s1 == s2 == 2.0 ** 9
+    assert s1 == s2 == 2.0**9
     for a, b in zip(p1, p2):
         assert torch.equal(a, b)
 
@@ -99,7 +100,7 @@ def test_nonfinite_step_is_skipped_not_clipped_any_norm(norm_type):
     n1, _, p1, s1 = one_step(GradScaler, 3, 0.5, float("inf"), True, norm_type)
     _, _, p2, s2 = one_step(torch.amp.GradScaler, 3, 0.5, float("inf"), False, norm_type)
     assert float(n1) == float("inf")
-    assert s1 == s2 == 2.0 ** 9
+    assert s1 == s2 == 2.0**9
     for a, b in zip(p1, p2):
         assert torch.equal(a, b)
 

@@ -1,5 +1,6 @@
 """GradScaler under torch.compile: no more graph breaks than torch's own scaler, the
 eager step's numbers bitwise, no warnings; dynamo stays unimported until compiling."""
+
 import logging
 import subprocess
 import sys
@@ -21,11 +22,12 @@ def make(scaler_cls, clip=False, device="cpu"):
     one torch's GradScaler docs show, forward under autocast in float16; with `clip`,
     lscore's unscale_and_clip_ before the step)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
-                                torch.nn.Linear(16, 1)).to(device)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(
+        device
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     # growth_interval=2: the scale grows within the five steps as well as backing off
-    scaler = scaler_cls(device, init_scale=2.0 ** 8, growth_interval=2)
+    scaler = scaler_cls(device, init_scale=2.0**8, growth_interval=2)
     x = torch.randn(32, 8).to(device)
 
     def step(k):
@@ -110,7 +112,7 @@ def test_compiled_step_is_the_eager_step_bitwise(fresh_dynamo, clip, device):
     # the steps did what the test means them to: 256 grows to 512 after two finite
     # steps, the inf one backs off to 256, two more finite steps grow it to 512
     assert scaler.skipped_steps == 1
-    assert scaler.get_scale() == 2.0 ** 9
+    assert scaler.get_scale() == 2.0**9
     assert scaler.state_dict() == eager_scaler.state_dict()
 
 
@@ -129,15 +131,16 @@ def test_eager_use_does_not_import_dynamo():
     the first call from compiled code, so importing it and scaling eagerly do not pay.
     (Constructing a torch.optim optimizer imports dynamo itself: a bare param_groups
     holder stands in for one.)"""
-    code = ("import sys, torch\n"
-            "from lscore.adapters.torch import GradScaler\n"
-            "w = torch.ones(3, requires_grad=True)\n"
-            "class Opt: param_groups = [{'params': [w]}]\n"
-            "s = GradScaler('cpu')\n"
-            "s.scale((w * w).sum()).backward()\n"
-            "s.unscale_(Opt); s.update(); s.get_scale()\n"
-            "assert w.grad.tolist() == [2.0, 2.0, 2.0], w.grad\n"
-            "print('torch._dynamo' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+    code = (
+        "import sys, torch\n"
+        "from lscore.adapters.torch import GradScaler\n"
+        "w = torch.ones(3, requires_grad=True)\n"
+        "class Opt: param_groups = [{'params': [w]}]\n"
+        "s = GradScaler('cpu')\n"
+        "s.scale((w * w).sum()).backward()\n"
+        "s.unscale_(Opt); s.update(); s.get_scale()\n"
+        "assert w.grad.tolist() == [2.0, 2.0, 2.0], w.grad\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

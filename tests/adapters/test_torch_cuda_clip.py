@@ -9,6 +9,7 @@ its device path.  Both are checked against ``torch.amp.GradScaler``'s
 ``_foreach_mul_`` by the coefficient torch computes from that norm, the
 scale's update and a non-finite step exactly torch's.
 """
+
 import math
 import shutil
 
@@ -18,8 +19,9 @@ torch = pytest.importorskip("torch")
 from lscore.adapters.torch import GradScaler, _cuda_clip  # noqa: E402
 from lscore.dtypes import Code  # noqa: E402
 
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None,
-                               reason="g++ is missing: the CUDA host harness cannot be built")
+needs_gxx = pytest.mark.skipif(
+    shutil.which("g++") is None, reason="g++ is missing: the CUDA host harness cannot be built"
+)
 DEVICES = [pytest.param("harness", marks=needs_gxx), pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
@@ -29,6 +31,7 @@ def where(request, monkeypatch):
     if request.param == "cuda":
         return torch.device("cuda"), _cuda_clip.KERNELS
     from helpers import cuda_host
+
     kernels = _cuda_clip.Kernels("cpu", lambda dev: cuda_host.HostBackend())
     monkeypatch.setattr(_cuda_clip, "KERNELS", kernels)
     return torch.device("cpu"), kernels
@@ -36,8 +39,9 @@ def where(request, monkeypatch):
 
 def _model(seed, device, dtype):
     g = torch.Generator().manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 300), torch.nn.ReLU(),
-                                torch.nn.Linear(300, 4)).to(dtype)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 300), torch.nn.ReLU(), torch.nn.Linear(300, 4)
+    ).to(dtype)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g))
@@ -46,9 +50,9 @@ def _model(seed, device, dtype):
 
 
 def _scaler(cls, device):
-    s = cls(device.type, init_scale=2.0 ** 10)
+    s = cls(device.type, init_scale=2.0**10)
     if cls is GradScaler and device.type == "cpu":
-        s._force_torch_kernels = True          # the device path, on CPU tensors
+        s._force_torch_kernels = True  # the device path, on CPU tensors
     return s
 
 
@@ -69,7 +73,7 @@ def _step(cls, device, seed, max_norm, norm_type, dtype=torch.float32, bad=None,
     params = list(model.parameters())
     if fused:
         norm = scaler.unscale_and_clip_(opt, max_norm, norm_type)
-    else:                                   # torch's two calls
+    else:  # torch's two calls
         scaler.unscale_(opt)
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
     grads = [p.grad.clone() for p in params]
@@ -90,8 +94,7 @@ def _torch_unscaled(device, seed, dtype, bad=None):
 def test_matches_torch_unscale_then_clip(where, dtype, norm_type, max_norm):
     device, kernels = where
     n1, g1, s1 = _step(GradScaler, device, 0, max_norm, norm_type, dtype)
-    n2, g2, s2 = _step(torch.amp.GradScaler, device, 0, max_norm, norm_type, dtype,
-                          fused=False)
+    n2, g2, s2 = _step(torch.amp.GradScaler, device, 0, max_norm, norm_type, dtype, fused=False)
     assert kernels._runners, "the one-pass kernels did not run"
     assert n1.dtype == n2.dtype == dtype and n1.device == n2.device
     if norm_type == "inf":
@@ -112,7 +115,7 @@ def test_nonfinite_step_is_skipped_and_not_clipped(where, bad):
     device, _ = where
     n1, g1, s1 = _step(GradScaler, device, 1, 1e-3, 2.0, bad=bad)
     assert not math.isfinite(float(n1)) and math.isnan(float(n1)) == math.isnan(bad)
-    assert s1 == 2.0 ** 9
+    assert s1 == 2.0**9
     for a, b in zip(g1, _torch_unscaled(device, 1, torch.float32, bad)):
         assert torch.equal(a.nan_to_num(0.0, 1.0, -1.0), b.nan_to_num(0.0, 1.0, -1.0))
 
@@ -140,8 +143,10 @@ def test_fp16_gradients_are_refused_as_torch_refuses_them(where):
     with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
         scaler.unscale_and_clip_(opt, 1.0)
     # bit for bit (the float16 loss overflows, so some gradients are NaN/Inf)
-    assert all(torch.equal(a.view(torch.int16), p.grad.view(torch.int16))
-               for a, p in zip(before, model.parameters()))
+    assert all(
+        torch.equal(a.view(torch.int16), p.grad.view(torch.int16))
+        for a, p in zip(before, model.parameters())
+    )
 
 
 def test_gather_declines_what_the_kernels_cannot_take():
@@ -150,7 +155,8 @@ def test_gather_declines_what_the_kernels_cannot_take():
     strided = torch.nn.Parameter(torch.zeros(3, 4))
     strided.grad = torch.ones(4, 3).t()
     assert _cuda_clip._gather([dense], "cpu") == {
-        torch.device("cpu"): {int(Code.F32): ([dense.grad.data_ptr()], [3])}}
+        torch.device("cpu"): {int(Code.F32): ([dense.grad.data_ptr()], [3])}
+    }
     assert _cuda_clip._gather([dense], "cuda") is None
     assert _cuda_clip._gather([dense, strided], "cpu") is None
 

@@ -6,6 +6,7 @@ scales, unscales and steps by hand.  What every adapter's wrapper shares (a
 fixed scale applies non-finite steps, wrapping twice, the dtype casts) is in
 test_backends.py, run on torch and every other backend.
 """
+
 from __future__ import annotations
 
 import copy
@@ -24,8 +25,9 @@ EVENTS = [True, True, False, True, True, True, False, False, True, True]
 
 def make(seed=0, dtype=torch.float32):
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(),
-                                torch.nn.Linear(6, 1)).to(dtype)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1)).to(
+        dtype
+    )
     return model, torch.optim.SGD(model.parameters(), lr=0.05)
 
 
@@ -60,19 +62,36 @@ def expected_scales(ls, events):
 
 
 SHAPES = {
-    "keras_dynamic": (dict(dynamic_growth_steps=2, initial_scale=64.0),
-                      lambda: lscore.DynamicLossScale(64.0, 2, 2.0), "keras"),
-    "keras_default": ({}, lambda: lscore.DynamicLossScale(2.0 ** 15, 2000, 2.0), "keras"),
-    "experimental_dynamic": (dict(loss_scale=lscore.DynamicLossScale(256.0, 3)),
-                             lambda: lscore.DynamicLossScale(256.0, 3), "experimental"),
-    "experimental_fixed": (dict(loss_scale=128), lambda: lscore.FixedLossScale(128),
-                           "experimental"),
-    "tf1_exponential": (dict(loss_scale_manager=lscore.ExponentialUpdateLossScaleManager(
-        512.0, 2, decr_every_n_nan_or_inf=1)),
+    "keras_dynamic": (
+        dict(dynamic_growth_steps=2, initial_scale=64.0),
+        lambda: lscore.DynamicLossScale(64.0, 2, 2.0),
+        "keras",
+    ),
+    "keras_default": ({}, lambda: lscore.DynamicLossScale(2.0**15, 2000, 2.0), "keras"),
+    "experimental_dynamic": (
+        dict(loss_scale=lscore.DynamicLossScale(256.0, 3)),
+        lambda: lscore.DynamicLossScale(256.0, 3),
+        "experimental",
+    ),
+    "experimental_fixed": (
+        dict(loss_scale=128),
+        lambda: lscore.FixedLossScale(128),
+        "experimental",
+    ),
+    "tf1_exponential": (
+        dict(
+            loss_scale_manager=lscore.ExponentialUpdateLossScaleManager(
+                512.0, 2, decr_every_n_nan_or_inf=1
+            )
+        ),
         lambda: lscore.ExponentialUpdateLossScaleManager(512.0, 2, decr_every_n_nan_or_inf=1),
-        "tf1"),
-    "tf1_fixed": (dict(loss_scale_manager=lscore.FixedLossScaleManager(32.0)),
-                  lambda: lscore.FixedLossScaleManager(32.0), "tf1"),
+        "tf1",
+    ),
+    "tf1_fixed": (
+        dict(loss_scale_manager=lscore.FixedLossScaleManager(32.0)),
+        lambda: lscore.FixedLossScaleManager(32.0),
+        "tf1",
+    ),
 }
 
 
@@ -126,11 +145,11 @@ def test_is_a_torch_optimizer_and_shares_groups_and_state():
     assert opt.param_groups is inner.param_groups and opt.state is inner.state
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")      # no "lr_scheduler.step() before optimizer.step()"
+        warnings.simplefilter("error")  # no "lr_scheduler.step() before optimizer.step()"
         for _ in range(3):
             run(opt, model, [True])
             sched.step()
-    assert inner.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5 ** 3)
+    assert inner.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5**3)
     assert len(inner.state) == len(list(model.parameters()))
 
 
@@ -219,13 +238,15 @@ def test_constructor_errors():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 def test_autocast_cpu(dtype):
     model, inner = make()
-    opt = LossScaleOptimizer(inner, initial_scale=2.0 ** 10, dynamic_growth_steps=2)
+    opt = LossScaleOptimizer(inner, initial_scale=2.0**10, dynamic_growth_steps=2)
     for finite in (True, False, True, True):
         opt.zero_grad()
         with torch.autocast("cpu", dtype=dtype):
             loss = loss_of(model, torch.randn(5, 4), finite)
         opt.get_scaled_loss(loss).backward()
         opt.step()
-    assert opt.loss_scale == expected_scales(lscore.DynamicLossScale(2.0 ** 10, 2, 2.0),
-                                             [True, False, True, True])[-1]
+    assert (
+        opt.loss_scale
+        == expected_scales(lscore.DynamicLossScale(2.0**10, 2, 2.0), [True, False, True, True])[-1]
+    )
     assert all(torch.isfinite(p).all() for p in model.parameters())

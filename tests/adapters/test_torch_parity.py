@@ -7,6 +7,7 @@ dicts swapped between the two classes mid-run, update(new_scale)); after every
 iteration the scales, growth trackers, step return values and skip flags must
 be equal and the parameters (and explicitly unscaled gradients) bitwise equal.
 """
+
 from __future__ import annotations
 
 import copy
@@ -48,7 +49,7 @@ class Net(torch.nn.Module):
         d, h = rng.choice([3, 5, 8]), rng.choice([4, 7, 16])
         self.fc1 = torch.nn.Linear(d, h).to(dtype)
         self.fc2 = torch.nn.Linear(h, 2).to(dtype)
-        if transposed:   # a non-contiguous (permuted) parameter gets gradients of its layout
+        if transposed:  # a non-contiguous (permuted) parameter gets gradients of its layout
             w = self.fc1.weight.detach()
             self.fc1.weight = torch.nn.Parameter(w.t().contiguous().t())
         self.emb = torch.nn.Embedding(6, h, sparse=True).to(dtype) if sparse else None
@@ -66,14 +67,16 @@ def make_scenario(seed: int) -> dict:
     opt = rng.choice(list(OPTIMIZERS))
     kw = {}
     if rng.random() < 0.7:
-        kw["init_scale"] = rng.choice([2.0 ** 16, 1024.0, 3.3, 1.0, 2.0 ** 125, 0.75])
+        kw["init_scale"] = rng.choice([2.0**16, 1024.0, 3.3, 1.0, 2.0**125, 0.75])
     if rng.random() < 0.6:
         kw["growth_factor"] = rng.choice([2.0, 1.5, 3.0, 1.0001, 4.0])
     if rng.random() < 0.6:
         kw["backoff_factor"] = rng.choice([0.5, 0.25, 0.9, 1 / 3, 0.01])
     kw["growth_interval"] = rng.choice([1, 2, 3, 4, 7, 2000])
     return {
-        "seed": seed, "optimizer": opt, "kwargs": kw,
+        "seed": seed,
+        "optimizer": opt,
+        "kwargs": kw,
         "dtype": rng.choice([torch.float32] * 5 + [torch.float64, torch.bfloat16]),
         "sparse": opt in SPARSE_OK and rng.random() < 0.4,
         "transposed": rng.random() < 0.3,
@@ -103,8 +106,12 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     t = t.detach()
     if t.is_sparse:
         t = t.coalesce().to_dense()
-    width = {torch.float32: torch.int32, torch.float64: torch.int64,
-             torch.bfloat16: torch.int16, torch.float16: torch.int16}[t.dtype]
+    width = {
+        torch.float32: torch.int32,
+        torch.float64: torch.int64,
+        torch.bfloat16: torch.int16,
+        torch.float16: torch.int16,
+    }[t.dtype]
     w = t.contiguous().view(width).clone()
     if width is torch.int16:
         w[torch.isnan(t.contiguous())] = -1
@@ -155,8 +162,12 @@ def run_scenario(sc: dict) -> None:
             idx = torch.randint(0, 6, (4,))
             bad = None
             if rng.random() < sc["p_bad"]:
-                bad = (rng.choice(["input", "grad", "loss"]), rng.choice(NONFINITE),
-                       rng.randrange(4 * model.d), rng.randrange(1000))
+                bad = (
+                    rng.choice(["input", "grad", "loss"]),
+                    rng.choice(NONFINITE),
+                    rng.randrange(4 * model.d),
+                    rng.randrange(1000),
+                )
                 if bad[0] == "input":
                     x.view(-1)[bad[2]] = bad[1]
             micro.append((x, idx, bad))
@@ -165,7 +176,7 @@ def run_scenario(sc: dict) -> None:
         clip = rng.choice([None, 0.5, 10.0]) if explicit_unscale and not sc["sparse"] else None
         new_scale = None
         if rng.random() < 0.06:
-            new_scale = rng.choice([1024.0, 3.7, 0.5, 2.0 ** 20])
+            new_scale = rng.choice([1024.0, 3.7, 0.5, 2.0**20])
             if rng.random() < 0.5:
                 new_scale = torch.tensor(new_scale)
         swap = rng.random() < 0.08
@@ -191,8 +202,11 @@ def run_scenario(sc: dict) -> None:
                 if clip is not None:
                     torch.nn.utils.clip_grad_norm_(side.opts[0].param_groups[0]["params"], clip)
             rets = [side.scaler.step(o) for o in side.opts]
-            skipped = any(f.item() for st in side.scaler._per_optimizer_states.values()
-                          for f in st["found_inf_per_device"].values())
+            skipped = any(
+                f.item()
+                for st in side.scaler._per_optimizer_states.values()
+                for f in st["found_inf_per_device"].values()
+            )
             side.scaler.update(new_scale)
             results.append((rets, skipped, unscaled))
         (t_rets, t_skipped, t_unscaled), (o_rets, _, o_unscaled) = results

@@ -1,4 +1,5 @@
 """`lscore bench` runs on tiny sizes and its JSON has every row (no timed assertions)."""
+
 import json
 import math
 
@@ -17,21 +18,44 @@ def expected_rows():
     for n in (1000, 4096):
         size = "1e3" if n == 1000 else str(n)
         for dt in ("float16", "bfloat16", "float32", "float64"):
-            for m in ("lscore", "lscore 1 thread", "np.isfinite(a).all()",
-                      "np.sum(a.view(uint64))", "C read loop"):
+            for m in (
+                "lscore",
+                "lscore 1 thread",
+                "np.isfinite(a).all()",
+                "np.sum(a.view(uint64))",
+                "C read loop",
+            ):
                 rows.add((f"all_finite {dt} {size}", m))
-            for m in ("lscore", "lscore 1 thread", "lscore stats=True",
-                      "a *= inv; np.isfinite(a).all()", "torch foreach", "np.copyto", "C memcpy"):
+            for m in (
+                "lscore",
+                "lscore 1 thread",
+                "lscore stats=True",
+                "a *= inv; np.isfinite(a).all()",
+                "torch foreach",
+                "np.copyto",
+                "C memcpy",
+            ):
                 rows.add((f"unscale_ {dt} {size}", m))
-    for m in ("lscore all_finite", "lscore unscale_", "numpy loop isfinite().all()",
-              "numpy loop a *= inv; isfinite", "torch foreach"):
+    for m in (
+        "lscore all_finite",
+        "lscore unscale_",
+        "numpy loop isfinite().all()",
+        "numpy loop a *= inv; isfinite",
+        "torch foreach",
+    ):
         rows.add(("300 x 64 float32", m))
     for case in ("300 x 64", "300 log-uniform 1e2..1e5"):
-        for m in ("torch.amp.GradScaler('cpu')", "lscore core + SGD (numpy views)",
-                  "lscore.adapters.torch.GradScaler"):
+        for m in (
+            "torch.amp.GradScaler('cpu')",
+            "lscore core + SGD (numpy views)",
+            "lscore.adapters.torch.GradScaler",
+        ):
             rows.add((f"GradScaler step, {case}", m))
-    for m in (bench.GRAD_HARNESS, "torch.amp.GradScaler('cpu')",
-              "lscore.adapters.torch.GradScaler"):
+    for m in (
+        bench.GRAD_HARNESS,
+        "torch.amp.GradScaler('cpu')",
+        "lscore.adapters.torch.GradScaler",
+    ):
         for count in (300, 1):
             rows.add((f"GradScaler.unscale_ + update, {count} x 64", m))
     rows.add(("NaN at index 0 of 4096 float32", "lscore all_finite"))
@@ -78,8 +102,11 @@ def test_rows_are_timed_or_say_why_not(tiny_run):
 
 
 def test_ratios_and_targets_present(tiny_run):
-    af = [r for r in tiny_run["rows"]
-          if r["group"] == "all_finite float32 4096" and r["method"] == "lscore"][0]
+    af = [
+        r
+        for r in tiny_run["rows"]
+        if r["group"] == "all_finite float32 4096" and r["method"] == "lscore"
+    ][0]
     assert set(af["ratios"]) == {"numpy", "np.sum", "C read"}
     names = [t["target"] for t in tiny_run["targets"]]
     assert any("NaN at index 0" in n for n in names)
@@ -105,7 +132,7 @@ def test_rows_of_a_group_are_timed_in_turns():
     assert log == [] and [r["method"] for r in rows.rows] == ["one", "two", "skipped"]
     rows.flush()
     befores = [x for x in log if x in "AB"]
-    assert befores == ["A", "B"] + ["A", "B"] * opts.repeat      # calibration, then turns
+    assert befores == ["A", "B"] + ["A", "B"] * opts.repeat  # calibration, then turns
     for r in rows.rows[:2]:
         assert r["repeats"] == opts.repeat and 0 < r["min_s"] <= r["median_s"] <= r["max_s"]
     assert rows.rows[2]["skipped"] == "why not"
@@ -113,16 +140,20 @@ def test_rows_of_a_group_are_timed_in_turns():
 
 # ---- --suite gpu-host / gpu ------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def gpu_host_run(tmp_path_factory):
     path = tmp_path_factory.mktemp("bench") / "gpu_host.json"
-    assert _cli.main(["bench", "--suite", "gpu-host", "--tiny", "--no-progress",
-                      "--json", str(path)]) == 0
+    assert (
+        _cli.main(["bench", "--suite", "gpu-host", "--tiny", "--no-progress", "--json", str(path)])
+        == 0
+    )
     return json.loads(path.read_text())
 
 
 def test_gpu_host_targets_carry_unit_cached_measured_required_met(gpu_host_run):
     from lscore.cli.bench import _gpu
+
     assert gpu_host_run["suite"] == "gpu-host"
     targets = gpu_host_run["targets"]
     workloads = {t["workload"] for t in targets}
@@ -131,8 +162,14 @@ def test_gpu_host_targets_carry_unit_cached_measured_required_met(gpu_host_run):
     assert kinds == {("us_per_array", True), ("us_per_call", True), ("us_per_array", False)}
     for t in targets:
         assert t["measured"] >= 0 and t["met"] == (t["measured"] <= t["required"]), t
-        assert t["required"] == {("us_per_array", True): 0.2, ("us_per_call", True): 15.0,
-                                 ("us_per_array", False): 2.0}[(t["unit"], t["cached"])]
+        assert (
+            t["required"]
+            == {
+                ("us_per_array", True): 0.2,
+                ("us_per_call", True): 15.0,
+                ("us_per_array", False): 2.0,
+            }[(t["unit"], t["cached"])]
+        )
     for r in gpu_host_run["rows"]:
         assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"], r
     assert bench.format_table(gpu_host_run).count("\n| ") >= len(gpu_host_run["rows"])
@@ -141,27 +178,36 @@ def test_gpu_host_targets_carry_unit_cached_measured_required_met(gpu_host_run):
 def test_gpu_host_times_whole_fused_steps(gpu_host_run):
     """Both optimizers in both modes on every workload, each a fused step."""
     from lscore.cli.bench import _gpu, _gpu_step
-    steps = {(r["group"], r["method"]) for r in gpu_host_run["rows"]
-             if r["group"].startswith("gpu-host step")}
-    assert steps == {(f"gpu-host step {o} {w}", f"{m} step, cached")
-                     for w, *_ in _gpu.TINY_WORKLOADS for o in _gpu_step.OPTIMIZERS
-                     for m in _gpu_step.LSCORE_METHODS[:2]}
+
+    steps = {
+        (r["group"], r["method"])
+        for r in gpu_host_run["rows"]
+        if r["group"].startswith("gpu-host step")
+    }
+    assert steps == {
+        (f"gpu-host step {o} {w}", f"{m} step, cached")
+        for w, *_ in _gpu.TINY_WORKLOADS
+        for o in _gpu_step.OPTIMIZERS
+        for m in _gpu_step.LSCORE_METHODS[:2]
+    }
 
 
 def test_the_null_adapter_steps_through_the_fused_launches_only():
     """gpu-host's step rows time the fused path: a cached sync-free step is its launches
     (check, update, per dtype group; the scale update), no elementwise work, no read."""
     from lscore.cli.bench import _gpu, _gpu_step
+
     dev = _gpu_step.StepDevice(np, _gpu.null_adapter(), lambda: None, None)
     grads = [np.ones(n, dt) for n, dt in ((5, np.float16), (70, np.float32), (3, np.float16))]
-    step, params = _gpu_step.lscore_step(dev, "Adam", grads, [np.ones(g.size, np.float32)
-                                                                for g in grads], True)
+    step, params = _gpu_step.lscore_step(
+        dev, "Adam", grads, [np.ones(g.size, np.float32) for g in grads], True
+    )
     step()
     backend = dev.adapter.SGD._kernels.device(0).backend
     launches, syncs = backend.launches, backend.syncs
     step()
     assert (backend.launches - launches, backend.syncs - syncs) == (2 * 2 + 1, 0)
-    assert all((p == 1).all() for p in params)       # NullBackend launches do nothing
+    assert all((p == 1).all() for p in params)  # NullBackend launches do nothing
 
 
 def test_gpu_host_times_the_adapters_path_with_only_the_launch_replaced():
@@ -169,11 +215,13 @@ def test_gpu_host_times_the_adapters_path_with_only_the_launch_replaced():
     what the CPU core computes: the timed path is the real one up to the launch."""
     harness = pytest.importorskip("helpers.cuda_host")
     import shutil
+
     if shutil.which("g++") is None:
         pytest.skip("g++ is missing")
     import numpy as np
     import lscore
     from lscore.cli.bench import _gpu
+
     kern = _gpu.standin_kernels(lambda dev: harness.HostBackend())
     lists = _gpu._HostLists([5, 70000, 3], "float32", 1)
     arrays = lists.make(0)
@@ -187,16 +235,18 @@ def test_gpu_host_times_the_adapters_path_with_only_the_launch_replaced():
 
 def test_gpu_suite_skips_with_a_reason_without_a_gpu(tmp_path):
     from lscore.cli.bench import _gpu
+
     if _gpu.gpu_skip_reason() is None:
         pytest.skip("a GPU is here: the gpu suite runs for real (pytest -m gpu)")
     path = tmp_path / "gpu.json"
-    assert _cli.main(["bench", "--suite", "gpu", "--tiny", "--no-progress",
-                      "--json", str(path)]) == 0
+    assert (
+        _cli.main(["bench", "--suite", "gpu", "--tiny", "--no-progress", "--json", str(path)]) == 0
+    )
     out = json.loads(path.read_text())
     assert out["rows"] and all("no CUDA device" in r["skipped"] for r in out["rows"])
     from lscore.cli.bench import _gpu_step
-    assert {r["method"] for r in out["rows"]} == set(_gpu.GPU_METHODS) | set(
-        _gpu_step.STEP_METHODS)
+
+    assert {r["method"] for r in out["rows"]} == set(_gpu.GPU_METHODS) | set(_gpu_step.STEP_METHODS)
     assert all(t["met"] is None and t["measured"] is None for t in out["targets"])
 
 
@@ -210,8 +260,9 @@ def test_gpu_step_rows_run_on_the_host_harness():
     from lscore.cli.bench._report import add_ratios, format_table
     from helpers.cuda_host import adapter
 
-    dev = _gpu_step.StepDevice(np, adapter, lambda: None, "cpu",
-                               no_capture="graph capture needs CuPy on a GPU")
+    dev = _gpu_step.StepDevice(
+        np, adapter, lambda: None, "cpu", no_capture="graph capture needs CuPy on a GPU"
+    )
     opts = bench.Options(tiny=True, progress=False, suite="gpu")
     rows = Rows(0, False)
     targets = _gpu_step.run_steps(dev, opts, rows, np.random.default_rng(0))
@@ -225,8 +276,11 @@ def test_gpu_step_rows_run_on_the_host_harness():
         for m in _gpu_step.LSCORE_METHODS[:2] + _gpu_step.TORCH_METHODS + (_gpu_step.FLOOR,):
             assert got[m]["median_s"] > 0, (g, m)
         assert "torch fused" in got[_gpu_step.LSCORE_METHODS[1]]["ratios"]
-    assert all("step" in line for line in format_table(
-        {"rows": rows.rows, "targets": targets}).splitlines() if "/step)" in line)
+    assert all(
+        "step" in line
+        for line in format_table({"rows": rows.rows, "targets": targets}).splitlines()
+        if "/step)" in line
+    )
     measured = [t for t in targets if t["measured"] is not None]
     assert {t["unit"] for t in targets} == {"time ratio"}
     assert len(measured) == len(groups) * 2 + len(_gpu_step.TINY_STEP_WORKLOADS)
@@ -243,14 +297,16 @@ def test_gpu_step_rows_lscore_steps_follow_the_numpy_adapter():
     dev = _gpu_step.StepDevice(np, adapter, lambda: None, None)
     rng = np.random.default_rng(1)
     params0 = [rng.standard_normal(n, dtype=np.float32) for n in (3, 70, 1)]
-    grads = [(rng.standard_normal(p.size, dtype=np.float32) * 30).astype(np.float16)
-             for p in params0]
+    grads = [
+        (rng.standard_normal(p.size, dtype=np.float32) * 30).astype(np.float16) for p in params0
+    ]
     for name in _gpu_step.OPTIMIZERS:
         for sync_free in (False, True):
             step, params = _gpu_step.lscore_step(dev, name, grads, params0, sync_free)
             ref = [p.copy() for p in params0]
-            opt = lnp.LossScaleOptimizer(_gpu_step.inner_optimizer(lnp, name),
-                                         initial_scale=_gpu_step.INIT_SCALE)
+            opt = lnp.LossScaleOptimizer(
+                _gpu_step.inner_optimizer(lnp, name), initial_scale=_gpu_step.INIT_SCALE
+            )
             for _ in range(3):
                 step()
                 opt.minimize(lambda s: (0.0, grads), ref)

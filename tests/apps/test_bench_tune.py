@@ -1,6 +1,7 @@
 """`lscore bench --suite gpu-tune`: its JSON and verdict, run tiny on the host harness (the
 device abstraction bound to NumPy memory and HostBackend), its refusal of a device whose
 results differ from the CPU core, and its skip without a GPU."""
+
 import contextlib
 import io
 import json
@@ -16,12 +17,14 @@ from lscore.cli import bench
 from lscore.cli.bench import _gpu, _tune
 from lscore.cli.bench._harness import Rows
 
-needs_harness = pytest.mark.skipif(shutil.which("g++") is None,
-                                   reason="g++ is missing: the CUDA host harness cannot be built")
+needs_harness = pytest.mark.skipif(
+    shutil.which("g++") is None, reason="g++ is missing: the CUDA host harness cannot be built"
+)
 
 
 def _host_device():
     from helpers import cuda_host
+
     return _tune.ArrayDevice(lambda dev: cuda_host.HostBackend())
 
 
@@ -36,8 +39,12 @@ def tune_run(tmp_path_factory):
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out):
-            assert _cli.main(["bench", "--suite", "gpu-tune", "--tiny", "--no-progress",
-                              "--json", str(path)]) == 0
+            assert (
+                _cli.main(
+                    ["bench", "--suite", "gpu-tune", "--tiny", "--no-progress", "--json", str(path)]
+                )
+                == 0
+            )
     finally:
         mp.undo()
     return json.loads(path.read_text()), out.getvalue()
@@ -59,8 +66,9 @@ def test_json_has_a_timed_row_per_workload_and_configuration(tune_run):
             assert row["median_s"] > 0 and row["bitwise_equal"] is True
             assert cuda.LaunchConfig(**row["config"]) == cuda.LaunchConfig.parse(label)
             assert row["ratios"]["best"] <= 1.0
-            assert math.isclose(row["ratios"]["default"] * row["median_s"],
-                                got[tune["default"]]["median_s"])
+            assert math.isclose(
+                row["ratios"]["default"] * row["median_s"], got[tune["default"]]["median_s"]
+            )
         count = next(c for n, c, *_ in _tune.workloads(tiny=True) if n == name)
         assert (_tune.COPY_METHOD in got) == (count == 1)
 
@@ -76,11 +84,18 @@ def test_every_configuration_equals_the_cpu_core(tune_run):
 def test_verdict_is_the_smallest_geometric_mean_of_time_over_best(tune_run):
     result, out = tune_run
     tune = result["tune"]
-    times = {name: {r["method"]: r["median_s"] for r in result["rows"]
-                    if r["group"] == f"gpu-tune {name}" and r["method"] in tune["grid"]}
-             for name in tune["workloads"]}
-    geo = {c: math.exp(np.mean([math.log(ts[c] / min(ts.values())) for ts in times.values()]))
-           for c in tune["grid"]}
+    times = {
+        name: {
+            r["method"]: r["median_s"]
+            for r in result["rows"]
+            if r["group"] == f"gpu-tune {name}" and r["method"] in tune["grid"]
+        }
+        for name in tune["workloads"]
+    }
+    geo = {
+        c: math.exp(np.mean([math.log(ts[c] / min(ts.values())) for ts in times.values()]))
+        for c in tune["grid"]
+    }
     assert tune["chosen"] == min(geo, key=geo.get)
     assert math.isclose(tune["gain_over_default"], geo[tune["default"]] / geo[tune["chosen"]])
     for name, p in tune["per_workload"].items():
@@ -104,10 +119,18 @@ def test_table_prints_every_row_and_the_chosen_configuration(tune_run):
 
 
 def test_summarize_picks_the_best_compromise_not_a_workload_winner():
-    times = {"small": {"chunk=65536,block=512": 4.0, "chunk=4096,block=128": 1.0,
-                       "chunk=4096,block=256": 1.1},
-             "big": {"chunk=65536,block=512": 1.0, "chunk=4096,block=128": 3.0,
-                     "chunk=4096,block=256": 1.2}}
+    times = {
+        "small": {
+            "chunk=65536,block=512": 4.0,
+            "chunk=4096,block=128": 1.0,
+            "chunk=4096,block=256": 1.1,
+        },
+        "big": {
+            "chunk=65536,block=512": 1.0,
+            "chunk=4096,block=128": 3.0,
+            "chunk=4096,block=256": 1.2,
+        },
+    }
     s = _tune.summarize(times, cuda.LaunchConfig())
     assert s["per_workload"]["small"]["best"] == "chunk=4096,block=128"
     assert s["per_workload"]["big"]["best"] == "chunk=65536,block=512"
@@ -116,13 +139,14 @@ def test_summarize_picks_the_best_compromise_not_a_workload_winner():
     assert math.isclose(s["gain_over_default"], 2.0 / math.sqrt(1.1 * 1.2))
     assert s["env"] == "LSCORE_CUDA_LAUNCH=chunk=4096,block=256"
     assert math.isclose(s["per_workload"]["small"]["default_over_chosen"], 4.0 / 1.1)
-    keep = _tune.summarize({"w": {"chunk=65536,block=512": 1.0, "chunk=4096,block=128": 2.0}},
-                           cuda.LaunchConfig())
+    keep = _tune.summarize(
+        {"w": {"chunk=65536,block=512": 1.0, "chunk=4096,block=128": 2.0}}, cuda.LaunchConfig()
+    )
     assert keep["chosen"] == "chunk=65536,block=512" and keep["env"] is None
 
 
 def test_a_device_whose_results_differ_is_reported():
-    dev = _tune.ArrayDevice(_gpu.NullBackend)     # launches nothing: unscale_ is wrong
+    dev = _tune.ArrayDevice(_gpu.NullBackend)  # launches nothing: unscale_ is wrong
     opts = bench.Options(tiny=True, progress=False, suite="gpu-tune")
     rows = Rows(0, False)
     targets, tune = _tune.run_tune(opts, rows, np.random.default_rng(0), dev)
@@ -145,14 +169,18 @@ def test_mismatch_names_the_first_differing_element(dtype):
             if got.size == 5:
                 got.view(f"u{got.itemsize}")[2] ^= 1
             return got
+
     from helpers import cuda_host
+
     dev = OneUlpOff(lambda d: cuda_host.HostBackend())
-    dt = np.dtype(dtype) if dtype != "bfloat16" else np.dtype(pytest.importorskip(
-        "ml_dtypes").bfloat16)
+    dt = (
+        np.dtype(dtype)
+        if dtype != "bfloat16"
+        else np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    )
     values = _tune.check_values(np.random.default_rng(1), [3, 5, 4], dt)
     arrays = [dev.upload(v) for v in values]
-    assert _tune.mismatch(_host_device(), dev.kernels(cuda.LaunchConfig()), arrays,
-                          values) is None
+    assert _tune.mismatch(_host_device(), dev.kernels(cuda.LaunchConfig()), arrays, values) is None
     why = _tune.mismatch(dev, dev.kernels(cuda.LaunchConfig()), arrays, values)
     assert why is not None and why.startswith("array 1 element 2: ")
     assert why.endswith("(1 of 5 elements differ)")
@@ -164,12 +192,15 @@ def test_gpu_tune_skips_with_a_reason_without_a_gpu(tmp_path, capsys):
     else:
         pytest.skip("a GPU is here: the gpu-tune suite runs for real (pytest -m gpu)")
     path = tmp_path / "tune.json"
-    assert _cli.main(["bench", "--suite", "gpu-tune", "--tiny", "--no-progress",
-                      "--json", str(path)]) == 0
+    assert (
+        _cli.main(["bench", "--suite", "gpu-tune", "--tiny", "--no-progress", "--json", str(path)])
+        == 0
+    )
     out = json.loads(path.read_text())
     assert out["tune"]["skipped"] == reason
-    assert {r["group"] for r in out["rows"]} == {f"gpu-tune {n}" for n, *_ in
-                                                 _tune.workloads(tiny=True)}
+    assert {r["group"] for r in out["rows"]} == {
+        f"gpu-tune {n}" for n, *_ in _tune.workloads(tiny=True)
+    }
     assert all(r["skipped"] == reason for r in out["rows"])
     assert all(t["measured"] is None for t in out["targets"])
     assert f"gpu-tune: skipped: {reason}" in capsys.readouterr().out
@@ -178,8 +209,10 @@ def test_gpu_tune_skips_with_a_reason_without_a_gpu(tmp_path, capsys):
 @pytest.mark.gpu
 def test_gpu_tune_runs_on_a_gpu_and_every_configuration_is_exact(tmp_path):
     path = tmp_path / "tune.json"
-    assert _cli.main(["bench", "--suite", "gpu-tune", "--tiny", "--no-progress",
-                      "--json", str(path)]) == 0
+    assert (
+        _cli.main(["bench", "--suite", "gpu-tune", "--tiny", "--no-progress", "--json", str(path)])
+        == 0
+    )
     tune = json.loads(path.read_text())["tune"]
     assert tune["mismatches"] == {} and tune["chosen"] in tune["grid"]
 
@@ -187,12 +220,14 @@ def test_gpu_tune_runs_on_a_gpu_and_every_configuration_is_exact(tmp_path):
 def test_nan_payloads_may_differ_but_nan_against_a_number_may_not():
     class Reads(_tune.ArrayDevice):
         """Returns what it was told the device wrote."""
+
         def __init__(self, result):
             super().__init__(_gpu.NullBackend)
             self.result = result
 
         def read(self, a):
             return self.result.copy()
+
     values = [np.array([np.nan, 1.5, 0.75], np.float32)]
     want = _tune.expected(values)
     other_nan = want[0][0].copy()

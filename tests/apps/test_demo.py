@@ -1,4 +1,5 @@
 """`lscore demo`: the hand-written backprop, the float16 emulation, the CLI and a short run."""
+
 import importlib.util
 import json
 
@@ -16,7 +17,7 @@ def small_model(seed=0):
 def test_backprop_matches_finite_differences():
     rng = np.random.default_rng(1)
     m = small_model()
-    m.params = [p.astype(np.float64) for p in m.params]    # float64: clean differences
+    m.params = [p.astype(np.float64) for p in m.params]  # float64: clean differences
     x = rng.random((8, 6))
     y = rng.integers(0, 3, 8)
     _, grads = m.loss_and_grads(x, y, 1.0, half=False)
@@ -42,7 +43,7 @@ def test_scaled_gradients_are_scale_times_unscaled_in_float32():
 
 
 def test_half_rounding_and_underflow_count():
-    a = np.array([1e-8, 3e-8, 1e-4, 1.0 + 2 ** -12, 7e4, -7e4], np.float32)
+    a = np.array([1e-8, 3e-8, 1e-4, 1.0 + 2**-12, 7e4, -7e4], np.float32)
     h = _demo._half(a)
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(h, a.astype(np.float16).astype(np.float32))
@@ -59,7 +60,7 @@ def test_float16_gradients_flush_without_scaling():
     y = rng.integers(0, 3, 64)
     _, g32 = m.loss_and_grads(x, y, 1.0, False)
     _, g16 = m.loss_and_grads(x, y, 1.0, True)
-    _, g16s = m.loss_and_grads(x, y, 2.0 ** 12, True)
+    _, g16s = m.loss_and_grads(x, y, 2.0**12, True)
     lost, total = _demo._underflow(g16, g32)
     lost_scaled, _ = _demo._underflow(g16s, g32)
     assert lost > 0 and lost_scaled < lost
@@ -67,8 +68,9 @@ def test_float16_gradients_flush_without_scaling():
 
 def test_cli_without_the_demo_extra(monkeypatch, capsys):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "sklearn" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a)
+    )
     assert _cli.main(["demo"]) == 2
     err = capsys.readouterr().err
     assert "sklearn" in err and "lscore[demo]" in err
@@ -79,8 +81,9 @@ def test_cli_torch_backend_says_what_is_missing(monkeypatch, capsys):
     pytest.importorskip("matplotlib")
     pytest.importorskip("tqdm")
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "torch" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
     assert _cli.main(["demo", "--backend", "torch"]) == 2
     assert "lscore[torch]" in capsys.readouterr().err
 

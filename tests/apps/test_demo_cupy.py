@@ -1,4 +1,5 @@
 """`lscore demo --backend cupy`: the GPU demo's loop on the host harness, and its CPU fallback."""
+
 import json
 
 import numpy as np
@@ -30,6 +31,7 @@ def _train(mode, steps=40):
         for i in it:
             seen.append((CountingBackend.syncs, CountingBackend.uploads))
             yield i
+
     rec = demo_cupy.train_mode(mode, model0, _data(rng), cfg, np, adapter, progress, _demo.MODES)
     return rec, seen
 
@@ -41,7 +43,7 @@ def test_the_dynamic_mode_reads_nothing_back_and_uploads_nothing():
     rec, seen = _train(_demo.MODES[2])
     assert len(set(seen[1:])) == 1, seen
     assert len(rec["loss"]) == len(rec["scale"]) == 40
-    assert rec["scale"][0] == 2.0 ** 15 and rec["final_scale"] is not None
+    assert rec["scale"][0] == 2.0**15 and rec["final_scale"] is not None
     assert np.isfinite(rec["loss"]).all() and rec["loss"][-1] < rec["loss"][0]
     assert 0 <= rec["underflow_fraction"] <= 1 and rec["skipped"] == len(rec["skipped_at"])
 
@@ -49,13 +51,14 @@ def test_the_dynamic_mode_reads_nothing_back_and_uploads_nothing():
 def test_a_skipped_step_is_recorded_where_the_scale_backs_off():
     """A scale that overflows float16 at once: the first steps are skipped, each halving
     the scale, and the record lists exactly those steps."""
-    cfg_scale = 2.0 ** 40
+    cfg_scale = 2.0**40
     cfg = _demo.config(12, seed=0)
     cfg["initial_scale"] = cfg_scale
     rng = np.random.default_rng(0)
     model0 = _demo.MLP(cfg["sizes"], rng)
-    rec = demo_cupy.train_mode(_demo.MODES[2], model0, _data(rng), cfg, np, adapter,
-                               lambda it, desc: it, _demo.MODES)
+    rec = demo_cupy.train_mode(
+        _demo.MODES[2], model0, _data(rng), cfg, np, adapter, lambda it, desc: it, _demo.MODES
+    )
     assert rec["skipped_at"], rec["scale"]
     for s in rec["skipped_at"]:
         assert s + 1 == len(rec["scale"]) or rec["scale"][s + 1] == rec["scale"][s] / 2
@@ -67,7 +70,7 @@ def test_every_mode_trains_and_float16_without_scaling_loses_gradients():
     recs = {m: _train(m, steps=20)[0] for m in _demo.MODES}
     assert recs[_demo.MODES[0]]["underflow_fraction"] is None
     assert recs[_demo.MODES[1]]["final_scale"] is None
-    assert recs[_demo.MODES[3]]["final_scale"] == 2.0 ** 10
+    assert recs[_demo.MODES[3]]["final_scale"] == 2.0**10
     assert recs[_demo.MODES[1]]["underflow_fraction"] > recs[_demo.MODES[2]]["underflow_fraction"]
     table = _demo._table(list(recs.values()))
     assert all(m in table for m in _demo.MODES)

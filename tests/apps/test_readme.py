@@ -1,4 +1,5 @@
 """Every Python example in README.md runs as written."""
+
 import re
 import subprocess
 import sys
@@ -10,8 +11,14 @@ from lscore import cuda
 
 README = ROOT / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-NEEDS = {"torch": "torch", "cupy": "cupy", "mpi4py": "mpi4py", "ml_dtypes": "ml_dtypes",
-         "lightning": "lightning", "accelerate": "accelerate"}
+NEEDS = {
+    "torch": "torch",
+    "cupy": "cupy",
+    "mpi4py": "mpi4py",
+    "ml_dtypes": "ml_dtypes",
+    "lightning": "lightning",
+    "accelerate": "accelerate",
+}
 
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
@@ -23,8 +30,9 @@ def test_readme_example_runs(code, tmp_path):
                 pytest.skip(f"a CuPy example: {cuda.device_missing()}")
     if "dist.init_process_group" in code or "mpirun" in code:
         pytest.skip("distributed example: run by the multi-process tests")
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr
 
 

@@ -1,4 +1,5 @@
 """`lscore demo --backend torch`: a short run trains all four modes and writes its outputs."""
+
 import json
 
 import pytest
@@ -13,8 +14,12 @@ from lscore.cli import demo as _demo  # noqa: E402
 
 
 def test_short_torch_run(tmp_path, capsys):
-    assert _cli.main(["demo", "--backend", "torch", "--steps", "40", "--seed", "2",
-                      "--out", str(tmp_path)]) == 0
+    assert (
+        _cli.main(
+            ["demo", "--backend", "torch", "--steps", "40", "--seed", "2", "--out", str(tmp_path)]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "torch.autocast" in out
     for mode in _demo.MODES:
@@ -25,5 +30,5 @@ def test_short_torch_run(tmp_path, capsys):
     assert recs[_demo.MODES[0]]["underflow_fraction"] is None
     # float16 without scaling loses gradient elements that loss scaling keeps
     assert recs[_demo.MODES[1]]["underflow_fraction"] > recs[_demo.MODES[2]]["underflow_fraction"]
-    assert recs[_demo.MODES[2]]["final_scale"] >= 2.0 ** 15
+    assert recs[_demo.MODES[2]]["final_scale"] >= 2.0**15
     assert (tmp_path / "lscore_demo.png").stat().st_size > 10000

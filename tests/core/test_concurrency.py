@@ -5,6 +5,7 @@ atomic with respect to other threads; a sequence of calls is not.  The scan
 holds no state of its own and releases the GIL on inputs above 256 KiB.
 No test here measures time: they count what happened.
 """
+
 import sys
 import threading
 import time
@@ -35,8 +36,14 @@ def _run(threads):
 def _doubling_policy():
     # every finite step doubles, every non-finite step halves, in float64:
     # the final scale depends only on how many of each, not on their order
-    return Policy(name="t", init_scale=1.0, growth_interval=1, growth_factor=2.0,
-                  backoff_factor=0.5, precision="float64")
+    return Policy(
+        name="t",
+        init_scale=1.0,
+        growth_interval=1,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        precision="float64",
+    )
 
 
 def test_update_from_many_threads_keeps_counters_exact(fast_switching):
@@ -49,8 +56,8 @@ def test_update_from_many_threads_keeps_counters_exact(fast_switching):
             for _ in range(pairs):
                 state.update(True)
                 state.update(False)
-            state.update(True)          # each thread ends one doubling up
-        except Exception as e:          # pragma: no cover - reported below
+            state.update(True)  # each thread ends one doubling up
+        except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
     _run([threading.Thread(target=work) for _ in range(n_threads)])
@@ -58,12 +65,12 @@ def test_update_from_many_threads_keeps_counters_exact(fast_switching):
     c = state.counters()
     assert c["steps"] == n_threads * (2 * pairs + 1)
     assert c["skipped"] == n_threads * pairs
-    assert state.scale == 2.0 ** n_threads
+    assert state.scale == 2.0**n_threads
 
 
 def test_tf_apis_from_many_threads(fast_switching):
-    dyn = lscore.DynamicLossScale(2.0 ** 20, 10 ** 9, 2)     # never grows: scale counts backoffs
-    mgr = lscore.ExponentialUpdateLossScaleManager(2.0 ** 20, 10 ** 9, 1, 2, 0.5)
+    dyn = lscore.DynamicLossScale(2.0**20, 10**9, 2)  # never grows: scale counts backoffs
+    mgr = lscore.ExponentialUpdateLossScaleManager(2.0**20, 10**9, 1, 2, 0.5)
     good, bad = [np.ones(3, np.float32)], [np.array([1.0, np.inf], np.float32)]
 
     def work():
@@ -73,7 +80,7 @@ def test_tf_apis_from_many_threads(fast_switching):
 
     _run([threading.Thread(target=work) for _ in range(5)])
     # 10 overflows in all: each halves the scale, whatever the interleaving
-    assert dyn() == 2.0 ** 10 and mgr.get_loss_scale() == 2.0 ** 10
+    assert dyn() == 2.0**10 and mgr.get_loss_scale() == 2.0**10
     assert dyn.state.counters()["steps"] == 1000 and dyn.state.counters()["skipped"] == 10
     assert mgr.state.counters()["steps"] == 1000 and mgr.state.counters()["skipped"] == 10
 
@@ -114,7 +121,7 @@ def test_load_state_dict_races_cleanly_with_update(fast_switching):
         try:
             for _ in range(20000):
                 state.update(True)
-        except Exception as e:          # pragma: no cover
+        except Exception as e:  # pragma: no cover
             errors.append(e)
         stop.set()
 
@@ -179,21 +186,26 @@ def test_small_scans_keep_the_gil():
 
 
 def test_large_all_finite_releases_the_gil():
-    big = np.ones(2 ** 24, np.float32)          # 64 MiB
+    big = np.ones(2**24, np.float32)  # 64 MiB
     assert _some_progress(lambda: lscore.all_finite([big, big[::-1]]))
 
 
 def test_large_unscale_releases_the_gil():
-    big = [np.ones(2 ** 22, np.float32) for _ in range(4)]
+    big = [np.ones(2**22, np.float32) for _ in range(4)]
     assert _some_progress(lambda: lscore.unscale_(big, 0.5))
     assert np.all(big[0] <= 1.0)
 
 
 def test_raw_scan_releases_the_gil():
     from lscore._ext import _scan
-    big = np.ones(2 ** 24, np.float32)
-    table = (np.array([big.ctypes.data], np.uint64), np.array([big.size], np.int64),
-             np.array([4], np.int64), np.array([3], np.int32))
+
+    big = np.ones(2**24, np.float32)
+    table = (
+        np.array([big.ctypes.data], np.uint64),
+        np.array([big.size], np.int64),
+        np.array([4], np.int64),
+        np.array([3], np.int32),
+    )
     assert _some_progress(lambda: _scan.all_finite_raw(*table))
 
 

@@ -1,4 +1,5 @@
 """lscore.diagnostics: NaN/Inf counts per named tensor on skipped steps, rate-limited logging."""
+
 import logging
 import sys
 import threading
@@ -14,25 +15,38 @@ from helpers.gen import make_array, nonfinite_values
 
 
 def _numpy_counts(a):
-    f = np.asarray(a).astype(np.float64)       # exact for every format here
+    f = np.asarray(a).astype(np.float64)  # exact for every format here
     return int(np.isnan(f).sum()), int(np.isposinf(f).sum()), int(np.isneginf(f).sum())
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES + FLOAT8_DTYPES, ids=str)
-@pytest.mark.parametrize("layout", ["contiguous", "strided", "reversed", "transposed",
-                                    "byteswapped", "unaligned", "zero_d", "empty"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "contiguous",
+        "strided",
+        "reversed",
+        "transposed",
+        "byteswapped",
+        "unaligned",
+        "zero_d",
+        "empty",
+    ],
+)
 def test_counts_match_numpy(dtype, layout):
     rng = np.random.default_rng(5)
     values = nonfinite_values(dtype)
     for trial in range(6):
-        bad = [(int(rng.integers(0, 64)), values[int(rng.integers(0, len(values)))])
-               for _ in range(trial * 3)]
+        bad = [
+            (int(rng.integers(0, 64)), values[int(rng.integers(0, len(values)))])
+            for _ in range(trial * 3)
+        ]
         a = make_array(rng, dtype, 64, layout, bad)
         assert count_nonfinite(a) == _numpy_counts(a), (layout, bad)
 
 
 def test_counts_on_raw_words_and_huge_arrays():
-    a = np.zeros((1 << 20) + 7, np.float16)     # more than one chunk
+    a = np.zeros((1 << 20) + 7, np.float16)  # more than one chunk
     a[[3, -1]] = np.inf
     a[(1 << 20) + 2] = -np.inf
     a[5] = np.nan
@@ -47,10 +61,15 @@ def test_counts_on_raw_words_and_huge_arrays():
 
 def test_named_arrays():
     w, b, c = np.ones(1), np.ones(2), np.ones(3)
-    assert [n for n, _ in named_arrays({"layer": {"w": w, "b": b}, "c": c})] == \
-        ["layer.w", "layer.b", "c"]
-    assert [n for n, _ in named_arrays([("fc.weight", w), ("fc.bias", None), ("x", b)])] == \
-        ["fc.weight", "x"]
+    assert [n for n, _ in named_arrays({"layer": {"w": w, "b": b}, "c": c})] == [
+        "layer.w",
+        "layer.b",
+        "c",
+    ]
+    assert [n for n, _ in named_arrays([("fc.weight", w), ("fc.bias", None), ("x", b)])] == [
+        "fc.weight",
+        "x",
+    ]
     assert [n for n, _ in named_arrays([w, [b, None, c]])] == ["0", "1.0", "1.2"]
     assert named_arrays(None) == [] and named_arrays(w) == [("0", w)]
 
@@ -78,15 +97,21 @@ def test_first_burst_is_one_summary_line(caplog):
 
 def test_report_names_the_tensors_and_counts():
     m = OverflowMonitor(logger=logging.getLogger("lscore.test.quiet"))
-    grads = {"enc": {"w": np.array([np.nan, 1, np.nan], np.float16)},
-             "dec.b": np.array([np.inf, -np.inf, -np.inf, 2.0]), "ok": np.ones(4)}
+    grads = {
+        "enc": {"w": np.array([np.nan, 1, np.nan], np.float16)},
+        "dec.b": np.array([np.inf, -np.inf, -np.inf, 2.0]),
+        "ok": np.ones(4),
+    }
     _run(m, [True, False], arrays=grads)
     rep = m.last_report
     assert rep.step == 1 and rep.scale_before == 65536.0 and rep.scale_after == 32768.0
-    assert [(t.name, t.nan, t.posinf, t.neginf, t.size) for t in rep.tensors] == \
-        [("enc.w", 2, 0, 0, 3), ("dec.b", 0, 1, 2, 4)]
-    assert str(rep) == ("step 1 skipped (scale 65536 -> 32768): enc.w (2 NaN of 3), "
-                        "dec.b (1 +Inf, 2 -Inf of 4)")
+    assert [(t.name, t.nan, t.posinf, t.neginf, t.size) for t in rep.tensors] == [
+        ("enc.w", 2, 0, 0, 3),
+        ("dec.b", 0, 1, 2, 4),
+    ]
+    assert str(rep) == (
+        "step 1 skipped (scale 65536 -> 32768): enc.w (2 NaN of 3), dec.b (1 +Inf, 2 -Inf of 4)"
+    )
 
 
 def test_arrays_are_read_only_on_skipped_steps():
@@ -94,8 +119,9 @@ def test_arrays_are_read_only_on_skipped_steps():
     m = OverflowMonitor(logger=logging.getLogger("lscore.test.quiet"))
     events = [True, True, False, True, False, False, True]
     for step, finite in enumerate(events):
-        m.observe(step, finite, 8.0, 8.0 if finite else 4.0,
-                  lambda: calls.append(1) or {"g": np.ones(2)})
+        m.observe(
+            step, finite, 8.0, 8.0 if finite else 4.0, lambda: calls.append(1) or {"g": np.ones(2)}
+        )
     assert len(calls) == events.count(False)
     m_off = OverflowMonitor(report=False)
     m_off.observe(0, False, 8.0, 4.0, lambda: calls.append(1))
@@ -105,8 +131,8 @@ def test_arrays_are_read_only_on_skipped_steps():
 def test_rate_limit_merges_bursts(caplog):
     caplog.set_level(logging.INFO, logger="lscore")
     m = OverflowMonitor(min_interval=100)
-    events = [(i % 10) != 9 for i in range(1000)]         # one overflow every 10 steps
-    _run(m, events, scale=2.0 ** 100)
+    events = [(i % 10) != 9 for i in range(1000)]  # one overflow every 10 steps
+    _run(m, events, scale=2.0**100)
     m.flush()
     lines = [r.getMessage() for r in caplog.records if r.name == "lscore"]
     assert m.total_skipped == 100
@@ -118,12 +144,12 @@ def test_rate_limit_merges_bursts(caplog):
 def test_endless_burst_reports_at_the_interval(caplog):
     caplog.set_level(logging.INFO, logger="lscore")
     m = OverflowMonitor(min_interval=50, report=False)
-    _run(m, [False] * 120, scale=2.0 ** 100)
+    _run(m, [False] * 120, scale=2.0**100)
     lines = [r.getMessage() for r in caplog.records if r.name == "lscore"]
-    assert lines == ["first 51 steps skipped while the scale fell from 1.2676506e+30 to "
-                     "5.6294995e+14",
-                     "51 steps skipped in steps 51-101 while the scale fell from 5.6294995e+14 "
-                     "to 1"]
+    assert lines == [
+        "first 51 steps skipped while the scale fell from 1.2676506e+30 to 5.6294995e+14",
+        "51 steps skipped in steps 51-101 while the scale fell from 5.6294995e+14 to 1",
+    ]
     assert m.consecutive_skipped == 120 and m.last_skipped_step == 119
 
 
@@ -172,6 +198,7 @@ def test_names_by_identity():
 
 def test_monitor_pickles():
     import pickle
+
     m = OverflowMonitor(min_interval=7)
     m.observe(0, False, 4.0, 2.0, {"w": np.array([np.nan])})
     n = pickle.loads(pickle.dumps(m))
@@ -180,6 +207,7 @@ def test_monitor_pickles():
 
 
 # ---- the adapters' hooks: reports name parameters, computed on skipped steps only -------
+
 
 def test_adapter_optimizer_reports_named_variables(backend, caplog):
     """Every adapter's LossScaleOptimizer (NumPy, CuPy, torch) names the culprit."""
@@ -194,17 +222,20 @@ def test_adapter_optimizer_reports_named_variables(backend, caplog):
     assert [(t.name, t.posinf) for t in m.last_report.tensors] == [("dense.b", 1)]
     assert [r.getMessage() for r in caplog.records if r.name == "lscore"] == [
         "first 1 step skipped while the scale fell from 8 to 4; last overflow: "
-        "dense.b (1 +Inf of 2)"]
+        "dense.b (1 +Inf of 2)"
+    ]
 
 
 def test_torch_adapters_report_named_parameters():
     torch = pytest.importorskip("torch")
     from lscore.adapters.torch import GradScaler, LossScaleOptimizer
+
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
     for kind in ("scaler", "lso"):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        mon = OverflowMonitor(names=model.named_parameters(),
-                              logger=logging.getLogger("lscore.test.quiet"))
+        mon = OverflowMonitor(
+            names=model.named_parameters(), logger=logging.getLogger("lscore.test.quiet")
+        )
         if kind == "lso":
             opt = LossScaleOptimizer(opt, initial_scale=16.0)
             opt.overflow_monitor = mon

@@ -1,4 +1,5 @@
 """Validation: the foundation issue's table, error wording, failed calls change nothing, JSON state."""
+
 import json
 import math
 from fractions import Fraction
@@ -12,40 +13,63 @@ from lscore import LossScaleState, Policy
 NAN, INF = float("nan"), float("inf")
 
 
-@pytest.mark.parametrize("value,want", [(1, 1.0), (2.5, 2.5), (True, 1.0), (np.float32(4), 4.0),
-                                        (np.float64(8), 8.0), (Fraction(3, 2), 1.5)])
+@pytest.mark.parametrize(
+    "value,want",
+    [
+        (1, 1.0),
+        (2.5, 2.5),
+        (True, 1.0),
+        (np.float32(4), 4.0),
+        (np.float64(8), 8.0),
+        (Fraction(3, 2), 1.5),
+    ],
+)
 def test_fixed_accepts(value, want):
     assert lscore.FixedLossScale(value).get_config() == {"loss_scale_value": want}
     assert lscore.FixedLossScaleManager(value).get_loss_scale() == want
 
 
-@pytest.mark.parametrize("value,exc,msg", [
-    (0.5, ValueError, "^loss_scale_value must be at least 1.$"),
-    (0, ValueError, "^loss_scale_value must be at least 1.$"),
-    (False, ValueError, "^loss_scale_value must be at least 1.$"),
-    (-3, ValueError, "^loss_scale_value must be at least 1.$"),
-    (NAN, ValueError, "loss_scale_value must be finite, got nan"),
-    (INF, ValueError, "loss_scale_value must be finite, got inf"),
-    (1e39, ValueError, "finite in float32"),
-    ("8", TypeError, "loss_scale_value must be a real number, got '8'"),
-    (None, TypeError, "must be a real number"),
-    (1 + 2j, TypeError, "must be a real number"),
-])
+@pytest.mark.parametrize(
+    "value,exc,msg",
+    [
+        (0.5, ValueError, "^loss_scale_value must be at least 1.$"),
+        (0, ValueError, "^loss_scale_value must be at least 1.$"),
+        (False, ValueError, "^loss_scale_value must be at least 1.$"),
+        (-3, ValueError, "^loss_scale_value must be at least 1.$"),
+        (NAN, ValueError, "loss_scale_value must be finite, got nan"),
+        (INF, ValueError, "loss_scale_value must be finite, got inf"),
+        (1e39, ValueError, "finite in float32"),
+        ("8", TypeError, "loss_scale_value must be a real number, got '8'"),
+        (None, TypeError, "must be a real number"),
+        (1 + 2j, TypeError, "must be a real number"),
+    ],
+)
 def test_fixed_rejects(value, exc, msg):
     with pytest.raises(exc, match=msg):
         lscore.FixedLossScale(value)
 
 
-@pytest.mark.parametrize("value", [0.25, 1e-3, 2 ** 15, 3])
+@pytest.mark.parametrize("value", [0.25, 1e-3, 2**15, 3])
 def test_dynamic_initial_accepts(value):
     assert lscore.DynamicLossScale(value)() == float(np.float32(value))
-    assert lscore.ExponentialUpdateLossScaleManager(value, 2).get_loss_scale() == \
-        float(np.float32(value))
+    assert lscore.ExponentialUpdateLossScaleManager(value, 2).get_loss_scale() == float(
+        np.float32(value)
+    )
 
 
-@pytest.mark.parametrize("value,exc", [(NAN, ValueError), (INF, ValueError), (-INF, ValueError),
-                                       (0, ValueError), (-1, ValueError), ("1", TypeError),
-                                       (None, TypeError), ([2], TypeError)])
+@pytest.mark.parametrize(
+    "value,exc",
+    [
+        (NAN, ValueError),
+        (INF, ValueError),
+        (-INF, ValueError),
+        (0, ValueError),
+        (-1, ValueError),
+        ("1", TypeError),
+        (None, TypeError),
+        ([2], TypeError),
+    ],
+)
 def test_dynamic_initial_rejects(value, exc):
     with pytest.raises(exc, match="initial_loss_scale"):
         lscore.DynamicLossScale(value)
@@ -67,8 +91,10 @@ def test_period_rejects(value, exc):
         lscore.ExponentialUpdateLossScaleManager(2, value)
 
 
-@pytest.mark.parametrize("value,exc", [(0.5, ValueError), (0, ValueError), (NAN, ValueError),
-                                       (INF, ValueError), ("2", TypeError)])
+@pytest.mark.parametrize(
+    "value,exc",
+    [(0.5, ValueError), (0, ValueError), (NAN, ValueError), (INF, ValueError), ("2", TypeError)],
+)
 def test_multiplier_rejects(value, exc):
     with pytest.raises(exc, match="multiplier"):
         lscore.DynamicLossScale(2, 2, value)
@@ -89,8 +115,9 @@ def test_decr_ratio_rejects(value):
         lscore.ExponentialUpdateLossScaleManager(2, 2, decr_ratio=value)
 
 
-@pytest.mark.parametrize("value,exc", [(0, ValueError), (-1, ValueError), (1.5, TypeError),
-                                       ("2", TypeError)])
+@pytest.mark.parametrize(
+    "value,exc", [(0, ValueError), (-1, ValueError), (1.5, TypeError), ("2", TypeError)]
+)
 def test_decr_every_rejects(value, exc):
     with pytest.raises(exc, match="decr_every_n_nan_or_inf"):
         lscore.ExponentialUpdateLossScaleManager(2, 2, decr_every_n_nan_or_inf=value)
@@ -101,8 +128,10 @@ def test_policy_errors_name_parameter_value_and_rule():
         Policy(growth_factor=0.5)
     with pytest.raises(ValueError, match=r"^backoff_factor must be in \(0, 1\], got 2$"):
         Policy(backoff_factor=2)
-    with pytest.raises(ValueError, match="unknown precision 'float16'; expected one of: "
-                                         "float32, float32_float64, float64"):
+    with pytest.raises(
+        ValueError,
+        match="unknown precision 'float16'; expected one of: float32, float32_float64, float64",
+    ):
         Policy(precision="float16")
     with pytest.raises(ValueError, match="hysteresis must be >= 1, got 0"):
         Policy(hysteresis=0)
@@ -114,8 +143,17 @@ def test_policy_errors_name_parameter_value_and_rule():
         Policy(guard_finite=1)
 
 
-@pytest.mark.parametrize("inv,exc", [(0, ValueError), (-1, ValueError), (NAN, ValueError),
-                                     (INF, ValueError), ("0.5", TypeError), (None, TypeError)])
+@pytest.mark.parametrize(
+    "inv,exc",
+    [
+        (0, ValueError),
+        (-1, ValueError),
+        (NAN, ValueError),
+        (INF, ValueError),
+        ("0.5", TypeError),
+        (None, TypeError),
+    ],
+)
 def test_unscale_inv_scale_rejects(inv, exc):
     a = np.ones(3, np.float32)
     with pytest.raises(exc, match="inv_scale"):
@@ -139,14 +177,16 @@ def test_unscale_rejects_numbers_and_overlap():
     with pytest.raises(TypeError, match="numpy scalar"):
         lscore.unscale_(np.float32(3), 0.5)
     base = np.ones(4, np.float32)
-    overlapping = np.lib.stride_tricks.as_strided(base, shape=(4, 3), strides=(4, 0),
-                                                  writeable=True)
+    overlapping = np.lib.stride_tricks.as_strided(
+        base, shape=(4, 3), strides=(4, 0), writeable=True
+    )
     with pytest.raises(ValueError, match="do not overlap"):
         lscore.unscale_([base[:2], overlapping], 0.5)
     assert np.all(base == 1)
-    half_step = np.lib.stride_tricks.as_strided(base.view(np.uint8)[:], shape=(5,), strides=(2,),
-                                                writeable=True).view(np.uint8)
-    assert lscore.unscale_(half_step, 0.5)     # integers are never written: no overlap problem
+    half_step = np.lib.stride_tricks.as_strided(
+        base.view(np.uint8)[:], shape=(5,), strides=(2,), writeable=True
+    ).view(np.uint8)
+    assert lscore.unscale_(half_step, 0.5)  # integers are never written: no overlap problem
 
 
 def test_unsupported_types_name_the_type():
@@ -178,8 +218,15 @@ def test_cycle_in_containers_is_an_error():
 
 
 def test_state_dict_is_json_and_round_trips_nonfinite_scale():
-    s = LossScaleState(Policy(name="k3", precision="float32", guard_finite=False,
-                              growth_interval=1, init_scale=2.0 ** 127))
+    s = LossScaleState(
+        Policy(
+            name="k3",
+            precision="float32",
+            guard_finite=False,
+            growth_interval=1,
+            init_scale=2.0**127,
+        )
+    )
     s.update(True)
     assert s.scale == INF
     d = s.state_dict()
@@ -189,17 +236,20 @@ def test_state_dict_is_json_and_round_trips_nonfinite_scale():
     assert t.scale == INF and t.counters() == s.counters() and t.policy == s.policy
 
 
-@pytest.mark.parametrize("mutate,exc,msg", [
-    (lambda d: d.update(format="lscore.state/9"), ValueError, "understands: lscore.state/1"),
-    (lambda d: d.update(extra=1), ValueError, "unknown keys .*'extra'"),
-    (lambda d: d.pop("counters"), ValueError, "missing the key 'counters'"),
-    (lambda d: d["counters"].update(bogus=1), ValueError, "unknown counters: 'bogus'"),
-    (lambda d: d["counters"].pop("steps"), ValueError, "missing counters: steps"),
-    (lambda d: d["counters"].update(steps="3"), TypeError, "counter steps must be an int"),
-    (lambda d: d.update(scale="big"), ValueError, "scale must be a number or one of"),
-    (lambda d: d["policy"].update(colour="red"), ValueError, "unknown policy keys: 'colour'"),
-    (lambda d: d["policy"].update(growth_factor=0.1), ValueError, "growth_factor"),
-])
+@pytest.mark.parametrize(
+    "mutate,exc,msg",
+    [
+        (lambda d: d.update(format="lscore.state/9"), ValueError, "understands: lscore.state/1"),
+        (lambda d: d.update(extra=1), ValueError, "unknown keys .*'extra'"),
+        (lambda d: d.pop("counters"), ValueError, "missing the key 'counters'"),
+        (lambda d: d["counters"].update(bogus=1), ValueError, "unknown counters: 'bogus'"),
+        (lambda d: d["counters"].pop("steps"), ValueError, "missing counters: steps"),
+        (lambda d: d["counters"].update(steps="3"), TypeError, "counter steps must be an int"),
+        (lambda d: d.update(scale="big"), ValueError, "scale must be a number or one of"),
+        (lambda d: d["policy"].update(colour="red"), ValueError, "unknown policy keys: 'colour'"),
+        (lambda d: d["policy"].update(growth_factor=0.1), ValueError, "growth_factor"),
+    ],
+)
 def test_bad_state_dicts_change_nothing(mutate, exc, msg):
     ls = lscore.DynamicLossScale(8, 3, 2)
     ls.update([np.ones(1)])
@@ -217,12 +267,16 @@ def test_load_before_first_use():
         a.update_loss_scale(e)
     b = lscore.ExponentialUpdateLossScaleManager(64, 3, 2)
     b.load_state_dict(a.state_dict())
-    assert (b.get_loss_scale(), b.good_steps, b.bad_steps) == \
-        (a.get_loss_scale(), a.good_steps, a.bad_steps)
+    assert (b.get_loss_scale(), b.good_steps, b.bad_steps) == (
+        a.get_loss_scale(),
+        a.good_steps,
+        a.bad_steps,
+    )
 
 
 def test_pickle_round_trip():
     import pickle
+
     s = LossScaleState(Policy(init_scale=8.0))
     s.update(False)
     t = pickle.loads(pickle.dumps(s))

@@ -6,6 +6,7 @@ counter and parameter of the continuation must be bit-identical to an
 uninterrupted run.  An exception from the inner optimizer must leave the
 loss-scale state as it was before the step.
 """
+
 import json
 import os
 import subprocess
@@ -31,16 +32,26 @@ def test_checkpoint_resumes_bit_identically_in_a_new_process(tmp_path):
             key = f"{sc.name}/{fmt}"
             path = tmp_path / key.replace("/", "_")
             path.write_bytes(sc.save(obj, fmt))
-            manifest[key] = {"scenario": sc.name, "format": fmt, "path": str(path),
-                             "events": evs[FIRST:]}
+            manifest[key] = {
+                "scenario": sc.name,
+                "format": fmt,
+                "path": str(path),
+                "events": evs[FIRST:],
+            }
             expected[key] = full[FIRST:]
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     # -P: nothing from the working directory shadows the installed lscore
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, "-P", "-m", "helpers.resume",
-                           str(tmp_path / "manifest.json")], capture_output=True, text=True,
-                          timeout=300, env=env)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-P", "-m", "helpers.resume", str(tmp_path / "manifest.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
     assert set(got) == set(expected)
@@ -50,6 +61,7 @@ def test_checkpoint_resumes_bit_identically_in_a_new_process(tmp_path):
 
 
 # ---- atomic steps: an exception from the inner optimizer changes no loss-scale state ----
+
 
 class Boom(RuntimeError):
     pass
@@ -75,25 +87,39 @@ class UserLossScale(lscore.LossScale):
 
 
 def _scaling_args():
-    return {"keras": {}, "experimental": {"loss_scale": lscore.DynamicLossScale(64.0, 1)},
-            "tf1": {"loss_scale_manager": lscore.ExponentialUpdateLossScaleManager(64.0, 1)},
-            "user": {"loss_scale": UserLossScale()},
-            "user-tf2-subclass": {"loss_scale": type("Sub", (lscore.DynamicLossScale,), {
-                "update": lambda self, g: lscore.DynamicLossScale.update(self, _as_numpy(g))})(
-                    64.0, 1)}}
+    return {
+        "keras": {},
+        "experimental": {"loss_scale": lscore.DynamicLossScale(64.0, 1)},
+        "tf1": {"loss_scale_manager": lscore.ExponentialUpdateLossScaleManager(64.0, 1)},
+        "user": {"loss_scale": UserLossScale()},
+        "user-tf2-subclass": {
+            "loss_scale": type(
+                "Sub",
+                (lscore.DynamicLossScale,),
+                {"update": lambda self, g: lscore.DynamicLossScale.update(self, _as_numpy(g))},
+            )(64.0, 1)
+        },
+    }
 
 
 def _as_numpy(grads):
     """User LossScales see the adapter's own tensors; these two read them through NumPy."""
-    return [g.get() if hasattr(g, "get") and not isinstance(g, np.ndarray)     # cupy
-            else np.asarray(g.detach() if hasattr(g, "detach") else g) for g in grads]
+    return [
+        g.get()
+        if hasattr(g, "get") and not isinstance(g, np.ndarray)  # cupy
+        else np.asarray(g.detach() if hasattr(g, "detach") else g)
+        for g in grads
+    ]
 
 
 def _scale_state(opt):
     s = opt.loss_scaling
     obj = s.loss_scale_object if s.shape != "keras" else s._dynamic_ls
-    return (s.scale, opt.iterations,
-            json.dumps(obj.state_dict()) if hasattr(obj, "state_dict") else repr(vars(obj)))
+    return (
+        s.scale,
+        opt.iterations,
+        json.dumps(obj.state_dict()) if hasattr(obj, "state_dict") else repr(vars(obj)),
+    )
 
 
 @pytest.mark.parametrize("shape", list(_scaling_args()))
@@ -111,8 +137,9 @@ def test_inner_optimizer_failure_leaves_scale_state(backend, shape):
     assert _scale_state(opt) != before
 
 
-@pytest.mark.parametrize("options", [{}, {"hysteresis": 2, "min_scale": 2.0}],
-                         ids=["torch", "lscore-options"])
+@pytest.mark.parametrize(
+    "options", [{}, {"hysteresis": 2, "min_scale": 2.0}], ids=["torch", "lscore-options"]
+)
 def test_gradscaler_inner_optimizer_failure_leaves_scale_state(options):
     torch = pytest.importorskip("torch")
     from lscore.adapters.torch import GradScaler
@@ -135,9 +162,16 @@ def test_gradscaler_inner_optimizer_failure_leaves_scale_state(options):
 def test_every_state_the_core_produces_round_trips():
     # found by tests/fuzz/fuzz_state.py: a float32 policy whose growth factor is inf
     # in float32 turns a flushed-to-zero scale into NaN (0 * inf); the state must load
-    p = lscore.Policy(init_scale=2.0 ** -149, growth_factor=1e308, growth_interval=1,
-                      precision="float32", flush_subnormal=True, backoff_mode="divide",
-                      guard_finite=False, apply_next=True)
+    p = lscore.Policy(
+        init_scale=2.0**-149,
+        growth_factor=1e308,
+        growth_interval=1,
+        precision="float32",
+        flush_subnormal=True,
+        backoff_mode="divide",
+        guard_finite=False,
+        apply_next=True,
+    )
     st = lscore.LossScaleState(p)
     for finite in (False, True, True, True):
         st.update(finite)

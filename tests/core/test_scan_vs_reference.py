@@ -1,4 +1,5 @@
 """Compiled all_finite / unscale_ against lscore._reference on generated arrays."""
+
 import numpy as np
 import pytest
 
@@ -20,10 +21,12 @@ def gen_cases(seed: int, count: int):
         kind = rng.integers(0, 6)
         bad = []
         if n and kind:
-            pos = {1: 0, 2: n - 1, 3: int(rng.integers(0, n))}.get(int(kind), int(rng.integers(0, n)))
+            pos = {1: 0, 2: n - 1, 3: int(rng.integers(0, n))}.get(
+                int(kind), int(rng.integers(0, n))
+            )
             v = rng.choice(nonfinite_values(dt))
             bad = [(pos, v)]
-            if kind == 5:   # everything special at once
+            if kind == 5:  # everything special at once
                 sp = list(special_values(dt).values())
                 bad += [(int(rng.integers(0, n)), x) for x in sp]
         if kind == 4 and n:  # finite edge values only
@@ -39,8 +42,11 @@ def test_all_finite_matches_reference_10000_cases():
         for arrays in (a, [extra[1], a, None], {"x": [a], "y": None}):
             want = ref.all_finite(arrays)
             got = lscore.all_finite(arrays)
-            assert got is want, (f"case {case} dtype {dt} layout {layout} n {n} bad {bad}",
-                                 got, want)
+            assert got is want, (
+                f"case {case} dtype {dt} layout {layout} n {n} bad {bad}",
+                got,
+                want,
+            )
         checked += 1
     assert checked == 10000
 
@@ -56,7 +62,7 @@ def test_unscale_matches_reference_generated():
         e = make_array(rng, dt, int(rng.integers(0, 70)), "contiguous")
         b, f = a.copy(), e.copy()
         # odd cases as a flat list: plain arrays take the list's own fast path
-        args, ref_args = ((a, b) if case % 2 == 0 else ([e, None, a], [f, None, b]))
+        args, ref_args = (a, b) if case % 2 == 0 else ([e, None, a], [f, None, b])
         want = ref.unscale_(ref_args, inv)
         got = lscore.unscale_(args, inv)
         ctx = f"case {case} dtype {dt} layout {layout} n {n} inv {inv} bad {bad}"
@@ -100,7 +106,7 @@ def test_every_bit_pattern_classified(dt):
         pytest.skip("exhaustive only for 8/16-bit formats")
     a = np.arange(2 ** (8 * w), dtype=f"u{w}").view(dt)
     fin = np.isfinite(a.astype(np.float64))
-    got = np.array([lscore.all_finite(a[i:i + 1]) for i in range(a.size)])
+    got = np.array([lscore.all_finite(a[i : i + 1]) for i in range(a.size)])
     assert np.array_equal(got, fin)
 
 
@@ -124,20 +130,20 @@ def test_python_numbers_and_scalars():
 def test_all_finite_huge_array_over_2_31_elements():
     row = np.ones(1024, np.float32)
     row[-1] = np.inf
-    n_rows = 2 ** 21 + 1                   # 2**31 + 1024 elements through one row of memory
+    n_rows = 2**21 + 1  # 2**31 + 1024 elements through one row of memory
     view = np.broadcast_to(row, (n_rows, 1024))
-    assert view.size > 2 ** 31
+    assert view.size > 2**31
     assert not lscore.all_finite(view)
-    flat = np.broadcast_to(np.float32(1.0), (2 ** 31 + 7,))
+    flat = np.broadcast_to(np.float32(1.0), (2**31 + 7,))
     assert lscore.all_finite(flat)
 
 
 @pytest.mark.slow
 def test_unscale_huge_array_over_2_31_elements():
-    a = np.ones(2 ** 31 + 3, np.uint8).view(np.uint8)
+    a = np.ones(2**31 + 3, np.uint8).view(np.uint8)
     del a
-    a = np.empty(2 ** 31 + 3, np.float16)
+    a = np.empty(2**31 + 3, np.float16)
     a[...] = 2.0
     a[-1] = np.inf
     assert not lscore.unscale_(a, 0.5)
-    assert a[0] == 1.0 and a[2 ** 31 + 1] == 1.0 and np.isinf(a[-1])
+    assert a[0] == 1.0 and a[2**31 + 1] == 1.0 and np.isinf(a[-1])

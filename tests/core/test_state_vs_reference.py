@@ -1,4 +1,5 @@
 """The compiled state machine against lscore._reference.update on generated policies and events."""
+
 import math
 
 import numpy as np
@@ -11,8 +12,11 @@ from helpers.gen import event_sequence, random_policy
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, strategies as st  # noqa: E402
 
+
 def same(a: float, b: float) -> bool:
-    return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    return (math.isnan(a) and math.isnan(b)) or (
+        a == b and math.copysign(1, a) == math.copysign(1, b)
+    )
 
 
 def run_both(policy: Policy, events, label=""):
@@ -26,7 +30,7 @@ def run_both(policy: Policy, events, label=""):
         except LossScaleFloorError:
             got_code = -1
         c = st_.counters()
-        ctx = f"{label} step {i} events {events[:i + 1]} policy {policy}"
+        ctx = f"{label} step {i} events {events[: i + 1]} policy {policy}"
         assert got_code == code, ctx
         assert same(st_.scale, r.scale), (st_.scale, r.scale, ctx)
         if policy.apply_next:
@@ -43,14 +47,21 @@ def test_generated_sequences_match_reference():
         run_both(policy, events, label=f"seed 20261122 case {case}")
 
 
-@given(seed=st.integers(0, 2 ** 32 - 1), events=st.lists(st.booleans(), min_size=1, max_size=80))
+@given(seed=st.integers(0, 2**32 - 1), events=st.lists(st.booleans(), min_size=1, max_size=80))
 def test_hypothesis_sequences_match_reference(seed, events):
     run_both(random_policy(np.random.default_rng(seed)), events, label=f"seed {seed}")
 
 
 def test_floor_error_leaves_state_untouched():
-    p = Policy(name="ds", init_scale=2.0, min_scale=1.0, min_action="raise_at",
-               backoff_mode="divide", precision="float64", growth_interval=1000)
+    p = Policy(
+        name="ds",
+        init_scale=2.0,
+        min_scale=1.0,
+        min_action="raise_at",
+        backoff_mode="divide",
+        precision="float64",
+        growth_interval=1000,
+    )
     s = LossScaleState(p)
     assert not s.update(False)
     assert s.scale == 1.0

@@ -4,6 +4,7 @@ Vectors are from tf_semantics.md §7 (TF loss_scale_test.py, contrib
 loss_scale_manager_test.py); each runs through the public class and, for the
 dynamic rules, through lscore._reference as well.
 """
+
 import json
 
 import numpy as np
@@ -36,28 +37,66 @@ def run_dynamic(events, **kw):
 
 
 TF_VECTORS = [
-    ("increase", dict(initial_loss_scale=1, increment_period=2, multiplier=2), [T] * 6,
-     [1, 2, 2, 4, 4, 8]),
-    ("keep_increasing_until_capped",
-     dict(initial_loss_scale=F32_MAX / 4, increment_period=2, multiplier=2), [T] * 6,
-     [F32_MAX / 4, F32_MAX / 2, F32_MAX / 2, F32_MAX, F32_MAX, F32_MAX]),
-    ("decrease_every_step", dict(initial_loss_scale=1024, increment_period=2, multiplier=2),
-     [F] * 6, [512, 256, 128, 64, 32, 16]),
-    ("keep_decreasing_until_one", dict(initial_loss_scale=16, increment_period=2, multiplier=2),
-     [F] * 6, [8, 4, 2, 1, 1, 1]),
-    ("nan_clear_good_step", dict(initial_loss_scale=1, increment_period=2, multiplier=2),
-     [T, T, T, F, T], [1, 2, 2, 1, 1]),
-    ("trigger_each_step", dict(initial_loss_scale=1, increment_period=1, multiplier=2),
-     [T, T, T, F, T, T], [2, 4, 8, 4, 8, 16]),
-    ("alternating_each_step", dict(initial_loss_scale=1, increment_period=1, multiplier=2),
-     [T, F] * 4 + [T], [2, 1, 2, 1, 2, 1, 2, 1, 2]),
-    ("alternating_every_other_step", dict(initial_loss_scale=32, increment_period=2,
-                                          multiplier=2),
-     [T, F] * 3 + [T], [32, 16, 16, 8, 8, 4, 4]),
-    ("nondefault_multiplier", dict(initial_loss_scale=4, increment_period=2, multiplier=3),
-     [T, T, F, T, T], [4, 12, 4, 4, 12]),
-    ("random_mix", dict(initial_loss_scale=4, increment_period=2, multiplier=2),
-     [F, T, T, T, F, T, F, T, T, T, F], [2, 2, 4, 4, 2, 2, 1, 1, 2, 2, 1]),
+    (
+        "increase",
+        dict(initial_loss_scale=1, increment_period=2, multiplier=2),
+        [T] * 6,
+        [1, 2, 2, 4, 4, 8],
+    ),
+    (
+        "keep_increasing_until_capped",
+        dict(initial_loss_scale=F32_MAX / 4, increment_period=2, multiplier=2),
+        [T] * 6,
+        [F32_MAX / 4, F32_MAX / 2, F32_MAX / 2, F32_MAX, F32_MAX, F32_MAX],
+    ),
+    (
+        "decrease_every_step",
+        dict(initial_loss_scale=1024, increment_period=2, multiplier=2),
+        [F] * 6,
+        [512, 256, 128, 64, 32, 16],
+    ),
+    (
+        "keep_decreasing_until_one",
+        dict(initial_loss_scale=16, increment_period=2, multiplier=2),
+        [F] * 6,
+        [8, 4, 2, 1, 1, 1],
+    ),
+    (
+        "nan_clear_good_step",
+        dict(initial_loss_scale=1, increment_period=2, multiplier=2),
+        [T, T, T, F, T],
+        [1, 2, 2, 1, 1],
+    ),
+    (
+        "trigger_each_step",
+        dict(initial_loss_scale=1, increment_period=1, multiplier=2),
+        [T, T, T, F, T, T],
+        [2, 4, 8, 4, 8, 16],
+    ),
+    (
+        "alternating_each_step",
+        dict(initial_loss_scale=1, increment_period=1, multiplier=2),
+        [T, F] * 4 + [T],
+        [2, 1, 2, 1, 2, 1, 2, 1, 2],
+    ),
+    (
+        "alternating_every_other_step",
+        dict(initial_loss_scale=32, increment_period=2, multiplier=2),
+        [T, F] * 3 + [T],
+        [32, 16, 16, 8, 8, 4, 4],
+    ),
+    (
+        "nondefault_multiplier",
+        dict(initial_loss_scale=4, increment_period=2, multiplier=3),
+        [T, T, F, T, T],
+        [4, 12, 4, 4, 12],
+    ),
+    (
+        "random_mix",
+        dict(initial_loss_scale=4, increment_period=2, multiplier=2),
+        [F, T, T, T, F, T, F, T, T, T, F],
+        [2, 2, 4, 4, 2, 2, 1, 1, 2, 2, 1],
+    ),
 ]
 
 
@@ -111,7 +150,7 @@ def test_serialization_round_trip():
 def test_get():
     d = lscore.get("dynamic")
     assert isinstance(d, lscore.DynamicLossScale)
-    assert (d(), d.increment_period, d.multiplier) == (2.0 ** 15, 2000, 2.0)
+    assert (d(), d.increment_period, d.multiplier) == (2.0**15, 2000, 2.0)
     f = lscore.get(123)
     assert isinstance(f, lscore.FixedLossScale)
     assert lscore.FixedLossScale.from_config(f.get_config())() == 123.0
@@ -137,14 +176,19 @@ def test_fixed_loss_scale():
 
 def test_defaults():
     ls = lscore.DynamicLossScale()
-    assert (ls(), ls.initial_loss_scale, ls.increment_period, ls.multiplier) == \
-        (32768.0, 32768.0, 2000, 2.0)
+    assert (ls(), ls.initial_loss_scale, ls.increment_period, ls.multiplier) == (
+        32768.0,
+        32768.0,
+        2000,
+        2.0,
+    )
 
 
 def test_period_zero_and_negative_grow_every_step():
     for period in (0, -3, 1):
-        assert run_dynamic([T, T, T], initial_loss_scale=1, increment_period=period,
-                           multiplier=2) == [2, 4, 8]
+        assert run_dynamic(
+            [T, T, T], initial_loss_scale=1, increment_period=period, multiplier=2
+        ) == [2, 4, 8]
 
 
 def test_period_converted_like_tf():
@@ -172,7 +216,7 @@ def test_float32_division_with_multiplier_1_1():
     divided = starts / m32
     multiplied = starts * inv32
     differ = starts[divided != multiplied]
-    assert differ.size > 100            # the two really differ in hundreds of cases
+    assert differ.size > 100  # the two really differ in hundreds of cases
     for s in differ[:: max(1, differ.size // 60)]:
         ls = lscore.DynamicLossScale(float(s), 2, 1.1)
         ls.update(BAD)
@@ -183,7 +227,7 @@ def test_float32_division_with_multiplier_1_1():
 def test_growth_with_multiplier_1_1_is_float32():
     ls = lscore.DynamicLossScale(3.0, 1, 1.1)
     ls.update(GOOD)
-    assert ls() == float(np.float32(3.0) * np.float32(1.1))   # 3.3000001907...
+    assert ls() == float(np.float32(3.0) * np.float32(1.1))  # 3.3000001907...
 
 
 def test_initial_scale_is_rounded_to_float32():
@@ -195,18 +239,20 @@ def test_initial_scale_is_rounded_to_float32():
 def test_repr_names_state():
     ls = lscore.DynamicLossScale(2, 3, 2)
     ls.update(GOOD)
-    assert repr(ls) == ("DynamicLossScale(current_loss_scale=2.0, num_good_steps=1, "
-                        "initial_loss_scale=2.0, increment_period=3, multiplier=2.0)")
+    assert repr(ls) == (
+        "DynamicLossScale(current_loss_scale=2.0, num_good_steps=1, "
+        "initial_loss_scale=2.0, increment_period=3, multiplier=2.0)"
+    )
 
 
 def test_dynamic_state_dict_resumes_exactly():
     rng = np.random.default_rng(3)
     events = [bool(x) for x in rng.random(200) > 0.3]
-    a = lscore.DynamicLossScale(2 ** 10, 3, 2)
+    a = lscore.DynamicLossScale(2**10, 3, 2)
     for e in events[:97]:
         a.update(GOOD if e else BAD)
     saved = json.loads(json.dumps(a.state_dict(), allow_nan=False))
-    b = lscore.DynamicLossScale(2 ** 10, 3, 2)
+    b = lscore.DynamicLossScale(2**10, 3, 2)
     b.load_state_dict(saved)
     for e in events[97:]:
         assert a.update(GOOD if e else BAD) == b.update(GOOD if e else BAD)
@@ -226,8 +272,14 @@ def test_state_dict_from_other_policy_is_rejected():
 
 CONTRIB = [
     ("increase", 1, 2, 2, [T] * 6, [1, 2, 2, 4, 4, 8]),
-    ("capped", F32_MAX / 4 + 10, 2, 2, [T] * 6,
-     [F32_MAX / 4, F32_MAX / 2, F32_MAX / 2, F32_MAX, F32_MAX, F32_MAX]),
+    (
+        "capped",
+        F32_MAX / 4 + 10,
+        2,
+        2,
+        [T] * 6,
+        [F32_MAX / 4, F32_MAX / 2, F32_MAX / 2, F32_MAX, F32_MAX, F32_MAX],
+    ),
     ("decrease", 1024, 2, 2, [F] * 6, [1024, 512, 512, 256, 256, 128]),
     ("until_one", 16, 2, 2, [F] * 10, [16, 8, 8, 4, 4, 2, 2, 1, 1, 1]),
     ("bad_clears_good", 1, 2, 2, [T, T, T, F, T], [1, 2, 2, 2, 2]),
@@ -235,8 +287,14 @@ CONTRIB = [
     ("each_step", 1, 1, 1, [T, T, T, F, T, T], [2, 4, 8, 4, 8, 16]),
     ("alternating", 1, 1, 1, [T, F] * 4 + [T], [2, 1, 2, 1, 2, 1, 2, 1, 2]),
     ("every_other", 32, 2, 1, [T, F] * 3 + [T], [32, 16, 16, 8, 8, 4, 4]),
-    ("random_mix", 4, 2, 2, [F, F, T, T, T, F, T, F, T, T, T, F],
-     [4, 2, 2, 4, 4, 4, 4, 2, 2, 4, 4, 4]),
+    (
+        "random_mix",
+        4,
+        2,
+        2,
+        [F, F, T, T, T, F, T, F, T, T, T, F],
+        [4, 2, 2, 4, 4, 4, 4, 2, 2, 4, 4, 4],
+    ),
 ]
 
 
@@ -255,14 +313,14 @@ def test_contrib_counters_and_clamp_to_one():
     m.update_loss_scale(True)
     m.update_loss_scale(False)
     m.update_loss_scale(True)
-    assert (m.good_steps, m.bad_steps) == (1, 1)      # finite steps do not clear bad steps
+    assert (m.good_steps, m.bad_steps) == (1, 1)  # finite steps do not clear bad steps
     m.update_loss_scale(False)
     assert (m.good_steps, m.bad_steps) == (0, 2)
     m.update_loss_scale(False)
     assert (m.get_loss_scale(), m.good_steps, m.bad_steps) == (2.0, 0, 0)
     c = lscore.ExponentialUpdateLossScaleManager(1.5, 10, 1, 2, 0.5)
     c.update_loss_scale(False)
-    assert c.get_loss_scale() == 1.0        # clamped to 1, not skipped
+    assert c.get_loss_scale() == 1.0  # clamped to 1, not skipped
     d = lscore.ExponentialUpdateLossScaleManager(0.25, 10, 1)
     d.update_loss_scale(np.array(False))
     assert d.get_loss_scale() == 1.0
@@ -311,10 +369,15 @@ def test_custom_manager_subclass():
 
 # ---- issue 17, items 14 and 15: what TF1 code hands the managers, and restored scales ----
 
-@pytest.mark.parametrize("make", [
-    lambda: lscore.ExponentialUpdateLossScaleManager(2.0 ** 10, 2),
-    lambda: lscore.preset("tf1", init_loss_scale=2.0 ** 10, incr_every_n_steps=2),
-], ids=["manager", "tf1 preset"])
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: lscore.ExponentialUpdateLossScaleManager(2.0**10, 2),
+        lambda: lscore.preset("tf1", init_loss_scale=2.0**10, incr_every_n_steps=2),
+    ],
+    ids=["manager", "tf1 preset"],
+)
 def test_managers_take_numpy_and_framework_bools(make):
     """A TF1 loop hands update_loss_scale whatever its all-finite reduction returns:
     a Python bool, numpy.bool_, a 0-d or 1-element bool array, or a 0-d torch bool tensor."""
@@ -339,9 +402,15 @@ def test_managers_take_numpy_and_framework_bools(make):
 
 
 def test_the_tf1_preset_is_a_loss_scale_manager_with_the_same_sequence():
-    p = lscore.preset("tf1", init_loss_scale=2.0 ** 12, incr_every_n_steps=3,
-                      decr_every_n_nan_or_inf=2, incr_ratio=2.0, decr_ratio=0.5)
-    m = lscore.ExponentialUpdateLossScaleManager(2.0 ** 12, 3, 2, 2.0, 0.5)
+    p = lscore.preset(
+        "tf1",
+        init_loss_scale=2.0**12,
+        incr_every_n_steps=3,
+        decr_every_n_nan_or_inf=2,
+        incr_ratio=2.0,
+        decr_ratio=0.5,
+    )
+    m = lscore.ExponentialUpdateLossScaleManager(2.0**12, 3, 2, 2.0, 0.5)
     assert isinstance(p, lscore.LossScaleManager)
     rng = np.random.default_rng(3)
     for finite in rng.random(200) > 0.2:
@@ -350,10 +419,15 @@ def test_the_tf1_preset_is_a_loss_scale_manager_with_the_same_sequence():
         assert p.get_loss_scale() == m.get_loss_scale()
 
 
-@pytest.mark.parametrize("make", [lscore.DynamicLossScale,
-                                  lambda: lscore.ExponentialUpdateLossScaleManager(2.0 ** 15, 4),
-                                  lambda: lscore.preset("torch")],
-                         ids=["tf2", "tf1", "torch"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lscore.DynamicLossScale,
+        lambda: lscore.ExponentialUpdateLossScaleManager(2.0**15, 4),
+        lambda: lscore.preset("torch"),
+    ],
+    ids=["tf2", "tf1", "torch"],
+)
 def test_a_restored_scale_is_rounded_to_the_policys_float32(make):
     """TF's and torch's scales are float32 variables: a float64 scale restored into them
     holds its float32 value, and the run continues from that value."""

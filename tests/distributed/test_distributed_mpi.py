@@ -6,6 +6,7 @@ inside the launcher's own deadline.  `make test` installs Open MPI (apt-get)
 and mpi4py; where that is impossible it writes the reason to
 <venv>/NO_MPI and these tests skip with it.
 """
+
 import importlib.util
 import shutil
 import sys
@@ -101,15 +102,21 @@ def test_world_of_one_issues_no_collective_and_normalises_stats():
     assert all(type(v) is float for v in stats.values())
 
 
-@pytest.mark.parametrize("stats, exc, message", [
-    ({"norm": 1.0}, ValueError, "stats keys must start with 'sum' (added) or 'max' (maxed), "
-                                "got 'norm'"),
-    ({1: 1.0}, ValueError, "got 1"),
-    ((1.0, 2.0, 3.0), ValueError, "stats as a sequence must be (sumsq, max_abs), got 3 values"),
-    ("sumsq", TypeError, "stats must be None, a (sumsq, max_abs) tuple or a dict, got str"),
-    ({"sumsq": "1"}, TypeError, "stats['sumsq'] must be a real number"),
-    ((1.0, None), TypeError, "stats[1] (max_abs) must be a real number"),
-])
+@pytest.mark.parametrize(
+    "stats, exc, message",
+    [
+        (
+            {"norm": 1.0},
+            ValueError,
+            "stats keys must start with 'sum' (added) or 'max' (maxed), got 'norm'",
+        ),
+        ({1: 1.0}, ValueError, "got 1"),
+        ((1.0, 2.0, 3.0), ValueError, "stats as a sequence must be (sumsq, max_abs), got 3 values"),
+        ("sumsq", TypeError, "stats must be None, a (sumsq, max_abs) tuple or a dict, got str"),
+        ({"sumsq": "1"}, TypeError, "stats['sumsq'] must be a real number"),
+        ((1.0, None), TypeError, "stats[1] (max_abs) must be a real number"),
+    ],
+)
 def test_bad_stats_are_rejected(stats, exc, message):
     with pytest.raises(exc) as info:
         MPIReducer(FakeComm()).reduce(False, stats)
@@ -146,10 +153,11 @@ def test_adapter_optimizer_follows_the_reducer(backend):
     """Every adapter's LossScaleOptimizer takes reducer= and skips where it says so."""
     (w,) = backend.variables([np.array([4.0], np.float32)])
     reducer = Scripted(bad_steps={1})
-    opt = backend.LossScaleOptimizer(backend.sgd([w], 1.0), initial_scale=8.0,
-                                     dynamic_growth_steps=100, reducer=reducer)
+    opt = backend.LossScaleOptimizer(
+        backend.sgd([w], 1.0), initial_scale=8.0, dynamic_growth_steps=100, reducer=reducer
+    )
     applied = []
-    for g in (1.0, 1.0, np.nan, 1.0):          # step 1: another worker's fault
+    for g in (1.0, 1.0, np.nan, 1.0):  # step 1: another worker's fault
         applied.append(bool(backend.apply(opt, [w], [np.array([g], np.float32)])))
     assert applied == [True, False, False, True]
     assert reducer.calls == [False, False, True, False]

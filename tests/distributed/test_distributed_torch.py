@@ -5,6 +5,7 @@ scenario of tests/helpers/dist/scenarios.py once; the tests below check
 their records.  Every launch has a deadline (helpers/dist/launch.py) and
 every collective a timeout, so a dead rank fails a test instead of hanging it.
 """
+
 import datetime
 
 import pytest
@@ -12,8 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
-    pytest.skip("this torch build has no torch.distributed gloo backend",
-                allow_module_level=True)
+    pytest.skip("this torch build has no torch.distributed gloo backend", allow_module_level=True)
 
 from helpers.dist import checks, devices, launch  # noqa: E402
 
@@ -52,12 +52,15 @@ def test_a_dead_rank_makes_the_others_fail_not_hang(tmp_path):
     assert survivor["error"], "the reduce with a dead peer returned instead of raising"
 
 
-@pytest.mark.parametrize("gpus, local_rank, want", [
-    (0, 1, ("gloo", "cpu")),
-    (1, 1, ("gloo", "cpu")),           # one GPU, two ranks: rank 1 has none of its own
-    (2, 1, ("nccl", "cuda:1")),
-    (4, 1, ("nccl", "cuda:1")),
-])
+@pytest.mark.parametrize(
+    "gpus, local_rank, want",
+    [
+        (0, 1, ("gloo", "cpu")),
+        (1, 1, ("gloo", "cpu")),  # one GPU, two ranks: rank 1 has none of its own
+        (2, 1, ("nccl", "cuda:1")),
+        (4, 1, ("nccl", "cuda:1")),
+    ],
+)
 def test_a_rank_gets_a_gpu_of_its_own_or_the_cpu(monkeypatch, gpus, local_rank, want):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
@@ -75,12 +78,15 @@ def test_auto_backend_runs_each_rank_where_pick_says(tmp_path):
     _ok(launch.torch_run("device", tmp_path, world=WORLD, backend="auto"))
     recs = launch.results(tmp_path, WORLD)
     assert [(r["backend"], r["device"]) for r in recs] == [
-        (backend, str(device)) for backend, device in (devices.pick(r, WORLD)
-                                                       for r in range(WORLD))]
+        (backend, str(device)) for backend, device in (devices.pick(r, WORLD) for r in range(WORLD))
+    ]
 
 
-@pytest.mark.parametrize("code", launch.readme_examples("dist.init_process_group"),
-                         ids=lambda code: "fsdp" if "fully_shard" in code else "ddp")
+@pytest.mark.parametrize(
+    "code",
+    launch.readme_examples("dist.init_process_group"),
+    ids=lambda code: "fsdp" if "fully_shard" in code else "ddp",
+)
 def test_readme_example_under_torchrun(code, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(code)
@@ -88,8 +94,12 @@ def test_readme_example_under_torchrun(code, tmp_path):
     # torch's own C++ teardown at interpreter exit, after destroy_process_group,
     # has aborted once under heavy load ("terminate called without an active
     # exception", SIGABRT) with every line already printed; only that is let through
-    _ok([(0 if rc == -6 and TEARDOWN_ABORT in out and out.count("rank ") >= 5 else rc, out)
-         for rc, out in runs])
+    _ok(
+        [
+            (0 if rc == -6 and TEARDOWN_ABORT in out and out.count("rank ") >= 5 else rc, out)
+            for rc, out in runs
+        ]
+    )
     lines = launch.rank_lines(*(out for _, out in runs))
     assert sorted(lines) == list(range(WORLD))
     assert all(lines[r] == lines[0] for r in lines), lines
@@ -99,6 +109,7 @@ def test_readme_example_under_torchrun(code, tmp_path):
 def _forbid_collectives(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("a collective ran in a world of one")
+
     for name in ("all_reduce", "all_gather_single", "all_gather_into_tensor", "all_gather"):
         if hasattr(dist, name):
             monkeypatch.setattr(dist, name, boom)
@@ -111,15 +122,19 @@ def test_no_process_group_is_a_world_of_one(monkeypatch):
     r = TorchReducer()
     assert r.world_size() == 1
     assert r.reduce(True) == (True, None)
-    assert r.reduce(False, {"sumsq": 2, "max_abs": 1.5}) == (False, {"sumsq": 2.0,
-                                                                   "max_abs": 1.5})
+    assert r.reduce(False, {"sumsq": 2, "max_abs": 1.5}) == (False, {"sumsq": 2.0, "max_abs": 1.5})
 
 
 def test_world_of_one_group_issues_no_collective(monkeypatch):
     if dist.is_initialized():
         pytest.skip("a default process group is already initialised in this process")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{launch.free_port()}",
-                            rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{launch.free_port()}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=30),
+    )
     try:
         _forbid_collectives(monkeypatch)
         for group in (None, dist.group.WORLD, dist.new_group([0])):

@@ -6,6 +6,7 @@ reversed, transposed, byte-swapped, unaligned, zero-stride, 0-d, empty);
 raise the same exception type, and ``unscale_`` must write the same bits
 (NaN payloads aside).  See tests/fuzz/README.md for how to run it.
 """
+
 import sys
 
 import atheris
@@ -18,14 +19,25 @@ with atheris.instrument_imports():
 
 try:
     import ml_dtypes
+
     EXTRA = [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]
 except ImportError:  # pragma: no cover
     EXTRA = []
 
-DTYPES = [np.dtype(t) for t in [np.float16, np.float32, np.float64, np.int8, np.uint16,
-                                np.bool_, *EXTRA]]
-LAYOUTS = ["contiguous", "strided", "reversed", "transposed", "byteswapped", "unaligned",
-           "zero_stride", "zero_d", "empty"]
+DTYPES = [
+    np.dtype(t) for t in [np.float16, np.float32, np.float64, np.int8, np.uint16, np.bool_, *EXTRA]
+]
+LAYOUTS = [
+    "contiguous",
+    "strided",
+    "reversed",
+    "transposed",
+    "byteswapped",
+    "unaligned",
+    "zero_stride",
+    "zero_d",
+    "empty",
+]
 INV = [0.5, 2.0, 1 / 3, 1.0, 1e-5, 65536.0, 3e-39, 1e30, 1e-45]
 
 
@@ -35,7 +47,7 @@ def make(fdp: atheris.FuzzedDataProvider) -> np.ndarray:
     n = fdp.ConsumeIntInRange(0, 300)
     raw = fdp.ConsumeBytes(n * dt.itemsize)
     n = len(raw) // dt.itemsize
-    flat = np.frombuffer(raw[:n * dt.itemsize], np.uint8).copy().view(dt)
+    flat = np.frombuffer(raw[: n * dt.itemsize], np.uint8).copy().view(dt)
     if layout == "strided" and n:
         k = fdp.ConsumeIntInRange(1, 4)
         out = np.zeros(n * k, dt)
@@ -47,7 +59,7 @@ def make(fdp: atheris.FuzzedDataProvider) -> np.ndarray:
         r = n // 2
         return flat[: 2 * r].reshape(2, r).T
     if layout == "byteswapped" and dt.itemsize > 1:
-        return flat.view(dt.newbyteorder()).copy()     # same bytes, other byte order
+        return flat.view(dt.newbyteorder()).copy()  # same bytes, other byte order
     if layout == "unaligned":
         buf = np.zeros(n * dt.itemsize + 1, np.uint8)
         out = buf[1:].view(dt)
@@ -55,7 +67,7 @@ def make(fdp: atheris.FuzzedDataProvider) -> np.ndarray:
         return out
     if layout == "zero_stride" and n:
         count = fdp.ConsumeIntInRange(1, 5000)
-        words = flat[:1].view(f"u{dt.itemsize}")      # as_strided needs a builtin dtype
+        words = flat[:1].view(f"u{dt.itemsize}")  # as_strided needs a builtin dtype
         return np.lib.stride_tricks.as_strided(words, shape=(count,), strides=(0,)).view(dt)
     if layout == "zero_d" and n:
         return flat[:1].reshape(())
@@ -101,6 +113,7 @@ def TestOneInput(data: bytes) -> None:
     for x, y in zip(arrays, wrote):
         if (x.dtype.kind == "f" or x.dtype in EXTRA) and not same_bits(x, y):
             raise AssertionError(f"unscale_ wrote {x!r}, reference {y!r}, inv {inv}")
+
 
 if __name__ == "__main__":
     atheris.Setup(sys.argv, TestOneInput)

@@ -7,6 +7,7 @@ every step the return code, the scale (bitwise, NaN aside) and every counter
 must equal the reference's; a v1 state dict taken mid-run must round-trip
 through JSON and continue identically.  See tests/fuzz/README.md.
 """
+
 import json
 import math
 import sys
@@ -18,8 +19,22 @@ with atheris.instrument_imports():
     from lscore import policy as _params
     from lscore import _reference as ref
 
-SPECIAL = [0.0, 1.0, 0.5, 2.0, 1.1, 1e-30, 2.0 ** -126, 2.0 ** -149, 65536.0, 3.4028234663852886e38,
-           1e308, float("inf"), float("nan"), -1.0]
+SPECIAL = [
+    0.0,
+    1.0,
+    0.5,
+    2.0,
+    1.1,
+    1e-30,
+    2.0**-126,
+    2.0**-149,
+    65536.0,
+    3.4028234663852886e38,
+    1e308,
+    float("inf"),
+    float("nan"),
+    -1.0,
+]
 
 
 def number(fdp):
@@ -32,10 +47,14 @@ def maybe(fdp, make):
 
 def policy(fdp) -> Policy:
     return Policy(
-        name="fuzz", init_scale=number(fdp), growth_factor=number(fdp),
-        backoff_factor=number(fdp), growth_interval=fdp.ConsumeIntInRange(-3, 40),
+        name="fuzz",
+        init_scale=number(fdp),
+        growth_factor=number(fdp),
+        backoff_factor=number(fdp),
+        growth_interval=fdp.ConsumeIntInRange(-3, 40),
         hysteresis=fdp.ConsumeIntInRange(0, 5),
-        min_scale=maybe(fdp, lambda: number(fdp)), max_scale=maybe(fdp, lambda: number(fdp)),
+        min_scale=maybe(fdp, lambda: number(fdp)),
+        max_scale=maybe(fdp, lambda: number(fdp)),
         precision=fdp.PickValueInList(list(_params.PRECISIONS)),
         growth_mode=fdp.PickValueInList(list(_params.GROWTH_MODES)),
         growth_offset=fdp.ConsumeIntInRange(-1, 5),
@@ -43,15 +62,20 @@ def policy(fdp) -> Policy:
         min_action=fdp.PickValueInList(list(_params.MIN_ACTIONS)),
         guard_finite=fdp.ConsumeBool(),
         refill=tuple(r for r in _params.REFILLS if fdp.ConsumeBool()),
-        hysteresis_saturate=fdp.ConsumeBool(), apply_nonfinite=fdp.ConsumeBool(),
-        flush_subnormal=fdp.ConsumeBool(), apply_next=fdp.ConsumeBool(),
+        hysteresis_saturate=fdp.ConsumeBool(),
+        apply_nonfinite=fdp.ConsumeBool(),
+        flush_subnormal=fdp.ConsumeBool(),
+        apply_next=fdp.ConsumeBool(),
         tolerance=fdp.PickValueInList([0.0, 0.25, 0.5, 1.0, -1.0, float("nan")]),
         floor_scale=maybe(fdp, lambda: number(fdp)),
-        growth_factor_after_overflow=maybe(fdp, lambda: number(fdp)))
+        growth_factor_after_overflow=maybe(fdp, lambda: number(fdp)),
+    )
 
 
 def same(a: float, b: float) -> bool:
-    return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    return (math.isnan(a) and math.isnan(b)) or (
+        a == b and math.copysign(1, a) == math.copysign(1, b)
+    )
 
 
 def step(st: LossScaleState, finite: bool) -> int:
@@ -72,16 +96,19 @@ def TestOneInput(data: bytes) -> None:
     events = [fdp.ConsumeBool() for _ in range(fdp.ConsumeIntInRange(0, 200))]
     cut = fdp.ConsumeIntInRange(0, len(events))
     for i, finite in enumerate(events):
-        if i == cut:      # resume from a JSON checkpoint, as a new process would
-            st = LossScaleState.from_state_dict(json.loads(json.dumps(st.state_dict(),
-                                                                      allow_nan=False)))
+        if i == cut:  # resume from a JSON checkpoint, as a new process would
+            st = LossScaleState.from_state_dict(
+                json.loads(json.dumps(st.state_dict(), allow_nan=False))
+            )
         r, code = ref.update(r, finite)
         got = step(st, finite)
         c = st.counters()
         want = {k: getattr(r, k) for k in c}
         if got != code or not same(st.scale, r.scale) or c != want:
-            raise AssertionError(f"step {i}: got ({got}, {st.scale}, {c}), reference "
-                                 f"({code}, {r.scale}, {want}); events {events[:i + 1]}; {p}")
+            raise AssertionError(
+                f"step {i}: got ({got}, {st.scale}, {c}), reference "
+                f"({code}, {r.scale}, {want}); events {events[: i + 1]}; {p}"
+            )
 
 
 if __name__ == "__main__":

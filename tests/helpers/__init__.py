@@ -11,6 +11,7 @@ pythonpath``), so a test imports ``from helpers import FLOAT_DTYPES`` or
     helpers/cuda_host/    lscore's CUDA kernels compiled with g++ and run on the CPU
     helpers/dist/         launcher, scenarios and checks of the multi-process tests
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,16 +23,20 @@ try:
 except ImportError:  # pragma: no cover
     ml_dtypes = None
 
-ROOT = Path(__file__).resolve().parents[2]      # the repository
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 TESTS = ROOT / "tests"
 
 FLOAT_DTYPES = [np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)]
 if ml_dtypes is not None:
     FLOAT_DTYPES.insert(1, np.dtype(ml_dtypes.bfloat16))
-FLOAT8_DTYPES = ([np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)]
-                 if ml_dtypes is not None else [])
-INT_DTYPES = [np.dtype(t) for t in (np.bool_, np.int8, np.uint8, np.int16, np.int32,
-                                    np.int64, np.uint64)]
+FLOAT8_DTYPES = (
+    [np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)]
+    if ml_dtypes is not None
+    else []
+)
+INT_DTYPES = [
+    np.dtype(t) for t in (np.bool_, np.int8, np.uint8, np.int16, np.int32, np.int64, np.uint64)
+]
 
 
 def bits_equal_or_both_nan(a: np.ndarray, b: np.ndarray) -> bool:

@@ -14,6 +14,7 @@ is the same API on every adapter, which is what the shared tests check.
 
 ``make(name)`` skips the calling test when the backend cannot run here.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -24,8 +25,8 @@ import pytest
 from helpers import FLOAT_DTYPES
 
 NAMES = ("numpy", "cuda_host", "cupy", "torch")
-ARRAY_NAMES = ("numpy", "cuda_host", "cupy")        # those with all_finite / unscale_ on arrays
-DEVICE_NAMES = ("cuda_host", "cupy")                 # lscore.adapters.cupy's code
+ARRAY_NAMES = ("numpy", "cuda_host", "cupy")  # those with all_finite / unscale_ on arrays
+DEVICE_NAMES = ("cuda_host", "cupy")  # lscore.adapters.cupy's code
 
 
 class Backend:
@@ -72,10 +73,13 @@ class Backend:
 
     def failing_sgd(self, variables: list, exc: type, learning_rate: float = 0.1):
         """An SGD whose step raises `exc`."""
+
         def apply_gradients(self, grads_and_vars):
             raise exc("inner optimizer failed")
+
         return type("Failing", (self.module.SGD,), {"apply_gradients": apply_gradients})(
-            learning_rate)
+            learning_rate
+        )
 
     def apply(self, opt, variables: list, grads: list) -> bool:
         """One step of the wrapper `opt` with the (unscaled) NumPy gradients `grads`;
@@ -88,6 +92,7 @@ class NumpyBackend(Backend):
 
     def __init__(self):
         from lscore.adapters import numpy as lnp
+
         self.module = lnp
         self.xp = np
         self.LossScaleOptimizer = lnp.LossScaleOptimizer
@@ -112,6 +117,7 @@ class CudaHostBackend(NumpyBackend):
         if shutil.which("g++") is None:
             pytest.skip("g++ is missing: the CUDA host harness cannot be built")
         from helpers.cuda_host import adapter
+
         self.module = adapter
         self.xp = np
         self.LossScaleOptimizer = adapter.LossScaleOptimizer
@@ -129,6 +135,7 @@ class CupyBackend(Backend):
         if not cp.cuda.is_available():
             pytest.skip("no CUDA device for cupy")
         from lscore.adapters import cupy as lcp
+
         self.module = lcp
         self.xp = cp
         self.LossScaleOptimizer = lcp.LossScaleOptimizer
@@ -155,6 +162,7 @@ class TorchBackend(Backend):
     def __init__(self):
         self.torch = pytest.importorskip("torch")
         from lscore.adapters import torch as lt
+
         self.LossScaleOptimizer = lt.LossScaleOptimizer
 
     def asarray(self, host):
@@ -175,8 +183,8 @@ class TorchBackend(Backend):
     def failing_sgd(self, variables, exc, learning_rate=0.1):
         def step(self, closure=None):
             raise exc("inner optimizer failed")
-        return type("Failing", (self.torch.optim.SGD,), {"step": step})(variables,
-                                                                       lr=learning_rate)
+
+        return type("Failing", (self.torch.optim.SGD,), {"step": step})(variables, lr=learning_rate)
 
     def apply(self, opt, variables, grads):
         opt.zero_grad()
@@ -186,8 +194,12 @@ class TorchBackend(Backend):
         return opt.last_step_skipped is False
 
 
-_CLASSES = {"numpy": NumpyBackend, "cuda_host": CudaHostBackend, "cupy": CupyBackend,
-            "torch": TorchBackend}
+_CLASSES = {
+    "numpy": NumpyBackend,
+    "cuda_host": CudaHostBackend,
+    "cupy": CupyBackend,
+    "torch": TorchBackend,
+}
 
 
 def make(name: str) -> Backend:

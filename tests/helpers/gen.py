@@ -1,12 +1,22 @@
 """Seeded generators of arrays and event sequences for differential tests."""
+
 from __future__ import annotations
 
 import numpy as np
 
 from lscore import Policy
 
-LAYOUTS = ("contiguous", "strided", "reversed", "transposed", "byteswapped", "unaligned",
-           "zero_d", "empty", "nd_strided")
+LAYOUTS = (
+    "contiguous",
+    "strided",
+    "reversed",
+    "transposed",
+    "byteswapped",
+    "unaligned",
+    "zero_d",
+    "empty",
+    "nd_strided",
+)
 
 
 def special_values(dtype: np.dtype) -> dict:
@@ -15,11 +25,16 @@ def special_values(dtype: np.dtype) -> dict:
         info = np.finfo(dtype)
     except ValueError:
         import ml_dtypes
+
         info = ml_dtypes.finfo(dtype)
     vals = {
-        "max": float(info.max), "-max": -float(info.max),
-        "tiny": float(info.tiny), "subnormal": float(info.smallest_subnormal),
-        "zero": 0.0, "-zero": -0.0, "one": 1.0,
+        "max": float(info.max),
+        "-max": -float(info.max),
+        "tiny": float(info.tiny),
+        "subnormal": float(info.smallest_subnormal),
+        "zero": 0.0,
+        "-zero": -0.0,
+        "one": 1.0,
     }
     return vals
 
@@ -30,8 +45,13 @@ def nonfinite_values(dtype: np.dtype) -> list:
     return [np.nan, np.inf, -np.inf]
 
 
-def make_array(rng: np.random.Generator, dtype: np.dtype, n: int, layout: str,
-               bad: list[tuple[int, float]] = ()) -> np.ndarray:
+def make_array(
+    rng: np.random.Generator,
+    dtype: np.dtype,
+    n: int,
+    layout: str,
+    bad: list[tuple[int, float]] = (),
+) -> np.ndarray:
     """An array of `dtype` with `n` logical elements in `layout`; `bad` puts values at indices."""
     base = rng.standard_normal(max(n, 1)) * rng.choice([1e-3, 1.0, 100.0])
     if dtype.name == "float8_e4m3fn":
@@ -97,30 +117,45 @@ def random_policy(rng: np.random.Generator) -> Policy:
     interval = int(rng.choice([-1, 0, 1, 2, 3, 7]))
     if mode == "modulo" and interval < 1:
         interval = int(rng.choice([1, 2, 3, 5]))
-    min_scale = rng.choice([None, 0.0, 1.0, 0.25, 1e-4, 8.0], p=[.3, .1, .3, .1, .1, .1])
-    max_scale = rng.choice([None, 2.0 ** 24, 1e5, F32_MAX], p=[.55, .15, .15, .15])
+    min_scale = rng.choice([None, 0.0, 1.0, 0.25, 1e-4, 8.0], p=[0.3, 0.1, 0.3, 0.1, 0.1, 0.1])
+    max_scale = rng.choice([None, 2.0**24, 1e5, F32_MAX], p=[0.55, 0.15, 0.15, 0.15])
     if min_scale is not None and max_scale is not None and min_scale > max_scale:
         max_scale = None
-    floor_scale = rng.choice([None, 1.0, 1e-4, 0.5, 16.0], p=[.6, .1, .1, .1, .1])
+    floor_scale = rng.choice([None, 1.0, 1e-4, 0.5, 16.0], p=[0.6, 0.1, 0.1, 0.1, 0.1])
     floor_scale = None if floor_scale is None else float(floor_scale)
-    action = ("clamp" if min_scale is None and floor_scale is None
-              else str(rng.choice(["clamp", "raise_at", "raise_below"])))
+    action = (
+        "clamp"
+        if min_scale is None and floor_scale is None
+        else str(rng.choice(["clamp", "raise_at", "raise_below"]))
+    )
     precision = str(rng.choice(["float32", "float32_float64", "float64"]))
-    init = float(rng.choice([1.0, 4.0, 0.5, 2.0 ** 16, 3.0, F32_MAX / 4, F32_MAX, 1e-30,
-                             2.0 ** -126, 1000.0]))
+    init = float(
+        rng.choice([1.0, 4.0, 0.5, 2.0**16, 3.0, F32_MAX / 4, F32_MAX, 1e-30, 2.0**-126, 1000.0])
+    )
     refill = tuple(str(r) for r in ("finite", "growth", "backoff") if rng.random() < 0.4)
     return Policy(
-        name="gen", init_scale=init,
-        growth_factor=float(rng.choice([1.0, 1.1, 2.0, 3.0, 2 ** 0.25, 1e10])),
+        name="gen",
+        init_scale=init,
+        growth_factor=float(rng.choice([1.0, 1.1, 2.0, 3.0, 2**0.25, 1e10])),
         backoff_factor=float(rng.choice([0.5, 0.8, 1 / 3, 1.0, 0.1])),
-        growth_interval=interval, hysteresis=int(rng.choice([1, 1, 2, 3])),
+        growth_interval=interval,
+        hysteresis=int(rng.choice([1, 1, 2, 3])),
         min_scale=None if min_scale is None else float(min_scale),
         max_scale=None if max_scale is None else float(max_scale),
-        precision=precision, growth_mode=mode, growth_offset=int(rng.choice([0, 1])),
-        backoff_mode=str(rng.choice(["multiply", "divide"])), min_action=action,
-        guard_finite=bool(rng.random() < 0.7), refill=refill,
-        hysteresis_saturate=bool(rng.random() < 0.3), apply_nonfinite=bool(rng.random() < 0.1),
-        flush_subnormal=bool(rng.random() < 0.2), apply_next=bool(rng.random() < 0.15),
-        tolerance=float(rng.choice([0.0, 0.0, 0.25, 0.5, 1.0])), floor_scale=floor_scale,
-        growth_factor_after_overflow=(None if rng.random() < 0.7
-                                      else float(rng.choice([2 ** 0.25, 1.5, 1.0]))))
+        precision=precision,
+        growth_mode=mode,
+        growth_offset=int(rng.choice([0, 1])),
+        backoff_mode=str(rng.choice(["multiply", "divide"])),
+        min_action=action,
+        guard_finite=bool(rng.random() < 0.7),
+        refill=refill,
+        hysteresis_saturate=bool(rng.random() < 0.3),
+        apply_nonfinite=bool(rng.random() < 0.1),
+        flush_subnormal=bool(rng.random() < 0.2),
+        apply_next=bool(rng.random() < 0.15),
+        tolerance=float(rng.choice([0.0, 0.0, 0.25, 0.5, 1.0])),
+        floor_scale=floor_scale,
+        growth_factor_after_overflow=(
+            None if rng.random() < 0.7 else float(rng.choice([2**0.25, 1.5, 1.0]))
+        ),
+    )

@@ -5,6 +5,7 @@ table must map every peer onto the core so that the core reproduces them.
 ``step(finite)`` returns should_apply, or raises FloatingPointError where the
 peer gives up.  float32 peers round with NumPy exactly as the peer does.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,15 @@ def ftz(x: float) -> float:
 
 
 class Torch:
-    def __init__(self, device="cuda", init_scale=2.0 ** 16, growth_factor=2.0,
-                 backoff_factor=0.5, growth_interval=2000, enabled=True):
+    def __init__(
+        self,
+        device="cuda",
+        init_scale=2.0**16,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        growth_interval=2000,
+        enabled=True,
+    ):
         self.enabled = enabled
         self.scale = f32(init_scale) if enabled else 1.0
         self.g, self.b, self.n, self.tracker = growth_factor, backoff_factor, growth_interval, 0
@@ -75,9 +83,13 @@ class Nemo(Torch):
 
 
 class TF2:
-    def __init__(self, initial_loss_scale=2 ** 15, increment_period=2000, multiplier=2.0):
-        self.scale, self.n, self.m, self.good = f32(initial_loss_scale), int(increment_period), \
-            multiplier, 0
+    def __init__(self, initial_loss_scale=2**15, increment_period=2000, multiplier=2.0):
+        self.scale, self.n, self.m, self.good = (
+            f32(initial_loss_scale),
+            int(increment_period),
+            multiplier,
+            0,
+        )
 
     def step(self, finite):
         if finite:
@@ -96,16 +108,18 @@ class TF2:
 class Keras2(TF2):
     def __init__(self, dynamic=True, initial_scale=None, dynamic_growth_steps=None):
         self.dynamic = dynamic
-        super().__init__(2 ** 15 if initial_scale is None else initial_scale,
-                         2000 if dynamic_growth_steps is None else dynamic_growth_steps, 2.0)
+        super().__init__(
+            2**15 if initial_scale is None else initial_scale,
+            2000 if dynamic_growth_steps is None else dynamic_growth_steps,
+            2.0,
+        )
 
     def step(self, finite):
         return super().step(finite) if self.dynamic else True
 
 
 class Keras3:
-    def __init__(self, initial_scale=2.0 ** 15, dynamic_growth_steps=2000, name=None,
-                 dynamic=True):
+    def __init__(self, initial_scale=2.0**15, dynamic_growth_steps=2000, name=None, dynamic=True):
         self.scale, self.n, self.counter = f32(initial_scale), dynamic_growth_steps, 0
 
     def step(self, finite):
@@ -120,10 +134,19 @@ class Keras3:
 
 
 class TF1:
-    def __init__(self, init_loss_scale, incr_every_n_steps, decr_every_n_nan_or_inf=2,
-                 incr_ratio=2, decr_ratio=0.8):
-        self.scale, self.incr_n, self.decr_n = f32(init_loss_scale), int(incr_every_n_steps), \
-            decr_every_n_nan_or_inf
+    def __init__(
+        self,
+        init_loss_scale,
+        incr_every_n_steps,
+        decr_every_n_nan_or_inf=2,
+        incr_ratio=2,
+        decr_ratio=0.8,
+    ):
+        self.scale, self.incr_n, self.decr_n = (
+            f32(init_loss_scale),
+            int(incr_every_n_steps),
+            decr_every_n_nan_or_inf,
+        )
         self.incr, self.decr, self.good, self.bad = incr_ratio, decr_ratio, 0, 0
 
     def step(self, finite):
@@ -143,12 +166,23 @@ class TF1:
 
 
 class Apex:
-    def __init__(self, loss_scale="dynamic", init_scale=2.0 ** 16, scale_factor=2.0,
-                 scale_window=2000, min_loss_scale=None, max_loss_scale=2.0 ** 24):
+    def __init__(
+        self,
+        loss_scale="dynamic",
+        init_scale=2.0**16,
+        scale_factor=2.0,
+        scale_window=2000,
+        min_loss_scale=None,
+        max_loss_scale=2.0**24,
+    ):
         self.dynamic = loss_scale == "dynamic"
         self.scale = min(max_loss_scale, init_scale) if self.dynamic else float(loss_scale)
-        self.lo, self.hi, self.window, self.unskipped = min_loss_scale, max_loss_scale, \
-            scale_window, 0
+        self.lo, self.hi, self.window, self.unskipped = (
+            min_loss_scale,
+            max_loss_scale,
+            scale_window,
+            0,
+        )
 
     def step(self, finite):
         if not self.dynamic:
@@ -164,7 +198,7 @@ class Apex:
 
 
 class ApexFp16Utils:
-    def __init__(self, init_scale=2 ** 32, scale_factor=2.0, scale_window=1000):
+    def __init__(self, init_scale=2**32, scale_factor=2.0, scale_window=1000):
         self.scale, self.f, self.w = float(init_scale), scale_factor, scale_window
         self.it, self.last = 0, -1
 
@@ -178,12 +212,28 @@ class ApexFp16Utils:
 
 
 class DeepSpeed:
-    def __init__(self, init_scale=2.0 ** 16, scale_window=1000, min_scale=1.0, delayed_shift=2,
-                 consecutive_hysteresis=False, raise_error_at_min_scale=True):
-        self.scale, self.w, self.lo, self.shift = float(init_scale), scale_window, min_scale, \
-            delayed_shift
-        self.cons, self.raise_, self.hyst, self.it, self.last = consecutive_hysteresis, \
-            raise_error_at_min_scale, delayed_shift, 0, -1
+    def __init__(
+        self,
+        init_scale=2.0**16,
+        scale_window=1000,
+        min_scale=1.0,
+        delayed_shift=2,
+        consecutive_hysteresis=False,
+        raise_error_at_min_scale=True,
+    ):
+        self.scale, self.w, self.lo, self.shift = (
+            float(init_scale),
+            scale_window,
+            min_scale,
+            delayed_shift,
+        )
+        self.cons, self.raise_, self.hyst, self.it, self.last = (
+            consecutive_hysteresis,
+            raise_error_at_min_scale,
+            delayed_shift,
+            0,
+            -1,
+        )
 
     def step(self, finite):
         if not finite:
@@ -207,10 +257,21 @@ class DeepSpeed:
 
 
 class Megatron:
-    def __init__(self, initial_scale=2.0 ** 32, min_scale=1.0, growth_factor=2.0,
-                 backoff_factor=0.5, growth_interval=1000, hysteresis=2):
-        self.scale, self.lo, self.g, self.b = f32(initial_scale), f32(min_scale), growth_factor, \
-            backoff_factor
+    def __init__(
+        self,
+        initial_scale=2.0**32,
+        min_scale=1.0,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        growth_interval=1000,
+        hysteresis=2,
+    ):
+        self.scale, self.lo, self.g, self.b = (
+            f32(initial_scale),
+            f32(min_scale),
+            growth_factor,
+            backoff_factor,
+        )
         self.n, self.h, self.growth, self.left = growth_interval, hysteresis, 0, hysteresis
 
     def step(self, finite):
@@ -227,20 +288,33 @@ class Megatron:
 
 
 class Fairseq:
-    def __init__(self, init_scale=2.0 ** 15, scale_factor=2.0, scale_window=2000, tolerance=0.0,
-                 threshold=None, min_loss_scale=1e-4):
-        self.scale, self.f, self.w, self.tol, self.thr, self.lo = float(init_scale), \
-            scale_factor, scale_window, tolerance, threshold, min_loss_scale
+    def __init__(
+        self,
+        init_scale=2.0**15,
+        scale_factor=2.0,
+        scale_window=2000,
+        tolerance=0.0,
+        threshold=None,
+        min_loss_scale=1e-4,
+    ):
+        self.scale, self.f, self.w, self.tol, self.thr, self.lo = (
+            float(init_scale),
+            scale_factor,
+            scale_window,
+            tolerance,
+            threshold,
+            min_loss_scale,
+        )
         self.it, self.last_overflow, self.last_rescale, self.overflows = 0, -1, -1, 0
 
     def step(self, finite):
-        if finite:                                   # FP16Optimizer.step -> update()
+        if finite:  # FP16Optimizer.step -> update()
             if (self.it - self.last_overflow) % self.w == 0:
                 self.scale *= self.f
                 self.last_rescale = self.it
             self.it += 1
             return True
-        prev = self.scale                            # check_overflow
+        prev = self.scale  # check_overflow
         since = self.it - self.last_rescale
         self.last_overflow = self.it
         self.overflows += 1
@@ -253,17 +327,28 @@ class Fairseq:
             self.scale = prev
             raise FloatingPointError("minimum loss scale reached")
         self.it += 1
-        return False                                 # fairseq: OverflowError, step skipped
+        return False  # fairseq: OverflowError, step skipped
 
 
 class Paddle:
-    def __init__(self, enable=True, init_loss_scaling=2.0 ** 16, incr_ratio=2.0, decr_ratio=0.5,
-                 incr_every_n_steps=2000, decr_every_n_nan_or_inf=1,
-                 use_dynamic_loss_scaling=True):
+    def __init__(
+        self,
+        enable=True,
+        init_loss_scaling=2.0**16,
+        incr_ratio=2.0,
+        decr_ratio=0.5,
+        incr_every_n_steps=2000,
+        decr_every_n_nan_or_inf=1,
+        use_dynamic_loss_scaling=True,
+    ):
         self.enable, self.dyn = enable, use_dynamic_loss_scaling
         self.scale = f32(init_loss_scaling) if enable else 1.0
-        self.incr, self.decr, self.incr_n, self.decr_n = incr_ratio, decr_ratio, \
-            incr_every_n_steps, decr_every_n_nan_or_inf
+        self.incr, self.decr, self.incr_n, self.decr_n = (
+            incr_ratio,
+            decr_ratio,
+            incr_every_n_steps,
+            decr_every_n_nan_or_inf,
+        )
         self.incr_count = self.decr_count = 0
 
     def step(self, finite):
@@ -284,8 +369,13 @@ class Paddle:
 
 class Jmp:
     def __init__(self, loss_scale, counter=0, period=2000, factor=2, min_loss_scale=1.0):
-        self.scale, self.counter, self.period, self.factor, self.lo = f32(loss_scale), counter, \
-            period, factor, f32(min_loss_scale)
+        self.scale, self.counter, self.period, self.factor, self.lo = (
+            f32(loss_scale),
+            counter,
+            period,
+            factor,
+            f32(min_loss_scale),
+        )
 
     def step(self, finite):
         if finite:
@@ -300,9 +390,17 @@ class Jmp:
 
 
 class ColossalAI:
-    def __init__(self, initial_scale=2 ** 16, growth_factor=2, backoff_factor=0.5,
-                 growth_interval=1000, min_scale=None, max_scale=None, hysteresis=2,
-                 verbose=False):
+    def __init__(
+        self,
+        initial_scale=2**16,
+        growth_factor=2,
+        backoff_factor=0.5,
+        growth_interval=1000,
+        min_scale=None,
+        max_scale=None,
+        hysteresis=2,
+        verbose=False,
+    ):
         self.scale = f32(initial_scale)
         self.lo = f32(min_scale) if min_scale else None
         self.hi = f32(max_scale) if max_scale else None
@@ -344,7 +442,7 @@ class Chainer:
 
 
 class MXNet:
-    def __init__(self, loss_scale=2.0 ** 16, max_loss_scale=2.0 ** 24, scale_seq_len=2000):
+    def __init__(self, loss_scale=2.0**16, max_loss_scale=2.0**24, scale_seq_len=2000):
         self.scale = self.next = float(loss_scale)
         self.hi, self.n, self.unskipped = max_loss_scale, scale_seq_len, 0
 
@@ -359,7 +457,21 @@ class MXNet:
         return finite
 
 
-MODELS = {"torch": Torch, "nemo": Nemo, "tf2": TF2, "keras2": Keras2, "keras3": Keras3,
-          "tf1": TF1, "apex": Apex, "apex_fp16_utils": ApexFp16Utils, "deepspeed": DeepSpeed,
-          "megatron": Megatron, "fairseq": Fairseq, "paddle": Paddle, "jmp": Jmp,
-          "colossalai": ColossalAI, "chainer": Chainer, "mxnet": MXNet}
+MODELS = {
+    "torch": Torch,
+    "nemo": Nemo,
+    "tf2": TF2,
+    "keras2": Keras2,
+    "keras3": Keras3,
+    "tf1": TF1,
+    "apex": Apex,
+    "apex_fp16_utils": ApexFp16Utils,
+    "deepspeed": DeepSpeed,
+    "megatron": Megatron,
+    "fairseq": Fairseq,
+    "paddle": Paddle,
+    "jmp": Jmp,
+    "colossalai": ColossalAI,
+    "chainer": Chainer,
+    "mxnet": MXNet,
+}

@@ -4,6 +4,7 @@ new process that resumes the checkpoints (``python -m helpers.resume MANIFEST``)
 Each scenario: ``make() -> obj``, ``step(obj, i, finite) -> record`` and, per
 format, ``save(obj, fmt) -> bytes`` and ``load(data, fmt) -> obj``.
 """
+
 import hashlib
 import io
 import json
@@ -15,7 +16,7 @@ import numpy as np
 import lscore
 from lscore import LossScaleFloorError
 
-FIRST, REST = 17, 23          # steps before the checkpoint, steps after it
+FIRST, REST = 17, 23  # steps before the checkpoint, steps after it
 
 
 def events(seed: int, n: int = FIRST + REST) -> list:
@@ -33,9 +34,12 @@ def _digest(*arrays) -> str:
 # ---- scenarios: make() -> obj, step(obj, i, finite) -> record, save/load per format ----
 
 # small intervals so that a 40-step run grows and backs off several times
-PRESET_ARGS = {"jmp": {"loss_scale": 2.0 ** 10, "period": 3},
-               "tf1": {"init_loss_scale": 2.0 ** 10, "incr_every_n_steps": 3},
-               "torch": {"growth_interval": 3}, "tf2": {"increment_period": 3}}
+PRESET_ARGS = {
+    "jmp": {"loss_scale": 2.0**10, "period": 3},
+    "tf1": {"init_loss_scale": 2.0**10, "incr_every_n_steps": 3},
+    "torch": {"growth_interval": 3},
+    "tf2": {"increment_period": 3},
+}
 
 
 class PresetScenario:
@@ -67,8 +71,8 @@ class TFScenario(PresetScenario):
 
     def make(self):
         if self.name == "tf2-class":
-            return lscore.DynamicLossScale(2.0 ** 10, 3, 2)
-        return lscore.ExponentialUpdateLossScaleManager(2.0 ** 10, 3, 2, 2, 0.5)
+            return lscore.DynamicLossScale(2.0**10, 3, 2)
+        return lscore.ExponentialUpdateLossScaleManager(2.0**10, 3, 2, 2, 0.5)
 
     def step(self, obj, i, finite):
         if self.name == "tf2-class":
@@ -94,9 +98,12 @@ class NumpyScenario:
 
     def make(self):
         from lscore.adapters.numpy import Adam, LossScaleOptimizer
+
         vs = [np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4), np.zeros(4, np.float32)]
-        return {"opt": LossScaleOptimizer(Adam(0.01), initial_scale=2.0 ** 8,
-                                          dynamic_growth_steps=3), "vars": vs}
+        return {
+            "opt": LossScaleOptimizer(Adam(0.01), initial_scale=2.0**8, dynamic_growth_steps=3),
+            "vars": vs,
+        }
 
     def step(self, obj, i, finite):
         opt, vs = obj["opt"], obj["vars"]
@@ -106,6 +113,7 @@ class NumpyScenario:
             if not finite:
                 g[1][i % 4] = np.inf
             return 0.0, g
+
         opt.minimize(loss_and_grads, vs)
         return [opt.loss_scale.hex(), opt.iterations, _digest(*vs)]
 
@@ -130,18 +138,22 @@ class TorchScenario:
     def make(self):
         import torch
         from lscore.adapters.torch import GradScaler, LossScaleOptimizer
+
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         if self.kind == "lso":
-            return {"model": model, "opt": LossScaleOptimizer(opt, initial_scale=2.0 ** 10,
-                                                              dynamic_growth_steps=3)}
+            return {
+                "model": model,
+                "opt": LossScaleOptimizer(opt, initial_scale=2.0**10, dynamic_growth_steps=3),
+            }
         extra = {"hysteresis": 2, "min_scale": 4.0} if self.kind == "scaler-options" else {}
-        scaler = GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=3, **extra)
+        scaler = GradScaler("cpu", init_scale=2.0**10, growth_interval=3, **extra)
         return {"model": model, "opt": opt, "scaler": scaler}
 
     def step(self, obj, i, finite):
         import torch
+
         g = torch.Generator().manual_seed(i)
         x = torch.randn(6, 4, generator=g)
         model, opt = obj["model"], obj["opt"]
@@ -161,6 +173,7 @@ class TorchScenario:
 
     def save(self, obj, fmt):
         import torch
+
         d = {k: v.state_dict() for k, v in obj.items()}
         if fmt == "json-scaler":
             buf = io.BytesIO()
@@ -174,6 +187,7 @@ class TorchScenario:
 
     def load(self, data, fmt):
         import torch
+
         if fmt == "json-scaler":
             raw, text = pickle.loads(data)
             d = torch.load(io.BytesIO(raw), weights_only=True)
@@ -182,7 +196,7 @@ class TorchScenario:
             d = pickle.loads(data)
         else:
             d = torch.load(io.BytesIO(data), weights_only=True)
-        obj = self.make()          # a fresh model, optimizer and scaler, then their states
+        obj = self.make()  # a fresh model, optimizer and scaler, then their states
         for k, v in obj.items():
             v.load_state_dict(d[k])
         return obj
@@ -194,6 +208,7 @@ def _dump(obj, fmt):
     if fmt == "pickle":
         return pickle.dumps(obj)
     import torch
+
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
@@ -205,6 +220,7 @@ def _load(data, fmt):
     if fmt == "pickle":
         return pickle.loads(data)
     import torch
+
     return torch.load(io.BytesIO(data), weights_only=True)
 
 

@@ -1,4 +1,5 @@
 """The kernel folder's fixtures: CuPy's NVRTC path without a GPU."""
+
 import os
 
 import pytest
@@ -7,8 +8,9 @@ import pytest
 @pytest.fixture
 def ext_dir():
     """The repository's _ext/ (the kernels' own include directory)."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                        "_ext")
+    return os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "_ext"
+    )
 
 
 @pytest.fixture
@@ -26,6 +28,9 @@ def cupy_compiler(monkeypatch):
         if os.environ.get("CI"):
             raise
         pytest.skip(f"cupy is not installed ({e}); pip install -e '.[test]'")
-    monkeypatch.setattr(compiler, "_get_arch_for_options_for_nvrtc",
-                        lambda arch=None: (f"-arch=compute_{arch}", "ptx"))
+    monkeypatch.setattr(
+        compiler,
+        "_get_arch_for_options_for_nvrtc",
+        lambda arch=None: (f"-arch=compute_{arch}", "ptx"),
+    )
     return compiler

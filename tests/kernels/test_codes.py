@@ -5,6 +5,7 @@ Python names built on them (Code, the Policy's parameter block, the state
 machine's return values, the device state's layout) agree with the export,
 and that the CUDA sources take the numbers from the headers, not restate them.
 """
+
 import os
 import re
 
@@ -17,6 +18,7 @@ from lscore._ext import _codes
 from lscore._ext._state import CyState
 from lscore.state import COUNTERS, LossScaleState
 from helpers import FLOAT8_DTYPES, FLOAT_DTYPES, ROOT
+
 
 def ext_text(name):
     return (ROOT / "_ext" / name).read_text(encoding="utf-8")
@@ -35,9 +37,11 @@ def test_widths_are_the_itemsizes():
 
 def test_policy_parameter_block_uses_the_header_values():
     """Policy.c_params maps every enum name and flag to the header's number."""
-    for field, names, export in [("precision", _params.PRECISIONS, _codes.PRECISION),
-                                 ("growth_mode", _params.GROWTH_MODES, _codes.GROWTH_MODE),
-                                 ("backoff_mode", _params.BACKOFF_MODES, _codes.BACKOFF_MODE)]:
+    for field, names, export in [
+        ("precision", _params.PRECISIONS, _codes.PRECISION),
+        ("growth_mode", _params.GROWTH_MODES, _codes.GROWTH_MODE),
+        ("backoff_mode", _params.BACKOFF_MODES, _codes.BACKOFF_MODE),
+    ]:
         assert set(names) == set(export)
         for name in names:
             assert _params.Policy(**{field: name}).c_params()[field] == export[name], name
@@ -45,29 +49,46 @@ def test_policy_parameter_block_uses_the_header_values():
         p = _params.Policy(min_scale=1.0, min_action=name)
         assert p.c_params()["min_action"] == _codes.MIN_ACTION[name], name
     f = _codes.FLAGS
-    cases = {"GUARD_FINITE": dict(guard_finite=True), "HAS_MIN": dict(min_scale=1.0),
-             "HAS_MAX": dict(max_scale=2.0 ** 20), "HYST_SATURATE": dict(hysteresis_saturate=True),
-             "APPLY_NONFINITE": dict(apply_nonfinite=True), "FTZ": dict(flush_subnormal=True),
-             "APPLY_NEXT": dict(apply_next=True),
-             "HAS_LATE_GROWTH": dict(growth_factor_after_overflow=2.0),
-             **{f"REFILL_{r.upper()}": dict(refill=(r,)) for r in _params.REFILLS}}
+    cases = {
+        "GUARD_FINITE": dict(guard_finite=True),
+        "HAS_MIN": dict(min_scale=1.0),
+        "HAS_MAX": dict(max_scale=2.0**20),
+        "HYST_SATURATE": dict(hysteresis_saturate=True),
+        "APPLY_NONFINITE": dict(apply_nonfinite=True),
+        "FTZ": dict(flush_subnormal=True),
+        "APPLY_NEXT": dict(apply_next=True),
+        "HAS_LATE_GROWTH": dict(growth_factor_after_overflow=2.0),
+        **{f"REFILL_{r.upper()}": dict(refill=(r,)) for r in _params.REFILLS},
+    }
     assert set(cases) == set(f)
     base = _params.Policy(guard_finite=False, refill=()).c_params()["flags"]
     for name, kwargs in cases.items():
-        flags = _params.Policy(**{"guard_finite": False, "refill": (), **kwargs}).c_params()["flags"]
+        flags = _params.Policy(**{"guard_finite": False, "refill": (), **kwargs}).c_params()[
+            "flags"
+        ]
         assert flags & ~base == f[name], name
     assert sorted(f.values()) == [1 << k for k in range(len(f))]
 
 
 def test_update_returns_the_exported_values():
-    assert (_reference.APPLY, _reference.SKIP, _reference.FLOOR_ERROR) == \
-        (_codes.APPLY, _codes.SKIP, _codes.FLOOR_ERROR)
+    assert (_reference.APPLY, _reference.SKIP, _reference.FLOOR_ERROR) == (
+        _codes.APPLY,
+        _codes.SKIP,
+        _codes.FLOOR_ERROR,
+    )
     s = LossScaleState(_params.Policy(growth_interval=2))
     cy = s._cy
     assert cy.update(True) == _codes.APPLY and cy.update(False) == _codes.SKIP
-    floor = LossScaleState(_params.Policy(precision="float64", backoff_mode="divide",
-                                          min_scale=1.0, min_action="raise_at",
-                                          hysteresis=1, init_scale=1.0))
+    floor = LossScaleState(
+        _params.Policy(
+            precision="float64",
+            backoff_mode="divide",
+            min_scale=1.0,
+            min_action="raise_at",
+            hysteresis=1,
+            init_scale=1.0,
+        )
+    )
     assert floor._cy.update(False) == _codes.FLOOR_ERROR
 
 
@@ -113,10 +134,15 @@ def test_cuda_sources_restate_no_codes(filename):
 
 def test_one_half_conversion():
     """The CPU core and scan.cu convert float16/bfloat16 through lsc_half.h alone."""
-    definition = re.compile(r"\b\w*(?:b?f16_to_f32|f32_to_b?f16)\s*\(\s*"
-                            r"(?:float|lsc_u16|uint16_t|unsigned short)\s+\w+\s*\)")
-    defined = {name for name in os.listdir(ROOT / "_ext") if name.endswith((".h", ".cu"))
-               and definition.search(ext_text(name))}
+    definition = re.compile(
+        r"\b\w*(?:b?f16_to_f32|f32_to_b?f16)\s*\(\s*"
+        r"(?:float|lsc_u16|uint16_t|unsigned short)\s+\w+\s*\)"
+    )
+    defined = {
+        name
+        for name in os.listdir(ROOT / "_ext")
+        if name.endswith((".h", ".cu")) and definition.search(ext_text(name))
+    }
     assert defined == {"lsc_half.h"}
     for name in ("lsc_scan.h", "scan.cu"):
         assert re.search(r'^#include "lsc_half\.h"$', ext_text(name), re.M), name

@@ -4,6 +4,7 @@ The harness compiles the .cu text of _ext/ with g++; lscore.cuda's planner
 and launcher run unchanged on top of it.  Small chunks and blocks put many
 chunk boundaries into small arrays.
 """
+
 import shutil
 
 import numpy as np
@@ -24,8 +25,13 @@ if shutil.which("g++") is None:
 from helpers import cuda_host  # noqa: E402
 
 # (chunk, block, max_tensors, max_blocks): the last ones force many launches
-CONFIGS = [(8, 1, 4096, 65535), (16, 3, 4096, 65535), (64, 32, 3, 5), (8, 4, 2, 3),
-           (1024, 64, 1, 1)]
+CONFIGS = [
+    (8, 1, 4096, 65535),
+    (16, 3, 4096, 65535),
+    (64, 32, 3, 5),
+    (8, 4, 2, 3),
+    (1024, 64, 1, 1),
+]
 INVS = [0.5, 2.0, 1.5, 0.75, 1 / 3, 1.0, 1e-5, 65536.0, 3e-39, 1e30, float(np.float32(1 / 3000))]
 
 
@@ -43,8 +49,13 @@ def test_wrong_argument_width_is_caught(backend):
     table = np.zeros(3, np.uint64)
     flag = np.zeros(1, np.uint32)
     name = cuda.kernel_name("all_finite", Code.F32)
-    args = (np.uint64(table.ctypes.data), np.int64(1), np.int64(8), np.uint64(flag.ctypes.data),
-            np.uint32(1))
+    args = (
+        np.uint64(table.ctypes.data),
+        np.int64(1),
+        np.int64(8),
+        np.uint64(flag.ctypes.data),
+        np.uint32(1),
+    )
     with pytest.raises(TypeError, match="argument 1"):
         backend.launch(name, 1, 1, args)
     with pytest.raises(TypeError, match="NumPy scalar"):
@@ -64,8 +75,12 @@ def _tensor(rng, dt, n, chunk, offset):
     if n and rng.random() < 0.6:
         where = rng.choice(["first", "last", "chunk_edge", "random", "edges"])
         bad = rng.choice(nonfinite_values(dt))
-        pos = {"first": 0, "last": n - 1, "chunk_edge": min(n - 1, chunk),
-               "random": int(rng.integers(0, n))}
+        pos = {
+            "first": 0,
+            "last": n - 1,
+            "chunk_edge": min(n - 1, chunk),
+            "random": int(rng.integers(0, n)),
+        }
         if where == "edges":
             a[0], a[-1] = bad, -bad if not np.isnan(bad) else bad
         else:
@@ -81,27 +96,32 @@ def _cases(seed, count):
     for case in range(count):
         chunk, block, mt, mb = CONFIGS[case % len(CONFIGS)]
         dts = [FLOAT_DTYPES[(case // len(CONFIGS)) % len(FLOAT_DTYPES)]]
-        if case % 7 == 0:    # mixed dtypes and integer arrays in one call
+        if case % 7 == 0:  # mixed dtypes and integer arrays in one call
             dts = FLOAT_DTYPES + [np.dtype(np.int32)]
         arrays = []
         for n in _sizes(rng, chunk):
             dt = dts[int(rng.integers(0, len(dts)))]
-            offset = int(rng.choice([0, 0, 1, 3]))   # misaligned starts take the scalar path
-            arrays.append(_tensor(rng, dt, n, chunk, offset) if dt.kind == "f"
-                          else rng.integers(-5, 5, n + offset).astype(dt)[offset:])
+            offset = int(rng.choice([0, 0, 1, 3]))  # misaligned starts take the scalar path
+            arrays.append(
+                _tensor(rng, dt, n, chunk, offset)
+                if dt.kind == "f"
+                else rng.integers(-5, 5, n + offset).astype(dt)[offset:]
+            )
         yield case, (chunk, block, mt, mb), arrays, float(rng.choice(INVS))
 
 
 def _table(arrays):
-    return ([a.ctypes.data for a in arrays], [a.size for a in arrays],
-            [BY_NAME[a.dtype.name] for a in arrays])
+    return (
+        [a.ctypes.data for a in arrays],
+        [a.size for a in arrays],
+        [BY_NAME[a.dtype.name] for a in arrays],
+    )
 
 
 def test_unscale_matches_cpu_core_and_reference(backend):
     for case, cfg, arrays, inv in _cases(3, 400):
         chunk, block, mt, mb = cfg
-        runner = cuda.MultiTensor(backend, chunk=chunk, block=block, max_tensors=mt,
-                                   max_blocks=mb)
+        runner = cuda.MultiTensor(backend, chunk=chunk, block=block, max_tensors=mt, max_blocks=mb)
         cpu = [a.copy() for a in arrays]
         want_ref = [a.copy() for a in arrays]
         with np.errstate(over="ignore"):
@@ -110,8 +130,9 @@ def test_unscale_matches_cpu_core_and_reference(backend):
         flag = np.zeros(1, np.uint32)
         invbuf = np.array([inv], np.float64)
         runner.run("unscale", *_table(arrays), flag.ctypes.data, invbuf.ctypes.data)
-        ctx = f"case {case} config {cfg} inv {inv} " + \
-            str([(a.dtype.name, a.size, a.ctypes.data % 16) for a in arrays])
+        ctx = f"case {case} config {cfg} inv {inv} " + str(
+            [(a.dtype.name, a.size, a.ctypes.data % 16) for a in arrays]
+        )
         assert bool(flag[0]) == (not finite_ref) == (not finite_cpu), ctx
         for k, (g, c, r) in enumerate(zip(arrays, cpu, want_ref)):
             # bit for bit the CPU core (NaN payloads included), and the reference's values
@@ -122,8 +143,7 @@ def test_unscale_matches_cpu_core_and_reference(backend):
 def test_all_finite_matches_reference(backend):
     for case, cfg, arrays, _ in _cases(5, 400):
         chunk, block, mt, mb = cfg
-        runner = cuda.MultiTensor(backend, chunk=chunk, block=block, max_tensors=mt,
-                                   max_blocks=mb)
+        runner = cuda.MultiTensor(backend, chunk=chunk, block=block, max_tensors=mt, max_blocks=mb)
         before = [a.copy() for a in arrays]
         flag = np.zeros(1, np.uint32)
         runner.run("all_finite", *_table(arrays), flag.ctypes.data)
@@ -137,7 +157,7 @@ def test_every_half_bit_pattern(backend, code):
     """All 65,536 words of fp16 and bf16, through the vector path, against the CPU core."""
     dt = np.dtype(np.float16) if code == Code.F16 else np.dtype("bfloat16")
     # 1.5 and 0.75 make many exact ties (round half to even); 2**-20 many subnormals
-    for inv in (0.5, 1.5, 0.75, 1 / 3, 2.0 ** -20, 3.0e4):
+    for inv in (0.5, 1.5, 0.75, 1 / 3, 2.0**-20, 3.0e4):
         a = np.arange(65536, dtype=np.uint16).view(dt)
         assert a.ctypes.data % 16 == 0
         want = a.copy()
@@ -145,7 +165,8 @@ def test_every_half_bit_pattern(backend, code):
         flag = np.zeros(1, np.uint32)
         invbuf = np.array([inv], np.float64)
         cuda.MultiTensor(backend, chunk=4096, block=64).run(
-            "unscale", [a.ctypes.data], [a.size], [code], flag.ctypes.data, invbuf.ctypes.data)
+            "unscale", [a.ctypes.data], [a.size], [code], flag.ctypes.data, invbuf.ctypes.data
+        )
         assert flag[0] == 1
         assert np.array_equal(a.view(np.uint16), want.view(np.uint16)), inv
 
@@ -155,7 +176,8 @@ def test_found_flag_is_only_set_never_cleared(backend):
     flag = np.array([1], np.uint32)
     invbuf = np.array([0.5], np.float64)
     cuda.MultiTensor(backend, chunk=16, block=4).run(
-        "unscale", [a.ctypes.data], [a.size], [Code.F32], flag.ctypes.data, invbuf.ctypes.data)
+        "unscale", [a.ctypes.data], [a.size], [Code.F32], flag.ctypes.data, invbuf.ctypes.data
+    )
     assert flag[0] == 1 and np.all(a == 0.5)
 
 
@@ -163,21 +185,23 @@ def test_found_flag_is_only_set_never_cleared(backend):
 def test_plan_covers_every_element_once(seed):
     rng = np.random.default_rng(seed)
     chunk = int(rng.choice([8, 16, 64]))
-    sizes = [int(rng.choice([0, 1, chunk - 1, chunk, chunk + 1, 5 * chunk + 3]))
-             for _ in range(int(rng.integers(1, 40)))]
+    sizes = [
+        int(rng.choice([0, 1, chunk - 1, chunk, chunk + 1, 5 * chunk + 3]))
+        for _ in range(int(rng.integers(1, 40)))
+    ]
     mt, mb = int(rng.integers(1, 6)), int(rng.integers(1, 9))
     ptrs = [1000 + i for i in range(len(sizes))]
     plan = cuda.plan_launches(ptrs, sizes, chunk=chunk, max_tensors=mt, max_blocks=mb)
     count = [np.zeros(n, np.int64) for n in sizes]
     for off, nt, nb in plan.launches:
         assert 1 <= nt <= mt and 1 <= nb <= mb
-        t = plan.table[off:off + 2 * nt + nb]
-        for b in t[2 * nt:]:
+        t = plan.table[off : off + 2 * nt + nb]
+        for b in t[2 * nt :]:
             k, c = int(b) & 0xFFFFFFFF, int(b) >> 32
             assert k < nt
             i = int(t[k]) - 1000
             assert int(t[nt + k]) == sizes[i]
-            count[i][c * chunk:(c + 1) * chunk] += 1
+            count[i][c * chunk : (c + 1) * chunk] += 1
     for i, c in enumerate(count):
         assert np.all(c == 1), (sizes[i], c)
     total_blocks = sum(-(-n // chunk) for n in sizes)
@@ -208,6 +232,7 @@ def test_many_tensors_take_several_launches_and_tables_are_cached(backend):
 
 # ---- the device-side update kernel against CyState ------------------------
 
+
 def _device_for(backend, st: LossScaleState):
     cy = st._cy
     dev = cuda.DeviceState(backend, cy.nbytes())
@@ -234,9 +259,9 @@ def test_update_kernel_matches_cpu_state(backend, seed):
             dev.step()
             raw, flags, vals = dev.read()
             r = cpu._cy.update(finite)
-            ctx = f"policy {policy} events {events[:i + 1]}"
+            ctx = f"policy {policy} events {events[: i + 1]}"
             assert raw == cpu._cy.to_bytes(), ctx
-            assert flags[0] == 0, ctx                          # found is consumed
+            assert flags[0] == 0, ctx  # found is consumed
             assert flags[2] == (r == 1), ctx
             assert flags[1] == (r == -1), ctx
             assert vals[1] == cpu.scale or (np.isnan(vals[1]) and np.isnan(cpu.scale)), ctx

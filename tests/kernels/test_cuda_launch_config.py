@@ -6,6 +6,7 @@ The grid's configurations are the real ones (chunks up to 65536, blocks up to 10
 arrays are sized around each configuration's chunk, so every chunk edge is crossed with
 arrays small enough for the CPU.
 """
+
 import dataclasses
 import shutil
 
@@ -34,25 +35,37 @@ def test_defaults_are_torchs_and_apexs_parameters_unchanged():
     cfg = cuda.LaunchConfig()
     assert (cfg.chunk, cfg.block, cfg.max_tensors, cfg.max_blocks) == (65536, 512, 4096, 65535)
     assert (cfg.chunk, cfg.block, cfg.max_tensors, cfg.max_blocks) == (
-        cuda.CHUNK, cuda.BLOCK, cuda.MAX_TENSORS, cuda.MAX_BLOCKS)
+        cuda.CHUNK,
+        cuda.BLOCK,
+        cuda.MAX_TENSORS,
+        cuda.MAX_BLOCKS,
+    )
     assert cuda.launch_config() == cfg
     runner = cuda.MultiTensor(cuda_host.HostBackend())
     assert (runner.chunk, runner.block, runner.max_tensors, runner.max_blocks) == (
-        65536, 512, 4096, 65535)
+        65536,
+        512,
+        4096,
+        65535,
+    )
 
 
-@pytest.mark.parametrize("field, value, match", [
-    ("chunk", 0, "chunk must be a positive multiple of 8"),
-    ("chunk", -8, "chunk must be a positive multiple of 8"),
-    ("chunk", 100, "chunk must be a positive multiple of 8.*got 100"),
-    ("block", 0, r"block must be a multiple of 32 in \[32, 1024\], got 0"),
-    ("block", 100, "block must be a multiple of 32"),
-    ("block", 1056, "block must be a multiple of 32"),
-    ("max_tensors", 0, "max_tensors must be in"),
-    ("max_tensors", 2 ** 32, "max_tensors must be in"),
-    ("max_blocks", 0, "max_blocks must be in"),
-    ("max_blocks", 2 ** 31, "max_blocks must be in"),
-], ids=lambda x: str(x))
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("chunk", 0, "chunk must be a positive multiple of 8"),
+        ("chunk", -8, "chunk must be a positive multiple of 8"),
+        ("chunk", 100, "chunk must be a positive multiple of 8.*got 100"),
+        ("block", 0, r"block must be a multiple of 32 in \[32, 1024\], got 0"),
+        ("block", 100, "block must be a multiple of 32"),
+        ("block", 1056, "block must be a multiple of 32"),
+        ("max_tensors", 0, "max_tensors must be in"),
+        ("max_tensors", 2**32, "max_tensors must be in"),
+        ("max_blocks", 0, "max_blocks must be in"),
+        ("max_blocks", 2**31, "max_blocks must be in"),
+    ],
+    ids=lambda x: str(x),
+)
 def test_bad_values_are_refused(field, value, match):
     with pytest.raises(ValueError, match=match):
         cuda.LaunchConfig(**{field: value})
@@ -65,7 +78,7 @@ def test_non_integers_are_refused(value):
 
 
 def test_limits_of_the_grid_edges_are_accepted():
-    cfg = cuda.LaunchConfig(chunk=8, block=1024, max_tensors=2 ** 32 - 1, max_blocks=2 ** 31 - 1)
+    cfg = cuda.LaunchConfig(chunk=8, block=1024, max_tensors=2**32 - 1, max_blocks=2**31 - 1)
     assert cfg.block == 1024 and cuda.LaunchConfig(block=32, chunk=np.int64(16)).chunk == 16
     assert type(cuda.LaunchConfig(chunk=np.int64(16)).chunk) is int
 
@@ -81,15 +94,22 @@ def test_parse_changes_only_the_given_settings_and_round_trips():
     assert cuda.LaunchConfig.parse("block=64", base=odd) == dataclasses.replace(odd, block=64)
 
 
-@pytest.mark.parametrize("text, match", [
-    ("chunks=16384", "unknown launch setting 'chunks'; expected one of: chunk, block, "
-                     "max_tensors, max_blocks"),
-    ("chunk", "launch setting 'chunk' is not key=value"),
-    ("chunk=4096,chunk=8192", "launch setting 'chunk' given twice"),
-    ("block=big", "launch setting block must be an integer, got 'big'"),
-    ("block=2.5e2", "launch setting block must be an integer"),
-    ("block=48", "block must be a multiple of 32"),
-], ids=lambda x: x)
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        (
+            "chunks=16384",
+            "unknown launch setting 'chunks'; expected one of: chunk, block, "
+            "max_tensors, max_blocks",
+        ),
+        ("chunk", "launch setting 'chunk' is not key=value"),
+        ("chunk=4096,chunk=8192", "launch setting 'chunk' given twice"),
+        ("block=big", "launch setting block must be an integer, got 'big'"),
+        ("block=2.5e2", "launch setting block must be an integer"),
+        ("block=48", "block must be a multiple of 32"),
+    ],
+    ids=lambda x: x,
+)
 def test_parse_errors_name_the_bad_setting(text, match):
     with pytest.raises(ValueError, match=match):
         cuda.LaunchConfig.parse(text)
@@ -106,34 +126,42 @@ def test_the_environment_variable_chooses_the_process_configuration(monkeypatch)
 
 def test_a_bad_environment_variable_fails_with_its_name(monkeypatch):
     monkeypatch.setenv("LSCORE_CUDA_LAUNCH", "chunk=16384,block=100")
-    with pytest.raises(ValueError, match=r"LSCORE_CUDA_LAUNCH='chunk=16384,block=100': "
-                                         r"block must be a multiple of 32"):
+    with pytest.raises(
+        ValueError,
+        match=r"LSCORE_CUDA_LAUNCH='chunk=16384,block=100': "
+        r"block must be a multiple of 32",
+    ):
         cuda.MultiTensor(cuda_host.HostBackend())
 
 
 def test_array_kernels_config_beats_the_environment_and_limits_beat_config(monkeypatch):
     monkeypatch.setenv("LSCORE_CUDA_LAUNCH", "chunk=16384")
     cfg = cuda.LaunchConfig(chunk=4096, block=128, max_tensors=5)
-    ak = cuda.ArrayKernels(np, lambda dev: cuda_host.HostBackend(), kind=kernels.READ_NUMPY,
-                           config=cfg)
+    ak = cuda.ArrayKernels(
+        np, lambda dev: cuda_host.HostBackend(), kind=kernels.READ_NUMPY, config=cfg
+    )
     runner = ak.device(0)
     assert (runner.chunk, runner.block, runner.max_tensors) == (4096, 128, 5)
-    small = cuda.ArrayKernels(np, lambda dev: cuda_host.HostBackend(), kind=kernels.READ_NUMPY,
-                              config=cfg, limits=dict(chunk=16, block=3))
-    assert (small.device(0).chunk, small.device(0).block, small.device(0).max_tensors) == (
-        16, 3, 5)
+    small = cuda.ArrayKernels(
+        np,
+        lambda dev: cuda_host.HostBackend(),
+        kind=kernels.READ_NUMPY,
+        config=cfg,
+        limits=dict(chunk=16, block=3),
+    )
+    assert (small.device(0).chunk, small.device(0).block, small.device(0).max_tensors) == (16, 3, 5)
 
 
 # ---- every configuration of the tuning grid on the harness -----------------------------
 
+
 def _case(rng, dt, chunk, *, bad: str | None):
     """Arrays of `dt` around the chunk edges, some starting off the 16-byte alignment, one
     empty; NaN/Inf at the first element of the first array or the last of the last."""
-    sizes = [0, 1, launch.VECTOR - 1, chunk - 1, chunk, chunk + 1,
-             2 * chunk + launch.VECTOR + 1]
+    sizes = [0, 1, launch.VECTOR - 1, chunk - 1, chunk, chunk + 1, 2 * chunk + launch.VECTOR + 1]
     arrays = []
     for k, n in enumerate(sizes):
-        offset = (0, 1, 3)[k % 3]         # elements: a misaligned start takes the scalar path
+        offset = (0, 1, 3)[k % 3]  # elements: a misaligned start takes the scalar path
         buf = (rng.standard_normal(n + offset) * 300.0).astype(dt)
         arrays.append(buf[offset:])
     if bad == "first":
@@ -160,8 +188,12 @@ def test_every_grid_configuration_equals_the_cpu_core(cfg):
     for dt in FLOAT_DTYPES:
         for bad in (None, "first", "last"):
             arrays = _case(rng, dt, cfg.chunk, bad=bad)
-            finite = _same_as_cpu_core(ak, arrays, float(rng.choice([1 / 3, 0.5, 65536.0])),
-                                       f"{_tune.label(cfg)} {dt} NaN/Inf {bad}")
+            finite = _same_as_cpu_core(
+                ak,
+                arrays,
+                float(rng.choice([1 / 3, 0.5, 65536.0])),
+                f"{_tune.label(cfg)} {dt} NaN/Inf {bad}",
+            )
             assert finite == (bad is None)
     # the configuration is what the kernels ran with
     assert {block for _, _, block in backend.launches} == {cfg.block}
@@ -173,11 +205,12 @@ def test_every_grid_configuration_splits_more_arrays_than_one_launch_holds(cfg):
     rng = np.random.default_rng(7)
     backend = cuda_host.HostBackend()
     ak = cuda.ArrayKernels(np, lambda dev: backend, kind=kernels.READ_NUMPY, config=cfg)
-    dt = FLOAT_DTYPES[_tune.grid().index(cfg) % len(FLOAT_DTYPES)]     # each dtype in turn
-    arrays = [rng.standard_normal(int(n)).astype(dt)
-              for n in rng.integers(1, 6, cfg.max_tensors + 40)]
+    dt = FLOAT_DTYPES[_tune.grid().index(cfg) % len(FLOAT_DTYPES)]  # each dtype in turn
+    arrays = [
+        rng.standard_normal(int(n)).astype(dt) for n in rng.integers(1, 6, cfg.max_tensors + 40)
+    ]
     for k in range(0, len(arrays), 1000):
-        arrays[k] = np.zeros(0, dt)          # empty arrays take no place in a launch
+        arrays[k] = np.zeros(0, dt)  # empty arrays take no place in a launch
     arrays[-1] = np.array([1.0, np.inf], dt)
     assert _same_as_cpu_core(ak, arrays, 0.5, _tune.label(cfg)) is False
     assert len([fn for fn, _, _ in backend.launches if "unscale" in fn]) >= 2

@@ -9,6 +9,7 @@ the same bits from call to call; the clip must be torch's formula.  Small
 chunks, blocks and launch limits put chunk edges, several launches per dtype
 and several fold levels into small arrays.
 """
+
 import math
 import shutil
 
@@ -27,17 +28,26 @@ if shutil.which("g++") is None:
 from helpers import cuda_host  # noqa: E402
 
 # (chunk, block, max_tensors, max_blocks): the last ones force many launches
-CONFIGS = [(8, 1, 4096, 65535), (16, 3, 4096, 65535), (64, 32, 3, 5), (8, 4, 2, 3),
-           (1024, 64, 1, 1), (16, 70, 4096, 65535)]
+CONFIGS = [
+    (8, 1, 4096, 65535),
+    (16, 3, 4096, 65535),
+    (64, 32, 3, 5),
+    (8, 4, 2, 3),
+    (1024, 64, 1, 1),
+    (16, 70, 4096, 65535),
+]
 INVS = [0.5, 2.0, 1 / 3, 1.0, 1e-5, 65536.0, float(np.float32(1 / 3000))]
 L2_RTOL = 1e-12
 
 
 def _kernels(cfg) -> cuda.ArrayKernels:
     chunk, block, mt, mb = cfg
-    return cuda.ArrayKernels(np, lambda dev: cuda_host.HostBackend(), kind=kernels.READ_NUMPY,
-                             limits=dict(chunk=chunk, block=block, max_tensors=mt,
-                                         max_blocks=mb))
+    return cuda.ArrayKernels(
+        np,
+        lambda dev: cuda_host.HostBackend(),
+        kind=kernels.READ_NUMPY,
+        limits=dict(chunk=chunk, block=block, max_tensors=mt, max_blocks=mb),
+    )
 
 
 def _tensor(rng, dt, n, chunk, offset, bad_at):
@@ -70,7 +80,7 @@ def _cases(seed, count):
         for k in range(int(rng.integers(1, 9))):
             dt = dts[int(rng.integers(0, len(dts)))]
             n = int(rng.choice(sizes))
-            offset = int(rng.choice([0, 0, 1, 3]))    # misaligned starts take the scalar path
+            offset = int(rng.choice([0, 0, 1, 3]))  # misaligned starts take the scalar path
             if dt not in FLOAT_DTYPES:
                 arrays.append(rng.integers(-5, 5, n + offset).astype(dt)[offset:])
                 continue
@@ -86,7 +96,7 @@ def _reference_norm(values, inf_norm: bool) -> float:
     x = np.concatenate(flat) if flat else np.zeros(0)
     if inf_norm:
         return float(np.max(np.abs(x))) if x.size else 0.0
-    with np.errstate(over="ignore"):       # float64 max squared: Inf, as in the kernels
+    with np.errstate(over="ignore"):  # float64 max squared: Inf, as in the kernels
         return float(np.sqrt(np.sum(x * x)))
 
 
@@ -118,11 +128,12 @@ def test_unscale_and_norm_matches_cpu_core_and_float64_reference(norm_type):
 @pytest.mark.parametrize("norm_type", [2.0, math.inf], ids=["l2", "inf"])
 def test_norm_is_the_same_bits_call_after_call(cfg, norm_type):
     rng = np.random.default_rng(7)
-    arrays = [(rng.standard_normal(n) * 1e3).astype(dt) for n, dt in
-              zip([1000, 77, 4096, 3], FLOAT_DTYPES)]
+    arrays = [
+        (rng.standard_normal(n) * 1e3).astype(dt)
+        for n, dt in zip([1000, 77, 4096, 3], FLOAT_DTYPES)
+    ]
     ak = _kernels(cfg)
-    norms = {np.float64(ak.unscale_and_norm(arrays, 1.0, norm_type)[1]).tobytes()
-             for _ in range(3)}
+    norms = {np.float64(ak.unscale_and_norm(arrays, 1.0, norm_type)[1]).tobytes() for _ in range(3)}
     # a fresh launcher (new buffers, new tables) over the same arrays: the same bits too
     norms.add(np.float64(_kernels(cfg).unscale_and_norm(arrays, 1.0, norm_type)[1]).tobytes())
     assert len(norms) == 1
@@ -192,8 +203,12 @@ def test_empty_input_has_norm_zero_and_clips_nothing():
 
 def test_many_partials_take_several_fold_levels():
     backend = cuda_host.HostBackend()
-    ak = cuda.ArrayKernels(np, lambda dev: backend, kind=kernels.READ_NUMPY,
-                           limits=dict(chunk=16, block=70, max_tensors=3, max_blocks=4))
+    ak = cuda.ArrayKernels(
+        np,
+        lambda dev: backend,
+        kind=kernels.READ_NUMPY,
+        limits=dict(chunk=16, block=70, max_tensors=3, max_blocks=4),
+    )
     arrays = [np.full(n, 0.5, np.float32) for n in (300, 17, 0, 129, 64)]
     finite, norm = ak.unscale_and_norm(arrays, 2.0)
     # 510 ones: exact in any order
@@ -204,11 +219,22 @@ def test_many_partials_take_several_fold_levels():
     assert sum(n.startswith("lsc_mt_unscale_norm") for n in names) > 1
 
 
-@pytest.mark.parametrize("bad", [
-    dict(norm_type=1.0), dict(norm_type=3), dict(norm_type="fro"), dict(norm_type=None),
-    dict(max_norm=0.0), dict(max_norm=-1.0), dict(max_norm=math.nan), dict(max_norm=math.inf),
-    dict(inv_scale=0.0), dict(inv_scale=math.inf),
-], ids=lambda d: f"{next(iter(d))}={next(iter(d.values()))!r}")
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(norm_type=1.0),
+        dict(norm_type=3),
+        dict(norm_type="fro"),
+        dict(norm_type=None),
+        dict(max_norm=0.0),
+        dict(max_norm=-1.0),
+        dict(max_norm=math.nan),
+        dict(max_norm=math.inf),
+        dict(inv_scale=0.0),
+        dict(inv_scale=math.inf),
+    ],
+    ids=lambda d: f"{next(iter(d))}={next(iter(d.values()))!r}",
+)
 def test_bad_arguments_are_refused_before_any_write(bad):
     a = np.array([1.0, 2.0, 3.0], np.float32)
     args = dict(inv_scale=0.5, max_norm=1.0, norm_type=2.0) | bad
@@ -238,7 +264,7 @@ def test_every_half_bit_pattern(dt):
     """All 65,536 words (NaNs and Infs removed), through the vector path."""
     a = np.arange(65536, dtype=np.uint16).view(np.dtype(dt))
     a = a[np.isfinite(a.astype(np.float32))].copy()
-    for inv in (0.5, 1.5, 2.0 ** -20):
+    for inv in (0.5, 1.5, 2.0**-20):
         x = a.copy()
         cpu = a.copy()
         _, l2_cpu, max_cpu = lscore.unscale_(cpu, inv, stats=True)

@@ -7,6 +7,7 @@ its own with only _ext/ on the include path, and as the self-contained text
 the loader compiles, for compute capabilities 7.5, 8.0 and 9.0, with every
 name expression the package launches.
 """
+
 import pytest
 
 from lscore import cuda

@@ -10,6 +10,7 @@ lscore.adapters.numpy's SGD / Adam on the gradients lscore.unscale_ (the CPU
 core) unscales; parameters and slots must match bit for bit after every step,
 and a step with NaN/Inf planted must leave them bit for bit unchanged.
 """
+
 import shutil
 
 import numpy as np
@@ -30,11 +31,16 @@ from helpers import cuda_host  # noqa: E402
 
 GRAD_DTYPES = [d for d in FLOAT_DTYPES if d.name in ("float16", "bfloat16", "float32")]
 # (chunk, block, max_tensors, max_blocks): the last ones force many launches
-CONFIGS = [(8, 1, 4096, 65535), (16, 3, 4096, 65535), (64, 32, 3, 5), (8, 4, 2, 3),
-           (1024, 64, 1, 1)]
+CONFIGS = [
+    (8, 1, 4096, 65535),
+    (16, 3, 4096, 65535),
+    (64, 32, 3, 5),
+    (8, 4, 2, 3),
+    (1024, 64, 1, 1),
+]
 # moderate inverses: no unscaled gradient overflows (an Inf - Inf NaN's bits are the
 # CPU's default NaN, not the GPU's); 2**-16 and 1e-5 put float16 results in subnormals
-INVS = [1.0, 0.5, 1 / 3, 1e-5, 2.0 ** -16, float(np.float32(1 / 3000)), 0.75]
+INVS = [1.0, 0.5, 1 / 3, 1e-5, 2.0**-16, float(np.float32(1 / 3000)), 0.75]
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +65,17 @@ def _launch(backend, op, records, sizes, cfg, scalars):
         rec = np.array([records[i][1] for i in idx], np.uint64)
         d = rec.shape[1]
         ptrs = [rec.ctypes.data + 8 * d * k for k in range(len(idx))]
-        plan = cuda.plan_launches(ptrs, [sizes[i] for i in idx], chunk=chunk, max_tensors=mt,
-                                  max_blocks=mb)
+        plan = cuda.plan_launches(
+            ptrs, [sizes[i] for i in idx], chunk=chunk, max_tensors=mt, max_blocks=mb
+        )
         name = f"lsc_mt_{op}<{cuda.TRAITS[Code(code)]}>"
         for off, nt, nb in plan.launches:
-            args = (np.uint64(plan.table.ctypes.data + 8 * off), np.int32(nt), np.int64(chunk),
-                    *scalars)
+            args = (
+                np.uint64(plan.table.ctypes.data + 8 * off),
+                np.int32(nt),
+                np.int64(chunk),
+                *scalars,
+            )
             backend.launch(name, nb, block, args)
 
 
@@ -74,8 +85,10 @@ class _Case:
     def __init__(self, rng, chunk, nslots):
         self.sizes = _sizes(rng, chunk)
         self.gdt = [GRAD_DTYPES[int(rng.integers(0, len(GRAD_DTYPES)))] for _ in self.sizes]
-        self.w = [(rng.standard_normal(n) * rng.choice([1e-2, 1.0, 30.0])).astype(np.float32)
-                  for n in self.sizes]
+        self.w = [
+            (rng.standard_normal(n) * rng.choice([1e-2, 1.0, 30.0])).astype(np.float32)
+            for n in self.sizes
+        ]
         self.slots = [[np.zeros(n, np.float32) for _ in range(nslots)] for n in self.sizes]
         self.ref_w = [w.copy() for w in self.w]
 
@@ -90,22 +103,29 @@ class _Case:
             if ks:
                 k = int(rng.choice(ks))
                 g = gs[k]
-                g[int(rng.choice([0, g.size - 1, int(rng.integers(0, g.size))]))] = \
-                    rng.choice(nonfinite_values(g.dtype))
+                g[int(rng.choice([0, g.size - 1, int(rng.integers(0, g.size))]))] = rng.choice(
+                    nonfinite_values(g.dtype)
+                )
         return gs
 
     def records(self, gs):
-        return [(BY_NAME[g.dtype.name], [g.ctypes.data, w.ctypes.data]
-                 + [s.ctypes.data for s in slots])
-                for g, w, slots in zip(gs, self.w, self.slots)]
+        return [
+            (BY_NAME[g.dtype.name], [g.ctypes.data, w.ctypes.data] + [s.ctypes.data for s in slots])
+            for g, w, slots in zip(gs, self.w, self.slots)
+        ]
 
 
 def _check(backend, gs, cfg, mark, flag):
     """Phase one: scan.cu's all_finite marks `flag` with `mark` on NaN/Inf."""
     chunk, block, mt, mb = cfg
     cuda.MultiTensor(backend, chunk=chunk, block=block, max_tensors=mt, max_blocks=mb).run(
-        "all_finite", [g.ctypes.data for g in gs], [g.size for g in gs],
-        [BY_NAME[g.dtype.name] for g in gs], flag.ctypes.data, mark=mark)
+        "all_finite",
+        [g.ctypes.data for g in gs],
+        [g.size for g in gs],
+        [BY_NAME[g.dtype.name] for g in gs],
+        flag.ctypes.data,
+        mark=mark,
+    )
 
 
 def _reference_grads(gs, inv):
@@ -131,13 +151,17 @@ def _run_steps(backend, seed, cases, make_opt, launch):
             _check(backend, gs, cfg, step, flag)
             # the inverse by value, or from a device float64 (the by-value 7.0 is then unused)
             buf = np.array([inv], np.float64)
-            inv_args = (np.float64(inv), np.uint64(0)) if rng.random() < 0.5 else \
-                (np.float64(7.0), np.uint64(buf.ctypes.data))
+            inv_args = (
+                (np.float64(inv), np.uint64(0))
+                if rng.random() < 0.5
+                else (np.float64(7.0), np.uint64(buf.ctypes.data))
+            )
             gate = (np.uint64(flag.ctypes.data), np.uint32(step))
             launch(backend, opt, c, gs, cfg, inv_args + gate)
             ref = _reference_grads(gs, inv)
-            ctx = f"seed {seed} case {case} step {step} cfg {cfg} inv {inv} {opt!r} " + \
-                str([(g.dtype.name, g.size) for g in gs])
+            ctx = f"seed {seed} case {case} step {step} cfg {cfg} inv {inv} {opt!r} " + str(
+                [(g.dtype.name, g.size) for g in gs]
+            )
             # the gradients are read, never written
             assert all(np.array_equal(_u(g), b) for g, b in zip(gs, gs_before)), ctx
             assert bool(flag[0] == step) == (ref is None), ctx
@@ -166,6 +190,7 @@ def _run_steps(backend, seed, cases, make_opt, launch):
 # amsgrad is Keras's (vhat = max(vhat, v) replaces v under the sqrt); dampening
 # scales the step into the momentum every step (no undamped first step: optim.cu).
 
+
 class _RefSGD(lnp.SGD):
     """The adapter's SGD (weight decay included) plus torch's maximize and dampening,
     which tf-keras has not: the kernel's extra options."""
@@ -180,7 +205,7 @@ class _RefSGD(lnp.SGD):
         if not self.dampening or self.momentum == 0:
             return super()._update_step(g, v)
         self._decay(v)
-        t = v.dtype.type       # m = step * (1 - dampening) + m * momentum, every step
+        t = v.dtype.type  # m = step * (1 - dampening) + m * momentum, every step
         step = -g * t(self._learning_rate)
         m = self._slot(v, "momentum")
         mom = t(self.momentum)
@@ -202,83 +227,130 @@ class _RefAdam(lnp.Adam):
 
 def _alpha(opt):
     t = np.float32
-    one, step = t(1), t(opt.iterations + 1)     # alpha as adapters/_arrays.py's Adam
-    return t(opt.learning_rate) * np.sqrt(one - t(opt.beta_2) ** step) \
-        / (one - t(opt.beta_1) ** step)
+    one, step = t(1), t(opt.iterations + 1)  # alpha as adapters/_arrays.py's Adam
+    return (
+        t(opt.learning_rate) * np.sqrt(one - t(opt.beta_2) ** step) / (one - t(opt.beta_1) ** step)
+    )
 
 
 SLOT, NESTEROV, MAXIMIZE, AMSGRAD, CHECK, INV_AS_GRAD = (
-    _codes.OPTIM_FLAGS[k] for k in ("SLOT", "NESTEROV", "MAXIMIZE", "AMSGRAD", "CHECK",
-                                    "INV_AS_GRAD"))
-NO_COUNTER = (np.uint64(0), np.uint64(0), np.int64(0))     # Adam's bias, count, last
+    _codes.OPTIM_FLAGS[k]
+    for k in ("SLOT", "NESTEROV", "MAXIMIZE", "AMSGRAD", "CHECK", "INV_AS_GRAD")
+)
+NO_COUNTER = (np.uint64(0), np.uint64(0), np.int64(0))  # Adam's bias, count, last
 
 
 def _sgd_launch(backend, opt, c, gs, cfg, tail):
-    flags = (SLOT if opt.momentum != 0 else 0) | (NESTEROV if opt.nesterov else 0) \
+    flags = (
+        (SLOT if opt.momentum != 0 else 0)
+        | (NESTEROV if opt.nesterov else 0)
         | (MAXIMIZE if opt.maximize else 0)
+    )
     t = np.float32
-    _launch(backend, "sgd", c.records(gs), c.sizes, cfg,
-            (t(opt.learning_rate), t(opt.momentum), t(1 - opt.dampening),
-             t(opt.weight_decay or 0.0), np.int32(flags), *tail))
+    _launch(
+        backend,
+        "sgd",
+        c.records(gs),
+        c.sizes,
+        cfg,
+        (
+            t(opt.learning_rate),
+            t(opt.momentum),
+            t(1 - opt.dampening),
+            t(opt.weight_decay or 0.0),
+            np.int32(flags),
+            *tail,
+        ),
+    )
 
 
 def _adam_launch(backend, opt, c, gs, cfg, tail):
     t = np.float32
     flags = (MAXIMIZE if opt.maximize else 0) | (AMSGRAD if opt.amsgrad else 0)
-    _launch(backend, "adam", c.records(gs), c.sizes, cfg,
-            (t(_alpha(opt)), t(1 - opt.beta_1), t(1 - opt.beta_2), t(opt.epsilon),
-             t(opt.learning_rate), t(opt.weight_decay or 0.0), np.int32(flags), *tail,
-             *NO_COUNTER))
+    _launch(
+        backend,
+        "adam",
+        c.records(gs),
+        c.sizes,
+        cfg,
+        (
+            t(_alpha(opt)),
+            t(1 - opt.beta_1),
+            t(1 - opt.beta_2),
+            t(opt.epsilon),
+            t(opt.learning_rate),
+            t(opt.weight_decay or 0.0),
+            np.int32(flags),
+            *tail,
+            *NO_COUNTER,
+        ),
+    )
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_sgd_matches_numpy_adapter_bitwise(backend, seed):
     """momentum (none, tiny, usual) and nesterov: lscore.adapters.numpy.SGD itself."""
+
     def make(rng):
-        return _RefSGD(learning_rate=float(rng.choice([0.01, 0.1, 1e-3, 3.0])),
-                       momentum=float(rng.choice([0.0, 0.9, 0.5, 0.99, 1e-45])),
-                       nesterov=bool(rng.random() < 0.5))
+        return _RefSGD(
+            learning_rate=float(rng.choice([0.01, 0.1, 1e-3, 3.0])),
+            momentum=float(rng.choice([0.0, 0.9, 0.5, 0.99, 1e-45])),
+            nesterov=bool(rng.random() < 0.5),
+        )
+
     _run_steps(backend, 100 + seed, 25, make, _sgd_launch)
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_adam_matches_numpy_adapter_bitwise(backend, seed):
     """bias correction (through alpha): lscore.adapters.numpy.Adam itself."""
+
     def make(rng):
-        return _RefAdam(learning_rate=float(rng.choice([1e-3, 0.01, 0.3])),
-                        beta_1=float(rng.choice([0.9, 0.0, 0.5])),
-                        beta_2=float(rng.choice([0.999, 0.9, 0.99])),
-                        epsilon=float(rng.choice([1e-7, 1e-3, 1e-8])))
+        return _RefAdam(
+            learning_rate=float(rng.choice([1e-3, 0.01, 0.3])),
+            beta_1=float(rng.choice([0.9, 0.0, 0.5])),
+            beta_2=float(rng.choice([0.999, 0.9, 0.99])),
+            epsilon=float(rng.choice([1e-7, 1e-3, 1e-8])),
+        )
+
     _run_steps(backend, 200 + seed, 25, make, _adam_launch)
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_sgd_weight_decay_dampening_and_maximize_bitwise(backend, seed):
     def make(rng):
-        return _RefSGD(learning_rate=float(rng.choice([0.01, 0.1, 3.0])),
-                       momentum=float(rng.choice([0.0, 0.9])),
-                       dampening=float(rng.choice([0.0, 0.1, 0.5])),
-                       nesterov=bool(rng.random() < 0.5),
-                       weight_decay=float(rng.choice([0.0, 1e-2, 0.3])),
-                       maximize=bool(rng.random() < 0.5))
+        return _RefSGD(
+            learning_rate=float(rng.choice([0.01, 0.1, 3.0])),
+            momentum=float(rng.choice([0.0, 0.9])),
+            dampening=float(rng.choice([0.0, 0.1, 0.5])),
+            nesterov=bool(rng.random() < 0.5),
+            weight_decay=float(rng.choice([0.0, 1e-2, 0.3])),
+            maximize=bool(rng.random() < 0.5),
+        )
+
     _run_steps(backend, 300 + seed, 20, make, _sgd_launch)
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_adamw_amsgrad_and_maximize_bitwise(backend, seed):
     def make(rng):
-        return _RefAdam(learning_rate=float(rng.choice([1e-3, 0.01, 0.3])),
-                        beta_1=float(rng.choice([0.9, 0.5])),
-                        beta_2=float(rng.choice([0.999, 0.9])),
-                        epsilon=float(rng.choice([1e-7, 1e-3])),
-                        weight_decay=float(rng.choice([0.0, 4e-3, 0.1])),
-                        maximize=bool(rng.random() < 0.5),
-                        amsgrad=bool(rng.random() < 0.6))
+        return _RefAdam(
+            learning_rate=float(rng.choice([1e-3, 0.01, 0.3])),
+            beta_1=float(rng.choice([0.9, 0.5])),
+            beta_2=float(rng.choice([0.999, 0.9])),
+            epsilon=float(rng.choice([1e-7, 1e-3])),
+            weight_decay=float(rng.choice([0.0, 4e-3, 0.1])),
+            maximize=bool(rng.random() < 0.5),
+            amsgrad=bool(rng.random() < 0.6),
+        )
+
     _run_steps(backend, 400 + seed, 20, make, _adam_launch)
 
 
-@pytest.mark.parametrize("gate, skip_if, applied", [(None, 0, True), (0, 0, False), (1, 0, True),
-                                                    (5, 5, False), (4, 5, True)])
+@pytest.mark.parametrize(
+    "gate, skip_if, applied",
+    [(None, 0, True), (0, 0, False), (1, 0, True), (5, 5, False), (4, 5, True)],
+)
 def test_gate_word(backend, gate, skip_if, applied):
     """No gate: always applied; else skipped when *gate == skip_if (a scan mark, or 0 for
     update.cu's flags[LSC_DEV_APPLY])."""
@@ -290,18 +362,33 @@ def test_gate_word(backend, gate, skip_if, applied):
         word = np.array([0 if gate is None else gate], np.uint32)
         rec = [(Code.F16, [g.ctypes.data, w.ctypes.data] + [s.ctypes.data for s in slots])]
         t = np.float32
-        head = (t(0.5), t(0.0), t(1.0), t(0.0), np.int32(0)) if op == "sgd" else \
-            (t(0.5), t(0.1), t(0.001), t(1e-7), t(0.5), t(0.0), np.int32(0))
-        _launch(backend, op, rec, [21], cfg,
-                (*head, np.float64(0.5), np.uint64(0),
-                 np.uint64(0 if gate is None else word.ctypes.data), np.uint32(skip_if),
-                 *(NO_COUNTER if op == "adam" else ())))
+        head = (
+            (t(0.5), t(0.0), t(1.0), t(0.0), np.int32(0))
+            if op == "sgd"
+            else (t(0.5), t(0.1), t(0.001), t(1e-7), t(0.5), t(0.0), np.int32(0))
+        )
+        _launch(
+            backend,
+            op,
+            rec,
+            [21],
+            cfg,
+            (
+                *head,
+                np.float64(0.5),
+                np.uint64(0),
+                np.uint64(0 if gate is None else word.ctypes.data),
+                np.uint32(skip_if),
+                *(NO_COUNTER if op == "adam" else ()),
+            ),
+        )
         assert np.all(w != 1.0) if applied else np.all(w == 1.0), op
         if op == "sgd":
-            assert np.all(w == 0.5) or not applied      # 1 + -(2 * 0.5) * 0.5
+            assert np.all(w == 0.5) or not applied  # 1 + -(2 * 0.5) * 0.5
 
 
 # ---- the check launch, the inverse in the gradient's dtype, the device step counter ----
+
 
 def _as_grad_unscaled(gs, inv):
     """What the NumPy adapter's get_unscaled_gradients makes: g * inv cast to g's dtype."""
@@ -319,24 +406,56 @@ def test_check_launch_marks_unscaled_nonfinite_and_writes_nothing(backend, seed,
         cfg = CONFIGS[case % len(CONFIGS)]
         c = _Case(rng, cfg[0], 2)
         gs = c.grads(rng, plant=rng.random() < 0.3)
-        inv = float(rng.choice(INVS + [2.0 ** 10, 1000.0]))
+        inv = float(rng.choice(INVS + [2.0**10, 1000.0]))
         flags = CHECK | (INV_AS_GRAD if as_grad else 0)
         before = [_u(a) for a in c.w] + [_u(s) for ss in c.slots for s in ss]
         flag = np.zeros(1, np.uint32)
-        for op, head in (("sgd", (np.float32(0.5), np.float32(0.9), np.float32(1), np.float32(0),
-                                  np.int32(flags | SLOT))),
-                         ("adam", (np.float32(0.1), np.float32(0.1), np.float32(0.001),
-                                   np.float32(1e-7), np.float32(0.1), np.float32(0),
-                                   np.int32(flags)))):
+        for op, head in (
+            (
+                "sgd",
+                (
+                    np.float32(0.5),
+                    np.float32(0.9),
+                    np.float32(1),
+                    np.float32(0),
+                    np.int32(flags | SLOT),
+                ),
+            ),
+            (
+                "adam",
+                (
+                    np.float32(0.1),
+                    np.float32(0.1),
+                    np.float32(0.001),
+                    np.float32(1e-7),
+                    np.float32(0.1),
+                    np.float32(0),
+                    np.int32(flags),
+                ),
+            ),
+        ):
             flag[0] = 0
             tail = NO_COUNTER if op == "adam" else ()
-            _launch(backend, op, c.records(gs), c.sizes, cfg,
-                    (*head, np.float64(inv), np.uint64(0), np.uint64(flag.ctypes.data),
-                     np.uint32(9), *tail))
+            _launch(
+                backend,
+                op,
+                c.records(gs),
+                c.sizes,
+                cfg,
+                (
+                    *head,
+                    np.float64(inv),
+                    np.uint64(0),
+                    np.uint64(flag.ctypes.data),
+                    np.uint32(9),
+                    *tail,
+                ),
+            )
             if as_grad:
-                finite = all(np.isfinite(u.astype(np.float32)).all()
-                             for u in _as_grad_unscaled(gs, inv))
-            else:     # the core's unscale_, checked on its outputs
+                finite = all(
+                    np.isfinite(u.astype(np.float32)).all() for u in _as_grad_unscaled(gs, inv)
+                )
+            else:  # the core's unscale_, checked on its outputs
                 out = [g.copy() for g in gs]
                 lscore.unscale_(out, inv)
                 finite = lscore.all_finite(out)
@@ -358,12 +477,26 @@ def test_inverse_in_the_gradient_dtype_matches_the_numpy_adapters_unscaling(back
     c.ref_w = [w.copy() for w in c.w]
     c.slots = [[np.zeros(n, np.float32)] for n in c.sizes]
     cfg = CONFIGS[1]
-    for step, inv in enumerate([float(np.float32(1 / 1000)), 2.0 ** -25, 0.75, 1 / 3]):
+    for step, inv in enumerate([float(np.float32(1 / 1000)), 2.0**-25, 0.75, 1 / 3]):
         gs = c.grads(rng, plant=False)
-        _launch(backend, "sgd", c.records(gs), c.sizes, cfg,
-                (np.float32(0.1), np.float32(0.9), np.float32(1), np.float32(0),
-                 np.int32(SLOT | INV_AS_GRAD), np.float64(inv), np.uint64(0), np.uint64(0),
-                 np.uint32(0)))
+        _launch(
+            backend,
+            "sgd",
+            c.records(gs),
+            c.sizes,
+            cfg,
+            (
+                np.float32(0.1),
+                np.float32(0.9),
+                np.float32(1),
+                np.float32(0),
+                np.int32(SLOT | INV_AS_GRAD),
+                np.float64(inv),
+                np.uint64(0),
+                np.uint64(0),
+                np.uint32(0),
+            ),
+        )
         opt.apply_gradients(zip(_as_grad_unscaled(gs, inv), c.ref_w))
         for k, (w, rw) in enumerate(zip(c.w, c.ref_w)):
             assert np.array_equal(_u(w), _u(rw)), (seed, step, k)
@@ -373,7 +506,7 @@ def test_adam_device_counter_reads_the_bias_table(backend):
     """With `count`, alpha = (lr * sq[t]) / d[t] for t = *count + 1 capped at the table's
     last step: the NumPy adapter's alpha at every step, through saturation and beyond
     (alpha by value, 1e9, is then unused)."""
-    make = lambda: lnp.Adam(0.3, beta_1=0.5, beta_2=0.9)     # noqa: E731
+    make = lambda: lnp.Adam(0.3, beta_1=0.5, beta_2=0.9)  # noqa: E731
     table, last = cuda.bias_table(lambda s: make()._bias_terms(np.float32, s))
     rng = np.random.default_rng(8)
     count = np.zeros(1, np.int64)
@@ -381,14 +514,32 @@ def test_adam_device_counter_reads_the_bias_table(backend):
         c = _Case(rng, 8, 2)
         gs = c.grads(rng, plant=False)
         count[0] = it
-        _launch(backend, "adam", c.records(gs), c.sizes, CONFIGS[0],
-                (np.float32(1e9), np.float32(0.5), np.float32(1 - 0.9), np.float32(1e-7),
-                 np.float32(0.3), np.float32(0), np.int32(0), np.float64(1.0), np.uint64(0),
-                 np.uint64(0), np.uint32(0), np.uint64(table.ctypes.data),
-                 np.uint64(count.ctypes.data), np.int64(last)))
+        _launch(
+            backend,
+            "adam",
+            c.records(gs),
+            c.sizes,
+            CONFIGS[0],
+            (
+                np.float32(1e9),
+                np.float32(0.5),
+                np.float32(1 - 0.9),
+                np.float32(1e-7),
+                np.float32(0.3),
+                np.float32(0),
+                np.int32(0),
+                np.float64(1.0),
+                np.uint64(0),
+                np.uint64(0),
+                np.uint32(0),
+                np.uint64(table.ctypes.data),
+                np.uint64(count.ctypes.data),
+                np.int64(last),
+            ),
+        )
         ref = make()
         ref.iterations = it
         ref.apply_gradients(zip([g.astype(np.float32) for g in gs], c.ref_w))
-        assert count[0] == it      # the kernel reads the counter; the adapter advances it
+        assert count[0] == it  # the kernel reads the counter; the adapter advances it
         for k, (w, rw) in enumerate(zip(c.w, c.ref_w)):
             assert np.array_equal(_u(w), _u(rw)), (it, k)

@@ -1,4 +1,5 @@
 """unscale_(stats=True), threads and ISA levels of the compiled scan, against lscore._reference."""
+
 import math
 import os
 import threading
@@ -14,7 +15,7 @@ from helpers import FLOAT_DTYPES
 from helpers.gen import LAYOUTS, make_array, nonfinite_values
 from helpers import bits_equal_or_both_nan
 
-CHUNK_BYTES = 256 * 1024          # lsc_pool.h LSC_CHUNK_BYTES
+CHUNK_BYTES = 256 * 1024  # lsc_pool.h LSC_CHUNK_BYTES
 INVS = (0.5, 2.0, 1 / 3, 1.0, 1e-5, 65536.0)
 
 
@@ -48,8 +49,11 @@ def cases(seed, count):
         if n and rng.random() < 0.4:
             bad = [(int(rng.integers(0, n)), rng.choice(nonfinite_values(dt)))]
         inv = float(rng.choice(INVS))
-        yield f"case {case} {dt} {layout} n={n} bad={bad} inv={inv}", \
-            make_array(rng, dt, n, layout, bad), inv
+        yield (
+            f"case {case} {dt} {layout} n={n} bad={bad} inv={inv}",
+            make_array(rng, dt, n, layout, bad),
+            inv,
+        )
 
 
 def test_stats_match_reference(isa):
@@ -87,13 +91,13 @@ def test_half_types_every_bit_pattern_at_each_isa(isa, inv):
         assert bits_equal_or_both_nan(got, want), (dt, isa)
         words = got.view(np.uint16)[np.isnan(got.astype(np.float32))]
         canonical = (words & 0x7FFF) == 0x7E00 if dt.name == "float16" else words == 0x7FC0
-        assert inv == 1.0 or np.all(canonical), (dt, isa)   # inv 1 writes nothing
+        assert inv == 1.0 or np.all(canonical), (dt, isa)  # inv 1 writes nothing
         assert same_stats(got_stats, want_stats), (dt, isa, got_stats, want_stats)
         assert lscore.unscale_(a[:-7].copy(), inv) is ref.unscale_(a[:-7].copy(), inv)
 
 
 def test_stats_after_overflow_and_nan():
-    a = np.array([60000.0, 1.0], np.float16)          # finite input, inf after * 2
+    a = np.array([60000.0, 1.0], np.float16)  # finite input, inf after * 2
     got = lscore.unscale_(a, 2.0, stats=True)
     assert got[0] is True and got[1] == math.inf and got[2] == math.inf
     b = np.array([1.0, np.nan, np.inf], np.float32)
@@ -139,7 +143,7 @@ def test_threads_give_the_same_bits(dt):
 def test_helpers_take_chunks():
     a = np.ones(4_000_000, np.float32)
     before = _scan._helper_chunks()
-    for _ in range(200):          # a helper may be late (busy machine); it joins eventually
+    for _ in range(200):  # a helper may be late (busy machine); it joins eventually
         lscore.unscale_(a, 1.0, stats=True, threads=2)
         if _scan._helper_chunks() > before:
             break
@@ -150,8 +154,15 @@ def test_helpers_take_chunks():
 def test_threads_over_a_mixed_table():
     rng = np.random.default_rng(12)
     dts = FLOAT_DTYPES
-    arrays = [make_array(rng, dts[k % len(dts)], int(rng.integers(1, 200_000)),
-                         ("contiguous", "strided", "byteswapped")[k % 3]) for k in range(12)]
+    arrays = [
+        make_array(
+            rng,
+            dts[k % len(dts)],
+            int(rng.integers(1, 200_000)),
+            ("contiguous", "strided", "byteswapped")[k % 3],
+        )
+        for k in range(12)
+    ]
     arrays += [None, np.arange(10), make_array(rng, dts[0], 7, "contiguous")]
     for threads in (1, 2):
         x = [a.copy() if a is not None else None for a in arrays]
@@ -195,15 +206,15 @@ def test_raw_tables_small_and_large_alias_and_stride_like_the_reference(n):
         if case % 3 == 0:
             a[int(rng.integers(0, n))] = np.nan
         b = a.copy()
-        step = 1 + case % 2                       # odd cases: a strided buffer
+        step = 1 + case % 2  # odd cases: a strided buffer
         lo = int(rng.integers(0, n // 2))
-        views = [a, a[lo:], a[lo:lo + 50:step]]
+        views = [a, a[lo:], a[lo : lo + 50 : step]]
         ptrs = np.array([v.ctypes.data for v in views], np.uint64)
         counts = np.array([v.size for v in views], np.int64)
         strides = np.array([v.strides[0] for v in views], np.int64)
         codes = np.full(3, int(Code.F32), np.int32)
         got = _scan.unscale_raw(ptrs, counts, strides, codes, 0.5)
-        want = all([ref.unscale_(v, 0.5) for v in (b, b[lo:], b[lo:lo + 50:step])])
+        want = all([ref.unscale_(v, 0.5) for v in (b, b[lo:], b[lo : lo + 50 : step])])
         assert got is want
         assert bits_equal_or_both_nan(a, b)
         assert _scan.all_finite_raw(ptrs, counts, strides, codes) is (case % 3 != 0)
@@ -228,8 +239,12 @@ def test_raw_tables_take_stats_and_threads():
 
 def test_bad_arguments_change_nothing():
     a = np.ones(10, np.float32)
-    for kwargs, exc in (({"threads": 0}, ValueError), ({"threads": 1.5}, TypeError),
-                        ({"threads": True}, TypeError), ({"stats": "yes"}, TypeError)):
+    for kwargs, exc in (
+        ({"threads": 0}, ValueError),
+        ({"threads": 1.5}, TypeError),
+        ({"threads": True}, TypeError),
+        ({"stats": "yes"}, TypeError),
+    ):
         with pytest.raises(exc):
             lscore.unscale_(a, 0.5, **kwargs)
         assert np.all(a == 1.0)
@@ -260,9 +275,9 @@ def test_concurrent_callers_share_the_pool():
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_pool_works_after_fork():
     a = np.ones(1_000_000, np.float32)
-    assert lscore.unscale_(a, 0.5, threads=2)          # the pool exists now
+    assert lscore.unscale_(a, 0.5, threads=2)  # the pool exists now
     pid = os.fork()
-    if pid == 0:                                      # child: helpers are gone; must not hang
+    if pid == 0:  # child: helpers are gone; must not hang
         ok = lscore.unscale_(a, 2.0, threads=2) and bool(np.all(a == 1.0))
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
@@ -288,7 +303,7 @@ def _shared_memory_case(rng):
         i, j = sorted(int(x) for x in rng.integers(0, n + 1, 2))
         pool += [b, b[i:j], b[::2], b[1::2], b[::-1], b[i:j][::-1], b[j:], b.copy()]
     arrays = [pool[int(k)] for k in rng.integers(0, len(pool), int(rng.integers(2, 7)))]
-    order = rng.integers(0, 3)          # shuffled, by address going up, going down
+    order = rng.integers(0, 3)  # shuffled, by address going up, going down
     if order:
         arrays.sort(key=lambda a: a.__array_interface__["data"][0], reverse=bool(order == 2))
     return arrays
@@ -302,7 +317,7 @@ def test_unscale_refuses_exactly_the_arrays_that_share_memory():
     refused = accepted = 0
     for _ in range(3000):
         arrays = [a for a in _shared_memory_case(rng) if a.size]
-        clash = any(np.shares_memory(a, b) for k, a in enumerate(arrays) for b in arrays[k + 1:])
+        clash = any(np.shares_memory(a, b) for k, a in enumerate(arrays) for b in arrays[k + 1 :])
         before = [a.copy() for a in arrays]
         arg = arrays if rng.random() < 0.5 else tuple(arrays)
         if clash:
@@ -344,7 +359,7 @@ def test_flat_lists_of_plain_arrays_and_the_general_path_agree():
     assert lscore.all_finite(small + [np.ones(8)[::2]]) is False
     with pytest.raises(TypeError, match="unsupported dtype"):
         lscore.all_finite(small + [np.zeros(2, np.complex64)])
-    many = [np.ones(1024, np.float32) for _ in range(400)]     # 1.6 MB: the general path
+    many = [np.ones(1024, np.float32) for _ in range(400)]  # 1.6 MB: the general path
     many[-1][-1] = np.inf
     assert lscore.all_finite(many) is False
     many[-1][-1] = 0

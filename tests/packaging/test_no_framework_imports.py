@@ -1,4 +1,5 @@
 """`import lscore` leaves torch, cupy and the optional packages out of sys.modules."""
+
 import ast
 import subprocess
 import sys
@@ -6,17 +7,29 @@ from pathlib import Path
 
 from helpers import ROOT
 
-HEAVY = ("torch", "cupy", "mpi4py", "ml_dtypes", "matplotlib", "sklearn", "tqdm", "jax",
-         "tensorflow")
+HEAVY = (
+    "torch",
+    "cupy",
+    "mpi4py",
+    "ml_dtypes",
+    "matplotlib",
+    "sklearn",
+    "tqdm",
+    "jax",
+    "tensorflow",
+)
 
 
 def test_import_lscore_pulls_in_no_framework(tmp_path):
-    code = ("import sys, numpy as np, lscore\n"
-            "lscore.all_finite([np.ones(3)]); lscore.unscale_(np.ones(3), 0.5)\n"
-            "ls = lscore.DynamicLossScale(); ls.update([np.ones(2)])\n"
-            f"print([m for m in {HEAVY!r} if m in sys.modules])\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=120)
+    code = (
+        "import sys, numpy as np, lscore\n"
+        "lscore.all_finite([np.ones(3)]); lscore.unscale_(np.ones(3), 0.5)\n"
+        "ls = lscore.DynamicLossScale(); ls.update([np.ones(2)])\n"
+        f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
 

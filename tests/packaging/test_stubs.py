@@ -1,4 +1,5 @@
 """The .pyi stubs of the compiled modules name exactly what the modules define."""
+
 import ast
 import importlib
 import inspect
@@ -15,9 +16,11 @@ def _stub_names(path):
     out = {}
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.ClassDef):
-            out[node.name] = {n.target.id if isinstance(n, ast.AnnAssign) else n.name
-                              for n in node.body
-                              if isinstance(n, (ast.FunctionDef, ast.AnnAssign))}
+            out[node.name] = {
+                n.target.id if isinstance(n, ast.AnnAssign) else n.name
+                for n in node.body
+                if isinstance(n, (ast.FunctionDef, ast.AnnAssign))
+            }
         elif isinstance(node, ast.FunctionDef):
             out[node.name] = None
         elif isinstance(node, ast.AnnAssign):

@@ -11,6 +11,7 @@ replaced (no GPU needed) and ``--suite gpu`` the GPU rows (skipped, with
 the reason, without a CUDA device); see _gpu.py.  ``--suite gpu-tune`` times
 a grid of launch configurations on a GPU (_tune.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,7 @@ import json
 import numpy as np
 
 from lscore import kernels
-from lscore.cli.bench._harness import (DTYPES, FULL_SIZES, SIZES, TINY_SIZES, Rows,
-                                       import_torch)
+from lscore.cli.bench._harness import DTYPES, FULL_SIZES, SIZES, TINY_SIZES, Rows, import_torch
 from lscore.cli.bench._report import add_ratios, format_table, machine, targets
 from lscore.cli.bench._sections import AF_METHODS, GRAD_HARNESS, SECTIONS, UN_METHODS
 from lscore.cli.bench import _gpu, _tune
@@ -32,15 +32,27 @@ SUITES = ("cpu", "gpu", "gpu-host", "gpu-tune")
 class Options:
     """Run settings; `tiny` is for tests (tiny sizes, few repeats)."""
 
-    def __init__(self, *, full=False, tiny=False, repeat=None, min_time=None, use_torch=True,
-                 progress=True, sizes=None, only=(), suite="cpu"):
+    def __init__(
+        self,
+        *,
+        full=False,
+        tiny=False,
+        repeat=None,
+        min_time=None,
+        use_torch=True,
+        progress=True,
+        sizes=None,
+        only=(),
+        suite="cpu",
+    ):
         if suite not in SUITES:
             raise ValueError(f"unknown suite {suite!r}; expected one of: {', '.join(SUITES)}")
         self.suite = suite
         self.tiny = tiny
         self.first_lists = 4 if tiny else _gpu.FIRST_SIGHT_LISTS
-        self.sizes = tuple(sizes) if sizes else (
-            TINY_SIZES if tiny else (FULL_SIZES if full else SIZES))
+        self.sizes = (
+            tuple(sizes) if sizes else (TINY_SIZES if tiny else (FULL_SIZES if full else SIZES))
+        )
         self.only = tuple(only)
         self.repeat = repeat or (2 if tiny else 9)
         self.min_time = min_time if min_time is not None else (1e-4 if tiny else 0.02)
@@ -48,9 +60,9 @@ class Options:
         self.progress = progress
         self.gs_max = 1e3 if tiny else 1e5
         self.import_repeat = 2 if tiny else 7
-        big = [n for n in self.sizes if n >= 10 ** 6]
+        big = [n for n in self.sizes if n >= 10**6]
         self.contention_sizes = tuple(big) if big else self.sizes[-1:]
-        self.isa_sizes = (4096,) if tiny else (10 ** 4, 10 ** 5, 10 ** 6)
+        self.isa_sizes = (4096,) if tiny else (10**4, 10**5, 10**6)
 
 
 def run(opts: Options) -> dict:
@@ -59,9 +71,15 @@ def run(opts: Options) -> dict:
         return _run_gpu_suite(opts)
     torch = import_torch() if opts.use_torch else None
     rng = np.random.default_rng(0)
-    n_rows = (len(opts.sizes) * len(DTYPES) * (len(AF_METHODS) + len(UN_METHODS))
-              + 5 + 6 + 6 + 4 + 3 * len(opts.contention_sizes)
-              + 2 * len(opts.isa_sizes) * (len(kernels.isa_levels()) + 1))
+    n_rows = (
+        len(opts.sizes) * len(DTYPES) * (len(AF_METHODS) + len(UN_METHODS))
+        + 5
+        + 6
+        + 6
+        + 4
+        + 3 * len(opts.contention_sizes)
+        + 2 * len(opts.isa_sizes) * (len(kernels.isa_levels()) + 1)
+    )
     rows = Rows(n_rows, opts.progress)
     try:
         for section in SECTIONS:
@@ -70,10 +88,12 @@ def run(opts: Options) -> dict:
     finally:
         rows.close()
     add_ratios(rows.rows)
-    return {"machine": machine(torch),
-            "settings": {"sizes": list(opts.sizes), "repeat": opts.repeat,
-                         "min_time_s": opts.min_time},
-            "rows": rows.rows, "targets": targets(rows.rows, opts)}
+    return {
+        "machine": machine(torch),
+        "settings": {"sizes": list(opts.sizes), "repeat": opts.repeat, "min_time_s": opts.min_time},
+        "rows": rows.rows,
+        "targets": targets(rows.rows, opts),
+    }
 
 
 def _run_gpu_suite(opts: Options) -> dict:
@@ -90,18 +110,35 @@ def _run_gpu_suite(opts: Options) -> dict:
     finally:
         rows.close()
     add_ratios(rows.rows)
-    return {"suite": opts.suite, "machine": machine(None),
-            "settings": {"repeat": opts.repeat, "min_time_s": opts.min_time,
-                         "first_sight_lists": opts.first_lists, "tiny": opts.tiny},
-            "rows": rows.rows, "targets": found, **extra}
+    return {
+        "suite": opts.suite,
+        "machine": machine(None),
+        "settings": {
+            "repeat": opts.repeat,
+            "min_time_s": opts.min_time,
+            "first_sight_lists": opts.first_lists,
+            "tiny": opts.tiny,
+        },
+        "rows": rows.rows,
+        "targets": found,
+        **extra,
+    }
 
 
 def main(args) -> int:
     """Entry point of `lscore bench` (argparse namespace from lscore.cli)."""
     sizes = [int(float(x)) for x in args.sizes.split(",")] if args.sizes else None
-    opts = Options(full=args.full, tiny=args.tiny, repeat=args.repeat, min_time=args.min_time,
-                   use_torch=not args.no_torch, progress=not args.no_progress, sizes=sizes,
-                   only=args.only or (), suite=getattr(args, "suite", "cpu"))
+    opts = Options(
+        full=args.full,
+        tiny=args.tiny,
+        repeat=args.repeat,
+        min_time=args.min_time,
+        use_torch=not args.no_torch,
+        progress=not args.no_progress,
+        sizes=sizes,
+        only=args.only or (),
+        suite=getattr(args, "suite", "cpu"),
+    )
     result = run(opts)
     print(format_table(result))
     if "tune" in result:

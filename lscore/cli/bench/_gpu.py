@@ -14,6 +14,7 @@ gpu: the same calls on CuPy arrays against torch's foreach kernel (plus its
 run, then whole optimizer steps (_gpu_step.py); every row is skipped, with
 the reason, without a CUDA device.
 """
+
 from __future__ import annotations
 
 import gc
@@ -28,14 +29,21 @@ from lscore.cli.bench import _gpu_step
 from lscore.cli.bench._harness import Rows, alternating, import_torch, workload_sizes
 
 # (name, array count, sizes: "log" for log-uniform 1e2..1e6 else the size, dtype)
-WORKLOADS = (("300 log-uniform 1e2..1e6 float32", 300, "log", "float32"),
-             ("300 x 64 float32", 300, 64, "float32"),
-             ("2000 x 4096 float16", 2000, 4096, "float16"))
-TINY_WORKLOADS = (("30 log-uniform 1e2..1e4 float32", 30, "log", "float32"),
-                  ("30 x 64 float32", 30, 64, "float32"),
-                  ("200 x 256 float16", 200, 256, "float16"))
-BIG = (("1 x 1e8 float32", 1, 10 ** 8, "float32"), ("1 x 2e8 float16", 1, 2 * 10 ** 8, "float16"),
-       ("1 x 2e8 bfloat16", 1, 2 * 10 ** 8, "bfloat16"))
+WORKLOADS = (
+    ("300 log-uniform 1e2..1e6 float32", 300, "log", "float32"),
+    ("300 x 64 float32", 300, 64, "float32"),
+    ("2000 x 4096 float16", 2000, 4096, "float16"),
+)
+TINY_WORKLOADS = (
+    ("30 log-uniform 1e2..1e4 float32", 30, "log", "float32"),
+    ("30 x 64 float32", 30, 64, "float32"),
+    ("200 x 256 float16", 200, 256, "float16"),
+)
+BIG = (
+    ("1 x 1e8 float32", 1, 10**8, "float32"),
+    ("1 x 2e8 float16", 1, 2 * 10**8, "float16"),
+    ("1 x 2e8 bfloat16", 1, 2 * 10**8, "bfloat16"),
+)
 # the issue's host-cost targets, in microseconds
 CACHED_PER_ARRAY_US = 0.2
 CACHED_PER_CALL_US = 15.0
@@ -72,8 +80,12 @@ class StandInArray:
     def __init__(self, host: np.ndarray, device: int = 0):
         self.host = host
         self.data = _MemoryPointer(host.ctypes.data, device, host)
-        self.size, self.dtype, self.shape, self.strides = host.size, host.dtype, host.shape, \
-            host.strides
+        self.size, self.dtype, self.shape, self.strides = (
+            host.size,
+            host.dtype,
+            host.shape,
+            host.strides,
+        )
         self._c, self._f = host.flags.c_contiguous, host.flags.f_contiguous
 
     @property
@@ -132,8 +144,9 @@ class NullBackend:
 
 def standin_kernels(make_backend=NullBackend) -> cuda.ArrayKernels:
     """The CuPy adapter's ArrayKernels bound to StandInArray and `make_backend(device)`."""
-    return cuda.ArrayKernels(STANDIN_XP, make_backend, array_type=StandInArray,
-                                kind=kernels.READ_CUDA_ARRAY)
+    return cuda.ArrayKernels(
+        STANDIN_XP, make_backend, array_type=StandInArray, kind=kernels.READ_CUDA_ARRAY
+    )
 
 
 class _HostLists:
@@ -149,8 +162,10 @@ class _HostLists:
 
     def make(self, shift: int = 0) -> list[StandInArray]:
         off = self.pad * shift
-        return [StandInArray(self.buf[off + s:off + s + n])
-                for s, n in zip(self.starts[:-1].tolist(), self.sizes)]
+        return [
+            StandInArray(self.buf[off + s : off + s + n])
+            for s, n in zip(self.starts[:-1].tolist(), self.sizes)
+        ]
 
 
 def _first_sight(fn, lists) -> list[float]:
@@ -185,8 +200,7 @@ def run_host(opts, rows: Rows, rng) -> list[dict]:
             continue
         rows.add(g, "unscale_ cached", lambda: kern.unscale_(arrays, inv()), per=count, **kw)
         rows.add(g, "all_finite cached", lambda: kern.all_finite(arrays), per=count, **kw)
-        rows.add(g, "unscale_ cached, first array alone", lambda: kern.unscale_(one, inv()),
-                 **kw)
+        rows.add(g, "unscale_ cached, first array alone", lambda: kern.unscale_(one, inv()), **kw)
         rows.add(g, "all_finite cached, first array alone", lambda: kern.all_finite(one), **kw)
         rows.flush()
         for op in ("unscale_", "all_finite"):
@@ -194,26 +208,65 @@ def run_host(opts, rows: Rows, rng) -> list[dict]:
             lists = [host.make(shift + 1) for shift in range(opts.first_lists)]
             ts = _first_sight(call, lists)
             del lists
-            rows.append({"group": g, "method": f"{op} first sight", "bytes": 0, "per": count,
-                         "dtype": dtype, "n": count, "median_s": statistics.median(ts),
-                         "min_s": min(ts), "max_s": max(ts), "calls": 1, "repeats": len(ts)})
+            rows.append(
+                {
+                    "group": g,
+                    "method": f"{op} first sight",
+                    "bytes": 0,
+                    "per": count,
+                    "dtype": dtype,
+                    "n": count,
+                    "median_s": statistics.median(ts),
+                    "min_s": min(ts),
+                    "max_s": max(ts),
+                    "calls": 1,
+                    "repeats": len(ts),
+                }
+            )
         by = {r["method"]: r for r in rows.rows if r["group"] == g and "median_s" in r}
         for op in ("unscale_", "all_finite"):
-            many, single = by[f"{op} cached"]["median_s"], \
-                by[f"{op} cached, first array alone"]["median_s"]
+            many, single = (
+                by[f"{op} cached"]["median_s"],
+                by[f"{op} cached, first array alone"]["median_s"],
+            )
             per_array = max(many - single, 0.0) / max(count - 1, 1) * 1e6
             first = by[f"{op} first sight"]["median_s"] / count * 1e6
             for unit, cached, x, need, how in (
-                    ("us_per_array", True, per_array, CACHED_PER_ARRAY_US,
-                     "(whole call - call with its first array alone) / (arrays - 1)"),
-                    ("us_per_call", True, single * 1e6, CACHED_PER_CALL_US,
-                     "a cached call with one array"),
-                    ("us_per_array", False, first, FIRST_PER_ARRAY_US,
-                     "whole first-sight call / arrays")):
-                targets.append({"target": f"{name}: {op} host cost, "
-                                          f"{'cached' if cached else 'first sight'}, {how}",
-                                "workload": name, "op": op, "unit": unit, "cached": cached,
-                                "measured": x, "required": need, "met": x <= need})
+                (
+                    "us_per_array",
+                    True,
+                    per_array,
+                    CACHED_PER_ARRAY_US,
+                    "(whole call - call with its first array alone) / (arrays - 1)",
+                ),
+                (
+                    "us_per_call",
+                    True,
+                    single * 1e6,
+                    CACHED_PER_CALL_US,
+                    "a cached call with one array",
+                ),
+                (
+                    "us_per_array",
+                    False,
+                    first,
+                    FIRST_PER_ARRAY_US,
+                    "whole first-sight call / arrays",
+                ),
+            ):
+                targets.append(
+                    {
+                        "target": f"{name}: {op} host cost, "
+                        f"{'cached' if cached else 'first sight'}, {how}",
+                        "workload": name,
+                        "op": op,
+                        "unit": unit,
+                        "cached": cached,
+                        "measured": x,
+                        "required": need,
+                        "met": x <= need,
+                    }
+                )
     run_host_steps(opts, rows, rng)
     return targets
 
@@ -243,12 +296,15 @@ def run_host_steps(opts, rows: Rows, rng) -> None:
         grads = [np.ones(n, dtype) for n in sizes]
         for name in _gpu_step.OPTIMIZERS:
             g = f"gpu-host step {name} {wname}"
-            for sync_free, method in ((False, _gpu_step.LSCORE_METHODS[0]),
-                                      (True, _gpu_step.LSCORE_METHODS[1])):
+            for sync_free, method in (
+                (False, _gpu_step.LSCORE_METHODS[0]),
+                (True, _gpu_step.LSCORE_METHODS[1]),
+            ):
                 step, _ = _gpu_step.lscore_step(dev, name, grads, params, sync_free)
-                step()                                  # plans and slots: first sight
-                rows.add(g, f"{method} step, cached", step, dtype=dtype, n=count, per=count,
-                         opts=opts)
+                step()  # plans and slots: first sight
+                rows.add(
+                    g, f"{method} step, cached", step, dtype=dtype, n=count, per=count, opts=opts
+                )
             rows.flush()
 
 
@@ -258,8 +314,12 @@ def run_host_steps(opts, rows: Rows, rng) -> None:
 gpu_skip_reason = cuda.device_missing
 
 
-GPU_METHODS = ("lscore unscale_", "lscore all_finite", "torch foreach + found_inf.item()",
-               "cupy loop g *= inv; isfinite().all()")
+GPU_METHODS = (
+    "lscore unscale_",
+    "lscore all_finite",
+    "torch foreach + found_inf.item()",
+    "cupy loop g *= inv; isfinite().all()",
+)
 
 
 def run_gpu(opts, rows: Rows, rng) -> list[dict]:
@@ -270,11 +330,19 @@ def run_gpu(opts, rows: Rows, rng) -> list[dict]:
         for name, *_ in workloads:
             for m in GPU_METHODS:
                 rows.add(f"gpu {name}", m, skip=reason, opts=opts)
-        return [{"target": f"gpu {name}: lscore unscale_ vs torch foreach", "measured": None,
-                 "required": 1.0, "met": None, "skipped": reason} for name, *_ in workloads] \
-            + _gpu_step.skipped_rows(rows, opts, reason)
+        return [
+            {
+                "target": f"gpu {name}: lscore unscale_ vs torch foreach",
+                "measured": None,
+                "required": 1.0,
+                "met": None,
+                "skipped": reason,
+            }
+            for name, *_ in workloads
+        ] + _gpu_step.skipped_rows(rows, opts, reason)
     import cupy
     from lscore.adapters import cupy as lcp
+
     torch = import_torch()
     torch_cuda = torch is not None and torch.cuda.is_available()
     targets = []
@@ -282,8 +350,13 @@ def run_gpu(opts, rows: Rows, rng) -> list[dict]:
         g = f"gpu {name}"
         if dtype == "bfloat16":
             for m in GPU_METHODS:
-                rows.add(g, m, skip="cupy has no bfloat16 arrays (and torch's foreach kernel "
-                                    "refuses bfloat16)", opts=opts)
+                rows.add(
+                    g,
+                    m,
+                    skip="cupy has no bfloat16 arrays (and torch's foreach kernel "
+                    "refuses bfloat16)",
+                    opts=opts,
+                )
             continue
         sizes = workload_sizes(rng, count, size, opts.tiny)
         arrays = [cupy.ones(n, dtype) for n in sizes]
@@ -301,6 +374,7 @@ def run_gpu(opts, rows: Rows, rng) -> list[dict]:
             def torch_call():
                 op(tensors, found, tinvs())
                 return found.item()
+
             rows.add(g, GPU_METHODS[2], torch_call, nbytes=2 * nb, **kw)
         else:
             rows.add(g, GPU_METHODS[2], skip="torch with CUDA is not installed", opts=opts)
@@ -312,12 +386,19 @@ def run_gpu(opts, rows: Rows, rng) -> list[dict]:
                 a *= v
                 finite &= cupy.isfinite(a).all()
             return bool(finite)
+
         rows.add(g, GPU_METHODS[3], cupy_loop, nbytes=2 * nb, **kw)
         rows.flush()
         by = {r["method"]: r for r in rows.rows if r["group"] == g and "median_s" in r}
         for base in GPU_METHODS[2:]:
             if GPU_METHODS[0] in by and base in by:
                 x = by[base]["median_s"] / by[GPU_METHODS[0]]["median_s"]
-                targets.append({"target": f"{g}: lscore unscale_ vs {base}", "measured": x,
-                                "required": 1.0, "met": x >= 1.0})
+                targets.append(
+                    {
+                        "target": f"{g}: lscore unscale_ vs {base}",
+                        "measured": x,
+                        "required": 1.0,
+                        "met": x >= 1.0,
+                    }
+                )
     return targets + _gpu_step.run_steps(_gpu_step.cupy_device(), opts, rows, rng)

@@ -23,6 +23,7 @@ reads there); the row's note says so.
 Everything is written against ``StepDevice`` so that the tests run these rows
 on NumPy arrays with the CPU host harness standing in for the GPU.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,10 +31,14 @@ import numpy as np
 from lscore.cli.bench._harness import Rows, import_torch, workload_sizes
 
 # (name, array count, sizes: "log" for log-uniform 1e2..1e6 else the size, gradient dtype)
-STEP_WORKLOADS = (("300 log-uniform 1e2..1e6, float32 grads", 300, "log", "float32"),
-                  ("2000 x 4096, float16 grads, float32 masters", 2000, 4096, "float16"))
-TINY_STEP_WORKLOADS = (("12 log-uniform 1e2..1e4, float32 grads", 12, "log", "float32"),
-                       ("16 x 256, float16 grads, float32 masters", 16, 256, "float16"))
+STEP_WORKLOADS = (
+    ("300 log-uniform 1e2..1e6, float32 grads", 300, "log", "float32"),
+    ("2000 x 4096, float16 grads, float32 masters", 2000, 4096, "float16"),
+)
+TINY_STEP_WORKLOADS = (
+    ("12 log-uniform 1e2..1e4, float32 grads", 12, "log", "float32"),
+    ("16 x 256, float16 grads, float32 masters", 16, 256, "float16"),
+)
 OPTIMIZERS = ("SGD", "Adam")
 LSCORE_METHODS = ("lscore default", "lscore sync-free", "lscore sync-free, graph replay")
 TORCH_METHODS = ("torch foreach + GradScaler", "torch fused + GradScaler")
@@ -41,9 +46,9 @@ FLOOR = "floor: bytes at copy bandwidth"
 STEP_METHODS = LSCORE_METHODS + TORCH_METHODS + (FLOOR,)
 # the issue's targets: lscore time / torch fused time, at most
 REQUIRED = {"lscore default": 1.1, "lscore sync-free": 1.0, "lscore sync-free, graph replay": 1.0}
-FLOOR_REQUIRED = 1.3            # Adam's sync-free time / its floor, at most
+FLOOR_REQUIRED = 1.3  # Adam's sync-free time / its floor, at most
 STEPS_PER_CALL = 10
-INIT_SCALE = 2.0 ** 15
+INIT_SCALE = 2.0**15
 LR = {"SGD": 0.01, "Adam": 0.001}
 MOMENTUM = 0.9
 BANDWIDTH_BYTES = 256 << 20
@@ -86,7 +91,8 @@ def cupy_device() -> StepDevice:
         return lambda: graph.launch(stream)
 
     def sync():
-        cupy.cuda.Device().synchronize()     # every stream: replays run on their own
+        cupy.cuda.Device().synchronize()  # every stream: replays run on their own
+
     torch = import_torch()
     torch_device = "cuda" if torch is not None and torch.cuda.is_available() else None
     return StepDevice(cupy, adapter, sync, torch_device, capture=capture)
@@ -103,8 +109,9 @@ def lscore_step(dev: StepDevice, name: str, grads, params0, sync_free: bool):
     (scaled) gradients, which the fused kernels read once."""
     xp = dev.xp
     params = [xp.array(p, copy=True) for p in params0]
-    opt = dev.adapter.LossScaleOptimizer(inner_optimizer(dev.adapter, name),
-                                         initial_scale=INIT_SCALE, sync_free=sync_free)
+    opt = dev.adapter.LossScaleOptimizer(
+        inner_optimizer(dev.adapter, name), initial_scale=INIT_SCALE, sync_free=sync_free
+    )
     return (lambda: opt.minimize(lambda scale: (0.0, grads), params)), params
 
 
@@ -120,11 +127,12 @@ def _torch_step(torch, dev: StepDevice, name: str, grads_host, params_host, how:
     else:
         opt = torch.optim.Adam(params, lr=LR["Adam"], **kw)
     scaler = torch.amp.GradScaler(device, init_scale=INIT_SCALE, growth_interval=2000)
-    scaler.scale(torch.ones((), device=device))      # makes the scale tensor, as a step would
+    scaler.scale(torch.ones((), device=device))  # makes the scale tensor, as a step would
 
     def step():
         scaler.step(opt)
         scaler.update()
+
     return step
 
 
@@ -133,7 +141,8 @@ def _timed(dev: StepDevice, step):
         for _ in range(STEPS_PER_CALL):
             step()
         dev.sync()
-    call()          # the first step makes slots, plans and tables: not what is timed
+
+    call()  # the first step makes slots, plans and tables: not what is timed
     return call
 
 
@@ -168,9 +177,18 @@ def skipped_rows(rows: Rows, opts, reason: str) -> list[dict]:
         for name in OPTIMIZERS:
             for m in STEP_METHODS:
                 rows.add(f"gpu step {name} {wname}", m, skip=reason, opts=opts)
-    return [{"target": f"gpu step {name} {wname}: {m} vs torch fused + GradScaler",
-             "measured": None, "required": need, "met": None, "skipped": reason}
-            for wname, *_ in workloads for name in OPTIMIZERS for m, need in REQUIRED.items()]
+    return [
+        {
+            "target": f"gpu step {name} {wname}: {m} vs torch fused + GradScaler",
+            "measured": None,
+            "required": need,
+            "met": None,
+            "skipped": reason,
+        }
+        for wname, *_ in workloads
+        for name in OPTIMIZERS
+        for m, need in REQUIRED.items()
+    ]
 
 
 def run_steps(dev: StepDevice, opts, rows: Rows, rng) -> list[dict]:
@@ -183,8 +201,12 @@ def run_steps(dev: StepDevice, opts, rows: Rows, rng) -> list[dict]:
         sizes = workload_sizes(rng, count, size, opts.tiny)
         params_host = [rng.standard_normal(n, dtype=np.float32) for n in sizes]
         # scaled gradients: about 1e-3 before scaling, finite in float16 at 2**15
-        grads_host = [(rng.standard_normal(n, dtype=np.float32) * np.float32(1e-3 * INIT_SCALE))
-                      .astype(gdtype) for n in sizes]
+        grads_host = [
+            (rng.standard_normal(n, dtype=np.float32) * np.float32(1e-3 * INIT_SCALE)).astype(
+                gdtype
+            )
+            for n in sizes
+        ]
         grads = [dev.xp.asarray(g) for g in grads_host]
         for name in OPTIMIZERS:
             g = f"gpu step {name} {wname}"
@@ -201,16 +223,30 @@ def run_steps(dev: StepDevice, opts, rows: Rows, rng) -> list[dict]:
                 if torch is None:
                     rows.add(g, method, skip="torch is not installed", opts=opts)
                     continue
-                note = ("float32 gradients: torch's optimizers need the parameter's dtype"
-                        if gdtype != "float32" else None)
+                note = (
+                    "float32 gradients: torch's optimizers need the parameter's dtype"
+                    if gdtype != "float32"
+                    else None
+                )
                 step = _torch_step(torch, dev, name, grads_host, params_host, how)
                 rows.add(g, method, _timed(dev, step), note=note, **kw)
             rows.flush()
             floor_s = _floor_bytes(name, grads) / bandwidth * STEPS_PER_CALL
-            rows.append({"group": g, "method": FLOOR, "bytes": _floor_bytes(name, grads),
-                         "per": STEPS_PER_CALL, "per_unit": "step", "median_s": floor_s,
-                         "min_s": floor_s, "max_s": floor_s, "calls": 0, "repeats": 0,
-                         "copy_bandwidth_gbps": bandwidth / 1e9})
+            rows.append(
+                {
+                    "group": g,
+                    "method": FLOOR,
+                    "bytes": _floor_bytes(name, grads),
+                    "per": STEPS_PER_CALL,
+                    "per_unit": "step",
+                    "median_s": floor_s,
+                    "min_s": floor_s,
+                    "max_s": floor_s,
+                    "calls": 0,
+                    "repeats": 0,
+                    "copy_bandwidth_gbps": bandwidth / 1e9,
+                }
+            )
             targets += _targets(rows, g, name)
     return targets
 
@@ -221,12 +257,24 @@ def _targets(rows: Rows, group: str, name: str) -> list[dict]:
     base = by.get(TORCH_METHODS[1])
     for m, need in REQUIRED.items():
         x = by[m]["median_s"] / base["median_s"] if m in by and base else None
-        out.append({"target": f"{group}: {m} vs {TORCH_METHODS[1]}", "measured": x,
-                    "required": need, "met": None if x is None else x <= need,
-                    "unit": "time ratio"})
+        out.append(
+            {
+                "target": f"{group}: {m} vs {TORCH_METHODS[1]}",
+                "measured": x,
+                "required": need,
+                "met": None if x is None else x <= need,
+                "unit": "time ratio",
+            }
+        )
     if name == "Adam" and LSCORE_METHODS[1] in by:
         x = by[LSCORE_METHODS[1]]["median_s"] / by[FLOOR]["median_s"]
-        out.append({"target": f"{group}: {LSCORE_METHODS[1]} vs its physical floor",
-                    "measured": x, "required": FLOOR_REQUIRED, "met": x <= FLOOR_REQUIRED,
-                    "unit": "time ratio"})
+        out.append(
+            {
+                "target": f"{group}: {LSCORE_METHODS[1]} vs its physical floor",
+                "measured": x,
+                "required": FLOOR_REQUIRED,
+                "met": x <= FLOOR_REQUIRED,
+                "unit": "time ratio",
+            }
+        )
     return out

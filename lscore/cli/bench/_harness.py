@@ -1,4 +1,5 @@
 """Timing and inputs of `lscore bench`: rows timed in turns, seeded arrays, torch views."""
+
 from __future__ import annotations
 
 import contextlib
@@ -12,15 +13,16 @@ import time
 
 import numpy as np
 
-SIZES = (10 ** 3, 10 ** 4, 10 ** 5, 10 ** 6, 10 ** 7)
-FULL_SIZES = SIZES + (10 ** 8,)
-TINY_SIZES = (10 ** 3, 4096)
+SIZES = (10**3, 10**4, 10**5, 10**6, 10**7)
+FULL_SIZES = SIZES + (10**8,)
+TINY_SIZES = (10**3, 4096)
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 N_SMALL = 300
 TORCH_SKIP = "torch is not installed"
 
 
 # ---- timing -----------------------------------------------------------------
+
 
 def _calls_per_timing(fn, min_time: float) -> int:
     """How many calls of fn last about min_time."""
@@ -69,12 +71,24 @@ class Rows:
         if progress:
             try:
                 from tqdm import tqdm
+
                 self._bar = tqdm(total=total, unit="row", file=sys.stderr, leave=False)
             except ImportError:
                 pass
 
-    def add(self, group: str, method: str, fn=None, *, nbytes: int = 0, per: int = 1,
-            skip: str | None = None, opts=None, before=None, **extra) -> None:
+    def add(
+        self,
+        group: str,
+        method: str,
+        fn=None,
+        *,
+        nbytes: int = 0,
+        per: int = 1,
+        skip: str | None = None,
+        opts=None,
+        before=None,
+        **extra,
+    ) -> None:
         """Queue a row timing fn (a skipped row when skip is given or fn is None);
         `before` runs ahead of each of its timings (e.g. to pick an ISA level)."""
         if opts is not None and opts.only and not any(w in group for w in opts.only):
@@ -109,8 +123,15 @@ class Rows:
         finally:
             gc.enable()
         for (row, *_), k, ts in zip(queued, ks, samples):
-            row.update({"median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts),
-                        "calls": k, "repeats": len(ts)})
+            row.update(
+                {
+                    "median_s": statistics.median(ts),
+                    "min_s": min(ts),
+                    "max_s": max(ts),
+                    "calls": k,
+                    "repeats": len(ts),
+                }
+            )
             if row["bytes"]:
                 row["gbps"] = row["bytes"] / row["median_s"] / 1e9
             self._tick(row)
@@ -127,8 +148,12 @@ class Rows:
             self._bar.update(1)
             self._bar.set_postfix_str(what[:40])
         elif self._progress:
-            print(f"\r[{self._done}/{self._total}] {what[:60]:60s}", end="",
-                  file=sys.stderr, flush=True)
+            print(
+                f"\r[{self._done}/{self._total}] {what[:60]:60s}",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def close(self) -> None:
         self.flush()
@@ -139,6 +164,7 @@ class Rows:
 
 
 # ---- inputs -----------------------------------------------------------------
+
 
 def dtype_of(name: str):
     if name == "bfloat16":
@@ -155,7 +181,7 @@ def workload_sizes(rng, count: int, size, tiny: bool = False) -> list[int]:
     `tiny`) for size "log", else `count` times `size`."""
     if size == "log":
         hi = 4 if tiny else 6
-        return [int(x) for x in np.exp(rng.uniform(np.log(1e2), np.log(10.0 ** hi), count))]
+        return [int(x) for x in np.exp(rng.uniform(np.log(1e2), np.log(10.0**hi), count))]
     return [int(size)] * count
 
 
@@ -200,4 +226,4 @@ def busy_core():
 
 def size_label(n: int) -> str:
     e = int(round(math.log10(n)))
-    return f"1e{e}" if 10 ** e == n else str(n)
+    return f"1e{e}" if 10**e == n else str(n)

@@ -1,4 +1,5 @@
 """Ratios, the speed targets and the table of `lscore bench`."""
+
 from __future__ import annotations
 
 import os
@@ -13,19 +14,29 @@ from lscore.cli.bench._sections import GRAD_HARNESS
 
 
 BASELINES = {
-    "all_finite": {"numpy": "np.isfinite(a).all()", "np.sum": "np.sum(a.view(uint64))",
-                   "C read": "C read loop"},
-    "unscale_": {"numpy": "a *= inv; np.isfinite(a).all()", "torch": "torch foreach",
-                 "memcpy": "C memcpy"},
+    "all_finite": {
+        "numpy": "np.isfinite(a).all()",
+        "np.sum": "np.sum(a.view(uint64))",
+        "C read": "C read loop",
+    },
+    "unscale_": {
+        "numpy": "a *= inv; np.isfinite(a).all()",
+        "torch": "torch foreach",
+        "memcpy": "C memcpy",
+    },
     f"{N_SMALL} x 64": {"numpy": "numpy loop a *= inv; isfinite", "torch": "torch foreach"},
     "GradScaler": {"torch": "torch.amp.GradScaler('cpu')"},
     "NaN at": {"numpy": "np.isfinite(a).all()"},
     "unscale_ float32": {"serial": "lscore 1 thread"},
     "ISA levels": {"v3": "v3"},
-    "gpu step": {"torch fused": "torch fused + GradScaler",
-                 "torch foreach": "torch foreach + GradScaler"},
-    "gpu ": {"torch": "torch foreach + found_inf.item()",
-             "cupy loop": "cupy loop g *= inv; isfinite().all()"},
+    "gpu step": {
+        "torch fused": "torch fused + GradScaler",
+        "torch foreach": "torch foreach + GradScaler",
+    },
+    "gpu ": {
+        "torch": "torch foreach + found_inf.item()",
+        "cupy loop": "cupy loop g *= inv; isfinite().all()",
+    },
 }
 
 
@@ -65,8 +76,14 @@ def targets(rows: list[dict], opts) -> list[dict]:
             out.append({"target": name, "measured": None, "required": need, "met": None})
             return
         x = r["median_s"] / b["median_s"] if lower_is_better else b["median_s"] / r["median_s"]
-        out.append({"target": name, "measured": x, "required": need,
-                    "met": x <= need if lower_is_better else x >= need})
+        out.append(
+            {
+                "target": name,
+                "measured": x,
+                "required": need,
+                "met": x <= need if lower_is_better else x >= need,
+            }
+        )
 
     def seconds(group, method, minus=None):
         """The row's median, less the `minus` row's of the same group; None if missing."""
@@ -77,8 +94,15 @@ def targets(rows: list[dict], opts) -> list[dict]:
         return r["median_s"] - (b["median_s"] if b else 0.0)
 
     def at_most(name, x, limit_s):
-        out.append({"target": name, "measured": x, "required": limit_s,
-                    "met": None if x is None else x <= limit_s, "unit": "s"})
+        out.append(
+            {
+                "target": name,
+                "measured": x,
+                "required": limit_s,
+                "met": None if x is None else x <= limit_s,
+                "unit": "s",
+            }
+        )
 
     def absolute(name, group, method, limit_s, per=1, minus=None):
         x = seconds(group, method, minus)
@@ -86,47 +110,106 @@ def targets(rows: list[dict], opts) -> list[dict]:
 
     def per_tensor(name, method, limit_s):
         """(step of N_SMALL tensors - step of 1) / (N_SMALL - 1), harness subtracted."""
-        many, one = (seconds(f"GradScaler.unscale_ + update, {count} x 64", method, GRAD_HARNESS)
-                     for count in (N_SMALL, 1))
-        at_most(name, None if many is None or one is None else (many - one) / (N_SMALL - 1),
-                limit_s)
+        many, one = (
+            seconds(f"GradScaler.unscale_ + update, {count} x 64", method, GRAD_HARNESS)
+            for count in (N_SMALL, 1)
+        )
+        at_most(
+            name, None if many is None or one is None else (many - one) / (N_SMALL - 1), limit_s
+        )
 
     big = size_label(max(opts.sizes))
-    ratio(f"all_finite f32 {big} vs np.sum(a.view(uint64)) (speed)",
-          f"all_finite float32 {big}", "lscore", "np.sum(a.view(uint64))", 0.95)
-    ratio("all_finite f16 1e7 vs np.isfinite(a).all()", "all_finite float16 1e7", "lscore",
-          "np.isfinite(a).all()", 25.0)
+    ratio(
+        f"all_finite f32 {big} vs np.sum(a.view(uint64)) (speed)",
+        f"all_finite float32 {big}",
+        "lscore",
+        "np.sum(a.view(uint64))",
+        0.95,
+    )
+    ratio(
+        "all_finite f16 1e7 vs np.isfinite(a).all()",
+        "all_finite float16 1e7",
+        "lscore",
+        "np.isfinite(a).all()",
+        25.0,
+    )
     for sz in ("1e7", "1e8"):
-        ratio(f"unscale_ f32 {sz} vs torch foreach", f"unscale_ float32 {sz}", "lscore",
-              "torch foreach", 0.95)
-        ratio(f"unscale_ f32 {sz} vs numpy", f"unscale_ float32 {sz}", "lscore",
-              "a *= inv; np.isfinite(a).all()", 3.0)
+        ratio(
+            f"unscale_ f32 {sz} vs torch foreach",
+            f"unscale_ float32 {sz}",
+            "lscore",
+            "torch foreach",
+            0.95,
+        )
+        ratio(
+            f"unscale_ f32 {sz} vs numpy",
+            f"unscale_ float32 {sz}",
+            "lscore",
+            "a *= inv; np.isfinite(a).all()",
+            3.0,
+        )
     for n in opts.contention_sizes:
-        ratio(f"unscale_ f32 {size_label(n)} other core busy: threaded time / serial time",
-              f"unscale_ float32 {size_label(n)}, other core busy", "lscore", "lscore 1 thread",
-              1.10, lower_is_better=True)
+        ratio(
+            f"unscale_ f32 {size_label(n)} other core busy: threaded time / serial time",
+            f"unscale_ float32 {size_label(n)}, other core busy",
+            "lscore",
+            "lscore 1 thread",
+            1.10,
+            lower_is_better=True,
+        )
     for n in opts.isa_sizes:
         for what in ("all_finite", "unscale_"):
             g = f"ISA levels, {what} float32 {size_label(n)}"
-            auto = next((r["method"] for r in rows if r["group"] == g and r.get("isa") == "auto"),
-                        None)
+            auto = next(
+                (r["method"] for r in rows if r["group"] == g and r.get("isa") == "auto"), None
+            )
             if auto is not None and find(rows, g, "v3") is not None:
-                ratio(f"{what} f32 {size_label(n)}: dispatched time / v3 time", g, auto, "v3",
-                      1.3, lower_is_better=True)
-    absolute("300 x 64 float32 unscale_: per array", f"{N_SMALL} x 64 float32",
-             "lscore unscale_", 30e-9, N_SMALL)
-    absolute("300 x 64 float32 all_finite: per array", f"{N_SMALL} x 64 float32",
-             "lscore all_finite", 30e-9, N_SMALL)
-    per_tensor("300 x 64 torch tensors: GradScaler.unscale_ + update, fixed cost per tensor "
-               "(300-tensor step minus 1-tensor step, .grad assignments taken out, / 299)",
-               "lscore.adapters.torch.GradScaler", 250e-9)
-    absolute("300 x 64 torch tensors: GradScaler.unscale_ + update, whole step per tensor "
-             "(.grad assignments taken out)", f"GradScaler.unscale_ + update, {N_SMALL} x 64",
-             "lscore.adapters.torch.GradScaler", 250e-9, N_SMALL, minus=GRAD_HARNESS)
-    absolute(f"NaN at index 0 of {big}", f"NaN at index 0 of {big} float32", "lscore all_finite",
-             5e-6)
-    absolute("DynamicLossScale.update([1 element])", "DynamicLossScale.update([1 element])",
-             "lscore", 1e-6)
+                ratio(
+                    f"{what} f32 {size_label(n)}: dispatched time / v3 time",
+                    g,
+                    auto,
+                    "v3",
+                    1.3,
+                    lower_is_better=True,
+                )
+    absolute(
+        "300 x 64 float32 unscale_: per array",
+        f"{N_SMALL} x 64 float32",
+        "lscore unscale_",
+        30e-9,
+        N_SMALL,
+    )
+    absolute(
+        "300 x 64 float32 all_finite: per array",
+        f"{N_SMALL} x 64 float32",
+        "lscore all_finite",
+        30e-9,
+        N_SMALL,
+    )
+    per_tensor(
+        "300 x 64 torch tensors: GradScaler.unscale_ + update, fixed cost per tensor "
+        "(300-tensor step minus 1-tensor step, .grad assignments taken out, / 299)",
+        "lscore.adapters.torch.GradScaler",
+        250e-9,
+    )
+    absolute(
+        "300 x 64 torch tensors: GradScaler.unscale_ + update, whole step per tensor "
+        "(.grad assignments taken out)",
+        f"GradScaler.unscale_ + update, {N_SMALL} x 64",
+        "lscore.adapters.torch.GradScaler",
+        250e-9,
+        N_SMALL,
+        minus=GRAD_HARNESS,
+    )
+    absolute(
+        f"NaN at index 0 of {big}", f"NaN at index 0 of {big} float32", "lscore all_finite", 5e-6
+    )
+    absolute(
+        "DynamicLossScale.update([1 element])",
+        "DynamicLossScale.update([1 element])",
+        "lscore",
+        1e-6,
+    )
     absolute("import lscore beyond numpy", "import lscore (after numpy)", "subprocess", 50e-3)
     return out
 
@@ -143,41 +226,60 @@ def fmt_time(s: float) -> str:
 
 def format_table(result: dict) -> str:
     """The rows as a Markdown table, then the targets."""
-    lines = ["| group | method | median | min-max | GB/s | ratios (baseline time / this time) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| group | method | median | min-max | GB/s | ratios (baseline time / this time) |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         if "median_s" not in r:
             lines.append(f"| {r['group']} | {r['method']} | skipped: {r['skipped']} | | | |")
             continue
         per = r.get("per", 1)
         med = fmt_time(r["median_s"]) + (
-            f" ({fmt_time(r['median_s'] / per)}/{r.get('per_unit', 'array')})" if per > 1 else "")
+            f" ({fmt_time(r['median_s'] / per)}/{r.get('per_unit', 'array')})" if per > 1 else ""
+        )
         ratios = ", ".join(f"{k} {v:.2f}x" for k, v in r.get("ratios", {}).items())
         gbps = f"{r['gbps']:.1f}" if "gbps" in r else ""
         method = r["method"] + (f" ({r['note']})" if r.get("note") else "")
-        lines.append(f"| {r['group']} | {method} | {med} | {fmt_time(r['min_s'])}-"
-                     f"{fmt_time(r['max_s'])} | {gbps} | {ratios} |")
+        lines.append(
+            f"| {r['group']} | {method} | {med} | {fmt_time(r['min_s'])}-"
+            f"{fmt_time(r['max_s'])} | {gbps} | {ratios} |"
+        )
     lines += ["", "| target | measured | required | met |", "|---|---|---|---|"]
     for t in result["targets"]:
         if t["measured"] is None:
             lines.append(f"| {t['target']} | not measured | {t['required']} | |")
             continue
         unit = t.get("unit")
-        fmt = fmt_time if unit == "s" else (
-            (lambda x: f"{x:.3f} us") if unit in ("us_per_array", "us_per_call")
-            else (lambda x: f"{x:.2f}x" if unit == "time ratio" else f"{x:.2f}"))
-        lines.append(f"| {t['target']} | {fmt(t['measured'])} | {fmt(t['required'])} | "
-                     f"{'yes' if t['met'] else 'NO'} |")
+        fmt = (
+            fmt_time
+            if unit == "s"
+            else (
+                (lambda x: f"{x:.3f} us")
+                if unit in ("us_per_array", "us_per_call")
+                else (lambda x: f"{x:.2f}x" if unit == "time ratio" else f"{x:.2f}")
+            )
+        )
+        lines.append(
+            f"| {t['target']} | {fmt(t['measured'])} | {fmt(t['required'])} | "
+            f"{'yes' if t['met'] else 'NO'} |"
+        )
     return "\n".join(lines)
 
 
 def machine(torch) -> dict:
-    info = {"python": platform.python_version(), "numpy": np.__version__,
-            "lscore": lscore.__version__, "platform": platform.platform(),
-            "processor": platform.processor(), "cpus": os.cpu_count(),
-            "isa": kernels.isa(), "isa_levels": kernels.isa_levels(),
-            "lscore_threads": kernels.pool_size(),
-            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None}
+    info = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "lscore": lscore.__version__,
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+        "isa": kernels.isa(),
+        "isa_levels": kernels.isa_levels(),
+        "lscore_threads": kernels.pool_size(),
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
     if torch is not None:
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()

@@ -1,4 +1,5 @@
 """The CPU sections of `lscore bench`: each queues and times a group of rows."""
+
 from __future__ import annotations
 
 import math
@@ -11,9 +12,19 @@ import numpy as np
 
 import lscore
 from lscore import kernels
-from lscore.cli.bench._harness import (DTYPES, N_SMALL, TORCH_SKIP, Rows, alternating,
-                                       as_tensor, busy_core, dtype_of, random_array, size_label,
-                                       torch_unscale)
+from lscore.cli.bench._harness import (
+    DTYPES,
+    N_SMALL,
+    TORCH_SKIP,
+    Rows,
+    alternating,
+    as_tensor,
+    busy_core,
+    dtype_of,
+    random_array,
+    size_label,
+    torch_unscale,
+)
 
 
 def _bench_arrays(rows: Rows, opts, torch, rng) -> None:
@@ -40,20 +51,36 @@ def _bench_arrays(rows: Rows, opts, torch, rng) -> None:
 
             inv = alternating([0.5, 2.0])
             rows.add(g_un, "lscore", lambda: kernels.unscale_(a, inv()), nbytes=2 * nb, **kw)
-            rows.add(g_un, "lscore 1 thread", lambda: kernels.unscale_(a, inv(), False, 1),
-                     nbytes=2 * nb, **kw)
-            rows.add(g_un, "lscore stats=True", lambda: kernels.unscale_(a, inv(), True),
-                     nbytes=2 * nb, **kw)
+            rows.add(
+                g_un,
+                "lscore 1 thread",
+                lambda: kernels.unscale_(a, inv(), False, 1),
+                nbytes=2 * nb,
+                **kw,
+            )
+            rows.add(
+                g_un,
+                "lscore stats=True",
+                lambda: kernels.unscale_(a, inv(), True),
+                nbytes=2 * nb,
+                **kw,
+            )
 
             def numpy_unscale():
                 np.multiply(a, inv(), out=a)
                 return np.isfinite(a).all()
+
             rows.add(g_un, "a *= inv; np.isfinite(a).all()", numpy_unscale, nbytes=2 * nb, **kw)
             if torch is None:
                 rows.add(g_un, "torch foreach", skip=TORCH_SKIP, **kw)
             else:
-                rows.add(g_un, "torch foreach", torch_unscale(torch, [as_tensor(torch, a)]),
-                         nbytes=2 * nb, **kw)
+                rows.add(
+                    g_un,
+                    "torch foreach",
+                    torch_unscale(torch, [as_tensor(torch, a)]),
+                    nbytes=2 * nb,
+                    **kw,
+                )
             dst = np.empty_like(a)
             rows.add(g_un, "np.copyto", lambda: np.copyto(dst, a), nbytes=2 * nb, **kw)
             rows.add(g_un, "C memcpy", lambda: kernels.copy_bandwidth(dst, a), nbytes=2 * nb, **kw)
@@ -61,10 +88,22 @@ def _bench_arrays(rows: Rows, opts, torch, rng) -> None:
             del a, dst, words
 
 
-AF_METHODS = ("lscore", "lscore 1 thread", "np.isfinite(a).all()", "np.sum(a.view(uint64))",
-               "C read loop")
-UN_METHODS = ("lscore", "lscore 1 thread", "lscore stats=True",
-               "a *= inv; np.isfinite(a).all()", "torch foreach", "np.copyto", "C memcpy")
+AF_METHODS = (
+    "lscore",
+    "lscore 1 thread",
+    "np.isfinite(a).all()",
+    "np.sum(a.view(uint64))",
+    "C read loop",
+)
+UN_METHODS = (
+    "lscore",
+    "lscore 1 thread",
+    "lscore stats=True",
+    "a *= inv; np.isfinite(a).all()",
+    "torch foreach",
+    "np.copyto",
+    "C memcpy",
+)
 
 
 def _bench_small(rows: Rows, opts, torch, rng) -> None:
@@ -75,8 +114,13 @@ def _bench_small(rows: Rows, opts, torch, rng) -> None:
     inv = alternating([0.5, 2.0])
     rows.add(g, "lscore all_finite", lambda: kernels.all_finite(arrays), nbytes=nb, **kw)
     rows.add(g, "lscore unscale_", lambda: kernels.unscale_(arrays, inv()), nbytes=2 * nb, **kw)
-    rows.add(g, "numpy loop isfinite().all()",
-             lambda: all(np.isfinite(a).all() for a in arrays), nbytes=nb, **kw)
+    rows.add(
+        g,
+        "numpy loop isfinite().all()",
+        lambda: all(np.isfinite(a).all() for a in arrays),
+        nbytes=nb,
+        **kw,
+    )
 
     def numpy_loop():
         f = inv()
@@ -85,12 +129,18 @@ def _bench_small(rows: Rows, opts, torch, rng) -> None:
             np.multiply(a, f, out=a)
             ok &= bool(np.isfinite(a).all())
         return ok
+
     rows.add(g, "numpy loop a *= inv; isfinite", numpy_loop, nbytes=2 * nb, **kw)
     if torch is None:
         rows.add(g, "torch foreach", skip=TORCH_SKIP, **kw)
     else:
-        rows.add(g, "torch foreach", torch_unscale(torch, [as_tensor(torch, a) for a in arrays]),
-                 nbytes=2 * nb, **kw)
+        rows.add(
+            g,
+            "torch foreach",
+            torch_unscale(torch, [as_tensor(torch, a) for a in arrays]),
+            nbytes=2 * nb,
+            **kw,
+        )
 
 
 def _gradscaler_model(torch, sizes):
@@ -102,10 +152,15 @@ def _gradscaler_model(torch, sizes):
 
 def _bench_gradscaler(rows: Rows, opts, torch, rng) -> None:
     """Whole GradScaler steps (unscale_, step, update) on 300 float32 parameters."""
-    cases = ((f"{N_SMALL} x 64", [64] * N_SMALL),
-             (f"{N_SMALL} log-uniform 1e2..1e5",
-              np.exp(np.random.default_rng(1234).uniform(math.log(1e2), math.log(opts.gs_max),
-                                                         N_SMALL)).astype(int)))
+    cases = (
+        (f"{N_SMALL} x 64", [64] * N_SMALL),
+        (
+            f"{N_SMALL} log-uniform 1e2..1e5",
+            np.exp(
+                np.random.default_rng(1234).uniform(math.log(1e2), math.log(opts.gs_max), N_SMALL)
+            ).astype(int),
+        ),
+    )
     adapter = None
     try:
         from lscore.adapters.torch import GradScaler as adapter
@@ -114,8 +169,11 @@ def _bench_gradscaler(rows: Rows, opts, torch, rng) -> None:
     for label, sizes in cases:
         g = f"GradScaler step, {label}"
         kw = dict(dtype="float32", n=int(np.sum(sizes)), per=N_SMALL, opts=opts)
-        methods = ("torch.amp.GradScaler('cpu')", "lscore core + SGD (numpy views)",
-                   "lscore.adapters.torch.GradScaler")
+        methods = (
+            "torch.amp.GradScaler('cpu')",
+            "lscore core + SGD (numpy views)",
+            "lscore.adapters.torch.GradScaler",
+        )
         if torch is None:
             for m in methods:
                 rows.add(g, m, skip=TORCH_SKIP, **kw)
@@ -141,6 +199,7 @@ def _step_fn(torch, method, params, opt, adapter):
             if state.update(finite):
                 opt.step()
             state.set_scale(scales())
+
         return step
     cls = adapter if method.startswith("lscore.adapters") else torch.amp.GradScaler
     scaler = cls("cpu", init_scale=2.0, growth_interval=1 << 30)
@@ -150,6 +209,7 @@ def _step_fn(torch, method, params, opt, adapter):
         scaler.unscale_(opt)
         scaler.step(opt)
         scaler.update(scales())
+
     return step
 
 
@@ -176,8 +236,13 @@ def _bench_torch_small(rows: Rows, opts, torch, rng) -> None:
             if m.startswith("lscore") and adapter is None:
                 rows.add(g, m, skip="lscore.adapters.torch is not available", **kw)
                 continue
-            rows.add(g, m, _torch_small_step(torch, m, grads, adapter),
-                     nbytes=0 if m == GRAD_HARNESS else 2 * 4 * 64 * count, **kw)
+            rows.add(
+                g,
+                m,
+                _torch_small_step(torch, m, grads, adapter),
+                nbytes=0 if m == GRAD_HARNESS else 2 * 4 * 64 * count,
+                **kw,
+            )
         rows.flush()
 
 
@@ -188,18 +253,21 @@ def _torch_small_step(torch, method, grads, adapter):
     turn = alternating([0, 1])
 
     def new_grads():
-        for p, g in zip(params, grads[turn()]):   # new .grad objects each step
+        for p, g in zip(params, grads[turn()]):  # new .grad objects each step
             p.grad = g
+
     if method == GRAD_HARNESS:
         return new_grads
     scaler = (adapter if method.startswith("lscore") else torch.amp.GradScaler)(
-        "cpu", init_scale=1.0, growth_interval=1 << 30)
+        "cpu", init_scale=1.0, growth_interval=1 << 30
+    )
     scaler.scale(torch.ones(()))
 
     def step():
         new_grads()
         scaler.unscale_(opt)
         scaler.update()
+
     return step
 
 
@@ -214,14 +282,21 @@ def _bench_latency(rows: Rows, opts, torch, rng) -> None:
     a[0] = np.nan
     g = f"NaN at index 0 of {size_label(n)} float32"
     rows.add(g, "lscore all_finite", lambda: kernels.all_finite(a), dtype="float32", n=n, opts=opts)
-    rows.add(g, "np.isfinite(a).all()", lambda: np.isfinite(a).all(), dtype="float32", n=n,
-             opts=opts)
+    rows.add(
+        g, "np.isfinite(a).all()", lambda: np.isfinite(a).all(), dtype="float32", n=n, opts=opts
+    )
     rows.flush()
     del a
     ls = lscore.DynamicLossScale()
     grads = [np.ones(1, np.float32)]
-    rows.add("DynamicLossScale.update([1 element])", "lscore", lambda: ls.update(grads),
-             dtype="float32", n=1, opts=opts)
+    rows.add(
+        "DynamicLossScale.update([1 element])",
+        "lscore",
+        lambda: ls.update(grads),
+        dtype="float32",
+        n=1,
+        opts=opts,
+    )
     if not opts.only or any(w in "import lscore" for w in opts.only):
         row = _import_time(opts)
         rows.append(row)
@@ -230,18 +305,29 @@ def _bench_latency(rows: Rows, opts, torch, rng) -> None:
 def _import_time(opts) -> dict:
     """`import lscore` after `import numpy`, in fresh interpreters, bytecode cached as
     after a pip install (one warm-up run writes it where PYTHONDONTWRITEBYTECODE said not to)."""
-    code = ("import time; t0 = time.perf_counter(); import numpy; t1 = time.perf_counter(); "
-            "import lscore; t2 = time.perf_counter(); print(t1 - t0, t2 - t1)")
+    code = (
+        "import time; t0 = time.perf_counter(); import numpy; t1 = time.perf_counter(); "
+        "import lscore; t2 = time.perf_counter(); print(t1 - t0, t2 - t1)"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     deltas = []
     for k in range(opts.import_repeat + 1):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True, env=env).stdout.split()
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+        ).stdout.split()
         if k:
             deltas.append(float(out[1]))
-    return {"group": "import lscore (after numpy)", "method": "subprocess", "bytes": 0, "per": 1,
-            "median_s": statistics.median(deltas), "min_s": min(deltas), "max_s": max(deltas),
-            "calls": 1, "repeats": len(deltas)}
+    return {
+        "group": "import lscore (after numpy)",
+        "method": "subprocess",
+        "bytes": 0,
+        "per": 1,
+        "median_s": statistics.median(deltas),
+        "min_s": min(deltas),
+        "max_s": max(deltas),
+        "calls": 1,
+        "repeats": len(deltas),
+    }
 
 
 def _bench_contention(rows: Rows, opts, torch, rng) -> None:
@@ -253,10 +339,20 @@ def _bench_contention(rows: Rows, opts, torch, rng) -> None:
             g = f"unscale_ float32 {size_label(n)}, other core busy"
             kw = dict(dtype="float32", n=n, opts=opts)
             rows.add(g, "lscore", lambda: kernels.unscale_(a, inv()), nbytes=2 * a.nbytes, **kw)
-            rows.add(g, "lscore 1 thread", lambda: kernels.unscale_(a, inv(), False, 1),
-                     nbytes=2 * a.nbytes, **kw)
-            rows.add(g, "lscore 2 threads", lambda: kernels.unscale_(a, inv(), False, 2),
-                     nbytes=2 * a.nbytes, **kw)
+            rows.add(
+                g,
+                "lscore 1 thread",
+                lambda: kernels.unscale_(a, inv(), False, 1),
+                nbytes=2 * a.nbytes,
+                **kw,
+            )
+            rows.add(
+                g,
+                "lscore 2 threads",
+                lambda: kernels.unscale_(a, inv(), False, 2),
+                nbytes=2 * a.nbytes,
+                **kw,
+            )
             rows.flush()
             del a
 
@@ -270,19 +366,35 @@ def _bench_isa(rows: Rows, opts, torch, rng) -> None:
         inv = alternating([0.5, 2.0])
         for what in ("all_finite", "unscale_"):
             g = f"ISA levels, {what} float32 {size_label(n)}"
-            fn = ((lambda: kernels.all_finite(a, 1)) if what == "all_finite"
-                  else (lambda: kernels.unscale_(a, inv(), False, 1)))
+            fn = (
+                (lambda: kernels.all_finite(a, 1))
+                if what == "all_finite"
+                else (lambda: kernels.unscale_(a, inv(), False, 1))
+            )
             for level in levels + ["auto"]:
-                rows.add(g, f"{level} ({auto})" if level == "auto" else level, fn,
-                         nbytes=a.nbytes * (1 if what == "all_finite" else 2),
-                         dtype="float32", n=n, opts=opts, isa=level,
-                         before=lambda name=(auto if level == "auto" else level):
-                         kernels.set_isa(name))
+                rows.add(
+                    g,
+                    f"{level} ({auto})" if level == "auto" else level,
+                    fn,
+                    nbytes=a.nbytes * (1 if what == "all_finite" else 2),
+                    dtype="float32",
+                    n=n,
+                    opts=opts,
+                    isa=level,
+                    before=lambda name=(auto if level == "auto" else level): kernels.set_isa(name),
+                )
             try:
                 rows.flush()
             finally:
                 kernels.set_isa(auto)
 
 
-SECTIONS = (_bench_arrays, _bench_small, _bench_gradscaler, _bench_torch_small, _bench_latency,
-            _bench_contention, _bench_isa)
+SECTIONS = (
+    _bench_arrays,
+    _bench_small,
+    _bench_gradscaler,
+    _bench_torch_small,
+    _bench_latency,
+    _bench_contention,
+    _bench_isa,
+)

@@ -17,6 +17,7 @@ bfloat16 dtype CuPy lacks); in the tests, NumPy arrays and the host harness,
 so CI runs the grid (tiny) and proves every configuration correct.  Without
 a GPU the suite is skipped with the reason.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,9 +36,11 @@ BLOCKS = (128, 256, 512, 1024)
 # --tiny: sizes a CPU harness runs in moments, with chunk edges inside the arrays
 TINY_CHUNKS = (512, 4096)
 TINY_BLOCKS = (32, 128)
-TINY_BIG = (("1 x 1e5 float32", 1, 10 ** 5, "float32"),
-            ("1 x 2e5 float16", 1, 2 * 10 ** 5, "float16"),
-            ("1 x 2e5 bfloat16", 1, 2 * 10 ** 5, "bfloat16"))
+TINY_BIG = (
+    ("1 x 1e5 float32", 1, 10**5, "float32"),
+    ("1 x 2e5 float16", 1, 2 * 10**5, "float16"),
+    ("1 x 2e5 bfloat16", 1, 2 * 10**5, "bfloat16"),
+)
 # the big tensor's unscale_ against a copy of the same bytes (read + write each)
 COPY_RATIO = 0.95
 COPY_METHOD = "device copy of the same bytes"
@@ -62,9 +65,11 @@ def label(cfg: LaunchConfig) -> str:
     """`cfg` as ``LSCORE_CUDA_LAUNCH`` takes it: chunk and block, and any other setting
     that is not the default."""
     default = LaunchConfig()
-    return ",".join(f"{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
-                    if f.name in ("chunk", "block")
-                    or getattr(cfg, f.name) != getattr(default, f.name))
+    return ",".join(
+        f"{f.name}={getattr(cfg, f.name)}"
+        for f in dataclasses.fields(cfg)
+        if f.name in ("chunk", "block") or getattr(cfg, f.name) != getattr(default, f.name)
+    )
 
 
 def workloads(tiny: bool = False) -> tuple:
@@ -73,7 +78,8 @@ def workloads(tiny: bool = False) -> tuple:
 
 def _dtype(name: str) -> np.dtype:
     if name == "bfloat16":
-        import ml_dtypes      # what gives NumPy (and so lscore's CPU core) a bfloat16
+        import ml_dtypes  # what gives NumPy (and so lscore's CPU core) a bfloat16
+
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
 
@@ -125,14 +131,20 @@ class CupyDevice(ArrayDevice):
 
     def __init__(self):
         import cupy
+
         super().__init__(cuda.CupyBackend)
         self.cp = cupy
         self.name = f"cuda:{cupy.cuda.Device().id}"
         self._xp = _gpu.STANDIN_XP
 
     def kernels(self, config: LaunchConfig) -> cuda.ArrayKernels:
-        return cuda.ArrayKernels(self._xp, self._make_backend, array_type=TypedArray,
-                                 kind=kernels.READ_CUDA_ARRAY, config=config)
+        return cuda.ArrayKernels(
+            self._xp,
+            self._make_backend,
+            array_type=TypedArray,
+            kind=kernels.READ_CUDA_ARRAY,
+            config=config,
+        )
 
     def upload(self, host: np.ndarray) -> TypedArray:
         return TypedArray(self.cp.asarray(_words(host)), host.dtype)
@@ -145,7 +157,7 @@ class CupyDevice(ArrayDevice):
 
     def copy(self, dst: TypedArray, src: TypedArray) -> None:
         dst.host[...] = src.host
-        self.cp.cuda.get_current_stream().synchronize()   # as unscale_'s one read does
+        self.cp.cuda.get_current_stream().synchronize()  # as unscale_'s one read does
 
 
 def _words(a: np.ndarray) -> np.ndarray:
@@ -189,8 +201,10 @@ def mismatch(device: ArrayDevice, kern, arrays, values, want=None) -> str | None
         bad = bad[~(np.isnan(got[bad].astype(np.float32)) & np.isnan(w[bad].astype(np.float32)))]
         if bad.size:
             k = int(bad[0])
-            return (f"array {i} element {k}: {got[k]!r}, the CPU core gives {w[k]!r} "
-                    f"({bad.size} of {w.size} elements differ)")
+            return (
+                f"array {i} element {k}: {got[k]!r}, the CPU core gives {w[k]!r} "
+                f"({bad.size} of {w.size} elements differ)"
+            )
     return None
 
 
@@ -203,8 +217,12 @@ def summarize(times: dict, default: LaunchConfig) -> dict:
     base = label(default)
     for name, ts in times.items():
         best = min(ts, key=ts.get)
-        per[name] = {"best": best, "best_s": ts[best], "default_s": ts[base],
-                     "default_over_best": ts[base] / ts[best]}
+        per[name] = {
+            "best": best,
+            "best_s": ts[best],
+            "default_s": ts[base],
+            "default_over_best": ts[base] / ts[best],
+        }
         for cfg, t in ts.items():
             logs.setdefault(cfg, []).append(math.log(t / ts[best]))
     # only configurations measured on every workload can be compared this way
@@ -214,12 +232,20 @@ def summarize(times: dict, default: LaunchConfig) -> dict:
         per[name]["chosen_s"] = ts[chosen]
         per[name]["default_over_chosen"] = ts[base] / ts[chosen]
     changed = LaunchConfig.parse(chosen)
-    env = ",".join(f"{f.name}={getattr(changed, f.name)}" for f in dataclasses.fields(changed)
-                   if getattr(changed, f.name) != getattr(default, f.name))
-    return {"per_workload": per, "geomean_over_best": geo, "chosen": chosen,
-            "chosen_geomean": geo[chosen], "default_geomean": geo[base],
-            "gain_over_default": geo[base] / geo[chosen],
-            "env": f"{ENV}={env}" if env else None}
+    env = ",".join(
+        f"{f.name}={getattr(changed, f.name)}"
+        for f in dataclasses.fields(changed)
+        if getattr(changed, f.name) != getattr(default, f.name)
+    )
+    return {
+        "per_workload": per,
+        "geomean_over_best": geo,
+        "chosen": chosen,
+        "chosen_geomean": geo[chosen],
+        "default_geomean": geo[base],
+        "gain_over_default": geo[base] / geo[chosen],
+        "env": f"{ENV}={env}" if env else None,
+    }
 
 
 def format_summary(tune: dict) -> str:
@@ -230,11 +256,14 @@ def format_summary(tune: dict) -> str:
     for name, p in tune["per_workload"].items():
         lines.append(f"  {name}: {p['best']} (default {p['default_over_best']:.2f}x its time)")
     if tune["chosen"] is not None:
-        lines.append(f"chosen (smallest geometric mean of time / best): {tune['chosen']}, "
-                     f"{tune['chosen_geomean']:.3f} vs the default's {tune['default_geomean']:.3f}"
-                     f" ({tune['gain_over_default']:.2f}x)")
-        lines.append(f"use it with: {tune['env']}" if tune["env"]
-                     else "the default is the best choice")
+        lines.append(
+            f"chosen (smallest geometric mean of time / best): {tune['chosen']}, "
+            f"{tune['chosen_geomean']:.3f} vs the default's {tune['default_geomean']:.3f}"
+            f" ({tune['gain_over_default']:.2f}x)"
+        )
+        lines.append(
+            f"use it with: {tune['env']}" if tune["env"] else "the default is the best choice"
+        )
     bad = [f"{w} {c}: {m}" for w, cs in tune["mismatches"].items() for c, m in cs.items()]
     lines += [f"NOT EQUAL TO THE CPU CORE: {b}" for b in bad]
     return "\n".join(lines)
@@ -256,8 +285,14 @@ def _measure(device: ArrayDevice, configs, rows, group: str, values, kw: dict) -
             device.write(a, v)
         if why is not None:
             bad[label(cfg)] = why
-        rows.add(group, label(cfg), lambda kern=kern: kern.unscale_(arrays, inv()),
-                 config=dataclasses.asdict(cfg), bitwise_equal=why is None, **kw)
+        rows.add(
+            group,
+            label(cfg),
+            lambda kern=kern: kern.unscale_(arrays, inv()),
+            config=dataclasses.asdict(cfg),
+            bitwise_equal=why is None,
+            **kw,
+        )
     if len(arrays) == 1:
         dst = device.upload(ones[0])
         rows.add(group, COPY_METHOD, lambda: device.copy(dst, arrays[0]), **kw)
@@ -271,15 +306,29 @@ def run_tune(opts, rows, rng, device: ArrayDevice | None = None) -> tuple[list, 
     if device is None:
         device, reason = default_device()
     configs, loads = grid(opts.tiny), workloads(opts.tiny)
-    tune = {"grid": [label(c) for c in configs], "default": label(LaunchConfig()),
-            "workloads": [name for name, *_ in loads]}
+    tune = {
+        "grid": [label(c) for c in configs],
+        "default": label(LaunchConfig()),
+        "workloads": [name for name, *_ in loads],
+    }
     if reason is not None:
         for name, *_ in loads:
             rows.add(f"gpu-tune {name}", "every configuration", skip=reason, opts=opts)
-        return ([{"target": f"gpu-tune {name}: unscale_ (chosen configuration) vs a copy of "
-                            "the same bytes", "measured": None, "required": COPY_RATIO,
-                  "met": None, "skipped": reason} for name, count, *_ in loads if count == 1],
-                {**tune, "skipped": reason})
+        return (
+            [
+                {
+                    "target": f"gpu-tune {name}: unscale_ (chosen configuration) vs a copy of "
+                    "the same bytes",
+                    "measured": None,
+                    "required": COPY_RATIO,
+                    "met": None,
+                    "skipped": reason,
+                }
+                for name, count, *_ in loads
+                if count == 1
+            ],
+            {**tune, "skipped": reason},
+        )
     times, mismatches, targets, big = {}, {}, [], []
     for name, count, size, dtname in loads:
         g = f"gpu-tune {name}"
@@ -289,13 +338,19 @@ def run_tune(opts, rows, rng, device: ArrayDevice | None = None) -> tuple[list, 
             rows.add(g, "every configuration", skip="bfloat16 needs ml_dtypes", opts=opts)
             continue
         sizes = workload_sizes(rng, count, size, opts.tiny)
-        bad = _measure(device, configs, rows, g, check_values(rng, sizes, dt),
-                       dict(dtype=dtname, n=count, per=count, opts=opts))
+        bad = _measure(
+            device,
+            configs,
+            rows,
+            g,
+            check_values(rng, sizes, dt),
+            dict(dtype=dtname, n=count, per=count, opts=opts),
+        )
         if bad:
             mismatches[name] = bad
         got = {r["method"]: r["median_s"] for r in rows.rows if r["group"] == g and "median_s" in r}
         ts = {label(c): got[label(c)] for c in configs if label(c) in got}
-        if tune["default"] in ts:           # not when --only left the group out
+        if tune["default"] in ts:  # not when --only left the group out
             times[name] = ts
         if COPY_METHOD in got:
             big.append((name, got[COPY_METHOD]))
@@ -304,17 +359,31 @@ def run_tune(opts, rows, rng, device: ArrayDevice | None = None) -> tuple[list, 
         best = min(ts.values())
         for r in rows.rows:
             if r["group"] == f"gpu-tune {name}" and r["method"] in ts:
-                r["ratios"] = {"default": ts[tune["default"]] / r["median_s"],
-                               "best": best / r["median_s"]}
+                r["ratios"] = {
+                    "default": ts[tune["default"]] / r["median_s"],
+                    "best": best / r["median_s"],
+                }
     for name, copy_s in big:
         x = copy_s / times[name][tune["chosen"]]
-        targets.append({"target": f"gpu-tune {name}: unscale_ (chosen configuration) vs a copy "
-                                  "of the same bytes", "measured": x, "required": COPY_RATIO,
-                        "met": x >= COPY_RATIO})
+        targets.append(
+            {
+                "target": f"gpu-tune {name}: unscale_ (chosen configuration) vs a copy "
+                "of the same bytes",
+                "measured": x,
+                "required": COPY_RATIO,
+                "met": x >= COPY_RATIO,
+            }
+        )
     checked = sum(len(ts) for ts in times.values())
     if checked:
         equal = 1 - sum(map(len, mismatches.values())) / checked
-        targets.append({"target": "gpu-tune: share of (workload, configuration) whose unscale_ "
-                                  "equals the CPU core bit for bit", "measured": equal,
-                        "required": 1.0, "met": equal == 1.0})
+        targets.append(
+            {
+                "target": "gpu-tune: share of (workload, configuration) whose unscale_ "
+                "equals the CPU core bit for bit",
+                "measured": equal,
+                "required": 1.0,
+                "met": equal == 1.0,
+            }
+        )
     return targets, tune

@@ -17,6 +17,7 @@ and saves its checkpoint the way it does:
 Both go to tests/core/data/checkpoints/, where checkpoints.json holds each tool's
 version and its scaler.state_dict() at the save.
 """
+
 import json
 import os
 import pathlib
@@ -56,10 +57,15 @@ class Model(L.LightningModule):
 def lightning():
     torch.manual_seed(0)
     s = scaler()
-    trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False,
-                        plugins=[MixedPrecision("16-mixed", "cpu", scaler=s)])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        plugins=[MixedPrecision("16-mixed", "cpu", scaler=s)],
+    )
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs()), batch_size=1)
     trainer.fit(Model(), data)
     trainer.save_checkpoint(HERE / "lightning.ckpt")
@@ -85,13 +91,19 @@ def accelerate_state():
         shutil.copy(os.path.join(out, "scaler.pt"), HERE / "accelerate_scaler.pt")
     finally:
         shutil.rmtree(out)
-    return {"version": accelerate.__version__, "file": "accelerate_scaler.pt",
-            "scaler": acc.scaler.state_dict()}
+    return {
+        "version": accelerate.__version__,
+        "file": "accelerate_scaler.pt",
+        "scaler": acc.scaler.state_dict(),
+    }
 
 
 def main():
-    record = {"torch": torch.__version__, "lightning": lightning(),
-              "accelerate": accelerate_state()}
+    record = {
+        "torch": torch.__version__,
+        "lightning": lightning(),
+        "accelerate": accelerate_state(),
+    }
     (HERE / "checkpoints.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record, indent=1))
 

@@ -10,6 +10,7 @@ logging) is answered with 0 because no process group is started.  A raise
 at the minimum is recorded as "raise".  "resume" cases save the scaler's
 attributes mid-run, as its checkpoints do, and record how it continues.
 """
+
 import json
 import logging
 import pathlib
@@ -21,19 +22,55 @@ from deepspeed.runtime.fp16 import loss_scaler
 
 OUT = pathlib.Path(__file__).with_name("deepspeed.json")
 ARGS = [
-    {"init_scale": 8.0, "scale_window": 3, "min_scale": 1.0, "delayed_shift": 2,
-     "consecutive_hysteresis": False, "raise_error_at_min_scale": True},
-    {"init_scale": 8.0, "scale_window": 2, "min_scale": 1.0, "delayed_shift": 3,
-     "consecutive_hysteresis": True, "raise_error_at_min_scale": True},
-    {"init_scale": 4.0, "scale_window": 2, "min_scale": 0.5, "delayed_shift": 1,
-     "consecutive_hysteresis": False, "raise_error_at_min_scale": False},
-    {"init_scale": 2.0, "scale_window": 1, "min_scale": 1.0, "delayed_shift": 1,
-     "consecutive_hysteresis": False, "raise_error_at_min_scale": True},
-    {"init_scale": 2.0 ** 16, "scale_window": 5, "min_scale": 1.0, "delayed_shift": 2,
-     "consecutive_hysteresis": False, "raise_error_at_min_scale": True},
+    {
+        "init_scale": 8.0,
+        "scale_window": 3,
+        "min_scale": 1.0,
+        "delayed_shift": 2,
+        "consecutive_hysteresis": False,
+        "raise_error_at_min_scale": True,
+    },
+    {
+        "init_scale": 8.0,
+        "scale_window": 2,
+        "min_scale": 1.0,
+        "delayed_shift": 3,
+        "consecutive_hysteresis": True,
+        "raise_error_at_min_scale": True,
+    },
+    {
+        "init_scale": 4.0,
+        "scale_window": 2,
+        "min_scale": 0.5,
+        "delayed_shift": 1,
+        "consecutive_hysteresis": False,
+        "raise_error_at_min_scale": False,
+    },
+    {
+        "init_scale": 2.0,
+        "scale_window": 1,
+        "min_scale": 1.0,
+        "delayed_shift": 1,
+        "consecutive_hysteresis": False,
+        "raise_error_at_min_scale": True,
+    },
+    {
+        "init_scale": 2.0**16,
+        "scale_window": 5,
+        "min_scale": 1.0,
+        "delayed_shift": 2,
+        "consecutive_hysteresis": False,
+        "raise_error_at_min_scale": True,
+    },
 ]
-SAVED = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis", "scale_factor",
-         "scale_window")
+SAVED = (
+    "cur_scale",
+    "cur_iter",
+    "last_overflow_iter",
+    "cur_hysteresis",
+    "scale_factor",
+    "scale_window",
+)
 
 
 def events(rng, n):
@@ -67,10 +104,25 @@ def main():
         for e in ev[:cut]:
             step(s, e)
         state = {k: getattr(s, k) for k in SAVED}
-        resume.append({"args": args, "state": state, "events": ev[cut:],
-                       "scales": [step(s, e) for e in ev[cut:]]})
-    OUT.write_text(json.dumps({"preset": "deepspeed", "peer": f"deepspeed {deepspeed.__version__}",
-                               "cases": cases, "resume": resume}) + "\n")
+        resume.append(
+            {
+                "args": args,
+                "state": state,
+                "events": ev[cut:],
+                "scales": [step(s, e) for e in ev[cut:]],
+            }
+        )
+    OUT.write_text(
+        json.dumps(
+            {
+                "preset": "deepspeed",
+                "peer": f"deepspeed {deepspeed.__version__}",
+                "cases": cases,
+                "resume": resume,
+            }
+        )
+        + "\n"
+    )
     print(f"wrote {OUT}: {len(cases)} cases, {len(resume)} resume cases")
 
 

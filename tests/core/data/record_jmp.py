@@ -5,6 +5,7 @@ Run in a throwaway virtualenv (jmp is never a dependency of lscore):
     /tmp/peers/bin/python tests/core/data/record_jmp.py
 Each step calls the real ``adjust(grads_finite)`` eagerly on the CPU.
 """
+
 import json
 import pathlib
 
@@ -19,8 +20,8 @@ ARGS = [
     {"loss_scale": 4.0, "period": 1, "factor": 3, "min_loss_scale": 0.5},
     {"loss_scale": 100.0, "period": 2, "factor": 3, "min_loss_scale": 1e-3},
     {"loss_scale": 8.0, "counter": 2, "period": 3},
-    {"loss_scale": 2.0 ** 127, "period": 1},
-    {"loss_scale": 2.0 ** -120, "period": 4, "min_loss_scale": 2.0 ** -149},
+    {"loss_scale": 2.0**127, "period": 1},
+    {"loss_scale": 2.0**-120, "period": 4, "min_loss_scale": 2.0**-149},
 ]
 
 
@@ -50,8 +51,16 @@ def main():
                 ls = ls.adjust(jnp.asarray(e))
                 scales.append(float(ls.loss_scale))
             cases.append({"args": args, "events": ev, "scales": scales})
-    OUT.write_text(json.dumps({"preset": "jmp", "peer": f"jmp {jmp.__version__}, "
-                               f"jax {jax.__version__}", "cases": cases}) + "\n")
+    OUT.write_text(
+        json.dumps(
+            {
+                "preset": "jmp",
+                "peer": f"jmp {jmp.__version__}, jax {jax.__version__}",
+                "cases": cases,
+            }
+        )
+        + "\n"
+    )
     print(f"wrote {OUT}: {len(cases)} cases")
 
 

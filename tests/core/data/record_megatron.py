@@ -10,6 +10,7 @@ parts) and its tensors are made on the CPU instead of 'cuda'; the update
 rule and the float32 tensor arithmetic are Megatron's own.  "resume" cases
 save ``state_dict()`` mid-run and record how the scaler continues.
 """
+
 import importlib.util
 import json
 import pathlib
@@ -20,22 +21,47 @@ import torch
 
 OUT = pathlib.Path(__file__).with_name("megatron.json")
 ARGS = [
-    {"initial_scale": 16.0, "min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5,
-     "growth_interval": 3, "hysteresis": 2},
-    {"initial_scale": 3.0, "min_scale": 1e-4, "growth_factor": 1.1, "backoff_factor": 0.3,
-     "growth_interval": 1, "hysteresis": 1},
-    {"initial_scale": 2.0 ** 127, "min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5,
-     "growth_interval": 1, "hysteresis": 3},
-    {"initial_scale": 2.0 ** 32, "min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5,
-     "growth_interval": 4, "hysteresis": 2},
+    {
+        "initial_scale": 16.0,
+        "min_scale": 1.0,
+        "growth_factor": 2.0,
+        "backoff_factor": 0.5,
+        "growth_interval": 3,
+        "hysteresis": 2,
+    },
+    {
+        "initial_scale": 3.0,
+        "min_scale": 1e-4,
+        "growth_factor": 1.1,
+        "backoff_factor": 0.3,
+        "growth_interval": 1,
+        "hysteresis": 1,
+    },
+    {
+        "initial_scale": 2.0**127,
+        "min_scale": 1.0,
+        "growth_factor": 2.0,
+        "backoff_factor": 0.5,
+        "growth_interval": 1,
+        "hysteresis": 3,
+    },
+    {
+        "initial_scale": 2.0**32,
+        "min_scale": 1.0,
+        "growth_factor": 2.0,
+        "backoff_factor": 0.5,
+        "growth_interval": 4,
+        "hysteresis": 2,
+    },
 ]
 
 
 def load_grad_scaler():
     spec = importlib.util.find_spec("megatron.core")
     path = pathlib.Path(spec.submodule_search_locations[0]) / "optimizer" / "grad_scaler.py"
-    cpu_torch = types.SimpleNamespace(**{k: getattr(torch, k) for k in dir(torch)
-                                         if not k.startswith("__")})
+    cpu_torch = types.SimpleNamespace(
+        **{k: getattr(torch, k) for k in dir(torch) if not k.startswith("__")}
+    )
     cpu_torch.tensor = lambda data, dtype=None, device=None: torch.tensor(data, dtype=dtype)
     mod_spec = importlib.util.spec_from_file_location("megatron_grad_scaler", path)
     mod = importlib.util.module_from_spec(mod_spec)
@@ -67,17 +93,29 @@ def main():
         for e in ev[:cut]:
             s.update(not e)
         st = s.state_dict()
-        state = {"scale": st["scale"].item(), "growth_tracker": st["growth_tracker"],
-                 "hysteresis_tracker": st["hysteresis_tracker"]}
+        state = {
+            "scale": st["scale"].item(),
+            "growth_tracker": st["growth_tracker"],
+            "hysteresis_tracker": st["hysteresis_tracker"],
+        }
         scales = []
         for e in ev[cut:]:
             s.update(not e)
             scales.append(s.scale.item())
         resume.append({"args": args, "state": state, "events": ev[cut:], "scales": scales})
     import megatron.core
-    OUT.write_text(json.dumps({"preset": "megatron",
-                               "peer": f"megatron-core {megatron.core.__version__}",
-                               "cases": cases, "resume": resume}) + "\n")
+
+    OUT.write_text(
+        json.dumps(
+            {
+                "preset": "megatron",
+                "peer": f"megatron-core {megatron.core.__version__}",
+                "cases": cases,
+                "resume": resume,
+            }
+        )
+        + "\n"
+    )
     print(f"wrote {OUT}: {len(cases)} cases, {len(resume)} resume cases")
 
 

@@ -7,6 +7,7 @@ Each step goes through the real path: scale() a loss, give the parameter a
 finite or an infinite gradient, step() and update().  "resume" cases also save
 the scaler's state_dict mid-run and record how the scaler continues.
 """
+
 import json
 import pathlib
 
@@ -36,7 +37,7 @@ class Run:
         self.scaler = torch.amp.GradScaler("cpu", **args)
 
     def step(self, finite):
-        self.scaler.scale(torch.ones(()))      # creates the scale lazily, as training does
+        self.scaler.scale(torch.ones(()))  # creates the scale lazily, as training does
         self.param.grad = torch.tensor([0.0 if finite else float("inf")])
         self.scaler.step(self.opt)
         self.scaler.update()
@@ -56,12 +57,29 @@ def main():
         run = Run(args)
         for e in ev[:cut]:
             run.step(e)
-        state = {k: (v.item() if hasattr(v, "item") else v)
-                 for k, v in run.scaler.state_dict().items()}
-        resume.append({"args": args, "state": state, "events": ev[cut:],
-                       "scales": [run.step(e) for e in ev[cut:]]})
-    OUT.write_text(json.dumps({"preset": "torch", "peer": f"torch {torch.__version__}",
-                               "cases": cases, "resume": resume}, indent=None) + "\n")
+        state = {
+            k: (v.item() if hasattr(v, "item") else v) for k, v in run.scaler.state_dict().items()
+        }
+        resume.append(
+            {
+                "args": args,
+                "state": state,
+                "events": ev[cut:],
+                "scales": [run.step(e) for e in ev[cut:]],
+            }
+        )
+    OUT.write_text(
+        json.dumps(
+            {
+                "preset": "torch",
+                "peer": f"torch {torch.__version__}",
+                "cases": cases,
+                "resume": resume,
+            },
+            indent=None,
+        )
+        + "\n"
+    )
     print(f"wrote {OUT}: {len(cases)} cases, {len(resume)} resume cases")
 
 

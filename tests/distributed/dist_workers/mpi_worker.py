@@ -5,6 +5,7 @@ abruptly while the others wait in a reduce (mpirun must end the job);
 ``hang`` has it sleep instead (mpirun's --timeout must end the job).
 Each rank writes OUT_DIR/rank<R>.json.
 """
+
 import json
 import os
 import sys
@@ -13,7 +14,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from helpers.dist import scenarios   # tests/ is on PYTHONPATH (helpers.dist.launch)
+from helpers.dist import scenarios  # tests/ is on PYTHONPATH (helpers.dist.launch)
 from lscore.distributed import MPIReducer
 
 
@@ -63,12 +64,12 @@ def main():
     rank, world = comm.Get_rank(), comm.Get_size()
     if mode in ("die", "hang"):
         reducer = MPIReducer()
-        reducer.reduce(False)                     # everyone is up
+        reducer.reduce(False)  # everyone is up
         if rank == world - 1:
             if mode == "hang":
                 time.sleep(3600)
             os._exit(3)
-        reducer.reduce(True)                      # never completes; mpirun ends the job
+        reducer.reduce(True)  # never completes; mpirun ends the job
         result = {"error": None}
     else:
         result = scenarios.run_all(MPIGroup(comm))

@@ -10,6 +10,7 @@ rank exits saying so) or ``auto`` (helpers.dist.devices.pick: NCCL with a
 GPU per rank, else gloo on the CPU).  All ranks run on this host, so RANK is
 also the local rank.  Each rank writes OUT_DIR/rank<R>.json.
 """
+
 import datetime
 import json
 import os
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from helpers.dist import devices, scenarios   # tests/ is on PYTHONPATH (helpers.dist.launch)
+from helpers.dist import devices, scenarios  # tests/ is on PYTHONPATH (helpers.dist.launch)
 from lscore.distributed import TorchReducer
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=30)
@@ -40,6 +41,7 @@ class TorchGroup:
         def wrapper(*args, **kwargs):
             self.collectives += 1
             return fn(*args, **kwargs)
+
         return wrapper
 
     def allreduce_sum(self, a):
@@ -74,8 +76,7 @@ class _TorchStepper:
         before = self.group.collectives
         applied = self._step()
         w[...] = self.param.detach().numpy()
-        return {"found": found, "applied": applied,
-                "collectives": self.group.collectives - before}
+        return {"found": found, "applied": applied, "collectives": self.group.collectives - before}
 
 
 class GradScalerStepper(_TorchStepper):
@@ -83,11 +84,15 @@ class GradScalerStepper(_TorchStepper):
 
     def __init__(self, group):
         from lscore.adapters.torch import GradScaler
+
         super().__init__(group)
-        self.scaler = GradScaler("cpu", init_scale=scenarios.POLICY["init_scale"],
-                                 growth_interval=scenarios.POLICY["growth_interval"],
-                                 process_group=dist.group.WORLD)
-        self.scaler.scale(torch.ones(()))         # the scale is made lazily, as by scale(loss)
+        self.scaler = GradScaler(
+            "cpu",
+            init_scale=scenarios.POLICY["init_scale"],
+            growth_interval=scenarios.POLICY["growth_interval"],
+            process_group=dist.group.WORLD,
+        )
+        self.scaler.scale(torch.ones(()))  # the scale is made lazily, as by scale(loss)
 
     @property
     def scale(self) -> float:
@@ -102,9 +107,13 @@ class GradScalerStepper(_TorchStepper):
         return not self.scaler.last_step_skipped
 
     def final(self) -> dict:
-        return {"scale": self.scaler.get_scale(),
-                "counters": {"skipped": self.scaler.skipped_steps,
-                             "tracker": self.scaler._get_growth_tracker()}}
+        return {
+            "scale": self.scaler.get_scale(),
+            "counters": {
+                "skipped": self.scaler.skipped_steps,
+                "tracker": self.scaler._get_growth_tracker(),
+            },
+        }
 
 
 class TorchOptimizerStepper(_TorchStepper):
@@ -116,23 +125,30 @@ class TorchOptimizerStepper(_TorchStepper):
 
     @property
     def scale(self) -> float:
-        return (scenarios.POLICY["init_scale"] if self.wrapped is None
-                else self.wrapped.loss_scale)
+        return scenarios.POLICY["init_scale"] if self.wrapped is None else self.wrapped.loss_scale
 
     def _wrap(self):
         from lscore.adapters.torch import LossScaleOptimizer
-        self.wrapped = LossScaleOptimizer(self.opt, initial_scale=scenarios.POLICY["init_scale"],
-                                          dynamic_growth_steps=scenarios.POLICY["growth_interval"],
-                                          reducer=TorchReducer())
+
+        self.wrapped = LossScaleOptimizer(
+            self.opt,
+            initial_scale=scenarios.POLICY["init_scale"],
+            dynamic_growth_steps=scenarios.POLICY["growth_interval"],
+            reducer=TorchReducer(),
+        )
 
     def _step(self) -> bool:
         self.wrapped.step()
         return not self.wrapped.last_step_skipped
 
     def final(self) -> dict:
-        return {"scale": self.wrapped.loss_scale,
-                "counters": {"iterations": self.wrapped.iterations,
-                             "dynamic_counter": self.wrapped.dynamic_counter}}
+        return {
+            "scale": self.wrapped.loss_scale,
+            "counters": {
+                "iterations": self.wrapped.iterations,
+                "dynamic_counter": self.wrapped.dynamic_counter,
+            },
+        }
 
 
 def main():
@@ -143,23 +159,29 @@ def main():
     if backend in ("nccl", "auto"):
         picked, device = devices.pick(rank, world)
         if backend == "nccl" and picked != "nccl":
-            sys.exit(f"nccl needs a CUDA device per rank: {torch.cuda.device_count()} "
-                     f"for {world} ranks")
+            sys.exit(
+                f"nccl needs a CUDA device per rank: {torch.cuda.device_count()} for {world} ranks"
+            )
         backend = picked
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=COLLECTIVE_TIMEOUT)
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=COLLECTIVE_TIMEOUT,
+    )
     try:
         if mode == "die":
             reducer = TorchReducer()
-            reducer.reduce(False)                 # everyone is up
+            reducer.reduce(False)  # everyone is up
             if rank == world - 1:
-                os._exit(3)                       # dies without a word
+                os._exit(3)  # dies without a word
             try:
                 reducer.reduce(True)
                 result = {"error": None}
-            except Exception as e:                # the point: it raises instead of hanging
+            except Exception as e:  # the point: it raises instead of hanging
                 result = {"error": f"{type(e).__name__}: {e}"[:300]}
         elif mode == "device":
             reducer = TorchReducer()
@@ -167,10 +189,18 @@ def main():
             result = {"backend": dist.get_backend(), "device": str(reducer.device())}
         else:
             group = TorchGroup(rank, world, device)
-            result = ({"reduce_basic": scenarios.reduce_basic(group)} if backend == "nccl"
-                      else scenarios.run_all(group, {**scenarios.ADAPTERS,
-                                                     "torch": GradScalerStepper,
-                                                     "torch_optimizer": TorchOptimizerStepper}))
+            result = (
+                {"reduce_basic": scenarios.reduce_basic(group)}
+                if backend == "nccl"
+                else scenarios.run_all(
+                    group,
+                    {
+                        **scenarios.ADAPTERS,
+                        "torch": GradScalerStepper,
+                        "torch_optimizer": TorchOptimizerStepper,
+                    },
+                )
+            )
             result["device"] = str(group.reducer.device())
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)

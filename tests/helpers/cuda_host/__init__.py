@@ -9,6 +9,7 @@ lscore.cuda packs for cuLaunchKernel, and the harness checks every width
 against the kernel's signature), so lscore.cuda and the CuPy adapter run
 unchanged on top of it.  ``read_word`` is the one synchronisation of a call.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -27,8 +28,17 @@ from .. import ROOT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXT = str(ROOT / "_ext")
-CXXFLAGS = ["-std=c++17", "-O2", "-ffp-contract=off", "-fno-strict-aliasing",
-            "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC"]
+CXXFLAGS = [
+    "-std=c++17",
+    "-O2",
+    "-ffp-contract=off",
+    "-fno-strict-aliasing",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-shared",
+    "-fPIC",
+]
 
 
 def compiler() -> str | None:
@@ -50,9 +60,14 @@ def build() -> ctypes.CDLL:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr}")
     dll = ctypes.CDLL(lib)
     dll.lsch_launch.restype = ctypes.c_int
-    dll.lsch_launch.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint,
-                                ctypes.POINTER(ctypes.c_void_p),
-                                ctypes.POINTER(ctypes.c_longlong), ctypes.c_int]
+    dll.lsch_launch.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_uint,
+        ctypes.c_uint,
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.POINTER(ctypes.c_longlong),
+        ctypes.c_int,
+    ]
     dll.lsch_names.restype = ctypes.c_char_p
     return dll
 
@@ -76,13 +91,24 @@ class HostBackend(NullBackend):
     def read_word(self, a: np.ndarray) -> int:
         return int(self.get(a)[0])
 
-    def launch_packed(self, fn: str, grid: int, block: int, params: int, widths: int,
-                      nparams: int, stream: int) -> None:
+    def launch_packed(
+        self, fn: str, grid: int, block: int, params: int, widths: int, nparams: int, stream: int
+    ) -> None:
         """Run kernel `fn` with its parameters packed as cuLaunchKernel takes them."""
-        rc = self.lib.lsch_launch(fn.encode(), grid, block,
-                                  ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p)),
-                                  ctypes.cast(widths, ctypes.POINTER(ctypes.c_longlong)), nparams)
-        self._check(fn, rc, nparams, lambda i: f"{ctypes.c_longlong.from_address(widths + 8 * i).value} bytes")
+        rc = self.lib.lsch_launch(
+            fn.encode(),
+            grid,
+            block,
+            ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p)),
+            ctypes.cast(widths, ctypes.POINTER(ctypes.c_longlong)),
+            nparams,
+        )
+        self._check(
+            fn,
+            rc,
+            nparams,
+            lambda i: f"{ctypes.c_longlong.from_address(widths + 8 * i).value} bytes",
+        )
         self.launches.append((fn, grid, block))
 
     def _check(self, name, rc, n, what):
@@ -102,6 +128,5 @@ class HostBackend(NullBackend):
         params = (ctypes.c_void_p * len(vals))(*[v.ctypes.data for v in vals])
         sizes = (ctypes.c_longlong * len(vals))(*[v.itemsize for v in vals])
         rc = self.lib.lsch_launch(name.encode(), grid, block, params, sizes, len(vals))
-        self._check(name, rc, len(vals),
-                    lambda i: f"{vals[i].itemsize} bytes, {vals[i].dtype}")
+        self._check(name, rc, len(vals), lambda i: f"{vals[i].itemsize} bytes, {vals[i].dtype}")
         self.launches.append((name, grid, block))

@@ -5,6 +5,7 @@ with ``numpy`` standing in for cupy and ``CountingBackend`` (a HostBackend that
 counts device-to-host reads) for the GPU: the CuPy adapter's logic runs
 without a GPU.  Nothing is compiled until a kernel first runs.
 """
+
 import numpy as np
 
 from lscore import kernels
