@@ -1,5 +1,6 @@
 # Types of the device-array walk (_walk.pyx), reached through lscore.kernels.
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

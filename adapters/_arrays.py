@@ -14,7 +14,6 @@ import numpy as np
 from lscore.adapters._optim import drop_none_gradients, grad_var_pairs, quiet, type_name
 from lscore.policy import real
 
-
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
 

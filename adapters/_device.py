@@ -36,7 +36,6 @@ from lscore.distributed import reduce_found_inf
 from lscore.dtypes import BY_NAME
 from lscore.state import LossScaleFloorError
 
-
 ArrayKernels = cuda.ArrayKernels
 
 
@@ -49,7 +48,7 @@ def refuse_in_capture(capturing: bool, what: str, instead: str) -> None:
         )
 
 
-def reading_calls(kernels: "ArrayKernels", capturing):
+def reading_calls(kernels: ArrayKernels, capturing):
     """``all_finite``, ``unscale_``, ``unscale_and_norm`` and ``unscale_and_clip_`` on
     `kernels`, each refusing (RuntimeError) while `capturing()`: they read a flag or a
     norm back, which would break a CUDA-graph capture."""

@@ -42,13 +42,13 @@ class LossScaling:
     """
 
     __slots__ = (
-        "shape",
         "_dynamic_ls",
         "_fixed_scale",
+        "_growth_steps",
+        "_initial",
         "_loss_scale",
         "_manager",
-        "_initial",
-        "_growth_steps",
+        "shape",
     )
 
     def __init__(

@@ -64,20 +64,20 @@ from lscore.managers import (
 )
 
 __all__ = [
-    "LossScaleOptimizer",
     "SGD",
     "Adam",
-    "all_finite",
-    "unscale_",
-    "unscale_and_norm",
-    "unscale_and_clip_",
-    "LossScale",
-    "FixedLossScale",
     "DynamicLossScale",
-    "get",
-    "LossScaleManager",
-    "FixedLossScaleManager",
     "ExponentialUpdateLossScaleManager",
+    "FixedLossScale",
+    "FixedLossScaleManager",
+    "LossScale",
+    "LossScaleManager",
+    "LossScaleOptimizer",
+    "all_finite",
+    "get",
+    "unscale_",
+    "unscale_and_clip_",
+    "unscale_and_norm",
 ]
 
 _KERNELS = _device.ArrayKernels(cupy, cuda.CupyBackend, array_type=cupy.ndarray)

@@ -42,18 +42,18 @@ from lscore.managers import (
 from lscore.scan import all_finite, unscale_
 
 __all__ = [
-    "LossScaleOptimizer",
     "SGD",
     "Adam",
-    "all_finite",
-    "unscale_",
-    "LossScale",
-    "FixedLossScale",
     "DynamicLossScale",
-    "get",
-    "LossScaleManager",
-    "FixedLossScaleManager",
     "ExponentialUpdateLossScaleManager",
+    "FixedLossScale",
+    "FixedLossScaleManager",
+    "LossScale",
+    "LossScaleManager",
+    "LossScaleOptimizer",
+    "all_finite",
+    "get",
+    "unscale_",
 ]
 
 

@@ -7,7 +7,7 @@ APIs sit on top.  ``import lscore`` needs only NumPy.
 """
 
 try:
-    from lscore._ext import _codes, _grads, _scan, _state, _walk  # noqa: F401
+    from lscore._ext import _codes, _grads, _scan, _state, _walk
 except ImportError as e:  # pragma: no cover - exercised only on a broken install
     raise ImportError(
         "lscore's compiled core (lscore._ext) is not built or does not load "
@@ -15,34 +15,34 @@ except ImportError as e:  # pragma: no cover - exercised only on a broken instal
         "(needs a C compiler, Cython >= 3 and numpy)"
     ) from e
 
-from lscore.policy import Policy
 from lscore.loss_scale import DynamicLossScale, FixedLossScale, LossScale, get
 from lscore.managers import (
     ExponentialUpdateLossScaleManager,
     FixedLossScaleManager,
     LossScaleManager,
 )
+from lscore.policy import Policy
+from lscore.presets import preset
 from lscore.scan import all_finite, unscale_
 from lscore.state import LossScaleFloorError, LossScaleState
-from lscore.presets import preset
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "LossScale",
-    "FixedLossScale",
     "DynamicLossScale",
-    "get",
-    "LossScaleManager",
-    "FixedLossScaleManager",
     "ExponentialUpdateLossScaleManager",
-    "all_finite",
-    "unscale_",
-    "Policy",
-    "LossScaleState",
+    "FixedLossScale",
+    "FixedLossScaleManager",
+    "LossScale",
     "LossScaleFloorError",
-    "preset",
+    "LossScaleManager",
+    "LossScaleState",
+    "Policy",
+    "all_finite",
+    "get",
     "migrate",
+    "preset",
+    "unscale_",
 ]
 
 del _codes, _grads, _scan, _state, _walk

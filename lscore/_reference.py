@@ -33,7 +33,7 @@ class RefState:
     overflow_seen: int = 0
 
     @classmethod
-    def initial(cls, policy: Policy) -> "RefState":
+    def initial(cls, policy: Policy) -> RefState:
         s = policy.round_scale(policy.init_scale)
         return cls(policy, s, s, 0, policy.hysteresis, 0, 0)
 

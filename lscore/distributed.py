@@ -37,7 +37,7 @@ import numpy as np
 
 from lscore.policy import real
 
-__all__ = ["TorchReducer", "MPIReducer", "check_reducer", "reduce_found_inf"]
+__all__ = ["MPIReducer", "TorchReducer", "check_reducer", "reduce_found_inf"]
 
 
 def check_reducer(reducer):

@@ -27,6 +27,7 @@ measures the kernels themselves (``lscore bench``).
   and memcpy over an array's bytes, the bandwidth references of the bench.
 """
 
+from lscore._ext._grads import GradTable
 from lscore._ext._scan import (
     all_finite,
     all_finite_raw,
@@ -39,24 +40,23 @@ from lscore._ext._scan import (
 )
 from lscore._ext._scan import bench_copy as copy_bandwidth
 from lscore._ext._scan import bench_read_u64 as read_bandwidth
-from lscore._ext._grads import GradTable
 from lscore._ext._walk import READ_CUDA_ARRAY, READ_NUMPY, DevicePlan, DeviceTable, plan_launches
 
 __all__ = [
-    "all_finite",
-    "unscale_",
-    "all_finite_raw",
-    "unscale_raw",
-    "GradTable",
-    "DeviceTable",
-    "DevicePlan",
-    "READ_NUMPY",
     "READ_CUDA_ARRAY",
-    "plan_launches",
+    "READ_NUMPY",
+    "DevicePlan",
+    "DeviceTable",
+    "GradTable",
+    "all_finite",
+    "all_finite_raw",
+    "copy_bandwidth",
     "isa",
     "isa_levels",
-    "set_isa",
+    "plan_launches",
     "pool_size",
     "read_bandwidth",
-    "copy_bandwidth",
+    "set_isa",
+    "unscale_",
+    "unscale_raw",
 ]

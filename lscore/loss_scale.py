@@ -17,7 +17,7 @@ from lscore import kernels
 from lscore.policy import Policy, factor_at_least_one, fixed_scale, positive_scale, tf_int
 from lscore.state import LossScaleState
 
-__all__ = ["LossScale", "FixedLossScale", "DynamicLossScale", "get"]
+__all__ = ["DynamicLossScale", "FixedLossScale", "LossScale", "get"]
 
 
 class LossScale(abc.ABC):

@@ -22,7 +22,7 @@ from lscore.policy import (
 )
 from lscore.state import LossScaleState, as_finite
 
-__all__ = ["LossScaleManager", "FixedLossScaleManager", "ExponentialUpdateLossScaleManager"]
+__all__ = ["ExponentialUpdateLossScaleManager", "FixedLossScaleManager", "LossScaleManager"]
 
 
 class LossScaleManager(abc.ABC):

@@ -123,7 +123,7 @@ def factor_above_one(name: str, value) -> float:
 def fraction(name: str, value, *, closed: bool = True) -> float:
     """A factor in (0, 1], or (0, 1) with closed=False."""
     v = real(name, value)
-    ok = math.isfinite(v) and 0 < v and (v <= 1 if closed else v < 1)
+    ok = math.isfinite(v) and v > 0 and (v <= 1 if closed else v < 1)
     if not ok:
         raise ValueError(f"{name} must be in (0, 1{']' if closed else ')'}, got {value!r}")
     return v
@@ -244,7 +244,7 @@ class Policy:
             if not isinstance(getattr(self, key), (bool, np.bool_)):
                 raise TypeError(f"{key} must be a bool, got {getattr(self, key)!r}")
 
-    def replace(self, **changes) -> "Policy":
+    def replace(self, **changes) -> Policy:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -256,7 +256,7 @@ class Policy:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Policy":
+    def from_dict(cls, d: dict) -> Policy:
         if not isinstance(d, dict):
             raise TypeError(f"policy must be a dict, got {type(d).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}

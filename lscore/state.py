@@ -54,7 +54,7 @@ class LossScaleState:
     writers set_scale and load_state_dict also take a lock among themselves.
     """
 
-    __slots__ = ("_policy", "_cy", "_lock")
+    __slots__ = ("_cy", "_lock", "_policy")
 
     def __init__(self, policy: Policy):
         if not isinstance(policy, Policy):
@@ -180,7 +180,7 @@ class LossScaleState:
             self._cy.from_bytes(raw)
 
     @classmethod
-    def from_state_dict(cls, d: dict) -> "LossScaleState":
+    def from_state_dict(cls, d: dict) -> LossScaleState:
         policy, cy, _ = parse_state(d)
         obj = cls.__new__(cls)
         obj._policy, obj._cy, obj._lock = policy, cy, threading.Lock()

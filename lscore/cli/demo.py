@@ -245,8 +245,7 @@ def _table(records) -> str:
     widths = [max(len(x[i]) for x in rows + [head]) for i in range(len(head))]
     line = "  ".join("-" * w for w in widths)
     fmt = lambda row: "  ".join(
-        c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
-        for i, (c, w) in enumerate(zip(row, widths))
+        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
     )
     return "\n".join([fmt(head), line] + [fmt(r) for r in rows])
 

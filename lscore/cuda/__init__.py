@@ -19,7 +19,6 @@ imported when a kernel is first compiled or launched.
 
 from lscore.cuda.arrays import ArrayKernels
 from lscore.cuda.device_state import DeviceState
-from lscore.cuda.optim import FusedLauncher, FusedPlan, bias_table
 from lscore.cuda.launch import (
     BLOCK,
     CHUNK,
@@ -45,32 +44,33 @@ from lscore.cuda.loader import (
     module,
     source,
 )
+from lscore.cuda.optim import FusedLauncher, FusedPlan, bias_table
 
 __all__ = [
-    "ArrayKernels",
-    "LaunchConfig",
-    "Launches",
     "BLOCK",
     "CHUNK",
+    "KERNELS",
     "MAX_BLOCKS",
     "MAX_TENSORS",
-    "KERNELS",
     "NVRTC_OPTIONS",
     "OPS",
     "TRAITS",
     "UPDATE_KERNEL",
+    "ArrayKernels",
     "CupyBackend",
     "DeviceState",
     "FusedLauncher",
     "FusedPlan",
+    "LaunchConfig",
+    "Launches",
     "MultiTensor",
     "Plan",
     "bias_table",
     "compile_kernels",
     "device_missing",
     "kernel_name",
-    "module",
     "launch_config",
+    "module",
     "plan_launches",
     "source",
 ]

@@ -28,8 +28,8 @@ import threading
 import numpy as np
 
 from lscore import kernels
-from lscore.dtypes import Code
 from lscore.cuda.loader import OPS, TRAITS, kernel_name
+from lscore.dtypes import Code
 
 CHUNK = 65536  # elements per block
 BLOCK = 512  # threads per block
@@ -177,7 +177,7 @@ class Launches:
     float64 [norm, clip coefficient, found (1.0/0.0), folded total].
     """
 
-    __slots__ = ("ops", "count", "norm", "_specs", "_keep")
+    __slots__ = ("_keep", "_specs", "count", "norm", "ops")
 
     def __init__(self):
         self.ops = {op: [] for op in OPS}

@@ -20,12 +20,12 @@ import numpy as np
 from lscore.dtypes import Code
 
 __all__ = [
-    "CupyBackend",
     "KERNELS",
     "NVRTC_OPTIONS",
     "OPS",
     "TRAITS",
     "UPDATE_KERNEL",
+    "CupyBackend",
     "compile_kernels",
     "kernel_name",
     "module",

@@ -92,7 +92,7 @@ class FusedPlan:
     signature (``packed``), are held here for as long as this lives.
     """
 
-    __slots__ = ("groups", "packed", "_keep")
+    __slots__ = ("_keep", "groups", "packed")
 
     def __init__(self, groups, keep):
         self.groups = groups

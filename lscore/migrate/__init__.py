@@ -23,12 +23,12 @@ import math
 import warnings
 
 from lscore.migrate._base import (
+    MISSING,
     Loaded,
     Migration,
     MigrationNote,
-    MISSING,
-    path_text,
     PeerBase,
+    path_text,
     walk_path,
 )
 from lscore.migrate._deepspeed import DeepSpeedPeer, MegatronPeer
@@ -44,9 +44,9 @@ from lscore.migrate._others import (
 )
 from lscore.migrate._tf import Keras2Peer, Keras3Peer, TF1Peer, TF2Peer
 from lscore.migrate._torch import NemoPeer, TorchPeer
-from lscore.presets import preset, PresetLossScale, table
+from lscore.presets import PresetLossScale, preset, table
 
-__all__ = ["from_peer", "convert", "to_peer", "peer_config", "Migration", "MigrationNote", "PEERS"]
+__all__ = ["PEERS", "Migration", "MigrationNote", "convert", "from_peer", "peer_config", "to_peer"]
 
 # one reader per peer (_torch, _tf, _deepspeed, _others), by preset name
 _PEERS = {

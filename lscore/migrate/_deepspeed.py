@@ -5,14 +5,14 @@ from __future__ import annotations
 import math
 
 from lscore.migrate._base import (
-    as_dict,
     BF16_NEEDS_NO_SCALING,
+    MISSING,
+    Loaded,
+    PeerBase,
+    as_dict,
     check_keys,
     is_auto,
     iteration_counters,
-    Loaded,
-    MISSING,
-    PeerBase,
     read_count,
     read_scale,
     read_value,

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from lscore.migrate._base import (
-    as_dict,
     BF16_NEEDS_NO_SCALING,
+    MISSING,
+    Loaded,
+    PeerBase,
+    as_dict,
     check_keys,
     iteration_counters,
-    Loaded,
-    MISSING,
-    PeerBase,
     read_count,
     read_scale,
     read_value,

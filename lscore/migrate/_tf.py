@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lscore.migrate._base import check_keys, Loaded, PeerBase, read_count, read_scale
+from lscore.migrate._base import Loaded, PeerBase, check_keys, read_count, read_scale
 
 
 class KerasPeer(PeerBase):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from lscore.migrate._base import (
-    as_dict,
     BF16_NEEDS_NO_SCALING,
-    check_keys,
-    Loaded,
     MISSING,
+    Loaded,
     PeerBase,
+    as_dict,
+    check_keys,
     read_count,
     read_scale,
     read_value,

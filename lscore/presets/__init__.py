@@ -16,7 +16,7 @@ from lscore.managers import LossScaleManager
 from lscore.presets import table
 from lscore.state import LossScaleState, as_finite, parse_state
 
-__all__ = ["preset", "PresetLossScale", "NAMES"]
+__all__ = ["NAMES", "PresetLossScale", "preset"]
 
 NAMES = table.NAMES
 
@@ -103,7 +103,7 @@ class PresetLossScale(LossScale):
         self._state.load_state_dict(d, same_policy=True)
 
     @classmethod
-    def from_state_dict(cls, d: dict) -> "PresetLossScale":
+    def from_state_dict(cls, d: dict) -> PresetLossScale:
         """The preset object a v1 state was saved from (its "config" names the preset)."""
         config = parse_state(d)[2]
         if not config or "preset" not in config:

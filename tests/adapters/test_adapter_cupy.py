@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import lscore
-from lscore.adapters import numpy as lnp
 from helpers.cuda_host.adapter import KERNELS, SGD, Adam, CountingBackend, LossScaleOptimizer
+from lscore.adapters import numpy as lnp
 
 harness = pytest.mark.skipif(
     shutil.which("g++") is None, reason="g++ is missing: the CUDA host harness cannot be built"
@@ -168,8 +168,8 @@ def test_arrays_freed_and_reallocated_are_planned_again():
         del grads
     # the same object with a new address, size or dtype (CuPy-shaped arrays, whose fields
     # can be swapped): never the cached plan
-    from lscore.cuda import ArrayKernels
     from lscore.cli.bench._gpu import STANDIN_XP, StandInArray
+    from lscore.cuda import ArrayKernels
 
     kern = ArrayKernels(STANDIN_XP, lambda dev: CountingBackend(), array_type=StandInArray)
     a, other = StandInArray(np.full(8, 4.0, np.float32)), StandInArray(np.full(2, 4.0, np.float32))
@@ -268,8 +268,8 @@ class _StreamBackend(CountingBackend):
 @harness
 def test_work_goes_to_the_current_stream_of_each_device():
     """Arrays on two devices: each device's launches on its current stream, then one read each."""
-    from lscore.cuda import ArrayKernels
     from lscore.cli.bench._gpu import STANDIN_XP, StandInArray
+    from lscore.cuda import ArrayKernels
 
     backends = {}
 

@@ -10,7 +10,6 @@ import copy
 import pickle
 import warnings
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -18,7 +17,7 @@ import lscore  # noqa: E402
 from lscore import _reference as ref  # noqa: E402
 from lscore.adapters.torch import (
     GradScaler,
-    ScalerAssertionError,  # noqa: E402
+    ScalerAssertionError,
     ScalerConfigError,
     torch_policy,
 )
@@ -50,7 +49,7 @@ def iteration(scaler, model, opt, finite=True, x=None):
 def raised(fn):
     try:
         fn()
-    except Exception as e:  # noqa: BLE001 - the test compares whatever is raised
+    except Exception as e:
         return e
     raise AssertionError("nothing raised")
 

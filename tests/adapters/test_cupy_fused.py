@@ -16,16 +16,16 @@ import warnings
 import numpy as np
 import pytest
 
+from helpers import FLOAT_DTYPES
 from lscore import cuda, kernels
 from lscore.adapters import _device
 from lscore.adapters import numpy as lnp
-from helpers import FLOAT_DTYPES
 
 if shutil.which("g++") is None:
     pytest.skip("g++ is missing: the CUDA host harness cannot be built", allow_module_level=True)
 
-from helpers.cuda_host import adapter  # noqa: E402
-from helpers.cuda_host.adapter import CountingBackend  # noqa: E402
+from helpers.cuda_host import adapter
+from helpers.cuda_host.adapter import CountingBackend
 
 GRAD_DTYPES = [d for d in FLOAT_DTYPES if d.name in ("float16", "bfloat16", "float32")]
 # small launch limits: chunk edges, tensors split over launches, many launches

@@ -26,11 +26,12 @@ import numpy as np
 import pytest
 
 import lscore
-from lscore.adapters import numpy as lnp
 from helpers.cuda_host.adapter import CountingBackend
+from lscore.adapters import numpy as lnp
 
 try:
     import torch
+
     from lscore.adapters.torch import LossScaleOptimizer
 except ImportError:  # the NumPy and harness tests run without torch
     torch = None

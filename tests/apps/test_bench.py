@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from lscore import cli as _cli
+from lscore._ext import _scan
 from lscore.cli import bench
 from lscore.cli.bench._harness import Rows
-from lscore._ext import _scan
 
 
 def expected_rows():
@@ -219,6 +219,7 @@ def test_gpu_host_times_the_adapters_path_with_only_the_launch_replaced():
     if shutil.which("g++") is None:
         pytest.skip("g++ is missing")
     import numpy as np
+
     import lscore
     from lscore.cli.bench import _gpu
 
@@ -255,10 +256,10 @@ def test_gpu_step_rows_run_on_the_host_harness():
     end to end on NumPy arrays with the CPU host harness standing in for the GPU, and each
     lscore mode trains its parameters as lscore's NumPy adapter does."""
     pytest.importorskip("torch")
+    from helpers.cuda_host import adapter
     from lscore.cli.bench import _gpu_step
     from lscore.cli.bench._harness import Rows
     from lscore.cli.bench._report import add_ratios, format_table
-    from helpers.cuda_host import adapter
 
     dev = _gpu_step.StepDevice(
         np, adapter, lambda: None, "cpu", no_capture="graph capture needs CuPy on a GPU"
@@ -290,9 +291,9 @@ def test_gpu_step_rows_run_on_the_host_harness():
 def test_gpu_step_rows_lscore_steps_follow_the_numpy_adapter():
     """A bench step (minimize over given scaled gradients) is a real training step: after
     three of them, parameters equal lscore.adapters.numpy's on the same gradients."""
+    from helpers.cuda_host import adapter
     from lscore.adapters import numpy as lnp
     from lscore.cli.bench import _gpu_step
-    from helpers.cuda_host import adapter
 
     dev = _gpu_step.StepDevice(np, adapter, lambda: None, None)
     rng = np.random.default_rng(1)

@@ -5,12 +5,11 @@ import json
 import numpy as np
 import pytest
 
+from helpers.cuda_host import adapter
+from helpers.cuda_host.adapter import CountingBackend
 from lscore import cli as _cli
 from lscore.cli import demo as _demo
 from lscore.cli import demo_cupy
-
-from helpers.cuda_host import adapter
-from helpers.cuda_host.adapter import CountingBackend
 
 
 def _data(rng, n=256):

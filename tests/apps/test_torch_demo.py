@@ -9,8 +9,8 @@ pytest.importorskip("sklearn")
 pytest.importorskip("matplotlib")
 pytest.importorskip("tqdm")
 
-from lscore import cli as _cli  # noqa: E402
-from lscore.cli import demo as _demo  # noqa: E402
+from lscore import cli as _cli
+from lscore.cli import demo as _demo
 
 
 def test_short_torch_run(tmp_path, capsys):

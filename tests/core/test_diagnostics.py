@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 
 import lscore
-from lscore.diagnostics import OverflowMonitor, count_nonfinite, named_arrays
-
 from helpers import FLOAT8_DTYPES, FLOAT_DTYPES
 from helpers.gen import make_array, nonfinite_values
+from lscore.diagnostics import OverflowMonitor, count_nonfinite, named_arrays
 
 
 def _numpy_counts(a):

@@ -17,11 +17,10 @@ import pytest
 from numpy.lib.stride_tricks import as_strided
 
 import lscore
-from lscore import _reference as ref
-from lscore import LossScaleState, Policy
-
-from helpers import FLOAT_DTYPES, FLOAT8_DTYPES
+from helpers import FLOAT8_DTYPES, FLOAT_DTYPES
 from helpers.gen import make_array, nonfinite_values
+from lscore import LossScaleState, Policy
+from lscore import _reference as ref
 
 NAN, INF = float("nan"), float("inf")
 
@@ -1041,6 +1040,7 @@ def test_float16_master_weights_error_says_what_to_do():
 def test_enabled_auto(dtype, enabled):
     torch = pytest.importorskip("torch")
     import warnings
+
     from lscore.adapters.torch import GradScaler
 
     m = torch.nn.Linear(3, 2)

@@ -1,17 +1,16 @@
 """lscore.migrate and `lscore migrate`: peer configs and states in, and back out."""
 
 import json
-import math
 import pathlib
 
 import numpy as np
 import pytest
 
 import lscore
-from lscore import migrate
-from lscore.cli import main as cli
 from helpers.gen import event_sequence
 from helpers.peer_models import MODELS
+from lscore import migrate
+from lscore.cli import main as cli
 
 DATA = pathlib.Path(__file__).parent / "data"
 

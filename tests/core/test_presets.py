@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import lscore
-from lscore.presets import NAMES, CLASSES
 from helpers.gen import event_sequence
 from helpers.peer_models import F32_MAX, MODELS
+from lscore.presets import CLASSES, NAMES
 
 DATA = pathlib.Path(__file__).parent / "data"
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import lscore
-from lscore import _reference as ref
 from helpers import FLOAT8_DTYPES, FLOAT_DTYPES, INT_DTYPES, bits_equal_or_both_nan
 from helpers.gen import LAYOUTS, make_array, nonfinite_values, special_values
+from lscore import _reference as ref
 
 SIZES = (0, 1, 2, 3, 7, 16, 31, 64, 100, 257, 1000, 4099, 9000)
 

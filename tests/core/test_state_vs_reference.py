@@ -5,12 +5,13 @@ import math
 import numpy as np
 import pytest
 
+from helpers.gen import event_sequence, random_policy
 from lscore import LossScaleFloorError, LossScaleState, Policy
 from lscore import _reference as ref
-from helpers.gen import event_sequence, random_policy
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, strategies as st  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st
 
 
 def same(a: float, b: float) -> bool:

@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers.dist import checks, launch  # noqa: E402
-
-from lscore.distributed import MPIReducer, check_reducer, reduce_found_inf  # noqa: E402
+from helpers.dist import checks, launch
+from lscore.distributed import MPIReducer, check_reducer, reduce_found_inf
 
 WORLD = 2
 CASES = checks.cases(("numpy",))

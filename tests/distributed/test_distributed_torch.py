@@ -16,7 +16,6 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("this torch build has no torch.distributed gloo backend", allow_module_level=True)
 
 from helpers.dist import checks, devices, launch  # noqa: E402
-
 from lscore.distributed import TorchReducer  # noqa: E402
 
 WORLD = 2

@@ -16,8 +16,8 @@ import atheris
 
 with atheris.instrument_imports():
     from lscore import LossScaleFloorError, LossScaleState, Policy
-    from lscore import policy as _params
     from lscore import _reference as ref
+    from lscore import policy as _params
 
 SPECIAL = [
     0.0,

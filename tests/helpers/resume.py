@@ -137,6 +137,7 @@ class TorchScenario:
 
     def make(self):
         import torch
+
         from lscore.adapters.torch import GradScaler, LossScaleOptimizer
 
         torch.manual_seed(0)

@@ -12,12 +12,14 @@ import re
 import numpy as np
 import pytest
 
-from lscore import _reference, cuda as _cuda, policy as _params
-from lscore.dtypes import BY_NAME, Code
+from helpers import FLOAT8_DTYPES, FLOAT_DTYPES, ROOT
+from lscore import _reference
+from lscore import cuda as _cuda
+from lscore import policy as _params
 from lscore._ext import _codes
 from lscore._ext._state import CyState
+from lscore.dtypes import BY_NAME, Code
 from lscore.state import COUNTERS, LossScaleState
-from helpers import FLOAT8_DTYPES, FLOAT_DTYPES, ROOT
 
 
 def ext_text(name):

@@ -11,18 +11,16 @@ import numpy as np
 import pytest
 
 import lscore
+from helpers import FLOAT_DTYPES, bits_equal_or_both_nan
+from helpers.gen import event_sequence, nonfinite_values, random_policy, special_values
 from lscore import LossScaleState, cuda
 from lscore import _reference as ref
 from lscore.dtypes import BY_NAME, Code
-from helpers import FLOAT_DTYPES
-from helpers.gen import event_sequence, nonfinite_values, special_values
-from helpers import bits_equal_or_both_nan
-from helpers.gen import random_policy
 
 if shutil.which("g++") is None:
     pytest.skip("g++ is missing: the CUDA host harness cannot be built", allow_module_level=True)
 
-from helpers import cuda_host  # noqa: E402
+from helpers import cuda_host
 
 # (chunk, block, max_tensors, max_blocks): the last ones force many launches
 CONFIGS = [

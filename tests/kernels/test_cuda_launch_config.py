@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 
 import lscore
+from helpers import FLOAT_DTYPES, bits_equal_or_both_nan
+from helpers.gen import nonfinite_values
 from lscore import cuda, kernels
 from lscore.cli.bench import _tune
 from lscore.cuda import launch
-from helpers import FLOAT_DTYPES, bits_equal_or_both_nan
-from helpers.gen import nonfinite_values
 
 if shutil.which("g++") is None:
     pytest.skip("g++ is missing: the CUDA host harness cannot be built", allow_module_level=True)
 
-from helpers import cuda_host  # noqa: E402
+from helpers import cuda_host
 
 
 @pytest.fixture(autouse=True)

@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 
 import lscore
-from lscore import cuda, kernels
-from lscore.cuda.arrays import clip_coefficient
 from helpers import FLOAT_DTYPES, bits_equal_or_both_nan
 from helpers.gen import nonfinite_values, special_values
+from lscore import cuda, kernels
+from lscore.cuda.arrays import clip_coefficient
 
 if shutil.which("g++") is None:
     pytest.skip("g++ is missing: the CUDA host harness cannot be built", allow_module_level=True)
 
-from helpers import cuda_host  # noqa: E402
+from helpers import cuda_host
 
 # (chunk, block, max_tensors, max_blocks): the last ones force many launches
 CONFIGS = [

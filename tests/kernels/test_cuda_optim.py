@@ -17,17 +17,17 @@ import numpy as np
 import pytest
 
 import lscore
+from helpers import FLOAT_DTYPES
+from helpers.gen import nonfinite_values
 from lscore import cuda
 from lscore._ext import _codes
 from lscore.adapters import numpy as lnp
 from lscore.dtypes import BY_NAME, Code
-from helpers import FLOAT_DTYPES
-from helpers.gen import nonfinite_values
 
 if shutil.which("g++") is None:
     pytest.skip("g++ is missing: the CUDA host harness cannot be built", allow_module_level=True)
 
-from helpers import cuda_host  # noqa: E402
+from helpers import cuda_host
 
 GRAD_DTYPES = [d for d in FLOAT_DTYPES if d.name in ("float16", "bfloat16", "float32")]
 # (chunk, block, max_tensors, max_blocks): the last ones force many launches
@@ -510,7 +510,7 @@ def test_adam_device_counter_reads_the_bias_table(backend):
     table, last = cuda.bias_table(lambda s: make()._bias_terms(np.float32, s))
     rng = np.random.default_rng(8)
     count = np.zeros(1, np.int64)
-    for it in list(range(0, 12)) + list(range(last - 3, last + 4)) + [10 * last]:
+    for it in list(range(12)) + list(range(last - 3, last + 4)) + [10 * last]:
         c = _Case(rng, 8, 2)
         gs = c.grads(rng, plant=False)
         count[0] = it

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 
 import lscore
-from lscore import _reference as ref
-from lscore.dtypes import Code
-from lscore._ext import _scan
-from helpers import FLOAT_DTYPES
+from helpers import FLOAT_DTYPES, bits_equal_or_both_nan
 from helpers.gen import LAYOUTS, make_array, nonfinite_values
-from helpers import bits_equal_or_both_nan
+from lscore import _reference as ref
+from lscore._ext import _scan
+from lscore.dtypes import Code
 
 CHUNK_BYTES = 256 * 1024  # lsc_pool.h LSC_CHUNK_BYTES
 INVS = (0.5, 2.0, 1 / 3, 1.0, 1e-5, 65536.0)

@@ -1,9 +1,7 @@
 """Install layout: lscore._ext and lscore.adapters import; top-level _ext / adapters do not."""
 
-import os
 import subprocess
 import sys
-import sysconfig
 import zipfile
 
 import pytest

@@ -19,12 +19,12 @@ import json
 import numpy as np
 
 from lscore import kernels
+from lscore.cli.bench import _gpu, _tune
 from lscore.cli.bench._harness import DTYPES, FULL_SIZES, SIZES, TINY_SIZES, Rows, import_torch
 from lscore.cli.bench._report import add_ratios, format_table, machine, targets
 from lscore.cli.bench._sections import AF_METHODS, GRAD_HARNESS, SECTIONS, UN_METHODS
-from lscore.cli.bench import _gpu, _tune
 
-__all__ = ["Options", "run", "main", "format_table", "GRAD_HARNESS", "SUITES"]
+__all__ = ["GRAD_HARNESS", "SUITES", "Options", "format_table", "main", "run"]
 
 SUITES = ("cpu", "gpu", "gpu-host", "gpu-tune")
 

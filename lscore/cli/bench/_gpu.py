@@ -54,7 +54,7 @@ FIRST_SIGHT_LISTS = 12
 class _MemoryPointer:
     """The fields of cupy.cuda.MemoryPointer that lscore reads."""
 
-    __slots__ = ("ptr", "device_id", "mem")
+    __slots__ = ("device_id", "mem", "ptr")
 
     def __init__(self, ptr: int, device_id: int, mem):
         self.ptr, self.device_id, self.mem = ptr, device_id, mem
@@ -75,7 +75,7 @@ class StandInArray:
     read, as CuPy's does.  ``host`` is the NumPy array behind it.
     """
 
-    __slots__ = ("data", "size", "dtype", "shape", "strides", "host", "_c", "_f", "__weakref__")
+    __slots__ = ("__weakref__", "_c", "_f", "data", "dtype", "host", "shape", "size", "strides")
 
     def __init__(self, host: np.ndarray, device: int = 0):
         self.host = host
@@ -341,6 +341,7 @@ def run_gpu(opts, rows: Rows, rng) -> list[dict]:
             for name, *_ in workloads
         ] + _gpu_step.skipped_rows(rows, opts, reason)
     import cupy
+
     from lscore.adapters import cupy as lcp
 
     torch = import_torch()

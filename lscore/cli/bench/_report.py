@@ -12,7 +12,6 @@ from lscore import kernels
 from lscore.cli.bench._harness import N_SMALL, size_label
 from lscore.cli.bench._sections import GRAD_HARNESS
 
-
 BASELINES = {
     "all_finite": {
         "numpy": "np.isfinite(a).all()",

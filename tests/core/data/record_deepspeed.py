@@ -15,9 +15,8 @@ import json
 import logging
 import pathlib
 
-import numpy as np
-
 import deepspeed
+import numpy as np
 from deepspeed.runtime.fp16 import loss_scaler
 
 OUT = pathlib.Path(__file__).with_name("deepspeed.json")

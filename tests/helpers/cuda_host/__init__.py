@@ -45,7 +45,7 @@ def compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "g++"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def build() -> ctypes.CDLL:
     """Compile the harness (fails loudly on any compiler warning) and load it."""
     cxx = compiler()
