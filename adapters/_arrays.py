@@ -170,7 +170,7 @@ class ArrayOptimizer:
             return self.iterations
         pairs = drop_none_gradients(pairs, warn=True)
         grads = [self._as_grad(g, v) for g, v in pairs]  # all checked before any update
-        for g, (_, v) in zip(self._clip(grads), pairs):
+        for g, (_, v) in zip(self._clip(grads), pairs, strict=True):
             self._update_step(g, v)
         self.iterations += 1
         return self.iterations
@@ -199,7 +199,8 @@ class ArrayOptimizer:
         return cls(**config)
 
     def __repr__(self):
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.get_config().items())})"
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({args})"
 
 
 class SGD(ArrayOptimizer):

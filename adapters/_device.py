@@ -26,7 +26,9 @@ sync-free bookkeeping all run in CI without a GPU.
 
 from __future__ import annotations
 
+import itertools
 import weakref
+from typing import ClassVar
 
 import numpy as np
 
@@ -121,7 +123,7 @@ class Gated:
     _current_device = staticmethod(lambda: 0)
     _on_device = staticmethod(lambda a, dev: True)  # whether array `a` lives on device `dev`
     _capturing = staticmethod(lambda: False)
-    _launchers: dict = {}
+    _launchers: ClassVar[dict] = {}
 
     def _update_step(self, g, v) -> None:
         gate = self._gate
@@ -195,7 +197,7 @@ class Gated:
         # the kernels update all variables at once: overlapping ones need the sequential path
         ptr = self.fused_launcher().backend.ptr
         spans = sorted((ptr(v), ptr(v) + v.nbytes) for _, v in pairs if v.size)
-        return all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+        return all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
 
     def _slot_names(self) -> tuple:
         raise NotImplementedError
@@ -558,7 +560,9 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         loss, grads, var_list = self._loss_and_grads(loss_and_grads_fn, var_list, scale)
         plan = self._fused_plan(self._kept_pairs(grads, var_list))
         if plan is None:
-            self.apply_gradients(zip(self.get_unscaled_gradients(grads), var_list), **step)
+            self.apply_gradients(
+                zip(self.get_unscaled_gradients(grads), var_list, strict=True), **step
+            )
         elif self._sync_free:
             self._sync_free_fused(plan, advance, scaled=True)
         else:
@@ -567,7 +571,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
 
     def _kept_pairs(self, grads, var_list) -> list:
         return _optim.drop_none_gradients(
-            list(zip(grads, var_list)), warn=self._scaling.shape != "tf1"
+            list(zip(grads, var_list, strict=True)), warn=self._scaling.shape != "tf1"
         )
 
     def _refuse_default_in_capture(self) -> None:

@@ -26,7 +26,9 @@ bound by the adapter (``numpy`` or ``cupy``); SGD and Adam are in _arrays.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from typing import ClassVar
 
 import numpy as np
 
@@ -247,7 +249,7 @@ class LossScaleOptimizerBase:
 
     _xp = None
     _all_finite = None
-    _optimizer_classes: dict = {}
+    _optimizer_classes: ClassVar[dict[str, type]] = {}
     _expected_optimizer = (
         "an optimizer with an apply_gradients(grads_and_vars) method that updates arrays in place"
     )
@@ -279,10 +281,8 @@ class LossScaleOptimizerBase:
         self._reducer = check_reducer(reducer)  # lscore.distributed: one verdict for all ranks
         self._optimizer = optimizer
         self._own_iterations = 0
-        try:
+        with contextlib.suppress(AttributeError):  # an optimizer with __slots__
             optimizer._is_wrapped_by_loss_scale_optimizer = True
-        except AttributeError:  # pragma: no cover - an optimizer with __slots__
-            pass
 
     # -- properties (tf-keras names) -------------------------------------------------
     @property
@@ -352,7 +352,7 @@ class LossScaleOptimizerBase:
         return _times(loss, self._scaling.scale)
 
     def get_unscaled_gradients(self, grads) -> list:
-        """Each gradient times the float32 reciprocal of the scale (cast to its dtype); None kept."""
+        """Each gradient times the float32 reciprocal of the scale (in its dtype); None kept."""
         with quiet():
             inv = float(np.float32(1.0) / np.float32(self._scaling.scale))
         return [None if g is None else _times(g, inv) for g in grads]
@@ -443,7 +443,7 @@ class LossScaleOptimizerBase:
         loss, grads, var_list = self._loss_and_grads(
             loss_and_grads_fn, var_list, self._scaling.scale
         )
-        return loss, list(zip(self.get_unscaled_gradients(grads), var_list))
+        return loss, list(zip(self.get_unscaled_gradients(grads), var_list, strict=True))
 
     def _loss_and_grads(self, loss_and_grads_fn, var_list, scale):
         """(loss, scaled grads, var_list) from ``loss_and_grads_fn(scale)``, checked."""

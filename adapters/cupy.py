@@ -52,6 +52,8 @@ as finite and are never written.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import cupy
 
 from lscore import cuda
@@ -113,4 +115,4 @@ class LossScaleOptimizer(_Bound, _device.DeviceLossScaleOptimizer):
         _device.DeviceLossScaleOptimizer.__doc__ + "\n" + _optim.LossScaleOptimizerBase.__doc__
     )
     _all_finite = staticmethod(all_finite)
-    _optimizer_classes = {"SGD": SGD, "Adam": Adam}
+    _optimizer_classes: ClassVar[dict[str, type]] = {"SGD": SGD, "Adam": Adam}

@@ -11,6 +11,7 @@ launches do nothing (the host's cost of a step).
 from __future__ import annotations
 
 import types
+from typing import ClassVar
 
 from lscore.adapters import _arrays, _device
 
@@ -40,7 +41,7 @@ def bind(xp, kernels, *, capturing=lambda: False) -> types.SimpleNamespace:
     class LossScaleOptimizer(Bound, _device.DeviceLossScaleOptimizer):
         __doc__ = _device.DeviceLossScaleOptimizer.__doc__
         _all_finite = staticmethod(all_finite)
-        _optimizer_classes = {"SGD": SGD, "Adam": Adam}
+        _optimizer_classes: ClassVar[dict[str, type]] = {"SGD": SGD, "Adam": Adam}
 
     return types.SimpleNamespace(
         all_finite=all_finite,

@@ -30,6 +30,8 @@ passes a loss tensor to ``compute_gradients`` or ``minimize``, pass the function
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 from lscore.adapters import _arrays, _optim
@@ -71,4 +73,4 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
     __doc__ = _optim.LossScaleOptimizerBase.__doc__
     _xp = np
     _all_finite = staticmethod(all_finite)
-    _optimizer_classes = {"SGD": SGD, "Adam": Adam}
+    _optimizer_classes: ClassVar[dict[str, type]] = {"SGD": SGD, "Adam": Adam}

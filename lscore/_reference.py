@@ -186,7 +186,7 @@ def update(state: RefState, finite: bool) -> tuple[RefState, int]:
 # ---- scan ------------------------------------------------------------------
 
 _FLOAT8 = ("float8_e4m3fn", "float8_e5m2")
-_FLOATS = ("float16", "bfloat16", "float32", "float64") + _FLOAT8
+_FLOATS = ("float16", "bfloat16", "float32", "float64", *_FLOAT8)
 _INTS = ("int4", "uint4", "int2", "uint2")
 
 
@@ -227,7 +227,7 @@ def _kind(a: np.ndarray) -> str:
 def _overlaps(a: np.ndarray) -> bool:
     if a.size == 0:
         return False
-    dims = sorted((abs(st), n) for st, n in zip(a.strides, a.shape) if n > 1)
+    dims = sorted((abs(st), n) for st, n in zip(a.strides, a.shape, strict=True) if n > 1)
     span = a.itemsize
     for st, n in dims:
         if st < span:

@@ -20,7 +20,7 @@ Example::
         before = ls()
         _, applied = ls.update(grads)
         monitor.observe(step, applied, before, ls(), lambda: {"w": gw, "b": gb})
-"""
+"""  # noqa: E501 - the example log line is shown whole
 
 from __future__ import annotations
 
@@ -280,7 +280,7 @@ class OverflowMonitor:
         return rep
 
     def name_of(self, obj, default: str) -> str:
-        """The name given for `obj` in ``names=`` (e.g. ``model.named_parameters()``), else `default`."""
+        """The name given for `obj` in ``names=`` (``model.named_parameters()``), else `default`."""
         return self._names.get(id(obj), default)
 
     def flush(self) -> None:

@@ -73,13 +73,13 @@ class _Layout:
         sums run in rank order on every worker, so all get the same bits.
         """
         found = any(row[0] != 0 for row in rows)
-        columns = list(zip(*rows))[1:]
+        columns = list(zip(*rows, strict=True))[1:]
         values = [sum(c) for c in columns[: self.n_sum]]
         # max() would drop a NaN that is not first; a NaN maximum must reach everyone
         values += [math.nan if any(v != v for v in c) else max(c) for c in columns[self.n_sum :]]
         if self.keys is None:
             return found, tuple(values)
-        return found, dict(zip(self.keys, values))
+        return found, dict(zip(self.keys, values, strict=True))
 
 
 def _pack(found_inf, stats):
@@ -108,7 +108,7 @@ def _pack(found_inf, stats):
         raise TypeError(
             f"stats must be None, a (sumsq, max_abs) tuple or a dict, got {type(stats).__name__}"
         )
-    return layout, [1.0 if found_inf else 0.0] + values
+    return layout, [1.0 if found_inf else 0.0, *values]
 
 
 def _local(found_inf, stats):

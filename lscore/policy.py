@@ -7,6 +7,7 @@ torch translate their own argument names and call these helpers, then build a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import numbers
@@ -336,8 +337,6 @@ def boolean(name: str, value) -> bool:
 def scale_value(name: str, value, *, precision: str = "float32") -> float:
     """A loss scale given by the user: positive_scale, NumPy/torch 0-d values included."""
     if hasattr(value, "item") and not isinstance(value, (float, int)):
-        try:
+        with contextlib.suppress(TypeError, ValueError):
             value = value.item()
-        except (TypeError, ValueError):
-            pass
     return positive_scale(name, value, precision=precision)

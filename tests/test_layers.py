@@ -223,9 +223,11 @@ def check_tree(root: pathlib.Path) -> list[str]:
                             f"{where}:{line}: imports the private module {hit} "
                             f"from outside its package"
                         )
-            for n in names:
-                if _private(n) and f"{target}.{n}" not in modules:
-                    problems.append(f"{where}:{line}: imports the private name {n} of {target}")
+            problems.extend(
+                f"{where}:{line}: imports the private name {n} of {target}"
+                for n in names
+                if _private(n) and f"{target}.{n}" not in modules
+            )
         for attr, line in m.reads:
             if attr not in m.owned and owners.get(attr):
                 problems.append(

@@ -196,7 +196,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             return float(np.float32(1.0) / np.float32(self._scaling.scale))
 
     def get_unscaled_gradients(self, grads) -> list:
-        """Each gradient times the float32 reciprocal of the scale (cast to its dtype); None kept."""
+        """Each gradient times the float32 reciprocal of the scale (in its dtype); None kept."""
         inv = self._inv_scale()
         return [None if g is None else _times(g, inv) for g in grads]
 
@@ -318,7 +318,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         scaled = _times(loss, self._scaling.scale)
         seed = torch.ones_like(scaled) if grad_loss is None else grad_loss
         grads = torch.autograd.grad(scaled, var_list, grad_outputs=seed, allow_unused=True)
-        return list(zip(self.get_unscaled_gradients(grads), var_list))
+        return list(zip(self.get_unscaled_gradients(grads), var_list, strict=True))
 
     def _step_pairs(self, grads_and_vars) -> list:
         """The pairs of ``apply_gradients``, checked against the wrapped optimizer's groups."""

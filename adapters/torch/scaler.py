@@ -458,7 +458,7 @@ class GradScaler(torch.amp.GradScaler):
             found = (_unscale or self._path.unscale)(optimizer, self._allow_fp16, _stats)
         except ValueError as e:
             if str(e) == "Attempting to unscale FP16 gradients.":
-                raise fp16_help(e)
+                fp16_help(e)  # torch's error, with lscore's advice added
             raise
         state["found_inf_per_device"] = self._agree(found)
         if self.overflow_monitor is not None:

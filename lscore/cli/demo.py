@@ -16,6 +16,7 @@ FixedLossScaleManager, which skips steps whose gradients overflow).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -41,7 +42,7 @@ class MLP:
 
     def __init__(self, sizes, rng):
         self.params = []
-        for n_in, n_out in zip(sizes[:-1], sizes[1:]):
+        for n_in, n_out in itertools.pairwise(sizes):
             w = rng.standard_normal((n_in, n_out)).astype(np.float32) * np.float32(
                 math.sqrt(2.0 / n_in)
             )  # He initialisation
@@ -101,7 +102,7 @@ def _data(seed: int):
 def _underflow(grads16, grads32):
     """(elements nonzero in float32 but zero in float16, elements nonzero in float32)."""
     lost = total = 0
-    for g16, g32 in zip(grads16[::2], grads32[::2]):  # weight matrices
+    for g16, g32 in zip(grads16[::2], grads32[::2], strict=True):  # weight matrices
         nz = g32 != 0
         total += int(nz.sum())
         lost += int((nz & (g16 == 0)).sum())
@@ -137,9 +138,9 @@ def train_mode(mode, model0, data, cfg, adapter, progress):
         x, y = xtr[idx], ytr[idx]
         scale = opt.loss_scaling.scale if scaled else 1.0
         loss, grads = model.loss_and_grads(x, y, scale, half)
-        pairs = list(zip(grads, model.params))
+        pairs = list(zip(grads, model.params, strict=True))
         if scaled:
-            pairs = list(zip(opt.get_unscaled_gradients(grads), model.params))
+            pairs = list(zip(opt.get_unscaled_gradients(grads), model.params, strict=True))
             applied = opt.apply_gradients(pairs)
         else:
             opt.apply_gradients(pairs)
@@ -172,7 +173,7 @@ def _plot(records, path, cfg):
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.6))
-    colors = dict(zip(MODES, ("black", "tab:red", "tab:blue", "tab:green")))
+    colors = dict(zip(MODES, ("black", "tab:red", "tab:blue", "tab:green"), strict=True))
     k = max(1, cfg["steps"] // 100)  # moving average window
     for rec in records:
         loss = np.asarray(rec["loss"])
@@ -205,7 +206,7 @@ def _plot(records, path, cfg):
     ax2.legend(fontsize=8)
     for rec in records[1:]:
         if rec["underflow"]:
-            st, fr = zip(*rec["underflow"])
+            st, fr = zip(*rec["underflow"], strict=True)
             ax3.plot(st, 100 * np.asarray(fr), color=colors[rec["mode"]], label=rec["mode"], lw=1.2)
     ax3.set(
         xlabel="step",
@@ -242,11 +243,15 @@ def _table(records) -> str:
                 f"{r['wall_time']:.1f}",
             )
         )
-    widths = [max(len(x[i]) for x in rows + [head]) for i in range(len(head))]
+    widths = [max(len(x[i]) for x in [*rows, head]) for i in range(len(head))]
     line = "  ".join("-" * w for w in widths)
-    fmt = lambda row: "  ".join(
-        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
-    )
+
+    def fmt(row):
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+
     return "\n".join([fmt(head), line] + [fmt(r) for r in rows])
 
 
@@ -299,7 +304,7 @@ def run(steps: int = 1000, seed: int = 0, out: str = ".", backend: str = "numpy"
     cfg = config(steps, seed)
     data = _data(seed)
     model0 = MLP(cfg["sizes"], np.random.default_rng(seed))
-    progress = lambda it, desc: tqdm(it, desc=desc, leave=True, mininterval=0.3)  # noqa: E731
+    progress = lambda it, desc: tqdm(it, desc=desc, leave=True, mininterval=0.3)  # noqa: E731 - a one-line local helper
     if backend == "cupy":
         from lscore.cli import demo_cupy
 

@@ -134,7 +134,7 @@ def train_mode(mode, model0, data, cfg, xp, adapter, progress, modes):
             x, y = xtr[idx], ytr[idx]
             seen = {}
 
-            def loss_and_grads(scale):
+            def loss_and_grads(scale, x=x, y=y, seen=seen):
                 seen["scale"] = scale
                 loss, grads = model.loss_and_grads(x, y, scale, half)
                 seen["grads"] = grads
@@ -145,12 +145,12 @@ def train_mode(mode, model0, data, cfg, xp, adapter, progress, modes):
                 skipped[step] = opt.last_step_skipped  # sync-free: a device bool, no sync
             else:
                 loss, grads = loss_and_grads(1.0)
-                opt.apply_gradients(list(zip(grads, model.params)))
+                opt.apply_gradients(list(zip(grads, model.params, strict=True)))
             losses[step] = loss
             scales[step] = seen["scale"]
             if half and step % every == 0:
                 _, g32 = model.loss_and_grads(x, y, 1.0, False)
-                for g16, g in zip(seen["grads"][::2], g32[::2]):  # weight matrices
+                for g16, g in zip(seen["grads"][::2], g32[::2], strict=True):  # weight matrices
                     nz = g != 0
                     flushed[step // every, 0] += (nz & (g16 == 0)).sum()
                     flushed[step // every, 1] += nz.sum()

@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from lscore.managers import FixedLossScaleManager
 
+if TYPE_CHECKING:  # torch is imported inside the functions at run time
+    import torch
+
 DESCRIPTION = (
     "The data is scikit-learn's bundled digits set (1797 8x8 images, no "
-    "download); the model a ReLU perceptron.  PyTorch backend: float16 through torch.autocast on the CPU (real float16 "
+    "download); the model a ReLU perceptron.  PyTorch backend: float16 through "
+    "torch.autocast on the CPU (real float16 "
     "matrix products, float32 master weights), lscore.adapters.torch.GradScaler "
     "for the dynamic scale and LossScaleOptimizer with a FixedLossScaleManager "
     "for the fixed one."
@@ -71,7 +76,7 @@ def _underflow(model, model32, x, y, g16) -> tuple[int, int]:
     model32.zero_grad()
     _loss(model32, x, y, False).backward()
     lost = total = 0
-    for a, b in zip(g16, _weight_grads(model32)):
+    for a, b in zip(g16, _weight_grads(model32), strict=True):
         nz = b != 0
         total += int(nz.sum())
         lost += int((nz & (a == 0)).sum())

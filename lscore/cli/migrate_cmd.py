@@ -75,7 +75,7 @@ def _read(path: str, unsafe_pickle: bool = False, notes: list | None = None):
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         json_error = e
     try:
-        import torch  # noqa: F401
+        import torch  # noqa: F401 - only whether torch imports matters here
     except ImportError:
         raise ValueError(
             f"{path} is not JSON ({json_error}), and torch is not installed to "

@@ -126,7 +126,7 @@ class ArrayKernels:
         return prepared
 
     def check_async(self, arrays, found_ptr: int, device: int) -> None:
-        """Launch the read-only check; the uint32 at `found_ptr` on `device` becomes 1 on NaN/Inf."""
+        """Launch the read-only check: the uint32 at `found_ptr` on `device` turns 1 on NaN/Inf."""
         plan = self._table.plan(arrays)
         for dev in plan.devices:
             if dev != device:
@@ -153,7 +153,8 @@ class ArrayKernels:
         for dev in devices:  # enqueue on every device, then read each
             runner = self.device(dev)
             calls.append((runner, runner.launch(op, self._launches(plan, dev, runner), inv=inv)))
-        return not any([runner.found(mark) for runner, mark in calls])
+        # a list, not a generator: every device is read (each read waits for its launch)
+        return not any([runner.found(mark) for runner, mark in calls])  # noqa: C419
 
     def all_finite(self, arrays) -> bool:
         """True when no floating element of `arrays` is NaN or +/-Inf (one sync per device).

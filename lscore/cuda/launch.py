@@ -244,7 +244,7 @@ class MultiTensor:
         return fn
 
     def prepare(self, groups) -> Launches:
-        """Upload the tables of `groups` ([(dtype code, addresses, counts)]) and pack the launches."""
+        """Upload the tables of `groups` ([(dtype code, addresses, counts)]); pack the launches."""
         out = Launches()
         for code, ptrs, sizes in groups:
             code = _kernel_code(code)
@@ -364,7 +364,7 @@ class MultiTensor:
         counts = [sum(nb for _, _, nb in prepared._specs) * self.block]
         while counts[-1] > FOLD:
             counts.append(-(-counts[-1] // FOLD))
-        offsets = np.cumsum([0] + counts)  # of each level in one buffer; the result last
+        offsets = np.cumsum([0, *counts])  # of each level in one buffer; the result last
         buf = self.backend.to_device(np.zeros(int(offsets[-1]) + 4, np.float64))
         base = self.backend.ptr(buf)
         # the kernels take each level's address and count by pointer: host words kept here
@@ -528,7 +528,7 @@ class MultiTensor:
         if op not in OPS:
             raise ValueError(f"unknown op {op!r}; expected one of: {', '.join(OPS)}")
         groups: dict = {}
-        for p, n, c in zip(ptrs, sizes, codes):
+        for p, n, c in zip(ptrs, sizes, codes, strict=True):
             if int(c) == Code.INT:
                 continue
             g = groups.setdefault(_kernel_code(c), ([], []))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 from lscore.migrate._base import (
     BF16_NEEDS_NO_SCALING,
@@ -51,7 +52,7 @@ class DeepSpeedPeer(PeerBase):
 
     preset = "deepspeed"
     what = "DeepSpeed loss scaler state"
-    fp16_keys = tuple(DS_FP16_DEFAULTS) + ("raise_error_at_min_scale",)
+    fp16_keys = (*DS_FP16_DEFAULTS, "raise_error_at_min_scale")
     # DynamicLossScaler's attributes (ZeRO pickles the object itself)
     scaler_keys = (
         "cur_scale",
@@ -80,7 +81,7 @@ class DeepSpeedPeer(PeerBase):
         "fp32_groups",
         "clip_grad",
     )
-    state_keys = scaler_keys + ("loss_scaler", "dynamic_loss_scale")
+    state_keys = (*scaler_keys, "loss_scaler", "dynamic_loss_scale")
     # engine._save_checkpoint: mp_rank_*_model_states.pt holds the optimizer's state_dict
     # under "optimizer" (None under ZeRO); engine._save_zero_checkpoint:
     # *_optim_states.pt holds it under "optimizer_state_dict"
@@ -311,7 +312,7 @@ class MegatronPeer(PeerBase):
         "hysteresis",
     )
     # OptimizerConfig's (and the training arguments') names for the same arguments
-    optimizer_config = {
+    optimizer_config: ClassVar[dict[str, str]] = {
         "initial_loss_scale": "initial_scale",
         "min_loss_scale": "min_scale",
         "loss_scale_window": "growth_interval",
@@ -338,7 +339,7 @@ class MegatronPeer(PeerBase):
                     "fp16 must be true for Megatron to scale the loss, got False "
                     "(this run uses no grad scaler)"
                 )
-            d = {k: d[k] for k in tuple(self.optimizer_config) + ("loss_scale",) if k in d}
+            d = {k: d[k] for k in (*self.optimizer_config, "loss_scale") if k in d}
         config = check_keys(
             "megatron config", d, self.config_keys + tuple(self.optimizer_config) + ("loss_scale",)
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from lscore.migrate._base import (
     BF16_NEEDS_NO_SCALING,
     MISSING,
@@ -229,14 +231,14 @@ class FairseqPeer(PeerBase):
         "threshold",
         "min_loss_scale",
     )
-    options = {
+    options: ClassVar[dict[str, str]] = {
         "fp16_init_scale": "init_scale",
         "fp16_scale_window": "scale_window",
         "fp16_scale_tolerance": "tolerance",
         "threshold_loss_scale": "threshold",
         "min_loss_scale": "min_loss_scale",
     }
-    option_defaults = {
+    option_defaults: ClassVar[dict[str, float | None]] = {
         "fp16_init_scale": 2**7,
         "fp16_scale_window": None,
         "fp16_scale_tolerance": 0.0,

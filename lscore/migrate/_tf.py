@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from lscore.migrate._base import Loaded, PeerBase, check_keys, read_count, read_scale
 
 
 class KerasPeer(PeerBase):
     variables = ("current_loss_scale", "good_steps")
-    aliases = {"loss_scale": "current_loss_scale", "dynamic_counter": "good_steps"}
+    aliases: ClassVar[dict[str, str]] = {
+        "loss_scale": "current_loss_scale",
+        "dynamic_counter": "good_steps",
+    }
 
     def is_state(self, d):
         return True
@@ -73,7 +78,7 @@ class Keras3Peer(KerasPeer):
     config_keys = ("initial_scale", "dynamic_growth_steps", "name")
     ignored_config_keys = ("inner_optimizer",)
     variables = ("dynamic_scale", "step_counter")
-    aliases = {}
+    aliases: ClassVar[dict[str, str]] = {}
 
 
 class TF1Peer(PeerBase):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from lscore.migrate._base import (
     BF16_NEEDS_NO_SCALING,
     MISSING,
@@ -43,7 +45,7 @@ class TorchPeer(PeerBase):
         "enabled",
     )
     state_keys = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
-    places = tuple((k,) for k in ("scaler", "amp_scaler", "grad_scaler") + LIGHTNING_SCALER_KEYS)
+    places = tuple((k,) for k in ("scaler", "amp_scaler", "grad_scaler", *LIGHTNING_SCALER_KEYS))
 
     def is_state(self, d):
         return super().is_state(d) or "lscore" in d
@@ -90,13 +92,17 @@ class NemoPeer(TorchPeer):
 
     preset = "nemo"
     what = "NeMo GradScaler state"
-    config_keys = TorchPeer.config_keys[1:] + ("hysteresis",)
-    model_names = {
+    config_keys = (*TorchPeer.config_keys[1:], "hysteresis")
+    model_names: ClassVar[dict[str, str]] = {
         "native_amp_init_scale": "init_scale",
         "native_amp_growth_interval": "growth_interval",
         "hysteresis": "hysteresis",
     }
-    builder_defaults = {"init_scale": 2.0**32, "growth_interval": 1000, "hysteresis": 2}
+    builder_defaults: ClassVar[dict[str, float]] = {
+        "init_scale": 2.0**32,
+        "growth_interval": 1000,
+        "hysteresis": 2,
+    }
     places = tuple((k,) for k in NEMO_SCALER_KEYS) + TorchPeer.places
 
     def args(self, config, notes):
@@ -152,7 +158,7 @@ class NemoPeer(TorchPeer):
     def load(self, state, args, notes):
         st = dict(
             check_keys(
-                self.what, state, self.state_keys + ("_hysteresis_tracker", "_hysterisis_tracker")
+                self.what, state, (*self.state_keys, "_hysteresis_tracker", "_hysterisis_tracker")
             )
         )
         left = st.pop("_hysteresis_tracker", st.pop("_hysterisis_tracker", None))

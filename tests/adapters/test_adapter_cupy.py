@@ -79,7 +79,7 @@ def _calls(kern, arrays, inv=0.5):
 
 @harness
 def test_a_cached_call_is_its_launches_and_one_read():
-    """Same arrays again: the plan is reused, nothing is uploaded, one launch per dtype, one sync."""
+    """Same arrays again: the plan is reused, nothing uploaded, one launch per dtype, one sync."""
     grads = [np.ones(n, np.float32) for n in (3, 70000, 5)] + [np.ones(4, np.float16)]
     table = KERNELS.table
     hits = table.hits
@@ -89,7 +89,7 @@ def test_a_cached_call_is_its_launches_and_one_read():
         finite, uploads, syncs, launches = _calls(KERNELS, grads, 2.0 if k % 2 == 0 else 0.5)
         assert finite and uploads == 0 and syncs == 1 and launches == 2
     assert table.hits == hits + 3
-    for k in range(2):
+    for _ in range(2):
         hits = table.hits
         assert KERNELS.all_finite(grads) and table.hits == hits + 1
     assert all(np.all(g == 1.0) for g in grads)
@@ -143,7 +143,7 @@ def test_new_arrays_at_the_old_addresses_upload_nothing():
     planned again (new objects), but their launch tables are found on the device, so the
     call uploads nothing; at other addresses they are uploaded."""
     base = np.full(64, 4.0, np.float32)
-    views = lambda: [base[0:10], base[16:40], base[48:64]]  # noqa: E731
+    views = lambda: [base[0:10], base[16:40], base[48:64]]  # noqa: E731 - a one-line local helper
     KERNELS.unscale_(views(), 1.0)
     ups, misses = CountingBackend.uploads, KERNELS.table.misses
     for _ in range(3):
@@ -163,8 +163,8 @@ def test_arrays_freed_and_reallocated_are_planned_again():
         grads[step % 3][-1] = np.nan
         assert not KERNELS.unscale_(grads, 0.5)
         assert KERNELS.table.misses == misses + 1
-        finite, want = _unscaled([np.full(n, 4.0, np.float32) for n in (6, 9, 3)], 0.5)
-        assert all(np.array_equal(g[:-1], w[:-1]) for g, w in zip(grads, want))
+        _finite, want = _unscaled([np.full(n, 4.0, np.float32) for n in (6, 9, 3)], 0.5)
+        assert all(np.array_equal(g[:-1], w[:-1]) for g, w in zip(grads, want, strict=True))
         del grads
     # the same object with a new address, size or dtype (CuPy-shaped arrays, whose fields
     # can be swapped): never the cached plan
@@ -235,7 +235,7 @@ def test_mixed_frameworks_are_refused():
     from lscore.cli.bench._gpu import StandInArray
 
     a = np.full(4, 2.0, np.float32)
-    with pytest.raises(TypeError, match="unsupported array type .*StandInArray"):
+    with pytest.raises(TypeError, match=r"unsupported array type .*StandInArray"):
         KERNELS.unscale_([a, StandInArray(np.ones(3, np.float32))], 0.5)
     torch = pytest.importorskip("torch")
     with pytest.raises(TypeError, match="unsupported array type torch"):
@@ -244,7 +244,7 @@ def test_mixed_frameworks_are_refused():
 
 
 class _StreamBackend(CountingBackend):
-    """Records the stream of every launch and of the read, as CupyBackend takes CuPy's current one."""
+    """Records the stream of every launch and of the read (CupyBackend takes CuPy's current one)."""
 
     current = 7
 
@@ -284,7 +284,7 @@ def test_work_goes_to_the_current_stream_of_each_device():
         np.full(6, 4.0, np.float32),
         np.full(2, 4.0, np.float64),
     ]
-    arrays = [StandInArray(h, device=d) for h, d in zip(host, (0, 1, 1, 0))]
+    arrays = [StandInArray(h, device=d) for h, d in zip(host, (0, 1, 1, 0), strict=True)]
     for current in (7, 9):
         _StreamBackend.current = current
         for b in backends.values():
@@ -303,7 +303,7 @@ def test_work_goes_to_the_current_stream_of_each_device():
 
 @harness
 def test_more_arrays_than_one_launch_holds_through_the_adapter():
-    """Tiny launch limits: many launches per call, each array exactly once, NaN/Inf first and last."""
+    """Tiny launch limits: many launches per call, each array once, NaN/Inf first and last."""
     from lscore.cuda import ArrayKernels
 
     kern = ArrayKernels(
@@ -327,7 +327,7 @@ def test_more_arrays_than_one_launch_holds_through_the_adapter():
         for _ in range(2):  # first sight, then the cached plan
             got = [a.copy() for a in arrays]
             assert kern.unscale_(got, 0.25) == finite
-            for g, w in zip(got, want):
+            for g, w in zip(got, want, strict=True):
                 assert np.array_equal(bits(g), bits(w)), trial
         assert kern.all_finite(arrays) == finite
         assert kern.device(0).backend.launches
@@ -388,7 +388,7 @@ def _run_pair(backend, shape, make_opt, steps, seed, sync_free=False, dtype=np.f
             got = opt_o.apply_gradients(pairs_o)
             want = opt_t.apply_gradients(pairs_t)
         assert bool(got) == want, (shape, step)
-        for a, b in zip(ours, theirs):
+        for a, b in zip(ours, theirs, strict=True):
             assert same(backend.to_numpy(a), b), (shape, step)
         assert opt_o.iterations == opt_t.iterations
     assert opt_o.loss_scale == opt_t.loss_scale or shape == "experimental"
@@ -417,7 +417,7 @@ def test_default_mode_syncs_once_per_step():
     opt = LossScaleOptimizer(SGD(0.1))
     before = CountingBackend.syncs
     for _ in range(4):
-        opt.apply_gradients(zip([np.ones(5, np.float32), np.ones(3, np.float16)], w))
+        opt.apply_gradients(zip([np.ones(5, np.float32), np.ones(3, np.float16)], w, strict=True))
     assert CountingBackend.syncs - before == 4
 
 
@@ -431,7 +431,9 @@ def test_sync_free_matches_numpy_adapter(device_backend, shape, make, dtype):
     b = device_backend
     for seed in range(3):
         inner_o, inner_t = _run_pair(b, shape, make, 30, seed, sync_free=True, dtype=dtype)
-        for (v_o, slots_o), (v_t, slots_t) in zip(inner_o._slots.values(), inner_t._slots.values()):
+        for (_v_o, slots_o), (_v_t, slots_t) in zip(
+            inner_o._slots.values(), inner_t._slots.values(), strict=True
+        ):
             for k in slots_t:
                 assert same(b.to_numpy(slots_o[k]), slots_t[k]), k
 
@@ -461,7 +463,7 @@ def test_sync_free_steps_do_not_read_the_device():
     results = []
     for k in range(6):
         g = [np.full(5, 1.0 if k != 2 else np.nan, np.float32), np.ones(2, np.float64)]
-        results.append(opt.apply_gradients(zip(opt.get_unscaled_gradients(g), w)))
+        results.append(opt.apply_gradients(zip(opt.get_unscaled_gradients(g), w, strict=True)))
         opt.get_scaled_loss(np.float32(2.0))
     assert CountingBackend.syncs == before
     assert [bool(r) for r in results] == [True, True, False, True, True, True]

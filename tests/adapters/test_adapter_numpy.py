@@ -154,7 +154,8 @@ def test_get_scaled_loss_of_a_python_float():
         (
             lambda: LossScaleOptimizer(SGD(), dynamic="dynamic"),
             TypeError,
-            "\"dynamic\" argument to LossScaleOptimizer.__init__ must be a bool, but got: 'dynamic'",
+            '"dynamic" argument to LossScaleOptimizer.__init__ must be a bool, '
+            "but got: 'dynamic'",
         ),
         (
             lambda: LossScaleOptimizer(SGD(), dynamic=False),

@@ -9,12 +9,13 @@ from __future__ import annotations
 import copy
 import pickle
 import warnings
+from typing import ClassVar
 
 import pytest
 
 torch = pytest.importorskip("torch")
-import lscore  # noqa: E402
-from lscore import _reference as ref  # noqa: E402
+import lscore
+from lscore import _reference as ref
 from lscore.adapters.torch import (
     GradScaler,
     ScalerAssertionError,
@@ -149,12 +150,12 @@ def test_misuse_raises_torchs_error(case):
 
 def test_non_tensor_param_message():
     class Duck:
-        param_groups = [{"params": [1.0]}]
+        param_groups: ClassVar[list[dict]] = [{"params": [1.0]}]
 
     for cls in (TorchScaler, GradScaler):
         s = cls("cpu")
         s.scale(torch.ones(()))
-        e = raised(lambda: s.unscale_(Duck()))
+        e = raised(lambda s=s: s.unscale_(Duck()))
         assert isinstance(e, AssertionError)
         assert str(e) == "expected param to be torch.Tensor, got float"
 
@@ -224,9 +225,9 @@ def test_failed_unscale_writes_nothing():
     s = GradScaler("cpu")
     s.scale(m(torch.randn(2, 3)).sum() + h(torch.randn(2, 3).half()).float().sum()).backward()
     before = [p.grad.clone() for p in m.parameters()]
-    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients."):
+    with pytest.raises(ValueError, match=r"Attempting to unscale FP16 gradients\."):
         s.unscale_(opt)
-    assert all(torch.equal(a, p.grad) for a, p in zip(before, m.parameters()))
+    assert all(torch.equal(a, p.grad) for a, p in zip(before, m.parameters(), strict=True))
 
 
 # ---- enabled=False and the CUDA default without CUDA ---------------------------------
@@ -242,7 +243,7 @@ def test_disabled_scaler_is_a_pass_through():
     s.unscale_(o)
     assert s.step(o) is None
     s.update()
-    assert not all(torch.equal(a, p) for a, p in zip(before, m.parameters()))
+    assert not all(torch.equal(a, p) for a, p in zip(before, m.parameters(), strict=True))
     assert s.get_scale() == 1.0 and s.state_dict() == {} and not s.is_enabled()
     s.load_state_dict({})
     assert s.last_step_skipped is False and s.skipped_steps == 0
@@ -286,7 +287,7 @@ def test_scale_outputs_like_torch(outputs):
         assert type(got) is type(expected)
     g, e = flat(got), flat(expected)
     assert len(g) == len(e)
-    assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(g, e))
+    assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(g, e, strict=True))
     with pytest.raises(ValueError, match="outputs must be a Tensor or an iterable of Tensors"):
         GradScaler("cpu").scale([torch.ones(1), 3])
 
@@ -470,7 +471,7 @@ def test_policy_argument_forms():
     with pytest.raises(TypeError, match="policy must be"):
         GradScaler("cpu", policy=3)
     if not hasattr(lscore, "preset"):
-        with pytest.raises(ImportError, match="needs lscore.preset"):
+        with pytest.raises(ImportError, match=r"needs lscore.preset"):
             GradScaler("cpu", policy="deepspeed")
 
 
@@ -529,7 +530,7 @@ def test_scale_edges_like_torch(case):
             iteration(o, m2, o2, finite, x)
         assert o.get_scale() == t.get_scale()
         assert o.state_dict() == t.state_dict()
-        for a, b in zip(m1.parameters(), m2.parameters()):
+        for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
             assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
@@ -582,7 +583,7 @@ def test_unscale_layouts_bitwise_like_torch(dtype, bad):
         results.append((found, [p.grad.clone() for p in params], [p.grad.stride() for p in params]))
     (f_t, g_t, st_t), (f_o, g_o, st_o) = results
     assert f_o == f_t and st_o == st_t
-    for a, b in zip(g_t, g_o):
+    for a, b in zip(g_t, g_o, strict=True):
         w = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16}[
             dtype
         ]
@@ -645,7 +646,7 @@ def test_unsupported_grads_raise_torchs_error(grad):
             p.grad = torch.ones(3, dtype=torch.complex64)
         s = cls("cpu")
         s.scale(torch.ones(()))
-        errors.append(raised(lambda: s.unscale_(torch.optim.SGD([p], lr=0.1))))
+        errors.append(raised(lambda s=s, p=p: s.unscale_(torch.optim.SGD([p], lr=0.1))))
     assert type(errors[1]) is type(errors[0]) and str(errors[1]) == str(errors[0])
 
 
@@ -668,7 +669,7 @@ def test_autocast_cpu_like_torch(dtype):
             scales.append(s.get_scale())
         params.append((scales, [p.detach().clone() for p in m.parameters()]))
     assert params[0][0] == params[1][0]
-    assert all(torch.equal(a, b) for a, b in zip(params[0][1], params[1][1]))
+    assert all(torch.equal(a, b) for a, b in zip(params[0][1], params[1][1], strict=True))
 
 
 # ---- torch's kernel path (what runs for CUDA tensors), exercised on the CPU -------------
@@ -695,7 +696,7 @@ def test_torch_kernel_path_matches(opts):
         assert forced.state_dict() == reference.state_dict()
         assert forced.last_step_skipped == reference.last_step_skipped
     assert forced.skipped_steps == reference.skipped_steps == events.count(False)
-    assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters(), strict=True))
     for s in (forced, reference):
         s.set_growth_factor(3.0)
         s.set_growth_interval(1)
@@ -723,5 +724,5 @@ def test_cuda_matches_torch():
         iteration(o, m2, o2, finite, x)
         assert o.get_scale() == t.get_scale()
     assert o.state_dict() == t.state_dict()
-    assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters(), strict=True))
     assert o.skipped_steps == 1

@@ -50,7 +50,7 @@ def test_all_finite_and_unscale_match_cpu_core(array_backend, seed):
         cpu = [a.copy() for a in _leaves(x)]
         want = lscore.unscale_(cpu, inv)
         assert b.unscale_(dev, inv) == want
-        for d, h in zip(_leaves(dev), cpu):
+        for d, h in zip(_leaves(dev), cpu, strict=True):
             got = b.to_numpy(d)
             if b.nan_payload_exact:
                 assert np.array_equal(bits(got), bits(h)), (inv, h.dtype)
@@ -90,7 +90,7 @@ def test_wrapping_twice_and_nesting_raise(backend):
     inner = backend.sgd([v])
     backend.LossScaleOptimizer(inner)
     with pytest.raises(
-        ValueError, match='"inner_optimizer" is already wrapped by a LossScaleOptimizer.'
+        ValueError, match=r'"inner_optimizer" is already wrapped by a LossScaleOptimizer\.'
     ):
         backend.LossScaleOptimizer(inner)
     with pytest.raises(TypeError) as e:

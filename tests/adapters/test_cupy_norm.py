@@ -13,6 +13,7 @@ cases are in tests/kernels/test_cuda_norm.py.
 
 import math
 import shutil
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ def _hosts(b, seed, bad=None):
     rng = np.random.default_rng(seed)
     hosts = [
         (rng.standard_normal(n) * 40).astype(dt)
-        for n, dt in zip((70000, 3, 0, 1025, 17, 4096), b.float_dtypes * 2)
+        for n, dt in zip((70000, 3, 0, 1025, 17, 4096), b.float_dtypes * 2, strict=False)
     ]
     if bad is not None:
         hosts[0][0] = bad
@@ -57,7 +58,7 @@ def test_norm_matches_cpu_core_and_reference(device_backend, seed, norm_type):
     arrays = [b.asarray(h) for h in hosts]
     finite, norm = b.module.unscale_and_norm(arrays, 2.0**-7, norm_type)
     assert finite
-    for a, w in zip(arrays, want):
+    for a, w in zip(arrays, want, strict=True):
         assert np.array_equal(bits(b.to_numpy(a)), bits(w))
     ref = _norm64(want, inf_norm)
     assert norm == ref if inf_norm else math.isclose(norm, ref, rel_tol=1e-12)
@@ -78,7 +79,7 @@ def test_clip_is_torchs_formula(device_backend, norm_type, ratio):
     finite, norm = b.module.unscale_and_clip_(arrays, 0.5, max_norm, norm_type)
     coef = min(1.0, max_norm / (norm + 1e-6))
     assert finite and (coef < 1.0) == (ratio < 1.0)
-    for a, u in zip(arrays, unscaled):
+    for a, u in zip(arrays, unscaled, strict=True):
         want = u.astype(np.float32) * np.float32(coef) if u.dtype != np.float64 else u * coef
         assert np.array_equal(bits(b.to_numpy(a)), bits(want.astype(u.dtype)))
 
@@ -92,7 +93,7 @@ def test_a_nonfinite_step_is_reported_and_not_clipped(device_backend, bad):
     arrays = [b.asarray(h) for h in hosts]
     finite, norm = b.module.unscale_and_clip_(arrays, 0.25, 1e-3)
     assert not finite and not math.isfinite(norm) and math.isnan(norm) == np.isnan(bad)
-    for a, w in zip(arrays, want):
+    for a, w in zip(arrays, want, strict=True):
         assert np.array_equal(bits(b.to_numpy(a)), bits(w))
 
 
@@ -138,7 +139,7 @@ def test_a_cached_call_is_its_launches_and_one_read(op):
     (finite, norm), uploads, syncs = call()
     assert finite and norm == math.sqrt(9.0 * 378) and uploads >= 3 and syncs == 1
     launches = kern.device(0).backend.launches
-    for k in range(3):
+    for _k in range(3):
         del launches[:]
         (finite, _), uploads, syncs = call()
         assert finite and uploads == 0 and syncs == 1
@@ -158,7 +159,7 @@ def test_a_cached_call_is_its_launches_and_one_read(op):
 def test_every_launch_goes_to_the_current_stream():
     class Streams(CountingBackend):
         current = 5
-        seen: list = []
+        seen: ClassVar[list] = []
 
         def stream(self):
             return Streams.current
@@ -195,12 +196,12 @@ def test_arrays_on_two_devices_combine_their_norms():
     ]
     unscaled = [h.copy() for h in hosts]
     lscore.unscale_(unscaled, 0.5)
-    arrays = [StandInArray(h, device=d) for h, d in zip(hosts, (0, 1, 1, 0))]
+    arrays = [StandInArray(h, device=d) for h, d in zip(hosts, (0, 1, 1, 0), strict=True)]
     for norm_type in (2.0, "inf"):
         ref = _norm64(unscaled, norm_type == "inf")
         copies = [h.copy() for h in hosts]
         finite, norm = kern.unscale_and_norm(
-            [StandInArray(c, device=a.data.device_id) for c, a in zip(copies, arrays)],
+            [StandInArray(c, device=a.data.device_id) for c, a in zip(copies, arrays, strict=True)],
             0.5,
             norm_type,
         )
@@ -208,6 +209,6 @@ def test_arrays_on_two_devices_combine_their_norms():
     finite, norm = kern.unscale_and_clip_(arrays, 0.5, 1.0)
     coef = 1.0 / (norm + 1e-6)
     assert finite and set(kern.table.plan(arrays).devices) == {0, 1}
-    for h, u in zip(hosts, unscaled):
+    for h, u in zip(hosts, unscaled, strict=True):
         want = u.astype(np.float32) * np.float32(coef) if u.dtype != np.float64 else u * coef
         assert np.array_equal(bits(h), bits(want.astype(u.dtype)))

@@ -61,7 +61,8 @@ def test_keras_dynamic_rule_is_tf_with_multiplier_2():
         (
             {"dynamic": "dynamic"},
             TypeError,
-            "\"dynamic\" argument to LossScaleOptimizer.__init__ must be a bool, but got: 'dynamic'",
+            '"dynamic" argument to LossScaleOptimizer.__init__ must be a bool, '
+            "but got: 'dynamic'",
         ),
         ({"dynamic": False}, ValueError, '"initial_scale" must be specified if "dynamic" is False'),
         (
@@ -261,7 +262,7 @@ def test_check_inner_optimizer_messages():
         return callable(getattr(o, "apply_gradients", None))
 
     with pytest.raises(
-        TypeError, match='"inner_optimizer" must be an instance of an optimizer, but got: 1.'
+        TypeError, match=r'"inner_optimizer" must be an instance of an optimizer, but got: 1\.'
     ):
         check_inner_optimizer(1, Wrapper, expected="an optimizer", is_optimizer=is_opt)
 

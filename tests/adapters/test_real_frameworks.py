@@ -23,10 +23,10 @@ torch = pytest.importorskip("torch")
 L = pytest.importorskip("lightning")
 accelerate = pytest.importorskip("accelerate")
 
-from accelerate.state import AcceleratorState  # noqa: E402
-from lightning.pytorch.plugins.precision import MixedPrecision  # noqa: E402
+from accelerate.state import AcceleratorState
+from lightning.pytorch.plugins.precision import MixedPrecision
 
-from lscore.adapters.torch import GradScaler  # noqa: E402
+from lscore.adapters.torch import GradScaler
 
 TorchScaler = torch.amp.GradScaler
 BAD = (2, 5)  # the batches that overflow, in every epoch
@@ -41,7 +41,7 @@ def _inputs(n=8, overflow=True):
 
 
 def _same_parameters(a, b) -> bool:
-    return all(torch.equal(p, q) for p, q in zip(a, b))
+    return all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
 
 
 # ---- Lightning ---------------------------------------------------------------------------

@@ -113,15 +113,15 @@ def test_apply_gradients_refuses_a_python_int_global_step(backend):
     opt = backend.LossScaleOptimizer(backend.sgd([var], 0.1), lscore.FixedLossScaleManager(8))
     grad = backend.asarray(np.ones(1, np.float32))
     for bad in (0, np.int64(0), True):
-        with pytest.raises(TypeError, match="incremented in place.*0-d integer.*assign_add"):
+        with pytest.raises(TypeError, match=r"incremented in place.*0-d integer.*assign_add"):
             opt.apply_gradients([(grad, var)], global_step=bad)
-    with pytest.raises(TypeError, match="unsupported global_step type builtins.float"):
+    with pytest.raises(TypeError, match=r"unsupported global_step type builtins.float"):
         opt.apply_gradients([(grad, var)], global_step=0.0)
     with pytest.raises(TypeError, match="global_step must be a 0-d integer"):
         opt.apply_gradients([(grad, var)], global_step=backend.asarray(np.zeros(1, np.int64)))
     with pytest.raises(TypeError, match="global_step must be a 0-d integer"):
         opt.apply_gradients([(grad, var)], global_step=backend.asarray(np.array(0.0)))
-    with pytest.raises(TypeError, match="name must be a str or None, got builtins.int"):
+    with pytest.raises(TypeError, match=r"name must be a str or None, got builtins.int"):
         opt.apply_gradients([(grad, var)], name=3)
     # each refusal came before the step: nothing moved
     assert np.all(backend.to_numpy(var) == 1.0) and opt.iterations == 0
@@ -234,11 +234,11 @@ def test_torch_bert_loop_matches_plain_torch_bitwise():
     model, ref = _model(), _model()
     frozen = torch.nn.Parameter(torch.ones(1))  # trainable, unreached by the loss: None grad
     opt = LossScaleOptimizer(
-        torch.optim.Adam(list(model.parameters()) + [frozen], lr=1e-2), _bert_manager()
+        torch.optim.Adam([*model.parameters(), frozen], lr=1e-2), _bert_manager()
     )
     ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
     global_step = torch.zeros((), dtype=torch.int64)
-    tvars = list(model.parameters()) + [frozen]
+    tvars = [*model.parameters(), frozen]
     for step in range(6):
         x, y = _batch(step)
         if step == 3:
@@ -248,10 +248,12 @@ def test_torch_bert_loop_matches_plain_torch_bitwise():
         grads_and_vars = opt.compute_gradients(loss, tvars)
         assert grads_and_vars[-1] == (None, frozen)
         grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
-        grads, tvars_with_grads = list(zip(*grads_and_vars))
+        grads, tvars_with_grads = list(zip(*grads_and_vars, strict=True))
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
         clipped = [g * (1.0 / max(norm.item(), 1.0)) for g in grads]
-        applied = opt.apply_gradients(list(zip(clipped, tvars_with_grads)), global_step=global_step)
+        applied = opt.apply_gradients(
+            list(zip(clipped, tvars_with_grads, strict=True)), global_step=global_step
+        )
         assert applied is (step != 3)
         if applied:
             ref_opt.zero_grad()
@@ -263,7 +265,7 @@ def test_torch_bert_loop_matches_plain_torch_bitwise():
             for g in ref_grads:
                 g.mul_(1.0 / max(ref_norm.item(), 1.0))
             ref_opt.step()
-    for p, q in zip(model.parameters(), ref.parameters()):
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         assert torch.equal(p, q)
     assert global_step.item() == 5 and opt.iterations == 5
     assert frozen.item() == 1.0 and opt.loss_scale == 2.0**32
@@ -293,7 +295,7 @@ def test_torch_minimize_with_global_step():
             torch.nn.functional.mse_loss(ref(x), y).backward()
             ref_opt.step()
     assert results == [True, True, False, True, True] and global_step.item() == 4
-    for p, q in zip(model.parameters(), ref.parameters()):
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         assert torch.equal(p, q)
     # two infinite steps in a row back the scale off (decr_every_n_nan_or_inf=2)
     for _ in range(2):
@@ -326,7 +328,7 @@ def test_torch_apply_gradients_is_a_step_for_state_dict_hooks_and_schedulers():
         assert opts[0].last_step_skipped == opts[1].last_step_skipped == (step == 1)
         for s in scheds:
             s.step()
-    for p, q in zip(a.parameters(), b.parameters()):
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(p, q)
     sa, sb = (o.state_dict() for o in opts)
     assert sa["loss_scale"] == sb["loss_scale"] and sa["param_groups"] == sb["param_groups"]
@@ -382,7 +384,7 @@ def test_torch_refusals_name_the_problem_and_change_nothing():
     opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.5), _bert_manager())
     global_step = torch.zeros((), dtype=torch.int64)
     loss = (w * w).sum()
-    with pytest.raises(ValueError, match="gate_gradients must be one of.*Not 3"):
+    with pytest.raises(ValueError, match=r"gate_gradients must be one of.*Not 3"):
         opt.compute_gradients(loss, gate_gradients=3)
     with pytest.raises(ValueError, match="aggregation_method must be None"):
         opt.minimize(loss, aggregation_method=2)
@@ -392,11 +394,11 @@ def test_torch_refusals_name_the_problem_and_change_nothing():
         opt.compute_gradients(loss, [torch.ones(2)])
     with pytest.raises(TypeError, match="loss must be a tensor"):
         opt.compute_gradients(1.0, [w])
-    with pytest.raises(TypeError, match="incremented in place.*torch.Tensor"):
+    with pytest.raises(TypeError, match=r"incremented in place.*torch.Tensor"):
         opt.minimize(loss, global_step=0)
-    with pytest.raises(TypeError, match="global_step must be a 0-d integer tensor.*float32"):
+    with pytest.raises(TypeError, match=r"global_step must be a 0-d integer tensor.*float32"):
         opt.minimize(loss, global_step=torch.zeros(()))
-    with pytest.raises(ValueError, match="No variables provided."):
+    with pytest.raises(ValueError, match=r"No variables provided\."):
         opt.apply_gradients([], global_step=global_step)
     with pytest.raises(ValueError, match="No gradients provided for any variable"):
         opt.apply_gradients([(None, w)], global_step=global_step)

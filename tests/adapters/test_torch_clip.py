@@ -5,7 +5,7 @@ import math
 import pytest
 
 torch = pytest.importorskip("torch")
-from lscore.adapters.torch import GradScaler  # noqa: E402
+from lscore.adapters.torch import GradScaler
 
 
 def make(seed, bad=None):
@@ -43,9 +43,9 @@ def test_matches_unscale_then_clip(seed, max_norm):
     n1, g1, p1, s1 = one_step(GradScaler, seed, max_norm, None, True)
     n2, g2, p2, s2 = one_step(torch.amp.GradScaler, seed, max_norm, None, False)
     assert n1.dtype == n2.dtype and math.isclose(float(n1), float(n2), rel_tol=1e-5)
-    for a, b in zip(g1, g2):
+    for a, b in zip(g1, g2, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
-    for a, b in zip(p1, p2):
+    for a, b in zip(p1, p2, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert s1 == s2
 
@@ -56,7 +56,7 @@ def test_nonfinite_step_is_skipped_not_clipped(bad):
     _, _, p2, s2 = one_step(torch.amp.GradScaler, 3, 0.5, bad, False)
     assert not math.isfinite(float(n1))
     assert s1 == s2 == 2.0**9
-    for a, b in zip(p1, p2):
+    for a, b in zip(p1, p2, strict=True):
         assert torch.equal(a, b)
 
 
@@ -81,7 +81,7 @@ def test_any_norm_type_is_torchs_bitwise(norm_type, max_norm):
     n1, g1, p1, s1 = one_step(GradScaler, 4, max_norm, None, True, norm_type)
     n2, g2, p2, s2 = one_step(torch.amp.GradScaler, 4, max_norm, None, False, norm_type)
     assert n1.dtype == n2.dtype and torch.equal(n1, n2)
-    for a, b in zip(g1 + p1, g2 + p2):
+    for a, b in zip(g1 + p1, g2 + p2, strict=True):
         assert torch.equal(a, b)
     assert s1 == s2
 
@@ -91,7 +91,7 @@ def test_norm_type_2_is_the_default(norm_type):
     n1, g1, _, _ = one_step(GradScaler, 5, 0.5, None, True, norm_type)
     n2, g2, _, _ = one_step(GradScaler, 5, 0.5, None, True)
     assert torch.equal(n1, n2)
-    for a, b in zip(g1, g2):
+    for a, b in zip(g1, g2, strict=True):
         assert torch.equal(a, b)
 
 
@@ -101,7 +101,7 @@ def test_nonfinite_step_is_skipped_not_clipped_any_norm(norm_type):
     _, _, p2, s2 = one_step(torch.amp.GradScaler, 3, 0.5, float("inf"), False, norm_type)
     assert float(n1) == float("inf")
     assert s1 == s2 == 2.0**9
-    for a, b in zip(p1, p2):
+    for a, b in zip(p1, p2, strict=True):
         assert torch.equal(a, b)
 
 

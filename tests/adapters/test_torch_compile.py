@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 dynamo = pytest.importorskip("torch._dynamo")
-from lscore.adapters.torch import GradScaler  # noqa: E402
+from lscore.adapters.torch import GradScaler
 
 INF = float("inf")
 # the third input makes every gradient non-finite: that step is skipped and backs off
@@ -103,7 +103,7 @@ def test_compiled_step_is_the_eager_step_bitwise(fresh_dynamo, clip, device):
                 eager_step(torch.tensor(k))
                 assert scaler.get_scale() == eager_scaler.get_scale()
                 assert scaler.last_step_skipped == eager_scaler.last_step_skipped
-                for a, b in zip(model.parameters(), eager_model.parameters()):
+                for a, b in zip(model.parameters(), eager_model.parameters(), strict=True):
                     assert torch.equal(a, b)
     finally:
         torch_log.removeHandler(logged)
@@ -122,7 +122,7 @@ def test_compiled_step_matches_torchs_scaler(fresh_dynamo):
     run(torch.compile(step, backend="eager"), INPUTS)
     run(theirs_step, INPUTS)
     assert scaler.state_dict() == theirs.state_dict()
-    for a, b in zip(model.parameters(), theirs_model.parameters()):
+    for a, b in zip(model.parameters(), theirs_model.parameters(), strict=True):
         assert torch.equal(a, b)
 
 

@@ -16,8 +16,8 @@ import shutil
 import pytest
 
 torch = pytest.importorskip("torch")
-from lscore.adapters.torch import GradScaler, _cuda_clip  # noqa: E402
-from lscore.dtypes import Code  # noqa: E402
+from lscore.adapters.torch import GradScaler, _cuda_clip
+from lscore.dtypes import Code
 
 needs_gxx = pytest.mark.skipif(
     shutil.which("g++") is None, reason="g++ is missing: the CUDA host harness cannot be built"
@@ -94,7 +94,7 @@ def _torch_unscaled(device, seed, dtype, bad=None):
 def test_matches_torch_unscale_then_clip(where, dtype, norm_type, max_norm):
     device, kernels = where
     n1, g1, s1 = _step(GradScaler, device, 0, max_norm, norm_type, dtype)
-    n2, g2, s2 = _step(torch.amp.GradScaler, device, 0, max_norm, norm_type, dtype, fused=False)
+    n2, _g2, s2 = _step(torch.amp.GradScaler, device, 0, max_norm, norm_type, dtype, fused=False)
     assert kernels._runners, "the one-pass kernels did not run"
     assert n1.dtype == n2.dtype == dtype and n1.device == n2.device
     if norm_type == "inf":
@@ -105,7 +105,7 @@ def test_matches_torch_unscale_then_clip(where, dtype, norm_type, max_norm):
     want = _torch_unscaled(device, 0, dtype)
     coef = torch.clamp(max_norm / (n1 + 1e-6), max=1.0)
     torch._foreach_mul_(want, coef)
-    for a, b in zip(g1, want):
+    for a, b in zip(g1, want, strict=True):
         assert torch.equal(a, b)
     assert s1 == s2
 
@@ -116,7 +116,7 @@ def test_nonfinite_step_is_skipped_and_not_clipped(where, bad):
     n1, g1, s1 = _step(GradScaler, device, 1, 1e-3, 2.0, bad=bad)
     assert not math.isfinite(float(n1)) and math.isnan(float(n1)) == math.isnan(bad)
     assert s1 == 2.0**9
-    for a, b in zip(g1, _torch_unscaled(device, 1, torch.float32, bad)):
+    for a, b in zip(g1, _torch_unscaled(device, 1, torch.float32, bad), strict=True):
         assert torch.equal(a.nan_to_num(0.0, 1.0, -1.0), b.nan_to_num(0.0, 1.0, -1.0))
 
 
@@ -124,7 +124,9 @@ def test_same_bits_every_time(where):
     device, _ = where
     runs = [_step(GradScaler, device, 2, 0.5, 2.0) for _ in range(3)]
     for n, g, _ in runs[1:]:
-        assert torch.equal(n, runs[0][0]) and all(torch.equal(a, b) for a, b in zip(g, runs[0][1]))
+        assert torch.equal(n, runs[0][0]) and all(
+            torch.equal(a, b) for a, b in zip(g, runs[0][1], strict=True)
+        )
 
 
 def test_other_layouts_and_norms_take_torchs_path(where):
@@ -133,7 +135,7 @@ def test_other_layouts_and_norms_take_torchs_path(where):
     n1, g1, _ = _step(GradScaler, device, 3, 0.5, 3.0)
     n2, g2, _ = _step(torch.amp.GradScaler, device, 3, 0.5, 3.0, fused=False)
     assert not kernels._runners
-    assert torch.equal(n1, n2) and all(torch.equal(a, b) for a, b in zip(g1, g2))
+    assert torch.equal(n1, n2) and all(torch.equal(a, b) for a, b in zip(g1, g2, strict=True))
 
 
 def test_fp16_gradients_are_refused_as_torch_refuses_them(where):
@@ -145,7 +147,7 @@ def test_fp16_gradients_are_refused_as_torch_refuses_them(where):
     # bit for bit (the float16 loss overflows, so some gradients are NaN/Inf)
     assert all(
         torch.equal(a.view(torch.int16), p.grad.view(torch.int16))
-        for a, p in zip(before, model.parameters())
+        for a, p in zip(before, model.parameters(), strict=True)
     )
 
 
@@ -169,4 +171,4 @@ def test_launches_on_torchs_current_stream():
         n1, g1, _ = _step(GradScaler, device, 5, 0.5, 2.0)
     side.synchronize()
     n2, g2, _ = _step(GradScaler, device, 5, 0.5, 2.0)
-    assert torch.equal(n1, n2) and all(torch.equal(a, b) for a, b in zip(g1, g2))
+    assert torch.equal(n1, n2) and all(torch.equal(a, b) for a, b in zip(g1, g2, strict=True))

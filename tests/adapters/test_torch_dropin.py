@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-from lscore.adapters.torch import GradScaler  # noqa: E402
+from lscore.adapters.torch import GradScaler
 
 TorchScaler = torch.amp.GradScaler
 
@@ -291,7 +291,7 @@ def test_lbfgs_step_closure_matches_plain_lbfgs():
         assert torch.is_tensor(got) and torch.equal(got, expected)
         assert not opt.last_step_skipped
     assert len(calls) > 4  # LBFGS re-evaluated the closure within its steps
-    for a, b in zip(model.parameters(), ref.parameters()):
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
         assert torch.equal(a, b)
     assert opt.iterations == 4
 
@@ -317,11 +317,11 @@ def test_closure_step_skips_on_overflow_and_calls_the_closure_once_for_sgd():
     before = [p.detach().clone() for p in model.parameters()]
     assert opt.step(lambda: closure(True)) is None and opt.last_step_skipped
     assert opt.loss_scale == 4.0 and len(calls) == 1
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     loss = opt.step(closure)
     assert torch.is_tensor(loss) and not opt.last_step_skipped
     assert len(calls) == 2  # SGD's own closure call got the first evaluation
-    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 # ---- item 2: enabled="auto" and a resume ---------------------------------------------------
@@ -458,11 +458,11 @@ def test_lazy_init_with_a_string_device_like_torch():
     is the one issue 17 reports from accelerate's FSDP2 path, not found in the
     searchable accelerate sources); afterwards the run is torch's, and a second call
     raises torch's error."""
-    init = lambda s: s._lazy_init_scale_growth_tracker("cpu")  # noqa: E731
+    init = lambda s: s._lazy_init_scale_growth_tracker("cpu")  # noqa: E731 - a one-line local helper
     m1, _ = _train(TorchScaler("cpu", init_scale=2.0**8, growth_interval=2), init=init)
     ours = GradScaler("cpu", init_scale=2.0**8, growth_interval=2)
     m2, _ = _train(ours, init=init)
-    for a, b in zip(m1.parameters(), m2.parameters()):
+    for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
         assert torch.equal(a, b)
     t = TorchScaler("cpu")
     t._lazy_init_scale_growth_tracker(torch.device("cpu"))
@@ -489,7 +489,7 @@ def test_unscale_grads_hook_is_torchs():
         )
     (g1, f1), (g2, f2) = results
     assert f1 == f2 == {torch.device("cpu"): 1.0}
-    for a, b in zip(g1, g2):
+    for a, b in zip(g1, g2, strict=True):
         assert torch.equal(a, b)
 
 
@@ -530,7 +530,7 @@ def test_torchs_attributes_mean_what_they_mean_in_torch():
     m1, _ = _train(t2, seed=4)
     m2, _ = _train(s2, seed=4)
     assert s2.state_dict() == t2.state_dict()
-    for a, b in zip(m1.parameters(), m2.parameters()):
+    for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
         assert torch.equal(a, b)
     d = GradScaler("cpu", enabled=False)
     for n in ("_scale", "_growth_tracker", "_init_scale"):

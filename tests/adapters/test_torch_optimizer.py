@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-import lscore  # noqa: E402
-from lscore.adapters.torch import LossScaleOptimizer  # noqa: E402
+import lscore
+from lscore.adapters.torch import LossScaleOptimizer
 
 EVENTS = [True, True, False, True, True, True, False, False, True, True]
 
@@ -117,7 +117,7 @@ def test_parameters_bitwise_equal_a_hand_written_loop():
     ls = lscore.DynamicLossScale(3.0, 2, 2.0)
     torch.manual_seed(5)
     xs = [torch.randn(5, 4) for _ in EVENTS]
-    for x, finite in zip(xs, EVENTS):
+    for x, finite in zip(xs, EVENTS, strict=True):
         opt.zero_grad()
         opt.get_scaled_loss(loss_of(model_a, x, finite)).backward()
         opt.step()
@@ -128,12 +128,12 @@ def test_parameters_bitwise_equal_a_hand_written_loop():
         inv = float(np.float32(1.0) / np.float32(scale))
         grads = [p.grad * torch.tensor(inv) for p in model_b.parameters()]
         ok = all(torch.isfinite(g).all() for g in grads)
-        for p, g in zip(model_b.parameters(), grads):
+        for p, g in zip(model_b.parameters(), grads, strict=True):
             p.grad = g
         if ok:
             inner_b.step()
         ls.update([np.float32(1.0 if ok else np.inf)])
-        for a, b in zip(model_a.parameters(), model_b.parameters()):
+        for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True):
             assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
@@ -161,14 +161,14 @@ def test_unscale_then_clip_then_step():
     scaled = [p.grad.clone() for p in model.parameters()]
     opt.unscale_()
     inv = np.float32(1.0) / np.float32(1024.0)
-    for s, p in zip(scaled, model.parameters()):
+    for s, p in zip(scaled, model.parameters(), strict=True):
         assert torch.equal(p.grad, s * torch.tensor(float(inv)))
     with pytest.raises(RuntimeError, match="unscale_\\(\\) has already been called"):
         opt.unscale_()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
     before = [p.detach().clone() for p in model.parameters()]
     opt.step()
-    assert not all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert not all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
     assert opt.last_step_skipped is False
 
 
@@ -228,8 +228,8 @@ def test_state_dict_round_trip_and_plain_torch_dicts():
 
 
 def test_constructor_errors():
-    model, inner = make()
-    with pytest.raises(TypeError, match="must be an instance of torch.optim.Optimizer"):
+    _model, inner = make()
+    with pytest.raises(TypeError, match=r"must be an instance of torch.optim.Optimizer"):
         LossScaleOptimizer(object())
     with pytest.raises(TypeError, match="Keras"):
         LossScaleOptimizer(inner, "dynamic", initial_scale=4.0)

@@ -16,7 +16,7 @@ import random
 import pytest
 
 torch = pytest.importorskip("torch")
-from lscore.adapters.torch import GradScaler  # noqa: E402
+from lscore.adapters.torch import GradScaler
 
 N_SCENARIOS = 104
 NONFINITE = (float("nan"), float("inf"), float("-inf"))
@@ -119,7 +119,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def assert_same_tensors(a, b, what, ctx):
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
         if x is None or y is None:
             assert x is None and y is None, f"{what} {i}: {ctx}"
             continue
@@ -194,7 +194,9 @@ def run_scenario(sc: dict) -> None:
                     ps = [p for p in side.params() if p.grad is not None and not p.grad.is_sparse]
                     g = ps[bad[3] % len(ps)].grad
                     k = bad[2] % g.numel()
-                    g[tuple(k // s % n for n, s in zip(g.shape, _row_major(g.shape)))] = bad[1]
+                    g[
+                        tuple(k // s % n for n, s in zip(g.shape, _row_major(g.shape), strict=True))
+                    ] = bad[1]
             unscaled = None
             if explicit_unscale:
                 side.scaler.unscale_(side.opts[0])

@@ -102,11 +102,11 @@ def test_rows_are_timed_or_say_why_not(tiny_run):
 
 
 def test_ratios_and_targets_present(tiny_run):
-    af = [
+    af = next(
         r
         for r in tiny_run["rows"]
         if r["group"] == "all_finite float32 4096" and r["method"] == "lscore"
-    ][0]
+    )
     assert set(af["ratios"]) == {"numpy", "np.sum", "C read"}
     names = [t["target"] for t in tiny_run["targets"]]
     assert any("NaN at index 0" in n for n in names)
@@ -229,7 +229,7 @@ def test_gpu_host_times_the_adapters_path_with_only_the_launch_replaced():
     arrays[1].host[7] = np.inf
     want = [a.host.copy() for a in arrays]
     assert kern.unscale_(arrays, 0.5) is lscore.unscale_(want, 0.5) is False
-    assert all(np.array_equal(a.host, w) for a, w in zip(arrays, want))
+    assert all(np.array_equal(a.host, w) for a, w in zip(arrays, want, strict=True))
     null = _gpu.standin_kernels()
     assert null.unscale_(arrays, 0.5) and null.device(0).backend.syncs == 1
 
@@ -311,5 +311,5 @@ def test_gpu_step_rows_lscore_steps_follow_the_numpy_adapter():
             for _ in range(3):
                 step()
                 opt.minimize(lambda s: (0.0, grads), ref)
-            for a, b in zip(params, ref):
+            for a, b in zip(params, ref, strict=True):
                 np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))

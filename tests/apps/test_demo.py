@@ -38,7 +38,7 @@ def test_scaled_gradients_are_scale_times_unscaled_in_float32():
     x, y = rng.random((8, 6)).astype(np.float32), rng.integers(0, 3, 8)
     _, g1 = m.loss_and_grads(x, y, 1.0, False)
     _, g8 = m.loss_and_grads(x, y, 8.0, False)
-    for a, b in zip(g1, g8):
+    for a, b in zip(g1, g8, strict=True):
         np.testing.assert_allclose(b, 8 * a, rtol=1e-5, atol=1e-12)
 
 
@@ -61,7 +61,7 @@ def test_float16_gradients_flush_without_scaling():
     _, g32 = m.loss_and_grads(x, y, 1.0, False)
     _, g16 = m.loss_and_grads(x, y, 1.0, True)
     _, g16s = m.loss_and_grads(x, y, 2.0**12, True)
-    lost, total = _demo._underflow(g16, g32)
+    lost, _total = _demo._underflow(g16, g32)
     lost_scaled, _ = _demo._underflow(g16s, g32)
     assert lost > 0 and lost_scaled < lost
 

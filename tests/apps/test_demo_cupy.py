@@ -97,5 +97,5 @@ def test_the_gpu_demo_runs(tmp_path):
     assert _cli.main(["demo", "--backend", "cupy", "--steps", "200", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "lscore_demo.json").read_text())
     assert res["config"]["backend"] == "cupy"
-    f32, raw, dyn, _ = res["results"]
+    _f32, raw, dyn, _ = res["results"]
     assert raw["underflow_fraction"] > dyn["underflow_fraction"]

@@ -986,7 +986,7 @@ def test_bad_torch_inputs_change_nothing(call, exc, msg):
 
 
 def test_torch_call_order_misuse_changes_nothing():
-    torch, model, opt, s = _torch_world()
+    _torch, model, opt, s = _torch_world()
     s.unscale_(opt)
     before = _torch_snapshot(model, s)
     with pytest.raises(RuntimeError, match="unscale_\\(\\) has already been called"):
@@ -1018,11 +1018,13 @@ def test_float16_master_weights_error_says_what_to_do():
     s = GradScaler("cpu")
     s.scale(m32(torch.ones(1, 3)).sum() + m16(torch.ones(1, 3).half()).float().sum()).backward()
     grads = [p.grad.clone() for p in opt.param_groups[0]["params"]]
-    with pytest.raises(ValueError, match="^Attempting to unscale FP16 gradients.") as e:
+    with pytest.raises(ValueError, match=r"^Attempting to unscale FP16 gradients\.") as e:
         s.step(opt)
     text = "\n".join(getattr(e.value, "__notes__", [])) + str(e.value)
     assert "Keep float32 master weights" in text and "allow_fp16_params=True" in text
-    assert all(torch.equal(a, p.grad) for a, p in zip(grads, opt.param_groups[0]["params"]))
+    assert all(
+        torch.equal(a, p.grad) for a, p in zip(grads, opt.param_groups[0]["params"], strict=True)
+    )
     assert s.get_scale() == 2.0**16
     # the explicit opt-in unscales them (torch's own fused optimizers do the same)
     s = GradScaler("cpu", init_scale=16.0, allow_fp16_params=True)

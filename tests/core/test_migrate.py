@@ -153,7 +153,7 @@ def test_resume_recorded(peer):
     assert data["resume"]
     for case in data["resume"]:
         ls = migrate.from_peer(peer, config=case["args"], state=case["state"])
-        for i, (e, want) in enumerate(zip(case["events"], case["scales"])):
+        for i, (e, want) in enumerate(zip(case["events"], case["scales"], strict=True)):
             if want == "raise":
                 with pytest.raises(lscore.LossScaleFloorError):
                     ls.state.update(e)
@@ -345,7 +345,7 @@ def test_errors_name_the_problem(peer, config, state, message):
 
 
 def test_to_peer_refuses_a_policy_the_peer_cannot_hold():
-    with pytest.raises(ValueError, match="cannot be held by torch; it differs in: .*hysteresis"):
+    with pytest.raises(ValueError, match=r"cannot be held by torch; it differs in: .*hysteresis"):
         migrate.to_peer("torch", lscore.preset("megatron"))
 
 
@@ -892,7 +892,7 @@ def test_recorded_lightning_and_accelerate_checkpoints(tool, place):
 
     folder = DATA / "checkpoints"
     record = json.loads((folder / "checkpoints.json").read_text())[tool]
-    data, inert = load_checkpoint(str(folder / record["file"]))
+    data, _inert = load_checkpoint(str(folder / record["file"]))
     m = migrate.convert("torch", state=data)
     assert m.state_at == place
     assert migrate.to_peer("torch", m.loss_scale) == record["scaler"]
@@ -1000,7 +1000,7 @@ def test_megatron_checkpoint_finds_grad_scaler_and_args(tmp_path, capsys):
 )
 def test_checkpoint_without_scaler_lists_where_it_looked(peer, looked_for):
     ckpt = {"model": {}, "epoch": 3}
-    with pytest.raises(ValueError, match="found no .* in this checkpoint; looked for") as e:
+    with pytest.raises(ValueError, match=r"found no .* in this checkpoint; looked for") as e:
         migrate.from_peer(peer, state=ckpt)
     for place in looked_for:
         assert place in str(e.value)

@@ -1,4 +1,5 @@
-"""Validation: the foundation issue's table, error wording, failed calls change nothing, JSON state."""
+"""Validation: the foundation issue's table, error wording, failed calls change nothing,
+JSON state."""
 
 import json
 import math
@@ -166,7 +167,9 @@ def test_unscale_read_only_anywhere_modifies_nothing():
     b = np.ones(4, np.float16)
     ro = np.ones(3, np.float32)
     ro.flags.writeable = False
-    with pytest.raises(ValueError, match="unscale_ needs writable arrays; array 2 .* is read-only"):
+    with pytest.raises(
+        ValueError, match=r"unscale_ needs writable arrays; array 2 .* is read-only"
+    ):
         lscore.unscale_([a, {"b": b}, ro], 0.5)
     assert np.all(a == 1) and np.all(b == 1)
 
@@ -190,15 +193,15 @@ def test_unscale_rejects_numbers_and_overlap():
 
 
 def test_unsupported_types_name_the_type():
-    with pytest.raises(TypeError, match="unsupported array type builtins.str"):
+    with pytest.raises(TypeError, match=r"unsupported array type builtins.str"):
         lscore.all_finite(["abc"])
-    with pytest.raises(TypeError, match="unsupported array type builtins.bytes"):
+    with pytest.raises(TypeError, match=r"unsupported array type builtins.bytes"):
         lscore.all_finite(b"abc")
     with pytest.raises(TypeError, match="unsupported dtype complex128"):
         lscore.all_finite(np.ones(2, complex))
     with pytest.raises(TypeError, match="unsupported dtype object"):
         lscore.all_finite(np.array([1.0, None]))
-    with pytest.raises(TypeError, match="unsupported dtype float128|unsupported dtype longdouble"):
+    with pytest.raises(TypeError, match=r"unsupported dtype float128|unsupported dtype longdouble"):
         lscore.all_finite(np.ones(2, np.longdouble))
 
 

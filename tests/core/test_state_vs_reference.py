@@ -10,7 +10,7 @@ from lscore import LossScaleFloorError, LossScaleState, Policy
 from lscore import _reference as ref
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given  # noqa: E402
+from hypothesis import given
 from hypothesis import strategies as st
 
 

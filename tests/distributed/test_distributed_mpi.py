@@ -155,9 +155,9 @@ def test_adapter_optimizer_follows_the_reducer(backend):
     opt = backend.LossScaleOptimizer(
         backend.sgd([w], 1.0), initial_scale=8.0, dynamic_growth_steps=100, reducer=reducer
     )
-    applied = []
-    for g in (1.0, 1.0, np.nan, 1.0):  # step 1: another worker's fault
-        applied.append(bool(backend.apply(opt, [w], [np.array([g], np.float32)])))
+    applied = [  # step 1: another worker's fault
+        bool(backend.apply(opt, [w], [np.array([g], np.float32)])) for g in (1.0, 1.0, np.nan, 1.0)
+    ]
     assert applied == [True, False, False, True]
     assert reducer.calls == [False, False, True, False]
     assert backend.to_numpy(w)[0] == 2.0 and opt.loss_scale == 2.0 and opt.iterations == 4

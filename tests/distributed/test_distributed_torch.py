@@ -15,8 +15,8 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("this torch build has no torch.distributed gloo backend", allow_module_level=True)
 
-from helpers.dist import checks, devices, launch  # noqa: E402
-from lscore.distributed import TorchReducer  # noqa: E402
+from helpers.dist import checks, devices, launch
+from lscore.distributed import TorchReducer
 
 WORLD = 2
 TEARDOWN_ABORT = "terminate called without an active exception"

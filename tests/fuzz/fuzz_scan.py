@@ -105,12 +105,12 @@ def TestOneInput(data: bytes) -> None:
     saved = [a.copy() for a in arrays]
     want = outcome(ref.unscale_, arrays, inv)
     wrote = [a.copy() for a in arrays]
-    for a, s in zip(arrays, saved):
+    for a, s in zip(arrays, saved, strict=True):
         a[...] = s
     got = outcome(lscore.unscale_, arrays, inv)
     if got != want:
         raise AssertionError(f"unscale_: got {got}, reference {want}: inv {inv} {saved!r}")
-    for x, y in zip(arrays, wrote):
+    for x, y in zip(arrays, wrote, strict=True):
         if (x.dtype.kind == "f" or x.dtype in EXTRA) and not same_bits(x, y):
             raise AssertionError(f"unscale_ wrote {x!r}, reference {y!r}, inv {inv}")
 

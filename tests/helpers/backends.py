@@ -84,7 +84,9 @@ class Backend:
     def apply(self, opt, variables: list, grads: list) -> bool:
         """One step of the wrapper `opt` with the (unscaled) NumPy gradients `grads`;
         returns what says the step was applied (the NumPy adapter's own return value)."""
-        return opt.apply_gradients(list(zip([self.asarray(g) for g in grads], variables)))
+        return opt.apply_gradients(
+            list(zip([self.asarray(g) for g in grads], variables, strict=True))
+        )
 
 
 class NumpyBackend(Backend):
@@ -188,7 +190,7 @@ class TorchBackend(Backend):
 
     def apply(self, opt, variables, grads):
         opt.zero_grad()
-        loss = sum((p * self.asarray(g)).sum() for p, g in zip(variables, grads))
+        loss = sum((p * self.asarray(g)).sum() for p, g in zip(variables, grads, strict=True))
         opt.get_scaled_loss(loss).backward()
         opt.step()
         return opt.last_step_skipped is False

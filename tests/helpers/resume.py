@@ -227,7 +227,7 @@ def _load(data, fmt):
 
 def have_torch() -> bool:
     try:
-        import torch  # noqa: F401
+        import torch  # noqa: F401 - only whether torch imports matters here
     except ImportError:
         return False
     return True

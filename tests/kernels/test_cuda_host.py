@@ -1,4 +1,5 @@
-"""The CUDA kernels run on the CPU (tests/helpers/cuda_host) against the CPU core and lscore._reference.
+"""The CUDA kernels run on the CPU (tests/helpers/cuda_host) against the CPU core and
+lscore._reference.
 
 The harness compiles the .cu text of _ext/ with g++; lscore.cuda's planner
 and launcher run unchanged on top of it.  Small chunks and blocks put many
@@ -95,7 +96,7 @@ def _cases(seed, count):
         chunk, block, mt, mb = CONFIGS[case % len(CONFIGS)]
         dts = [FLOAT_DTYPES[(case // len(CONFIGS)) % len(FLOAT_DTYPES)]]
         if case % 7 == 0:  # mixed dtypes and integer arrays in one call
-            dts = FLOAT_DTYPES + [np.dtype(np.int32)]
+            dts = [*FLOAT_DTYPES, np.dtype(np.int32)]
         arrays = []
         for n in _sizes(rng, chunk):
             dt = dts[int(rng.integers(0, len(dts)))]
@@ -132,7 +133,7 @@ def test_unscale_matches_cpu_core_and_reference(backend):
             [(a.dtype.name, a.size, a.ctypes.data % 16) for a in arrays]
         )
         assert bool(flag[0]) == (not finite_ref) == (not finite_cpu), ctx
-        for k, (g, c, r) in enumerate(zip(arrays, cpu, want_ref)):
+        for k, (g, c, r) in enumerate(zip(arrays, cpu, want_ref, strict=True)):
             # bit for bit the CPU core (NaN payloads included), and the reference's values
             assert np.array_equal(g.view(f"u{g.itemsize}"), c.view(f"u{c.itemsize}")), (ctx, k)
             assert bits_equal_or_both_nan(g, r), (ctx, k)
@@ -146,7 +147,7 @@ def test_all_finite_matches_reference(backend):
         flag = np.zeros(1, np.uint32)
         runner.run("all_finite", *_table(arrays), flag.ctypes.data)
         assert bool(flag[0]) == (not ref.all_finite(arrays)), (case, cfg)
-        for a, b in zip(arrays, before):
+        for a, b in zip(arrays, before, strict=True):
             assert np.array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}"))
 
 
@@ -205,7 +206,7 @@ def test_plan_covers_every_element_once(seed):
     total_blocks = sum(-(-n // chunk) for n in sizes)
     assert sum(nb for _, _, nb in plan.launches) == total_blocks
     # a launch is closed only when full
-    for off, nt, nb in plan.launches[:-1]:
+    for _off, nt, nb in plan.launches[:-1]:
         assert nt == mt or nb == mb
 
 

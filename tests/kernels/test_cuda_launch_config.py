@@ -175,7 +175,7 @@ def _same_as_cpu_core(ak, arrays, inv, what):
     want = [a.copy() for a in arrays]
     want_finite = lscore.unscale_(want, inv)
     assert ak.unscale_(arrays, inv) == want_finite, what
-    for i, (got, w) in enumerate(zip(arrays, want)):
+    for i, (got, w) in enumerate(zip(arrays, want, strict=True)):
         assert bits_equal_or_both_nan(got, w), f"{what}: array {i} (size {w.size}) differs"
     return want_finite
 

@@ -73,7 +73,7 @@ def _cases(seed, count):
         chunk = cfg[0]
         dts = [FLOAT_DTYPES[(case // len(CONFIGS)) % len(FLOAT_DTYPES)]]
         if case % 5 == 0:
-            dts = FLOAT_DTYPES + [np.dtype(np.int32)]
+            dts = [*FLOAT_DTYPES, np.dtype(np.int32)]
         sizes = [0, 1, 2, chunk - 1, chunk, chunk + 1, 2 * chunk, 3 * chunk + 5, 31]
         bad_at = rng.choice([None, None, "first", "last", "chunk_edge"])
         arrays = []
@@ -116,7 +116,7 @@ def test_unscale_and_norm_matches_cpu_core_and_float64_reference(norm_type):
         finite, norm = _kernels(cfg).unscale_and_norm(arrays, inv, norm_type)
         ctx = (case, cfg, inv, [(a.dtype.name, a.size, a.ctypes.data % 16) for a in arrays])
         assert finite == finite_cpu, ctx
-        for k, (g, c) in enumerate(zip(arrays, cpu)):
+        for k, (g, c) in enumerate(zip(arrays, cpu, strict=True)):
             assert np.array_equal(g.view(f"u{g.itemsize}"), c.view(f"u{c.itemsize}")), (ctx, k)
         _assert_norm(norm, _reference_norm(cpu, inf_norm), inf_norm, ctx)
         _assert_norm(norm, max_cpu if inf_norm else l2_cpu, inf_norm, ctx)
@@ -130,7 +130,7 @@ def test_norm_is_the_same_bits_call_after_call(cfg, norm_type):
     rng = np.random.default_rng(7)
     arrays = [
         (rng.standard_normal(n) * 1e3).astype(dt)
-        for n, dt in zip([1000, 77, 4096, 3], FLOAT_DTYPES)
+        for n, dt in zip([1000, 77, 4096, 3], FLOAT_DTYPES, strict=True)
     ]
     ak = _kernels(cfg)
     norms = {np.float64(ak.unscale_and_norm(arrays, 1.0, norm_type)[1]).tobytes() for _ in range(3)}
@@ -171,7 +171,7 @@ def test_unscale_and_clip_is_torchs_formula(norm_type):
         assert finite == finite_cpu, ctx
         _assert_norm(norm, want_norm, inf_norm, ctx)
         want = _torch_clip_reference(unscaled, max_norm, norm, not finite)
-        for k, (g, w) in enumerate(zip(arrays, want)):
+        for k, (g, w) in enumerate(zip(arrays, want, strict=True)):
             assert np.array_equal(g.view(f"u{g.itemsize}"), w.view(f"u{w.itemsize}")), (ctx, k)
         clipped += finite and clip_coefficient(norm, max_norm, False) < 1.0
     assert clipped > 20

@@ -55,5 +55,5 @@ def test_scan_kernels_use_16_byte_vector_loads(cupy_compiler):
 
 def test_compile_errors_carry_the_log(cupy_compiler, monkeypatch):
     monkeypatch.setitem(cuda.KERNELS, "scan.cu", ("lsc_mt_unscale<no_such_type>",))
-    with pytest.raises(RuntimeError, match="(?s)could not compile scan.cu for 80.*no_such_type"):
+    with pytest.raises(RuntimeError, match=r"(?s)could not compile scan.cu for 80.*no_such_type"):
         cuda.compile_kernels("scan.cu", "80")

@@ -94,7 +94,7 @@ class _Case:
 
     def grads(self, rng, plant):
         gs = []
-        for n, dt in zip(self.sizes, self.gdt):
+        for n, dt in zip(self.sizes, self.gdt, strict=True):
             off = int(rng.choice([0, 1, 3]))
             g = (rng.standard_normal(n + off) * rng.choice([1e-3, 1.0, 300.0])).astype(dt)[off:]
             gs.append(g)
@@ -111,7 +111,7 @@ class _Case:
     def records(self, gs):
         return [
             (BY_NAME[g.dtype.name], [g.ctypes.data, w.ctypes.data] + [s.ctypes.data for s in slots])
-            for g, w, slots in zip(gs, self.w, self.slots)
+            for g, w, slots in zip(gs, self.w, self.slots, strict=True)
         ]
 
 
@@ -163,19 +163,19 @@ def _run_steps(backend, seed, cases, make_opt, launch):
                 [(g.dtype.name, g.size) for g in gs]
             )
             # the gradients are read, never written
-            assert all(np.array_equal(_u(g), b) for g, b in zip(gs, gs_before)), ctx
+            assert all(np.array_equal(_u(g), b) for g, b in zip(gs, gs_before, strict=True)), ctx
             assert bool(flag[0] == step) == (ref is None), ctx
             if ref is None:
                 skipped += 1
                 after = [_u(a) for a in c.w] + [_u(s) for ss in c.slots for s in ss]
-                assert all(np.array_equal(a, b) for a, b in zip(after, before)), ctx
+                assert all(np.array_equal(a, b) for a, b in zip(after, before, strict=True)), ctx
                 continue
             applied += 1
-            opt.apply_gradients(zip(ref, c.ref_w))
-            for k, (w, rw) in enumerate(zip(c.w, c.ref_w)):
+            opt.apply_gradients(zip(ref, c.ref_w, strict=True))
+            for k, (w, rw) in enumerate(zip(c.w, c.ref_w, strict=True)):
                 assert np.array_equal(_u(w), _u(rw)), (ctx, k)
                 entry = opt._slots.get(id(rw))
-                for name, s in zip(slot_names, c.slots[k]):
+                for name, s in zip(slot_names, c.slots[k], strict=True):
                     want = entry[1][name] if entry and name in entry[1] else np.zeros_like(s)
                     assert np.array_equal(_u(s), _u(want)), (ctx, k, name)
     assert skipped and applied
@@ -406,7 +406,7 @@ def test_check_launch_marks_unscaled_nonfinite_and_writes_nothing(backend, seed,
         cfg = CONFIGS[case % len(CONFIGS)]
         c = _Case(rng, cfg[0], 2)
         gs = c.grads(rng, plant=rng.random() < 0.3)
-        inv = float(rng.choice(INVS + [2.0**10, 1000.0]))
+        inv = float(rng.choice([*INVS, 2.0**10, 1000.0]))
         flags = CHECK | (INV_AS_GRAD if as_grad else 0)
         before = [_u(a) for a in c.w] + [_u(s) for ss in c.slots for s in ss]
         flag = np.zeros(1, np.uint32)
@@ -461,7 +461,7 @@ def test_check_launch_marks_unscaled_nonfinite_and_writes_nothing(backend, seed,
                 finite = lscore.all_finite(out)
             assert flag[0] == (0 if finite else 9), (seed, case, op, inv)
             after = [_u(a) for a in c.w] + [_u(s) for ss in c.slots for s in ss]
-            assert all(np.array_equal(a, b) for a, b in zip(after, before))
+            assert all(np.array_equal(a, b) for a, b in zip(after, before, strict=True))
 
 
 @pytest.mark.parametrize("seed", range(2))
@@ -497,8 +497,8 @@ def test_inverse_in_the_gradient_dtype_matches_the_numpy_adapters_unscaling(back
                 np.uint32(0),
             ),
         )
-        opt.apply_gradients(zip(_as_grad_unscaled(gs, inv), c.ref_w))
-        for k, (w, rw) in enumerate(zip(c.w, c.ref_w)):
+        opt.apply_gradients(zip(_as_grad_unscaled(gs, inv), c.ref_w, strict=True))
+        for k, (w, rw) in enumerate(zip(c.w, c.ref_w, strict=True)):
             assert np.array_equal(_u(w), _u(rw)), (seed, step, k)
 
 
@@ -506,7 +506,7 @@ def test_adam_device_counter_reads_the_bias_table(backend):
     """With `count`, alpha = (lr * sq[t]) / d[t] for t = *count + 1 capped at the table's
     last step: the NumPy adapter's alpha at every step, through saturation and beyond
     (alpha by value, 1e9, is then unused)."""
-    make = lambda: lnp.Adam(0.3, beta_1=0.5, beta_2=0.9)  # noqa: E731
+    make = lambda: lnp.Adam(0.3, beta_1=0.5, beta_2=0.9)  # noqa: E731 - a one-line local helper
     table, last = cuda.bias_table(lambda s: make()._bias_terms(np.float32, s))
     rng = np.random.default_rng(8)
     count = np.zeros(1, np.int64)
@@ -539,7 +539,7 @@ def test_adam_device_counter_reads_the_bias_table(backend):
         )
         ref = make()
         ref.iterations = it
-        ref.apply_gradients(zip([g.astype(np.float32) for g in gs], c.ref_w))
+        ref.apply_gradients(zip([g.astype(np.float32) for g in gs], c.ref_w, strict=True))
         assert count[0] == it  # the kernel reads the counter; the adapter advances it
-        for k, (w, rw) in enumerate(zip(c.w, c.ref_w)):
+        for k, (w, rw) in enumerate(zip(c.w, c.ref_w, strict=True)):
             assert np.array_equal(_u(w), _u(rw)), (it, k)

@@ -169,7 +169,7 @@ def test_threads_over_a_mixed_table():
         got = lscore.unscale_(x, 0.5, stats=True, threads=threads)
         want = ref.unscale_(y, 0.5, True)
         assert same_stats(got, want), (threads, got, want)
-        for u, v in zip(x, y):
+        for u, v in zip(x, y, strict=True):
             if u is not None:
                 assert bits_equal_or_both_nan(u, v)
 
@@ -187,7 +187,8 @@ def test_views_of_one_buffer_are_multiplied_in_order():
     strides = np.array([v.strides[0] for v in views], np.int64)
     codes = np.full(len(views), int(Code.F32), np.int32)
     got = _scan.unscale_raw(ptrs, counts, strides, codes, 0.5, False, 2)
-    want = all([ref.unscale_(v, 0.5) for v in (b, b[10:], b[100:5100])])
+    # a list, not a generator: every view is unscaled even after a non-finite one
+    want = all([ref.unscale_(v, 0.5) for v in (b, b[10:], b[100:5100])])  # noqa: C419
     assert got is want
     assert bits_equal_or_both_nan(a, b)
     with pytest.raises(ValueError, match="do not share memory"):
@@ -213,7 +214,8 @@ def test_raw_tables_small_and_large_alias_and_stride_like_the_reference(n):
         strides = np.array([v.strides[0] for v in views], np.int64)
         codes = np.full(3, int(Code.F32), np.int32)
         got = _scan.unscale_raw(ptrs, counts, strides, codes, 0.5)
-        want = all([ref.unscale_(v, 0.5) for v in (b, b[lo:], b[lo : lo + 50 : step])])
+        # a list, not a generator: every view is unscaled even after a non-finite one
+        want = all([ref.unscale_(v, 0.5) for v in (b, b[lo:], b[lo : lo + 50 : step])])  # noqa: C419
         assert got is want
         assert bits_equal_or_both_nan(a, b)
         assert _scan.all_finite_raw(ptrs, counts, strides, codes) is (case % 3 != 0)
@@ -232,7 +234,7 @@ def test_raw_tables_take_stats_and_threads():
     got = _scan.unscale_raw(ptrs, counts, strides, codes, 2.0, True, 2)
     want = lscore.unscale_(copies, 2.0, stats=True, threads=1)
     assert got == want
-    for a, b in zip(arrays, copies):
+    for a, b in zip(arrays, copies, strict=True):
         assert bits_equal_or_both_nan(a, b)
 
 
@@ -266,7 +268,7 @@ def test_concurrent_callers_share_the_pool():
         t.start()
     for t in ts:
         t.join()
-    for got, want in zip(results, wants):
+    for got, want in zip(results, wants, strict=True):
         assert same_stats(got, want)
 
 
@@ -322,12 +324,12 @@ def test_unscale_refuses_exactly_the_arrays_that_share_memory():
         if clash:
             with pytest.raises(ValueError, match="do not share memory"):
                 lscore.unscale_(arg, 0.5)
-            for a, b in zip(arrays, before):
+            for a, b in zip(arrays, before, strict=True):
                 assert np.array_equal(a, b)
             refused += 1
         else:
             assert lscore.unscale_(arg, 0.5) is True
-            for a, b in zip(arrays, before):
+            for a, b in zip(arrays, before, strict=True):
                 assert np.array_equal(a, b * np.float32(0.5))
             accepted += 1
     assert refused > 300 and accepted > 300, (refused, accepted)
@@ -355,9 +357,9 @@ def test_flat_lists_of_plain_arrays_and_the_general_path_agree():
     small = [np.ones(64, np.float32) for _ in range(50)]
     small[3][7] = np.nan
     assert lscore.all_finite(small) is False
-    assert lscore.all_finite(small + [np.ones(8)[::2]]) is False
+    assert lscore.all_finite([*small, np.ones(8)[::2]]) is False
     with pytest.raises(TypeError, match="unsupported dtype"):
-        lscore.all_finite(small + [np.zeros(2, np.complex64)])
+        lscore.all_finite([*small, np.zeros(2, np.complex64)])
     many = [np.ones(1024, np.float32) for _ in range(400)]  # 1.6 MB: the general path
     many[-1][-1] = np.inf
     assert lscore.all_finite(many) is False
@@ -368,9 +370,9 @@ def test_flat_lists_of_plain_arrays_and_the_general_path_agree():
     ro = np.full(16, 4.0, np.float32)
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
-        lscore.unscale_(arrays + [ro], 0.5)
+        lscore.unscale_([*arrays, ro], 0.5)
     with pytest.raises(ValueError, match="read-only"):
-        lscore.unscale_(arrays + [ro], 1.0)
+        lscore.unscale_([*arrays, ro], 1.0)
     assert all(np.all(a == 4.0) for a in arrays)
-    assert lscore.unscale_(arrays + [None, np.arange(3)], 0.5) is True
+    assert lscore.unscale_([*arrays, None, np.arange(3)], 0.5) is True
     assert all(np.all(a == 2.0) for a in arrays)

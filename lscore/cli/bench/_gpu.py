@@ -164,7 +164,7 @@ class _HostLists:
         off = self.pad * shift
         return [
             StandInArray(self.buf[off + s : off + s + n])
-            for s, n in zip(self.starts[:-1].tolist(), self.sizes)
+            for s, n in zip(self.starts[:-1].tolist(), self.sizes, strict=True)
         ]
 
 
@@ -198,10 +198,25 @@ def run_host(opts, rows: Rows, rng) -> list[dict]:
         g = f"gpu-host {name}"
         if opts.only and not any(w in g for w in opts.only):
             continue
-        rows.add(g, "unscale_ cached", lambda: kern.unscale_(arrays, inv()), per=count, **kw)
-        rows.add(g, "all_finite cached", lambda: kern.all_finite(arrays), per=count, **kw)
-        rows.add(g, "unscale_ cached, first array alone", lambda: kern.unscale_(one, inv()), **kw)
-        rows.add(g, "all_finite cached, first array alone", lambda: kern.all_finite(one), **kw)
+        rows.add(
+            g,
+            "unscale_ cached",
+            lambda arrays=arrays, inv=inv: kern.unscale_(arrays, inv()),
+            per=count,
+            **kw,
+        )
+        rows.add(
+            g, "all_finite cached", lambda arrays=arrays: kern.all_finite(arrays), per=count, **kw
+        )
+        rows.add(
+            g,
+            "unscale_ cached, first array alone",
+            lambda one=one, inv=inv: kern.unscale_(one, inv()),
+            **kw,
+        )
+        rows.add(
+            g, "all_finite cached, first array alone", lambda one=one: kern.all_finite(one), **kw
+        )
         rows.flush()
         for op in ("unscale_", "all_finite"):
             call = (lambda a: kern.unscale_(a, 0.5)) if op == "unscale_" else kern.all_finite
@@ -364,15 +379,21 @@ def run_gpu(opts, rows: Rows, rng) -> list[dict]:
         nb = sum(a.nbytes for a in arrays)
         inv = alternating([0.5, 2.0])
         kw = dict(dtype=dtype, n=count, per=count, opts=opts)
-        rows.add(g, GPU_METHODS[0], lambda: lcp.unscale_(arrays, inv()), nbytes=2 * nb, **kw)
-        rows.add(g, GPU_METHODS[1], lambda: lcp.all_finite(arrays), nbytes=nb, **kw)
+        rows.add(
+            g,
+            GPU_METHODS[0],
+            lambda arrays=arrays, inv=inv: lcp.unscale_(arrays, inv()),
+            nbytes=2 * nb,
+            **kw,
+        )
+        rows.add(g, GPU_METHODS[1], lambda arrays=arrays: lcp.all_finite(arrays), nbytes=nb, **kw)
         if torch_cuda:
             tensors = [torch.as_tensor(a, device="cuda") for a in arrays]
             found = torch.zeros(1, device="cuda")
             tinvs = alternating([torch.full((1,), v, device="cuda") for v in (0.5, 2.0)])
             op = torch._amp_foreach_non_finite_check_and_unscale_
 
-            def torch_call():
+            def torch_call(op=op, tensors=tensors, found=found, tinvs=tinvs):
                 op(tensors, found, tinvs())
                 return found.item()
 
@@ -380,7 +401,7 @@ def run_gpu(opts, rows: Rows, rng) -> list[dict]:
         else:
             rows.add(g, GPU_METHODS[2], skip="torch with CUDA is not installed", opts=opts)
 
-        def cupy_loop():
+        def cupy_loop(arrays=arrays, inv=inv):
             v = inv()
             finite = cupy.ones((), bool)
             for a in arrays:

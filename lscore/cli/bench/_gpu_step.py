@@ -119,7 +119,7 @@ def _torch_step(torch, dev: StepDevice, name: str, grads_host, params_host, how:
     """torch's step: GradScaler.step (unscale, check, update or skip) then update()."""
     device = dev.torch_device
     params = [torch.from_numpy(p.copy()).to(device) for p in params_host]
-    for p, g in zip(params, grads_host):
+    for p, g in zip(params, grads_host, strict=True):
         p.grad = torch.from_numpy(g.astype(np.float32)).to(device)
     kw = {how: True}
     if name == "SGD":
@@ -219,7 +219,7 @@ def run_steps(dev: StepDevice, opts, rows: Rows, rng) -> list[dict]:
             else:
                 replay = dev.capture(lscore_step(dev, name, grads, params_host, True)[0])
                 rows.add(g, LSCORE_METHODS[2], _timed(dev, replay), **kw)
-            for how, method in zip(("foreach", "fused"), TORCH_METHODS):
+            for how, method in zip(("foreach", "fused"), TORCH_METHODS, strict=True):
                 if torch is None:
                     rows.add(g, method, skip="torch is not installed", opts=opts)
                     continue

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 SIZES = (10**3, 10**4, 10**5, 10**6, 10**7)
-FULL_SIZES = SIZES + (10**8,)
+FULL_SIZES = (*SIZES, 10**8)
 TINY_SIZES = (10**3, 4096)
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 N_SMALL = 300
@@ -110,19 +110,19 @@ class Rows:
         gc.disable()
         try:
             ks = []
-            for row, fn, before, opts in queued:
+            for _row, fn, before, opts in queued:
                 if before is not None:
                     before()
                 ks.append(_calls_per_timing(fn, opts.min_time))
             for _ in range(max(opts.repeat for *_, opts in queued)):
-                for i, (row, fn, before, opts) in enumerate(queued):
+                for i, (_row, fn, before, opts) in enumerate(queued):
                     if len(samples[i]) < opts.repeat:
                         if before is not None:
                             before()
                         samples[i].append(_timing(fn, ks[i]))
         finally:
             gc.enable()
-        for (row, *_), k, ts in zip(queued, ks, samples):
+        for (row, *_), k, ts in zip(queued, ks, samples, strict=True):
             row.update(
                 {
                     "median_s": statistics.median(ts),
@@ -225,5 +225,5 @@ def busy_core():
 
 
 def size_label(n: int) -> str:
-    e = int(round(math.log10(n)))
+    e = round(math.log10(n))
     return f"1e{e}" if 10**e == n else str(n)

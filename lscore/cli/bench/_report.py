@@ -256,7 +256,7 @@ def format_table(result: dict) -> str:
             else (
                 (lambda x: f"{x:.3f} us")
                 if unit in ("us_per_array", "us_per_call")
-                else (lambda x: f"{x:.2f}x" if unit == "time ratio" else f"{x:.2f}")
+                else (lambda x, unit=unit: f"{x:.2f}x" if unit == "time ratio" else f"{x:.2f}")
             )
         )
         lines.append(

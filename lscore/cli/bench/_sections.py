@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import statistics
@@ -42,31 +43,35 @@ def _bench_arrays(rows: Rows, opts, torch, rng) -> None:
             a = random_array(rng, dt, n)
             nb = a.nbytes
             kw = dict(dtype=name, n=n, opts=opts)
-            rows.add(g_af, "lscore", lambda: kernels.all_finite(a), nbytes=nb, **kw)
-            rows.add(g_af, "lscore 1 thread", lambda: kernels.all_finite(a, 1), nbytes=nb, **kw)
-            rows.add(g_af, "np.isfinite(a).all()", lambda: np.isfinite(a).all(), nbytes=nb, **kw)
+            rows.add(g_af, "lscore", lambda a=a: kernels.all_finite(a), nbytes=nb, **kw)
+            rows.add(g_af, "lscore 1 thread", lambda a=a: kernels.all_finite(a, 1), nbytes=nb, **kw)
+            rows.add(
+                g_af, "np.isfinite(a).all()", lambda a=a: np.isfinite(a).all(), nbytes=nb, **kw
+            )
             words = a.view(np.uint64)
-            rows.add(g_af, "np.sum(a.view(uint64))", lambda: np.sum(words), nbytes=nb, **kw)
-            rows.add(g_af, "C read loop", lambda: kernels.read_bandwidth(a), nbytes=nb, **kw)
+            rows.add(g_af, "np.sum(a.view(uint64))", lambda w=words: np.sum(w), nbytes=nb, **kw)
+            rows.add(g_af, "C read loop", lambda a=a: kernels.read_bandwidth(a), nbytes=nb, **kw)
 
             inv = alternating([0.5, 2.0])
-            rows.add(g_un, "lscore", lambda: kernels.unscale_(a, inv()), nbytes=2 * nb, **kw)
+            rows.add(
+                g_un, "lscore", lambda a=a, inv=inv: kernels.unscale_(a, inv()), nbytes=2 * nb, **kw
+            )
             rows.add(
                 g_un,
                 "lscore 1 thread",
-                lambda: kernels.unscale_(a, inv(), False, 1),
+                lambda a=a, inv=inv: kernels.unscale_(a, inv(), False, 1),
                 nbytes=2 * nb,
                 **kw,
             )
             rows.add(
                 g_un,
                 "lscore stats=True",
-                lambda: kernels.unscale_(a, inv(), True),
+                lambda a=a, inv=inv: kernels.unscale_(a, inv(), True),
                 nbytes=2 * nb,
                 **kw,
             )
 
-            def numpy_unscale():
+            def numpy_unscale(a=a, inv=inv):
                 np.multiply(a, inv(), out=a)
                 return np.isfinite(a).all()
 
@@ -82,8 +87,14 @@ def _bench_arrays(rows: Rows, opts, torch, rng) -> None:
                     **kw,
                 )
             dst = np.empty_like(a)
-            rows.add(g_un, "np.copyto", lambda: np.copyto(dst, a), nbytes=2 * nb, **kw)
-            rows.add(g_un, "C memcpy", lambda: kernels.copy_bandwidth(dst, a), nbytes=2 * nb, **kw)
+            rows.add(g_un, "np.copyto", lambda dst=dst, a=a: np.copyto(dst, a), nbytes=2 * nb, **kw)
+            rows.add(
+                g_un,
+                "C memcpy",
+                lambda dst=dst, a=a: kernels.copy_bandwidth(dst, a),
+                nbytes=2 * nb,
+                **kw,
+            )
             rows.flush()
             del a, dst, words
 
@@ -162,10 +173,8 @@ def _bench_gradscaler(rows: Rows, opts, torch, rng) -> None:
         ),
     )
     adapter = None
-    try:
+    with contextlib.suppress(ImportError):
         from lscore.adapters.torch import GradScaler as adapter
-    except ImportError:
-        pass
     for label, sizes in cases:
         g = f"GradScaler step, {label}"
         kw = dict(dtype="float32", n=int(np.sum(sizes)), per=N_SMALL, opts=opts)
@@ -253,7 +262,7 @@ def _torch_small_step(torch, method, grads, adapter):
     turn = alternating([0, 1])
 
     def new_grads():
-        for p, g in zip(params, grads[turn()]):  # new .grad objects each step
+        for p, g in zip(params, grads[turn()], strict=True):  # new .grad objects each step
             p.grad = g
 
     if method == GRAD_HARNESS:
@@ -281,9 +290,11 @@ def _bench_latency(rows: Rows, opts, torch, rng) -> None:
     a = np.ones(n, np.float32)
     a[0] = np.nan
     g = f"NaN at index 0 of {size_label(n)} float32"
-    rows.add(g, "lscore all_finite", lambda: kernels.all_finite(a), dtype="float32", n=n, opts=opts)
     rows.add(
-        g, "np.isfinite(a).all()", lambda: np.isfinite(a).all(), dtype="float32", n=n, opts=opts
+        g, "lscore all_finite", lambda a=a: kernels.all_finite(a), dtype="float32", n=n, opts=opts
+    )
+    rows.add(
+        g, "np.isfinite(a).all()", lambda a=a: np.isfinite(a).all(), dtype="float32", n=n, opts=opts
     )
     rows.flush()
     del a
@@ -338,18 +349,24 @@ def _bench_contention(rows: Rows, opts, torch, rng) -> None:
             inv = alternating([0.5, 2.0])
             g = f"unscale_ float32 {size_label(n)}, other core busy"
             kw = dict(dtype="float32", n=n, opts=opts)
-            rows.add(g, "lscore", lambda: kernels.unscale_(a, inv()), nbytes=2 * a.nbytes, **kw)
+            rows.add(
+                g,
+                "lscore",
+                lambda a=a, inv=inv: kernels.unscale_(a, inv()),
+                nbytes=2 * a.nbytes,
+                **kw,
+            )
             rows.add(
                 g,
                 "lscore 1 thread",
-                lambda: kernels.unscale_(a, inv(), False, 1),
+                lambda a=a, inv=inv: kernels.unscale_(a, inv(), False, 1),
                 nbytes=2 * a.nbytes,
                 **kw,
             )
             rows.add(
                 g,
                 "lscore 2 threads",
-                lambda: kernels.unscale_(a, inv(), False, 2),
+                lambda a=a, inv=inv: kernels.unscale_(a, inv(), False, 2),
                 nbytes=2 * a.nbytes,
                 **kw,
             )
@@ -367,11 +384,11 @@ def _bench_isa(rows: Rows, opts, torch, rng) -> None:
         for what in ("all_finite", "unscale_"):
             g = f"ISA levels, {what} float32 {size_label(n)}"
             fn = (
-                (lambda: kernels.all_finite(a, 1))
+                (lambda a=a: kernels.all_finite(a, 1))
                 if what == "all_finite"
-                else (lambda: kernels.unscale_(a, inv(), False, 1))
+                else (lambda a=a, inv=inv: kernels.unscale_(a, inv(), False, 1))
             )
-            for level in levels + ["auto"]:
+            for level in [*levels, "auto"]:
                 rows.add(
                     g,
                     f"{level} ({auto})" if level == "auto" else level,

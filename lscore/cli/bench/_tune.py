@@ -188,13 +188,13 @@ def mismatch(device: ArrayDevice, kern, arrays, values, want=None) -> str | None
     """Unscale `values` (written into `arrays`) by CHECK_INV on the device; None when the
     answer and every element's bits agree with the CPU core's (`want`: ``expected(values)``,
     computed when not given), else what differs."""
-    for a, v in zip(arrays, values):
+    for a, v in zip(arrays, values, strict=True):
         device.write(a, v)
     finite = kern.unscale_(arrays, CHECK_INV)
     want, want_finite = want if want is not None else expected(values)
     if finite != want_finite:
         return f"finite {finite}, the CPU core says {want_finite}"
-    for i, (a, w) in enumerate(zip(arrays, want)):
+    for i, (a, w) in enumerate(zip(arrays, want, strict=True)):
         got = device.read(a)
         bad = np.flatnonzero(_words(got) != _words(w))
         # NaN payloads may differ between devices; NaN against NaN is equal here
@@ -281,7 +281,7 @@ def _measure(device: ArrayDevice, configs, rows, group: str, values, kw: dict) -
     for cfg in configs:
         kern = device.kernels(cfg)
         why = mismatch(device, kern, arrays, values, want)
-        for a, v in zip(arrays, ones):
+        for a, v in zip(arrays, ones, strict=True):
             device.write(a, v)
         if why is not None:
             bad[label(cfg)] = why

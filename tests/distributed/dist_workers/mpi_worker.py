@@ -53,7 +53,7 @@ class MPIGroup:
 
     def allgather(self, a):
         a = np.ascontiguousarray(a)
-        out = np.empty((self.size,) + a.shape, dtype=a.dtype)
+        out = np.empty((self.size, *a.shape), dtype=a.dtype)
         self.comm.Allgather(a, out)
         return out
 

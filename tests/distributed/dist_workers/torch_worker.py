@@ -1,4 +1,5 @@
-"""One rank of a torch.distributed test run (started by tests/distributed/test_distributed_torch.py).
+"""One rank of a torch.distributed test run
+(started by tests/distributed/test_distributed_torch.py).
 
 usage: torch_worker.py MODE RANK WORLD PORT OUT_DIR [BACKEND]
 
