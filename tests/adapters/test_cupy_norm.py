@@ -32,7 +32,7 @@ def bits(a):
 
 def _hosts(b, seed, bad=None):
     rng = np.random.default_rng(seed)
-    hosts = [
+    hosts = [  # the dtypes in turn, as many as there are sizes (the list may be longer)
         (rng.standard_normal(n) * 40).astype(dt)
         for n, dt in zip((70000, 3, 0, 1025, 17, 4096), b.float_dtypes * 2, strict=False)
     ]
