@@ -8,9 +8,11 @@
  * other core is busy) simply finds fewer chunks or none: nobody waits for a
  * helper that has not started, and the caller waits at the end only for a
  * helper in the middle of one chunk (spinning briefly, then sleeping so the
- * scheduler can run that helper on the caller's core).  OpenMP waits for
- * its whole team instead, which stalled for milliseconds on a busy 2-core
- * machine (shared/research/perf_baselines.md).
+ * scheduler can run that helper on the caller's core).  An OpenMP parallel
+ * region ends with a barrier that waits for its whole team, so when another
+ * process holds the second core of a 2-core machine the caller stalls until
+ * the scheduler runs the late thread (milliseconds, a scheduler tick or
+ * more); this pool's caller never waits for a helper that has not started.
  * Statistics are kept per chunk and summed in chunk order, so the result
  * has the same bits with any number of threads.  Helpers never touch
  * Python; the GIL is released by the caller (_scan.pyx).

@@ -2,7 +2,7 @@
 
 Every adapter's ``LossScaleOptimizer(optimizer, loss_scale=None, *, dynamic=True,
 initial_scale=None, dynamic_growth_steps=None, loss_scale_manager=None)`` has
-three shapes, told apart by its arguments (shared/DESIGN.md, "Adapters"):
+three shapes, told apart by its arguments:
 
 - ``keras``: no ``loss_scale`` (or a bool, taken as ``dynamic``): tf-keras's
   LossScaleOptimizer (TF >= 2.4).  Dynamic means TF's DynamicLossScale rule

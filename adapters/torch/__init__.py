@@ -13,8 +13,9 @@ __all__ = [
     "torch_policy",
 ]
 
-# Pickles, reprs and tracebacks name these objects here, as they did when the adapter was
-# one module; a GradScaler's pickle also names its GradUnscaler here.
+# Pickles, reprs and tracebacks name these objects by this public module, not by the private
+# modules that define them, so a pickle does not depend on how the package is laid out; a
+# GradScaler's pickle also names its GradUnscaler here.
 for _obj in (
     GradScaler,
     LossScaleOptimizer,
@@ -25,5 +26,5 @@ for _obj in (
 ):
     _obj.__module__ = __name__
 del _obj
-# pickles written before the adapter became a package name it _GradUnscaler
+# the name lscore 0.1's pickles of a GradScaler give its GradUnscaler
 _GradUnscaler = GradUnscaler

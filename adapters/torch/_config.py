@@ -10,30 +10,57 @@ torch-named arguments passed beside it, showing the call to use.
 from __future__ import annotations
 
 import functools
+import os
+import sys
+import warnings
 from collections import abc
 
 import torch
 
 import lscore
+import lscore.adapters
 from lscore.policy import Policy
 from lscore.presets import table as preset_table
 from lscore.state import FORMAT, LossScaleState
 
 FP16_HELP = (
-    "lscore: the parameters themselves are float16.  Keep float32 master weights "
-    "(leave the model in float32 and compute in float16 under torch.autocast, or "
-    "keep a float32 copy for the optimizer); float16 weights lose small updates.  "
-    "To unscale float16 gradients anyway, pass allow_fp16_params=True."
+    "The parameters themselves are float16: keep float32 master weights (leave the "
+    "model in float32 and compute in float16 under torch.autocast, or keep a float32 "
+    "copy for the optimizer), since float16 weights lose small updates.  To unscale "
+    "float16 gradients anyway, pass GradScaler(..., allow_fp16_params=True)."
 )
 
 
 def fp16_help(e: ValueError) -> ValueError:
-    """torch's message stays as it is (code may match it); the advice goes in a note."""
-    if hasattr(e, "add_note"):
-        e.add_note(FP16_HELP)
-    else:  # Python 3.10
-        e.args = (f"{e.args[0]} {FP16_HELP}",)
-    return e
+    """torch's refusal of float16 gradients with the advice added to its message.
+
+    torch's sentence comes first, so code that matches the message's start (as
+    ``pytest.raises(match=...)`` does) still matches it.
+    """
+    return ValueError(f"{e} {FP16_HELP}")
+
+
+# code in these folders is lscore's (lscore and lscore.adapters may be installed apart, in
+# an editable install) or torch's (the eager twin torch.compiler.disable wraps around a call)
+_NOT_CALLERS = tuple(
+    os.path.dirname(path) + os.sep
+    for path in (lscore.__file__, lscore.adapters.__file__, torch.__file__)
+    if path is not None
+)
+
+
+def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` pointing at the first line outside lscore and torch: the user's call.
+
+    A fixed ``stacklevel`` would count the frames of ``outside_graph``'s wrapper
+    and of the method itself, which differ between eager and compiled calls.
+    """
+    level = 2  # the caller of this function
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_NOT_CALLERS):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def outside_graph(method):

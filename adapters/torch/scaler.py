@@ -1,16 +1,9 @@
 """``GradScaler``: a drop-in for ``torch.amp.GradScaler``.
 
-This front has torch's surface (methods, call order, errors, state dicts).  It
-picks a path once, when the first ``scale()`` shows the device, and the path
-(adapters/torch/_paths.py) holds the scale.  On the CPU that is lscore's
-compiled core: gradients are read as zero-copy buffers (through the DLPack C
-exchange API of ``torch.Tensor``) and unscaled and checked in one pass, and the
-scale follows lscore's state machine with torch's policy (float32 scale,
-products taken in float64, growth on the ``growth_interval``-th consecutive
-finite step unless the result is not finite in float32, backoff by
-multiplication, no floor).  On other devices it calls torch's own kernels
-(``_amp_foreach_non_finite_check_and_unscale_``, ``_amp_update_scale_``), so it
-adds no host synchronisation there.
+The class keeps torch's surface (methods, call order, errors, state dicts) and
+hands the scale to a path picked at the first ``scale()``, from the loss's
+device (adapters/torch/_paths.py): lscore's compiled core for CPU tensors,
+torch's own kernels elsewhere.
 """
 
 from __future__ import annotations
@@ -18,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import math
-import warnings
 from collections import abc, defaultdict
 from typing import Any
 
@@ -34,6 +26,7 @@ from lscore.adapters.torch._config import (
     outside_graph,
     policy_clash,
     resolve_policy,
+    warn_at_caller,
     zero_d,
 )
 from lscore.adapters.torch._paths import (
@@ -66,8 +59,9 @@ _DEFAULTS = dict(
     max_scale=None,
     hysteresis=1,
 )
-# a pickled GradScaler holds the single-module adapter's keys, in its order;
-# _PICKLED_PATH are the scale's part (the path's, now)
+# the keys of a pickled GradScaler, in this order: __getstate__ writes the path's part
+# (_PICKLED_PATH: the state machine, the scale and the CPU unscaler) beside the scaler's
+# own, and __setstate__ rebuilds an unplaced path from it
 _PICKLED = (
     "_device",
     "_auto",
@@ -92,61 +86,108 @@ _PICKLED_PATH = ("_state", "_init_scale", "_scale", "_tracker_t", "_scale_value"
 
 
 class GradScaler(torch.amp.GradScaler):
-    """A drop-in for ``torch.amp.GradScaler`` with the same scale sequence.
+    """A drop-in for ``torch.amp.GradScaler``: the same methods, errors, state dicts and scales.
 
-    A subclass of ``torch.amp.GradScaler`` (as torch's own ``ShardedGradScaler``
-    is), so ``isinstance`` checks pass; every method torch's class defines is
-    overridden here (torch's ``__init__`` is not run), the private hooks that
-    frameworks call included (``_lazy_init_scale_growth_tracker(device)``, a
-    string device too; ``_unscale_grads_``; ``_check_inf_per_device``), and
-    torch's attributes (``_scale``, ``_growth_tracker``, ``_init_scale``,
-    ``_init_growth_tracker``, ``_growth_factor``, ``_backoff_factor``,
-    ``_growth_interval``, ``_per_optimizer_states``, ``_enabled``,
-    ``_device``) read as they do in torch.
+    ``scale(loss)`` multiplies the loss by the scale, so that small float16
+    gradients do not flush to zero; ``step(optimizer)`` unscales the gradients
+    and calls ``optimizer.step()`` unless one is NaN or inf; ``update()``
+    multiplies the scale by ``backoff_factor`` after a skipped step and by
+    ``growth_factor`` after ``growth_interval`` finite steps in a row.  For the
+    same gradients the scales and parameters are bitwise equal to torch's.  On
+    CPU tensors lscore's compiled core unscales and checks the gradients in one
+    pass; on other devices torch's own kernels do it.
 
-    The arguments, methods, return values and misuse errors are torch's
-    (``scale``, ``unscale_``, ``step``, ``update``, ``get_scale``, the factor
-    and interval getters/setters, ``is_enabled``, ``state_dict`` /
-    ``load_state_dict`` with torch's five keys); for the same events the scale
-    after every step and the parameters are bitwise identical to torch's.
-    Where torch raises AssertionError for call-order misuse, this raises
-    :class:`ScalerAssertionError` (a RuntimeError and an AssertionError) with
-    torch's message.
-
-    Parameters beyond torch's (keyword-only; the defaults are torch's behaviour)
-    ----------------------------------------------------------------------------
+    Parameters
+    ----------
+    device : str, default "cuda"
+        The device type of the loss, as torch's ``device.type``.  ``"cuda"``
+        without a CUDA device disables the scaler, with torch's warning.
+    init_scale : float, default 2.0**16
+        The scale before the first step.
+    growth_factor : float, default 2.0
+        Factor (> 1) by which ``update()`` grows the scale.
+    backoff_factor : float, default 0.5
+        Factor (< 1) by which ``update()`` backs off the scale after a step
+        with NaN/inf gradients.
+    growth_interval : int, default 2000
+        Finite steps in a row after which the scale grows.
+    enabled : bool or "auto", default True
+        False: ``scale()`` returns the loss unchanged, ``step()`` calls
+        ``optimizer.step()`` and the other methods do nothing.  ``"auto"``:
+        decided at the first ``scale()``; the scaler stays enabled when a
+        float16 tensor feeds the loss (float16 autocast or a float16 model)
+        and otherwise disables itself with a warning, since bfloat16 and
+        float32 training need no loss scaling.  ``is_enabled()`` is True until
+        then.
     min_scale, max_scale : float, optional
-        A backoff never goes below ``min_scale``; a growth never above ``max_scale``.
-    hysteresis : int
-        Overflows in a row that trigger one backoff (1: every overflow backs
-        off, as torch).  Every finite step refills it, as NeMo's GradScaler does.
+        Keyword-only.  A backoff never goes below ``min_scale``; a growth never
+        above ``max_scale``.  None (the default): no bound, as torch.
+    hysteresis : int, default 1
+        Keyword-only.  Overflows in a row that trigger one backoff; 1 backs off
+        on every overflow, as torch.  Every finite step refills it, as NeMo's
+        GradScaler does.
     policy : str, Policy, dict or LossScaleState, optional
-        A whole lscore policy instead of the numeric arguments: a preset name
-        (through ``lscore.preset``, with the peer's defaults), a loss scale
-        from ``lscore.preset(name, **peer_args)``, a ``Policy``, its
-        ``to_dict()`` config, or an ``"lscore.state/1"`` state dict; a preset
-        or a state dict also sets the scale and counters.
+        Keyword-only.  A whole lscore policy instead of the numeric arguments:
+        a preset name, a loss scale from ``lscore.preset(name, **peer_args)``,
+        a ``Policy``, its ``to_dict()`` config, or an ``"lscore.state/1"``
+        state dict.  A preset or a state also sets the scale and counters.
     process_group : torch.distributed ProcessGroup, optional
-        Make the found-inf verdict the OR over this group (``dist.group.WORLD``
-        for all ranks), as ``ShardedGradScaler`` does, with one collective per
-        ``unscale_``: every rank then skips the same steps and keeps the same
-        scale.  Needed when ranks check different gradients (FSDP shards,
-        model parallelism); every rank must call ``unscale_``/``step`` alike.
-
-    ``state_dict()`` adds the key ``"lscore"`` (the full v1 state) only when
-    one of these is in use; torch's ``load_state_dict`` ignores it.
+        Keyword-only.  Makes the NaN/inf verdict the OR over this group, so
+        every rank skips the same steps and keeps the same scale (needed when
+        ranks hold different gradients: FSDP shards, model parallelism).
+    allow_fp16_params : bool, default False
+        Keyword-only.  Unscale gradients of float16 parameters.  Without it
+        ``unscale_()`` and ``step()`` refuse them, as torch does, with a
+        ValueError that says to keep float32 master weights.
 
     Attributes
     ----------
     last_step_skipped : bool
-        Whether the iteration closed by the last ``update()`` skipped an
-        optimizer step (found NaN/Inf).
+        Whether the iteration closed by the last ``update()`` skipped the
+        optimizer step.
     skipped_steps : int
-        How many iterations skipped an optimizer step.
+        How many iterations skipped the optimizer step.
+    overflow_monitor : lscore.diagnostics.OverflowMonitor or None
+        Set it to get a report naming the gradients that held NaN/inf on every
+        skipped step.
 
-    On a CUDA scale, reading these two synchronises with the device, and an
-    lscore-only option makes ``update()`` read the found-inf flag on the host
-    (``step()`` already does).
+    Raises
+    ------
+    ScalerConfigError
+        ``growth_factor <= 1`` or ``backoff_factor >= 1`` (a ValueError, and
+        the AssertionError torch raises).
+    ValueError
+        ``enabled`` is a string other than ``"auto"``, or a numeric argument
+        is passed beside ``policy``.
+
+    Notes
+    -----
+    ``state_dict()`` holds torch's five keys, and also ``"lscore"`` (the full
+    state) when ``min_scale``, ``max_scale``, ``hysteresis`` or ``policy`` is
+    in use; torch's ``load_state_dict`` ignores that key, and this class loads
+    torch's dicts.  Misuse raises torch's errors; where torch raises
+    AssertionError this raises ``ScalerAssertionError``, a RuntimeError and an
+    AssertionError.  The PyTorch details guide (docs/guides/pytorch-details.md)
+    covers the two paths, torch's private attributes, CUDA synchronisation,
+    ``torch.compile`` and ``unscale_and_clip_``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from lscore.adapters.torch import GradScaler
+    >>> _ = torch.manual_seed(0)
+    >>> model = torch.nn.Linear(4, 1)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    >>> scaler = GradScaler("cpu", init_scale=1024.0, growth_interval=2)
+    >>> for _ in range(3):
+    ...     opt.zero_grad()
+    ...     with torch.autocast("cpu", dtype=torch.float16):
+    ...         loss = model(torch.ones(8, 4)).float().pow(2).mean()
+    ...     scaler.scale(loss).backward()
+    ...     scaler.step(opt)
+    ...     scaler.update()
+    >>> scaler.get_scale(), scaler.skipped_steps
+    (2048.0, 0)
     """
 
     def __init__(
@@ -156,7 +197,7 @@ class GradScaler(torch.amp.GradScaler):
         growth_factor: float = 2.0,
         backoff_factor: float = 0.5,
         growth_interval: int = 2000,
-        enabled: bool = True,
+        enabled: bool | str = True,
         *,
         min_scale: float | None = None,
         max_scale: float | None = None,
@@ -169,9 +210,7 @@ class GradScaler(torch.amp.GradScaler):
         self._auto = isinstance(enabled, str) and enabled == "auto"
         if isinstance(enabled, str) and not self._auto:
             raise ValueError(f"enabled must be a bool or 'auto', got {enabled!r}")
-        if self._auto:
-            enabled = True
-        self._enabled = enabled
+        self._enabled = True if self._auto else bool(enabled)
         self._allow_fp16 = bool(allow_fp16_params)
         self._monitor_groups: list = []
         self._last_skipped: Any = False
@@ -181,9 +220,8 @@ class GradScaler(torch.amp.GradScaler):
             and enabled
             and not (torch.cuda.is_available() or importlib.util.find_spec("torch_xla"))
         ):
-            warnings.warn(
-                "torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.",
-                stacklevel=2,
+            warn_at_caller(
+                "torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling."
             )
             self._enabled = False
         if not self._enabled:
@@ -272,19 +310,47 @@ class GradScaler(torch.amp.GradScaler):
     @property
     def _init_scale(self) -> float:
         """torch's: the value the scale tensor is (or was) created with, or the scale last
-        loaded by load_state_dict."""
+        loaded by load_state_dict.  Assigned before the first scale(), it is the scale the
+        tensor will be created with, as in torch."""
         self._path_has("_init_scale")
         if self._path.scale is None or self._init_values is None:
             return self._path.get_scale()
         return self._init_values[0]
 
+    @_init_scale.setter
+    def _init_scale(self, value: float) -> None:
+        self._set_init(real("_init_scale", value), None)
+
     @property
     def _init_growth_tracker(self) -> int:
-        """torch's: the value the growth tracker is (or was) created with, or last loaded."""
+        """torch's: the value the growth tracker is (or was) created with, or last loaded.
+        Assigned before the first scale(), it is the count the tracker will start from,
+        as in torch (whose load_state_dict overwrites it, as here)."""
         self._path_has("_init_growth_tracker")
         if self._path.scale is None or self._init_values is None:
             return self._path.good_steps()
         return self._init_values[1]
+
+    @_init_growth_tracker.setter
+    def _init_growth_tracker(self, value: int) -> None:
+        self._set_init(None, integer("_init_growth_tracker", value, minimum=0))
+
+    def _set_init(self, scale: float | None, tracker: int | None) -> None:
+        """Assign torch's _init_scale or _init_growth_tracker (None: keep the other)."""
+        self._path_has("_init_scale" if tracker is None else "_init_growth_tracker")
+        path = self._path
+        if isinstance(path, Unplaced):  # the tensors do not exist yet: they start from these
+            state = path.state
+            new_scale = path.get_scale() if scale is None else scale
+            new_tracker = path.good_steps() if tracker is None else tracker
+            d = state_dict_with(state, float(np.float32(new_scale)), good_steps=new_tracker)
+            path.load(d, new_scale)
+        else:  # torch keeps the attribute only: the tensors hold the scale and tracker
+            old = self._init_values or (path.get_scale(), path.good_steps())
+            self._init_values = (
+                old[0] if scale is None else scale,
+                old[1] if tracker is None else tracker,
+            )
 
     def _lazy_init_scale_growth_tracker(self, dev) -> None:
         """Create the scale (and pick the path) on `dev`, a torch.device or a string, as
@@ -318,7 +384,11 @@ class GradScaler(torch.amp.GradScaler):
 
     @outside_graph
     def scale(self, outputs):
-        """Multiply a tensor (or nested lists/tuples/iterables of tensors) by the scale."""
+        """`outputs` (a tensor, or nested lists, tuples or iterables of them) times the scale.
+
+        The first call creates the scale on the device of `outputs` and decides
+        ``enabled="auto"``.  A disabled scaler returns `outputs` itself.
+        """
         if self._auto:
             self._decide_auto(outputs)
         if not self._enabled:
@@ -357,34 +427,37 @@ class GradScaler(torch.amp.GradScaler):
         self._enabled = False
         self._path = Disabled(self._path)
         kinds = ", ".join(sorted(str(d).replace("torch.", "") for d in dtypes)) or "none"
-        warnings.warn(
+        warn_at_caller(
             f"GradScaler(enabled='auto'): no float16 tensor behind the loss "
             f"(dtypes seen: {kinds}); bfloat16 and float32 training need no loss "
-            f"scaling, so this scaler is disabled.",
-            stacklevel=3,
+            f"scaling, so this scaler is disabled."
         )
 
     # ---- unscale -----------------------------------------------------------------
 
     @outside_graph
     def unscale_and_clip_(self, optimizer, max_norm: float, norm_type: float = 2.0):
-        """``unscale_(optimizer)`` then ``clip_grad_norm_(params, max_norm, norm_type)``.
+        """``unscale_(optimizer)``, then clip the gradients as ``clip_grad_norm_`` does.
 
-        An lscore extra: on the CPU core path the 2-norm (``norm_type=2``) and the
-        largest magnitude (``norm_type=inf``) of the unscaled gradients come from
-        the same pass that unscales and checks them, so clipping costs one more
-        multiply instead of two more reads; any other ``norm_type`` (as
-        ``clip_grad_norm_`` takes it: a float, or ``"inf"``) is computed by
-        ``torch.linalg.vector_norm`` after that pass.  Returns the total norm as
-        a tensor of the gradients' dtype, like ``clip_grad_norm_`` (the inf-norm
-        exactly; the 2-norm within float rounding: lscore sums squares in
-        float64).  When a gradient is NaN/Inf the step will be skipped, so
-        nothing is clipped and the norm is returned as is (inf or nan).  Dense
-        CUDA gradients with ``norm_type`` 2 or inf take lscore's one-pass kernels
-        (adapters/torch/_cuda_clip.py: the norm gathered while unscaling, on
-        torch's current stream, no host sync).  Otherwise off the CPU path (a
-        disabled scaler, other p-norms or layouts on CUDA) it is exactly
-        ``unscale_`` + ``clip_grad_norm_``.
+        An lscore extra: for ``norm_type`` 2 or inf the norm is gathered by the
+        pass that unscales the gradients (on the CPU core, and by lscore's
+        kernels for dense CUDA gradients), so clipping costs one multiply
+        instead of two more reads.  When a gradient is NaN/inf the step will be
+        skipped, and nothing is clipped.
+
+        Parameters
+        ----------
+        optimizer : torch.optim.Optimizer
+            The optimizer whose gradients to unscale and clip.
+        max_norm : float
+            The largest total norm the gradients keep (> 0).
+        norm_type : float or "inf", default 2.0
+            The p of the p-norm, as ``clip_grad_norm_`` takes it.
+
+        Returns
+        -------
+        torch.Tensor
+            The total norm before clipping, in the gradients' dtype.
         """
         max_norm = real("max_norm", max_norm)
         if not max_norm > 0:
@@ -400,7 +473,7 @@ class GradScaler(torch.amp.GradScaler):
             # CUDA gradients, p 2 or inf: lscore's one-pass kernels (adapters/torch/_cuda_clip.py)
             one = _cuda_clip.OnePass.of(params, self._path.scale, p)
             if one is not None:
-                self.unscale_(optimizer, _unscale=one)
+                self._unscale_with(optimizer, unscale=one)
                 return one.clip(
                     max_norm, self._found_inf_per_device(optimizer), params[0].grad.dtype
                 )
@@ -411,7 +484,7 @@ class GradScaler(torch.amp.GradScaler):
                 return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
             return self._clip(optimizer, params, max_norm, None, p)
         stats: list = []
-        self.unscale_(optimizer, _stats=stats)
+        self._unscale_with(optimizer, stats=stats)
         if p == 2.0:
             total = math.sqrt(math.fsum(sq for sq, _ in stats))
         else:
@@ -442,8 +515,19 @@ class GradScaler(torch.amp.GradScaler):
         return total
 
     @outside_graph
-    def unscale_(self, optimizer, *, _stats=None, _unscale=None) -> None:
-        """Divide ("unscale") `optimizer`'s gradients by the scale, and check them for NaN/Inf."""
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide ("unscale") `optimizer`'s gradients by the scale and check them for NaN/inf.
+
+        Call it before working on the gradients (e.g. clipping them); ``step()``
+        calls it otherwise.  Calling it twice in an iteration, or after ``step()``,
+        is a RuntimeError; float16 gradients without ``allow_fp16_params`` a
+        ValueError.
+        """
+        self._unscale_with(optimizer)
+
+    def _unscale_with(self, optimizer, stats: list | None = None, unscale=None) -> None:
+        """``unscale_``, also appending each array's (sum of squares, largest magnitude) to
+        `stats` on the CPU core path, or unscaling with `unscale` (the one-pass CUDA clip's)."""
         if not self._enabled:
             return
         self._check_scale_growth_tracker("unscale_")
@@ -455,10 +539,10 @@ class GradScaler(torch.amp.GradScaler):
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
         try:
-            found = (_unscale or self._path.unscale)(optimizer, self._allow_fp16, _stats)
+            found = (unscale or self._path.unscale)(optimizer, self._allow_fp16, stats)
         except ValueError as e:
             if str(e) == "Attempting to unscale FP16 gradients.":
-                fp16_help(e)  # torch's error, with lscore's advice added
+                raise fp16_help(e) from None
             raise
         state["found_inf_per_device"] = self._agree(found)
         if self.overflow_monitor is not None:
@@ -475,8 +559,9 @@ class GradScaler(torch.amp.GradScaler):
 
     @outside_graph
     def step(self, optimizer, *args, **kwargs):
-        """Unscale (unless done already) and call ``optimizer.step()`` unless a gradient
-        is NaN/Inf; returns what that call returns, or None when the step is skipped."""
+        """Unscale `optimizer`'s gradients (unless ``unscale_`` did), then call
+        ``optimizer.step(*args, **kwargs)`` unless one is NaN/inf; returns what it returns,
+        or None when the step is skipped.  A ``closure`` is refused, as in torch."""
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
@@ -499,13 +584,12 @@ class GradScaler(torch.amp.GradScaler):
         """Optimizers that unscale and skip inside their own kernel (torch's contract)."""
         has_kwarg = "grad_scaler" in inspect.signature(optimizer.step).parameters
         if has_kwarg:
-            warnings.warn(
+            warn_at_caller(
                 "GradScaler is going to stop passing itself as a keyword argument to the "
                 "passed optimizer. In the near future GradScaler registers `grad_scale: "
                 "Tensor` and `found_inf: Tensor` to the passed optimizer and let the "
                 "optimizer use them directly.",
                 FutureWarning,
-                stacklevel=3,
             )
             kwargs.update({"grad_scaler": self})
         else:
@@ -533,8 +617,8 @@ class GradScaler(torch.amp.GradScaler):
 
     @outside_graph
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
-        """Grow or back off the scale from this iteration's found-inf flags, or set
-        it to `new_scale` (a float or a one-element tensor on the scaler's device)."""
+        """Grow or back off the scale from this iteration's NaN/inf checks, or set it to
+        `new_scale` (a float, or a one-element tensor on the scaler's device)."""
         if not self._enabled:
             return
         self._check_scale_growth_tracker("update")
@@ -612,30 +696,36 @@ class GradScaler(torch.amp.GradScaler):
 
     @outside_graph
     def get_scale(self) -> float:
-        """The current scale as a Python float (1.0 when disabled); syncs on CUDA."""
+        """The current scale as a Python float (1.0 when disabled); waits for the device."""
         return self._path.get_scale()
 
     def _get_growth_tracker(self) -> int:
         return self._path.good_steps()
 
     def get_growth_factor(self) -> float:
+        """The factor by which ``update()`` grows the scale."""
         return self._growth_factor
 
     def set_growth_factor(self, new_factor: float) -> None:
+        """Make `new_factor` the factor by which ``update()`` grows the scale."""
         self._set_policy(growth_factor=new_factor)
         self._growth_factor = new_factor
 
     def get_backoff_factor(self) -> float:
+        """The factor by which ``update()`` backs off the scale."""
         return self._backoff_factor
 
     def set_backoff_factor(self, new_factor: float) -> None:
+        """Make `new_factor` the factor by which ``update()`` backs off the scale."""
         self._set_policy(backoff_factor=new_factor)
         self._backoff_factor = new_factor
 
     def get_growth_interval(self) -> int:
+        """The number of finite steps in a row after which the scale grows."""
         return self._growth_interval
 
     def set_growth_interval(self, new_interval: int) -> None:
+        """Make the scale grow after `new_interval` finite steps in a row."""
         self._set_policy(growth_interval=new_interval)
         self._growth_interval = new_interval
 
@@ -668,8 +758,8 @@ class GradScaler(torch.amp.GradScaler):
         return not is_torch_shape(self._state.policy)
 
     def state_dict(self) -> dict:
-        """torch's five keys (plus ``"lscore"``, the v1 state, when an lscore option is in
-        use); an empty dict when disabled."""
+        """torch's five keys, and ``"lscore"`` (the full ``"lscore.state/1"`` state) when an
+        lscore-only argument is in use; ``{}`` when disabled."""
         if not self._enabled:
             return {}
         d = {
@@ -684,7 +774,11 @@ class GradScaler(torch.amp.GradScaler):
         return d
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Take a state dict of this class or of ``torch.amp.GradScaler``."""
+        """Load `state_dict`, saved by this class or by ``torch.amp.GradScaler``.
+
+        An empty one (saved from a disabled scaler) is a RuntimeError, as in torch,
+        unless this scaler is ``enabled="auto"`` and still undecided.
+        """
         if not self._enabled:
             return
         if len(state_dict) == 0 and self._auto:
@@ -726,7 +820,7 @@ class GradScaler(torch.amp.GradScaler):
             self._growth_factor, self._backoff_factor, self._growth_interval = gf, bf, gi
 
     def __getstate__(self) -> dict:
-        """The single-module adapter's pickle: the same keys, in its order."""
+        """The pickled attributes: those of _PICKLED, in that order, then any others."""
         if self._enabled and len(self._per_optimizer_states) != 0:
             raise ScalerAssertionError(
                 "A GradScaler instance may only be pickled at the beginning of an "

@@ -1,14 +1,39 @@
-"""Command line: ``lscore demo``, ``lscore bench`` (also ``python -m lscore``)."""
+"""lscore: loss scaling for mixed-precision training.
+
+commands:
+  demo      train a small model in float16 with and without loss scaling
+  bench     time lscore against NumPy, torch and the memory bandwidth
+  migrate   convert a peer's loss-scale config or checkpoint to lscore's, or back
+
+'lscore COMMAND --help' shows a command's options; 'python -m lscore' is the
+same program.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from lscore import __version__
+
 _DEMO_NEEDS = ("sklearn", "matplotlib", "tqdm")
 
 
-def _demo(args) -> int:
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions as written; each option's default after its help, unless it has none.
+
+    argparse's ArgumentDefaultsHelpFormatter also prints "(default: None)" for an
+    option that is unset by default and "(default: False)" for a flag; those say
+    nothing, so they are left out.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _demo(args: argparse.Namespace) -> int:
     """Train a small MLP in float16 with and without loss scaling (lscore/cli/demo.py)."""
     import importlib.util
 
@@ -35,18 +60,28 @@ def _demo(args) -> int:
     return demo.run(steps=args.steps, seed=args.seed, out=args.out, backend=args.backend)
 
 
-def _bench(args) -> int:
+def _bench(args: argparse.Namespace) -> int:
     """The benchmark table against NumPy, torch and the memory bandwidth."""
     from lscore.cli import bench
 
     return bench.main(args)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="lscore", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser() -> argparse.ArgumentParser:
+    """The `lscore` command line: its options and the demo, bench and migrate commands."""
+    parser = argparse.ArgumentParser(
+        prog="lscore", description=__doc__, formatter_class=HelpFormatter
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = sub.add_parser(
-        "demo", help="train a small model in float16 with and without loss scaling"
+        "demo",
+        help="train a small model in float16 with and without loss scaling",
+        description="Train a small model in float32, in float16 without loss scaling and "
+        "in float16 with lscore's dynamic loss scale; write a figure and a JSON summary.",
+        formatter_class=HelpFormatter,
     )
     demo.add_argument(
         "--backend",
@@ -57,11 +92,17 @@ def main(argv=None) -> int:
         "optimizer, or the CPU demo when there is no GPU)",
     )
     demo.add_argument("--steps", type=int, default=1000, help="training steps per mode")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--seed", type=int, default=0, help="random seed (data split and initial weights)"
+    )
     demo.add_argument("--out", default=".", help="folder for lscore_demo.png and .json")
     demo.set_defaults(func=_demo)
     bench = sub.add_parser(
-        "bench", help="time lscore against NumPy, torch and the memory bandwidth, in one run"
+        "bench",
+        help="time lscore against NumPy, torch and the memory bandwidth, in one run",
+        description="Time lscore's scan and unscale against NumPy, torch and the memory "
+        "bandwidth, on the same arrays in one run, and check the speed targets.",
+        formatter_class=HelpFormatter,
     )
     bench.add_argument("--full", action="store_true", help="add 1e8-element arrays")
     bench.add_argument(
@@ -85,7 +126,7 @@ def main(argv=None) -> int:
         "--suite",
         choices=("cpu", "gpu", "gpu-host", "gpu-tune"),
         default="cpu",
-        help="cpu (default): the CPU core; gpu: the CuPy path against torch's "
+        help="cpu: the CPU core; gpu: the CuPy path against torch's "
         "foreach kernel on a CUDA device (skipped without one); gpu-host: "
         "the CuPy path's host cost per call and per array, with the "
         "device replaced (no GPU needed); gpu-tune: unscale_ under a grid "
@@ -95,9 +136,15 @@ def main(argv=None) -> int:
     bench.set_defaults(func=_bench)
     from lscore.cli.migrate_cmd import add_parser as add_migrate
 
-    add_migrate(sub)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    add_migrate(sub, HelpFormatter)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line on `argv` (sys.argv[1:] when None); the exit status."""
+    args = build_parser().parse_args(argv)
+    status: int = args.func(args)
+    return status
 
 
 if __name__ == "__main__":  # pragma: no cover

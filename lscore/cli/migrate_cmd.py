@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
+import re
 import sys
+from typing import Any
 
 from lscore.migrate import PEERS, convert, peer_config, to_peer
-from lscore.presets import json_config, preset, unjson_config
+from lscore.presets import json_config, preset, table, unjson_config
 from lscore.state import parse_state
 
 
@@ -67,38 +71,85 @@ def load_checkpoint(path: str, unsafe_pickle: bool = False):
         return torch.load(path, map_location="cpu", weights_only=True), names
 
 
-def _read(path: str, unsafe_pickle: bool = False, notes: list | None = None):
-    """A JSON file, or a torch.save file when torch is installed."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        json_error = e
-    try:
-        import torch  # noqa: F401 - only whether torch imports matters here
-    except ImportError:
-        raise ValueError(
-            f"{path} is not JSON ({json_error}), and torch is not installed to "
-            f"read it as a torch.save file"
-        ) from None
-    try:
-        data, inert = load_checkpoint(path, unsafe_pickle)
-    except Exception as e:  # torch raises many types for a file it cannot read
-        hint = (
-            ""
-            if unsafe_pickle
-            else " (objects other than tensors and plain containers "
-            "need --unsafe-pickle, for files you trust)"
-        )
-        raise ValueError(
-            f"{path} is neither JSON nor a readable torch.save file: {type(e).__name__}: {e}{hint}"
-        ) from None
-    if inert and notes is not None:
-        notes.append(
-            f"{path}: objects of {', '.join(inert)} were read as plain data "
-            f"(torch.load weights_only=True; none of their code ran)"
-        )
-    return data
+# the first bytes of a torch.save file: a zip archive, or (torch < 1.6) a pickle
+_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+class _Input:
+    """The files one `lscore migrate` run read, and whether each was JSON."""
+
+    def __init__(self, unsafe_pickle: bool) -> None:
+        self.unsafe_pickle = unsafe_pickle
+        self.notes: list[str] = []
+        self.kinds: list[str] = []
+
+    @property
+    def all_json(self) -> bool:
+        return bool(self.kinds) and all(k == "json" for k in self.kinds)
+
+    def read(self, path: str) -> Any:
+        """A JSON file, or a torch.save file when torch is installed."""
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except OSError as e:
+            raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+        if not raw.strip():
+            raise ValueError(f"{path} is empty: expected JSON or a torch.save file")
+        text = None
+        if not raw.startswith(_TORCH_MAGIC):
+            # not text: perhaps a torch.save file of a format not listed above
+            with contextlib.suppress(UnicodeDecodeError):
+                text = raw.decode("utf-8-sig")
+        if text is not None:
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"{path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}"
+                ) from None
+            self.kinds.append("json")
+            return data
+        self.kinds.append("torch")
+        return self._read_torch(path)
+
+    def _read_torch(self, path: str) -> Any:
+        import pickle
+
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                f"{path} is not JSON text; reading it as a torch.save file needs torch, "
+                f"which is not installed"
+            ) from None
+        try:
+            data, inert = load_checkpoint(path, self.unsafe_pickle)
+        except Exception as e:  # torch raises many types for a file it cannot read
+            hint = (
+                " (objects other than tensors and plain containers need "
+                "--unsafe-pickle, for files you trust)"
+                if isinstance(e, pickle.UnpicklingError) and not self.unsafe_pickle
+                else ""
+            )
+            raise ValueError(
+                f"{path} is neither JSON nor a readable torch.save file: "
+                f"{type(e).__name__}: {e}{hint}"
+            ) from None
+        if inert:
+            self.notes.append(
+                f"{path}: objects of {', '.join(inert)} were read as plain data "
+                f"(torch.load weights_only=True; none of their code ran)"
+            )
+        return data
+
+
+def _as_json_spells(message: str) -> str:
+    """`message` with Python's True/False/None as JSON writes them (for JSON inputs)."""
+    return re.sub(r"\b(True|False|None)\b", lambda m: _JSON_WORDS[m.group()], message)
+
+
+_JSON_WORDS = {"True": "true", "False": "false", "None": "null"}
 
 
 def _snippet(config: dict, state_file: str | None) -> str:
@@ -113,78 +164,133 @@ def _snippet(config: dict, state_file: str | None) -> str:
     return "\n".join(lines)
 
 
-def _print_notes(notes) -> None:
-    for note in notes:
-        print(f"# note: {note}")
+def _write(path: str, data: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, allow_nan=False, default=str)
+        f.write("\n")
 
 
-def cli(args) -> int:
-    """`lscore migrate`: print the lscore equivalent of a peer's config/state, or the reverse."""
+def _to_peer(args: argparse.Namespace, read: _Input) -> tuple[dict, list[str]]:
+    """--to: (the JSON result, the report lines for people)."""
+    if args.source is None:
+        raise ValueError(
+            "--to needs a FILE: an lscore state (lscore.state/1) or an "
+            'lscore config ({"preset": ...})'
+        )
+    data = read.read(args.source)
+    has_state = isinstance(data, dict) and "format" in data
+    if has_state:
+        config = parse_state(data)[2]
+        if not config or "preset" not in config:
+            raise ValueError(
+                f"{args.source} holds an lscore state without a preset "
+                f"config; save it from an lscore.preset object"
+            )
+        ls = preset(**unjson_config(config))
+        ls.load_state_dict(data)
+    elif isinstance(data, dict) and "preset" in data:
+        ls = preset(**unjson_config(data))
+    else:
+        raise ValueError(f"{args.source} is neither an lscore state nor an lscore config")
+    state = to_peer(args.to_peer, ls)  # fails first if the peer cannot hold it
     try:
-        notes: list = []
-        if args.to_peer is not None:
-            if args.source is None:
-                raise ValueError(
-                    "--to needs a FILE: an lscore state (lscore.state/1) or an "
-                    'lscore config ({"preset": ...})'
-                )
-            data = _read(args.source, args.unsafe_pickle)
-            if isinstance(data, dict) and "format" in data:
-                config = parse_state(data)[2]
-                if not config or "preset" not in config:
-                    raise ValueError(
-                        f"{args.source} holds an lscore state without a preset "
-                        f"config; save it from an lscore.preset object"
-                    )
-                ls = preset(**unjson_config(config))
-                ls.load_state_dict(data)
-            elif isinstance(data, dict) and "preset" in data:
-                ls = preset(**unjson_config(data))
-            else:
-                raise ValueError(f"{args.source} is neither an lscore state nor an lscore config")
-            state = to_peer(args.to_peer, ls)  # fails first if the peer cannot hold it
-            print(f"# {args.to_peer} config")
-            try:
-                print(json.dumps(peer_config(args.to_peer, ls), indent=2, default=str))
-            except ValueError as e:
-                print(f"# not expressible: {e}")
-            print(f"# {args.to_peer} state")
-            print(json.dumps(state, indent=2, default=str))
-            return 0
-        config = _read(args.source, args.unsafe_pickle, notes) if args.source is not None else None
-        state = _read(args.state, args.unsafe_pickle, notes) if args.state is not None else None
-        m = convert(args.from_peer, config=config, state=state)
-        notes += m.notes
-        if m.state_at is not None:
-            notes.insert(0, f"the scaler state is {m.state_at} of {args.state}")
-        _print_notes(notes)
-        ls = m.loss_scale
-        print("# lscore config")
-        print(json.dumps(json_config(ls.get_config()), indent=2))
-        state_file = None
-        if state is not None:
-            d = ls.state_dict()
-            if args.out is not None:
-                with open(args.out, "w", encoding="utf-8") as f:
-                    json.dump(d, f, indent=2, allow_nan=False)
-                state_file = args.out
-                print(f"# lscore state ({d['format']}) written to {args.out}")
-            else:
-                state_file = "lscore_state.json"
-                print(f"# lscore state ({d['format']}); save it as {state_file}")
-                print(json.dumps(d, indent=2, allow_nan=False))
-        print("# Python")
-        print(_snippet(ls.get_config(), state_file))
-        return 0
-    except (ValueError, TypeError, OSError) as e:
-        print(f"lscore migrate: error: {e}", file=sys.stderr)
+        config_out: dict | None = peer_config(args.to_peer, ls)
+        why = None
+    except ValueError as e:
+        config_out, why = None, str(e)
+    if args.out is not None:
+        if has_state:
+            _write(args.out, state)
+            read.notes.append(f"the {args.to_peer} state was written to {args.out}")
+        elif config_out is None:
+            raise ValueError(
+                f"--out: {args.source} is an lscore config, and a {args.to_peer} config "
+                f"cannot express it ({why}); nothing was written"
+            )
+        else:
+            _write(args.out, config_out)
+            read.notes.append(f"the {args.to_peer} config was written to {args.out}")
+    lines = [f"# {args.to_peer} config"]
+    lines.append(
+        f"# not expressible: {why}" if config_out is None else json.dumps(config_out, indent=2)
+    )
+    lines += [f"# {args.to_peer} state", json.dumps(state, indent=2, default=str)]
+    return {"peer": args.to_peer, "config": config_out, "state": state}, lines
+
+
+def _from_peer(args: argparse.Namespace, read: _Input) -> tuple[dict, list[str]]:
+    """--from: (the JSON result, the report lines for people)."""
+    if args.source is None and args.state is None:
+        raise ValueError("--from needs a FILE (the peer's config), --state FILE, or both")
+    config = read.read(args.source) if args.source is not None else None
+    state = read.read(args.state) if args.state is not None else None
+    m = convert(args.from_peer, config=config, state=state)
+    notes = read.notes
+    if m.state_at is not None:
+        notes.insert(0, f"the scaler state is {m.state_at} of {args.state}")
+    notes += m.notes
+    if m.defaults:
+        gave = " and ".join(
+            what for what, given in (("config", config), ("state", state)) if given is not None
+        )
+        notes.append(
+            f"the {gave} gives no {', '.join(m.defaults)}; lscore took the defaults of "
+            f"{table.TABLE[m.loss_scale.name].peer}: "
+            + ", ".join(f"{k}={json.dumps(v)}" for k, v in m.defaults.items())
+            + (
+                " (lscore records the device only: the scale follows the same steps on any)"
+                if "device" in m.defaults
+                else ""
+            )
+        )
+    ls = m.loss_scale
+    cfg = json_config(ls.get_config())
+    d = ls.state_dict() if state is not None else None
+    lines = ["# lscore config", json.dumps(cfg, indent=2)]
+    state_file = None
+    if args.out is not None:
+        _write(args.out, d if d is not None else cfg)
+        what = f"lscore state ({d['format']})" if d is not None else "lscore config"
+        lines.append(f"# {what} written to {args.out}")
+        state_file = args.out if d is not None else None
+    elif d is not None:
+        state_file = "lscore_state.json"
+        lines.append(f"# lscore state ({d['format']}); save it as {state_file}")
+        lines.append(json.dumps(d, indent=2, allow_nan=False))
+    lines += ["# Python", _snippet(ls.get_config(), state_file)]
+    return {"config": cfg, "state": d}, lines
+
+
+def cli(args: argparse.Namespace) -> int:
+    """`lscore migrate`: print the lscore equivalent of a peer's config/state, or the reverse."""
+    read = _Input(args.unsafe_pickle)
+    try:
+        result, lines = (_to_peer if args.to_peer is not None else _from_peer)(args, read)
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        if read.all_json:
+            message = _as_json_spells(message)
+        print(f"lscore migrate: error: {message}", file=sys.stderr)
         return 2
+    except OSError as e:  # --out could not be written
+        print(f"lscore migrate: error: {e.strerror or e}: {e.filename}", file=sys.stderr)
+        return 2
+    if args.json:
+        for note in read.notes:
+            print(f"lscore migrate: note: {note}", file=sys.stderr)
+        print(json.dumps(result, indent=2, allow_nan=False, default=str))
+    else:
+        for note in read.notes:
+            print(f"# note: {note}")
+        print("\n".join(lines))
+    return 0
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
     """The `migrate` subcommand of the `lscore` command line."""
     p = sub.add_parser(
         "migrate",
+        formatter_class=formatter,
         help="convert a peer's loss-scale config/state to lscore's (--from) or back (--to)",
         description="Convert a peer's loss-scale config or checkpoint state into "
         "lscore's, or an lscore state back into a peer's. Peers: " + ", ".join(PEERS) + ".",
@@ -219,7 +325,19 @@ def add_parser(sub) -> None:
         "{'model', 'optimizer', 'scaler'} dict): JSON, or a torch.save file if "
         "torch is installed (read with weights_only=True)",
     )
-    p.add_argument("--out", metavar="FILE", help="write the lscore state here (JSON)")
+    p.add_argument(
+        "--out",
+        metavar="FILE",
+        help="write what the conversion gives here (JSON): --from: the lscore state, or "
+        "the lscore config when there is no --state; --to: the peer's state, or its "
+        "config when FILE is an lscore config",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print one JSON object on stdout ({"config", "state"}; with --to also '
+        '"peer"), and the notes on stderr',
+    )
     p.add_argument(
         "--unsafe-pickle",
         action="store_true",

@@ -4,8 +4,9 @@
 object in exactly the peer's state, so that training resumed with lscore
 gives the scale sequence the peer itself would have given; ``convert`` does
 the same and also returns the notes (defaults lscore chose where the input
-left a value open, e.g. DeepSpeed's ``"auto"``) and where in a whole
-checkpoint it found the scaler state.  ``to_peer(name, loss_scale)`` returns
+left a value open, e.g. DeepSpeed's ``"auto"``), the peer's defaults taken for
+arguments the input does not give, and where in a whole checkpoint it found
+the scaler state.  ``to_peer(name, loss_scale)`` returns
 the peer's native state and ``peer_config(name, loss_scale)`` its config,
 where the peer can hold them.  Every preset name is a peer name.
 
@@ -118,6 +119,7 @@ def convert(name: str, config=None, state=None) -> Migration:
         args = dict(args)
         loaded = peer.load(state, args, notes)
     ls = preset(peer.preset, **args)
+    defaults = {k: v for k, v in table.TABLE[peer.preset].args.items() if k not in args}
     if loaded.scale is not None or loaded.counters or loaded.next_scale is not None:
         d = ls.state_dict()
         if loaded.scale is not None:
@@ -128,7 +130,7 @@ def convert(name: str, config=None, state=None) -> Migration:
             d["next_scale"] = _json_scale(loaded.next_scale)
         d["counters"].update(loaded.counters)
         ls.load_state_dict(d)
-    return Migration(ls, tuple(notes), state_at, config_at)
+    return Migration(ls, tuple(notes), state_at, config_at, defaults)
 
 
 def from_peer(name: str, config=None, state=None) -> PresetLossScale:

@@ -27,13 +27,16 @@ class Migration:
     ``loss_scale`` is the preset object; ``notes`` the choices lscore made
     (each a sentence); ``state_at`` and ``config_at`` where in a whole
     checkpoint the scaler state and the config were found (e.g.
-    ``"checkpoint['optimizer']['grad_scaler']"``), None when given directly.
+    ``"checkpoint['optimizer']['grad_scaler']"``), None when given directly;
+    ``defaults`` the preset arguments that neither the config nor the state
+    gave, each with the peer's default that the preset took.
     """
 
     loss_scale: PresetLossScale
     notes: tuple = ()
     state_at: str | None = None
     config_at: str | None = None
+    defaults: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

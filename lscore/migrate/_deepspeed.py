@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import ClassVar
 
@@ -38,6 +39,11 @@ DS_FP16_DEFAULTS = {
     "min_loss_scale": 1,
     "fp16_master_weights_and_grads": False,
 }
+
+
+def _json(v: object) -> str:
+    """A ds_config value as JSON spells it (false, not False)."""
+    return json.dumps(v)
 
 
 class DeepSpeedPeer(PeerBase):
@@ -132,7 +138,7 @@ class DeepSpeedPeer(PeerBase):
                 'DeepSpeed drops "auto" values it is given and uses its defaults; '
                 "lscore took "
                 + ", ".join(
-                    f"fp16.{k}={DS_FP16_DEFAULTS[k]!r}" for k in autos if k in DS_FP16_DEFAULTS
+                    f"fp16.{k}={_json(DS_FP16_DEFAULTS[k])}" for k in autos if k in DS_FP16_DEFAULTS
                 )
             )
             fp16 = {k: v for k, v in fp16.items() if not is_auto(v)}
@@ -140,6 +146,30 @@ class DeepSpeedPeer(PeerBase):
             raise ValueError(
                 f"fp16.loss_scale {fp16['loss_scale']!r} is a static scale; "
                 f"use lscore.FixedLossScale({fp16['loss_scale']!r})"
+            )
+        unset = [
+            k
+            for k in (
+                "initial_scale_power",
+                "loss_scale_window",
+                "min_loss_scale",
+                "hysteresis",
+                "consecutive_hysteresis",
+            )
+            if k not in fp16 and k not in autos
+        ]
+        if unset:
+            notes.append(
+                "the ds_config's fp16 section leaves "
+                + ", ".join(unset)
+                + " unset; lscore took DeepSpeed's defaults: "
+                + ", ".join(f"fp16.{k}={_json(DS_FP16_DEFAULTS[k])}" for k in unset)
+            )
+        if "raise_error_at_min_scale" not in fp16:
+            notes.append(
+                "DeepSpeed's engine does not pass raise_error_at_min_scale to its "
+                "DynamicLossScaler; lscore took that class's default, true (training "
+                "stops with an error when an overflow comes at the minimum scale)"
             )
         power = fp16.get("initial_scale_power", DS_FP16_DEFAULTS["initial_scale_power"])
         return {

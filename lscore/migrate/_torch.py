@@ -16,6 +16,7 @@ from lscore.migrate._base import (
     read_value,
     walk_path,
 )
+from lscore.policy import F32_MAX
 
 LIGHTNING_SCALER_KEYS = (
     "MixedPrecision",
@@ -66,10 +67,18 @@ class TorchPeer(PeerBase):
             backoff_factor=read_value("backoff_factor", st["backoff_factor"]),
             growth_interval=read_count("growth_interval", st["growth_interval"], None),
         )
-        return Loaded(
-            read_scale("scale", st["scale"]),
-            {"good_steps": read_count("_growth_tracker", st["_growth_tracker"])},
-        )
+        scale = read_scale("scale", st["scale"])
+        args.setdefault("enabled", True)  # a disabled GradScaler saves {} (refused above)
+        if "init_scale" not in args and 0 < scale <= F32_MAX:
+            # torch's load_state_dict sets _init_scale to the scale it loads
+            # (torch/amp/grad_scaler.py), so the scaler resumed from this state
+            # holds that value; the state records no init_scale of its own
+            args["init_scale"] = scale
+            notes.append(
+                f"the {self.what} records no init_scale; lscore took the state's scale "
+                f"{scale!r}, as torch's load_state_dict does"
+            )
+        return Loaded(scale, {"good_steps": read_count("_growth_tracker", st["_growth_tracker"])})
 
     def dump(self, ls, args):
         return {

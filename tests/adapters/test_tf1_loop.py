@@ -17,7 +17,8 @@ Migrating TF1 code keeps its calls.  NVIDIA's TF1 BERT
 and simpler TF1 scripts ``optimizer.minimize(loss, global_step=global_step)`` with
 ``global_step = tf.train.get_or_create_global_step()`` (an int64 variable).  The
 tests below make those calls on lscore's optimizers, with the expected values of
-TF's contrib tests (shared/research/tf_semantics.md, section 4).
+TF's contrib tests (tensorflow/contrib/mixed_precision/python/loss_scale_optimizer_test.py
+and loss_scale_manager_test.py in TF 1.15).
 """
 
 import warnings

@@ -80,7 +80,7 @@ def run(opts: Options) -> dict:
         + 3 * len(opts.contention_sizes)
         + 2 * len(opts.isa_sizes) * (len(kernels.isa_levels()) + 1)
     )
-    rows = Rows(n_rows, opts.progress)
+    rows = Rows(n_rows, opts.progress, opts.only)
     try:
         for section in SECTIONS:
             section(rows, opts, torch, rng)
@@ -88,18 +88,21 @@ def run(opts: Options) -> dict:
     finally:
         rows.close()
     add_ratios(rows.rows)
+    found = targets(rows.rows, opts)
+    if opts.only:  # only the targets whose rows --only selected
+        found = [t for t in found if t["measured"] is not None]
     return {
         "machine": machine(torch),
         "settings": {"sizes": list(opts.sizes), "repeat": opts.repeat, "min_time_s": opts.min_time},
         "rows": rows.rows,
-        "targets": targets(rows.rows, opts),
+        "targets": found,
     }
 
 
 def _run_gpu_suite(opts: Options) -> dict:
     """--suite gpu-host (the CuPy path's host cost, no GPU), --suite gpu or gpu-tune (need one)."""
     rng = np.random.default_rng(0)
-    rows = Rows(0, opts.progress)
+    rows = Rows(0, opts.progress, opts.only)
     extra = {}
     try:
         if opts.suite == "gpu-tune":

@@ -61,8 +61,9 @@ class Rows:
     before the variables their functions use change.
     """
 
-    def __init__(self, total: int, progress: bool):
+    def __init__(self, total: int, progress: bool, only: tuple[str, ...] = ()):
         self.rows: list[dict] = []
+        self._only = only  # --only: keep the rows whose group contains one of these
         self._queued: list[tuple] = []
         self._done = 0
         self._bar = None
@@ -90,8 +91,10 @@ class Rows:
         **extra,
     ) -> None:
         """Queue a row timing fn (a skipped row when skip is given or fn is None);
-        `before` runs ahead of each of its timings (e.g. to pick an ISA level)."""
-        if opts is not None and opts.only and not any(w in group for w in opts.only):
+        `before` runs ahead of each of its timings (e.g. to pick an ISA level).
+        With --only, a row of a group it does not name is dropped, skipped rows too."""
+        only = self._only or (opts.only if opts is not None else ())
+        if only and not any(w in group for w in only):
             return
         row = {"group": group, "method": method, "bytes": nbytes, "per": per, **extra}
         self.rows.append(row)
@@ -138,6 +141,8 @@ class Rows:
 
     def append(self, row: dict) -> None:
         """Add a row measured elsewhere (e.g. in a subprocess)."""
+        if self._only and not any(w in row["group"] for w in self._only):
+            return
         self.rows.append(row)
         self._tick(row)
 

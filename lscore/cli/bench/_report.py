@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 
@@ -223,6 +224,20 @@ def fmt_time(s: float) -> str:
     return f"{s:.2f} s"
 
 
+# target units given in seconds or microseconds, and the factor to microseconds
+_MICROSECONDS = {"s": 1e6, "us_per_array": 1.0, "us_per_call": 1.0}
+
+
+def _number(x: float) -> str:
+    """x with three significant digits and no exponent (0.0312, 5.00, 50,000)."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    digits = max(0, 2 - math.floor(math.log10(abs(x))))
+    return f"{x:.{digits}f}"
+
+
 def format_table(result: dict) -> str:
     """The rows as a Markdown table, then the targets."""
     lines = [
@@ -244,25 +259,27 @@ def format_table(result: dict) -> str:
             f"| {r['group']} | {method} | {med} | {fmt_time(r['min_s'])}-"
             f"{fmt_time(r['max_s'])} | {gbps} | {ratios} |"
         )
-    lines += ["", "| target | measured | required | met |", "|---|---|---|---|"]
-    for t in result["targets"]:
-        if t["measured"] is None:
-            lines.append(f"| {t['target']} | not measured | {t['required']} | |")
+    times = [t for t in result["targets"] if t.get("unit") in _MICROSECONDS]
+    others = [t for t in result["targets"] if t.get("unit") not in _MICROSECONDS]
+    # one unit per column: times in microseconds, ratios as plain numbers
+    for title, unit, group in (("time target", "us", times), ("ratio target", "ratio", others)):
+        if not group:
             continue
-        unit = t.get("unit")
-        fmt = (
-            fmt_time
-            if unit == "s"
-            else (
-                (lambda x: f"{x:.3f} us")
-                if unit in ("us_per_array", "us_per_call")
-                else (lambda x, unit=unit: f"{x:.2f}x" if unit == "time ratio" else f"{x:.2f}")
+        lines += [
+            "",
+            f"| {title} | measured ({unit}) | required ({unit}) | met |",
+            "|---|---|---|---|",
+        ]
+        for t in group:
+            to = _MICROSECONDS.get(t.get("unit"), 1.0)
+            required = _number(t["required"] * to)
+            if t["measured"] is None:
+                lines.append(f"| {t['target']} | not measured | {required} | |")
+                continue
+            lines.append(
+                f"| {t['target']} | {_number(t['measured'] * to)} | {required} | "
+                f"{'yes' if t['met'] else 'NO'} |"
             )
-        )
-        lines.append(
-            f"| {t['target']} | {fmt(t['measured'])} | {fmt(t['required'])} | "
-            f"{'yes' if t['met'] else 'NO'} |"
-        )
     return "\n".join(lines)
 
 
