@@ -59,10 +59,10 @@ static inline lsc_n lsc_elem_ps(int code, int op)
 {
     const int stats = (op & LSC_OP_STATS) != 0;
     switch (code) {
-    case LSC_CODE_F16: return stats ? 160 : 60;
-    case LSC_CODE_BF16: return stats ? 200 : 80;
-    case LSC_CODE_F32: return stats ? 56 : 30;
-    case LSC_CODE_F64: return 60;
+    case LSC_CODE_F16: return stats ? 100 : 28;
+    case LSC_CODE_BF16: return stats ? 166 : 54;
+    case LSC_CODE_F32: return stats ? 56 : 29;
+    case LSC_CODE_F64: return stats ? 59 : 57;
     default: return 30;
     }
 }

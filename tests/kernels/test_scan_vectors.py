@@ -22,7 +22,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 ISAS = _scan.isa_levels()
 CODES = {"float16": Code.F16, "bfloat16": Code.BF16, "float32": Code.F32, "float64": Code.F64}
-INVS = (0.5, 2.0, 1 / 3, 1.0, 1e-8, 65536.0, 3.0e38)
+INVS = (0.5, 2.0, 1 / 3, 1.0, 1e-8, 65536.0, 3.0e38, 1e-50)  # float32(1e-50) is 0
 KINDS = ("nan", "inf", "-inf", "subnormal", "-subnormal", "max", "-zero")
 # 32 statistics lanes, 4..16 elements a vector, 32-element groups: 80 reaches every lane
 # position of every vector and of every group, with a tail after two whole groups
@@ -92,7 +92,7 @@ def test_special_value_at_every_lane_position(isa, dt, kind):
     for pos in range(LANE_N):
         a = base.copy()
         a[pos] = special(dt, kind)
-        for inv in (0.5, 3.0e38):
+        for inv in (0.5, 3.0e38, 1e-50):
             check_all(a, inv, (isa, dt, kind, pos, inv))
 
 
@@ -161,16 +161,17 @@ def test_stats_bits_independent_of_threads_and_chunk_edges(dt, inv):
 
 
 def test_work_based_split_reaches_the_pool():
-    """A cache-sized float16 array is worth two threads (its chunks are by work, not bytes)."""
+    """A cache-sized float16 array under stats=True is worth two threads: its chunks
+    are cut by work, not bytes."""
     if _scan.pool_size() < 2:
         pytest.skip("one CPU: no pool")
-    chunk = _scan._chunk_elems(int(Code.F16), False)
-    assert chunk * 2 < _scan._chunk_elems(int(Code.F32), False) * 4  # f16 costs more per byte
+    f16_stats = _scan._chunk_elems(int(Code.F16), True) * 2
+    assert f16_stats < _scan._chunk_elems(int(Code.F32), False) * 4  # bytes per chunk
     a = np.ones(100_000, np.float16)
     before = _scan._helper_chunks()
     for _ in range(3000):
-        lscore.unscale_(a, 2.0)
-        lscore.unscale_(a, 0.5)
+        assert lscore.unscale_(a, 2.0, stats=True) == (True, 2.0 * math.sqrt(a.size), 2.0)
+        lscore.unscale_(a, 0.5, stats=True)
         if _scan._helper_chunks() > before:
             break
     assert _scan._helper_chunks() > before
