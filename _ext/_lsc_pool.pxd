@@ -37,6 +37,9 @@ cdef extern from "lsc_pool.h" nogil:
     const lsc_isa *lsc_isa_get()
     int lsc_contig(int op, int code, char *p, lsc_n n, double inv)
     int lsc_pool_size()
+    lsc_n lsc_elem_ps(int code, int op)
+    int lsc_work_threaded(lsc_n work_ps)
+    lsc_n lsc_chunk_elems(const lsc_run *run, int op)
     size_t lsc_pool_helper_chunks()
     uint64_t lsc_sum_u64(const char *p, lsc_n n)
 

@@ -380,9 +380,9 @@ cdef int _check_disjoint(table_t *t) except -1:
     return 0
 
 
-cdef int _plain_list(list arrays, bint write, int op, double inv) noexcept:
+cdef int _plain_list(list arrays, bint write, int op, double inv, int threads) noexcept:
     """The common call, a flat list of plain arrays (see _plain) of at most
-    NOGIL_BYTES in all (one pool chunk: threads would not split it either),
+    NOGIL_BYTES in all and too little work for threads (or threads == 1),
     straight to the kernels: no table, no references.
     The first pass checks every item, so that nothing is written unless all
     of them qualify (and, for unscale_, are disjoint); no Python code runs
@@ -392,7 +392,7 @@ cdef int _plain_list(list arrays, bint write, int op, double inv) noexcept:
     cdef Py_ssize_t i, m = PyList_GET_SIZE(arrays)
     cdef PyObject *x
     cdef int code, found = 0
-    cdef lsc_n n = 0, total = 0, nbytes
+    cdef lsc_n n = 0, total = 0, nbytes, work = 0
     cdef size_t lo
     cdef lsc_order order
     lsc_order_init(&order)
@@ -405,10 +405,12 @@ cdef int _plain_list(list arrays, bint write, int op, double inv) noexcept:
             continue
         nbytes = n * lsc_formats[code].width
         total += nbytes
+        if op != LSC_OP_SCAN:
+            work += n * lsc_elem_ps(code, op)
         lo = <size_t>P_DATA(<cnp.PyArrayObject *>x)
         lsc_order_add(&order, lo, lo + <size_t>nbytes,
                       (P_FLAGS(<cnp.PyArrayObject *>x) & cnp.NPY_ARRAY_OWNDATA) != 0)
-    if total > NOGIL_BYTES:
+    if total > NOGIL_BYTES or (threads != 1 and lsc_work_threaded(work)):
         return -1
     if write and m > 1 and not lsc_disjoint(&order, <void **>(<PyListObject *>arrays).ob_item,
                                            m, <void *>None):
@@ -456,7 +458,7 @@ def all_finite(arrays, int threads=0):
     cdef lsc_result r
     cdef int found
     if type(arrays) is list:
-        found = _plain_list(arrays, False, LSC_OP_SCAN, 1.0)
+        found = _plain_list(arrays, False, LSC_OP_SCAN, 1.0, threads)
         if found >= 0:
             return not found
     _table_init(&t, False)
@@ -482,7 +484,7 @@ def unscale_(arrays, double inv_scale, bint stats=False, int threads=0):
     cdef lsc_result r
     cdef int found
     if type(arrays) is list and not stats:
-        found = _plain_list(arrays, True, _write_op(inv_scale, False), inv_scale)
+        found = _plain_list(arrays, True, _write_op(inv_scale, False), inv_scale, threads)
         if found >= 0:
             return not found
     _table_init(&t, True)
@@ -520,13 +522,14 @@ def unscale_raw(const uint64_t[::1] ptrs, const int64_t[::1] counts,
 
 cdef bint _raw_small(const uint64_t[::1] ptrs, const int64_t[::1] counts,
                      const int64_t[::1] strides, const int[::1] codes, int op, double inv,
-                     lsc_result *r) noexcept:
+                     int threads, lsc_result *r) noexcept:
     """A table of contiguous buffers of at most NOGIL_BYTES in all, without
-    statistics: straight to the kernels, in table order (so aliased buffers
-    are multiplied one after another, as the serial path does); False,
-    having done nothing, for any other table."""
+    statistics and with too little work for threads (or threads == 1):
+    straight to the kernels, in table order (so aliased buffers are
+    multiplied one after another, as the serial path does); False, having
+    done nothing, for any other table."""
     cdef Py_ssize_t i, m = ptrs.shape[0]
-    cdef lsc_n total = 0
+    cdef lsc_n total = 0, work = 0
     if op & LSC_OP_STATS:
         return False
     for i in range(m):
@@ -537,6 +540,10 @@ cdef bint _raw_small(const uint64_t[::1] ptrs, const int64_t[::1] counts,
         total += counts[i] * strides[i]
         if total > NOGIL_BYTES:
             return False
+        if op != LSC_OP_SCAN:
+            work += counts[i] * lsc_elem_ps(codes[i], op)
+    if threads != 1 and lsc_work_threaded(work):
+        return False
     r.found = 0
     r.sumsq = r.maxabs = 0.0
     for i in range(m):
@@ -562,9 +569,10 @@ cdef lsc_result _raw(const uint64_t[::1] ptrs, const int64_t[::1] counts,
     for i in range(m):
         if codes[i] < 0 or codes[i] >= LSC_NCODES:
             raise ValueError(f"unknown dtype code {codes[i]}")
-        if (op & LSC_OP_WRITE) and (codes[i] == LSC_CODE_E4M3FN or codes[i] == LSC_CODE_E5M2):
+        if ((op & (LSC_OP_WRITE | LSC_OP_STATS))
+                and (codes[i] == LSC_CODE_E4M3FN or codes[i] == LSC_CODE_E5M2)):
             raise TypeError("unscale_ does not support float8 buffers")
-    if _raw_small(ptrs, counts, strides, codes, op, inv, &r):
+    if _raw_small(ptrs, counts, strides, codes, op, inv, threads, &r):
         return r
     if m > INLINE_RUNS:
         runs = <lsc_run *>PyMem_Malloc(m * sizeof(lsc_run))
@@ -616,6 +624,15 @@ def set_isa(name):
 def pool_size():
     """Threads a large call may use (the caller included)."""
     return lsc_pool_size()
+
+
+def _chunk_elems(int code, bint stats, bint write=True):
+    """Elements per pool chunk of a contiguous run of `code` under unscale_ (for tests)."""
+    cdef lsc_run run
+    run.ndim = 1
+    run.code = code
+    run.n = 1
+    return lsc_chunk_elems(&run, (LSC_OP_WRITE if write else 0) | (LSC_OP_STATS if stats else 0))
 
 
 def _helper_chunks():

@@ -130,45 +130,322 @@ LSC_DEFINE_UNSCALE(unscale_f64_, double, uint64_t, 63, LSC_EXP_F64, LSC_EXP_LSB_
                    0x8000000000000000ull)
 #undef LSC_DEFINE_UNSCALE
 
-static int LSC_F(unscale_f16_)(char *p, lsc_n n, double inv64)
+/* ---- float16 / bfloat16 in whole vectors -------------------------------- */
+
+/* A step takes LSC_HL 16-bit words, widened to LSC_HL floats (one vector of
+ * the ISA's width).  F16C converts float16 where the ISA has it (exact
+ * widening; narrowing rounds to nearest even, only its NaN, payload kept, is
+ * made the canonical 0x7E00 with the sign).  Elsewhere, and for bfloat16 at
+ * every level, the mask formulas of lsc_half.h run on whole vectors: every
+ * path gives the bits of the scalar functions, which do the tails.  AVX-512
+ * BF16's VCVTNEPS2BF16 is not used: it flushes subnormal inputs and results
+ * to zero. */
+#define LSC_HL (LSC_VBYTES / 4)
+#define LSC_DL (LSC_VBYTES / 8)
+#define LSC_INL static inline __attribute__((always_inline))
+/* Lane-wise max of unsigned 16/32-bit and signed 64-bit vectors: one
+ * instruction where lsc_scan.h names it (gcc does not find it in the masks). */
+#ifndef LSC_MAXU16
+#define LSC_MAXU16(a, b) LSC_VMAX_(a, b)
+#endif
+#ifndef LSC_MAXU32
+#define LSC_MAXU32(a, b) LSC_VMAX_(a, b)
+#endif
+#ifndef LSC_MAXS64
+#define LSC_MAXS64(a, b) LSC_VMAX_(a, b)
+#endif
+#define LSC_VMAX_(a, b) \
+    ({ __typeof__(a) a_ = (a), b_ = (b), gt_ = (__typeof__(a))(b_ > a_); (b_ & gt_) | (a_ & ~gt_); })
+typedef uint16_t LSC_F(vw_) __attribute__((vector_size(LSC_VBYTES / 2)));
+typedef uint32_t LSC_F(vu_) __attribute__((vector_size(LSC_VBYTES)));
+typedef int32_t LSC_F(vi_) __attribute__((vector_size(LSC_VBYTES)));
+typedef float LSC_F(vf_) __attribute__((vector_size(LSC_VBYTES)));
+typedef float LSC_F(vh_) __attribute__((vector_size(LSC_VBYTES / 2)));
+typedef double LSC_F(vd_) __attribute__((vector_size(LSC_VBYTES)));
+typedef uint64_t LSC_F(vq_) __attribute__((vector_size(LSC_VBYTES)));
+typedef int64_t LSC_F(vl_) __attribute__((vector_size(LSC_VBYTES)));
+
+LSC_INL LSC_F(vf_) LSC_F(widen_)(LSC_F(vw_) w, int bf16)
 {
-    const float inv = (float)inv64;
-    uint16_t acc = 0;
-    lsc_n j = 0;
-#ifdef LSC_F16C_LANES
-    /* F16C converts exactly and rounds to nearest even like the word code
-       below; only its NaN (payload kept) is made the canonical 0x7E00 */
-    typedef uint16_t vw __attribute__((vector_size(2 * LSC_F16C_LANES)));
-    vw vacc = {0};
-    for (; j + LSC_F16C_LANES <= n; j += LSC_F16C_LANES) {
-        vw w, o, nan;
-        memcpy(&w, p + 2 * j, sizeof(w));
-        vacc |= (w & LSC_EXP_F16) + LSC_EXP_LSB_F16;
-        o = (vw)LSC_F2H(LSC_H2F(w) * inv);
-        nan = (vw)((o & 0x7FFF) > 0x7C00);
-        o = (o & ~nan) | (((o & 0x8000) | 0x7E00) & nan);
-        memcpy(p + 2 * j, &o, sizeof(o));
+    LSC_F(vu_) x = __builtin_convertvector(w, LSC_F(vu_));
+    LSC_F(vf_) f;
+    if (bf16) {
+        x <<= 16;
+        memcpy(&f, &x, sizeof(f));
+        return f;
     }
+#ifdef LSC_F16C_LANES
     {
-        /* OR the 64-bit words (2 or 4), not the 8 or 16 halves one by one */
-        uint64_t q[sizeof(vacc) / 8], any = 0;
-        memcpy(q, &vacc, sizeof(q));
-        for (size_t l = 0; l < sizeof(q) / 8; l++)
-            any |= q[l];
-        if (any & 0x8000800080008000ull)
-            acc = 0x8000;
+        LSC_F32V v = LSC_H2F(w);
+        (void)x;
+        memcpy(&f, &v, sizeof(f));
+    }
+#else
+    {
+        LSC_F(vu_) sign = (x & 0x8000u) << 16, mag = x & 0x7FFFu, sub;
+        LSC_F(vu_) normal = (mag << 13) + ((127u - 15u) << 23);
+        LSC_F(vu_) special = 0x7F800000u | ((mag & 0x3FFu) << 13);
+        LSC_F(vu_) is_special = (LSC_F(vu_))((LSC_F(vi_))mag >= 0x7C00);
+        LSC_F(vu_) is_normal = (LSC_F(vu_))((LSC_F(vi_))mag >= 0x0400);
+        LSC_F(vf_) s = __builtin_convertvector((LSC_F(vi_))mag, LSC_F(vf_)) * 0x1p-24f;
+        memcpy(&sub, &s, sizeof(sub));
+        x = sign | (special & is_special) | (normal & is_normal & ~is_special)
+          | (sub & ~is_normal);
+        memcpy(&f, &x, sizeof(f));
     }
 #endif
-    for (; j < n; j++) {
-        uint16_t w;
-        memcpy(&w, p + 2 * j, 2);
-        acc |= (uint16_t)((w & LSC_EXP_F16) + LSC_EXP_LSB_F16);
-        w = lsc_f32_to_f16(lsc_f16_to_f32(w) * inv);
-        memcpy(p + 2 * j, &w, 2);
-    }
-    return acc >> 15;
+    return f;
 }
 
+/* canon: make a NaN the canonical one (0: a NaN result is known not to
+ * occur or is fixed afterwards; see run_f16_ and run16_).  back (bfloat16):
+ * also the result widened to float. */
+LSC_INL LSC_F(vw_) LSC_F(narrow_)(LSC_F(vf_) f, int bf16, int canon, LSC_F(vf_) *back)
+{
+    LSC_F(vu_) x, h;
+    memcpy(&x, &f, sizeof(x));
+    if (bf16) {
+        LSC_F(vu_) r = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+        LSC_F(vu_) nan;
+        h = r;
+        if (canon) {
+            nan = (LSC_F(vu_))((LSC_F(vi_))(x & 0x7FFFFFFFu) > 0x7F800000);
+            h = (r & ~nan) | (0x7FC0u & nan);
+        }
+        if (back) {
+            /* the result widened back: its bits, shifted up */
+            LSC_F(vu_) b = h << 16;
+            memcpy(back, &b, sizeof(b));
+        }
+        return __builtin_convertvector(h, LSC_F(vw_));
+    }
+#ifdef LSC_F16C_LANES
+    {
+        LSC_F(vw_) o, nan;
+        LSC_F32V v;
+        (void)h;
+        memcpy(&v, &f, sizeof(v));
+        o = (LSC_F(vw_))LSC_F2H(v);
+        if (!canon)
+            return o;
+        nan = (LSC_F(vw_))((o & 0x7FFF) > 0x7C00);
+        return (o & ~nan) | (((o & 0x8000) | 0x7E00) & nan);
+    }
+#else
+    (void)canon;
+    {
+        LSC_F(vu_) sign = (x >> 16) & 0x8000u, a = x & 0x7FFFFFFFu, sub;
+        LSC_F(vi_) ai = (LSC_F(vi_))a;
+        LSC_F(vu_) r = a - ((127u - 15u) << 23);
+        LSC_F(vu_) normal = (r + 0x0FFFu + ((r >> 13) & 1u)) >> 13;
+        LSC_F(vf_) af, y;
+        memcpy(&af, &a, sizeof(af));
+        y = af * 0x1p24f + 0x1p23f;
+        memcpy(&sub, &y, sizeof(sub));
+        sub -= 0x4B000000u;
+        LSC_F(vu_) is_nan = (LSC_F(vu_))(ai > 0x7F800000);
+        LSC_F(vu_) is_inf = (LSC_F(vu_))(ai >= 0x477FF000);
+        LSC_F(vu_) is_normal = (LSC_F(vu_))(ai >= 0x38800000);
+        h = (0x7E00u & is_nan) | (0x7C00u & is_inf & ~is_nan) | (normal & is_normal & ~is_inf)
+          | (sub & ~is_normal);
+        return __builtin_convertvector(sign | h, LSC_F(vw_));
+    }
+#endif
+}
+
+/* ---- statistics: 32 lanes of the sum of squares, and max |x| ------------- */
+
+/* Lane l takes the elements whose index within the call is l mod 32; the
+ * lanes are reduced in one fixed tree (lsc_reduce32), so the sum depends
+ * neither on the vector width nor on the layout (the generic loop of
+ * lsc_scan.h uses the same lanes): every ISA level gives the same bits.
+ * The 32 lanes are LSC_NACC vectors of LSC_DL doubles; 32 rather than 16
+ * lanes so that at least four adds are in flight at every width.  max |x|
+ * is an integer max over the words with the sign cleared (|x| as bits
+ * orders like |x|, and a NaN sorts above Inf).  Squares are of the values
+ * the call leaves, gathered in the same pass as the check and the
+ * multiply. */
+#define LSC_NACC (32 / LSC_DL)
+
+/* The squares of LSC_HL floats into lanes a[0], a[1] (two vectors of doubles). */
+LSC_INL void LSC_F(sq_add_)(LSC_F(vd_) *a, LSC_F(vf_) f, int exact_sq)
+{
+    LSC_F(vd_) d, e;
+    /* a float16 value's square is exact in float: one float multiply then
+       stands for two double ones, with the same bits */
+    if (exact_sq)
+        f *= f;
+#ifdef LSC_PD_LO
+    /* one conversion per half (the generic form was split into quarters) */
+    d = (LSC_F(vd_))LSC_PD_LO(f);
+    e = (LSC_F(vd_))LSC_PD_HI(f);
+#else
+    LSC_F(vh_) lo, hi;
+    memcpy(&lo, &f, sizeof(lo));
+    memcpy(&hi, (const char *)&f + sizeof(lo), sizeof(hi));
+    d = __builtin_convertvector(lo, LSC_F(vd_));
+    e = __builtin_convertvector(hi, LSC_F(vd_));
+#endif
+    if (!exact_sq) {
+        d *= d;
+        e *= e;
+    }
+    a[0] += d;
+    a[1] += e;
+}
+
+/* One step of LSC_HL 16-bit floats at q: check, multiply and store (write),
+ * statistics into a[0..1] and *vm (stats).  Returns the check bits. */
+LSC_INL LSC_F(vw_) LSC_F(step16_)(char *q, float inv, int bf16, int canon, int write, int stats,
+                                  LSC_F(vd_) *a, LSC_F(vw_) *vm)
+{
+    const uint16_t em = bf16 ? LSC_EXP_BF16 : LSC_EXP_F16;
+    const uint16_t lsb = bf16 ? LSC_EXP_LSB_BF16 : LSC_EXP_LSB_F16;
+    LSC_F(vw_) w, o;
+    LSC_F(vf_) f;
+    memcpy(&w, q, sizeof(w));
+    f = LSC_F(widen_)(w, bf16);
+    o = w;
+    if (write) {
+        o = LSC_F(narrow_)(f * inv, bf16, canon, bf16 && stats ? &f : NULL);
+        memcpy(q, &o, sizeof(o));
+        if (stats && !bf16)
+            f = LSC_F(widen_)(o, bf16);
+    }
+    if (stats) {
+        LSC_F(sq_add_)(a, f, !bf16);
+        *vm = LSC_MAXU16(*vm, o & 0x7FFF);
+    }
+    return (w & em) + lsb;
+}
+
+/* float16 / bfloat16 over a contiguous run: unscale (write), statistics
+ * (ks non-NULL), or both.  Returns whether an input was non-finite.  The
+ * lanes stay in registers through the main loop (constant indices only);
+ * the last n mod 32 elements go word by word into the same lanes.  canon 2
+ * (inv finite and non-zero, where a NaN result comes only from a NaN input):
+ * NaNs are made canonical only in the 32-element groups whose check finds a
+ * non-finite input. */
+LSC_INL int LSC_F(run16_)(char *p, lsc_n n, double inv64, int bf16, int canon, int write,
+                          lsc_kstats *ks)
+{
+    const float inv = (float)inv64;
+    const int stats = ks != NULL;
+    const uint16_t em = bf16 ? LSC_EXP_BF16 : LSC_EXP_F16;
+    const uint16_t lsb = bf16 ? LSC_EXP_LSB_BF16 : LSC_EXP_LSB_F16;
+    LSC_F(vd_) acc[LSC_NACC];
+    LSC_F(vw_) vacc = {0}, vm[32 / LSC_HL];
+    double lanes[32];
+    uint16_t any = 0, m = 0;
+    lsc_n j = 0;
+    for (int k = 0; k < LSC_NACC; k++)
+        acc[k] = (LSC_F(vd_)){0};
+    for (int k = 0; k < 32 / LSC_HL; k++)
+        vm[k] = (LSC_F(vw_)){0};
+    for (; j + 32 <= n; j += 32) {
+        int c = canon;
+        if (canon == 2) {
+            LSC_F(vw_) g = {0};
+            uint64_t q[sizeof(g) / 8], qa = 0;
+            for (int k = 0; k < 32 / LSC_HL; k++) {
+                LSC_F(vw_) w;
+                memcpy(&w, p + 2 * (j + k * LSC_HL), sizeof(w));
+                g |= (w & em) + lsb;
+            }
+            memcpy(q, &g, sizeof(q));
+            for (size_t l = 0; l < sizeof(q) / 8; l++)
+                qa |= q[l];
+            c = (qa & 0x8000800080008000ull) != 0;
+        }
+#pragma GCC unroll 8
+        for (int k = 0; k < 32 / LSC_HL; k++)
+            vacc |= LSC_F(step16_)(p + 2 * (j + k * LSC_HL), inv, bf16, c, write, stats,
+                                   &acc[2 * k], &vm[k]);
+    }
+    if (!stats)
+        for (; j + LSC_HL <= n; j += LSC_HL)
+            vacc |= LSC_F(step16_)(p + 2 * j, inv, bf16, canon != 0, write, 0, acc, vm);
+    {
+        uint64_t q[sizeof(vacc) / 8], qa = 0;
+        memcpy(q, &vacc, sizeof(q));
+        for (size_t l = 0; l < sizeof(q) / 8; l++)
+            qa |= q[l];
+        if (qa & 0x8000800080008000ull)
+            any = 0x8000;
+        for (int k = 0; k < 32 / LSC_HL; k++)
+            for (int l = 0; l < LSC_HL; l++)
+                m = vm[k][l] > m ? vm[k][l] : m;
+    }
+    memcpy(lanes, acc, sizeof(lanes));
+    for (; j < n; j++) {
+        uint16_t w;
+        float f;
+        memcpy(&w, p + 2 * j, 2);
+        any |= (uint16_t)((w & em) + lsb);
+        if (write) {
+            f = bf16 ? lsc_bf16_to_f32(w) : lsc_f16_to_f32(w);
+            w = bf16 ? lsc_f32_to_bf16(f * inv) : lsc_f32_to_f16(f * inv);
+            memcpy(p + 2 * j, &w, 2);
+        }
+        if (stats) {
+            f = bf16 ? lsc_bf16_to_f32(w) : lsc_f16_to_f32(w);
+            lanes[j & 31] += (double)f * (double)f;
+            w &= 0x7FFF;
+            m = w > m ? w : m;
+        }
+    }
+    if (stats) {
+        ks->sumsq = lsc_reduce32(lanes);
+        ks->maxbits = lsc_f32_bits(bf16 ? lsc_bf16_to_f32(m) : lsc_f16_to_f32(m));
+    }
+    return any >> 15;
+}
+
+/* float16.  Through F16C with inv finite and non-zero, a NaN result comes
+ * only from a NaN input: the vector loop then leaves F16C's NaNs (payload
+ * kept) as they are, and only when the check found a non-finite input does
+ * a second pass make them the canonical 0x7E00 with the sign. */
+LSC_INL int LSC_F(run_f16_)(char *p, lsc_n n, double inv, int write, lsc_kstats *ks)
+{
+#ifdef LSC_F16C_LANES
+    const float inv32 = (float)inv;
+    if (write && inv32 != 0 && inv32 - inv32 == 0) {
+        int found = LSC_F(run16_)(p, n, inv, 0, 0, 1, ks);
+        if (found)
+            for (lsc_n j = 0; j < n; j++) {
+                uint16_t w;
+                memcpy(&w, p + 2 * j, 2);
+                if ((w & 0x7FFF) > 0x7C00) {
+                    w = (uint16_t)((w & 0x8000) | 0x7E00);
+                    memcpy(p + 2 * j, &w, 2);
+                }
+            }
+        return found;
+    }
+#endif
+    return write ? LSC_F(run16_)(p, n, inv, 0, 1, 1, ks) : LSC_F(run16_)(p, n, inv, 0, 1, 0, ks);
+}
+
+static int LSC_F(unscale_f16_)(char *p, lsc_n n, double inv)
+{
+    return LSC_F(run_f16_)(p, n, inv, 1, NULL);
+}
+
+/* bfloat16: its rounding can carry a NaN into Inf or -0, so NaNs are made
+ * canonical in the loop, in the groups that need it (run16_, canon 2). */
+LSC_INL int LSC_F(run_bf16_)(char *p, lsc_n n, double inv, int write, lsc_kstats *ks)
+{
+    const float inv32 = (float)inv;
+    if (!write)
+        return LSC_F(run16_)(p, n, inv, 1, 1, 0, ks);
+    if (inv32 != 0 && inv32 - inv32 == 0)
+        return LSC_F(run16_)(p, n, inv, 1, 2, 1, ks);
+    return LSC_F(run16_)(p, n, inv, 1, 1, 1, ks);
+}
+
+/* Plain bfloat16 unscale as a word loop: gcc vectorises it at every level
+ * (zero-extend, shift, multiply, round, pack) and its code ran 20-30% faster
+ * than run16_'s on Zen 4. */
 static int LSC_F(unscale_bf16_)(char *p, lsc_n n, double inv64)
 {
     const float inv = (float)inv64;
@@ -183,152 +460,154 @@ static int LSC_F(unscale_bf16_)(char *p, lsc_n n, double inv64)
     return acc >> 15;
 }
 
-/* ---- statistics: sum of squares (16 fixed lanes) and max |x| ------------ */
-
-/* Lane l takes the elements whose index within the call is l mod 16, and
- * the lanes are reduced in a fixed tree (lsc_reduce16): the sum does not
- * depend on the vector width, so every ISA level gives the same bits.  The
- * 16 lanes are 16 / DL vectors of DL doubles (the ISA's width). */
-#define LSC_DL (LSC_VBYTES / 8)
-#define LSC_NACC (16 / LSC_DL)
-typedef double LSC_F(vd_) __attribute__((vector_size(LSC_VBYTES)));
-typedef float LSC_F(vh_) __attribute__((vector_size(LSC_VBYTES / 2)));
-typedef struct { LSC_F(vd_) v[LSC_NACC]; } LSC_F(acc_);
-
-/* |x| as bits orders like |x|, and any NaN sorts above Inf: max |x| is an
- * integer max over the words with the sign cleared. */
-static void LSC_F(sq_f32_)(const char *x, lsc_n n, LSC_F(acc_) *acc, uint32_t *mx)
+/* float32 / float64 with statistics, in the same pass and the same shape
+ * (plain unscale is LSC_DEFINE_UNSCALE above: no lanes to keep). */
+LSC_INL LSC_F(vu_) LSC_F(step32_)(char *q, float inv, int write, LSC_F(vd_) *a,
+                                  LSC_F(vu_) *vm)
 {
-    typedef uint32_t vu __attribute__((vector_size(LSC_VBYTES)));
-    LSC_F(acc_) a = *acc;
-    vu vm = {0};
-    uint32_t m = *mx;
-    lsc_n j = 0;
-    for (; j + 16 <= n; j += 16) {
-        for (int k = 0; k < LSC_NACC; k++) {
-            LSC_F(vh_) f;
-            memcpy(&f, x + 4 * (j + k * LSC_DL), LSC_VBYTES / 2);
-            LSC_F(vd_) d = __builtin_convertvector(f, LSC_F(vd_));
-            a.v[k] += d * d;
-        }
-        for (int k = 0; k < 64 / LSC_VBYTES; k++) {
-            vu w, gt;
-            memcpy(&w, x + 4 * j + k * LSC_VBYTES, LSC_VBYTES);
-            w &= 0x7FFFFFFFu;
-            gt = (vu)(w > vm);
-            vm = (w & gt) | (vm & ~gt);
-        }
+    LSC_F(vu_) w, x;
+    LSC_F(vf_) f;
+    memcpy(&w, q, sizeof(w));
+    memcpy(&f, &w, sizeof(f));
+    if (write) {
+        f *= inv;
+        memcpy(q, &f, sizeof(f));
     }
-    for (int l = 0; l < LSC_VBYTES / 4; l++)
-        m = vm[l] > m ? vm[l] : m;
-    for (lsc_n k = 0; j + k < n; k++) {
-        float f;
+    LSC_F(sq_add_)(a, f, 0);
+    memcpy(&x, &f, sizeof(x));
+    *vm = LSC_MAXU32(*vm, x & 0x7FFFFFFFu);
+    return (w & LSC_EXP_F32) + LSC_EXP_LSB_F32;
+}
+
+LSC_INL int LSC_F(stats32_)(char *p, lsc_n n, double inv64, int write, lsc_kstats *ks)
+{
+    const float inv = (float)inv64;
+    LSC_F(vd_) acc[LSC_NACC];
+    LSC_F(vu_) vacc = {0}, vm[32 / LSC_HL];
+    LSC_F(vq_) q;
+    double lanes[32];
+    uint32_t any = 0, m = 0;
+    lsc_n j = 0;
+    for (int k = 0; k < LSC_NACC; k++)
+        acc[k] = (LSC_F(vd_)){0};
+    for (int k = 0; k < 32 / LSC_HL; k++)
+        vm[k] = (LSC_F(vu_)){0};
+    for (; j + 32 <= n; j += 32) {
+#pragma GCC unroll 8
+        for (int k = 0; k < 32 / LSC_HL; k++)
+            vacc |= LSC_F(step32_)(p + 4 * (j + k * LSC_HL), inv, write, &acc[2 * k], &vm[k]);
+    }
+    memcpy(&q, &vacc, sizeof(q));
+    if (LSC_ANY_TOP(q, 0x8000000080000000ull))
+        any = 1u << 31;
+    for (int k = 0; k < 32 / LSC_HL; k++)
+        for (int l = 0; l < LSC_HL; l++)
+            m = vm[k][l] > m ? vm[k][l] : m;
+    memcpy(lanes, acc, sizeof(lanes));
+    for (; j < n; j++) {
         uint32_t w;
-        memcpy(&f, x + 4 * (j + k), 4);
-        memcpy(&w, &f, 4);
-        a.v[k / LSC_DL][k % LSC_DL] += (double)f * (double)f;
+        float f;
+        memcpy(&w, p + 4 * j, 4);
+        any |= (w & LSC_EXP_F32) + LSC_EXP_LSB_F32;
+        memcpy(&f, &w, 4);
+        if (write) {
+            f *= inv;
+            memcpy(p + 4 * j, &f, 4);
+            memcpy(&w, &f, 4);
+        }
+        lanes[j & 31] += (double)f * (double)f;
         w &= 0x7FFFFFFFu;
         m = w > m ? w : m;
     }
-    *acc = a;
-    *mx = m;
+    ks->sumsq = lsc_reduce32(lanes);
+    ks->maxbits = m;
+    return (int)(any >> 31);
 }
 
-static void LSC_F(sq_f64_)(const char *p, lsc_n n, LSC_F(acc_) *acc, uint64_t *mx)
+LSC_INL LSC_F(vq_) LSC_F(step64_)(char *q, double inv, int write, LSC_F(vd_) *a,
+                                  LSC_F(vl_) *vm)
 {
-    typedef int64_t vi __attribute__((vector_size(LSC_VBYTES)));
-    LSC_F(acc_) a = *acc;
-    vi vm = {0};
-    int64_t m = (int64_t)*mx;
+    LSC_F(vq_) w;
+    LSC_F(vl_) x;
+    LSC_F(vd_) d;
+    memcpy(&w, q, sizeof(w));
+    memcpy(&d, &w, sizeof(d));
+    if (write) {
+        d *= inv;
+        memcpy(q, &d, sizeof(d));
+    }
+    *a += d * d;
+    memcpy(&x, &d, sizeof(x));
+    *vm = LSC_MAXS64(*vm, x & 0x7FFFFFFFFFFFFFFFll);
+    return (w & LSC_EXP_F64) + LSC_EXP_LSB_F64;
+}
+
+LSC_INL int LSC_F(stats64_)(char *p, lsc_n n, double inv, int write, lsc_kstats *ks)
+{
+    LSC_F(vd_) acc[LSC_NACC];
+    LSC_F(vq_) vacc = {0};
+    LSC_F(vl_) vm[LSC_NACC];
+    double lanes[32];
+    uint64_t any = 0;
+    int64_t m = 0;
     lsc_n j = 0;
-    for (; j + 16 <= n; j += 16)
-        for (int k = 0; k < LSC_NACC; k++) {
-            LSC_F(vd_) d;
-            vi w, gt;
-            memcpy(&d, p + 8 * (j + k * LSC_DL), LSC_VBYTES);
-            a.v[k] += d * d;
-            memcpy(&w, &d, LSC_VBYTES);
-            w &= 0x7FFFFFFFFFFFFFFFll;
-            gt = w > vm;
-            vm = (w & gt) | (vm & ~gt);
-        }
-    for (int l = 0; l < LSC_DL; l++)
-        m = vm[l] > m ? vm[l] : m;
-    for (lsc_n k = 0; j + k < n; k++) {
+    for (int k = 0; k < LSC_NACC; k++) {
+        acc[k] = (LSC_F(vd_)){0};
+        vm[k] = (LSC_F(vl_)){0};
+    }
+    for (; j + 32 <= n; j += 32) {
+#pragma GCC unroll 16
+        for (int k = 0; k < LSC_NACC; k++)
+            vacc |= LSC_F(step64_)(p + 8 * (j + k * LSC_DL), inv, write, &acc[k], &vm[k]);
+    }
+    if (LSC_ANY_TOP(vacc, 0x8000000000000000ull))
+        any = 1ull << 63;
+    for (int k = 0; k < LSC_NACC; k++)
+        for (int l = 0; l < LSC_DL; l++)
+            m = vm[k][l] > m ? vm[k][l] : m;
+    memcpy(lanes, acc, sizeof(lanes));
+    for (; j < n; j++) {
+        uint64_t w;
         double d;
-        int64_t w;
-        memcpy(&d, p + 8 * (j + k), 8);
-        memcpy(&w, &d, 8);
-        a.v[k / LSC_DL][k % LSC_DL] += d * d;
-        w &= 0x7FFFFFFFFFFFFFFFll;
-        m = w > m ? w : m;
-    }
-    *acc = a;
-    *mx = (uint64_t)m;
-}
-
-/* Widen a block of 16-bit floats (the values just written) to float. */
-static void LSC_F(widen16_)(const char *q, lsc_n m, int bf16, float *out)
-{
-    lsc_n j = 0;
-#ifdef LSC_F16C_LANES
-    if (!bf16)
-        for (; j + LSC_F16C_LANES <= m; j += LSC_F16C_LANES) {
-            typedef uint16_t vw __attribute__((vector_size(2 * LSC_F16C_LANES)));
-            vw w;
-            memcpy(&w, q + 2 * j, sizeof(w));
-            LSC_F32V f = LSC_H2F(w);
-            memcpy(out + j, &f, sizeof(f));
+        int64_t x;
+        memcpy(&w, p + 8 * j, 8);
+        any |= (w & LSC_EXP_F64) + LSC_EXP_LSB_F64;
+        memcpy(&d, &w, 8);
+        if (write) {
+            d *= inv;
+            memcpy(p + 8 * j, &d, 8);
         }
-#endif
-    for (; j < m; j++) {
-        uint16_t h;
-        memcpy(&h, q + 2 * j, 2);
-        out[j] = bf16 ? lsc_bf16_to_f32(h) : lsc_f16_to_f32(h);
+        lanes[j & 31] += d * d;
+        memcpy(&x, &d, 8);
+        x &= 0x7FFFFFFFFFFFFFFFll;
+        m = x > m ? x : m;
     }
+    ks->sumsq = lsc_reduce32(lanes);
+    ks->maxbits = (uint64_t)m;
+    return (int)(any >> 63);
 }
 
 /* Unscale (write != 0) or only read a contiguous run, and gather the
- * statistics of the values it holds afterwards.  The work goes in blocks of
- * LSC_STAT_BLOCK elements, so the statistics re-read a block that is still
- * in L1: memory is streamed once.  Returns whether an input was non-finite. */
+ * statistics of the values it holds afterwards, in one pass.  Returns
+ * whether an input was non-finite. */
 static int LSC_F(stats_)(int code, char *p, lsc_n n, double inv, int write, lsc_kstats *ks)
 {
-    const lsc_format *f = &lsc_formats[code];
-    const lsc_scan_fn scan[4] = {LSC_F(scan_u8_), LSC_F(scan_u16_), LSC_F(scan_u32_),
-                                 LSC_F(scan_u64_)};
-    const lsc_unscale_fn unscale[LSC_NCODES] = {0, LSC_F(unscale_f16_), LSC_F(unscale_bf16_),
-                                                LSC_F(unscale_f32_), LSC_F(unscale_f64_), 0, 0};
-    float tmp[LSC_STAT_BLOCK];
-    LSC_F(acc_) acc;
-    uint32_t m32 = 0;
-    uint64_t m64 = 0;
-    int found = 0;
-    memset(&acc, 0, sizeof(acc));
-    for (lsc_n i = 0; i < n; i += LSC_STAT_BLOCK) {
-        lsc_n m = n - i < LSC_STAT_BLOCK ? n - i : LSC_STAT_BLOCK;
-        char *q = p + i * f->width;
-        found |= write ? unscale[code](q, m, inv) : scan[f->widx](q, m, f->em, f->lsb);
-        if (code == LSC_CODE_F64) {
-            LSC_F(sq_f64_)(q, m, &acc, &m64);
-        } else if (code == LSC_CODE_F32) {
-            LSC_F(sq_f32_)(q, m, &acc, &m32);
-        } else {
-            LSC_F(widen16_)(q, m, code == LSC_CODE_BF16, tmp);
-            LSC_F(sq_f32_)((const char *)tmp, m, &acc, &m32);
-        }
+    switch (code) {
+    case LSC_CODE_F16:
+        return LSC_F(run_f16_)(p, n, inv, write, ks);
+    case LSC_CODE_BF16:
+        return LSC_F(run_bf16_)(p, n, inv, write, ks);
+    case LSC_CODE_F32:
+        return write ? LSC_F(stats32_)(p, n, inv, 1, ks) : LSC_F(stats32_)(p, n, inv, 0, ks);
+    default:
+        return write ? LSC_F(stats64_)(p, n, inv, 1, ks) : LSC_F(stats64_)(p, n, inv, 0, ks);
     }
-    {
-        double lanes[16];
-        memcpy(lanes, &acc, sizeof(lanes));
-        ks->sumsq = lsc_reduce16(lanes);
-    }
-    ks->maxbits = code == LSC_CODE_F64 ? m64 : m32;
-    return found;
 }
 
+#undef LSC_HL
 #undef LSC_DL
 #undef LSC_NACC
+#undef LSC_INL
 
 static const lsc_isa LSC_F(lsc_isa_) = {
     LSC_STR(LSC_SFX),
@@ -345,5 +624,10 @@ static const lsc_isa LSC_F(lsc_isa_) = {
 #undef LSC_F32V
 #undef LSC_H2F
 #undef LSC_F2H
+#undef LSC_PD_LO
+#undef LSC_PD_HI
+#undef LSC_MAXU16
+#undef LSC_MAXU32
+#undef LSC_MAXS64
 #undef LSC_VBYTES
 #undef LSC_SFX

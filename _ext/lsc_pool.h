@@ -1,7 +1,7 @@
 /* lsc_pool.h: run a table of buffers through lsc_scan.h, serially or split
  * over a small pool of helper threads.
  *
- * Design: a job is a list of runs cut into chunks of LSC_CHUNK_BYTES; every
+ * Design: a job is a list of runs cut into chunks (see LSC_CHUNK_PS); every
  * participant (the calling thread and any helper that turns up) claims the
  * next chunk with one atomic add until none is left.  The caller works from
  * the start, so a helper that is late (asleep, or descheduled because the
@@ -33,38 +33,77 @@
 #include <unistd.h>
 #endif
 
-/* Work unit claimed by one thread: 256 KiB, a few microseconds. */
+/* Work unit claimed by one thread.  A scan's chunk is 256 KiB; a chunk of
+ * an unscale (with or without statistics) is LSC_CHUNK_PS of work, by the
+ * cost of its elements (lsc_elem_ps), so an array that costs more per byte
+ * is split into more chunks and reaches the pool at fewer bytes.  The chunk
+ * size depends on the run and the op only, never on the thread count: the
+ * statistics, kept per chunk and summed in chunk order, are a reduction tree
+ * of one fixed shape. */
 #define LSC_CHUNK_BYTES (256 * 1024)
+#define LSC_CHUNK_PS 2000000
 #define LSC_MAX_THREADS 8
-/* Automatic threading starts at these input sizes (bytes); below them the
- * wake-up of a helper costs more than it saves.  Measured with `lscore bench`. */
-#define LSC_MT_MIN_BYTES_WRITE (2 * 1024 * 1024)
+/* Automatic threading starts at these sizes; below them the wake-up of a
+ * helper costs more than it saves (a helper takes a chunk only while the
+ * caller has at least one more to do, so a job needs three chunks or more).
+ * Measured with `lscore bench`. */
 #define LSC_MT_MIN_BYTES_SCAN (2 * 1024 * 1024)
+#define LSC_MT_MIN_PS 5000000
 /* How long an idle helper polls for the next job before it sleeps, and how
  * long the caller polls for a helper finishing its chunk. */
 #define LSC_HELPER_SPIN_NS 50000
 #define LSC_CALLER_SPIN_NS 20000
 
-static inline lsc_n lsc_chunk_elems(const lsc_run *run)
+/* Picoseconds one core spends on an element of a contiguous run under a
+ * writing or statistics op (the vector kernels at their best ISA level on
+ * an AMD Zen 4 core, data in L2; the proportions are what matters). */
+static inline lsc_n lsc_elem_ps(int code, int op)
+{
+    const int stats = (op & LSC_OP_STATS) != 0;
+    switch (code) {
+    case LSC_CODE_F16: return stats ? 100 : 28;
+    case LSC_CODE_BF16: return stats ? 166 : 54;
+    case LSC_CODE_F32: return stats ? 56 : 29;
+    case LSC_CODE_F64: return stats ? 59 : 57;
+    default: return 30;
+    }
+}
+
+/* The work of a run under op, in picoseconds (bytes for a scan). */
+static inline lsc_n lsc_run_work(const lsc_run *run, int op)
+{
+    if (run->code == LSC_CODE_INT || run->n <= 0)
+        return 0;
+    if (op == LSC_OP_SCAN)
+        return run->n * lsc_formats[run->code].width;
+    return run->n * lsc_elem_ps(run->code, op);
+}
+
+static inline lsc_n lsc_chunk_elems(const lsc_run *run, int op)
 {
     if (run->ndim > 1)
         return run->n > 0 ? run->n : 1;
-    return LSC_CHUNK_BYTES / lsc_formats[run->code].width;
+    if (op == LSC_OP_SCAN)
+        return LSC_CHUNK_BYTES / lsc_formats[run->code].width;
+    /* a multiple of the 32 statistics lanes */
+    return (LSC_CHUNK_PS / lsc_elem_ps(run->code, op)) & ~(lsc_n)31;
 }
 
-static inline size_t lsc_run_chunks(const lsc_run *run)
+static inline size_t lsc_run_chunks(const lsc_run *run, int op)
 {
+    lsc_n ce;
     if (run->code == LSC_CODE_INT || run->n <= 0)
         return 0;
     if (run->ndim > 1)
         return 1;
-    return (size_t)((run->n + lsc_chunk_elems(run) - 1) / lsc_chunk_elems(run));
+    ce = lsc_chunk_elems(run, op);
+    return (size_t)((run->n + ce - 1) / ce);
 }
 
 /* Chunk k of a run: elements [lo, hi); its statistics go to *r. */
 static int lsc_do_chunk(const lsc_run *run, size_t k, int op, double inv, lsc_result *r)
 {
-    lsc_n ce = lsc_chunk_elems(run), lo = (lsc_n)k * ce;
+    lsc_n ce = lsc_chunk_elems(run, op), lo = (lsc_n)k * ce;
     lsc_n hi = run->n - lo < ce ? run->n : lo + ce;
     r->sumsq = 0;
     r->maxabs = 0;
@@ -139,7 +178,7 @@ static lsc_result lsc_exec_serial(const lsc_run *runs, size_t nruns, int op, dou
             continue;
         if (op & LSC_OP_STATS) {
             /* chunk by chunk, exactly as the threads do, for the same sums */
-            for (size_t k = 0, nc = lsc_run_chunks(run); k < nc; k++) {
+            for (size_t k = 0, nc = lsc_run_chunks(run, op); k < nc; k++) {
                 lsc_do_chunk(run, k, op, inv, &cr);
                 lsc_result_merge(&total, &cr);
             }
@@ -398,7 +437,7 @@ static lsc_result lsc_exec_pool(lsc_pool *P, const lsc_run *runs, size_t nruns, 
         return lsc_exec_serial(runs, nruns, op, inv);
     first[0] = 0;
     for (size_t i = 0; i < nruns; i++)
-        first[i + 1] = first[i] + lsc_run_chunks(&runs[i]);
+        first[i + 1] = first[i] + lsc_run_chunks(&runs[i], op);
     j.runs = runs;
     j.nruns = nruns;
     j.first = first;
@@ -482,17 +521,25 @@ static int lsc_pool_size(void)
 #endif
 }
 
-/* Run `op` over the runs.  threads: 0 picks by size (serial below
- * LSC_MT_MIN_BYTES_*), 1 is serial, k uses at most k threads. */
+/* Run `op` over the runs.  threads: 0 picks by the work (serial below
+ * LSC_MT_MIN_BYTES_SCAN or LSC_MT_MIN_PS), 1 is serial, k uses at most k
+ * threads. */
 static lsc_result lsc_exec(const lsc_run *runs, size_t nruns, lsc_n total_bytes, int op,
                            double inv, int threads)
 {
 #ifdef LSC_THREADS
-    if (threads == 0) {
-        lsc_n min_bytes = op == LSC_OP_SCAN ? LSC_MT_MIN_BYTES_SCAN : LSC_MT_MIN_BYTES_WRITE;
-        threads = total_bytes >= min_bytes ? LSC_MAX_THREADS : 1;
+    lsc_n work = 0;
+    size_t nchunks = 0;
+    (void)total_bytes;
+    for (size_t i = 0; i < nruns; i++) {
+        work += lsc_run_work(&runs[i], op);
+        if (nchunks < 3)
+            nchunks += lsc_run_chunks(&runs[i], op);
     }
-    if (threads > 1 && total_bytes > LSC_CHUNK_BYTES
+    if (threads == 0)
+        threads = work >= (op == LSC_OP_SCAN ? LSC_MT_MIN_BYTES_SCAN : LSC_MT_MIN_PS)
+                      ? LSC_MAX_THREADS : 1;
+    if (threads > 1 && nchunks >= 3
             && !((op & LSC_OP_WRITE) && lsc_runs_overlap(runs, nruns))) {
         lsc_pool *P = lsc_pool_get();
         int expected = 0;
@@ -508,6 +555,18 @@ static lsc_result lsc_exec(const lsc_run *runs, size_t nruns, lsc_n total_bytes,
     (void)threads;
 #endif
     return lsc_exec_serial(runs, nruns, op, inv);
+}
+
+/* Whether a writing op of this work (lsc_elem_ps summed) runs threaded when
+ * the thread count is left to lsc_exec. */
+static inline int lsc_work_threaded(lsc_n work_ps)
+{
+#ifdef LSC_THREADS
+    return work_ps >= LSC_MT_MIN_PS;
+#else
+    (void)work_ps;
+    return 0;
+#endif
 }
 
 #endif /* LSC_POOL_H */

@@ -29,9 +29,6 @@ typedef int64_t lsc_n;
 
 /* Elements per early-exit block of the scans: 16 KiB of data. */
 #define LSC_BLOCK_BYTES 16384
-/* Elements per block of the statistics kernels (re-read while in L1). */
-#define LSC_STAT_BLOCK 1024
-
 #define LSC_CAT_(a, b) a##b
 #define LSC_CAT(a, b) LSC_CAT_(a, b)
 #define LSC_STR_(a) #a
@@ -58,9 +55,6 @@ static const lsc_format lsc_formats[LSC_NCODES] = {
 
 /* ---- statistics -------------------------------------------------------- */
 
-typedef double lsc_v8d __attribute__((vector_size(64)));
-typedef float lsc_v8f __attribute__((vector_size(32)));
-
 /* What one kernel call gathered: the sum of squares and max |x| as the bits
  * of a float (f16/bf16/f32, widened) or of a double (f64). */
 typedef struct { double sumsq; uint64_t maxbits; } lsc_kstats;
@@ -68,12 +62,13 @@ typedef struct { double sumsq; uint64_t maxbits; } lsc_kstats;
 /* Statistics of a whole job (or of one chunk of it). */
 typedef struct { int found; double sumsq; double maxabs; } lsc_result;
 
-/* The 16 lanes of a sum of squares, reduced in one fixed order. */
-static inline double lsc_reduce16(const double *l)
+/* The 32 lanes of a sum of squares (lane l: the elements whose index in the
+ * kernel call is l mod 32), reduced in one fixed tree. */
+static inline double lsc_reduce32(const double *l)
 {
     double t[8];
     for (int k = 0; k < 8; k++)
-        t[k] = l[k] + l[k + 8];
+        t[k] = (l[k] + l[k + 16]) + (l[k + 8] + l[k + 24]);
     return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
 }
 
@@ -135,6 +130,10 @@ typedef struct {
 #ifdef __SSE4_1__   /* part of x86-64-v2, the build's baseline */
 #define LSC_VTEST(q, top) (!_mm_testz_si128((__m128i)(q), _mm_set1_epi64x((long long)(top))))
 #endif
+/* the low and the high half of a vector of floats, widened to doubles */
+#define LSC_MAXU32(a, b) ((__typeof__(a))_mm_max_epu32((__m128i)(a), (__m128i)(b)))
+#define LSC_PD_LO(f) _mm_cvtps_pd((__m128)(f))
+#define LSC_PD_HI(f) _mm_cvtps_pd(_mm_movehl_ps((__m128)(f), (__m128)(f)))
 #include "lsc_kernels.h"
 
 #pragma GCC push_options
@@ -148,6 +147,10 @@ typedef struct {
 #define LSC_F2H(f) _mm256_cvtps_ph((f), 0)
 #define LSC_VTEST(q, top) \
     (!_mm256_testz_si256((__m256i)(q), _mm256_set1_epi64x((long long)(top))))
+#define LSC_MAXU32(a, b) ((__typeof__(a))_mm256_max_epu32((__m256i)(a), (__m256i)(b)))
+#define LSC_MAXU16(a, b) ((__typeof__(a))_mm_max_epu16((__m128i)(a), (__m128i)(b)))
+#define LSC_PD_LO(f) _mm256_cvtps_pd(_mm256_castps256_ps128((__m256)(f)))
+#define LSC_PD_HI(f) _mm256_cvtps_pd(_mm256_extractf128_ps((__m256)(f), 1))
 #include "lsc_kernels.h"
 #pragma GCC pop_options
 
@@ -161,6 +164,12 @@ typedef struct {
 #define LSC_F2H(f) _mm512_cvtps_ph((f), 0)
 #define LSC_VTEST(q, top) \
     (_mm512_test_epi64_mask((__m512i)(q), _mm512_set1_epi64((long long)(top))) != 0)
+#define LSC_MAXU32(a, b) ((__typeof__(a))_mm512_max_epu32((__m512i)(a), (__m512i)(b)))
+#define LSC_MAXU16(a, b) ((__typeof__(a))_mm256_max_epu16((__m256i)(a), (__m256i)(b)))
+#define LSC_MAXS64(a, b) ((__typeof__(a))_mm512_max_epi64((__m512i)(a), (__m512i)(b)))
+#define LSC_PD_LO(f) _mm512_cvtps_pd(_mm512_castps512_ps256((__m512)(f)))
+#define LSC_PD_HI(f) \
+    _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd((__m512)(f)), 1)))
 #include "lsc_kernels.h"
 #pragma GCC pop_options
 
@@ -334,14 +343,14 @@ static int lsc_scan_run(int code, int swapped, const char *p, lsc_n n, lsc_n str
 /* One 1-D run: multiply every element by inv in place (write != 0) or only
  * read it, and report whether any input element was non-finite; with ks
  * non-NULL also gather the statistics of the values left in the run.  The
- * generic loop uses the same 16 lanes as the contiguous kernels, so a run
+ * generic loop uses the same 32 lanes as the contiguous kernels, so a run
  * gives the same statistics whatever its layout.  Integer runs and float8
  * runs with write set are never passed here. */
 static int lsc_unscale_run(int code, int swapped, char *p, lsc_n n, lsc_n stride, double inv,
                            int write, lsc_kstats *ks)
 {
     const lsc_format *f = &lsc_formats[code];
-    double lanes[16] = {0};
+    double lanes[32] = {0};
     uint64_t mx = 0;
     int found = 0;
     if (ks) {
@@ -367,12 +376,12 @@ static int lsc_unscale_run(int code, int swapped, char *p, lsc_n n, lsc_n stride
         }
         if (ks) {
             double d = lsc_word_value(code, w, &m);
-            lanes[i & 15] += d * d;
+            lanes[i & 31] += d * d;
             mx = m > mx ? m : mx;
         }
     }
     if (ks) {
-        ks->sumsq = lsc_reduce16(lanes);
+        ks->sumsq = lsc_reduce32(lanes);
         ks->maxbits = mx;
     }
     return found;

@@ -44,6 +44,17 @@ def expected_rows():
         "torch foreach",
     ):
         rows.add(("300 x 64 float32", m))
+    log_list = "300 log-uniform 1e2..1e3"  # --tiny: sizes up to 1e3
+    for dt in ("float16", "bfloat16", "float64"):
+        for m in ("lscore all_finite", "lscore unscale_", "torch foreach"):
+            rows.add((f"300 x 64 {dt}", m))
+    for dt in ("float16", "bfloat16", "float32", "float64"):
+        for m in ("lscore unscale_", "lscore stats=True", "torch foreach"):
+            rows.add((f"unscale_ {dt} {log_list}", m))
+    for dt in ("float16", "bfloat16", "float32"):
+        for case in ("4096", log_list):
+            for m in bench._sections.CLIP_METHODS:
+                rows.add((f"unscale_and_clip_ {dt} {case}", m))
     for case in ("300 x 64", "300 log-uniform 1e2..1e5"):
         for m in (
             "torch.amp.GradScaler('cpu')",
@@ -113,6 +124,10 @@ def test_ratios_and_targets_present(tiny_run):
     assert any("DynamicLossScale.update" in n for n in names)
     assert any("import lscore" in n for n in names)
     assert sum("per tensor" in n for n in names) == 2
+    clip = [
+        r for r in tiny_run["rows"] if "clip" in r["group"] and r["method"].startswith("lscore")
+    ]
+    assert clip and all("torch" in r["ratios"] for r in clip), clip
     assert tiny_run["machine"]["isa"] == _scan.isa()
 
 

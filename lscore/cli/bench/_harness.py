@@ -168,6 +168,11 @@ class Rows:
             print("\r" + " " * 80 + "\r", end="", file=sys.stderr, flush=True)
 
 
+def wanted(opts, group: str) -> bool:
+    """Whether --only lets `group` through (so that its inputs are worth building)."""
+    return not opts.only or any(w in group for w in opts.only)
+
+
 # ---- inputs -----------------------------------------------------------------
 
 
@@ -188,6 +193,12 @@ def workload_sizes(rng, count: int, size, tiny: bool = False) -> list[int]:
         hi = 4 if tiny else 6
         return [int(x) for x in np.exp(rng.uniform(np.log(1e2), np.log(10.0**hi), count))]
     return [int(size)] * count
+
+
+def log_uniform_sizes(hi: float) -> list[int]:
+    """The sizes of the many-array rows: N_SMALL log-uniform in 1e2..hi (seed 1234)."""
+    rng = np.random.default_rng(1234)
+    return [int(x) for x in np.exp(rng.uniform(math.log(1e2), math.log(hi), N_SMALL))]
 
 
 def random_array(rng, dtype, n: int) -> np.ndarray:

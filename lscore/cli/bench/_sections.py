@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import statistics
 import subprocess
@@ -22,9 +21,11 @@ from lscore.cli.bench._harness import (
     as_tensor,
     busy_core,
     dtype_of,
+    log_uniform_sizes,
     random_array,
     size_label,
     torch_unscale,
+    wanted,
 )
 
 
@@ -118,21 +119,61 @@ UN_METHODS = (
 
 
 def _bench_small(rows: Rows, opts, torch, rng) -> None:
-    """300 float32 arrays of 64 elements: the fixed cost per array."""
-    arrays = [random_array(rng, np.float32, 64) for _ in range(N_SMALL)]
-    g, kw = f"{N_SMALL} x 64 float32", dict(dtype="float32", n=64, per=N_SMALL, opts=opts)
+    """300 arrays of 64 elements (the fixed cost per array), and 300 of log-uniform
+    sizes 1e2..1e5 (a model's gradients), per dtype."""
+    for name in DTYPES:
+        dt = dtype_of(name)
+        for label, sizes in (("x 64", [64] * N_SMALL), log_list(opts)):
+            g = f"{N_SMALL} {label} {name}" if label == "x 64" else f"unscale_ {name} {label}"
+            kw = dict(dtype=name, n=int(np.sum(sizes)), per=N_SMALL, opts=opts)
+            if not wanted(opts, g):
+                continue
+            if dt is None:
+                rows.add(g, "lscore unscale_", skip="ml_dtypes is not installed", **kw)
+                continue
+            _list_rows(rows, g, [random_array(rng, dt, int(n)) for n in sizes], torch, kw)
+            rows.flush()
+
+
+def _list_rows(rows: Rows, g: str, arrays: list, torch, kw: dict) -> None:
+    """The rows of one many-array group (queued; the caller flushes)."""
     nb = sum(a.nbytes for a in arrays)
     inv = alternating([0.5, 2.0])
-    rows.add(g, "lscore all_finite", lambda: kernels.all_finite(arrays), nbytes=nb, **kw)
+    small = " x 64 " in g
+    if small:
+        rows.add(g, "lscore all_finite", lambda: kernels.all_finite(arrays), nbytes=nb, **kw)
     rows.add(g, "lscore unscale_", lambda: kernels.unscale_(arrays, inv()), nbytes=2 * nb, **kw)
-    rows.add(
-        g,
-        "numpy loop isfinite().all()",
-        lambda: all(np.isfinite(a).all() for a in arrays),
-        nbytes=nb,
-        **kw,
-    )
+    if not small:
+        rows.add(
+            g,
+            "lscore stats=True",
+            lambda: kernels.unscale_(arrays, inv(), True),
+            nbytes=2 * nb,
+            **kw,
+        )
+    if small and kw["dtype"] == "float32":
+        rows.add(
+            g,
+            "numpy loop isfinite().all()",
+            lambda: all(np.isfinite(a).all() for a in arrays),
+            nbytes=nb,
+            **kw,
+        )
+        rows.add(g, "numpy loop a *= inv; isfinite", _numpy_loop(arrays, inv), nbytes=2 * nb, **kw)
+    if torch is None:
+        rows.add(g, "torch foreach", skip=TORCH_SKIP, **kw)
+    else:
+        tensors = [as_tensor(torch, a) for a in arrays]
+        rows.add(g, "torch foreach", torch_unscale(torch, tensors), nbytes=2 * nb, **kw)
 
+
+def log_list(opts) -> tuple[str, list[int]]:
+    """The many-array workload of the list rows and the clipped-step rows: (label, sizes)."""
+    hi = int(opts.gs_max)
+    return f"{N_SMALL} log-uniform 1e2..{size_label(hi)}", log_uniform_sizes(hi)
+
+
+def _numpy_loop(arrays, inv):
     def numpy_loop():
         f = inv()
         ok = True
@@ -141,17 +182,7 @@ def _bench_small(rows: Rows, opts, torch, rng) -> None:
             ok &= bool(np.isfinite(a).all())
         return ok
 
-    rows.add(g, "numpy loop a *= inv; isfinite", numpy_loop, nbytes=2 * nb, **kw)
-    if torch is None:
-        rows.add(g, "torch foreach", skip=TORCH_SKIP, **kw)
-    else:
-        rows.add(
-            g,
-            "torch foreach",
-            torch_unscale(torch, [as_tensor(torch, a) for a in arrays]),
-            nbytes=2 * nb,
-            **kw,
-        )
+    return numpy_loop
 
 
 def _gradscaler_model(torch, sizes):
@@ -165,12 +196,7 @@ def _bench_gradscaler(rows: Rows, opts, torch, rng) -> None:
     """Whole GradScaler steps (unscale_, step, update) on 300 float32 parameters."""
     cases = (
         (f"{N_SMALL} x 64", [64] * N_SMALL),
-        (
-            f"{N_SMALL} log-uniform 1e2..1e5",
-            np.exp(
-                np.random.default_rng(1234).uniform(math.log(1e2), math.log(opts.gs_max), N_SMALL)
-            ).astype(int),
-        ),
+        (f"{N_SMALL} log-uniform 1e2..1e5", log_uniform_sizes(opts.gs_max)),
     )
     adapter = None
     with contextlib.suppress(ImportError):
@@ -282,6 +308,84 @@ def _torch_small_step(torch, method, grads, adapter):
 
 # the part of a step that stands for backward(): the scalers' rows include it
 GRAD_HARNESS = "assigning new .grad tensors (in every row)"
+
+
+CLIP_METHODS = (
+    "lscore.adapters.torch.GradScaler.unscale_and_clip_",
+    "torch GradScaler.unscale_ + clip_grad_norm_(foreach=True)",
+)
+CLIP_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def _bench_clip(rows: Rows, opts, torch, rng) -> None:
+    """A clipped step's scaler work: lscore's one pass against torch's unscale_ and
+    clip_grad_norm_(params, 1.0, foreach=True) on the same CPU tensors, then update()
+    in both, for one big tensor (the sizes from 1e7 up) and the 300-tensor list."""
+    big = [n for n in opts.sizes if n >= 10**7] or list(opts.sizes[-1:])
+    cases = [*((size_label(n), [n]) for n in big), log_list(opts)]
+    try:
+        from lscore.adapters.torch import GradScaler as adapter
+    except ImportError:
+        adapter = None
+    for label, sizes in cases:
+        for name in CLIP_DTYPES:
+            g = f"unscale_and_clip_ {name} {label}"
+            kw = dict(dtype=name, n=int(np.sum(sizes)), per=len(sizes), opts=opts)
+            if not wanted(opts, g):
+                continue
+            if torch is None or adapter is None:
+                why = TORCH_SKIP if torch is None else "lscore.adapters.torch is not available"
+                for m in CLIP_METHODS:
+                    rows.add(g, m, skip=why, **kw)
+                continue
+            dt = getattr(torch, name)
+            nb = 2 * 2 * dt.itemsize * int(np.sum(sizes))  # unscale and clip: two passes in torch
+            for m in CLIP_METHODS:
+                step, note = _clip_step(torch, m, sizes, dt, adapter)
+                rows.add(g, m, step, nbytes=nb, **({"note": note} if note else {}), **kw)
+            rows.flush()
+
+
+def _clip_step(torch, method, sizes, dt, adapter):
+    """One clipped step of `method` on its own parameters (scale alternating 2.0 / 0.5)."""
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.zeros(int(s), dtype=dt)) for s in sizes]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen).to(dt)
+    opt = torch.optim.SGD(params, lr=1e-6)
+    scales = alternating([2.0, 0.5])
+    fp16 = dt == torch.float16
+    if method == CLIP_METHODS[0]:
+        scaler = adapter("cpu", init_scale=2.0, growth_interval=1 << 30, allow_fp16_params=fp16)
+        scaler.scale(torch.ones(()))
+
+        def step():
+            scaler.unscale_and_clip_(opt, 1.0)
+            scaler.update(scales())
+
+        return step, None
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0, growth_interval=1 << 30)
+    scaler.scale(torch.ones(()))
+    if not fp16:
+
+        def step():
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+            scaler.update(scales())
+
+        return step, None
+    # torch's GradScaler refuses float16 gradients; run the kernel its unscale_ runs
+    grads = [p.grad for p in params]
+    found = torch.zeros(1)
+
+    def step_fp16():
+        inv = torch.full((1,), 1.0 / scaler.get_scale())
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        found.item()
+        scaler.update(scales())
+
+    return step_fp16, "float16: GradScaler refuses it, so its foreach kernel is called directly"
 
 
 def _bench_latency(rows: Rows, opts, torch, rng) -> None:
@@ -409,6 +513,7 @@ def _bench_isa(rows: Rows, opts, torch, rng) -> None:
 SECTIONS = (
     _bench_arrays,
     _bench_small,
+    _bench_clip,
     _bench_gradscaler,
     _bench_torch_small,
     _bench_latency,
