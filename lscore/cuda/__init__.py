@@ -32,6 +32,8 @@ from lscore.cuda.launch import (
     plan_launches,
 )
 from lscore.cuda.loader import (
+    CACHE_DIR_ENV,
+    CACHE_ENV,
     KERNELS,
     NVRTC_OPTIONS,
     OPS,
@@ -40,6 +42,8 @@ from lscore.cuda.loader import (
     CupyBackend,
     compile_kernels,
     device_missing,
+    kernel_cache_dir,
+    kernel_image,
     kernel_name,
     module,
     source,
@@ -48,6 +52,8 @@ from lscore.cuda.optim import FusedLauncher, FusedPlan, bias_table
 
 __all__ = [
     "BLOCK",
+    "CACHE_DIR_ENV",
+    "CACHE_ENV",
     "CHUNK",
     "KERNELS",
     "MAX_BLOCKS",
@@ -68,6 +74,8 @@ __all__ = [
     "bias_table",
     "compile_kernels",
     "device_missing",
+    "kernel_cache_dir",
+    "kernel_image",
     "kernel_name",
     "launch_config",
     "module",
