@@ -400,7 +400,7 @@ class LossScaleOptimizerBase:
         if pairs:
             pairs = drop_none_gradients(pairs, warn=self._scaling.shape != "tf1")
         grads = [g for g, _ in pairs]
-        finite = not reduce_found_inf(self._reducer, not type(self)._all_finite(grads))
+        finite = not reduce_found_inf(self._reducer, not self._all_finite(grads))
         applied, _ = run_step(
             self,
             finite,

@@ -150,7 +150,7 @@ class Pair:
 
 
 def _launched(binding, name_prefix):
-    backend = binding[4]._kernels.device(0).backend
+    backend = binding[4]._backend.kernels.device(0).backend
     return sum(1 for n, _, _ in backend.launches if n.startswith(name_prefix))
 
 
