@@ -546,8 +546,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
 
     def _fixed_value(self, which: str) -> float:
         s = self._scaling.scale
-        with _optim.quiet():
-            return s if which == "scale" else float(np.float32(1.0) / np.float32(s))
+        return s if which == "scale" else _optim.inverse_scale(s)
 
     def _device_value(self, which: str, dtype):
         if self._dev is None:  # a fixed scale: a host constant is exact and costs nothing

@@ -110,6 +110,13 @@ def quiet():
     return np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore")
 
 
+def inverse_scale(scale: float) -> float:
+    """TF's and Keras's inverse of a loss scale: the reciprocal taken in float32,
+    ``float32(1) / float32(scale)`` (torch takes it in float64, then rounds)."""
+    with quiet():
+        return float(np.float32(1.0) / np.float32(scale))
+
+
 def _times(x, factor: float):
     """`x * factor` with the factor cast to x's dtype first, as TF casts the scale."""
     dtype = getattr(x, "dtype", None)
@@ -353,8 +360,7 @@ class LossScaleOptimizerBase:
 
     def get_unscaled_gradients(self, grads) -> list:
         """Each gradient times the float32 reciprocal of the scale (cast to its dtype); None kept."""
-        with quiet():
-            inv = float(np.float32(1.0) / np.float32(self._scaling.scale))
+        inv = inverse_scale(self._scaling.scale)
         return [None if g is None else _times(g, inv) for g in grads]
 
     # -- the step -----------------------------------------------------------------
