@@ -13,7 +13,7 @@ bookkeeping all run in CI without a GPU.
   ``unscale_and_norm`` / ``unscale_and_clip_`` over nested device arrays
   (``lscore.cuda.ArrayKernels``), refused while a graph is being captured.
 - ``Gated``, with ``SGD`` and ``Adam``: dense float32 variables are updated by
-  the fused kernels (``lscore.cuda.FusedLauncher`` over _ext/optim.cu), which
+  the fused kernels (``lscore.cuda.optim.FusedLauncher`` over _ext/optim.cu), which
   also unscale, check and skip on the device for a LossScaleOptimizer; other
   variables take the elementwise path, where a device boolean ``_gate`` makes
   a skipped step restore copies, so it changes nothing without a host sync.
@@ -32,9 +32,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from lscore import cuda
 from lscore.adapters import _arrays, _optim
 from lscore.cuda.arrays import ArrayKernels
+from lscore.cuda.device_state import FLOOR, DeviceState
+from lscore.cuda.optim import FLAGS, FusedLauncher, FusedPlan, bias_table
 from lscore.distributed import reduce_found_inf
 from lscore.dtypes import BY_NAME
 from lscore.state import LossScaleFloorError
@@ -83,12 +84,12 @@ class ArrayBackend:
     def refuse_in_capture(self, what: str, instead: str) -> None:
         refuse_in_capture(self.capturing(), what, instead)
 
-    def fused_launcher(self, device: int) -> cuda.FusedLauncher:
+    def fused_launcher(self, device: int) -> FusedLauncher:
         """The fused kernels' launcher of `device` (on that device's ``MultiTensor``)."""
         runner = self.kernels.device(device)
         hit = self._launchers.get(device)
         if hit is None or hit.runner is not runner:
-            hit = self._launchers[device] = cuda.FusedLauncher(runner)
+            hit = self._launchers[device] = FusedLauncher(runner)
         return hit
 
     def all_finite(self, arrays) -> bool:
@@ -173,7 +174,7 @@ class Gated(_arrays.ArrayOptimizer):
         return None
 
     # -- the fused path --------------------------------------------------------------
-    def fused_launcher(self) -> cuda.FusedLauncher:
+    def fused_launcher(self) -> FusedLauncher:
         """The fused kernels' launcher of the current device (shares the adapter's backend)."""
         return self._backend.fused_launcher(self._backend.current_device())
 
@@ -231,7 +232,7 @@ class Gated(_arrays.ArrayOptimizer):
     def _slot_names(self) -> tuple:
         raise NotImplementedError
 
-    def _plan_records(self, pairs) -> cuda.FusedPlan:
+    def _plan_records(self, pairs) -> FusedPlan:
         """The launcher's plan of these records; planned (uploaded) on first sight, never while
         capturing."""
         launcher = self.fused_launcher()
@@ -269,7 +270,7 @@ class Gated(_arrays.ArrayOptimizer):
         count_ptr: int = 0,
     ) -> int:
         head, tail, own = self._fused_args(count_ptr)
-        flags |= own | (_FLAGS["CHECK"] if check else 0)
+        flags |= own | (FLAGS["CHECK"] if check else 0)
         return self.fused_launcher().launch(
             self._kind,
             plan,
@@ -299,7 +300,6 @@ class Gated(_arrays.ArrayOptimizer):
 
 
 _FUSED_GRADS = ("float16", "bfloat16", "float32")
-_FLAGS = cuda.optim.FLAGS
 # optim.cu reads rec[2] (SGD) and rec[3] (Adam) even without a slot there; amsgrad's rec[4]
 # is always a slot
 _RECORD_WORDS = {"sgd": 3, "adam": 4}
@@ -315,8 +315,8 @@ class SGD(Gated, _arrays.SGD):
 
     def _fused_args(self, count_ptr: int):
         t = np.float32
-        own = (_FLAGS["SLOT"] if self.momentum != 0 else 0) | (
-            _FLAGS["NESTEROV"] if self.nesterov else 0
+        own = (FLAGS["SLOT"] if self.momentum != 0 else 0) | (
+            FLAGS["NESTEROV"] if self.nesterov else 0
         )
         # damp 1: tf-keras's SGD exactly (dampening is torch's, not a tf-keras argument)
         return (
@@ -331,7 +331,7 @@ class Adam(Gated, _arrays.Adam):
 
     Bias correction: by value from ``iterations``, or, under a sync-free
     LossScaleOptimizer, from that wrapper's device step counter and a table
-    of the host's own float32 terms (``lscore.cuda.bias_table``, uploaded
+    of the host's own float32 terms (``lscore.cuda.optim.bias_table``, uploaded
     once per (beta_1, beta_2)), so a replayed CUDA graph uses each step's
     own t.  The table ends where both terms are exactly 1; betas that do
     not get there within ``lscore.cuda.optim.TABLE_LIMIT`` steps
@@ -350,7 +350,7 @@ class Adam(Gated, _arrays.Adam):
             refuse_in_capture(
                 self._backend.capturing(), "uploading Adam's bias-correction table", _ONE_STEP
             )
-            table, last = cuda.bias_table(lambda step: self._bias_terms(np.float32, step))
+            table, last = bias_table(lambda step: self._bias_terms(np.float32, step))
             self._bias = (betas, self.fused_launcher().backend.to_device(table), last)
         return self._bias
 
@@ -372,7 +372,7 @@ class Adam(Gated, _arrays.Adam):
             t(self._learning_rate),
             t(self.weight_decay or 0.0),
         )
-        return head, tail, _FLAGS["AMSGRAD"] if self.amsgrad else 0
+        return head, tail, FLAGS["AMSGRAD"] if self.amsgrad else 0
 
 
 class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
@@ -479,7 +479,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         if self._scaling.dynamic:
             state = self._host_state()
             runner = self._backend.kernels.device(self._device_id)
-            self._dev = cuda.DeviceState(runner.backend, state.nbytes)
+            self._dev = DeviceState(runner.backend, state.nbytes)
             self._dev.put(state.to_bytes())
         # preallocated: a captured step may not allocate
         self._applied = xp.ones((), dtype=bool)
@@ -518,7 +518,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         raw, flags, _ = self._dev.read()
         state = self._host_state()
         state.from_bytes(raw)
-        if flags[cuda.device_state.FLOOR]:
+        if flags[FLOOR]:
             self._dev.clear_floor()
             raise LossScaleFloorError(
                 f"loss scale cannot go below its minimum {state.policy.min_scale!r} "
@@ -635,7 +635,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         opt = self._optimizer
         runner = opt.fused_launcher().runner
         mark = runner.next_mark()
-        flags = _FLAGS["INV_AS_GRAD"]
+        flags = FLAGS["INV_AS_GRAD"]
         opt._fused_launch(
             plan, check=True, flags=flags, inv=inv, gate_ptr=runner.flag_ptr, skip_if=mark
         )
@@ -676,7 +676,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         opt, dev, xp = self._optimizer, self._dev, self._backend.xp
         inv, inv_ptr, flags = 1.0, 0, 0
         if scaled:
-            flags = _FLAGS["INV_AS_GRAD"]
+            flags = FLAGS["INV_AS_GRAD"]
             if dev is None:
                 inv = self._fixed_value("inv")
             else:

@@ -18,6 +18,7 @@ from lscore import cuda as _cuda
 from lscore import policy as _params
 from lscore._ext import _codes
 from lscore._ext._state import CyState
+from lscore.cuda.device_state import DeviceState
 from lscore.dtypes import BY_NAME, Code
 from lscore.state import COUNTERS, LossScaleState
 
@@ -111,7 +112,7 @@ class _HostMemory:
 
 def test_device_state_layout_matches_the_header():
     nbytes = CyState.nbytes()
-    ds = _cuda.DeviceState(_HostMemory(), nbytes)
+    ds = DeviceState(_HostMemory(), nbytes)
     assert ds.flags.size == _codes.NDEVICE_FLAGS and ds.vals.size == _codes.NDEVICE_VALS
     assert ds.found_ptr == ds.flags_ptr + 4 * _codes.DEVICE_FLAGS["found"]
     assert ds.inv_ptr == ds.vals_ptr + 8 * _codes.DEVICE_VALS["inv_scale"]

@@ -212,7 +212,7 @@ def test_an_entry_the_driver_refuses_is_compiled_again(compiles, cache_dir, monk
     path = os.path.join(cache_dir, name)
     loader._write_entry(path, b"an image from a newer NVRTC", lowered)  # checksum intact
     loaded = _fake_driver(monkeypatch, lambda img: img == b"an image from a newer NVRTC")
-    assert cuda.module(SMALL, 0)[1] == lowered
+    assert loader.module(SMALL, 0)[1] == lowered
     assert loaded == [image] and len(compiles) == 2
     assert loader._read_entry(path) == (image, lowered)
 
@@ -220,7 +220,7 @@ def test_an_entry_the_driver_refuses_is_compiled_again(compiles, cache_dir, monk
 def test_a_fresh_image_the_driver_refuses_raises(compiles, cache_dir, monkeypatch):
     _fake_driver(monkeypatch, lambda img: True)
     with pytest.raises(RuntimeError, match="INVALID_IMAGE"):
-        cuda.module(SMALL, 0)
+        loader.module(SMALL, 0)
     assert len(compiles) == 1
 
 
