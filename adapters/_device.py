@@ -1,44 +1,45 @@
-"""Device-array parts of the CuPy adapter, written against an array module and a kernel backend.
+"""Device-array parts of the CuPy adapter, written against one backend object.
 
-Design: ``lscore.adapters.cupy`` binds these classes to ``cupy`` and
-``lscore.cuda.CupyBackend``; the tests bind the very same classes to
-``numpy`` and the CPU host harness (tests/helpers/cuda_host), so the gathering of
-arrays, the pointer tables, the launches, the gating of SGD/Adam and the
-sync-free bookkeeping all run in CI without a GPU.
+Design: an ``ArrayBackend`` holds what these classes need of a framework (its
+array module, lscore's kernels over its arrays, the current device, where an
+array lives, whether a CUDA graph is being captured).  ``lscore.adapters.cupy``
+subclasses ``SGD``, ``Adam`` and ``LossScaleOptimizer`` with cupy's backend;
+the tests and ``lscore bench --suite gpu-host`` bind the very same classes to
+NumPy and a stand-in device (``lscore.adapters.device.bind``), so the
+gathering of arrays, the launches, the gating of SGD/Adam and the sync-free
+bookkeeping all run in CI without a GPU.
 
-- ``ArrayKernels`` (``lscore.cuda.ArrayKernels``, framework-neutral, so
-  ``lscore bench --suite gpu-host`` binds it too): ``all_finite`` and
-  ``unscale_`` over nested device arrays, walked, checked and grouped by
-  device and dtype in compiled code (``lscore.kernels.DeviceTable``, which
-  caches the plan of a list), then launched with packed arguments
-  (``lscore.cuda.MultiTensor``); one host sync per device reads the flag;
-  ``check_async`` leaves the flag on the device.
-- ``Gated`` (``GatedSGD``, ``GatedAdam``): mixins for the array optimizers:
-  dense float32 variables are updated by the fused kernels
-  (``lscore.cuda.FusedLauncher`` over _ext/optim.cu), which also unscale,
-  check and skip on the device for a LossScaleOptimizer; other variables
-  take the elementwise path, where a device boolean ``_gate`` makes a
-  skipped step restore copies, so it changes nothing without a host sync.
-- ``DeviceLossScaleOptimizer``: the LossScaleOptimizer of adapters/_optim
-  with a ``sync_free`` mode that keeps the state machine on the device, and
-  the guards that keep a CUDA-graph capture from synchronising.
+- ``ArrayBackend``: the backend, and ``all_finite`` / ``unscale_`` /
+  ``unscale_and_norm`` / ``unscale_and_clip_`` over nested device arrays
+  (``lscore.cuda.ArrayKernels``), refused while a graph is being captured.
+- ``Gated``, with ``SGD`` and ``Adam``: dense float32 variables are updated by
+  the fused kernels (``lscore.cuda.optim.FusedLauncher`` over _ext/optim.cu), which
+  also unscale, check and skip on the device for a LossScaleOptimizer; other
+  variables take the elementwise path, where a device boolean ``_gate`` makes
+  a skipped step restore copies, so it changes nothing without a host sync.
+- ``LossScaleOptimizer``: the LossScaleOptimizer of adapters/_optim with a
+  ``sync_free`` mode that keeps the state machine on the device, the guards
+  that keep a CUDA-graph capture from synchronising, and the one that keeps
+  its steps on the device its state lives on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import weakref
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 
-from lscore import cuda
-from lscore.adapters import _optim
+from lscore.adapters import _arrays, _optim
+from lscore.cuda.arrays import ArrayKernels
+from lscore.cuda.device_state import FLOOR, DeviceState
+from lscore.cuda.optim import FLAGS, FusedLauncher, FusedPlan, bias_table
 from lscore.distributed import reduce_found_inf
 from lscore.dtypes import BY_NAME
 from lscore.state import LossScaleFloorError
-
-ArrayKernels = cuda.ArrayKernels
 
 
 def refuse_in_capture(capturing: bool, what: str, instead: str) -> None:
@@ -50,47 +51,78 @@ def refuse_in_capture(capturing: bool, what: str, instead: str) -> None:
         )
 
 
-def reading_calls(kernels: ArrayKernels, capturing):
-    """``all_finite``, ``unscale_``, ``unscale_and_norm`` and ``unscale_and_clip_`` on
-    `kernels`, each refusing (RuntimeError) while `capturing()`: they read a flag or a
-    norm back, which would break a CUDA-graph capture."""
+def _device_zero() -> int:
+    return 0
 
-    def all_finite(arrays) -> bool:
-        refuse_in_capture(
-            capturing(),
+
+def _anywhere(a: Any, device: int) -> bool:
+    return True
+
+
+def _never() -> bool:
+    return False
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ArrayBackend:
+    """What the device-array classes need of a framework, in one object.
+
+    `xp` is the array module, `kernels` lscore's kernels over its arrays (an
+    ``ArrayKernels``), `current_device()` the device now current,
+    `on_device(a, device)` whether array `a` lives on `device`, and
+    `capturing()` whether the current stream is capturing a CUDA graph.  The
+    four reading calls below refuse (RuntimeError) while capturing: they read
+    a flag or a norm back, which would break the capture.
+    """
+
+    xp: Any
+    kernels: ArrayKernels
+    current_device: Callable[[], int] = _device_zero
+    on_device: Callable[[Any, int], bool] = _anywhere
+    capturing: Callable[[], bool] = _never
+    _launchers: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+
+    def refuse_in_capture(self, what: str, instead: str) -> None:
+        refuse_in_capture(self.capturing(), what, instead)
+
+    def fused_launcher(self, device: int) -> FusedLauncher:
+        """The fused kernels' launcher of `device` (on that device's ``MultiTensor``)."""
+        runner = self.kernels.device(device)
+        hit = self._launchers.get(device)
+        if hit is None or hit.runner is not runner:
+            hit = self._launchers[device] = FusedLauncher(runner)
+        return hit
+
+    def all_finite(self, arrays) -> bool:
+        self.refuse_in_capture(
             "all_finite (it reads a flag back)",
             "check inside a capture with LossScaleOptimizer(sync_free=True)",
         )
-        return kernels.all_finite(arrays)
+        return self.kernels.all_finite(arrays)
 
-    def unscale_(arrays, inv_scale) -> bool:
-        refuse_in_capture(
-            capturing(),
+    def unscale_(self, arrays, inv_scale) -> bool:
+        self.refuse_in_capture(
             "unscale_ (it reads a flag back)",
             "unscale inside a capture with LossScaleOptimizer(sync_free=True)",
         )
-        return kernels.unscale_(arrays, inv_scale)
+        return self.kernels.unscale_(arrays, inv_scale)
 
-    def unscale_and_norm(arrays, inv_scale, norm_type=2.0) -> tuple[bool, float]:
-        refuse_in_capture(
-            capturing(),
-            "unscale_and_norm (it reads the norm back)",
-            "take the norm outside the captured step",
+    def unscale_and_norm(self, arrays, inv_scale, norm_type=2.0) -> tuple[bool, float]:
+        self.refuse_in_capture(
+            "unscale_and_norm (it reads the norm back)", "take the norm outside the captured step"
         )
-        return kernels.unscale_and_norm(arrays, inv_scale, norm_type)
+        return self.kernels.unscale_and_norm(arrays, inv_scale, norm_type)
 
-    def unscale_and_clip_(arrays, inv_scale, max_norm, norm_type=2.0) -> tuple[bool, float]:
-        refuse_in_capture(
-            capturing(),
-            "unscale_and_clip_ (it reads the norm back)",
-            "clip outside the captured step",
+    def unscale_and_clip_(self, arrays, inv_scale, max_norm, norm_type=2.0) -> tuple[bool, float]:
+        self.refuse_in_capture(
+            "unscale_and_clip_ (it reads the norm back)", "clip outside the captured step"
         )
-        return kernels.unscale_and_clip_(arrays, inv_scale, max_norm, norm_type)
+        return self.kernels.unscale_and_clip_(arrays, inv_scale, max_norm, norm_type)
 
-    calls = (all_finite, unscale_, unscale_and_norm, unscale_and_clip_)
-    for fn in calls:
-        fn.__doc__ = getattr(ArrayKernels, fn.__name__).__doc__
-    return calls
+    all_finite.__doc__ = ArrayKernels.all_finite.__doc__
+    unscale_.__doc__ = ArrayKernels.unscale_.__doc__
+    unscale_and_norm.__doc__ = ArrayKernels.unscale_and_norm.__doc__
+    unscale_and_clip_.__doc__ = ArrayKernels.unscale_and_clip_.__doc__
 
 
 _ONE_STEP = (
@@ -99,8 +131,8 @@ _ONE_STEP = (
 )
 
 
-class Gated:
-    """Mixin for ``_arrays.SGD``/``_arrays.Adam`` on device arrays: the fused kernels, gated steps.
+class Gated(_arrays.ArrayOptimizer):
+    """Base of SGD and Adam on device arrays (``_backend``): the fused kernels, gated steps.
 
     When every variable is a dense float32 array and every gradient a dense
     float16, bfloat16 or float32 array (no clipping configured), a step is
@@ -119,11 +151,13 @@ class Gated:
     """
 
     _gate = None
-    _kernels = None  # the adapter's ArrayKernels
-    _current_device = staticmethod(lambda: 0)
-    _on_device = staticmethod(lambda a, dev: True)  # whether array `a` lives on device `dev`
-    _capturing = staticmethod(lambda: False)
-    _launchers: ClassVar[dict] = {}
+    _backend: ClassVar[ArrayBackend]  # set by the adapter's subclass
+    _kind = ""  # "sgd" or "adam": the fused kernel
+
+    @property
+    def _xp(self):
+        backend = getattr(self, "_backend", None)
+        return None if backend is None else backend.xp
 
     def _update_step(self, g, v) -> None:
         gate = self._gate
@@ -141,14 +175,9 @@ class Gated:
         return None
 
     # -- the fused path --------------------------------------------------------------
-    def fused_launcher(self) -> cuda.FusedLauncher:
+    def fused_launcher(self) -> FusedLauncher:
         """The fused kernels' launcher of the current device (shares the adapter's backend)."""
-        dev = type(self)._current_device()
-        runner = self._kernels.device(dev)
-        hit = Gated._launchers.get(id(runner))
-        if hit is None or hit.runner is not runner:
-            hit = Gated._launchers[id(runner)] = cuda.FusedLauncher(runner)
-        return hit
+        return self._backend.fused_launcher(self._backend.current_device())
 
     def _fused_plan(self, pairs):
         """The fused kernels' plan of this step's pairs, or None: the elementwise path.
@@ -162,10 +191,12 @@ class Gated:
         if not pairs or self._clipnorm or self._global_clipnorm or self._clipvalue:
             return None
         try:
-            walked = self._kernels.table.plan(([g for g, _ in pairs], [v for _, v in pairs]))
+            walked = self._backend.kernels.table.plan(
+                ([g for g, _ in pairs], [v for _, v in pairs])
+            )
         except (TypeError, ValueError):
             return None  # not this module's arrays, a dtype without a kernel, not dense
-        key = ("fused", self._kind, self._slot_names(), type(self)._current_device())
+        key = ("fused", self._kind, self._slot_names(), self._backend.current_device())
         hit = walked.payload.get(key)
         if hit is not None and hit[0]() is self:
             return hit[1]
@@ -175,8 +206,8 @@ class Gated:
 
     def _fusable(self, pairs) -> bool:
         """Whether the fused kernels can take these pairs (else the elementwise path)."""
-        arr, on = self._xp.ndarray, type(self)._on_device
-        dev = type(self)._current_device()
+        arr, on = self._xp.ndarray, self._backend.on_device
+        dev = self._backend.current_device()
         seen = set()
         for g, v in pairs:
             if (
@@ -202,14 +233,14 @@ class Gated:
     def _slot_names(self) -> tuple:
         raise NotImplementedError
 
-    def _plan_records(self, pairs) -> cuda.FusedPlan:
+    def _plan_records(self, pairs) -> FusedPlan:
         """The launcher's plan of these records; planned (uploaded) on first sight, never while
         capturing."""
         launcher = self.fused_launcher()
         ptr = launcher.backend.ptr
         names = self._slot_names()
         key, tensors = [], []
-        capturing = type(self)._capturing()
+        capturing = self._backend.capturing()
         for g, v in pairs:
             entry = self._slots.get(id(v))
             slots = entry[1] if entry is not None and entry[0] is v else {}
@@ -240,7 +271,7 @@ class Gated:
         count_ptr: int = 0,
     ) -> int:
         head, tail, own = self._fused_args(count_ptr)
-        flags |= own | (_FLAGS["CHECK"] if check else 0)
+        flags |= own | (FLAGS["CHECK"] if check else 0)
         return self.fused_launcher().launch(
             self._kind,
             plan,
@@ -270,14 +301,13 @@ class Gated:
 
 
 _FUSED_GRADS = ("float16", "bfloat16", "float32")
-_FLAGS = cuda.optim.FLAGS
 # optim.cu reads rec[2] (SGD) and rec[3] (Adam) even without a slot there; amsgrad's rec[4]
 # is always a slot
 _RECORD_WORDS = {"sgd": 3, "adam": 4}
 
 
-class GatedSGD(Gated):
-    """The fused-kernel side of SGD (momentum, nesterov; optim.cu's lsc_mt_sgd)."""
+class SGD(Gated, _arrays.SGD):
+    """``_arrays.SGD`` on device arrays; momentum and nesterov in optim.cu's lsc_mt_sgd."""
 
     _kind = "sgd"
 
@@ -286,8 +316,8 @@ class GatedSGD(Gated):
 
     def _fused_args(self, count_ptr: int):
         t = np.float32
-        own = (_FLAGS["SLOT"] if self.momentum != 0 else 0) | (
-            _FLAGS["NESTEROV"] if self.nesterov else 0
+        own = (FLAGS["SLOT"] if self.momentum != 0 else 0) | (
+            FLAGS["NESTEROV"] if self.nesterov else 0
         )
         # damp 1: tf-keras's SGD exactly (dampening is torch's, not a tf-keras argument)
         return (
@@ -297,12 +327,12 @@ class GatedSGD(Gated):
         )
 
 
-class GatedAdam(Gated):
-    """The fused-kernel side of Adam (optim.cu's lsc_mt_adam).
+class Adam(Gated, _arrays.Adam):
+    """``_arrays.Adam`` on device arrays (optim.cu's lsc_mt_adam).
 
     Bias correction: by value from ``iterations``, or, under a sync-free
     LossScaleOptimizer, from that wrapper's device step counter and a table
-    of the host's own float32 terms (``lscore.cuda.bias_table``, uploaded
+    of the host's own float32 terms (``lscore.cuda.optim.bias_table``, uploaded
     once per (beta_1, beta_2)), so a replayed CUDA graph uses each step's
     own t.  The table ends where both terms are exactly 1; betas that do
     not get there within ``lscore.cuda.optim.TABLE_LIMIT`` steps
@@ -319,9 +349,9 @@ class GatedAdam(Gated):
         betas = (self.beta_1, self.beta_2)
         if self._bias is None or self._bias[0] != betas:
             refuse_in_capture(
-                type(self)._capturing(), "uploading Adam's bias-correction table", _ONE_STEP
+                self._backend.capturing(), "uploading Adam's bias-correction table", _ONE_STEP
             )
-            table, last = cuda.bias_table(lambda step: self._bias_terms(np.float32, step))
+            table, last = bias_table(lambda step: self._bias_terms(np.float32, step))
             self._bias = (betas, self.fused_launcher().backend.to_device(table), last)
         return self._bias
 
@@ -343,10 +373,10 @@ class GatedAdam(Gated):
             t(self._learning_rate),
             t(self.weight_decay or 0.0),
         )
-        return head, tail, _FLAGS["AMSGRAD"] if self.amsgrad else 0
+        return head, tail, FLAGS["AMSGRAD"] if self.amsgrad else 0
 
 
-class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
+class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
     """LossScaleOptimizer on device arrays, in one of two modes.
 
     Default (``sync_free=False``): exactly the NumPy adapter's behaviour; the
@@ -389,9 +419,15 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
     before, the elementwise path) raises RuntimeError instead.
     """
 
-    _kernels: ArrayKernels = None
-    _current_device = staticmethod(lambda: 0)
-    _capturing = staticmethod(lambda: False)
+    _backend: ClassVar[ArrayBackend]  # set by the adapter's subclass
+
+    @property
+    def _xp(self):
+        backend = getattr(self, "_backend", None)
+        return None if backend is None else backend.xp
+
+    def _all_finite(self, grads) -> bool:
+        return self._backend.all_finite(grads)
 
     def __init__(
         self,
@@ -439,12 +475,12 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
                 "sync_free=True needs this adapter's SGD or Adam (they skip a step "
                 f"on the device), got {type(optimizer).__qualname__}"
             )
-        self._device_id = type(self)._current_device()
-        xp = self._kernels.xp
+        self._device_id = self._backend.current_device()
+        xp = self._backend.xp
         if self._scaling.dynamic:
             state = self._host_state()
-            runner = self._kernels.device(self._device_id)
-            self._dev = cuda.DeviceState(runner.backend, state.nbytes)
+            runner = self._backend.kernels.device(self._device_id)
+            self._dev = DeviceState(runner.backend, state.nbytes)
             self._dev.put(state.to_bytes())
         # preallocated: a captured step may not allocate
         self._applied = xp.ones((), dtype=bool)
@@ -457,8 +493,22 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
     def _host_state(self):
         return self._scaling.dynamic_loss_scale.state
 
+    def _check_device(self) -> None:
+        """Sync-free mode: RuntimeError, before anything is launched, unless the device the
+        state lives on is current (its kernels would read that device's memory from another,
+        on another device's stream)."""
+        current = self._backend.current_device()
+        if current != self._device_id:
+            raise RuntimeError(
+                f"this LossScaleOptimizer(sync_free=True) keeps its loss scale on device "
+                f"{self._device_id}, but device {current} is current; run its steps with "
+                f"device {self._device_id} current (cupy.cuda.Device({self._device_id}).use() "
+                f"or a `with cupy.cuda.Device({self._device_id}):` block), or make one "
+                f"LossScaleOptimizer per device"
+            )
+
     def _refuse_in_capture(self, what: str, instead: str) -> None:
-        refuse_in_capture(type(self)._capturing(), what, instead)
+        self._backend.refuse_in_capture(what, instead)
 
     def _read_state(self) -> None:
         if self._dev is None:
@@ -469,7 +519,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         raw, flags, _ = self._dev.read()
         state = self._host_state()
         state.from_bytes(raw)
-        if flags[cuda.device_state.FLOOR]:
+        if flags[FLOOR]:
             self._dev.clear_floor()
             raise LossScaleFloorError(
                 f"loss scale cannot go below its minimum {state.policy.min_scale!r} "
@@ -497,12 +547,11 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
 
     def _fixed_value(self, which: str) -> float:
         s = self._scaling.scale
-        with _optim.quiet():
-            return s if which == "scale" else float(np.float32(1.0) / np.float32(s))
+        return s if which == "scale" else _optim.inverse_scale(s)
 
     def _device_value(self, which: str, dtype):
         if self._dev is None:  # a fixed scale: a host constant is exact and costs nothing
-            return self._kernels.xp.asarray(self._fixed_value(which), dtype=dtype)
+            return self._backend.xp.asarray(self._fixed_value(which), dtype=dtype)
         arr = self._dev.scale if which == "scale" else self._dev.inv_scale
         return arr.reshape(()).astype(dtype)
 
@@ -511,22 +560,25 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             return super().get_scaled_loss(loss)
         if callable(loss):
             return lambda: self.get_scaled_loss(loss())
+        self._check_device()
         return loss * self._device_value("scale", getattr(loss, "dtype", np.float32))
 
     def get_unscaled_gradients(self, grads) -> list:
         if not self._sync_free:
             return super().get_unscaled_gradients(grads)
+        self._check_device()
         return [None if g is None else g * self._device_value("inv", g.dtype) for g in grads]
 
     def _scale_for_fn(self):
         if self._dev is not None:  # refreshed in place (float64 -> float32, a kernel)
-            self._kernels.xp.copyto(
+            self._backend.xp.copyto(
                 self._scale_arg, self._dev.scale.reshape(()), casting="same_kind"
             )
         return self._scale_arg
 
     def _scaled_gradients(self, loss_and_grads_fn, var_list):
         if self._sync_free and callable(loss_and_grads_fn):
+            self._check_device()
             scale = self._scale_for_fn()
             return super()._scaled_gradients(lambda _host: loss_and_grads_fn(scale), var_list)
         return super()._scaled_gradients(loss_and_grads_fn, var_list)
@@ -556,6 +608,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
                 return super().minimize(loss_and_grads_fn, var_list, **step)
             scale = s.scale
         else:
+            self._check_device()  # before the backward pass
             scale = self._scale_for_fn()
         loss, grads, var_list = self._loss_and_grads(loss_and_grads_fn, var_list, scale)
         plan = self._fused_plan(self._kept_pairs(grads, var_list))
@@ -585,7 +638,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         opt = self._optimizer
         runner = opt.fused_launcher().runner
         mark = runner.next_mark()
-        flags = _FLAGS["INV_AS_GRAD"]
+        flags = FLAGS["INV_AS_GRAD"]
         opt._fused_launch(
             plan, check=True, flags=flags, inv=inv, gate_ptr=runner.flag_ptr, skip_if=mark
         )
@@ -606,7 +659,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         """Adam's device step counter (its address), given the host's iterations when they
         changed behind it; 0 for SGD."""
         opt = self._optimizer
-        if not isinstance(opt, GatedAdam):
+        if not isinstance(opt, Adam):
             return 0
         backend = opt.fused_launcher().backend
         if self._count is None:
@@ -623,10 +676,10 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
 
     def _sync_free_fused(self, plan, advance, *, scaled: bool):
         """One sync-free step on the fused kernels: nothing read, nothing uploaded once planned."""
-        opt, dev, xp = self._optimizer, self._dev, self._kernels.xp
+        opt, dev, xp = self._optimizer, self._dev, self._backend.xp
         inv, inv_ptr, flags = 1.0, 0, 0
         if scaled:
-            flags = _FLAGS["INV_AS_GRAD"]
+            flags = FLAGS["INV_AS_GRAD"]
             if dev is None:
                 inv = self._fixed_value("inv")
             else:
@@ -662,7 +715,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         if dev is not None:
             dev.step()
         # a captured step may not allocate: it hands out the buffer the next step rewrites
-        self._last_applied = self._applied if type(self)._capturing() else self._applied.copy()
+        self._last_applied = self._applied if self._backend.capturing() else self._applied.copy()
         advance(self._last_applied)
         return self._last_applied
 
@@ -673,8 +726,9 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             self._refuse_default_in_capture()
             return super().apply_gradients(grads_and_vars, global_step, name)
         advance = self._tf1_step_arguments(global_step, name)
+        self._check_device()
         pairs = _optim.drop_none_gradients(_optim.grad_var_pairs(grads_and_vars), warn=True)
-        opt, xp = self._optimizer, self._kernels.xp
+        opt, xp = self._optimizer, self._backend.xp
         plan = self._fused_plan(pairs)
         if plan is not None:
             return self._sync_free_fused(plan, advance, scaled=False)
@@ -686,7 +740,9 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         if self._dev is None:
             gate = None  # Keras fixed scale: every step applies
         else:
-            self._kernels.check_async([g for g, _ in pairs], self._dev.found_ptr, self._device_id)
+            self._backend.kernels.check_async(
+                [g for g, _ in pairs], self._dev.found_ptr, self._device_id
+            )
             gate = (self._dev.found == 0).reshape(())
         opt._gate = gate
         try:

@@ -112,6 +112,13 @@ def quiet():
     return np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore")
 
 
+def inverse_scale(scale: float) -> float:
+    """TF's and Keras's inverse of a loss scale: the reciprocal taken in float32,
+    ``float32(1) / float32(scale)`` (torch takes it in float64, then rounds)."""
+    with quiet():
+        return float(np.float32(1.0) / np.float32(scale))
+
+
 def _times(x, factor: float):
     """`x * factor` with the factor cast to x's dtype first, as TF casts the scale."""
     dtype = getattr(x, "dtype", None)
@@ -353,8 +360,7 @@ class LossScaleOptimizerBase:
 
     def get_unscaled_gradients(self, grads) -> list:
         """Each gradient times the float32 reciprocal of the scale (in its dtype); None kept."""
-        with quiet():
-            inv = float(np.float32(1.0) / np.float32(self._scaling.scale))
+        inv = inverse_scale(self._scaling.scale)
         return [None if g is None else _times(g, inv) for g in grads]
 
     # -- the step -----------------------------------------------------------------
@@ -400,7 +406,7 @@ class LossScaleOptimizerBase:
         if pairs:
             pairs = drop_none_gradients(pairs, warn=self._scaling.shape != "tf1")
         grads = [g for g, _ in pairs]
-        finite = not reduce_found_inf(self._reducer, not type(self)._all_finite(grads))
+        finite = not reduce_found_inf(self._reducer, not self._all_finite(grads))
         applied, _ = run_step(
             self,
             finite,

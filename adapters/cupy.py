@@ -33,7 +33,10 @@ clipped steps, take the elementwise path (CuPy array expressions).
   ``sync_state()``.  After one eager step such a step can be captured in a
   CUDA graph (``stream.begin_capture()`` / ``end_capture()``) and replayed;
   see the README's CuPy section.  While the current stream is capturing,
-  calls that would synchronise or upload raise RuntimeError.
+  calls that would synchronise or upload raise RuntimeError.  The state
+  lives on the device that was current when the optimizer was made; a step
+  taken while another device is current raises RuntimeError before anything
+  runs (make one optimizer per device).
 
 Example::
 
@@ -57,7 +60,7 @@ from typing import ClassVar
 import cupy
 
 from lscore import cuda
-from lscore.adapters import _arrays, _device, _optim
+from lscore.adapters import _device
 from lscore.loss_scale import DynamicLossScale, FixedLossScale, LossScale, get
 from lscore.managers import (
     ExponentialUpdateLossScaleManager,
@@ -82,37 +85,82 @@ __all__ = [
     "unscale_and_norm",
 ]
 
-_KERNELS = _device.ArrayKernels(cupy, cuda.CupyBackend, array_type=cupy.ndarray)
-
 
 def _capturing() -> bool:
     return cupy.cuda.get_current_stream().is_capturing()
 
 
-all_finite, unscale_, unscale_and_norm, unscale_and_clip_ = _device.reading_calls(
-    _KERNELS, _capturing
+def _current_device() -> int:
+    return cupy.cuda.Device().id
+
+
+def _on_device(a, device: int) -> bool:
+    return a.device.id == device
+
+
+_BACKEND = _device.ArrayBackend(
+    cupy,
+    cuda.ArrayKernels(cupy, cuda.CupyBackend, array_type=cupy.ndarray),
+    current_device=_current_device,
+    on_device=_on_device,
+    capturing=_capturing,
 )
 
-
-class _Bound:
-    _xp = cupy
-    _kernels = _KERNELS
-    _current_device = staticmethod(lambda: cupy.cuda.Device().id)
-    _on_device = staticmethod(lambda a, dev: a.device.id == dev)
-    _capturing = staticmethod(_capturing)
+all_finite = _BACKEND.all_finite
+unscale_ = _BACKEND.unscale_
+unscale_and_norm = _BACKEND.unscale_and_norm
+unscale_and_clip_ = _BACKEND.unscale_and_clip_
 
 
-class SGD(_Bound, _device.GatedSGD, _arrays.SGD):
-    __doc__ = _arrays.SGD.__doc__ + "\n" + _device.Gated.__doc__
+class SGD(_device.SGD):
+    """Gradient descent with momentum on CuPy arrays, bit for bit as
+    ``lscore.adapters.numpy.SGD`` (tf-keras's formulas, in the variable's dtype).
+
+    Dense float32 variables with dense float16, bfloat16 or float32 gradients
+    (and no clipping) are updated by fused kernels: one launch per gradient
+    dtype reads each gradient once, planned once per list of arrays.  Other
+    variables, and clipped steps, take CuPy array expressions.
+    """
+
+    _backend = _BACKEND
 
 
-class Adam(_Bound, _device.GatedAdam, _arrays.Adam):
-    __doc__ = _arrays.Adam.__doc__ + "\n" + _device.Gated.__doc__ + "\n" + _device.GatedAdam.__doc__
+class Adam(_device.Adam):
+    """Adam on CuPy arrays, bit for bit as ``lscore.adapters.numpy.Adam`` (tf-keras's
+    formulas: "epsilon hat" added to sqrt(v), bias correction in alpha; AdamW with
+    ``weight_decay``).
+
+    Dense float32 variables with dense float16, bfloat16 or float32 gradients
+    (and no clipping) are updated by fused kernels, as ``SGD``.  Under
+    ``LossScaleOptimizer(sync_free=True)`` the step t is counted on the device,
+    so a replayed CUDA graph uses each step's own t; that needs betas whose
+    bias correction reaches 1 in float32 (beta_2 <= 0.9999), else ValueError.
+    """
+
+    _backend = _BACKEND
 
 
-class LossScaleOptimizer(_Bound, _device.DeviceLossScaleOptimizer):
-    __doc__ = (
-        _device.DeviceLossScaleOptimizer.__doc__ + "\n" + _optim.LossScaleOptimizerBase.__doc__
-    )
-    _all_finite = staticmethod(all_finite)
-    _optimizer_classes: ClassVar[dict[str, type]] = {"SGD": SGD, "Adam": Adam}
+class LossScaleOptimizer(_device.LossScaleOptimizer):
+    """Wraps this module's ``SGD`` or ``Adam`` (or any optimizer with
+    ``apply_gradients(grads_and_vars)``) with loss scaling, on CuPy arrays.
+
+    ``LossScaleOptimizer(optimizer, loss_scale=None, *, dynamic=True,
+    initial_scale=None, dynamic_growth_steps=None, loss_scale_manager=None,
+    sync_free=False, reducer=None)`` takes the Keras 2, TF <= 2.3 or TF1 shape,
+    as ``lscore.adapters.numpy.LossScaleOptimizer`` does, with the same
+    results.  Gradients come from your own backward pass, seeded with the loss
+    scale: ``get_scaled_loss``, ``get_unscaled_gradients`` and
+    ``apply_gradients``, or ``minimize(loss_and_grads_fn, var_list)``.
+
+    Default mode: the check runs on the GPU and its flag is read once per step,
+    then the step is applied or skipped.  ``sync_free=True`` (Keras shape, this
+    module's SGD or Adam): the loss scale lives on the device that was current
+    when the optimizer was made, nothing is read back per step, and a step can
+    be captured in a CUDA graph; ``apply_gradients`` then returns a 0-d device
+    boolean, and ``loss_scale``, ``dynamic_counter`` and ``sync_state()`` copy
+    the state back.  Its steps must run with that device current
+    (RuntimeError otherwise).  See this module's docstring.
+    """
+
+    _backend = _BACKEND
+    _optimizer_classes: ClassVar[dict] = {"SGD": SGD, "Adam": Adam}

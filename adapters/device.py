@@ -1,7 +1,7 @@
-"""The CuPy adapter's optimizer classes for any array module and kernel backend.
+"""The CuPy adapter's classes bound to any array module and kernel backend.
 
-``lscore.adapters.cupy`` binds ``_device``'s classes to ``cupy`` and its
-``ArrayKernels`` once, at module level.  ``bind`` makes the same binding for
+``lscore.adapters.cupy`` subclasses ``_device``'s classes with cupy's
+``ArrayBackend`` once, at module level.  ``bind`` makes the same classes for
 another array module and ``lscore.cuda.ArrayKernels``: the tests bind NumPy
 and the CPU host harness (the adapter's logic, kernels included, without a
 GPU), and ``lscore bench --suite gpu-host`` binds NumPy and a backend whose
@@ -11,44 +11,46 @@ launches do nothing (the host's cost of a step).
 from __future__ import annotations
 
 import types
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any
 
-from lscore.adapters import _arrays, _device
+from lscore.adapters import _device
+from lscore.cuda.arrays import ArrayKernels
 
 __all__ = ["bind"]
 
 
-def bind(xp, kernels, *, capturing=lambda: False) -> types.SimpleNamespace:
+def bind(
+    xp: Any,
+    kernels: ArrayKernels,
+    *,
+    capturing: Callable[[], bool] = _device.ArrayBackend.capturing,
+    current_device: Callable[[], int] = _device.ArrayBackend.current_device,
+    on_device: Callable[[Any, int], bool] = _device.ArrayBackend.on_device,
+) -> types.SimpleNamespace:
     """``all_finite``, ``unscale_``, ``unscale_and_norm``, ``unscale_and_clip_``, ``SGD``,
-    ``Adam`` and ``LossScaleOptimizer`` on `xp`'s arrays through `kernels` (an
-    ``ArrayKernels``), device 0 being current; `capturing()` says whether a CUDA graph is
-    being captured (the calls that would break one refuse)."""
-    all_finite, unscale_, unscale_and_norm, unscale_and_clip_ = _device.reading_calls(
-        kernels, capturing
+    ``Adam`` and ``LossScaleOptimizer`` on `xp`'s arrays through `kernels`.
+
+    `capturing()` says whether a CUDA graph is being captured (the calls that would
+    break one refuse), `current_device()` which device is current (default: always
+    0) and `on_device(a, device)` whether array `a` lives on `device` (default: yes).
+    """
+    backend = _device.ArrayBackend(
+        xp, kernels, current_device=current_device, on_device=on_device, capturing=capturing
     )
 
-    class Bound:
-        _xp = xp
-        _kernels = kernels
-        _capturing = staticmethod(capturing)
+    def bound(cls: type, **attrs: Any) -> type:
+        return type(cls.__name__, (cls,), {"_backend": backend, "__module__": __name__, **attrs})
 
-    class SGD(Bound, _device.GatedSGD, _arrays.SGD):
-        __doc__ = _arrays.SGD.__doc__
-
-    class Adam(Bound, _device.GatedAdam, _arrays.Adam):
-        __doc__ = _arrays.Adam.__doc__
-
-    class LossScaleOptimizer(Bound, _device.DeviceLossScaleOptimizer):
-        __doc__ = _device.DeviceLossScaleOptimizer.__doc__
-        _all_finite = staticmethod(all_finite)
-        _optimizer_classes: ClassVar[dict[str, type]] = {"SGD": SGD, "Adam": Adam}
-
+    sgd, adam = bound(_device.SGD), bound(_device.Adam)
+    lso = bound(_device.LossScaleOptimizer, _optimizer_classes={"SGD": sgd, "Adam": adam})
     return types.SimpleNamespace(
-        all_finite=all_finite,
-        unscale_=unscale_,
-        unscale_and_norm=unscale_and_norm,
-        unscale_and_clip_=unscale_and_clip_,
-        SGD=SGD,
-        Adam=Adam,
-        LossScaleOptimizer=LossScaleOptimizer,
+        backend=backend,
+        all_finite=backend.all_finite,
+        unscale_=backend.unscale_,
+        unscale_and_norm=backend.unscale_and_norm,
+        unscale_and_clip_=backend.unscale_and_clip_,
+        SGD=sgd,
+        Adam=adam,
+        LossScaleOptimizer=lso,
     )

@@ -25,8 +25,19 @@ measures the kernels themselves (``lscore bench``).
   previous level) and the number of scan threads.
 - ``read_bandwidth(a)``, ``copy_bandwidth(dst, src)``: a plain C read loop
   and memcpy over an array's bytes, the bandwidth references of the bench.
+- ``DEVICE_FLAGS``, ``DEVICE_VALS`` (slot names -> index, with their counts
+  ``NDEVICE_FLAGS``, ``NDEVICE_VALS``) and ``OPTIM_FLAGS`` (bit names -> bit):
+  the layout lsc_codes.h gives the CUDA kernels' shared flags and values and
+  the fused optimizers' flags, for ``lscore.cuda``.
 """
 
+from lscore._ext._codes import (
+    DEVICE_FLAGS,
+    DEVICE_VALS,
+    NDEVICE_FLAGS,
+    NDEVICE_VALS,
+    OPTIM_FLAGS,
+)
 from lscore._ext._grads import GradTable
 from lscore._ext._scan import (
     all_finite,
@@ -43,6 +54,11 @@ from lscore._ext._scan import bench_read_u64 as read_bandwidth
 from lscore._ext._walk import READ_CUDA_ARRAY, READ_NUMPY, DevicePlan, DeviceTable, plan_launches
 
 __all__ = [
+    "DEVICE_FLAGS",
+    "DEVICE_VALS",
+    "NDEVICE_FLAGS",
+    "NDEVICE_VALS",
+    "OPTIM_FLAGS",
     "READ_CUDA_ARRAY",
     "READ_NUMPY",
     "DevicePlan",

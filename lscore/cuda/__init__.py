@@ -1,76 +1,53 @@
-"""The CUDA side of the core: kernel loading, multi-tensor launches, the device-resident state.
+"""The CUDA side of the core: lscore's kernels on CuPy, for any framework's device arrays.
 
 Neutral ground for the adapters: the CuPy adapter and the torch adapter
 (CUDA tensors) both launch lscore's kernels through this package and never
 import each other.  Importing it imports no GPU framework; CuPy is
 imported when a kernel is first compiled or launched.
 
-- ``loader``: the ``.cu`` sources, CuPy's NVRTC (``compile_kernels``), modules per
-  device, ``CupyBackend``
-- ``launch``: ``LaunchConfig`` / ``launch_config`` (chunk, block and launch limits; the
-  process's from ``LSCORE_CUDA_LAUNCH``), ``plan_launches`` and ``MultiTensor`` (chunked
-  pointer tables per dtype group, uploaded once, launched with packed arguments)
+What a user needs is here: ``ArrayKernels`` (all_finite / unscale_ /
+unscale_and_norm / unscale_and_clip_ over nested device arrays of an array
+module, launched by a backend such as ``CupyBackend``), ``LaunchConfig`` and
+``launch_config`` (chunk, block and launch limits; ``LSCORE_CUDA_LAUNCH``),
+``device_missing``, the compiled-kernel cache (``kernel_image``,
+``kernel_cache_dir``, ``LSCORE_KERNEL_CACHE_DIR``, ``LSCORE_KERNEL_CACHE``) and
+the NVRTC compile itself (``compile_kernels``, ``source``, ``KERNELS``,
+``NVRTC_OPTIONS``).  The machinery lives in the submodules:
+
+- ``loader``: the ``.cu`` sources, NVRTC, the disk cache, modules per device
+- ``launch``: ``MultiTensor`` (chunked launches with packed arguments per dtype group)
 - ``device_state``: ``DeviceState``, one ``lsc_state`` and its flags on a device
-- ``optim``: ``FusedLauncher``, the fused SGD/Adam kernels over planned records
-  (float32 master weights), and ``bias_table`` (Adam's bias correction for a device counter)
-- ``arrays``: ``ArrayKernels``, all_finite / unscale_ over nested device arrays
-  (compiled walk, cached plans, packed launches, one read of the flag)
+- ``optim``: ``FusedLauncher``, the fused SGD/Adam kernels, and ``bias_table``
+- ``arrays``: ``ArrayKernels``
 """
 
 from lscore.cuda.arrays import ArrayKernels
-from lscore.cuda.device_state import DeviceState
-from lscore.cuda.launch import (
-    BLOCK,
-    CHUNK,
-    MAX_BLOCKS,
-    MAX_TENSORS,
-    LaunchConfig,
-    Launches,
-    MultiTensor,
-    Plan,
-    launch_config,
-    plan_launches,
-)
+from lscore.cuda.launch import LaunchConfig, launch_config
 from lscore.cuda.loader import (
+    CACHE_DIR_ENV,
+    CACHE_ENV,
     KERNELS,
     NVRTC_OPTIONS,
-    OPS,
-    TRAITS,
-    UPDATE_KERNEL,
     CupyBackend,
     compile_kernels,
     device_missing,
-    kernel_name,
-    module,
+    kernel_cache_dir,
+    kernel_image,
     source,
 )
-from lscore.cuda.optim import FusedLauncher, FusedPlan, bias_table
 
 __all__ = [
-    "BLOCK",
-    "CHUNK",
+    "CACHE_DIR_ENV",
+    "CACHE_ENV",
     "KERNELS",
-    "MAX_BLOCKS",
-    "MAX_TENSORS",
     "NVRTC_OPTIONS",
-    "OPS",
-    "TRAITS",
-    "UPDATE_KERNEL",
     "ArrayKernels",
     "CupyBackend",
-    "DeviceState",
-    "FusedLauncher",
-    "FusedPlan",
     "LaunchConfig",
-    "Launches",
-    "MultiTensor",
-    "Plan",
-    "bias_table",
     "compile_kernels",
     "device_missing",
-    "kernel_name",
+    "kernel_cache_dir",
+    "kernel_image",
     "launch_config",
-    "module",
-    "plan_launches",
     "source",
 ]

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from lscore._ext import _codes
+from lscore import kernels
 from lscore.cuda.loader import UPDATE_KERNEL
 
 # slots of the flags (uint32) and values (float64) that follow the struct (lsc_codes.h)
-FOUND, FLOOR, APPLY = (_codes.DEVICE_FLAGS[k] for k in ("found", "floor", "apply"))
-INV_SCALE, SCALE = (_codes.DEVICE_VALS[k] for k in ("inv_scale", "scale"))
-FLAGS_BYTES = 4 * _codes.NDEVICE_FLAGS
-VALS_BYTES = 8 * _codes.NDEVICE_VALS
+FOUND, FLOOR, APPLY = (kernels.DEVICE_FLAGS[k] for k in ("found", "floor", "apply"))
+INV_SCALE, SCALE = (kernels.DEVICE_VALS[k] for k in ("inv_scale", "scale"))
+FLAGS_BYTES = 4 * kernels.NDEVICE_FLAGS
+VALS_BYTES = 8 * kernels.NDEVICE_VALS
 
 
 class DeviceState:

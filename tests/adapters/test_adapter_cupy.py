@@ -168,18 +168,18 @@ def test_arrays_freed_and_reallocated_are_planned_again():
         del grads
     # the same object with a new address, size or dtype (CuPy-shaped arrays, whose fields
     # can be swapped): never the cached plan
-    from lscore.cli.bench._gpu import STANDIN_XP, StandInArray
+    from helpers.standin import XP, DeviceArray
     from lscore.cuda import ArrayKernels
 
-    kern = ArrayKernels(STANDIN_XP, lambda dev: CountingBackend(), array_type=StandInArray)
-    a, other = StandInArray(np.full(8, 4.0, np.float32)), StandInArray(np.full(2, 4.0, np.float32))
+    kern = ArrayKernels(XP, lambda dev: CountingBackend(), array_type=DeviceArray)
+    a, other = DeviceArray(np.full(8, 4.0, np.float32)), DeviceArray(np.full(2, 4.0, np.float32))
     kern.unscale_([a, other], 0.5)
     for host in (
         np.full(8, 4.0, np.float32),
         np.full(20, 4.0, np.float32),
         np.full(8, 4.0, np.float64),
     ):
-        new = StandInArray(host)
+        new = DeviceArray(host)
         misses = kern.table.misses
         a.data, a.size, a.dtype, a.host = new.data, new.size, new.dtype, host
         assert kern.unscale_([a, other], 0.5) and np.all(host == 2.0)
@@ -232,11 +232,11 @@ def test_bad_input_is_refused_before_any_write(device_backend):
 
 @harness
 def test_mixed_frameworks_are_refused():
-    from lscore.cli.bench._gpu import StandInArray
+    from helpers.standin import DeviceArray
 
     a = np.full(4, 2.0, np.float32)
-    with pytest.raises(TypeError, match=r"unsupported array type .*StandInArray"):
-        KERNELS.unscale_([a, StandInArray(np.ones(3, np.float32))], 0.5)
+    with pytest.raises(TypeError, match=r"unsupported array type .*DeviceArray"):
+        KERNELS.unscale_([a, DeviceArray(np.ones(3, np.float32))], 0.5)
     torch = pytest.importorskip("torch")
     with pytest.raises(TypeError, match="unsupported array type torch"):
         KERNELS.unscale_([a, torch.ones(3)], 0.5)
@@ -268,7 +268,7 @@ class _StreamBackend(CountingBackend):
 @harness
 def test_work_goes_to_the_current_stream_of_each_device():
     """Arrays on two devices: each device's launches on its current stream, then one read each."""
-    from lscore.cli.bench._gpu import STANDIN_XP, StandInArray
+    from helpers.standin import XP, DeviceArray
     from lscore.cuda import ArrayKernels
 
     backends = {}
@@ -277,14 +277,14 @@ def test_work_goes_to_the_current_stream_of_each_device():
         backends[dev] = _StreamBackend(dev)
         return backends[dev]
 
-    kern = ArrayKernels(STANDIN_XP, make, array_type=StandInArray)
+    kern = ArrayKernels(XP, make, array_type=DeviceArray)
     host = [
         np.full(5, 4.0, np.float32),
         np.full(3, 4.0, np.float16),
         np.full(6, 4.0, np.float32),
         np.full(2, 4.0, np.float64),
     ]
-    arrays = [StandInArray(h, device=d) for h, d in zip(host, (0, 1, 1, 0), strict=True)]
+    arrays = [DeviceArray(h, device=d) for h, d in zip(host, (0, 1, 1, 0), strict=True)]
     for current in (7, 9):
         _StreamBackend.current = current
         for b in backends.values():

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 from helpers import FLOAT_DTYPES
-from lscore import cuda, kernels
+from lscore import kernels
 from lscore.adapters import _device
 from lscore.adapters import numpy as lnp
+from lscore.cuda.optim import bias_table
 
 if shutil.which("g++") is None:
     pytest.skip("g++ is missing: the CUDA host harness cannot be built", allow_module_level=True)
@@ -154,7 +155,7 @@ class Pair:
 
 
 def _launched(binding, name_prefix):
-    backend = binding[4]._kernels.device(0).backend
+    backend = binding[4]._backend.kernels.device(0).backend
     return sum(1 for n, _, _ in backend.launches if n.startswith(name_prefix))
 
 
@@ -309,7 +310,7 @@ def test_device_step_counter_mirrors_iterations():
 
 def test_bias_table_is_the_hosts_own_terms_up_to_saturation():
     opt = adapter.Adam(0.1, beta_1=0.9, beta_2=0.999)
-    table, last = cuda.bias_table(lambda s: opt._bias_terms(np.float32, s))
+    table, last = bias_table(lambda s: opt._bias_terms(np.float32, s))
     one = np.float32(1)
     for t in list(range(1, 50)) + list(range(last - 50, last + 1)):
         sq, d = opt._bias_terms(np.float32, t)
@@ -319,9 +320,7 @@ def test_bias_table_is_the_hosts_own_terms_up_to_saturation():
     for t in (last, last + 1, 10 * last):
         assert opt._bias_terms(np.float32, t) == (one, one)
     with pytest.raises(ValueError, match="beta_2 too close to 1"):
-        cuda.bias_table(
-            lambda s: adapter.Adam(beta_2=0.9999999)._bias_terms(np.float32, s), limit=1000
-        )
+        bias_table(lambda s: adapter.Adam(beta_2=0.9999999)._bias_terms(np.float32, s), limit=1000)
 
 
 @pytest.mark.parametrize("sync_free", [False, True], ids=["default", "sync_free"])

@@ -180,13 +180,13 @@ def test_every_launch_goes_to_the_current_stream():
 @harness
 def test_arrays_on_two_devices_combine_their_norms():
     """One norm over both devices (their totals folded on the host), one coefficient for all."""
-    from lscore.cli.bench._gpu import STANDIN_XP, StandInArray
+    from helpers.standin import XP, DeviceArray
     from lscore.cuda import ArrayKernels
 
     kern = ArrayKernels(
-        STANDIN_XP,
+        XP,
         lambda dev: CountingBackend(),
-        array_type=StandInArray,
+        array_type=DeviceArray,
         limits=dict(chunk=16, block=4),
     )
     rng = np.random.default_rng(9)
@@ -196,12 +196,12 @@ def test_arrays_on_two_devices_combine_their_norms():
     ]
     unscaled = [h.copy() for h in hosts]
     lscore.unscale_(unscaled, 0.5)
-    arrays = [StandInArray(h, device=d) for h, d in zip(hosts, (0, 1, 1, 0), strict=True)]
+    arrays = [DeviceArray(h, device=d) for h, d in zip(hosts, (0, 1, 1, 0), strict=True)]
     for norm_type in (2.0, "inf"):
         ref = _norm64(unscaled, norm_type == "inf")
         copies = [h.copy() for h in hosts]
         finite, norm = kern.unscale_and_norm(
-            [StandInArray(c, device=a.data.device_id) for c, a in zip(copies, arrays, strict=True)],
+            [DeviceArray(c, device=a.data.device_id) for c, a in zip(copies, arrays, strict=True)],
             0.5,
             norm_type,
         )

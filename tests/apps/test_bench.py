@@ -218,7 +218,7 @@ def test_the_null_adapter_steps_through_the_fused_launches_only():
         dev, "Adam", grads, [np.ones(g.size, np.float32) for g in grads], True
     )
     step()
-    backend = dev.adapter.SGD._kernels.device(0).backend
+    backend = dev.adapter.SGD._backend.kernels.device(0).backend
     launches, syncs = backend.launches, backend.syncs
     step()
     assert (backend.launches - launches, backend.syncs - syncs) == (2 * 2 + 1, 0)

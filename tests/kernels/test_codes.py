@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from helpers import FLOAT8_DTYPES, FLOAT_DTYPES, ROOT
+from helpers.standin import HostMemory
 from lscore import _reference
 from lscore import cuda as _cuda
 from lscore import policy as _params
 from lscore._ext import _codes
 from lscore._ext._state import CyState
+from lscore.cuda.device_state import DeviceState
 from lscore.dtypes import BY_NAME, Code
 from lscore.state import COUNTERS, LossScaleState
 
@@ -99,19 +101,9 @@ def test_counters_are_the_compiled_ones():
     assert all(isinstance(getattr(CyState(), k), int) for k in COUNTERS)
 
 
-class _HostMemory:
-    """The two calls DeviceState.__init__ makes on a backend, on NumPy."""
-
-    def to_device(self, a):
-        return np.array(a, copy=True)
-
-    def ptr(self, a):
-        return a.ctypes.data
-
-
 def test_device_state_layout_matches_the_header():
     nbytes = CyState.nbytes()
-    ds = _cuda.DeviceState(_HostMemory(), nbytes)
+    ds = DeviceState(HostMemory(), nbytes)
     assert ds.flags.size == _codes.NDEVICE_FLAGS and ds.vals.size == _codes.NDEVICE_VALS
     assert ds.found_ptr == ds.flags_ptr + 4 * _codes.DEVICE_FLAGS["found"]
     assert ds.inv_ptr == ds.vals_ptr + 8 * _codes.DEVICE_VALS["inv_scale"]

@@ -10,6 +10,7 @@ that starts adding an option of its own fails here.
 import pytest
 
 from lscore import cuda
+from lscore.cuda import loader
 
 EXACT = ("--ftz=false", "--fmad=false", "--prec-div=true", "--prec-sqrt=true")
 
@@ -77,7 +78,7 @@ def test_a_cubin_when_cupy_picks_the_real_architecture(cupy_compiler, monkeypatc
     )
     image, lowered, log = cuda.compile_kernels("update.cu", "80")
     assert image[:4] == b"\x7fELF" and log == ""
-    assert lowered[cuda.UPDATE_KERNEL].encode() in image
+    assert lowered[loader.UPDATE_KERNEL].encode() in image
 
 
 @pytest.mark.gpu
@@ -89,7 +90,7 @@ def test_the_device_loads_a_cubin_of_its_own_architecture(filename):
     with cupy.cuda.Device(0) as device:
         image, lowered, log = cuda.compile_kernels(filename)
         assert image[:4] == b"\x7fELF" and log == ""
-        module, names = cuda.module(filename, device.id)
+        module, names = loader.module(filename, device.id)
     assert names == lowered
     for name in cuda.KERNELS[filename]:
         assert module.get_function(lowered[name]).ptr != 0

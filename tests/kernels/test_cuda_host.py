@@ -16,6 +16,9 @@ from helpers import FLOAT_DTYPES, bits_equal_or_both_nan
 from helpers.gen import event_sequence, nonfinite_values, random_policy, special_values
 from lscore import LossScaleState, cuda
 from lscore import _reference as ref
+from lscore.cuda.device_state import DeviceState
+from lscore.cuda.launch import MultiTensor, plan_launches
+from lscore.cuda.loader import kernel_name
 from lscore.dtypes import BY_NAME, Code
 
 if shutil.which("g++") is None:
@@ -47,7 +50,7 @@ def test_harness_has_every_kernel_lscore_launches():
 def test_wrong_argument_width_is_caught(backend):
     table = np.zeros(3, np.uint64)
     flag = np.zeros(1, np.uint32)
-    name = cuda.kernel_name("all_finite", Code.F32)
+    name = kernel_name("all_finite", Code.F32)
     args = (
         np.uint64(table.ctypes.data),
         np.int64(1),
@@ -120,7 +123,7 @@ def _table(arrays):
 def test_unscale_matches_cpu_core_and_reference(backend):
     for case, cfg, arrays, inv in _cases(3, 400):
         chunk, block, mt, mb = cfg
-        runner = cuda.MultiTensor(backend, chunk=chunk, block=block, max_tensors=mt, max_blocks=mb)
+        runner = MultiTensor(backend, chunk=chunk, block=block, max_tensors=mt, max_blocks=mb)
         cpu = [a.copy() for a in arrays]
         want_ref = [a.copy() for a in arrays]
         with np.errstate(over="ignore"):
@@ -142,7 +145,7 @@ def test_unscale_matches_cpu_core_and_reference(backend):
 def test_all_finite_matches_reference(backend):
     for case, cfg, arrays, _ in _cases(5, 400):
         chunk, block, mt, mb = cfg
-        runner = cuda.MultiTensor(backend, chunk=chunk, block=block, max_tensors=mt, max_blocks=mb)
+        runner = MultiTensor(backend, chunk=chunk, block=block, max_tensors=mt, max_blocks=mb)
         before = [a.copy() for a in arrays]
         flag = np.zeros(1, np.uint32)
         runner.run("all_finite", *_table(arrays), flag.ctypes.data)
@@ -163,7 +166,7 @@ def test_every_half_bit_pattern(backend, code):
         lscore.unscale_(want, inv)
         flag = np.zeros(1, np.uint32)
         invbuf = np.array([inv], np.float64)
-        cuda.MultiTensor(backend, chunk=4096, block=64).run(
+        MultiTensor(backend, chunk=4096, block=64).run(
             "unscale", [a.ctypes.data], [a.size], [code], flag.ctypes.data, invbuf.ctypes.data
         )
         assert flag[0] == 1
@@ -174,7 +177,7 @@ def test_found_flag_is_only_set_never_cleared(backend):
     a = np.ones(100, np.float32)
     flag = np.array([1], np.uint32)
     invbuf = np.array([0.5], np.float64)
-    cuda.MultiTensor(backend, chunk=16, block=4).run(
+    MultiTensor(backend, chunk=16, block=4).run(
         "unscale", [a.ctypes.data], [a.size], [Code.F32], flag.ctypes.data, invbuf.ctypes.data
     )
     assert flag[0] == 1 and np.all(a == 0.5)
@@ -190,7 +193,7 @@ def test_plan_covers_every_element_once(seed):
     ]
     mt, mb = int(rng.integers(1, 6)), int(rng.integers(1, 9))
     ptrs = [1000 + i for i in range(len(sizes))]
-    plan = cuda.plan_launches(ptrs, sizes, chunk=chunk, max_tensors=mt, max_blocks=mb)
+    plan = plan_launches(ptrs, sizes, chunk=chunk, max_tensors=mt, max_blocks=mb)
     count = [np.zeros(n, np.int64) for n in sizes]
     for off, nt, nb in plan.launches:
         assert 1 <= nt <= mt and 1 <= nb <= mb
@@ -212,13 +215,13 @@ def test_plan_covers_every_element_once(seed):
 
 def test_plan_rejects_bad_limits():
     with pytest.raises(ValueError, match="chunk"):
-        cuda.plan_launches([1], [1], chunk=0)
+        plan_launches([1], [1], chunk=0)
 
 
 def test_many_tensors_take_several_launches_and_tables_are_cached(backend):
     arrays = [np.full(5, 2.0, np.float32) for _ in range(11)]
     arrays[10][4] = np.inf
-    runner = cuda.MultiTensor(backend, chunk=8, block=2, max_tensors=4)
+    runner = MultiTensor(backend, chunk=8, block=2, max_tensors=4)
     flag = np.zeros(1, np.uint32)
     invbuf = np.array([0.5], np.float64)
     n0 = len(backend.launches)
@@ -234,7 +237,7 @@ def test_many_tensors_take_several_launches_and_tables_are_cached(backend):
 
 def _device_for(backend, st: LossScaleState):
     cy = st._cy
-    dev = cuda.DeviceState(backend, cy.nbytes())
+    dev = DeviceState(backend, cy.nbytes())
     dev.put(cy.to_bytes())
     return dev
 

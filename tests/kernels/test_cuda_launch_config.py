@@ -19,6 +19,7 @@ from helpers.gen import nonfinite_values
 from lscore import cuda, kernels
 from lscore.cli.bench import _tune
 from lscore.cuda import launch
+from lscore.cuda.launch import BLOCK, CHUNK, MAX_BLOCKS, MAX_TENSORS, MultiTensor
 
 if shutil.which("g++") is None:
     pytest.skip("g++ is missing: the CUDA host harness cannot be built", allow_module_level=True)
@@ -35,13 +36,13 @@ def test_defaults_are_torchs_and_apexs_parameters_unchanged():
     cfg = cuda.LaunchConfig()
     assert (cfg.chunk, cfg.block, cfg.max_tensors, cfg.max_blocks) == (65536, 512, 4096, 65535)
     assert (cfg.chunk, cfg.block, cfg.max_tensors, cfg.max_blocks) == (
-        cuda.CHUNK,
-        cuda.BLOCK,
-        cuda.MAX_TENSORS,
-        cuda.MAX_BLOCKS,
+        CHUNK,
+        BLOCK,
+        MAX_TENSORS,
+        MAX_BLOCKS,
     )
     assert cuda.launch_config() == cfg
-    runner = cuda.MultiTensor(cuda_host.HostBackend())
+    runner = MultiTensor(cuda_host.HostBackend())
     assert (runner.chunk, runner.block, runner.max_tensors, runner.max_blocks) == (
         65536,
         512,
@@ -86,7 +87,7 @@ def test_limits_of_the_grid_edges_are_accepted():
 def test_parse_changes_only_the_given_settings_and_round_trips():
     cfg = cuda.LaunchConfig.parse(" chunk=16384 , block=256,")
     assert cfg == cuda.LaunchConfig(chunk=16384, block=256)
-    assert cfg.max_tensors == cuda.MAX_TENSORS
+    assert cfg.max_tensors == MAX_TENSORS
     assert cuda.LaunchConfig.parse("") == cuda.LaunchConfig()
     odd = cuda.LaunchConfig(chunk=4096, block=128, max_tensors=7, max_blocks=9)
     assert cuda.LaunchConfig.parse(str(odd)) == odd
@@ -118,7 +119,7 @@ def test_parse_errors_name_the_bad_setting(text, match):
 def test_the_environment_variable_chooses_the_process_configuration(monkeypatch):
     monkeypatch.setenv("LSCORE_CUDA_LAUNCH", "chunk=16384,block=256")
     assert cuda.launch_config() == cuda.LaunchConfig(chunk=16384, block=256)
-    runner = cuda.MultiTensor(cuda_host.HostBackend())
+    runner = MultiTensor(cuda_host.HostBackend())
     assert (runner.chunk, runner.block) == (16384, 256)
     ak = cuda.ArrayKernels(np, lambda dev: cuda_host.HostBackend(), kind=kernels.READ_NUMPY)
     assert (ak.device(0).chunk, ak.device(0).block) == (16384, 256)
@@ -131,7 +132,7 @@ def test_a_bad_environment_variable_fails_with_its_name(monkeypatch):
         match=r"LSCORE_CUDA_LAUNCH='chunk=16384,block=100': "
         r"block must be a multiple of 32",
     ):
-        cuda.MultiTensor(cuda_host.HostBackend())
+        MultiTensor(cuda_host.HostBackend())
 
 
 def test_array_kernels_config_beats_the_environment_and_limits_beat_config(monkeypatch):

@@ -19,9 +19,11 @@ import pytest
 import lscore
 from helpers import FLOAT_DTYPES
 from helpers.gen import nonfinite_values
-from lscore import cuda
 from lscore._ext import _codes
 from lscore.adapters import numpy as lnp
+from lscore.cuda.launch import MultiTensor, plan_launches
+from lscore.cuda.loader import TRAITS
+from lscore.cuda.optim import bias_table
 from lscore.dtypes import BY_NAME, Code
 
 if shutil.which("g++") is None:
@@ -65,10 +67,10 @@ def _launch(backend, op, records, sizes, cfg, scalars):
         rec = np.array([records[i][1] for i in idx], np.uint64)
         d = rec.shape[1]
         ptrs = [rec.ctypes.data + 8 * d * k for k in range(len(idx))]
-        plan = cuda.plan_launches(
+        plan = plan_launches(
             ptrs, [sizes[i] for i in idx], chunk=chunk, max_tensors=mt, max_blocks=mb
         )
-        name = f"lsc_mt_{op}<{cuda.TRAITS[Code(code)]}>"
+        name = f"lsc_mt_{op}<{TRAITS[Code(code)]}>"
         for off, nt, nb in plan.launches:
             args = (
                 np.uint64(plan.table.ctypes.data + 8 * off),
@@ -118,7 +120,7 @@ class _Case:
 def _check(backend, gs, cfg, mark, flag):
     """Phase one: scan.cu's all_finite marks `flag` with `mark` on NaN/Inf."""
     chunk, block, mt, mb = cfg
-    cuda.MultiTensor(backend, chunk=chunk, block=block, max_tensors=mt, max_blocks=mb).run(
+    MultiTensor(backend, chunk=chunk, block=block, max_tensors=mt, max_blocks=mb).run(
         "all_finite",
         [g.ctypes.data for g in gs],
         [g.size for g in gs],
@@ -506,8 +508,8 @@ def test_adam_device_counter_reads_the_bias_table(backend):
     """With `count`, alpha = (lr * sq[t]) / d[t] for t = *count + 1 capped at the table's
     last step: the NumPy adapter's alpha at every step, through saturation and beyond
     (alpha by value, 1e9, is then unused)."""
-    make = lambda: lnp.Adam(0.3, beta_1=0.5, beta_2=0.9)  # noqa: E731 - a one-line local helper
-    table, last = cuda.bias_table(lambda s: make()._bias_terms(np.float32, s))
+    make = lambda: lnp.Adam(0.3, beta_1=0.5, beta_2=0.9)  # noqa: E731
+    table, last = bias_table(lambda s: make()._bias_terms(np.float32, s))
     rng = np.random.default_rng(8)
     count = np.zeros(1, np.int64)
     for it in list(range(12)) + list(range(last - 3, last + 4)) + [10 * last]:

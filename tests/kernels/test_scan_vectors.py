@@ -17,8 +17,8 @@ from lscore._ext import _scan
 from lscore.dtypes import Code
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ISAS = _scan.isa_levels()
 CODES = {"float16": Code.F16, "bfloat16": Code.BF16, "float32": Code.F32, "float64": Code.F64}
