@@ -1,0 +1,43 @@
+"""Sphinx configuration: `make docs` builds the site into docs/_build/html (warnings as errors)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import lscore
+
+sys.path.insert(0, str(Path(__file__).parent / "_sphinxext"))
+
+project = "lscore"
+author = "the lscore authors"
+copyright = "the lscore authors"
+release = version = lscore.__version__ if hasattr(lscore, "__version__") else "0.1.0"
+
+extensions = [
+    "myst_parser",
+    "numpydoc",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "lscore_docs",
+]
+source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
+exclude_patterns = ["_build"]
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+# numpydoc renders the docstrings; the member tables come from the reference pages
+numpydoc_show_class_members = False
+numpydoc_class_members_toctree = False
+numpydoc_xref_param_type = False
+autodoc_member_order = "bysource"
+autodoc_typehints = "signature"
+autosummary_generate = False
+
+html_theme = "pydata_sphinx_theme"
+html_title = "lscore"
+html_static_path = ["_static"]
+html_theme_options = {
+    "navigation_with_keys": False,
+    "show_toc_level": 2,
+}
