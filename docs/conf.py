@@ -41,3 +41,10 @@ html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
 }
+
+# the compiled classes' signatures come from their .pyi stubs (lscore_docs), not from
+# a first docstring line
+autodoc_docstring_signature = False
+# the toctrees list their pages in reading order, then take by glob whatever else a
+# folder holds; a glob that finds nothing more is not an error
+suppress_warnings = ["toc.empty_glob"]

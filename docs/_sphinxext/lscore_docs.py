@@ -81,15 +81,8 @@ def _stub_signatures(module: str) -> dict[str, str]:
     return out
 
 
-def stub_signature(
-    app: Sphinx,
-    what: str,
-    name: str,
-    obj: Any,
-    options: Any,
-    signature: str | None,
-    ret: str | None,
-) -> tuple[str, str | None] | None:
+def _stub_for(obj: Any, what: str, name: str) -> tuple[str, str] | None:
+    """(args, returns) of a compiled object from its module's ``.pyi``, or None."""
     module = getattr(obj, "__module__", None) or ""
     if not module.startswith("lscore._ext."):
         return None
@@ -103,10 +96,38 @@ def stub_signature(
         args = args.replace("(self, ", "(", 1).replace("(self)", "()", 1)
     if what == "class" or returns == "None":
         returns = ""
-    return args, returns or None
+    return args, returns
+
+
+def stub_signature(
+    app: Sphinx,
+    what: str,
+    name: str,
+    obj: Any,
+    options: Any,
+    signature: str | None,
+    ret: str | None,
+) -> tuple[str, str | None] | None:
+    """A compiled function's or method's signature, from the stub."""
+    if signature is None:  # nothing introspected: Sphinx takes no replacement then
+        return None
+    stub = _stub_for(obj, what, name)
+    return None if stub is None else (stub[0], stub[1] or None)
+
+
+def stub_class_signature(
+    app: Sphinx, what: str, name: str, obj: Any, options: Any, lines: list[str]
+) -> None:
+    """A compiled class has no introspectable signature: state the stub's in its text."""
+    if what != "class":
+        return
+    stub = _stub_for(obj, what, name)
+    if stub is not None:
+        lines[:0] = [f"``{name.rsplit('.', 1)[-1]}{stub[0]}``", ""]
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("builder-inited", draw_scale_path)
     app.connect("autodoc-process-signature", stub_signature)
+    app.connect("autodoc-process-docstring", stub_class_signature)
     return {"parallel_read_safe": True}
