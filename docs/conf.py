@@ -36,6 +36,8 @@ autosummary_generate = False
 
 html_theme = "pydata_sphinx_theme"
 html_title = "lscore"
+# the figures are drawn into _static at build time (lscore_docs); a clean clone lacks it
+(Path(__file__).parent / "_static").mkdir(exist_ok=True)
 html_static_path = ["_static"]
 html_theme_options = {
     "navigation_with_keys": False,
