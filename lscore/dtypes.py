@@ -6,6 +6,8 @@ from lscore._ext._codes import CODES
 
 
 class Code(enum.IntEnum):
+    """The dtype code of each format the core reads (lsc_codes.h); ``INT`` is integer and bool."""
+
     INT = CODES["INT"]  # integer and bool: finite, never written
     F16 = CODES["F16"]
     BF16 = CODES["BF16"]

@@ -53,6 +53,12 @@ from lscore._ext._scan import bench_copy as copy_bandwidth
 from lscore._ext._scan import bench_read_u64 as read_bandwidth
 from lscore._ext._walk import READ_CUDA_ARRAY, READ_NUMPY, DevicePlan, DeviceTable, plan_launches
 
+# re-bound so that their doc comments reach the API reference
+#: reader code of a NumPy array (read through NumPy's C API)
+READ_NUMPY = READ_NUMPY
+#: reader code of a CUDA array (read through ``__cuda_array_interface__``)
+READ_CUDA_ARRAY = READ_CUDA_ARRAY
+
 __all__ = [
     "DEVICE_FLAGS",
     "DEVICE_VALS",

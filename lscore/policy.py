@@ -108,6 +108,7 @@ def scale_bounds(init_scale: float, min_scale, max_scale) -> None:
 
 
 def factor_at_least_one(name: str, value) -> float:
+    """`value` as a float that is finite and >= 1, else ValueError naming `name`."""
     v = real(name, value)
     if not math.isfinite(v) or v < 1:
         raise ValueError(f"{name} must be finite and >= 1, got {value!r}")
@@ -115,6 +116,7 @@ def factor_at_least_one(name: str, value) -> float:
 
 
 def factor_above_one(name: str, value) -> float:
+    """`value` as a float that is finite and > 1, else ValueError naming `name`."""
     v = real(name, value)
     if not math.isfinite(v) or v <= 1:
         raise ValueError(f"{name} must be finite and > 1, got {value!r}")
@@ -131,6 +133,7 @@ def fraction(name: str, value, *, closed: bool = True) -> float:
 
 
 def choice(name: str, value, choices) -> str:
+    """`value` if it is one of `choices`, else ValueError listing them."""
     if value not in choices:
         raise ValueError(f"unknown {name} {value!r}; expected one of: {', '.join(choices)}")
     return value

@@ -31,10 +31,10 @@ from lscore import kernels
 from lscore.cuda.loader import OPS, TRAITS, kernel_name
 from lscore.dtypes import Code
 
-CHUNK = 65536  # elements per block
-BLOCK = 512  # threads per block
-MAX_TENSORS = 4096  # tensors per launch
-MAX_BLOCKS = 65535  # blocks (chunks) per launch
+CHUNK = 65536  #: elements per block
+BLOCK = 512  #: threads per block
+MAX_TENSORS = 4096  #: tensors per launch
+MAX_BLOCKS = 65535  #: blocks (chunks) per launch
 MARK_LIMIT = 0xFFFFFFFF
 # elements in the scan kernels' 16-byte vector load of the narrowest dtype (float16/bfloat16):
 # a chunk that is a multiple of it keeps every chunk on the vector path (scan.cu)

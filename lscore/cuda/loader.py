@@ -44,9 +44,11 @@ __all__ = [
     "source",
 ]
 
-# dtype code -> traits struct of _ext/scan.cu
+#: dtype code -> traits struct of _ext/scan.cu
 TRAITS = {Code.F16: "lsc_f16", Code.BF16: "lsc_bf16", Code.F32: "lsc_f32", Code.F64: "lsc_f64"}
+#: the scan kernels of _ext/scan.cu, one per dtype each
 OPS = ("unscale", "all_finite")
+#: the device-side state update of _ext/update.cu
 UPDATE_KERNEL = "lsc_device_update"
 # NVRTC options of every compile.  Exact IEEE float32 (no flush of
 # subnormals to zero, no multiply-add contraction, correctly rounded
@@ -55,6 +57,7 @@ UPDATE_KERNEL = "lsc_device_update"
 # RawModule appends -ftz=true after the user's options on every compile, and
 # NVRTC keeps the last one.  compile_using_nvrtc adds only the architecture,
 # --device-as-default-execution-space (and --pch under CUPY_NVRTC_USE_PCH).
+#: the NVRTC options of every kernel compile: exact IEEE float32
 NVRTC_OPTIONS = (
     "--std=c++17",
     "--ftz=false",
@@ -69,7 +72,7 @@ def kernel_name(op: str, code: int) -> str:
     return f"lsc_mt_{op}<{TRAITS[Code(code)]}>"
 
 
-# .cu file -> the kernel names (NVRTC name expressions) the package launches from it
+#: .cu file -> the kernel names (NVRTC name expressions) the package launches from it
 KERNELS = {
     # the one-pass norm (lscore.cuda.launch.MultiTensor.launch_norm) beside the scan
     "scan.cu": (

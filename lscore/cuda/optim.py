@@ -33,11 +33,12 @@ from lscore.dtypes import Code
 
 __all__ = ["FLAGS", "GRAD_CODES", "TABLE_LIMIT", "FusedLauncher", "FusedPlan", "bias_table"]
 
+#: the fused optimizer kernels' flag bits (from _ext/lsc_codes.h)
 FLAGS = _codes.OPTIM_FLAGS
-# the gradient dtypes the kernels read (float32 master weights and slots)
+#: the gradient dtypes the kernels read (float32 master weights and slots)
 GRAD_CODES = (Code.F16, Code.BF16, Code.F32)
-# the most steps a bias-correction table may hold: 2**18 float32 pairs (2 MiB) covers
-# beta_2 up to about 0.99993, whose table saturates near 2.4e5 steps
+#: the most steps a bias-correction table may hold: 2**18 float32 pairs (2 MiB) covers
+#: beta_2 up to about 0.99993, whose table saturates near 2.4e5 steps
 TABLE_LIMIT = 1 << 18
 
 

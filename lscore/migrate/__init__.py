@@ -71,6 +71,7 @@ _PEERS = {
         MXNetPeer(),
     )
 }
+#: every peer name `convert`, `from_peer` and `to_peer` accept
 PEERS = tuple(sorted(_PEERS))
 
 

@@ -18,6 +18,7 @@ from lscore.state import LossScaleState, as_finite, parse_state
 
 __all__ = ["NAMES", "PresetLossScale", "preset"]
 
+#: every preset name, sorted
 NAMES = table.NAMES
 
 

@@ -835,6 +835,7 @@ TABLE: dict[str, Spec] = {
     ),
 }
 
+#: every preset name, sorted
 NAMES = tuple(sorted(TABLE))
 
 
@@ -881,5 +882,6 @@ def _init_arg(spec: Spec) -> str | None:
 
 
 def initial_counters(name: str, args: dict) -> dict:
+    """The counters preset `name` starts with for its arguments `args` (empty if none)."""
     spec = TABLE[name]
     return spec.counters(args) if spec.counters is not None else {}

@@ -1,0 +1,52 @@
+"""Sphinx configuration: `make docs` builds the site into docs/_build/html (warnings as errors)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import lscore
+
+sys.path.insert(0, str(Path(__file__).parent / "_sphinxext"))
+
+project = "lscore"
+author = "the lscore authors"
+copyright = "the lscore authors"
+release = version = lscore.__version__ if hasattr(lscore, "__version__") else "0.1.0"
+
+extensions = [
+    "myst_parser",
+    "numpydoc",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "lscore_docs",
+]
+source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
+exclude_patterns = ["_build"]
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+# numpydoc renders the docstrings; the member tables come from the reference pages
+numpydoc_show_class_members = False
+numpydoc_class_members_toctree = False
+numpydoc_xref_param_type = False
+autodoc_member_order = "bysource"
+autodoc_typehints = "signature"
+autosummary_generate = False
+
+html_theme = "pydata_sphinx_theme"
+html_title = "lscore"
+# the figures are drawn into _static at build time (lscore_docs); a clean clone lacks it
+(Path(__file__).parent / "_static").mkdir(exist_ok=True)
+html_static_path = ["_static"]
+html_theme_options = {
+    "navigation_with_keys": False,
+    "show_toc_level": 2,
+}
+
+# the compiled classes' signatures come from their .pyi stubs (lscore_docs), not from
+# a first docstring line
+autodoc_docstring_signature = False
+# the toctrees list their pages in reading order, then take by glob whatever else a
+# folder holds; a glob that finds nothing more is not an error
+suppress_warnings = ["toc.empty_glob"]
