@@ -282,11 +282,12 @@ def check_tests(tests: pathlib.Path) -> list[str]:
         if rel.parts[0] == "apps" or rel.as_posix() in _BENCH_PENDING:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            names = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
             if any(n == "lscore.cli.bench" or n.startswith("lscore.cli.bench.") for n in names):
                 problems.append(
                     f"tests/{rel.as_posix()}:{node.lineno}: imports the bench "
