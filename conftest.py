@@ -3,8 +3,8 @@
 ``python`` fences are run, each block as one test: a block with ``>>>`` prompts
 is a doctest whose shown output is compared (ELLIPSIS and NORMALIZE_WHITESPACE
 on), any other block must run without error. The blocks of one page share a
-namespace, in page order, and run in a temporary working directory of their own. A block preceded by
-``<!-- skip: next if(no_gpu, reason="needs a CUDA device") -->`` is skipped
+namespace, in page order, and run in a temporary working directory of their own.
+A block preceded by ``<!-- skip: next if(no_gpu, reason="needs a CUDA device") -->`` is skipped
 where no CUDA device can run lscore's kernels; ``<!-- skip: next "reason" -->``
 skips one always, with its reason (the examples that need a launcher).
 
@@ -15,15 +15,17 @@ pytest collects these files when they are named on its command line:
 from __future__ import annotations
 
 import doctest
+import importlib.util
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from sybil import Example, Sybil
-from sybil.parsers.myst import CodeBlockParser, SkipParser
+
+if TYPE_CHECKING:
+    from sybil import Example
 
 OPTIONS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
@@ -67,17 +69,29 @@ def _example_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.chdir(here)
 
 
-def _sybil(**where: Any) -> Sybil:
-    return Sybil(
-        parsers=[CodeBlockParser("python", run_block), SkipParser()],
-        setup=_setup,
-        fixtures=["_example_dir"],
-        **where,
-    )
+def _collector() -> Callable[[Path, Any], Any]:
+    from sybil import Sybil
+    from sybil.parsers.myst import CodeBlockParser, SkipParser
+
+    def sybil(**where: Any) -> Sybil:
+        return Sybil(
+            parsers=[CodeBlockParser("python", run_block), SkipParser()],
+            setup=_setup,
+            fixtures=["_example_dir"],
+            **where,
+        )
+
+    return (
+        sybil(path="docs", patterns=["*.md"], excludes=["_build/*"], name="docs")
+        # only the top-level README (tests/fuzz/README.md is a how-to with shell commands)
+        + sybil(filenames={"README.md"}, excludes=["*/README.md"], name="readme")
+    ).pytest()
 
 
-pytest_collect_file = (
-    _sybil(path="docs", patterns=["*.md"], excludes=["_build/*"], name="docs")
-    # only the top-level README (tests/fuzz/README.md is a how-to with shell commands)
-    + _sybil(filenames={"README.md"}, excludes=["*/README.md"], name="readme")
-).pytest()
+def _no_sybil(file_path: Path, parent: Any) -> None:
+    """Without Sybil (a venv without the test extra) tests/ still runs; the pages do not."""
+    if file_path.suffix == ".md":
+        raise pytest.UsageError(f"running {file_path.name}'s examples needs sybil (the test extra)")
+
+
+pytest_collect_file = _collector() if importlib.util.find_spec("sybil") else _no_sybil
