@@ -3,10 +3,11 @@
 ``python`` fences are run, each block as one test: a block with ``>>>`` prompts
 is a doctest whose shown output is compared (ELLIPSIS and NORMALIZE_WHITESPACE
 on), any other block must run without error. The blocks of one page share a
-namespace, in page order, and run in a temporary working directory of their own. A block preceded by
-``<!-- skip: next if(no_gpu, reason="needs a CUDA device") -->`` is skipped
+namespace, in page order, and run in a temporary working directory of their own.
+A block preceded by ``<!-- skip: next if(no_gpu, reason="needs a CUDA device") -->`` is skipped
 where no CUDA device can run lscore's kernels; ``<!-- skip: next "reason" -->``
 skips one always, with its reason (the examples that need a launcher).
+Without Sybil installed nothing here is collected (tests/ still runs).
 
 pytest collects these files when they are named on its command line:
 ``scripts/run_tests.sh`` runs ``pytest tests docs README.md``.
@@ -15,15 +16,17 @@ pytest collects these files when they are named on its command line:
 from __future__ import annotations
 
 import doctest
+import importlib.util
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from sybil import Example, Sybil
-from sybil.parsers.myst import CodeBlockParser, SkipParser
+
+if TYPE_CHECKING:
+    from sybil import Example
 
 OPTIONS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
@@ -67,17 +70,30 @@ def _example_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.chdir(here)
 
 
-def _sybil(**where: Any) -> Sybil:
-    return Sybil(
-        parsers=[CodeBlockParser("python", run_block), SkipParser()],
-        setup=_setup,
-        fixtures=["_example_dir"],
-        **where,
-    )
+def _collector() -> Callable[[Path, Any], Any]:
+    from sybil import Sybil
+    from sybil.parsers.myst import CodeBlockParser, SkipParser
+
+    def sybil(**where: Any) -> Sybil:
+        return Sybil(
+            parsers=[CodeBlockParser("python", run_block), SkipParser()],
+            setup=_setup,
+            fixtures=["_example_dir"],
+            **where,
+        )
+
+    return (
+        sybil(path="docs", patterns=["*.md"], excludes=["_build/*"], name="docs")
+        # only the top-level README (tests/fuzz/README.md is a how-to with shell commands)
+        + sybil(filenames={"README.md"}, excludes=["*/README.md"], name="readme")
+    ).pytest()
 
 
-pytest_collect_file = (
-    _sybil(path="docs", patterns=["*.md"], excludes=["_build/*"], name="docs")
-    # only the top-level README (tests/fuzz/README.md is a how-to with shell commands)
-    + _sybil(filenames={"README.md"}, excludes=["*/README.md"], name="readme")
-).pytest()
+def _no_sybil(file_path: Path, parent: Any) -> None:
+    """Without Sybil (a venv without the test extra) tests/ runs and the pages are not
+    collected; ``make test`` has Sybil, and tests/apps/test_readme.py checks that the
+    README's examples are collected."""
+    return None
+
+
+pytest_collect_file = _collector() if importlib.util.find_spec("sybil") else _no_sybil
