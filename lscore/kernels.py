@@ -58,6 +58,16 @@ from lscore._ext._walk import READ_CUDA_ARRAY, READ_NUMPY, DevicePlan, DeviceTab
 READ_NUMPY = READ_NUMPY
 #: reader code of a CUDA array (read through ``__cuda_array_interface__``)
 READ_CUDA_ARRAY = READ_CUDA_ARRAY
+#: the CUDA kernels' shared device flags: slot name -> index
+DEVICE_FLAGS = DEVICE_FLAGS
+#: the CUDA kernels' shared device values: slot name -> index
+DEVICE_VALS = DEVICE_VALS
+#: the number of device flag slots
+NDEVICE_FLAGS = NDEVICE_FLAGS
+#: the number of device value slots
+NDEVICE_VALS = NDEVICE_VALS
+#: the fused optimizers' flag bits: name -> bit
+OPTIM_FLAGS = OPTIM_FLAGS
 
 __all__ = [
     "DEVICE_FLAGS",

@@ -157,8 +157,10 @@ def compile_kernels(name: str, arch: str | None = None, *, include_dir: str | No
 
 
 # -- the disk cache of compiled kernels ---------------------------------------------------------
-CACHE_DIR_ENV = "LSCORE_KERNEL_CACHE_DIR"  # where the cache lives
-CACHE_ENV = "LSCORE_KERNEL_CACHE"  # 0 (or off): no disk cache, every process compiles
+#: the environment variable naming the folder of the kernel cache
+CACHE_DIR_ENV = "LSCORE_KERNEL_CACHE_DIR"
+#: the environment variable that turns the kernel cache off (0 or off) or on (1 or on)
+CACHE_ENV = "LSCORE_KERNEL_CACHE"
 _FORMAT = 1
 # an entry: magic, payload length (uint64), SHA-256 of the payload, then the payload: the
 # lowered names as JSON (its length a uint32 first) and the image.  A file whose length or
