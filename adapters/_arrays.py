@@ -8,6 +8,7 @@ They meet the protocol the LossScaleOptimizer wrappers of _optim drive
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from lscore.policy import real
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
 
-def _clip_arg(name: str, value):
+def _clip_arg(name: str, value: Any) -> float | None:
     if value is None:
         return None
     v = real(name, value)
@@ -41,7 +42,14 @@ class ArrayOptimizer:
     moments) are created on first use and kept per variable.
     """
 
-    _xp = None
+    _xp: Any = None  # the array module, set by the adapter
+    _learning_rate: float
+    _clipnorm: float | None
+    _global_clipnorm: float | None
+    _clipvalue: float | None
+    weight_decay: float | None
+    iterations: int
+    _slots: dict[int, tuple[Any, dict[str, Any]]]
 
     def __init__(
         self,

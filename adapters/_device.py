@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from lscore import cuda
-from lscore.adapters import _optim
+from lscore.adapters import _arrays, _optim
 from lscore.distributed import reduce_found_inf
 from lscore.dtypes import BY_NAME
 from lscore.state import LossScaleFloorError
@@ -99,7 +99,15 @@ _ONE_STEP = (
 )
 
 
-class Gated:
+if TYPE_CHECKING:  # the classes the mixins below are combined with, as type checkers see them
+    _MixedWith = _arrays.ArrayOptimizer
+    _MixedWithSGD = _arrays.SGD
+    _MixedWithAdam = _arrays.Adam
+else:
+    _MixedWith = _MixedWithSGD = _MixedWithAdam = object
+
+
+class Gated(_MixedWith):
     """Mixin for ``_arrays.SGD``/``_arrays.Adam`` on device arrays: the fused kernels, gated steps.
 
     When every variable is a dense float32 array and every gradient a dense
@@ -118,8 +126,9 @@ class Gated:
     copies where the gate is false; no host sync either way.
     """
 
-    _gate = None
-    _kernels = None  # the adapter's ArrayKernels
+    _gate: Any = None
+    _kernels: Any = None  # the adapter's ArrayKernels
+    _kind: str
     _current_device = staticmethod(lambda: 0)
     _on_device = staticmethod(lambda a, dev: True)  # whether array `a` lives on device `dev`
     _capturing = staticmethod(lambda: False)
@@ -208,7 +217,7 @@ class Gated:
         launcher = self.fused_launcher()
         ptr = launcher.backend.ptr
         names = self._slot_names()
-        key, tensors = [], []
+        records, tensors = [], []
         capturing = type(self)._capturing()
         for g, v in pairs:
             entry = self._slots.get(id(v))
@@ -217,10 +226,10 @@ class Gated:
                 refuse_in_capture(True, "creating an optimizer slot", _ONE_STEP)
             rec = (ptr(g), ptr(v), *[ptr(self._slot(v, n)) for n in names])
             code = BY_NAME[str(g.dtype)]
-            key.append((code, v.size, rec))
+            records.append((code, v.size, rec))
             pad = max(_RECORD_WORDS[self._kind] - len(rec), 0)
             tensors.append((code, v.size, rec + (0,) * pad))
-        key = tuple(key)
+        key = tuple(records)
         plan = launcher.cached(key)
         if plan is None:
             refuse_in_capture(capturing, "planning a new list of arrays (an upload)", _ONE_STEP)
@@ -276,7 +285,7 @@ _FLAGS = cuda.optim.FLAGS
 _RECORD_WORDS = {"sgd": 3, "adam": 4}
 
 
-class GatedSGD(Gated):
+class GatedSGD(Gated, _MixedWithSGD):
     """The fused-kernel side of SGD (momentum, nesterov; optim.cu's lsc_mt_sgd)."""
 
     _kind = "sgd"
@@ -297,7 +306,7 @@ class GatedSGD(Gated):
         )
 
 
-class GatedAdam(Gated):
+class GatedAdam(Gated, _MixedWithAdam):
     """The fused-kernel side of Adam (optim.cu's lsc_mt_adam).
 
     Bias correction: by value from ``iterations``, or, under a sync-free
@@ -310,7 +319,7 @@ class GatedAdam(Gated):
     """
 
     _kind = "adam"
-    _bias = None  # (betas, device table, last)
+    _bias: tuple | None = None  # (betas, device table, last)
 
     def _slot_names(self) -> tuple:
         return ("m", "v", "vhat") if self.amsgrad else ("m", "v")
@@ -389,7 +398,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
     before, the elementwise path) raises RuntimeError instead.
     """
 
-    _kernels: ArrayKernels = None
+    _kernels: ArrayKernels
     _current_device = staticmethod(lambda: 0)
     _capturing = staticmethod(lambda: False)
 
@@ -422,10 +431,10 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             reducer=reducer,
         )
         self._dev = None
-        self._device_id = None
+        self._device_id: int | None = None
         self._sync_free = bool(sync_free)
         self._count = None  # Adam's device step counter (sync-free)
-        self._count_host = None  # the value the host last gave it
+        self._count_host: int | None = None  # the value the host last gave it
         if not sync_free:
             return
         if self._scaling.shape != "keras":
@@ -657,6 +666,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         )
         if count_ptr:
             xp.add(self._count, 1, out=self._count)
+            assert self._count_host is not None  # set when the counter was uploaded
             self._count_host += 1
         opt.iterations += 1
         if dev is not None:
@@ -686,6 +696,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         if self._dev is None:
             gate = None  # Keras fixed scale: every step applies
         else:
+            assert self._device_id is not None  # set with self._dev
             self._kernels.check_async([g for g, _ in pairs], self._dev.found_ptr, self._device_id)
             gate = (self._dev.found == 0).reshape(())
         opt._gate = gate

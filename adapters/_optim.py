@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -219,6 +219,13 @@ def inner_attribute(name: str, how: str = "get and set") -> property:
     return property(fget, fset, doc=f"The inner optimizer's ``{name}`` ({how}).")
 
 
+class _Wrapping(Protocol):
+    """What the tf-keras-named properties read (the torch adapter's wrapper borrows them)."""
+
+    _optimizer: Any
+    _scaling: LossScaling
+
+
 class LossScaleOptimizerBase:
     """Wraps an optimizer with loss scaling; the adapters bind it to an array module.
 
@@ -247,8 +254,8 @@ class LossScaleOptimizerBase:
     same steps; each worker must then call ``apply_gradients`` once per step.
     """
 
-    _xp = None
-    _all_finite = None
+    _xp: Any = None  # the array module, set by the adapter
+    _all_finite: Any = None  # the adapter's all_finite, set as a staticmethod
     _optimizer_classes: ClassVar[dict[str, type]] = {}
     _expected_optimizer = (
         "an optimizer with an apply_gradients(grads_and_vars) method that updates arrays in place"
@@ -286,35 +293,35 @@ class LossScaleOptimizerBase:
 
     # -- properties (tf-keras names) -------------------------------------------------
     @property
-    def inner_optimizer(self):
+    def inner_optimizer(self: _Wrapping):
         return self._optimizer
 
     @property
-    def loss_scaling(self) -> LossScaling:
+    def loss_scaling(self: _Wrapping) -> LossScaling:
         """The loss-scale side: shape, scale, update rule (adapters/_optim.LossScaling)."""
         return self._scaling
 
     @property
-    def loss_scale(self):
+    def loss_scale(self: _Wrapping):
         """The current scale as a float; in the TF <= 2.3 shape the LossScale object, as TF."""
         if self._scaling.shape == "experimental":
             return self._scaling.loss_scale_object
         return self._scaling.scale
 
     @property
-    def dynamic(self) -> bool:
+    def dynamic(self: _Wrapping) -> bool:
         return self._scaling.dynamic
 
     @property
-    def dynamic_counter(self):
+    def dynamic_counter(self: _Wrapping):
         return self._scaling.dynamic_counter
 
     @property
-    def initial_scale(self):
+    def initial_scale(self: _Wrapping):
         return self._scaling.initial_scale
 
     @property
-    def dynamic_growth_steps(self):
+    def dynamic_growth_steps(self: _Wrapping):
         return self._scaling.dynamic_growth_steps
 
     @property

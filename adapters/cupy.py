@@ -103,16 +103,14 @@ class _Bound:
 
 
 class SGD(_Bound, _device.GatedSGD, _arrays.SGD):
-    __doc__ = _arrays.SGD.__doc__ + "\n" + _device.Gated.__doc__
+    __doc__ = f"{_arrays.SGD.__doc__}\n{_device.Gated.__doc__}"
 
 
 class Adam(_Bound, _device.GatedAdam, _arrays.Adam):
-    __doc__ = _arrays.Adam.__doc__ + "\n" + _device.Gated.__doc__ + "\n" + _device.GatedAdam.__doc__
+    __doc__ = f"{_arrays.Adam.__doc__}\n{_device.Gated.__doc__}\n{_device.GatedAdam.__doc__}"
 
 
 class LossScaleOptimizer(_Bound, _device.DeviceLossScaleOptimizer):
-    __doc__ = (
-        _device.DeviceLossScaleOptimizer.__doc__ + "\n" + _optim.LossScaleOptimizerBase.__doc__
-    )
+    __doc__ = f"{_device.DeviceLossScaleOptimizer.__doc__}\n{_optim.LossScaleOptimizerBase.__doc__}"
     _all_finite = staticmethod(all_finite)
     _optimizer_classes: ClassVar[dict[str, type]] = {"SGD": SGD, "Adam": Adam}

@@ -150,7 +150,7 @@ def update(state: RefState, finite: bool) -> tuple[RefState, int]:
         overflows += 1
         seen = 1
         if left <= 0 and overflows / since >= p.tolerance:
-            if p.min_action == "raise_at" and work == _rnd(p, floor):
+            if p.min_action == "raise_at" and floor is not None and work == _rnd(p, floor):
                 return state, FLOOR_ERROR
             if p.backoff_mode == "divide":
                 new = _div(p, work, p.growth_factor)
@@ -165,7 +165,7 @@ def update(state: RefState, finite: bool) -> tuple[RefState, int]:
         if p.hysteresis_saturate and left < 1:
             left = 1
         good = 0
-        if p.min_action == "raise_below" and work <= _rnd(p, floor):
+        if p.min_action == "raise_below" and floor is not None and work <= _rnd(p, floor):
             return dataclasses.replace(
                 state,
                 good_steps=good,

@@ -79,13 +79,13 @@ def count_nonfinite(a, fmt: str | None = None) -> tuple[int, int, int]:
     if fmt is None and a.dtype.kind in "biu":
         return 0, 0, 0
     name = fmt or a.dtype.name
-    fmt = _FORMATS.get(name)
-    if fmt is None or a.dtype.itemsize != np.dtype(fmt[0]).itemsize:
+    masks = _FORMATS.get(name)
+    if masks is None or a.dtype.itemsize != np.dtype(masks[0]).itemsize:
         raise TypeError(
             f"cannot count NaN/Inf in {name} ({a.dtype}); expected "
             f"{', '.join(_FORMATS)}, an integer or a bool dtype"
         )
-    word, sign, expo, mant = fmt
+    word, sign, expo, mant = masks
     if not a.dtype.isnative:
         a = a.byteswap().view(a.dtype.newbyteorder())
     flat = a.view(word).reshape(-1)

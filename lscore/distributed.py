@@ -85,7 +85,8 @@ class _Layout:
 def _pack(found_inf, stats):
     """(layout, row) for `stats`; the row is [flag, sums..., maxima...] as floats."""
     if isinstance(stats, dict):
-        sums, maxima = [], []
+        sums: list[tuple[str, float]] = []
+        maxima: list[tuple[str, float]] = []
         for key, value in stats.items():
             if not isinstance(key, str) or not key.startswith(("sum", "max")):
                 raise ValueError(

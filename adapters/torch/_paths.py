@@ -22,6 +22,7 @@ here too: it decides whether torch's update kernel can run.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ _CODES = {
     torch.float64: int(Code.F64),
 }
 # the parameters that make a Policy torch's, besides the four torch exposes
-_TORCH_SHAPE = dict(
+_TORCH_SHAPE: dict[str, Any] = dict(
     precision="float32_float64",
     growth_mode="eq",
     growth_offset=0,
@@ -164,7 +165,7 @@ class GradUnscaler:
     __slots__ = ("_table",)
 
     def __init__(self):
-        self._table = None
+        self._table: kernels.GradTable | None = None
 
     def __reduce__(self):
         return (GradUnscaler, ())
@@ -272,12 +273,15 @@ class _Path:
     from step to step; a pickle names it)."""
 
     on_device = False  # torch's kernels unscale (and, under torch's policy, update)
-    scale = None  # the float32 scale tensor, once placed
-    tracker = None  # torch's growth tracker tensor (the device path only)
+    scale: torch.Tensor | None = None  # the float32 scale tensor, once placed
+    tracker: torch.Tensor | None = None  # torch's growth tracker tensor (the device path only)
 
     def __init__(self, state: LossScaleState, unscaler: GradUnscaler | None = None):
         self.state = state
         self.unscaler = GradUnscaler() if unscaler is None else unscaler
+
+    def get_scale(self) -> float:
+        raise NotImplementedError
 
     def good_steps(self) -> int:
         return self.state.counters()["good_steps"]
@@ -359,6 +363,9 @@ class Disabled:
 class _Placed(_Path):
     """A path whose scale tensor exists (created on the first ``scale()``'s device)."""
 
+    scale: torch.Tensor
+    written: float | None
+
     def __init__(self, state: LossScaleState, device: torch.device, unscaler, tracked: bool):
         super().__init__(state, unscaler)
         s = state.scale
@@ -433,6 +440,7 @@ class _DevicePath(_Placed):
 
     on_device = True
     observes_always = False  # reading the flag on the host is a sync
+    tracker: torch.Tensor
 
     def __init__(self, state, device, unscaler):
         super().__init__(state, device, unscaler, tracked=True)

@@ -149,6 +149,10 @@ class GradScaler(torch.amp.GradScaler):
     (``step()`` already does).
     """
 
+    # Unplaced, then a placed path (_CorePath, _DevicePath), or Disabled: the calls
+    # Disabled lacks run only after the enabled checks
+    _path: Any
+
     def __init__(
         self,
         device: str = "cuda",
@@ -247,16 +251,16 @@ class GradScaler(torch.amp.GradScaler):
             self._path_has("_state")
         return state
 
-    @property
-    def _scale(self) -> torch.Tensor | None:
+    @property  # torch's attribute, read-only here: the path owns the tensor
+    def _scale(self) -> torch.Tensor | None:  # type: ignore[override]
         """torch's scale tensor, None before scale()."""
         scale = self._path.scale
         if scale is None:
             self._path_has("_scale")
         return scale
 
-    @property
-    def _growth_tracker(self) -> torch.Tensor | None:
+    @property  # torch's attribute, read-only here: the path owns the tensor
+    def _growth_tracker(self) -> torch.Tensor | None:  # type: ignore[override]
         """torch's growth-tracker tensor (a copy on the CPU path), None before scale()."""
         self._path_has("_growth_tracker")
         return self._path.growth_tracker()
@@ -269,8 +273,8 @@ class GradScaler(torch.amp.GradScaler):
     # (scale, growth tracker) the tensors were created with, or last loaded after that
     _init_values: tuple | None = None
 
-    @property
-    def _init_scale(self) -> float:
+    @property  # torch's attribute, read-only here: the path owns the value
+    def _init_scale(self) -> float:  # type: ignore[override]
         """torch's: the value the scale tensor is (or was) created with, or the scale last
         loaded by load_state_dict."""
         self._path_has("_init_scale")
@@ -278,8 +282,8 @@ class GradScaler(torch.amp.GradScaler):
             return self._path.get_scale()
         return self._init_values[0]
 
-    @property
-    def _init_growth_tracker(self) -> int:
+    @property  # torch's attribute, read-only here: the path owns the value
+    def _init_growth_tracker(self) -> int:  # type: ignore[override]
         """torch's: the value the growth tracker is (or was) created with, or last loaded."""
         self._path_has("_init_growth_tracker")
         if self._path.scale is None or self._init_values is None:
@@ -765,11 +769,8 @@ class GradScaler(torch.amp.GradScaler):
             return found
         local = any(bool(f.item()) for f in found.values())
         flag = reduce_found_inf(self._reducer, local)
-        return {
-            self._scale.device: torch.full(
-                (), float(flag), dtype=torch.float32, device=self._scale.device
-            )
-        }
+        device = self._path.scale.device  # placed: the flags came from its unscale or check
+        return {device: torch.full((), float(flag), dtype=torch.float32, device=device)}
 
     def _found_inf_per_device(self, optimizer) -> dict:
         return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]

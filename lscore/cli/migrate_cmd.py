@@ -130,7 +130,7 @@ def cli(args) -> int:
                 )
             data = _read(args.source, args.unsafe_pickle)
             if isinstance(data, dict) and "format" in data:
-                config = parse_state(data)[2]
+                config: dict | None = parse_state(data)[2]
                 if not config or "preset" not in config:
                     raise ValueError(
                         f"{args.source} holds an lscore state without a preset "
@@ -142,7 +142,7 @@ def cli(args) -> int:
                 ls = preset(**unjson_config(data))
             else:
                 raise ValueError(f"{args.source} is neither an lscore state nor an lscore config")
-            state = to_peer(args.to_peer, ls)  # fails first if the peer cannot hold it
+            state: dict | None = to_peer(args.to_peer, ls)  # fails first if the peer cannot hold it
             print(f"# {args.to_peer} config")
             try:
                 print(json.dumps(peer_config(args.to_peer, ls), indent=2, default=str))

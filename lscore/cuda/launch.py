@@ -24,6 +24,7 @@ import dataclasses
 import numbers
 import os
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -180,10 +181,10 @@ class Launches:
     __slots__ = ("_keep", "_specs", "count", "norm", "ops")
 
     def __init__(self):
-        self.ops = {op: [] for op in OPS}
+        self.ops: dict[str, list] = {op: [] for op in OPS}
         self.count = 0
-        self.norm = None
-        self._specs = []  # (dtype code, own-argument block, blocks) of every launch
+        self.norm: Any = None  # the one-pass norm (a _Norm), packed on first use
+        self._specs: list[tuple] = []  # (dtype code, own-argument block, blocks) of every launch
         self._keep = []
 
 

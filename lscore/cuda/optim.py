@@ -217,7 +217,8 @@ class FusedLauncher:
         packed = plan.packed.get((kind, fmt))
         if packed is None:
             packed = plan.packed[(kind, fmt)] = self._pack(kind, plan, args)
-        struct.pack_into(fmt, self._call, 0, *args)
+        # numpy declares ndarray.__buffer__ for Python >= 3.12 only
+        struct.pack_into(fmt, self._call, 0, *args)  # type: ignore[arg-type]
         self.runner.enqueue(packed[0])
         return len(packed[0])
 
@@ -225,7 +226,8 @@ class FusedLauncher:
         """([(kernel handle, grid, block, void*[] address, widths address, count)], arrays
         kept): the entries ``MultiTensor.enqueue`` launches."""
         r, call = self.runner, self._call.ctypes.data
-        out, keep = [], []
+        out: list[tuple] = []
+        keep: list[np.ndarray] = []
         widths = np.array([8, 4, 8] + [a.itemsize for a in args], np.int64)
         keep.append(widths)
         for code, launches in plan.groups:

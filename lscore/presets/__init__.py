@@ -57,6 +57,7 @@ class PresetLossScale(LossScale):
         if own is not None and name != own:
             raise ValueError(f"{type(self).__name__} is preset {own!r}, got preset={preset!r}")
         _, args = table.resolve(name, kwargs)
+        assert isinstance(name, str)  # resolve refused anything else
         self._name = name
         self._args = args
         self._state = LossScaleState(table.policy(name, args))

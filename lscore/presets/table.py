@@ -838,7 +838,7 @@ TABLE: dict[str, Spec] = {
 NAMES = tuple(sorted(TABLE))
 
 
-def resolve(name: str, kwargs: dict) -> tuple[Spec, dict]:
+def resolve(name: object, kwargs: dict) -> tuple[Spec, dict]:
     """The spec of `name` and its checked arguments, defaults filled in."""
     if not isinstance(name, str) or name not in TABLE:
         raise ValueError(f"unknown preset {name!r}; expected one of: {', '.join(NAMES)}")

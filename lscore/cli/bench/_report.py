@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable
 
 import numpy as np
 
@@ -250,13 +251,15 @@ def format_table(result: dict) -> str:
             lines.append(f"| {t['target']} | not measured | {t['required']} | |")
             continue
         unit = t.get("unit")
-        fmt = (
+        fmt: Callable[[float], str] = (
             fmt_time
             if unit == "s"
             else (
                 (lambda x: f"{x:.3f} us")
                 if unit in ("us_per_array", "us_per_call")
-                else (lambda x, unit=unit: f"{x:.2f}x" if unit == "time ratio" else f"{x:.2f}")
+                else (lambda x: f"{x:.2f}x")
+                if unit == "time ratio"
+                else (lambda x: f"{x:.2f}")
             )
         )
         lines.append(
