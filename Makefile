@@ -4,7 +4,7 @@
 #   make lint   - ruff check, ruff format --check and mypy (pinned, in .venv-lint)
 PYTHON ?= python3
 PIP_FLAGS ?= --disable-pip-version-check -q
-BUILD_DEPS = "setuptools>=69" "cython>=3.0" "numpy>=2.0" wheel
+BUILD_DEPS = "setuptools>=77" "cython>=3.0" "numpy>=2.0" wheel
 # the lint tools, pinned (.pre-commit-config.yaml runs the same versions), and the
 # libraries whose types mypy reads (torch through constraints.txt)
 LINT_DEPS = ruff==0.17.6 mypy==2.4.1 numpy==2.4.6 torch
