@@ -50,12 +50,12 @@ def refuse_in_capture(capturing: bool, what: str, instead: str) -> None:
         )
 
 
-def reading_calls(kernels: ArrayKernels, capturing):
+def reading_calls(kernels: ArrayKernels, capturing: Any) -> Any:
     """``all_finite``, ``unscale_``, ``unscale_and_norm`` and ``unscale_and_clip_`` on
     `kernels`, each refusing (RuntimeError) while `capturing()`: they read a flag or a
     norm back, which would break a CUDA-graph capture."""
 
-    def all_finite(arrays) -> bool:
+    def all_finite(arrays: Any) -> bool:
         refuse_in_capture(
             capturing(),
             "all_finite (it reads a flag back)",
@@ -63,7 +63,7 @@ def reading_calls(kernels: ArrayKernels, capturing):
         )
         return kernels.all_finite(arrays)
 
-    def unscale_(arrays, inv_scale) -> bool:
+    def unscale_(arrays: Any, inv_scale: Any) -> bool:
         refuse_in_capture(
             capturing(),
             "unscale_ (it reads a flag back)",
@@ -71,7 +71,7 @@ def reading_calls(kernels: ArrayKernels, capturing):
         )
         return kernels.unscale_(arrays, inv_scale)
 
-    def unscale_and_norm(arrays, inv_scale, norm_type=2.0) -> tuple[bool, float]:
+    def unscale_and_norm(arrays: Any, inv_scale: Any, norm_type: Any = 2.0) -> tuple[bool, float]:
         refuse_in_capture(
             capturing(),
             "unscale_and_norm (it reads the norm back)",
@@ -79,7 +79,9 @@ def reading_calls(kernels: ArrayKernels, capturing):
         )
         return kernels.unscale_and_norm(arrays, inv_scale, norm_type)
 
-    def unscale_and_clip_(arrays, inv_scale, max_norm, norm_type=2.0) -> tuple[bool, float]:
+    def unscale_and_clip_(
+        arrays: Any, inv_scale: Any, max_norm: Any, norm_type: Any = 2.0
+    ) -> tuple[bool, float]:
         refuse_in_capture(
             capturing(),
             "unscale_and_clip_ (it reads the norm back)",
@@ -134,7 +136,7 @@ class Gated(_MixedWith):
     _capturing = staticmethod(lambda: False)
     _launchers: ClassVar[dict] = {}
 
-    def _update_step(self, g, v) -> None:
+    def _update_step(self, g: Any, v: Any) -> None:
         gate = self._gate
         if gate is None:
             return super()._update_step(g, v)
@@ -159,7 +161,7 @@ class Gated(_MixedWith):
             hit = Gated._launchers[id(runner)] = cuda.FusedLauncher(runner)
         return hit
 
-    def _fused_plan(self, pairs):
+    def _fused_plan(self, pairs: Any) -> Any:
         """The fused kernels' plan of this step's pairs, or None: the elementwise path.
 
         A list seen before costs one compiled walk (the adapter's
@@ -182,7 +184,7 @@ class Gated(_MixedWith):
         walked.payload[key] = (weakref.ref(self), plan)
         return plan
 
-    def _fusable(self, pairs) -> bool:
+    def _fusable(self, pairs: Any) -> bool:
         """Whether the fused kernels can take these pairs (else the elementwise path)."""
         arr, on = self._xp.ndarray, type(self)._on_device
         dev = type(self)._current_device()
@@ -211,7 +213,7 @@ class Gated(_MixedWith):
     def _slot_names(self) -> tuple:
         raise NotImplementedError
 
-    def _plan_records(self, pairs) -> cuda.FusedPlan:
+    def _plan_records(self, pairs: Any) -> cuda.FusedPlan:
         """The launcher's plan of these records; planned (uploaded) on first sight, never while
         capturing."""
         launcher = self.fused_launcher()
@@ -238,7 +240,7 @@ class Gated(_MixedWith):
 
     def _fused_launch(
         self,
-        plan,
+        plan: Any,
         *,
         check: bool,
         flags: int = 0,
@@ -262,10 +264,10 @@ class Gated(_MixedWith):
             tail=tail,
         )
 
-    def _fused_args(self, count_ptr: int):
+    def _fused_args(self, count_ptr: int) -> tuple[tuple, tuple, int]:
         raise NotImplementedError
 
-    def apply_gradients(self, grads_and_vars) -> int:
+    def apply_gradients(self, grads_and_vars: Any) -> int:
         """Update every variable in place; returns ``iterations``."""
         pairs = _optim.grad_var_pairs(grads_and_vars)
         if pairs:
@@ -293,7 +295,7 @@ class GatedSGD(Gated, _MixedWithSGD):
     def _slot_names(self) -> tuple:
         return ("momentum",) if self.momentum != 0 else ()
 
-    def _fused_args(self, count_ptr: int):
+    def _fused_args(self, count_ptr: int) -> Any:
         t = np.float32
         own = (_FLAGS["SLOT"] if self.momentum != 0 else 0) | (
             _FLAGS["NESTEROV"] if self.nesterov else 0
@@ -324,7 +326,7 @@ class GatedAdam(Gated, _MixedWithAdam):
     def _slot_names(self) -> tuple:
         return ("m", "v", "vhat") if self.amsgrad else ("m", "v")
 
-    def _bias_table(self):
+    def _bias_table(self) -> Any:
         betas = (self.beta_1, self.beta_2)
         if self._bias is None or self._bias[0] != betas:
             refuse_in_capture(
@@ -334,7 +336,7 @@ class GatedAdam(Gated, _MixedWithAdam):
             self._bias = (betas, self.fused_launcher().backend.to_device(table), last)
         return self._bias
 
-    def _fused_args(self, count_ptr: int):
+    def _fused_args(self, count_ptr: int) -> Any:
         t = np.float32
         tail = (np.uint64(0), np.uint64(0), np.int64(0))
         if count_ptr:
@@ -404,16 +406,16 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
 
     def __init__(
         self,
-        optimizer,
-        loss_scale=None,
+        optimizer: Any,
+        loss_scale: Any = None,
         *,
-        dynamic=True,
-        initial_scale=None,
-        dynamic_growth_steps=None,
-        loss_scale_manager=None,
-        sync_free=False,
-        reducer=None,
-    ):
+        dynamic: Any = True,
+        initial_scale: Any = None,
+        dynamic_growth_steps: Any = None,
+        loss_scale_manager: Any = None,
+        sync_free: Any = False,
+        reducer: Any = None,
+    ) -> None:
         if not isinstance(sync_free, (bool, np.bool_)):
             raise TypeError(f"sync_free must be a bool, got {sync_free!r}")
         if sync_free and reducer is not None:
@@ -463,7 +465,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
     def sync_free(self) -> bool:
         return self._sync_free
 
-    def _host_state(self):
+    def _host_state(self) -> Any:
         return self._scaling.dynamic_loss_scale.state
 
     def _refuse_in_capture(self, what: str, instead: str) -> None:
@@ -495,12 +497,12 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             self._optimizer.iterations = self._count_host
 
     @property
-    def loss_scale(self):
+    def loss_scale(self) -> Any:
         self._read_state()
         return super().loss_scale
 
     @property
-    def dynamic_counter(self):
+    def dynamic_counter(self) -> Any:
         self._read_state()
         return super().dynamic_counter
 
@@ -509,45 +511,47 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         with _optim.quiet():
             return s if which == "scale" else float(np.float32(1.0) / np.float32(s))
 
-    def _device_value(self, which: str, dtype):
+    def _device_value(self, which: str, dtype: Any) -> Any:
         if self._dev is None:  # a fixed scale: a host constant is exact and costs nothing
             return self._kernels.xp.asarray(self._fixed_value(which), dtype=dtype)
         arr = self._dev.scale if which == "scale" else self._dev.inv_scale
         return arr.reshape(()).astype(dtype)
 
-    def get_scaled_loss(self, loss):
+    def get_scaled_loss(self, loss: Any) -> Any:
         if not self._sync_free:
             return super().get_scaled_loss(loss)
         if callable(loss):
             return lambda: self.get_scaled_loss(loss())
         return loss * self._device_value("scale", getattr(loss, "dtype", np.float32))
 
-    def get_unscaled_gradients(self, grads) -> list:
+    def get_unscaled_gradients(self, grads: Any) -> list:
         if not self._sync_free:
             return super().get_unscaled_gradients(grads)
         return [None if g is None else g * self._device_value("inv", g.dtype) for g in grads]
 
-    def _scale_for_fn(self):
+    def _scale_for_fn(self) -> Any:
         if self._dev is not None:  # refreshed in place (float64 -> float32, a kernel)
             self._kernels.xp.copyto(
                 self._scale_arg, self._dev.scale.reshape(()), casting="same_kind"
             )
         return self._scale_arg
 
-    def _scaled_gradients(self, loss_and_grads_fn, var_list):
+    def _scaled_gradients(self, loss_and_grads_fn: Any, var_list: Any) -> Any:
         if self._sync_free and callable(loss_and_grads_fn):
             scale = self._scale_for_fn()
             return super()._scaled_gradients(lambda _host: loss_and_grads_fn(scale), var_list)
         return super()._scaled_gradients(loss_and_grads_fn, var_list)
 
-    def _fused_plan(self, pairs):
+    def _fused_plan(self, pairs: Any) -> Any:
         """The inner optimizer's fused plan of these pairs, or None (the elementwise path)."""
         opt = self._optimizer
         if not isinstance(opt, Gated) or opt._gate is not None:
             return None
         return opt._fused_plan(pairs)
 
-    def minimize(self, loss_and_grads_fn, var_list, *, global_step=None, name=None):
+    def minimize(
+        self, loss_and_grads_fn: Any, var_list: Any, *, global_step: Any = None, name: Any = None
+    ) -> Any:
         """``compute_gradients`` then ``apply_gradients`` (which takes ``global_step`` and
         ``name``); returns the loss the function gave.
 
@@ -578,7 +582,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             self._default_fused(plan, advance, self._fixed_value("inv"))
         return loss
 
-    def _kept_pairs(self, grads, var_list) -> list:
+    def _kept_pairs(self, grads: Any, var_list: Any) -> list:
         return _optim.drop_none_gradients(
             list(zip(grads, var_list, strict=True)), warn=self._scaling.shape != "tf1"
         )
@@ -589,7 +593,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
             "capture a LossScaleOptimizer(..., sync_free=True)",
         )
 
-    def _default_fused(self, plan, advance, inv: float) -> bool:
+    def _default_fused(self, plan: Any, advance: Any, inv: float) -> bool:
         """Default mode on the fused kernels: check (one sync), decide on the host, update."""
         opt = self._optimizer
         runner = opt.fused_launcher().runner
@@ -600,7 +604,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         )
         finite = not reduce_found_inf(self._reducer, runner.found(mark))
 
-        def apply():
+        def apply() -> None:
             opt._fused_launch(plan, check=False, flags=flags, inv=inv)
             opt.iterations += 1
 
@@ -630,7 +634,7 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         self._count_host = opt.iterations
         return backend.ptr(self._count)
 
-    def _sync_free_fused(self, plan, advance, *, scaled: bool):
+    def _sync_free_fused(self, plan: Any, advance: Any, *, scaled: bool) -> Any:
         """One sync-free step on the fused kernels: nothing read, nothing uploaded once planned."""
         opt, dev, xp = self._optimizer, self._dev, self._kernels.xp
         inv, inv_ptr, flags = 1.0, 0, 0
@@ -676,7 +680,9 @@ class DeviceLossScaleOptimizer(_optim.LossScaleOptimizerBase):
         advance(self._last_applied)
         return self._last_applied
 
-    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    def apply_gradients(
+        self, grads_and_vars: Any, global_step: Any = None, name: Any = None
+    ) -> Any:
         """Default mode: as the NumPy adapter (returns a bool).  Sync-free: returns a device
         bool, which is also added to ``global_step`` on the device."""
         if not self._sync_free:

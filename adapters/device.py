@@ -11,14 +11,14 @@ launches do nothing (the host's cost of a step).
 from __future__ import annotations
 
 import types
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from lscore.adapters import _arrays, _device
 
 __all__ = ["bind"]
 
 
-def bind(xp, kernels, *, capturing=lambda: False) -> types.SimpleNamespace:
+def bind(xp: Any, kernels: Any, *, capturing: Any = lambda: False) -> types.SimpleNamespace:
     """``all_finite``, ``unscale_``, ``unscale_and_norm``, ``unscale_and_clip_``, ``SGD``,
     ``Adam`` and ``LossScaleOptimizer`` on `xp`'s arrays through `kernels` (an
     ``ArrayKernels``), device 0 being current; `capturing()` says whether a CUDA graph is

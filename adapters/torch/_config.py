@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections import abc
+from typing import Any
 
 import torch
 
@@ -36,7 +37,7 @@ def fp16_help(e: ValueError) -> ValueError:
     return e
 
 
-def outside_graph(method):
+def outside_graph(method: Any) -> Any:
     """`method`, run eagerly (under ``torch.compiler.disable``) when called from code
     that ``torch.compile`` traces.
 
@@ -49,7 +50,7 @@ def outside_graph(method):
     disabled = None
 
     @functools.wraps(method)
-    def run(*args, **kwargs):
+    def run(*args: Any, **kwargs: Any) -> Any:
         nonlocal disabled
         if not torch.compiler.is_compiling():
             return method(*args, **kwargs)
@@ -60,7 +61,7 @@ def outside_graph(method):
     return run
 
 
-def zero_d(value):
+def zero_d(value: Any) -> Any:
     """A 0-d tensor's number (torch's ``fill_`` takes one); other values unchanged."""
     if not isinstance(value, torch.Tensor):
         return value
@@ -72,7 +73,7 @@ def zero_d(value):
     return value.item()
 
 
-def graph_dtypes(outputs) -> set:
+def graph_dtypes(outputs: Any) -> set:
     """The dtypes flowing through the autograd graph behind `outputs` (one walk)."""
     seen, dtypes = set(), set()
     stack = [t.grad_fn for t in tensors(outputs) if t.grad_fn is not None]
@@ -88,7 +89,7 @@ def graph_dtypes(outputs) -> set:
     return dtypes
 
 
-def tensors(outputs) -> list:
+def tensors(outputs: Any) -> list:
     if isinstance(outputs, torch.Tensor):
         return [outputs]
     if isinstance(outputs, abc.Iterable) and not isinstance(outputs, (str, bytes)):
@@ -100,7 +101,7 @@ class ScalerConfigError(ValueError, AssertionError):
     """A bad constructor argument that torch's GradScaler rejects with AssertionError."""
 
 
-def preset_function(name: str):
+def preset_function(name: str) -> Any:
     """``lscore.preset``; ImportError naming the folder when a stray one shadows lscore."""
     preset = getattr(lscore, "preset", None)
     if preset is not None:
@@ -121,7 +122,7 @@ def preset_function(name: str):
     )
 
 
-def policy_clash(policy, clash: dict) -> str:
+def policy_clash(policy: Any, clash: dict) -> str:
     """The error for torch-named arguments passed with ``policy=``, with the call to use."""
     names = ", ".join(clash)
     got = ", ".join(f"{k}={v!r}" for k, v in clash.items())
@@ -151,7 +152,7 @@ def policy_clash(policy, clash: dict) -> str:
     )
 
 
-def resolve_policy(policy) -> tuple[Policy, dict | None]:
+def resolve_policy(policy: Any) -> tuple[Policy, dict | None]:
     """(Policy, v1 state or None) from what ``policy=`` accepts."""
     if isinstance(policy, Policy):
         return policy, None

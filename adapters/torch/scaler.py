@@ -165,8 +165,8 @@ class GradScaler(torch.amp.GradScaler):
         min_scale: float | None = None,
         max_scale: float | None = None,
         hysteresis: int = 1,
-        policy=None,
-        process_group=None,
+        policy: Any = None,
+        process_group: Any = None,
         allow_fp16_params: bool = False,
     ) -> None:
         self._device = device
@@ -290,7 +290,7 @@ class GradScaler(torch.amp.GradScaler):
             return self._path.good_steps()
         return self._init_values[1]
 
-    def _lazy_init_scale_growth_tracker(self, dev) -> None:
+    def _lazy_init_scale_growth_tracker(self, dev: Any) -> None:
         """Create the scale (and pick the path) on `dev`, a torch.device or a string, as
         torch's scale() does on its first call; torch's assertion if already created."""
         if self._growth_tracker is not None or self._path.scale is not None:
@@ -298,13 +298,13 @@ class GradScaler(torch.amp.GradScaler):
         self._placed_scale(torch.device(dev))
 
     def _unscale_grads_(
-        self, optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor, allow_fp16: bool
+        self, optimizer: Any, inv_scale: torch.Tensor, found_inf: torch.Tensor, allow_fp16: bool
     ) -> dict:
         """torch's hook: multiply `optimizer`'s gradients by `inv_scale` with torch's kernel,
         per device and dtype; {device: found-inf tensor} (as ShardedGradScaler uses it)."""
         return unscale_with_kernel(optimizer, inv_scale, found_inf, allow_fp16)
 
-    def _check_scale_growth_tracker(self, funcname: str):
+    def _check_scale_growth_tracker(self, funcname: str) -> Any:
         """(scale tensor, tracker tensor or None on the CPU path); raises before scale()."""
         scale = self._scale
         if scale is None:
@@ -321,7 +321,7 @@ class GradScaler(torch.amp.GradScaler):
     # ---- scale -------------------------------------------------------------------
 
     @outside_graph
-    def scale(self, outputs):
+    def scale(self, outputs: Any) -> Any:
         """Multiply a tensor (or nested lists/tuples/iterables of tensors) by the scale."""
         if self._auto:
             self._decide_auto(outputs)
@@ -334,7 +334,7 @@ class GradScaler(torch.amp.GradScaler):
 
         per_device: dict = {}
 
-        def apply_scale(val):
+        def apply_scale(val: Any) -> Any:
             if isinstance(val, torch.Tensor):
                 s = per_device.get(val.device)
                 if s is None:
@@ -352,7 +352,7 @@ class GradScaler(torch.amp.GradScaler):
 
         return apply_scale(outputs)
 
-    def _decide_auto(self, outputs) -> None:
+    def _decide_auto(self, outputs: Any) -> None:
         """enabled="auto": scale only when float16 tensors feed the loss (decided once)."""
         self._auto = False
         dtypes = graph_dtypes(outputs)
@@ -371,7 +371,7 @@ class GradScaler(torch.amp.GradScaler):
     # ---- unscale -----------------------------------------------------------------
 
     @outside_graph
-    def unscale_and_clip_(self, optimizer, max_norm: float, norm_type: float = 2.0):
+    def unscale_and_clip_(self, optimizer: Any, max_norm: float, norm_type: float = 2.0) -> Any:
         """``unscale_(optimizer)`` then ``clip_grad_norm_(params, max_norm, norm_type)``.
 
         An lscore extra: on the CPU core path the 2-norm (``norm_type=2``) and the
@@ -422,7 +422,9 @@ class GradScaler(torch.amp.GradScaler):
             total = max((m for _, m in stats), default=0.0)
         return self._clip(optimizer, params, max_norm, total, p)
 
-    def _clip(self, optimizer, params, max_norm: float, total, p: float) -> torch.Tensor:
+    def _clip(
+        self, optimizer: Any, params: Any, max_norm: float, total: Any, p: float
+    ) -> torch.Tensor:
         """Scale the unscaled gradients down to `max_norm` (torch's arithmetic: a float32
         coefficient clamped to 1) unless this step will be skipped; returns the norm.
         `total` None: the p-norm taken as clip_grad_norm_ takes it."""
@@ -446,7 +448,7 @@ class GradScaler(torch.amp.GradScaler):
         return total
 
     @outside_graph
-    def unscale_(self, optimizer, *, _stats=None, _unscale=None) -> None:
+    def unscale_(self, optimizer: Any, *, _stats: Any = None, _unscale: Any = None) -> None:
         """Divide ("unscale") `optimizer`'s gradients by the scale, and check them for NaN/Inf."""
         if not self._enabled:
             return
@@ -471,14 +473,16 @@ class GradScaler(torch.amp.GradScaler):
 
     # ---- step --------------------------------------------------------------------
 
-    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+    def _maybe_opt_step(
+        self, optimizer: Any, optimizer_state: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         retval = None
         if not sum(v.item() for v in optimizer_state["found_inf_per_device"].values()):
             retval = optimizer.step(*args, **kwargs)
         return retval
 
     @outside_graph
-    def step(self, optimizer, *args, **kwargs):
+    def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         """Unscale (unless done already) and call ``optimizer.step()`` unless a gradient
         is NaN/Inf; returns what that call returns, or None when the step is skipped."""
         if not self._enabled:
@@ -499,7 +503,7 @@ class GradScaler(torch.amp.GradScaler):
         state["stage"] = OptState.STEPPED
         return retval
 
-    def _fused_step(self, optimizer, state, args, kwargs):
+    def _fused_step(self, optimizer: Any, state: Any, args: Any, kwargs: Any) -> Any:
         """Optimizers that unscale and skip inside their own kernel (torch's contract)."""
         has_kwarg = "grad_scaler" in inspect.signature(optimizer.step).parameters
         if has_kwarg:
@@ -577,7 +581,7 @@ class GradScaler(torch.amp.GradScaler):
     overflow_monitor = None
     _steps_seen = 0
 
-    def _observe(self, step: int, skipped: bool, before) -> None:
+    def _observe(self, step: int, skipped: bool, before: Any) -> None:
         self._steps_seen = step + 1
         groups, self._monitor_groups = self._monitor_groups, []
         m = self.overflow_monitor
@@ -591,7 +595,7 @@ class GradScaler(torch.amp.GradScaler):
             lambda: named_grads(m, groups),
         )
 
-    def _set_new_scale(self, new_scale) -> None:
+    def _set_new_scale(self, new_scale: Any) -> None:
         if isinstance(new_scale, torch.Tensor):
             reason = (
                 "new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
@@ -611,7 +615,7 @@ class GradScaler(torch.amp.GradScaler):
 
     # ---- queries -----------------------------------------------------------------
 
-    def _get_scale_async(self):
+    def _get_scale_async(self) -> Any:
         return self._scale
 
     @outside_graph
@@ -643,7 +647,7 @@ class GradScaler(torch.amp.GradScaler):
         self._set_policy(growth_interval=new_interval)
         self._growth_interval = new_interval
 
-    def _set_policy(self, **changes) -> None:
+    def _set_policy(self, **changes: Any) -> None:
         state = self._state
         policy = state.policy.replace(**changes)  # validates
         # (on torch's device path the tensors hold scale and tracker; the host copy
@@ -755,7 +759,7 @@ class GradScaler(torch.amp.GradScaler):
         )
         self._path = path if self._enabled else Disabled(path)
 
-    def _check_inf_per_device(self, optimizer) -> dict:
+    def _check_inf_per_device(self, optimizer: Any) -> dict:
         self._check_scale_growth_tracker("_check_inf_per_device")
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = self._agree(
             self._path.check(optimizer)
@@ -772,7 +776,7 @@ class GradScaler(torch.amp.GradScaler):
         device = self._path.scale.device  # placed: the flags came from its unscale or check
         return {device: torch.full((), float(flag), dtype=torch.float32, device=device)}
 
-    def _found_inf_per_device(self, optimizer) -> dict:
+    def _found_inf_per_device(self, optimizer: Any) -> dict:
         return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
 
     def __repr__(self) -> str:

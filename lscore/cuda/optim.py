@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import struct
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,7 @@ GRAD_CODES = (Code.F16, Code.BF16, Code.F32)
 TABLE_LIMIT = 1 << 18
 
 
-def bias_table(terms, *, limit: int = TABLE_LIMIT) -> tuple[np.ndarray, int]:
+def bias_table(terms: Any, *, limit: int = TABLE_LIMIT) -> tuple[np.ndarray, int]:
     """Adam's bias-correction terms for every step up to saturation: (table, last).
 
     `terms(step)` returns the float32 pair (sqrt(1 - beta_2**step),
@@ -94,7 +95,7 @@ class FusedPlan:
 
     __slots__ = ("_keep", "groups", "packed")
 
-    def __init__(self, groups, keep):
+    def __init__(self, groups: Any, keep: Any) -> None:
         self.groups = groups
         self.packed: dict = {}
         self._keep = keep
@@ -113,7 +114,7 @@ class FusedLauncher:
     last `cache_size` keys are kept.
     """
 
-    def __init__(self, runner, *, cache_size: int = 8):
+    def __init__(self, runner: Any, *, cache_size: int = 8) -> None:
         self.runner = runner
         self.backend = runner.backend
         self._cache: collections.OrderedDict = collections.OrderedDict()
@@ -124,7 +125,7 @@ class FusedLauncher:
         self._call = np.zeros(_MAX_CALL_WORDS, np.uint64)
         self._fn: dict = {}
 
-    def cached(self, key) -> FusedPlan | None:
+    def cached(self, key: Any) -> FusedPlan | None:
         """The plan of `key` if it is still cached (nothing is uploaded)."""
         with self._lock:
             hit = self._cache.get(key)
@@ -132,7 +133,7 @@ class FusedLauncher:
                 self._cache.move_to_end(key)
             return hit
 
-    def plan(self, key, tensors) -> FusedPlan:
+    def plan(self, key: Any, tensors: Any) -> FusedPlan:
         """The plan of `key`, built from `tensors` on a miss (two uploads).
 
         `tensors`: [(gradient dtype code, element count, record addresses)],
@@ -222,7 +223,7 @@ class FusedLauncher:
         self.runner.enqueue(packed[0])
         return len(packed[0])
 
-    def _pack(self, kind: str, plan: FusedPlan, args: tuple):
+    def _pack(self, kind: str, plan: FusedPlan, args: tuple) -> Any:
         """([(kernel handle, grid, block, void*[] address, widths address, count)], arrays
         kept): the entries ``MultiTensor.enqueue`` launches."""
         r, call = self.runner, self._call.ctypes.data
@@ -243,7 +244,7 @@ class FusedLauncher:
                 out.append((fn, nb, r.block, params.ctypes.data, widths.ctypes.data, len(widths)))
         return out, keep
 
-    def _function(self, name: str):
+    def _function(self, name: str) -> Any:
         fn = self._fn.get(name)
         if fn is None:
             fn = self._fn[name] = self.backend.function(name)

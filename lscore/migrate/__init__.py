@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 from lscore.migrate._base import (
     MISSING,
@@ -79,11 +80,11 @@ def _peer(name: str) -> PeerBase:
     return _PEERS[name]
 
 
-def _json_scale(x: float):
+def _json_scale(x: float) -> float | str:
     return x if math.isfinite(x) else "inf"
 
 
-def convert(name: str, config=None, state=None) -> Migration:
+def convert(name: str, config: Any = None, state: Any = None) -> Migration:
     """Peer `name`'s config and checkpoint `state` as an lscore preset, with notes.
 
     `state` may be the scaler's own state or a whole training checkpoint: the
@@ -131,7 +132,7 @@ def convert(name: str, config=None, state=None) -> Migration:
     return Migration(ls, tuple(notes), state_at, config_at)
 
 
-def from_peer(name: str, config=None, state=None) -> PresetLossScale:
+def from_peer(name: str, config: Any = None, state: Any = None) -> PresetLossScale:
     """An lscore preset object built from peer `name`'s config and in its checkpoint `state`.
 
     `config` holds the peer's constructor arguments or its own config (a
@@ -149,7 +150,7 @@ def from_peer(name: str, config=None, state=None) -> PresetLossScale:
     return m.loss_scale
 
 
-def _behaviour(policy) -> dict:
+def _behaviour(policy: Any) -> dict:
     """The policy's fields, without those that cannot change its scale sequence."""
     d = policy.to_dict()
     if d["hysteresis"] == 1:
@@ -162,7 +163,7 @@ def _behaviour(policy) -> dict:
     return d
 
 
-def _args_for(name: str, ls) -> dict:
+def _args_for(name: str, ls: Any) -> dict:
     """The peer arguments of `ls` as preset `name`, if `ls` follows exactly that policy."""
     if isinstance(ls, PresetLossScale) and ls.name == name:
         return ls.args
@@ -188,13 +189,13 @@ def _args_for(name: str, ls) -> dict:
     return target.args
 
 
-def to_peer(name: str, loss_scale) -> dict:
+def to_peer(name: str, loss_scale: Any) -> dict:
     """Peer `name`'s native state for `loss_scale` (a preset of that peer, or an equal policy)."""
     peer = _peer(name)
     return peer.dump(loss_scale, _args_for(peer.preset, loss_scale))
 
 
-def peer_config(name: str, loss_scale) -> dict:
+def peer_config(name: str, loss_scale: Any) -> dict:
     """Peer `name`'s constructor arguments (a ds_config section for DeepSpeed) for `loss_scale`."""
     peer = _peer(name)
     return peer.config(_args_for(peer.preset, loss_scale))
