@@ -8,6 +8,7 @@ They meet the protocol the LossScaleOptimizer wrappers of _optim drive
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from lscore.policy import real
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
 
-def _clip_arg(name: str, value):
+def _clip_arg(name: str, value: Any) -> float | None:
     if value is None:
         return None
     v = real(name, value)
@@ -41,18 +42,25 @@ class ArrayOptimizer:
     moments) are created on first use and kept per variable.
     """
 
-    _xp = None
+    _xp: Any = None  # the array module, set by the adapter
+    _learning_rate: float
+    _clipnorm: float | None
+    _global_clipnorm: float | None
+    _clipvalue: float | None
+    weight_decay: float | None
+    iterations: int
+    _slots: dict[int, tuple[Any, dict[str, Any]]]
 
     def __init__(
         self,
-        learning_rate,
+        learning_rate: Any,
         *,
-        weight_decay=None,
-        clipnorm=None,
-        clipvalue=None,
-        global_clipnorm=None,
-        name,
-    ):
+        weight_decay: Any = None,
+        clipnorm: Any = None,
+        clipvalue: Any = None,
+        global_clipnorm: Any = None,
+        name: Any,
+    ) -> None:
         if self._xp is None:
             raise TypeError(
                 f"{type(self).__name__} is generic; use the one in "
@@ -78,43 +86,43 @@ class ArrayOptimizer:
         return self._learning_rate
 
     @learning_rate.setter
-    def learning_rate(self, value):
+    def learning_rate(self, value: Any) -> None:
         v = real("learning_rate", value)
         if not math.isfinite(v):
             raise ValueError(f"learning_rate must be finite, got {value!r}")
         self._learning_rate = v
 
     @property
-    def clipnorm(self):
+    def clipnorm(self) -> float | None:
         return self._clipnorm
 
     @clipnorm.setter
-    def clipnorm(self, value):
+    def clipnorm(self, value: Any) -> None:
         self._set_norm("clipnorm", value, other="global_clipnorm")
 
     @property
-    def global_clipnorm(self):
+    def global_clipnorm(self) -> float | None:
         return self._global_clipnorm
 
     @global_clipnorm.setter
-    def global_clipnorm(self, value):
+    def global_clipnorm(self, value: Any) -> None:
         self._set_norm("global_clipnorm", value, other="clipnorm")
 
-    def _set_norm(self, name: str, value, *, other: str) -> None:
+    def _set_norm(self, name: str, value: Any, *, other: str) -> None:
         value = _clip_arg(name, value)
         if value is not None and getattr(self, "_" + other) is not None:
             raise ValueError("At most one of `clipnorm` and `global_clipnorm` can be set.")
         setattr(self, "_" + name, value)
 
     @property
-    def clipvalue(self):
+    def clipvalue(self) -> float | None:
         return self._clipvalue
 
     @clipvalue.setter
-    def clipvalue(self, value):
+    def clipvalue(self, value: Any) -> None:
         self._clipvalue = _clip_arg("clipvalue", value)
 
-    def _as_grad(self, g, v):
+    def _as_grad(self, g: Any, v: Any) -> Any:
         xp = self._xp
         if not isinstance(v, xp.ndarray):
             raise TypeError(
@@ -131,7 +139,7 @@ class ArrayOptimizer:
             raise ValueError(f"gradient shape {g.shape} does not match variable shape {v.shape}")
         return g
 
-    def _slot(self, v, name: str):
+    def _slot(self, v: Any, name: str) -> Any:
         entry = self._slots.get(id(v))
         if entry is None or entry[0] is not v:
             entry = self._slots[id(v)] = (v, {})
@@ -163,7 +171,7 @@ class ArrayOptimizer:
             return [xp.clip(g, -self._clipvalue, self._clipvalue) for g in grads]
         return grads
 
-    def apply_gradients(self, grads_and_vars) -> int:
+    def apply_gradients(self, grads_and_vars: Any) -> int:
         """Update every variable in place; returns ``iterations``."""
         pairs = grad_var_pairs(grads_and_vars)
         if not pairs:
@@ -175,10 +183,10 @@ class ArrayOptimizer:
         self.iterations += 1
         return self.iterations
 
-    def _update_step(self, g, v) -> None:
+    def _update_step(self, g: Any, v: Any) -> None:
         raise NotImplementedError
 
-    def _decay(self, v) -> None:
+    def _decay(self, v: Any) -> None:
         """Decoupled weight decay, tf-keras's ``_apply_weight_decay``: v -= v * wd * lr."""
         if self.weight_decay:
             t = v.dtype.type
@@ -195,10 +203,10 @@ class ArrayOptimizer:
         }
 
     @classmethod
-    def from_config(cls, config: dict):
+    def from_config(cls, config: dict) -> Any:
         return cls(**config)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
         return f"{type(self).__name__}({args})"
 
@@ -216,16 +224,16 @@ class SGD(ArrayOptimizer):
 
     def __init__(
         self,
-        learning_rate=0.01,
-        momentum=0.0,
-        nesterov=False,
+        learning_rate: Any = 0.01,
+        momentum: Any = 0.0,
+        nesterov: Any = False,
         *,
-        weight_decay=None,
-        clipnorm=None,
-        clipvalue=None,
-        global_clipnorm=None,
-        name="SGD",
-    ):
+        weight_decay: Any = None,
+        clipnorm: Any = None,
+        clipvalue: Any = None,
+        global_clipnorm: Any = None,
+        name: Any = "SGD",
+    ) -> None:
         m = real("momentum", momentum)
         if not 0 <= m <= 1:
             raise ValueError(f"momentum must be in [0, 1], got {momentum!r}")
@@ -241,7 +249,7 @@ class SGD(ArrayOptimizer):
         )
         self.momentum, self.nesterov = m, bool(nesterov)
 
-    def _update_step(self, g, v) -> None:
+    def _update_step(self, g: Any, v: Any) -> None:
         self._decay(v)
         t = v.dtype.type
         step = -g * t(self._learning_rate)
@@ -275,18 +283,18 @@ class Adam(ArrayOptimizer):
 
     def __init__(
         self,
-        learning_rate=0.001,
-        beta_1=0.9,
-        beta_2=0.999,
-        epsilon=1e-7,
-        amsgrad=False,
+        learning_rate: Any = 0.001,
+        beta_1: Any = 0.9,
+        beta_2: Any = 0.999,
+        epsilon: Any = 1e-7,
+        amsgrad: Any = False,
         *,
-        weight_decay=None,
-        clipnorm=None,
-        clipvalue=None,
-        global_clipnorm=None,
-        name="Adam",
-    ):
+        weight_decay: Any = None,
+        clipnorm: Any = None,
+        clipvalue: Any = None,
+        global_clipnorm: Any = None,
+        name: Any = "Adam",
+    ) -> None:
         betas = {}
         for key, value in (("beta_1", beta_1), ("beta_2", beta_2)):
             b = real(key, value)
@@ -309,17 +317,17 @@ class Adam(ArrayOptimizer):
         self.beta_1, self.beta_2, self.epsilon = betas["beta_1"], betas["beta_2"], eps
         self.amsgrad = bool(amsgrad)
 
-    def _bias_terms(self, t, step: int):
+    def _bias_terms(self, t: Any, step: int) -> Any:
         """(sqrt(1 - beta_2**step), 1 - beta_1**step) in scalar type `t` (the fused
         CuPy Adam tabulates these for its device step counter)."""
         one, s = t(1), t(step)
         return np.sqrt(one - t(self.beta_2) ** s), one - t(self.beta_1) ** s
 
-    def _alpha(self, t):
+    def _alpha(self, t: Any) -> Any:
         sq, d = self._bias_terms(t, self.iterations + 1)
         return t(self._learning_rate) * sq / d
 
-    def _update_step(self, g, v) -> None:
+    def _update_step(self, g: Any, v: Any) -> None:
         self._decay(v)
         t = v.dtype.type
         alpha = self._alpha(t)

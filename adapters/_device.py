@@ -159,7 +159,7 @@ class Gated(_arrays.ArrayOptimizer):
         backend = getattr(self, "_backend", None)
         return None if backend is None else backend.xp
 
-    def _update_step(self, g, v) -> None:
+    def _update_step(self, g: Any, v: Any) -> None:
         gate = self._gate
         if gate is None:
             return super()._update_step(g, v)
@@ -179,7 +179,7 @@ class Gated(_arrays.ArrayOptimizer):
         """The fused kernels' launcher of the current device (shares the adapter's backend)."""
         return self._backend.fused_launcher(self._backend.current_device())
 
-    def _fused_plan(self, pairs):
+    def _fused_plan(self, pairs: Any) -> Any:
         """The fused kernels' plan of this step's pairs, or None: the elementwise path.
 
         A list seen before costs one compiled walk (the adapter's
@@ -204,7 +204,7 @@ class Gated(_arrays.ArrayOptimizer):
         walked.payload[key] = (weakref.ref(self), plan)
         return plan
 
-    def _fusable(self, pairs) -> bool:
+    def _fusable(self, pairs: Any) -> bool:
         """Whether the fused kernels can take these pairs (else the elementwise path)."""
         arr, on = self._xp.ndarray, self._backend.on_device
         dev = self._backend.current_device()
@@ -248,10 +248,10 @@ class Gated(_arrays.ArrayOptimizer):
                 refuse_in_capture(True, "creating an optimizer slot", _ONE_STEP)
             rec = (ptr(g), ptr(v), *[ptr(self._slot(v, n)) for n in names])
             code = BY_NAME[str(g.dtype)]
-            key.append((code, v.size, rec))
+            records.append((code, v.size, rec))
             pad = max(_RECORD_WORDS[self._kind] - len(rec), 0)
             tensors.append((code, v.size, rec + (0,) * pad))
-        key = tuple(key)
+        key = tuple(records)
         plan = launcher.cached(key)
         if plan is None:
             refuse_in_capture(capturing, "planning a new list of arrays (an upload)", _ONE_STEP)
@@ -260,7 +260,7 @@ class Gated(_arrays.ArrayOptimizer):
 
     def _fused_launch(
         self,
-        plan,
+        plan: Any,
         *,
         check: bool,
         flags: int = 0,
@@ -284,10 +284,10 @@ class Gated(_arrays.ArrayOptimizer):
             tail=tail,
         )
 
-    def _fused_args(self, count_ptr: int):
+    def _fused_args(self, count_ptr: int) -> tuple[tuple, tuple, int]:
         raise NotImplementedError
 
-    def apply_gradients(self, grads_and_vars) -> int:
+    def apply_gradients(self, grads_and_vars: Any) -> int:
         """Update every variable in place; returns ``iterations``."""
         pairs = _optim.grad_var_pairs(grads_and_vars)
         if pairs:
@@ -314,7 +314,7 @@ class SGD(Gated, _arrays.SGD):
     def _slot_names(self) -> tuple:
         return ("momentum",) if self.momentum != 0 else ()
 
-    def _fused_args(self, count_ptr: int):
+    def _fused_args(self, count_ptr: int) -> Any:
         t = np.float32
         own = (FLAGS["SLOT"] if self.momentum != 0 else 0) | (
             FLAGS["NESTEROV"] if self.nesterov else 0
@@ -340,12 +340,12 @@ class Adam(Gated, _arrays.Adam):
     """
 
     _kind = "adam"
-    _bias = None  # (betas, device table, last)
+    _bias: tuple | None = None  # (betas, device table, last)
 
     def _slot_names(self) -> tuple:
         return ("m", "v", "vhat") if self.amsgrad else ("m", "v")
 
-    def _bias_table(self):
+    def _bias_table(self) -> Any:
         betas = (self.beta_1, self.beta_2)
         if self._bias is None or self._bias[0] != betas:
             refuse_in_capture(
@@ -355,7 +355,7 @@ class Adam(Gated, _arrays.Adam):
             self._bias = (betas, self.fused_launcher().backend.to_device(table), last)
         return self._bias
 
-    def _fused_args(self, count_ptr: int):
+    def _fused_args(self, count_ptr: int) -> Any:
         t = np.float32
         tail = (np.uint64(0), np.uint64(0), np.int64(0))
         if count_ptr:
@@ -431,16 +431,16 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
 
     def __init__(
         self,
-        optimizer,
-        loss_scale=None,
+        optimizer: Any,
+        loss_scale: Any = None,
         *,
-        dynamic=True,
-        initial_scale=None,
-        dynamic_growth_steps=None,
-        loss_scale_manager=None,
-        sync_free=False,
-        reducer=None,
-    ):
+        dynamic: Any = True,
+        initial_scale: Any = None,
+        dynamic_growth_steps: Any = None,
+        loss_scale_manager: Any = None,
+        sync_free: Any = False,
+        reducer: Any = None,
+    ) -> None:
         if not isinstance(sync_free, (bool, np.bool_)):
             raise TypeError(f"sync_free must be a bool, got {sync_free!r}")
         if sync_free and reducer is not None:
@@ -458,10 +458,10 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
             reducer=reducer,
         )
         self._dev = None
-        self._device_id = None
+        self._device_id: int | None = None
         self._sync_free = bool(sync_free)
         self._count = None  # Adam's device step counter (sync-free)
-        self._count_host = None  # the value the host last gave it
+        self._count_host: int | None = None  # the value the host last gave it
         if not sync_free:
             return
         if self._scaling.shape != "keras":
@@ -490,7 +490,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
     def sync_free(self) -> bool:
         return self._sync_free
 
-    def _host_state(self):
+    def _host_state(self) -> Any:
         return self._scaling.dynamic_loss_scale.state
 
     def _check_device(self) -> None:
@@ -536,12 +536,12 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
             self._optimizer.iterations = self._count_host
 
     @property
-    def loss_scale(self):
+    def loss_scale(self) -> Any:
         self._read_state()
         return super().loss_scale
 
     @property
-    def dynamic_counter(self):
+    def dynamic_counter(self) -> Any:
         self._read_state()
         return super().dynamic_counter
 
@@ -549,13 +549,13 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         s = self._scaling.scale
         return s if which == "scale" else _optim.inverse_scale(s)
 
-    def _device_value(self, which: str, dtype):
+    def _device_value(self, which: str, dtype: Any) -> Any:
         if self._dev is None:  # a fixed scale: a host constant is exact and costs nothing
             return self._backend.xp.asarray(self._fixed_value(which), dtype=dtype)
         arr = self._dev.scale if which == "scale" else self._dev.inv_scale
         return arr.reshape(()).astype(dtype)
 
-    def get_scaled_loss(self, loss):
+    def get_scaled_loss(self, loss: Any) -> Any:
         if not self._sync_free:
             return super().get_scaled_loss(loss)
         if callable(loss):
@@ -563,34 +563,36 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         self._check_device()
         return loss * self._device_value("scale", getattr(loss, "dtype", np.float32))
 
-    def get_unscaled_gradients(self, grads) -> list:
+    def get_unscaled_gradients(self, grads: Any) -> list:
         if not self._sync_free:
             return super().get_unscaled_gradients(grads)
         self._check_device()
         return [None if g is None else g * self._device_value("inv", g.dtype) for g in grads]
 
-    def _scale_for_fn(self):
+    def _scale_for_fn(self) -> Any:
         if self._dev is not None:  # refreshed in place (float64 -> float32, a kernel)
             self._backend.xp.copyto(
                 self._scale_arg, self._dev.scale.reshape(()), casting="same_kind"
             )
         return self._scale_arg
 
-    def _scaled_gradients(self, loss_and_grads_fn, var_list):
+    def _scaled_gradients(self, loss_and_grads_fn: Any, var_list: Any) -> Any:
         if self._sync_free and callable(loss_and_grads_fn):
             self._check_device()
             scale = self._scale_for_fn()
             return super()._scaled_gradients(lambda _host: loss_and_grads_fn(scale), var_list)
         return super()._scaled_gradients(loss_and_grads_fn, var_list)
 
-    def _fused_plan(self, pairs):
+    def _fused_plan(self, pairs: Any) -> Any:
         """The inner optimizer's fused plan of these pairs, or None (the elementwise path)."""
         opt = self._optimizer
         if not isinstance(opt, Gated) or opt._gate is not None:
             return None
         return opt._fused_plan(pairs)
 
-    def minimize(self, loss_and_grads_fn, var_list, *, global_step=None, name=None):
+    def minimize(
+        self, loss_and_grads_fn: Any, var_list: Any, *, global_step: Any = None, name: Any = None
+    ) -> Any:
         """``compute_gradients`` then ``apply_gradients`` (which takes ``global_step`` and
         ``name``); returns the loss the function gave.
 
@@ -622,7 +624,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
             self._default_fused(plan, advance, self._fixed_value("inv"))
         return loss
 
-    def _kept_pairs(self, grads, var_list) -> list:
+    def _kept_pairs(self, grads: Any, var_list: Any) -> list:
         return _optim.drop_none_gradients(
             list(zip(grads, var_list, strict=True)), warn=self._scaling.shape != "tf1"
         )
@@ -633,7 +635,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
             "capture a LossScaleOptimizer(..., sync_free=True)",
         )
 
-    def _default_fused(self, plan, advance, inv: float) -> bool:
+    def _default_fused(self, plan: Any, advance: Any, inv: float) -> bool:
         """Default mode on the fused kernels: check (one sync), decide on the host, update."""
         opt = self._optimizer
         runner = opt.fused_launcher().runner
@@ -644,7 +646,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         )
         finite = not reduce_found_inf(self._reducer, runner.found(mark))
 
-        def apply():
+        def apply() -> None:
             opt._fused_launch(plan, check=False, flags=flags, inv=inv)
             opt.iterations += 1
 
@@ -674,7 +676,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         self._count_host = opt.iterations
         return backend.ptr(self._count)
 
-    def _sync_free_fused(self, plan, advance, *, scaled: bool):
+    def _sync_free_fused(self, plan: Any, advance: Any, *, scaled: bool) -> Any:
         """One sync-free step on the fused kernels: nothing read, nothing uploaded once planned."""
         opt, dev, xp = self._optimizer, self._dev, self._backend.xp
         inv, inv_ptr, flags = 1.0, 0, 0
@@ -710,6 +712,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         )
         if count_ptr:
             xp.add(self._count, 1, out=self._count)
+            assert self._count_host is not None  # set when the counter was uploaded
             self._count_host += 1
         opt.iterations += 1
         if dev is not None:
@@ -719,7 +722,9 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         advance(self._last_applied)
         return self._last_applied
 
-    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    def apply_gradients(
+        self, grads_and_vars: Any, global_step: Any = None, name: Any = None
+    ) -> Any:
         """Default mode: as the NumPy adapter (returns a bool).  Sync-free: returns a device
         bool, which is also added to ``global_step`` on the device."""
         if not self._sync_free:

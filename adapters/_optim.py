@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -36,7 +36,9 @@ from lscore.adapters._scaling import LossScaling, resolve_loss_scaling, scaling_
 from lscore.distributed import check_reducer, reduce_found_inf
 
 
-def check_inner_optimizer(optimizer, wrapper_cls, *, expected: str, is_optimizer) -> None:
+def check_inner_optimizer(
+    optimizer: Any, wrapper_cls: Any, *, expected: str, is_optimizer: Any
+) -> None:
     """tf-keras's checks on the wrapped optimizer, in its order.
 
     `is_optimizer(optimizer)` says whether the framework's protocol is met;
@@ -57,7 +59,9 @@ def check_inner_optimizer(optimizer, wrapper_cls, *, expected: str, is_optimizer
         )
 
 
-def run_step(wrapper, finite: bool, *, apply, count, grads, named_arrays):
+def run_step(
+    wrapper: Any, finite: bool, *, apply: Any, count: Any, grads: Any, named_arrays: Any
+) -> Any:
     """One step of any adapter's LossScaleOptimizer, once its gradients are checked.
 
     `wrapper` has ``_scaling`` (a LossScaling), ``overflow_monitor`` and
@@ -92,7 +96,7 @@ def run_step(wrapper, finite: bool, *, apply, count, grads, named_arrays):
     return applied, result
 
 
-def _apply_or_skip(s: LossScaling, applied: bool, apply, count):
+def _apply_or_skip(s: LossScaling, applied: bool, apply: Any, count: Any) -> Any:
     if applied:
         result = apply()
         count(True)
@@ -107,7 +111,7 @@ def _apply_or_skip(s: LossScaling, applied: bool, apply, count):
 # array module: numpy, cupy) and, for the wrapper, ``_all_finite``.
 
 
-def quiet():
+def quiet() -> Any:
     """Overflow to inf when a scale is cast to float16 is intended (TF does the same)."""
     return np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore")
 
@@ -128,17 +132,17 @@ def _times(x, factor: float):
         return x * np.dtype(dtype).type(factor)
 
 
-def _host(a):
+def _host(a: Any) -> Any:
     """A NumPy view or copy of an array of any array module (CuPy: copied to the host)."""
     get = getattr(a, "get", None)
     return get() if callable(get) and not isinstance(a, np.ndarray) else np.asarray(a)
 
 
-def type_name(x) -> str:
+def type_name(x: Any) -> str:
     return f"{type(x).__module__}.{type(x).__qualname__}"
 
 
-def grad_var_pairs(grads_and_vars) -> list:
+def grad_var_pairs(grads_and_vars: Any) -> list:
     """``grads_and_vars`` as a list of (gradient, variable) tuples; TypeError if malformed."""
     pairs = []
     for item in grads_and_vars:
@@ -165,18 +169,18 @@ def drop_none_gradients(pairs: list, *, warn: bool) -> list:
     return kept
 
 
-def check_op_name(name) -> None:
+def check_op_name(name: Any) -> None:
     """TF1's ``name`` names the op that ``apply_gradients`` returns; nothing here is
     an op, so the name is only checked."""
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be a str or None, got {type_name(name)}")
 
 
-def _no_advance(applied) -> None:
+def _no_advance(applied: Any) -> None:
     return None
 
 
-def global_step_advancer(global_step, in_place, expected: str):
+def global_step_advancer(global_step: Any, in_place: Any, expected: str) -> Any:
     """Check TF1's ``global_step`` before a step; returns ``advance(applied)`` for after it.
 
     TF1's optimizers increment ``global_step`` inside the update they apply,
@@ -204,7 +208,7 @@ def global_step_advancer(global_step, in_place, expected: str):
             f"{expected} or an object with an assign_add method"
         )
 
-    def advance(applied) -> None:
+    def advance(applied: Any) -> None:
         if not isinstance(applied, (bool, np.bool_)):
             add(applied)
         elif applied:
@@ -217,13 +221,20 @@ def inner_attribute(name: str, how: str = "get and set") -> property:
     """A property that reads and writes ``self._optimizer.<name>``: the
     wrapped optimizer's attribute, seen through the wrapper."""
 
-    def fget(self):
+    def fget(self: Any) -> Any:
         return getattr(self._optimizer, name)
 
-    def fset(self, value):
+    def fset(self: Any, value: Any) -> None:
         setattr(self._optimizer, name, value)
 
     return property(fget, fset, doc=f"The inner optimizer's ``{name}`` ({how}).")
+
+
+class _Wrapping(Protocol):
+    """What the tf-keras-named properties read (the torch adapter's wrapper borrows them)."""
+
+    _optimizer: Any
+    _scaling: LossScaling
 
 
 class LossScaleOptimizerBase:
@@ -254,8 +265,8 @@ class LossScaleOptimizerBase:
     same steps; each worker must then call ``apply_gradients`` once per step.
     """
 
-    _xp = None
-    _all_finite = None
+    _xp: Any = None  # the array module, set by the adapter
+    _all_finite: Any = None  # the adapter's all_finite, set as a staticmethod
     _optimizer_classes: ClassVar[dict[str, type]] = {}
     _expected_optimizer = (
         "an optimizer with an apply_gradients(grads_and_vars) method that updates arrays in place"
@@ -263,15 +274,15 @@ class LossScaleOptimizerBase:
 
     def __init__(
         self,
-        optimizer,
-        loss_scale=None,
+        optimizer: Any,
+        loss_scale: Any = None,
         *,
-        dynamic=True,
-        initial_scale=None,
-        dynamic_growth_steps=None,
-        loss_scale_manager=None,
-        reducer=None,
-    ):
+        dynamic: Any = True,
+        initial_scale: Any = None,
+        dynamic_growth_steps: Any = None,
+        loss_scale_manager: Any = None,
+        reducer: Any = None,
+    ) -> None:
         check_inner_optimizer(
             optimizer,
             LossScaleOptimizerBase,
@@ -293,35 +304,35 @@ class LossScaleOptimizerBase:
 
     # -- properties (tf-keras names) -------------------------------------------------
     @property
-    def inner_optimizer(self):
+    def inner_optimizer(self: _Wrapping) -> Any:
         return self._optimizer
 
     @property
-    def loss_scaling(self) -> LossScaling:
+    def loss_scaling(self: _Wrapping) -> LossScaling:
         """The loss-scale side: shape, scale, update rule (adapters/_optim.LossScaling)."""
         return self._scaling
 
     @property
-    def loss_scale(self):
+    def loss_scale(self: _Wrapping) -> Any:
         """The current scale as a float; in the TF <= 2.3 shape the LossScale object, as TF."""
         if self._scaling.shape == "experimental":
             return self._scaling.loss_scale_object
         return self._scaling.scale
 
     @property
-    def dynamic(self) -> bool:
+    def dynamic(self: _Wrapping) -> bool:
         return self._scaling.dynamic
 
     @property
-    def dynamic_counter(self):
+    def dynamic_counter(self: _Wrapping) -> Any:
         return self._scaling.dynamic_counter
 
     @property
-    def initial_scale(self):
+    def initial_scale(self: _Wrapping) -> Any:
         return self._scaling.initial_scale
 
     @property
-    def dynamic_growth_steps(self):
+    def dynamic_growth_steps(self: _Wrapping) -> Any:
         return self._scaling.dynamic_growth_steps
 
     @property
@@ -331,7 +342,7 @@ class LossScaleOptimizerBase:
         return self._own_iterations
 
     @iterations.setter
-    def iterations(self, value):
+    def iterations(self, value: Any) -> None:
         if hasattr(self._optimizer, "iterations"):
             self._optimizer.iterations = value
         else:
@@ -349,7 +360,7 @@ class LossScaleOptimizerBase:
     global_clipnorm = inner_attribute("global_clipnorm")
 
     # -- scaling ------------------------------------------------------------------
-    def get_scaled_loss(self, loss):
+    def get_scaled_loss(self, loss: Any) -> Any:
         """``loss * scale``, the scale cast to the loss dtype (a float16 loss can become inf).
 
         A callable loss gives a callable that scales its result when called.
@@ -358,13 +369,13 @@ class LossScaleOptimizerBase:
             return lambda: self.get_scaled_loss(loss())
         return _times(loss, self._scaling.scale)
 
-    def get_unscaled_gradients(self, grads) -> list:
+    def get_unscaled_gradients(self, grads: Any) -> list:
         """Each gradient times the float32 reciprocal of the scale (in its dtype); None kept."""
         inv = inverse_scale(self._scaling.scale)
         return [None if g is None else _times(g, inv) for g in grads]
 
     # -- the step -----------------------------------------------------------------
-    def _array_counter(self, global_step):
+    def _array_counter(self, global_step: Any) -> Any:
         """In-place ``add(delta)`` for a 0-d integer array of this adapter's array module."""
         if not isinstance(global_step, self._xp.ndarray):
             return None
@@ -377,19 +388,21 @@ class LossScaleOptimizerBase:
         if not getattr(global_step.flags, "writeable", True):
             raise ValueError("global_step is read-only; it is incremented in place")
 
-        def add(delta) -> None:
+        def add(delta: Any) -> None:
             global_step[...] += delta
 
         return add
 
-    def _tf1_step_arguments(self, global_step, name):
+    def _tf1_step_arguments(self, global_step: Any, name: Any) -> Any:
         """Check ``apply_gradients``'s TF1 arguments; returns ``advance(applied)``."""
         check_op_name(name)
         return global_step_advancer(
             global_step, self._array_counter, f"a 0-d integer {self._xp.__name__}.ndarray"
         )
 
-    def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> bool:
+    def apply_gradients(
+        self, grads_and_vars: Any, global_step: Any = None, name: Any = None
+    ) -> bool:
         """Check the (unscaled) gradients, update the scale, then apply or skip the step.
 
         Returns True when the step was applied (TF1 returns the op that applies
@@ -424,7 +437,7 @@ class LossScaleOptimizerBase:
     _last_applied = True
 
     @property
-    def last_step_skipped(self):
+    def last_step_skipped(self) -> Any:
         """Whether the last ``apply_gradients`` (or ``minimize``) skipped its step.
 
         A bool; in the CuPy adapter's sync-free mode a 0-d device bool, so
@@ -445,13 +458,13 @@ class LossScaleOptimizerBase:
         if not applied or not hasattr(self._optimizer, "iterations"):
             self._advance_iterations()
 
-    def _scaled_gradients(self, loss_and_grads_fn, var_list):
+    def _scaled_gradients(self, loss_and_grads_fn: Any, var_list: Any) -> Any:
         loss, grads, var_list = self._loss_and_grads(
             loss_and_grads_fn, var_list, self._scaling.scale
         )
         return loss, list(zip(self.get_unscaled_gradients(grads), var_list, strict=True))
 
-    def _loss_and_grads(self, loss_and_grads_fn, var_list, scale):
+    def _loss_and_grads(self, loss_and_grads_fn: Any, var_list: Any, scale: Any) -> Any:
         """(loss, scaled grads, var_list) from ``loss_and_grads_fn(scale)``, checked."""
         if not callable(loss_and_grads_fn):
             # TF1 code passes its loss tensor here; without autodiff there is nothing to
@@ -475,7 +488,7 @@ class LossScaleOptimizerBase:
             )
         return loss, grads, var_list
 
-    def compute_gradients(self, loss_and_grads_fn, var_list) -> list:
+    def compute_gradients(self, loss_and_grads_fn: Any, var_list: Any) -> list:
         """Unscaled (gradient, variable) pairs from ``loss_and_grads_fn(scale) -> (loss, grads)``.
 
         ``grads`` must be the gradients of ``loss * scale``: run your backward
@@ -483,7 +496,9 @@ class LossScaleOptimizerBase:
         """
         return self._scaled_gradients(loss_and_grads_fn, var_list)[1]
 
-    def minimize(self, loss_and_grads_fn, var_list, *, global_step=None, name=None):
+    def minimize(
+        self, loss_and_grads_fn: Any, var_list: Any, *, global_step: Any = None, name: Any = None
+    ) -> Any:
         """``compute_gradients`` then ``apply_gradients`` (which takes ``global_step`` and
         ``name``); returns the loss the function gave."""
         self._tf1_step_arguments(global_step, name)  # refuse before the backward pass
@@ -502,7 +517,7 @@ class LossScaleOptimizerBase:
         return {key: spec, **self._scaling.get_config()}
 
     @classmethod
-    def from_config(cls, config: dict, custom_objects=None):
+    def from_config(cls, config: dict, custom_objects: Any = None) -> Any:
         """Rebuild from ``get_config()``; ``custom_objects`` maps class names to your optimizers."""
         if not isinstance(config, dict):
             raise TypeError(f"config must be a dict, got {type(config).__name__}")
@@ -534,7 +549,7 @@ class LossScaleOptimizerBase:
         inner = make(dict(spec["config"])) if make else opt_cls(**spec["config"])
         return cls(inner, **scaling_kwargs_from_config(config))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({self._optimizer!r}, shape={self._scaling.shape!r}, "
             f"loss_scale={self._scaling.scale!r}, dynamic={self.dynamic})"

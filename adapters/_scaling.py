@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import numbers
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,7 @@ KERAS_DEFAULT_INITIAL_SCALE = 2.0**15
 KERAS_DEFAULT_GROWTH_STEPS = 2000
 
 
-def _overrides(obj, base, name: str) -> bool:
+def _overrides(obj: Any, base: Any, name: str) -> bool:
     return getattr(type(obj), name) is not getattr(base, name)
 
 
@@ -53,15 +54,15 @@ class LossScaling:
 
     def __init__(
         self,
-        shape,
+        shape: Any,
         *,
-        dynamic_ls=None,
-        fixed_scale=None,
-        loss_scale=None,
-        manager=None,
-        initial=None,
-        growth_steps=None,
-    ):
+        dynamic_ls: Any = None,
+        fixed_scale: Any = None,
+        loss_scale: Any = None,
+        manager: Any = None,
+        initial: Any = None,
+        growth_steps: Any = None,
+    ) -> None:
         self.shape = shape
         self._dynamic_ls = dynamic_ls  # an lscore DynamicLossScale driven by finite flags
         self._fixed_scale = fixed_scale  # Keras fixed: float32 value, never changes
@@ -83,7 +84,7 @@ class LossScaling:
         return float(self._loss_scale())
 
     @property
-    def dynamic_loss_scale(self):
+    def dynamic_loss_scale(self) -> Any:
         """The Keras shape's DynamicLossScale, driven by finite flags; None otherwise."""
         return self._dynamic_ls
 
@@ -100,7 +101,7 @@ class LossScaling:
         return not isinstance(obj, (FixedLossScale, FixedLossScaleManager))
 
     @property
-    def dynamic_counter(self):
+    def dynamic_counter(self) -> Any:
         """Consecutive finite steps counted toward the next growth; None when not known."""
         if self._dynamic_ls is not None:
             return self._dynamic_ls.good_steps
@@ -110,15 +111,15 @@ class LossScaling:
         return None
 
     @property
-    def initial_scale(self):
+    def initial_scale(self) -> Any:
         return self._initial
 
     @property
-    def dynamic_growth_steps(self):
+    def dynamic_growth_steps(self) -> Any:
         return self._growth_steps
 
     @property
-    def loss_scale_object(self):
+    def loss_scale_object(self) -> Any:
         """The user's LossScale (experimental shape) or LossScaleManager (tf1), else None."""
         return self._manager if self.shape == "tf1" else self._loss_scale
 
@@ -139,7 +140,7 @@ class LossScaling:
             return True  # TF's fixed LossScale applies every step, NaN included
         return bool(finite)
 
-    def update(self, finite: bool, grads=None) -> bool:
+    def update(self, finite: bool, grads: Any = None) -> bool:
         """Advance the scale for one step; returns should_apply.
 
         `grads` (the unscaled gradients) reach only a user-defined LossScale,
@@ -166,7 +167,7 @@ class LossScaling:
         _, should_apply = ls.update(grads)
         return bool(should_apply)
 
-    def checkpoint(self):
+    def checkpoint(self) -> Any:
         """A function that puts the scale state back as it is now.
 
         For the update-before-apply shapes (a user-defined LossScale): the
@@ -184,7 +185,7 @@ class LossScaling:
         if hasattr(obj, "__dict__"):
             saved = copy.deepcopy(vars(obj))
 
-            def restore():
+            def restore() -> None:
                 vars(obj).clear()
                 vars(obj).update(saved)
 
@@ -229,7 +230,7 @@ class LossScaling:
         )
         return {"loss_scale_manager": {"class_name": name, "config": cfg}}
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"LossScaling(shape={self.shape!r}, scale={self.scale!r}, dynamic={self.dynamic})"
 
 
@@ -262,7 +263,7 @@ def scaling_kwargs_from_config(config: dict) -> dict:
     }
 
 
-def _keras_scaling(dynamic, initial_scale, dynamic_growth_steps) -> LossScaling:
+def _keras_scaling(dynamic: Any, initial_scale: Any, dynamic_growth_steps: Any) -> LossScaling:
     """tf-keras's checks, in its order, plus lscore's range rules."""
     if not isinstance(dynamic, bool):
         raise TypeError(
@@ -309,12 +310,12 @@ def _experimental_scaling(ls: LossScale) -> LossScaling:
 
 
 def resolve_loss_scaling(
-    loss_scale=None,
+    loss_scale: Any = None,
     *,
-    dynamic=True,
-    initial_scale=None,
-    dynamic_growth_steps=None,
-    loss_scale_manager=None,
+    dynamic: Any = True,
+    initial_scale: Any = None,
+    dynamic_growth_steps: Any = None,
+    loss_scale_manager: Any = None,
 ) -> LossScaling:
     """Tell the three constructor shapes apart and validate them; see the module docstring.
 

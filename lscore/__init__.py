@@ -15,6 +15,9 @@ except ImportError as e:  # pragma: no cover - exercised only on a broken instal
         "(needs a C compiler, Cython >= 3 and numpy)"
     ) from e
 
+import types
+from typing import TYPE_CHECKING
+
 from lscore.loss_scale import DynamicLossScale, FixedLossScale, LossScale, get
 from lscore.managers import (
     ExponentialUpdateLossScaleManager,
@@ -25,6 +28,9 @@ from lscore.policy import Policy
 from lscore.presets import preset
 from lscore.scan import all_finite, unscale_
 from lscore.state import LossScaleFloorError, LossScaleState
+
+if TYPE_CHECKING:  # loaded on first use at run time (__getattr__ below)
+    from lscore import migrate
 
 __version__ = "0.1.0"
 
@@ -48,7 +54,7 @@ __all__ = [
 del _codes, _grads, _scan, _state, _walk
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> types.ModuleType:
     # lscore.migrate (sixteen peers' readers) loads on first use: `import lscore` stays fast
     if name == "migrate":
         import importlib

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
@@ -150,7 +151,7 @@ def update(state: RefState, finite: bool) -> tuple[RefState, int]:
         overflows += 1
         seen = 1
         if left <= 0 and overflows / since >= p.tolerance:
-            if p.min_action == "raise_at" and work == _rnd(p, floor):
+            if p.min_action == "raise_at" and floor is not None and work == _rnd(p, floor):
                 return state, FLOOR_ERROR
             if p.backoff_mode == "divide":
                 new = _div(p, work, p.growth_factor)
@@ -165,7 +166,7 @@ def update(state: RefState, finite: bool) -> tuple[RefState, int]:
         if p.hysteresis_saturate and left < 1:
             left = 1
         good = 0
-        if p.min_action == "raise_below" and work <= _rnd(p, floor):
+        if p.min_action == "raise_below" and floor is not None and work <= _rnd(p, floor):
             return dataclasses.replace(
                 state,
                 good_steps=good,
@@ -190,7 +191,7 @@ _FLOATS = ("float16", "bfloat16", "float32", "float64", *_FLOAT8)
 _INTS = ("int4", "uint4", "int2", "uint2")
 
 
-def _leaves(obj, write, depth=0):
+def _leaves(obj: Any, write: Any, depth: Any = 0) -> Any:
     if depth > 64:
         raise ValueError("arrays are nested deeper than 64 levels")
     if obj is None:
@@ -236,7 +237,7 @@ def _overlaps(a: np.ndarray) -> bool:
     return False
 
 
-def all_finite(arrays) -> bool:
+def all_finite(arrays: Any) -> bool:
     """Reference for lscore.all_finite; slow, used only by tests."""
     leaves = [(a, _kind(a)) for a in _leaves(arrays, False)]
     for a, kind in leaves:
@@ -250,7 +251,7 @@ def all_finite(arrays) -> bool:
     return True
 
 
-def unscale_(arrays, inv_scale: float, stats: bool = False):
+def unscale_(arrays: Any, inv_scale: float, stats: bool = False) -> Any:
     """Reference for lscore.unscale_; slow, used only by tests.
 
     float32 and float16/bfloat16 multiply by float32(inv_scale) in float32 and

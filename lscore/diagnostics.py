@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -67,7 +68,7 @@ _FORMATS = {name: _masks(code) for name, code in _FORMAT_CODES.items()}
 _CHUNK = 1 << 20  # elements per pass: bounds the temporaries on huge arrays
 
 
-def count_nonfinite(a, fmt: str | None = None) -> tuple[int, int, int]:
+def count_nonfinite(a: Any, fmt: str | None = None) -> tuple[int, int, int]:
     """(NaN, +Inf, -Inf) counts of one NumPy array, from the raw bits.
 
     Integer and bool arrays have none.  Works for float16, bfloat16,
@@ -79,13 +80,13 @@ def count_nonfinite(a, fmt: str | None = None) -> tuple[int, int, int]:
     if fmt is None and a.dtype.kind in "biu":
         return 0, 0, 0
     name = fmt or a.dtype.name
-    fmt = _FORMATS.get(name)
-    if fmt is None or a.dtype.itemsize != np.dtype(fmt[0]).itemsize:
+    masks = _FORMATS.get(name)
+    if masks is None or a.dtype.itemsize != np.dtype(masks[0]).itemsize:
         raise TypeError(
             f"cannot count NaN/Inf in {name} ({a.dtype}); expected "
             f"{', '.join(_FORMATS)}, an integer or a bool dtype"
         )
-    word, sign, expo, mant = fmt
+    word, sign, expo, mant = masks
     if not a.dtype.isnative:
         a = a.byteswap().view(a.dtype.newbyteorder())
     flat = a.view(word).reshape(-1)
@@ -105,7 +106,7 @@ def count_nonfinite(a, fmt: str | None = None) -> tuple[int, int, int]:
     return nan, pos, neg
 
 
-def named_arrays(arrays, prefix: str = "") -> list[tuple[str, object]]:
+def named_arrays(arrays: Any, prefix: str = "") -> list[tuple[str, object]]:
     """Flatten `arrays` into (name, array) pairs.
 
     A mapping names its values by key (nested keys joined with "."); an
@@ -135,7 +136,7 @@ def named_arrays(arrays, prefix: str = "") -> list[tuple[str, object]]:
     return out
 
 
-def _is_leaf(x) -> bool:
+def _is_leaf(x: Any) -> bool:
     return x is None or not isinstance(x, (Mapping, list, tuple))
 
 
@@ -149,7 +150,7 @@ class TensorReport:
     neginf: int
     size: int
 
-    def __str__(self):
+    def __str__(self) -> str:
         parts = [
             f"{n} {label}"
             for n, label in ((self.nan, "NaN"), (self.posinf, "+Inf"), (self.neginf, "-Inf"))
@@ -167,7 +168,7 @@ class OverflowReport:
     scale_after: float
     tensors: tuple
 
-    def __str__(self):
+    def __str__(self) -> str:
         where = ", ".join(map(str, self.tensors)) if self.tensors else "no named tensor"
         return (
             f"step {self.step} skipped (scale {_fmt(self.scale_before)} -> "
@@ -209,12 +210,12 @@ class OverflowMonitor:
         self,
         *,
         report: bool = True,
-        logger="lscore",
+        logger: Any = "lscore",
         level: int = logging.WARNING,
         min_interval: int = 1000,
         max_tensors: int = 5,
-        names=None,
-    ):
+        names: Any = None,
+    ) -> None:
         if isinstance(min_interval, bool) or not isinstance(min_interval, int) or min_interval < 0:
             raise ValueError(f"min_interval must be an int >= 0, got {min_interval!r}")
         if isinstance(max_tensors, bool) or not isinstance(max_tensors, int) or max_tensors < 0:
@@ -236,7 +237,7 @@ class OverflowMonitor:
         self._last_logged: int | None = None
 
     def observe(
-        self, step: int, applied: bool, scale_before: float, scale_after: float, arrays=None
+        self, step: int, applied: bool, scale_before: float, scale_after: float, arrays: Any = None
     ) -> OverflowReport | None:
         """Record one step; on a skipped step, report which arrays held NaN/Inf.
 
@@ -279,7 +280,7 @@ class OverflowMonitor:
             self.logger.log(self.level, line)
         return rep
 
-    def name_of(self, obj, default: str) -> str:
+    def name_of(self, obj: Any, default: str) -> str:
         """The name given for `obj` in ``names=`` (``model.named_parameters()``), else `default`."""
         return self._names.get(id(obj), default)
 
@@ -313,20 +314,20 @@ class OverflowMonitor:
             self.consecutive_skipped = d["consecutive_skipped"]
             self.last_skipped_step = d["last_skipped_step"]
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict:
         d = dict(self.__dict__)
         del d["_lock"]
         d["logger"] = self.logger.name  # loggers are looked up again by name
         return d
 
-    def __setstate__(self, d):
+    def __setstate__(self, d: Any) -> None:
         self.__dict__.update(d)
         self.logger = logging.getLogger(d["logger"])
         self._lock = threading.Lock()
 
     # ---- internals ------------------------------------------------------------
 
-    def _build_report(self, step, before, after, arrays) -> OverflowReport:
+    def _build_report(self, step: Any, before: Any, after: Any, arrays: Any) -> OverflowReport:
         if callable(arrays):
             arrays = arrays()
         bad = []
@@ -341,13 +342,13 @@ class OverflowMonitor:
     def _due(self, step: int) -> bool:
         return self._last_logged is None or step - self._last_logged >= self.min_interval
 
-    def _flush_if_due(self, step: int):
+    def _flush_if_due(self, step: int) -> str | None:
         if self._pending is None or not self._due(step):
             return None
         self._last_logged = step
         return self._take_line()
 
-    def _take_line(self):
+    def _take_line(self) -> str | None:
         p, self._pending = self._pending, None
         if p is None:
             return None
@@ -373,7 +374,7 @@ class OverflowMonitor:
             head += f"; last overflow: {shown}" + (f" and {more} more" if more > 0 else "")
         return head
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"OverflowMonitor(total_skipped={self.total_skipped}, consecutive_skipped="
             f"{self.consecutive_skipped}, last_skipped_step={self.last_skipped_step})"

@@ -32,6 +32,7 @@ CuPy training loops.  Neither framework is imported until a reducer is made.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ from lscore.policy import real
 __all__ = ["MPIReducer", "TorchReducer", "check_reducer", "reduce_found_inf"]
 
 
-def check_reducer(reducer):
+def check_reducer(reducer: Any) -> Any:
     """`reducer` itself when it is None or has a callable ``reduce``; TypeError otherwise."""
     if reducer is not None and not callable(getattr(reducer, "reduce", None)):
         raise TypeError(
@@ -50,7 +51,7 @@ def check_reducer(reducer):
     return reducer
 
 
-def reduce_found_inf(reducer, found_inf: bool) -> bool:
+def reduce_found_inf(reducer: Any, found_inf: bool) -> bool:
     """The group-wide found-inf flag (`found_inf` itself when `reducer` is None)."""
     if reducer is None:
         return bool(found_inf)
@@ -62,11 +63,11 @@ class _Layout:
 
     __slots__ = ("keys", "n_sum")
 
-    def __init__(self, keys, n_sum):
+    def __init__(self, keys: Any, n_sum: Any) -> None:
         self.keys = keys  # None for the (sumsq, max_abs) pair, else dict keys (sums first)
         self.n_sum = n_sum
 
-    def fold(self, rows: list):
+    def fold(self, rows: list) -> tuple[bool, Any]:
         """(found_inf, stats) from the workers' rows (lists of floats), in rank order.
 
         Plain Python on a few numbers: faster than NumPy at this size, and the
@@ -82,10 +83,11 @@ class _Layout:
         return found, dict(zip(self.keys, values, strict=True))
 
 
-def _pack(found_inf, stats):
+def _pack(found_inf: Any, stats: Any) -> tuple[Any, list[float]]:
     """(layout, row) for `stats`; the row is [flag, sums..., maxima...] as floats."""
     if isinstance(stats, dict):
-        sums, maxima = [], []
+        sums: list[tuple[str, float]] = []
+        maxima: list[tuple[str, float]] = []
         for key, value in stats.items():
             if not isinstance(key, str) or not key.startswith(("sum", "max")):
                 raise ValueError(
@@ -111,7 +113,7 @@ def _pack(found_inf, stats):
     return layout, [1.0 if found_inf else 0.0, *values]
 
 
-def _local(found_inf, stats):
+def _local(found_inf: Any, stats: Any) -> tuple[bool, Any]:
     """What a world of one returns: the inputs, validated and normalised."""
     if stats is None:
         return found_inf, None
@@ -138,13 +140,13 @@ class TorchReducer:
     >>> found_inf, stats = reducer.reduce(local_inf, {"sumsq": s, "max_abs": m})  # doctest: +SKIP
     """
 
-    def __init__(self, process_group=None, *, device=None):
+    def __init__(self, process_group: Any = None, *, device: Any = None) -> None:
         import torch
 
         self.process_group = process_group
         self._device = None if device is None else torch.device(device)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"TorchReducer(process_group={self.process_group!r})"
 
     def world_size(self) -> int:
@@ -158,7 +160,7 @@ class TorchReducer:
             raise RuntimeError("this process is not a member of the reducer's process_group")
         return n
 
-    def device(self):
+    def device(self) -> Any:  # a torch.device (torch is imported when called)
         """The device of the collective's tensors."""
         if self._device is None:
             import torch
@@ -172,7 +174,7 @@ class TorchReducer:
             )
         return self._device
 
-    def reduce(self, found_inf, stats=None):
+    def reduce(self, found_inf: Any, stats: Any = None) -> tuple[bool, Any]:
         """OR of `found_inf` over the group, and the group's `stats`; see the module doc."""
         found_inf = bool(found_inf)
         world = self.world_size()
@@ -211,21 +213,21 @@ class MPIReducer:
     host values, so this serves NumPy and CuPy loops alike.
     """
 
-    def __init__(self, comm=None):
+    def __init__(self, comm: Any = None) -> None:
         if comm is None:
             from mpi4py import MPI
 
             comm = MPI.COMM_WORLD
         self.comm = comm
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"MPIReducer(comm={self.comm!r})"
 
     def world_size(self) -> int:
         """The communicator's size."""
         return int(self.comm.Get_size())
 
-    def reduce(self, found_inf, stats=None):
+    def reduce(self, found_inf: Any, stats: Any = None) -> tuple[bool, Any]:
         """OR of `found_inf` over the communicator, and its `stats`; see the module doc."""
         found_inf = bool(found_inf)
         world = self.world_size()

@@ -10,6 +10,7 @@ non-numbers) are rejected when the object is built.
 from __future__ import annotations
 
 import abc
+from typing import Any, SupportsFloat, TypeVar, overload
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from lscore.policy import Policy, factor_at_least_one, fixed_scale, positive_sca
 from lscore.state import LossScaleState
 
 __all__ = ["DynamicLossScale", "FixedLossScale", "LossScale", "get"]
+
+
+_LS = TypeVar("_LS", bound="LossScale")
 
 
 class LossScale(abc.ABC):
@@ -33,7 +37,7 @@ class LossScale(abc.ABC):
         """The current loss scale."""
 
     @abc.abstractmethod
-    def update(self, grads):
+    def update(self, grads: Any) -> tuple[None, bool]:
         """Advance the scale given this step's gradients; returns (None, should_apply)."""
 
     @abc.abstractmethod
@@ -41,7 +45,7 @@ class LossScale(abc.ABC):
         """The constructor arguments, as TF returns them."""
 
     @classmethod
-    def from_config(cls, config: dict):
+    def from_config(cls: type[_LS], config: dict) -> _LS:
         if not isinstance(config, dict):
             raise TypeError(f"config must be a dict, got {type(config).__name__}")
         return cls(**config)
@@ -50,7 +54,7 @@ class LossScale(abc.ABC):
 class FixedLossScale(LossScale):
     """A loss scale that never changes; ``update`` always says apply (TF's behaviour)."""
 
-    def __init__(self, loss_scale_value):
+    def __init__(self, loss_scale_value: SupportsFloat) -> None:
         self._value = fixed_scale(
             "loss_scale_value", loss_scale_value, "loss_scale_value must be at least 1."
         )
@@ -62,7 +66,7 @@ class FixedLossScale(LossScale):
     def __call__(self) -> float:
         return self._scale32
 
-    def update(self, grads):
+    def update(self, grads: Any) -> tuple[None, bool]:
         del grads  # TF ignores them: a fixed scale applies every step
         self._state.update(True)
         return None, True
@@ -78,7 +82,7 @@ class FixedLossScale(LossScale):
         self._state.load_state_dict(d, same_policy=True)
         self._scale32 = self._state.scale
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"FixedLossScale({self._value})"
 
 
@@ -109,7 +113,12 @@ class DynamicLossScale(LossScale):
             optimizer.apply(grads)
     """
 
-    def __init__(self, initial_loss_scale=2**15, increment_period=2000, multiplier=2.0):
+    def __init__(
+        self,
+        initial_loss_scale: float = 2**15,
+        increment_period: int = 2000,
+        multiplier: float = 2.0,
+    ) -> None:
         self._initial = positive_scale("initial_loss_scale", initial_loss_scale)
         self._period = tf_int("increment_period", increment_period)
         self._multiplier = factor_at_least_one("multiplier", multiplier)
@@ -153,7 +162,7 @@ class DynamicLossScale(LossScale):
     def __call__(self) -> float:
         return self._state.scale
 
-    def update(self, grads):
+    def update(self, grads: Any) -> tuple[None, bool]:
         return None, self._state.update(kernels.all_finite(grads))
 
     def get_config(self) -> dict:
@@ -171,7 +180,7 @@ class DynamicLossScale(LossScale):
         """Take a v1 state saved by the same policy (works before the first update)."""
         self._state.load_state_dict(d, same_policy=True)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"DynamicLossScale(current_loss_scale={self()}, num_good_steps="
             f"{self.good_steps}, initial_loss_scale={self._initial}, increment_period="
@@ -179,7 +188,11 @@ class DynamicLossScale(LossScale):
         )
 
 
-def get(identifier):
+@overload
+def get(identifier: None) -> None: ...
+@overload
+def get(identifier: LossScale | SupportsFloat | str | dict) -> LossScale: ...
+def get(identifier: Any) -> LossScale | None:
     """A LossScale from an identifier, as TF's ``get``.
 
     A number gives ``FixedLossScale(number)`` (True gives 1.0); ``"dynamic"``
@@ -196,7 +209,10 @@ def get(identifier):
     if identifier is None:
         return None
     if isinstance(identifier, dict) and set(identifier) == {"class_name", "config"}:
-        classes = {"FixedLossScale": FixedLossScale, "DynamicLossScale": DynamicLossScale}
+        classes: dict[str, type[LossScale]] = {
+            "FixedLossScale": FixedLossScale,
+            "DynamicLossScale": DynamicLossScale,
+        }
         cls = classes.get(identifier["class_name"])
         if cls is not None:
             return cls.from_config(identifier["config"])

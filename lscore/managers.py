@@ -8,6 +8,7 @@ switched to lscore.  Scales are Python floats holding float32 values.
 from __future__ import annotations
 
 import abc
+from typing import Any
 
 import numpy as np
 
@@ -33,14 +34,14 @@ class LossScaleManager(abc.ABC):
         """The loss scale to use for this step."""
 
     @abc.abstractmethod
-    def update_loss_scale(self, finite_grads) -> None:
+    def update_loss_scale(self, finite_grads: Any) -> None:
         """Tell the manager whether this step's gradients were all finite."""
 
 
 class FixedLossScaleManager(LossScaleManager):
     """A constant loss scale.  The TF1 LossScaleOptimizer still skips non-finite steps."""
 
-    def __init__(self, loss_scale):
+    def __init__(self, loss_scale: float) -> None:
         self._value = fixed_scale("loss_scale", loss_scale, "loss scale must be at least 1.")
         self._scale32 = float(np.float32(self._value))
         # the TF1 LossScaleOptimizer skips a non-finite step even with a fixed scale
@@ -51,7 +52,7 @@ class FixedLossScaleManager(LossScaleManager):
     def get_loss_scale(self) -> float:
         return self._scale32
 
-    def update_loss_scale(self, finite_grads) -> None:
+    def update_loss_scale(self, finite_grads: Any) -> None:
         self._state.update(as_finite(finite_grads, "finite_grads"))
 
     def state_dict(self) -> dict:
@@ -62,7 +63,7 @@ class FixedLossScaleManager(LossScaleManager):
         self._state.load_state_dict(d, same_policy=True)
         self._scale32 = self._state.scale
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"FixedLossScaleManager({self._value})"
 
 
@@ -90,12 +91,12 @@ class ExponentialUpdateLossScaleManager(LossScaleManager):
 
     def __init__(
         self,
-        init_loss_scale,
-        incr_every_n_steps,
-        decr_every_n_nan_or_inf=2,
-        incr_ratio=2,
-        decr_ratio=0.8,
-    ):
+        init_loss_scale: float,
+        incr_every_n_steps: int,
+        decr_every_n_nan_or_inf: int = 2,
+        incr_ratio: float = 2,
+        decr_ratio: float = 0.8,
+    ) -> None:
         self._init = positive_scale("init_loss_scale", init_loss_scale)
         self._incr_n = tf_int("incr_every_n_steps", incr_every_n_steps)
         self._decr_n = integer("decr_every_n_nan_or_inf", decr_every_n_nan_or_inf, minimum=1)
@@ -121,7 +122,7 @@ class ExponentialUpdateLossScaleManager(LossScaleManager):
     def get_loss_scale(self) -> float:
         return self._state.scale
 
-    def update_loss_scale(self, finite_grads) -> None:
+    def update_loss_scale(self, finite_grads: Any) -> None:
         self._state.update(as_finite(finite_grads, "finite_grads"))
 
     @property
@@ -152,7 +153,7 @@ class ExponentialUpdateLossScaleManager(LossScaleManager):
         """Take a v1 state saved by the same policy (works before the first update)."""
         self._state.load_state_dict(d, same_policy=True)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"ExponentialUpdateLossScaleManager(loss_scale={self.get_loss_scale()}, "
             f"good_steps={self.good_steps}, bad_steps={self.bad_steps})"

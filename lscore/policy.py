@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import math
 import numbers
+from typing import Any
 
 import numpy as np
 
@@ -34,18 +35,18 @@ def overflows_f32(v: float) -> bool:
         return bool(np.isinf(np.float32(v)))
 
 
-def _is_real(value) -> bool:
+def _is_real(value: Any) -> bool:
     return isinstance(value, (numbers.Real, np.bool_)) and not isinstance(value, np.datetime64)
 
 
-def real(name: str, value) -> float:
+def real(name: str, value: Any) -> float:
     """`value` as a float; TypeError naming `name` unless it is a real number."""
     if not _is_real(value):
         raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
     return float(value)
 
 
-def positive_scale(name: str, value, *, precision: str = "float32") -> float:
+def positive_scale(name: str, value: Any, *, precision: str = "float32") -> float:
     """A finite scale > 0, representable in the policy's precision."""
     v = real(name, value)
     if not math.isfinite(v) or v <= 0:
@@ -55,7 +56,7 @@ def positive_scale(name: str, value, *, precision: str = "float32") -> float:
     return v
 
 
-def tf_int(name: str, value) -> int:
+def tf_int(name: str, value: Any) -> int:
     """int(value), as TF converts its integer arguments (2.7 -> 2, "3" -> 3)."""
     try:
         v = int(value)
@@ -65,7 +66,7 @@ def tf_int(name: str, value) -> int:
 
 
 # the core keeps integers in int64; beyond this they would overflow in C
-def fixed_scale(name: str, value, message: str) -> float:
+def fixed_scale(name: str, value: Any, message: str) -> float:
     """A fixed loss scale: finite, >= 1 (else ValueError(message)), finite in float32."""
     v = real(name, value)
     if math.isnan(v) or math.isinf(v):
@@ -86,7 +87,7 @@ def _fits_i64(name: str, v: int) -> int:
     return v
 
 
-def integer(name: str, value, *, minimum: int | None = None) -> int:
+def integer(name: str, value: Any, *, minimum: int | None = None) -> int:
     """An integral number (bools excluded), optionally at least `minimum`."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral,)):
         if isinstance(value, float) and value.is_integer():
@@ -99,7 +100,7 @@ def integer(name: str, value, *, minimum: int | None = None) -> int:
     return _fits_i64(name, value)
 
 
-def scale_bounds(init_scale: float, min_scale, max_scale) -> None:
+def scale_bounds(init_scale: float, min_scale: float | None, max_scale: float | None) -> None:
     """The initial scale lies within [min_scale, max_scale] (each optional)."""
     if min_scale is not None and min_scale > init_scale:
         raise ValueError(f"min_scale must be <= init_scale ({init_scale!r}), got {min_scale!r}")
@@ -107,7 +108,7 @@ def scale_bounds(init_scale: float, min_scale, max_scale) -> None:
         raise ValueError(f"max_scale must be >= init_scale ({init_scale!r}), got {max_scale!r}")
 
 
-def factor_at_least_one(name: str, value) -> float:
+def factor_at_least_one(name: str, value: Any) -> float:
     """`value` as a float that is finite and >= 1, else ValueError naming `name`."""
     v = real(name, value)
     if not math.isfinite(v) or v < 1:
@@ -115,7 +116,7 @@ def factor_at_least_one(name: str, value) -> float:
     return v
 
 
-def factor_above_one(name: str, value) -> float:
+def factor_above_one(name: str, value: Any) -> float:
     """`value` as a float that is finite and > 1, else ValueError naming `name`."""
     v = real(name, value)
     if not math.isfinite(v) or v <= 1:
@@ -123,7 +124,7 @@ def factor_above_one(name: str, value) -> float:
     return v
 
 
-def fraction(name: str, value, *, closed: bool = True) -> float:
+def fraction(name: str, value: Any, *, closed: bool = True) -> float:
     """A factor in (0, 1], or (0, 1) with closed=False."""
     v = real(name, value)
     ok = math.isfinite(v) and v > 0 and (v <= 1 if closed else v < 1)
@@ -132,7 +133,7 @@ def fraction(name: str, value, *, closed: bool = True) -> float:
     return v
 
 
-def choice(name: str, value, choices) -> str:
+def choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     """`value` if it is one of `choices`, else ValueError listing them."""
     if value not in choices:
         raise ValueError(f"unknown {name} {value!r}; expected one of: {', '.join(choices)}")
@@ -170,7 +171,7 @@ class Policy:
     floor_scale: float | None = None
     growth_factor_after_overflow: float | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise TypeError(f"name must be a non-empty string, got {self.name!r}")
         choice("precision", self.precision, PRECISIONS)
@@ -248,7 +249,7 @@ class Policy:
             if not isinstance(getattr(self, key), (bool, np.bool_)):
                 raise TypeError(f"{key} must be a bool, got {getattr(self, key)!r}")
 
-    def replace(self, **changes) -> Policy:
+    def replace(self, **changes: Any) -> Policy:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -330,14 +331,14 @@ class Policy:
         return v if self.precision == "float64" else float(np.float32(v))
 
 
-def boolean(name: str, value) -> bool:
+def boolean(name: str, value: Any) -> bool:
     """A bool (NumPy bools included); TypeError naming `name` otherwise."""
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool, got {value!r}")
     return bool(value)
 
 
-def scale_value(name: str, value, *, precision: str = "float32") -> float:
+def scale_value(name: str, value: Any, *, precision: str = "float32") -> float:
     """A loss scale given by the user: positive_scale, NumPy/torch 0-d values included."""
     if hasattr(value, "item") and not isinstance(value, (float, int)):
         with contextlib.suppress(TypeError, ValueError):

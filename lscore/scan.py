@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Literal, overload
+
 import numpy as np
 
 from lscore._ext import _scan
@@ -10,12 +12,12 @@ from lscore.policy import integer, positive_scale
 __all__ = ["all_finite", "unscale_"]
 
 
-def _threads(threads) -> int:
+def _threads(threads: int | None) -> int:
     """The core's thread setting: 0 = automatic (None), else an int >= 1."""
     return 0 if threads is None else integer("threads", threads, minimum=1)
 
 
-def all_finite(arrays, *, threads=None) -> bool:
+def all_finite(arrays: Any, *, threads: int | None = None) -> bool:
     """True when no floating element of `arrays` is NaN or +/-Inf.
 
     `arrays` is a NumPy array, a Python number or any nested list/tuple/dict
@@ -30,7 +32,21 @@ def all_finite(arrays, *, threads=None) -> bool:
     return _scan.all_finite(arrays, _threads(threads))
 
 
-def unscale_(arrays, inv_scale, *, stats=False, threads=None):
+@overload
+def unscale_(
+    arrays: Any, inv_scale: float, *, stats: Literal[False] = False, threads: int | None = None
+) -> bool: ...
+@overload
+def unscale_(
+    arrays: Any, inv_scale: float, *, stats: Literal[True], threads: int | None = None
+) -> tuple[bool, float, float]: ...
+@overload
+def unscale_(
+    arrays: Any, inv_scale: float, *, stats: bool, threads: int | None = None
+) -> bool | tuple[bool, float, float]: ...
+def unscale_(
+    arrays: Any, inv_scale: float, *, stats: bool = False, threads: int | None = None
+) -> bool | tuple[bool, float, float]:
     """Multiply every floating array in place by `inv_scale`; True when all inputs were finite.
 
     The check is on the input values, as torch does, and every floating array

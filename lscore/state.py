@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,7 @@ class LossScaleFloorError(FloatingPointError):
     """The policy gives up: the scale cannot go lower (DeepSpeed, fairseq)."""
 
 
-def json_float(x: float):
+def json_float(x: float) -> float | str:
     """`x` for JSON: non-finite values as the strings "inf", "-inf", "nan"."""
     if math.isnan(x):
         return "nan"
@@ -33,7 +34,7 @@ def json_float(x: float):
     return x
 
 
-def _fromjson_float(name: str, x) -> float:
+def _fromjson_float(name: str, x: Any) -> float:
     if isinstance(x, str):
         if x in ("nan", "inf", "-inf"):
             return float(x)
@@ -186,14 +187,14 @@ class LossScaleState:
         obj._policy, obj._cy, obj._lock = policy, cy, threading.Lock()
         return obj
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict:
         return self.state_dict()
 
-    def __setstate__(self, d):
+    def __setstate__(self, d: Any) -> None:
         policy, cy, _ = parse_state(d)
         self._policy, self._cy, self._lock = policy, cy, threading.Lock()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         c = self.counters()
         return (
             f"LossScaleState(policy={self._policy.name!r}, scale={self.scale!r}, "
@@ -202,7 +203,7 @@ class LossScaleState:
         )
 
 
-def as_finite(finite, name: str = "finite") -> bool:
+def as_finite(finite: Any, name: str = "finite") -> bool:
     """`finite` as a Python bool: a bool, a NumPy bool, or a one-element bool array or tensor
     of any framework (torch, CuPy: read with ``.item()``, which waits for the device).
 
@@ -221,7 +222,7 @@ def as_finite(finite, name: str = "finite") -> bool:
     raise TypeError(f"{name} must be a bool, got {finite!r} ({type(finite).__name__})")
 
 
-def _scale_value(name: str, x) -> float:
+def _scale_value(name: str, x: Any) -> float:
     # NaN stays loadable: an extreme policy can produce it (0 * a factor that is
     # inf in float32), and every state the core produces must round-trip
     v = _fromjson_float(name, x)
@@ -230,7 +231,7 @@ def _scale_value(name: str, x) -> float:
     return v
 
 
-def parse_state(d) -> tuple[Policy, CyState, dict | None]:
+def parse_state(d: Any) -> tuple[Policy, CyState, dict | None]:
     """Validate a whole v1 dict before anything is changed: (policy, core, config or None)."""
     if not isinstance(d, dict):
         raise TypeError(f"state must be a dict, got {type(d).__name__}")

@@ -14,6 +14,7 @@ import os
 import sys
 import warnings
 from collections import abc
+from typing import Any
 
 import torch
 
@@ -63,7 +64,7 @@ def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
     warnings.warn(message, category, stacklevel=level)
 
 
-def outside_graph(method):
+def outside_graph(method: Any) -> Any:
     """`method`, run eagerly (under ``torch.compiler.disable``) when called from code
     that ``torch.compile`` traces.
 
@@ -76,7 +77,7 @@ def outside_graph(method):
     disabled = None
 
     @functools.wraps(method)
-    def run(*args, **kwargs):
+    def run(*args: Any, **kwargs: Any) -> Any:
         nonlocal disabled
         if not torch.compiler.is_compiling():
             return method(*args, **kwargs)
@@ -87,7 +88,7 @@ def outside_graph(method):
     return run
 
 
-def zero_d(value):
+def zero_d(value: Any) -> Any:
     """A 0-d tensor's number (torch's ``fill_`` takes one); other values unchanged."""
     if not isinstance(value, torch.Tensor):
         return value
@@ -99,7 +100,7 @@ def zero_d(value):
     return value.item()
 
 
-def graph_dtypes(outputs) -> set:
+def graph_dtypes(outputs: Any) -> set:
     """The dtypes flowing through the autograd graph behind `outputs` (one walk)."""
     seen, dtypes = set(), set()
     stack = [t.grad_fn for t in tensors(outputs) if t.grad_fn is not None]
@@ -115,7 +116,7 @@ def graph_dtypes(outputs) -> set:
     return dtypes
 
 
-def tensors(outputs) -> list:
+def tensors(outputs: Any) -> list:
     if isinstance(outputs, torch.Tensor):
         return [outputs]
     if isinstance(outputs, abc.Iterable) and not isinstance(outputs, (str, bytes)):
@@ -127,7 +128,7 @@ class ScalerConfigError(ValueError, AssertionError):
     """A bad constructor argument that torch's GradScaler rejects with AssertionError."""
 
 
-def preset_function(name: str):
+def preset_function(name: str) -> Any:
     """``lscore.preset``; ImportError naming the folder when a stray one shadows lscore."""
     preset = getattr(lscore, "preset", None)
     if preset is not None:
@@ -148,7 +149,7 @@ def preset_function(name: str):
     )
 
 
-def policy_clash(policy, clash: dict) -> str:
+def policy_clash(policy: Any, clash: dict) -> str:
     """The error for torch-named arguments passed with ``policy=``, with the call to use."""
     names = ", ".join(clash)
     got = ", ".join(f"{k}={v!r}" for k, v in clash.items())
@@ -178,7 +179,7 @@ def policy_clash(policy, clash: dict) -> str:
     )
 
 
-def resolve_policy(policy) -> tuple[Policy, dict | None]:
+def resolve_policy(policy: Any) -> tuple[Policy, dict | None]:
     """(Policy, v1 state or None) from what ``policy=`` accepts."""
     if isinstance(policy, Policy):
         return policy, None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,7 +83,7 @@ class TorchCudaBackend(CupyBackend):
 class Kernels:
     """The one-pass launchers for gradients on devices of one type, one per device."""
 
-    def __init__(self, device_type: str, make_backend, available=lambda: True):
+    def __init__(self, device_type: str, make_backend: Any, available: Any = lambda: True) -> None:
         self.device_type = device_type
         self._make_backend = make_backend
         self._runners: dict = {}
@@ -102,7 +103,7 @@ KERNELS = Kernels(
 )
 
 
-def _gather(params, device_type: str) -> dict | None:
+def _gather(params: Any, device_type: str) -> dict | None:
     """{device: {dtype code: ([addresses], [counts])}} of the gradients, or None when one of
     them is not a dense contiguous floating tensor of `device_type` (torch's path then)."""
     groups: dict = {}
@@ -143,7 +144,9 @@ class OnePass:
             self.calls.append((device, runner, prepared))
 
     @classmethod
-    def of(cls, params: list, scale: torch.Tensor, p: float, kernels: Kernels | None = None):
+    def of(
+        cls, params: list, scale: torch.Tensor, p: float, kernels: Kernels | None = None
+    ) -> OnePass | None:
         """The pass over the gradients of `params`, or None, touching nothing, when a
         gradient is sparse, strided, not floating or not on the kernels' device type
         (or there is none, or `p` is neither 2 nor inf, or CuPy, which loads the kernels,
@@ -156,7 +159,7 @@ class OnePass:
             return None
         return cls(kernels, groups, scale, p == math.inf)
 
-    def __call__(self, optimizer, allow_fp16: bool, stats=None) -> dict:
+    def __call__(self, optimizer: Any, allow_fp16: bool, stats: Any = None) -> dict:
         if not allow_fp16 and Code.F16 in self.codes:
             raise ValueError("Attempting to unscale FP16 gradients.")
         # FP32 division can be imprecise; torch takes the reciprocal in FP64

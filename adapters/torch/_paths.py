@@ -22,6 +22,7 @@ here too: it decides whether torch's update kernel can run.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ _CODES = {
     torch.float64: int(Code.F64),
 }
 # the parameters that make a Policy torch's, besides the four torch exposes
-_TORCH_SHAPE = dict(
+_TORCH_SHAPE: dict[str, Any] = dict(
     precision="float32_float64",
     growth_mode="eq",
     growth_offset=0,
@@ -64,14 +65,14 @@ class ScalerAssertionError(RuntimeError, AssertionError):
 
 
 def torch_policy(
-    init_scale=2.0**16,
-    growth_factor=2.0,
-    backoff_factor=0.5,
-    growth_interval=2000,
+    init_scale: Any = 2.0**16,
+    growth_factor: Any = 2.0,
+    backoff_factor: Any = 0.5,
+    growth_interval: Any = 2000,
     *,
-    min_scale=None,
-    max_scale=None,
-    hysteresis=1,
+    min_scale: Any = None,
+    max_scale: Any = None,
+    hysteresis: Any = 1,
 ) -> Policy:
     """The Policy of ``torch.amp.GradScaler``, plus lscore's clamps and hysteresis.
 
@@ -108,7 +109,7 @@ def _reciprocal(scale: float) -> float:
     return float(np.float32(1.0 / scale))
 
 
-def _kernel_unscale(groups, inv_scale, found_inf, found_per_device) -> None:
+def _kernel_unscale(groups: Any, inv_scale: Any, found_inf: Any, found_per_device: Any) -> None:
     """torch's own check-and-unscale over {device: {dtype: [tensors]}}."""
     for device, per_dtype in groups.items():
         found = found_per_device.get(device)
@@ -120,11 +121,11 @@ def _kernel_unscale(groups, inv_scale, found_inf, found_per_device) -> None:
             torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
 
 
-def _group(groups, t) -> None:
+def _group(groups: Any, t: Any) -> None:
     groups.setdefault(t.device, {}).setdefault(t.dtype, []).append(t)
 
 
-def _sparse_values(param) -> torch.Tensor:
+def _sparse_values(param: Any) -> torch.Tensor:
     """What torch unscales for `param`: its grad, or a sparse grad's values
     (a float16 sparse grad is coalesced first, replacing ``.grad``)."""
     g = param.grad
@@ -135,7 +136,7 @@ def _sparse_values(param) -> torch.Tensor:
     return g._values()
 
 
-def unscale_with_kernel(optimizer, inv_scale, found_inf, allow_fp16) -> dict:
+def unscale_with_kernel(optimizer: Any, inv_scale: Any, found_inf: Any, allow_fp16: Any) -> dict:
     """torch's algorithm (``GradScaler._unscale_grads_``): group by device and dtype, run
     torch's kernel per group; {device: found-inf tensor}."""
     groups: dict = {}
@@ -163,14 +164,14 @@ class GradUnscaler:
 
     __slots__ = ("_table",)
 
-    def __init__(self):
-        self._table = None
+    def __init__(self) -> None:
+        self._table: kernels.GradTable | None = None
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple:
         return (GradUnscaler, ())
 
     def __call__(
-        self, param_groups, inv: float, allow_fp16: bool, stats: list | None = None
+        self, param_groups: Any, inv: float, allow_fp16: bool, stats: list | None = None
     ) -> dict:
         """Multiply every gradient by `inv` in place; {device: found_inf tensor} (1.0 where a
         gradient held NaN/Inf before the multiply), for the devices that had gradients.
@@ -234,7 +235,7 @@ def _stats(t: torch.Tensor) -> tuple:
     return float(torch.linalg.vector_norm(t)) ** 2, float(t.abs().max())
 
 
-def named_grads(monitor, groups) -> list:
+def named_grads(monitor: Any, groups: Any) -> list:
     """(name, NumPy view) of every gradient, for the overflow report (skipped steps only)."""
     out = []
     for gi, param_groups in enumerate(groups):
@@ -253,7 +254,9 @@ def named_grads(monitor, groups) -> list:
     return out
 
 
-def state_dict_with(state, scale: float, policy: Policy | None = None, **counters) -> dict:
+def state_dict_with(
+    state: Any, scale: float, policy: Policy | None = None, **counters: Any
+) -> dict:
     """`state`'s state dict with another scale, policy and counters."""
     d = state.state_dict()
     d["policy"] = (policy or state.policy).to_dict()
@@ -262,7 +265,7 @@ def state_dict_with(state, scale: float, policy: Policy | None = None, **counter
     return d
 
 
-def replace_state(state, scale: float, good_steps: int, policy: Policy | None = None) -> None:
+def replace_state(state: Any, scale: float, good_steps: int, policy: Policy | None = None) -> None:
     """Replace `state`'s scale, growth tracker and (optionally) policy."""
     state.load_state_dict(state_dict_with(state, scale, policy, good_steps=int(good_steps)))
 
@@ -272,12 +275,15 @@ class _Path:
     from step to step; a pickle names it)."""
 
     on_device = False  # torch's kernels unscale (and, under torch's policy, update)
-    scale = None  # the float32 scale tensor, once placed
-    tracker = None  # torch's growth tracker tensor (the device path only)
+    scale: torch.Tensor | None = None  # the float32 scale tensor, once placed
+    tracker: torch.Tensor | None = None  # torch's growth tracker tensor (the device path only)
 
     def __init__(self, state: LossScaleState, unscaler: GradUnscaler | None = None):
         self.state = state
         self.unscaler = GradUnscaler() if unscaler is None else unscaler
+
+    def get_scale(self) -> float:
+        raise NotImplementedError
 
     def good_steps(self) -> int:
         return self.state.counters()["good_steps"]
@@ -308,7 +314,7 @@ class Unplaced(_Path):
     the state machine already holds it in float32.
     """
 
-    def __init__(self, state: LossScaleState, reported: float, unscaler=None):
+    def __init__(self, state: LossScaleState, reported: float, unscaler: Any = None) -> None:
         super().__init__(state, unscaler)
         self.reported = reported
 
@@ -359,7 +365,12 @@ class Disabled:
 class _Placed(_Path):
     """A path whose scale tensor exists (created on the first ``scale()``'s device)."""
 
-    def __init__(self, state: LossScaleState, device: torch.device, unscaler, tracked: bool):
+    scale: torch.Tensor
+    written: float | None
+
+    def __init__(
+        self, state: LossScaleState, device: torch.device, unscaler: Any, tracked: bool
+    ) -> None:
         super().__init__(state, unscaler)
         s = state.scale
         self.scale = torch.full((), s, dtype=torch.float32, device=device)
@@ -381,7 +392,7 @@ class _Placed(_Path):
     def get_scale(self) -> float:
         return self.state.scale
 
-    def set_scale(self, new_scale) -> None:
+    def set_scale(self, new_scale: Any) -> None:
         """update(new_scale): a float or a checked one-element tensor."""
         if isinstance(new_scale, torch.Tensor):
             new_scale = new_scale.reshape(()).item()
@@ -399,24 +410,24 @@ class _CorePath(_Placed):
 
     observes_always = True  # the found-inf flags are on the host already
 
-    def __init__(self, state, device, unscaler):
+    def __init__(self, state: Any, device: Any, unscaler: Any) -> None:
         super().__init__(state, device, unscaler, tracked=False)
 
     def growth_tracker(self) -> torch.Tensor:
         return torch.full((), self.good_steps(), dtype=torch.int32)  # a copy, as torch's
 
-    def unscale(self, optimizer, allow_fp16: bool, stats: list | None = None) -> dict:
+    def unscale(self, optimizer: Any, allow_fp16: bool, stats: list | None = None) -> dict:
         return self.unscaler(
             optimizer.param_groups, _reciprocal(self.state.scale), allow_fp16, stats
         )
 
-    def check(self, optimizer) -> dict:
+    def check(self, optimizer: Any) -> dict:
         return self.unscaler(optimizer.param_groups, 1.0, True)
 
     def flags(self, found_infs: list) -> list:
         return found_infs
 
-    def update(self, found_infs: list, advance: bool, factors) -> tuple:
+    def update(self, found_infs: list, advance: bool, factors: Any) -> tuple:
         """(skipped, how many skipped, scale before); `advance`: step the state machine."""
         # torch backs off when the sum of the flags (each 0 or 1) is nonzero
         skipped = any(f.item() for f in found_infs)
@@ -433,8 +444,9 @@ class _DevicePath(_Placed):
 
     on_device = True
     observes_always = False  # reading the flag on the host is a sync
+    tracker: torch.Tensor
 
-    def __init__(self, state, device, unscaler):
+    def __init__(self, state: Any, device: Any, unscaler: Any) -> None:
         super().__init__(state, device, unscaler, tracked=True)
 
     @property
@@ -448,7 +460,7 @@ class _DevicePath(_Placed):
     def good_steps(self) -> int:
         return int(self.tracker.item()) if self._kernel else super().good_steps()
 
-    def set_scale(self, new_scale) -> None:
+    def set_scale(self, new_scale: Any) -> None:
         if not self._kernel:
             super().set_scale(new_scale)
         elif isinstance(new_scale, torch.Tensor):
@@ -461,7 +473,7 @@ class _DevicePath(_Placed):
             replace_state(self.state, self.scale.item(), int(self.tracker.item()))
             self.written = self.state.scale
 
-    def unscale(self, optimizer, allow_fp16: bool, stats: list | None = None) -> dict:
+    def unscale(self, optimizer: Any, allow_fp16: bool, stats: list | None = None) -> dict:
         scale = self.scale
         # FP32 division can be imprecise; torch takes the reciprocal in FP64
         inv = (
@@ -472,7 +484,7 @@ class _DevicePath(_Placed):
         found = torch.full((), 0.0, dtype=torch.float32, device=scale.device)
         return unscale_with_kernel(optimizer, inv, found, allow_fp16)
 
-    def check(self, optimizer) -> dict:
+    def check(self, optimizer: Any) -> dict:
         one = torch.full((), 1.0, dtype=torch.float32, device=self.scale.device)
         found = torch.full((), 0.0, dtype=torch.float32, device=self.scale.device)
         return unscale_with_kernel(optimizer, one, found, True)
@@ -480,7 +492,7 @@ class _DevicePath(_Placed):
     def flags(self, found_infs: list) -> list:
         return [f.to(device=self.scale.device, non_blocking=True) for f in found_infs]
 
-    def update(self, found_infs: list, advance: bool, factors) -> tuple | None:
+    def update(self, found_infs: list, advance: bool, factors: Any) -> tuple | None:
         """(skipped, how many skipped, scale before) as device tensors and the last value
         written from the host; None when nothing was recorded.  `factors`: torch's
         growth factor, backoff factor and interval as the scaler was given them."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,7 +29,7 @@ def _times(x: torch.Tensor, factor: float) -> torch.Tensor:
     return x * torch.tensor(factor, dtype=x.dtype, device=x.device)
 
 
-def _tensor_counter(global_step):
+def _tensor_counter(global_step: Any) -> Any:
     """In-place ``add(delta)`` for a 0-d integer tensor (TF1's int64 global_step variable)."""
     if not isinstance(global_step, torch.Tensor):
         return None
@@ -39,20 +40,22 @@ def _tensor_counter(global_step):
             f"{tuple(global_step.shape)} and dtype {dtype}"
         )
 
-    def add(delta) -> None:
+    def add(delta: Any) -> None:
         with torch.no_grad():
             global_step.add_(delta)
 
     return add
 
 
-def _tf1_step_arguments(global_step, name):
+def _tf1_step_arguments(global_step: Any, name: Any) -> Any:
     """Check ``apply_gradients``'s TF1 arguments; returns ``advance(applied)``."""
     _optim.check_op_name(name)
     return _optim.global_step_advancer(global_step, _tensor_counter, "a 0-d integer torch.Tensor")
 
 
-def _check_graph_options(gate_gradients, aggregation_method, colocate_gradients_with_ops):
+def _check_graph_options(
+    gate_gradients: Any, aggregation_method: Any, colocate_gradients_with_ops: Any
+) -> None:
     """TF1's graph-building options of ``compute_gradients``: what they ask for is what
     eager autograd does anyway, except a choice of aggregation, which has none here."""
     if gate_gradients not in (
@@ -117,15 +120,15 @@ class LossScaleOptimizer(torch.optim.Optimizer):
 
     def __init__(
         self,
-        optimizer,
-        loss_scale=None,
+        optimizer: Any,
+        loss_scale: Any = None,
         *,
-        dynamic=True,
-        initial_scale=None,
-        dynamic_growth_steps=None,
-        loss_scale_manager=None,
-        reducer=None,
-    ):
+        dynamic: Any = True,
+        initial_scale: Any = None,
+        dynamic_growth_steps: Any = None,
+        loss_scale_manager: Any = None,
+        reducer: Any = None,
+    ) -> None:
         _optim.check_inner_optimizer(
             optimizer,
             LossScaleOptimizer,
@@ -185,7 +188,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         return self._last_step_skipped
 
     # -- scaling ------------------------------------------------------------------
-    def get_scaled_loss(self, loss):
+    def get_scaled_loss(self, loss: Any) -> Any:
         """``loss * scale``, the scale cast to the loss dtype; a callable gives a callable."""
         if callable(loss):
             return lambda: self.get_scaled_loss(loss())
@@ -195,7 +198,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         with _optim.quiet():
             return float(np.float32(1.0) / np.float32(self._scaling.scale))
 
-    def get_unscaled_gradients(self, grads) -> list:
+    def get_unscaled_gradients(self, grads: Any) -> list:
         """Each gradient times the float32 reciprocal of the scale (in its dtype); None kept."""
         inv = self._inv_scale()
         return [None if g is None else _times(g, inv) for g in grads]
@@ -211,7 +214,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         found = self._unscaler(self._optimizer.param_groups, self._inv_scale(), True)
         self._found = reduce_found_inf(self._reducer, any(v.item() for v in found.values()))
 
-    def step(self, closure=None):
+    def step(self, closure: Any = None) -> Any:
         """Unscale (unless done), check for NaN/Inf, update the scale, then run or skip the
         inner step; returns what the inner step returns, None when it is skipped.
 
@@ -246,7 +249,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             return None
         return loss if closure is not None else ret
 
-    def _closure_step(self, closure):
+    def _closure_step(self, closure: Any) -> Any:
         """(the loss of a first call of `closure`, with its gradients unscaled and checked;
         the closure for the inner step, whose first call returns that loss)."""
         with torch.enable_grad():
@@ -255,7 +258,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self.unscale_()
         first = [loss]
 
-        def inner_closure():
+        def inner_closure() -> Any:
             if first:
                 return first.pop()
             with torch.enable_grad():
@@ -266,7 +269,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         return loss, inner_closure
 
     # -- TF1's training-loop methods ------------------------------------------------
-    def _var_list(self, var_list) -> list:
+    def _var_list(self, var_list: Any) -> list:
         """TF1's default is the trainable variables: here every parameter of the wrapped
         optimizer's groups that requires grad."""
         if var_list is None:
@@ -285,12 +288,12 @@ class LossScaleOptimizer(torch.optim.Optimizer):
 
     def compute_gradients(
         self,
-        loss,
-        var_list=None,
-        gate_gradients=GATE_OP,
-        aggregation_method=None,
-        colocate_gradients_with_ops=False,
-        grad_loss=None,
+        loss: Any,
+        var_list: Any = None,
+        gate_gradients: Any = GATE_OP,
+        aggregation_method: Any = None,
+        colocate_gradients_with_ops: Any = False,
+        grad_loss: Any = None,
     ) -> list:
         """TF1's ``compute_gradients``: the unscaled ``[(gradient, variable)]`` of `loss`.
 
@@ -320,7 +323,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         grads = torch.autograd.grad(scaled, var_list, grad_outputs=seed, allow_unused=True)
         return list(zip(self.get_unscaled_gradients(grads), var_list, strict=True))
 
-    def _step_pairs(self, grads_and_vars) -> list:
+    def _step_pairs(self, grads_and_vars: Any) -> list:
         """The pairs of ``apply_gradients``, checked against the wrapped optimizer's groups."""
         pairs = _optim.grad_var_pairs(grads_and_vars)
         if not pairs:
@@ -338,7 +341,9 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             seen.add(id(v))
         return _optim.drop_none_gradients(pairs, warn=self._scaling.shape != "tf1")
 
-    def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> bool:
+    def apply_gradients(
+        self, grads_and_vars: Any, global_step: Any = None, name: Any = None
+    ) -> bool:
         """TF1's ``apply_gradients``: check the (unscaled) gradients, update the scale, then
         run or skip the inner step for these variables only.
 
@@ -377,14 +382,14 @@ class LossScaleOptimizer(torch.optim.Optimizer):
 
     def minimize(
         self,
-        loss,
-        global_step=None,
-        var_list=None,
-        gate_gradients=GATE_OP,
-        aggregation_method=None,
-        colocate_gradients_with_ops=False,
-        name=None,
-        grad_loss=None,
+        loss: Any,
+        global_step: Any = None,
+        var_list: Any = None,
+        gate_gradients: Any = GATE_OP,
+        aggregation_method: Any = None,
+        colocate_gradients_with_ops: Any = False,
+        name: Any = None,
+        grad_loss: Any = None,
     ) -> bool:
         """TF1's ``minimize``: ``compute_gradients`` then ``apply_gradients``; returns whether
         the step was applied."""
@@ -408,7 +413,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._found = None
 
     # -- checkpoints --------------------------------------------------------------
-    def _scale_holder(self):
+    def _scale_holder(self) -> Any:
         """The object whose state_dict() holds the scale state, or None (fixed scales)."""
         s = self._scaling
         obj = s.dynamic_loss_scale if s.shape == "keras" else s.loss_scale_object

@@ -190,6 +190,10 @@ class GradScaler(torch.amp.GradScaler):
     (2048.0, 0)
     """
 
+    # Unplaced, then a placed path (_CorePath, _DevicePath), or Disabled: the calls
+    # Disabled lacks run only after the enabled checks
+    _path: Any
+
     def __init__(
         self,
         device: str = "cuda",
@@ -202,8 +206,8 @@ class GradScaler(torch.amp.GradScaler):
         min_scale: float | None = None,
         max_scale: float | None = None,
         hysteresis: int = 1,
-        policy=None,
-        process_group=None,
+        policy: Any = None,
+        process_group: Any = None,
         allow_fp16_params: bool = False,
     ) -> None:
         self._device = device
@@ -285,16 +289,16 @@ class GradScaler(torch.amp.GradScaler):
             self._path_has("_state")
         return state
 
-    @property
-    def _scale(self) -> torch.Tensor | None:
+    @property  # torch's attribute, read-only here: the path owns the tensor
+    def _scale(self) -> torch.Tensor | None:  # type: ignore[override]
         """torch's scale tensor, None before scale()."""
         scale = self._path.scale
         if scale is None:
             self._path_has("_scale")
         return scale
 
-    @property
-    def _growth_tracker(self) -> torch.Tensor | None:
+    @property  # torch's attribute, read-only here: the path owns the tensor
+    def _growth_tracker(self) -> torch.Tensor | None:  # type: ignore[override]
         """torch's growth-tracker tensor (a copy on the CPU path), None before scale()."""
         self._path_has("_growth_tracker")
         return self._path.growth_tracker()
@@ -307,8 +311,8 @@ class GradScaler(torch.amp.GradScaler):
     # (scale, growth tracker) the tensors were created with, or last loaded after that
     _init_values: tuple | None = None
 
-    @property
-    def _init_scale(self) -> float:
+    @property  # torch's attribute, read-only here: the path owns the value
+    def _init_scale(self) -> float:  # type: ignore[override]
         """torch's: the value the scale tensor is (or was) created with, or the scale last
         loaded by load_state_dict.  Assigned before the first scale(), it is the scale the
         tensor will be created with, as in torch."""
@@ -360,13 +364,13 @@ class GradScaler(torch.amp.GradScaler):
         self._placed_scale(torch.device(dev))
 
     def _unscale_grads_(
-        self, optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor, allow_fp16: bool
+        self, optimizer: Any, inv_scale: torch.Tensor, found_inf: torch.Tensor, allow_fp16: bool
     ) -> dict:
         """torch's hook: multiply `optimizer`'s gradients by `inv_scale` with torch's kernel,
         per device and dtype; {device: found-inf tensor} (as ShardedGradScaler uses it)."""
         return unscale_with_kernel(optimizer, inv_scale, found_inf, allow_fp16)
 
-    def _check_scale_growth_tracker(self, funcname: str):
+    def _check_scale_growth_tracker(self, funcname: str) -> Any:
         """(scale tensor, tracker tensor or None on the CPU path); raises before scale()."""
         scale = self._scale
         if scale is None:
@@ -400,7 +404,7 @@ class GradScaler(torch.amp.GradScaler):
 
         per_device: dict = {}
 
-        def apply_scale(val):
+        def apply_scale(val: Any) -> Any:
             if isinstance(val, torch.Tensor):
                 s = per_device.get(val.device)
                 if s is None:
@@ -418,7 +422,7 @@ class GradScaler(torch.amp.GradScaler):
 
         return apply_scale(outputs)
 
-    def _decide_auto(self, outputs) -> None:
+    def _decide_auto(self, outputs: Any) -> None:
         """enabled="auto": scale only when float16 tensors feed the loss (decided once)."""
         self._auto = False
         dtypes = graph_dtypes(outputs)
@@ -491,7 +495,9 @@ class GradScaler(torch.amp.GradScaler):
             total = max((m for _, m in stats), default=0.0)
         return self._clip(optimizer, params, max_norm, total, p)
 
-    def _clip(self, optimizer, params, max_norm: float, total, p: float) -> torch.Tensor:
+    def _clip(
+        self, optimizer: Any, params: Any, max_norm: float, total: Any, p: float
+    ) -> torch.Tensor:
         """Scale the unscaled gradients down to `max_norm` (torch's arithmetic: a float32
         coefficient clamped to 1) unless this step will be skipped; returns the norm.
         `total` None: the p-norm taken as clip_grad_norm_ takes it."""
@@ -551,7 +557,9 @@ class GradScaler(torch.amp.GradScaler):
 
     # ---- step --------------------------------------------------------------------
 
-    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+    def _maybe_opt_step(
+        self, optimizer: Any, optimizer_state: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         retval = None
         if not sum(v.item() for v in optimizer_state["found_inf_per_device"].values()):
             retval = optimizer.step(*args, **kwargs)
@@ -580,7 +588,7 @@ class GradScaler(torch.amp.GradScaler):
         state["stage"] = OptState.STEPPED
         return retval
 
-    def _fused_step(self, optimizer, state, args, kwargs):
+    def _fused_step(self, optimizer: Any, state: Any, args: Any, kwargs: Any) -> Any:
         """Optimizers that unscale and skip inside their own kernel (torch's contract)."""
         has_kwarg = "grad_scaler" in inspect.signature(optimizer.step).parameters
         if has_kwarg:
@@ -657,7 +665,7 @@ class GradScaler(torch.amp.GradScaler):
     overflow_monitor = None
     _steps_seen = 0
 
-    def _observe(self, step: int, skipped: bool, before) -> None:
+    def _observe(self, step: int, skipped: bool, before: Any) -> None:
         self._steps_seen = step + 1
         groups, self._monitor_groups = self._monitor_groups, []
         m = self.overflow_monitor
@@ -671,7 +679,7 @@ class GradScaler(torch.amp.GradScaler):
             lambda: named_grads(m, groups),
         )
 
-    def _set_new_scale(self, new_scale) -> None:
+    def _set_new_scale(self, new_scale: Any) -> None:
         if isinstance(new_scale, torch.Tensor):
             reason = (
                 "new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
@@ -691,7 +699,7 @@ class GradScaler(torch.amp.GradScaler):
 
     # ---- queries -----------------------------------------------------------------
 
-    def _get_scale_async(self):
+    def _get_scale_async(self) -> Any:
         return self._scale
 
     @outside_graph
@@ -729,7 +737,7 @@ class GradScaler(torch.amp.GradScaler):
         self._set_policy(growth_interval=new_interval)
         self._growth_interval = new_interval
 
-    def _set_policy(self, **changes) -> None:
+    def _set_policy(self, **changes: Any) -> None:
         state = self._state
         policy = state.policy.replace(**changes)  # validates
         # (on torch's device path the tensors hold scale and tracker; the host copy
@@ -845,7 +853,7 @@ class GradScaler(torch.amp.GradScaler):
         )
         self._path = path if self._enabled else Disabled(path)
 
-    def _check_inf_per_device(self, optimizer) -> dict:
+    def _check_inf_per_device(self, optimizer: Any) -> dict:
         self._check_scale_growth_tracker("_check_inf_per_device")
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = self._agree(
             self._path.check(optimizer)
@@ -859,13 +867,10 @@ class GradScaler(torch.amp.GradScaler):
             return found
         local = any(bool(f.item()) for f in found.values())
         flag = reduce_found_inf(self._reducer, local)
-        return {
-            self._scale.device: torch.full(
-                (), float(flag), dtype=torch.float32, device=self._scale.device
-            )
-        }
+        device = self._path.scale.device  # placed: the flags came from its unscale or check
+        return {device: torch.full((), float(flag), dtype=torch.float32, device=device)}
 
-    def _found_inf_per_device(self, optimizer) -> dict:
+    def _found_inf_per_device(self, optimizer: Any) -> dict:
         return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
 
     def __repr__(self) -> str:

@@ -132,7 +132,7 @@ def train_mode(mode, model0, data, cfg, xp, adapter, progress, modes):
         for step in progress(range(steps), desc=f"{mode:24s}"):
             idx = xp.asarray(rng.integers(0, len(ytr), cfg["batch_size"]))
             x, y = xtr[idx], ytr[idx]
-            seen = {}
+            seen: dict = {}
 
             def loss_and_grads(scale, x=x, y=y, seen=seen):
                 seen["scale"] = scale
@@ -181,7 +181,9 @@ def _host(xp, a) -> np.ndarray:
 def train_all(model0, data, cfg, progress, modes, xp=None, adapter=None):
     """The four modes on the GPU (or on `xp` with `adapter`, for tests)."""
     if xp is None:
-        import cupy as xp
+        import cupy
 
         from lscore.adapters import cupy as adapter
+
+        xp = cupy
     return [train_mode(m, model0, data, cfg, xp, adapter, progress, modes) for m in modes]

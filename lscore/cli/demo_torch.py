@@ -38,7 +38,7 @@ def _model(model0) -> torch.nn.Sequential:
     """A torch copy of the NumPy demo's MLP (weights stored as (in, out))."""
     import torch
 
-    layers = []
+    layers: list[torch.nn.Module] = []
     n = len(model0.params) // 2
     for i in range(n):
         w, b = model0.params[2 * i], model0.params[2 * i + 1]

@@ -12,6 +12,7 @@ whose launches do nothing, to time the host side alone.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from lscore import kernels
 from lscore.cuda.launch import LaunchConfig, MultiTensor
@@ -22,7 +23,7 @@ from lscore.policy import real
 __all__ = ["ArrayKernels", "clip_coefficient", "norm_kind"]
 
 
-def _classify(dtype):
+def _classify(dtype: Any) -> Any:
     """The dtype code the GPU kernels take for `dtype` (integer/bool: Code.INT), else None."""
     code = BY_NAME.get(str(dtype))
     if code is None or (code != Code.INT and code not in TRAITS):
@@ -30,14 +31,14 @@ def _classify(dtype):
     return int(code)
 
 
-def _inverse(inv_scale) -> float:
+def _inverse(inv_scale: Any) -> float:
     inv = inv_scale if type(inv_scale) is float else real("inv_scale", inv_scale)
     if not (inv > 0 and math.isfinite(inv)):
         raise ValueError(f"inv_scale must be finite and > 0, got {inv_scale!r}")
     return inv
 
 
-def norm_kind(norm_type) -> bool:
+def norm_kind(norm_type: Any) -> bool:
     """True for the inf-norm, False for the 2-norm: the two the one-pass kernels gather.
 
     `norm_type` as ``torch.nn.utils.clip_grad_norm_`` takes it (a number, or
@@ -80,15 +81,15 @@ class ArrayKernels:
 
     def __init__(
         self,
-        xp,
-        make_backend,
+        xp: Any,
+        make_backend: Any,
         *,
-        array_type=None,
-        kind=kernels.READ_CUDA_ARRAY,
+        array_type: Any = None,
+        kind: Any = kernels.READ_CUDA_ARRAY,
         device: int = 0,
         config: LaunchConfig | None = None,
         limits: dict | None = None,
-    ):
+    ) -> None:
         self.xp = xp
         self._make_backend = make_backend
         self._limits = dict(limits or {}, config=config)
@@ -103,7 +104,7 @@ class ArrayKernels:
         )
 
     @property
-    def table(self):
+    def table(self) -> Any:
         """The compiled walker and its plan cache (``kernels.DeviceTable``)."""
         return self._table
 
@@ -114,7 +115,7 @@ class ArrayKernels:
             runner = self._devices[dev] = MultiTensor(self._make_backend(dev), **self._limits)
         return runner
 
-    def _launches(self, plan, dev: int, runner):
+    def _launches(self, plan: Any, dev: int, runner: Any) -> Any:
         """The packed launches of `plan` on `dev`: kept with the plan, and shared by plans of
         the same addresses and sizes (new arrays where the memory pool put the last ones
         find their tables on the device: no upload)."""
@@ -125,7 +126,7 @@ class ArrayKernels:
             )
         return prepared
 
-    def check_async(self, arrays, found_ptr: int, device: int) -> None:
+    def check_async(self, arrays: Any, found_ptr: int, device: int) -> None:
         """Launch the read-only check: the uint32 at `found_ptr` on `device` turns 1 on NaN/Inf."""
         plan = self._table.plan(arrays)
         for dev in plan.devices:
@@ -139,7 +140,7 @@ class ArrayKernels:
                 "all_finite", self._launches(plan, dev, runner), found_ptr=found_ptr, mark=1
             )
 
-    def _run(self, op: str, arrays, inv: float) -> bool:
+    def _run(self, op: str, arrays: Any, inv: float) -> bool:
         plan = self._table.plan(arrays)
         if op == "unscale" and plan.write_error is not None:
             raise ValueError(plan.write_error)
@@ -156,7 +157,7 @@ class ArrayKernels:
         # a list, not a generator: every device is read (each read waits for its launch)
         return not any([runner.found(mark) for runner, mark in calls])  # noqa: C419
 
-    def all_finite(self, arrays) -> bool:
+    def all_finite(self, arrays: Any) -> bool:
         """True when no floating element of `arrays` is NaN or +/-Inf (one sync per device).
 
         `arrays`: an array or nested lists, tuples and dicts of them; None is
@@ -164,7 +165,7 @@ class ArrayKernels:
         """
         return self._run("all_finite", arrays, 1.0)
 
-    def unscale_(self, arrays, inv_scale) -> bool:
+    def unscale_(self, arrays: Any, inv_scale: Any) -> bool:
         """Multiply every floating array in place by `inv_scale`; True when all inputs were finite.
 
         The arithmetic of ``lscore.unscale_``: the check is on the inputs;
@@ -178,7 +179,9 @@ class ArrayKernels:
         """
         return self._run("unscale", arrays, _inverse(inv_scale))
 
-    def unscale_and_norm(self, arrays, inv_scale, norm_type=2.0) -> tuple[bool, float]:
+    def unscale_and_norm(
+        self, arrays: Any, inv_scale: Any, norm_type: Any = 2.0
+    ) -> tuple[bool, float]:
         """``unscale_``, and the norm of the values it wrote, gathered in the same pass.
 
         Returns (all inputs finite, norm): the 2-norm (``norm_type=2``) or the
@@ -196,7 +199,9 @@ class ArrayKernels:
         """
         return self._norm(arrays, _inverse(inv_scale), norm_kind(norm_type), 0.0)
 
-    def unscale_and_clip_(self, arrays, inv_scale, max_norm, norm_type=2.0) -> tuple[bool, float]:
+    def unscale_and_clip_(
+        self, arrays: Any, inv_scale: Any, max_norm: Any, norm_type: Any = 2.0
+    ) -> tuple[bool, float]:
         """``unscale_and_norm``, then clip in place as ``torch.nn.utils.clip_grad_norm_`` does.
 
         Every floating array is multiplied by max_norm / (norm + 1e-6) clamped
@@ -213,7 +218,7 @@ class ArrayKernels:
             raise ValueError(f"max_norm must be finite and > 0, got {max_norm!r}")
         return self._norm(arrays, inv, inf_norm, limit)
 
-    def _norm(self, arrays, inv: float, inf_norm: bool, max_norm: float) -> tuple[bool, float]:
+    def _norm(self, arrays: Any, inv: float, inf_norm: bool, max_norm: float) -> tuple[bool, float]:
         plan = self._table.plan(arrays)
         if plan.write_error is not None:
             raise ValueError(plan.write_error)

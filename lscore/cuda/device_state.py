@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from lscore import kernels
@@ -24,7 +26,7 @@ class DeviceState:
     class never reads its fields.
     """
 
-    def __init__(self, backend, nbytes: int):
+    def __init__(self, backend: Any, nbytes: int) -> None:
         if nbytes % 8:
             raise ValueError(f"lsc_state size must be a multiple of 8, got {nbytes}")
         self.backend = backend
@@ -39,21 +41,21 @@ class DeviceState:
         self.inv_ptr = self.vals_ptr + 8 * INV_SCALE
 
     @property
-    def found(self):
+    def found(self) -> Any:
         """The device found flag (uint32, one element)."""
         return self.flags[FOUND : FOUND + 1]
 
     @property
-    def apply(self):
+    def apply(self) -> Any:
         """The device decision of the last step (uint32, 1 apply / 0 skip)."""
         return self.flags[APPLY : APPLY + 1]
 
     @property
-    def inv_scale(self):
+    def inv_scale(self) -> Any:
         return self.vals[INV_SCALE : INV_SCALE + 1]
 
     @property
-    def scale(self):
+    def scale(self) -> Any:
         return self.vals[SCALE : SCALE + 1]
 
     def _launch(self, advance: int) -> None:

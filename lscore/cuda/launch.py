@@ -24,6 +24,7 @@ import dataclasses
 import numbers
 import os
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -78,7 +79,7 @@ class LaunchConfig:
     max_tensors: int = MAX_TENSORS
     max_blocks: int = MAX_BLOCKS
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
@@ -141,7 +142,12 @@ def launch_config() -> LaunchConfig:
 
 
 def plan_launches(
-    ptrs, sizes, *, chunk: int = CHUNK, max_tensors: int = MAX_TENSORS, max_blocks: int = MAX_BLOCKS
+    ptrs: Any,
+    sizes: Any,
+    *,
+    chunk: int = CHUNK,
+    max_tensors: int = MAX_TENSORS,
+    max_blocks: int = MAX_BLOCKS,
 ) -> Plan:
     """Split tensors (device addresses, element counts) into launches of chunks.
 
@@ -155,7 +161,7 @@ def plan_launches(
     return Plan(table, launches)
 
 
-def _kernel_code(code) -> int:
+def _kernel_code(code: Any) -> int:
     """`code` as an int; TypeError when no scan kernel takes that dtype."""
     code = int(code)
     if code not in TRAITS:
@@ -179,12 +185,12 @@ class Launches:
 
     __slots__ = ("_keep", "_specs", "count", "norm", "ops")
 
-    def __init__(self):
-        self.ops = {op: [] for op in OPS}
+    def __init__(self) -> None:
+        self.ops: dict[str, list] = {op: [] for op in OPS}
         self.count = 0
-        self.norm = None
-        self._specs = []  # (dtype code, own-argument block, blocks) of every launch
-        self._keep = []
+        self.norm: Any = None  # the one-pass norm (a _Norm), packed on first use
+        self._specs: list[tuple] = []  # (dtype code, own-argument block, blocks) of every launch
+        self._keep: list = []
 
 
 class MultiTensor:
@@ -200,7 +206,7 @@ class MultiTensor:
 
     def __init__(
         self,
-        backend,
+        backend: Any,
         *,
         config: LaunchConfig | None = None,
         chunk: int | None = None,
@@ -208,7 +214,7 @@ class MultiTensor:
         max_tensors: int | None = None,
         max_blocks: int | None = None,
         cache_size: int = 16,
-    ):
+    ) -> None:
         # `config` is checked for a GPU; the single limits override it with only the
         # kernels' own checks, so the host harness can run tiny chunks and blocks
         cfg = config if config is not None else launch_config()
@@ -237,13 +243,13 @@ class MultiTensor:
         self._coef = self._call[_COEF : _COEF + 1].view(np.float64)
         self._call_addr = self._call.ctypes.data
 
-    def _function(self, name: str):
+    def _function(self, name: str) -> Any:
         fn = self._fn.get(name)
         if fn is None:
             fn = self._fn[name] = self.backend.function(name)
         return fn
 
-    def prepare(self, groups) -> Launches:
+    def prepare(self, groups: Any) -> Launches:
         """Upload the tables of `groups` ([(dtype code, addresses, counts)]); pack the launches."""
         out = Launches()
         for code, ptrs, sizes in groups:
@@ -302,7 +308,7 @@ class MultiTensor:
         inv_ptr: int = 0,
         found_ptr: int | None = None,
         mark: int | None = None,
-        stream=None,
+        stream: Any = None,
     ) -> int:
         """Enqueue `op` over prepared launches; returns the mark the kernels store on NaN/Inf.
 
@@ -325,7 +331,7 @@ class MultiTensor:
         call[_MARK] = mark
         return mark
 
-    def enqueue(self, entries, stream=None) -> None:
+    def enqueue(self, entries: Any, stream: Any = None) -> None:
         """Launch packed `entries` (kernel, grid, block, void*[], widths, count) on `stream`
         (None: the backend's current stream of this device)."""
         b = self.backend
@@ -337,7 +343,7 @@ class MultiTensor:
         finally:
             b.leave(prev)
 
-    def _pack(self, keep: list, name: str, grid: int, block: int, args) -> tuple:
+    def _pack(self, keep: list, name: str, grid: int, block: int, args: Any) -> tuple:
         """One packed launch of `name`; `args` are (address, byte width) of its parameters."""
         params = np.array([a for a, _ in args], np.uint64)
         widths = np.array([w for _, w in args], np.int64)
@@ -372,10 +378,10 @@ class MultiTensor:
         sizes = np.array(counts, np.int64)
         keep += [buf, levels, sizes]
 
-        def level(k):
+        def level(k: Any) -> Any:
             return levels.ctypes.data + 8 * k, 8
 
-        def size(k):
+        def size(k: Any) -> Any:
             return sizes.ctypes.data + 8 * k, 8
 
         unscale, clip = [], []
@@ -452,7 +458,7 @@ class MultiTensor:
         inf_norm: bool = False,
         max_norm: float = 0.0,
         mark: int | None = None,
-        stream=None,
+        stream: Any = None,
     ) -> int:
         """Enqueue the one-pass unscale + check + norm over `prepared`; returns the mark.
 
@@ -473,7 +479,12 @@ class MultiTensor:
         return mark
 
     def launch_clip(
-        self, prepared: Launches, *, coef: float | None = None, coef_ptr: int = 0, stream=None
+        self,
+        prepared: Launches,
+        *,
+        coef: float | None = None,
+        coef_ptr: int = 0,
+        stream: Any = None,
     ) -> None:
         """Enqueue the clip: every element times `coef`, or the float64 at `coef_ptr`, or
         (neither given) the coefficient the last ``launch_norm`` on `prepared` left on
@@ -490,7 +501,7 @@ class MultiTensor:
         """Whether the call that used `mark` saw NaN/Inf (reads the flag: one synchronisation)."""
         return self.backend.read_word(self.flag) == mark
 
-    def prepared(self, groups) -> Launches:
+    def prepared(self, groups: Any) -> Launches:
         """``prepare(groups)``, cached by the groups' (code, addresses, counts) (LRU)."""
         groups = [(int(c), np.asarray(p, np.uint64), np.asarray(n, np.int64)) for c, p, n in groups]
         key = tuple((c, p.tobytes(), n.tobytes()) for c, p, n in groups)
@@ -509,12 +520,12 @@ class MultiTensor:
     def run(
         self,
         op: str,
-        ptrs,
-        sizes,
-        codes,
+        ptrs: Any,
+        sizes: Any,
+        codes: Any,
         found_ptr: int,
         inv_ptr: int = 0,
-        stream=None,
+        stream: Any = None,
         *,
         inv: float = 1.0,
         mark: int = 1,

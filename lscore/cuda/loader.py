@@ -107,7 +107,7 @@ def source(name: str, *, inline_includes: bool = True) -> str:
 
 
 def _inlined(name: str, seen: set) -> str:
-    def header(m):
+    def header(m: Any) -> Any:
         if m.group(1) in seen:
             return ""
         seen.add(m.group(1))
@@ -116,7 +116,7 @@ def _inlined(name: str, seen: set) -> str:
     return _INCLUDE.sub(header, _read(name))
 
 
-def compile_kernels(name: str, arch: str | None = None, *, include_dir: str | None = None):
+def compile_kernels(name: str, arch: str | None = None, *, include_dir: str | None = None) -> Any:
     """The compiled image of ``_ext/<name>``, its lowered kernel names and NVRTC's log.
 
     Compiles through CuPy's NVRTC (``cupy.cuda.compiler.compile_using_nvrtc``),
@@ -392,14 +392,14 @@ class CupyBackend:
             self._pinned = cupy.cuda.alloc_pinned_memory(8)
         self._word = np.ndarray((1,), np.uint32, buffer=self._pinned)
 
-    def ptr(self, a) -> int:
+    def ptr(self, a: Any) -> int:
         return a.data.ptr
 
-    def get(self, a) -> np.ndarray:
+    def get(self, a: Any) -> np.ndarray:
         with self.xp.cuda.Device(self.device):
             return a.get()
 
-    def to_device(self, host: np.ndarray):
+    def to_device(self, host: np.ndarray) -> Any:
         """A device copy of `host`, complete on return (kernels on any stream may read it)."""
         with self.xp.cuda.Device(self.device):
             a = self.xp.asarray(host)
@@ -432,7 +432,7 @@ class CupyBackend:
     ) -> None:
         self._driver.launchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, params, 0)
 
-    def read_word(self, a) -> int:
+    def read_word(self, a: Any) -> int:
         """The first uint32 of device array `a`, after this device's current stream (one sync)."""
         prev = self.enter()
         try:
@@ -443,7 +443,7 @@ class CupyBackend:
             self.leave(prev)
         return int(self._word[0])
 
-    def launch(self, name: str, grid: int, block: int, args: tuple, stream=None) -> None:
+    def launch(self, name: str, grid: int, block: int, args: tuple, stream: Any = None) -> None:
         """Launch kernel `name` with NumPy-scalar `args` on `stream` (None: CuPy's current)."""
         mod, lowered = module(_FILE_OF[name], self.device)
         fn = mod.get_function(lowered[name])

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import struct
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ GRAD_CODES = (Code.F16, Code.BF16, Code.F32)
 TABLE_LIMIT = 1 << 18
 
 
-def bias_table(terms, *, limit: int = TABLE_LIMIT) -> tuple[np.ndarray, int]:
+def bias_table(terms: Any, *, limit: int = TABLE_LIMIT) -> tuple[np.ndarray, int]:
     """Adam's bias-correction terms for every step up to saturation: (table, last).
 
     `terms(step)` returns the float32 pair (sqrt(1 - beta_2**step),
@@ -95,7 +96,7 @@ class FusedPlan:
 
     __slots__ = ("_keep", "groups", "packed")
 
-    def __init__(self, groups, keep):
+    def __init__(self, groups: Any, keep: Any) -> None:
         self.groups = groups
         self.packed: dict = {}
         self._keep = keep
@@ -114,7 +115,7 @@ class FusedLauncher:
     last `cache_size` keys are kept.
     """
 
-    def __init__(self, runner, *, cache_size: int = 8):
+    def __init__(self, runner: Any, *, cache_size: int = 8) -> None:
         self.runner = runner
         self.backend = runner.backend
         self._cache: collections.OrderedDict = collections.OrderedDict()
@@ -125,7 +126,7 @@ class FusedLauncher:
         self._call = np.zeros(_MAX_CALL_WORDS, np.uint64)
         self._fn: dict = {}
 
-    def cached(self, key) -> FusedPlan | None:
+    def cached(self, key: Any) -> FusedPlan | None:
         """The plan of `key` if it is still cached (nothing is uploaded)."""
         with self._lock:
             hit = self._cache.get(key)
@@ -133,7 +134,7 @@ class FusedLauncher:
                 self._cache.move_to_end(key)
             return hit
 
-    def plan(self, key, tensors) -> FusedPlan:
+    def plan(self, key: Any, tensors: Any) -> FusedPlan:
         """The plan of `key`, built from `tensors` on a miss (two uploads).
 
         `tensors`: [(gradient dtype code, element count, record addresses)],
@@ -218,15 +219,17 @@ class FusedLauncher:
         packed = plan.packed.get((kind, fmt))
         if packed is None:
             packed = plan.packed[(kind, fmt)] = self._pack(kind, plan, args)
-        struct.pack_into(fmt, self._call, 0, *args)
+        # numpy declares ndarray.__buffer__ for Python >= 3.12 only
+        struct.pack_into(fmt, self._call, 0, *args)  # type: ignore[arg-type]
         self.runner.enqueue(packed[0])
         return len(packed[0])
 
-    def _pack(self, kind: str, plan: FusedPlan, args: tuple):
+    def _pack(self, kind: str, plan: FusedPlan, args: tuple) -> Any:
         """([(kernel handle, grid, block, void*[] address, widths address, count)], arrays
         kept): the entries ``MultiTensor.enqueue`` launches."""
         r, call = self.runner, self._call.ctypes.data
-        out, keep = [], []
+        out: list[tuple] = []
+        keep: list[np.ndarray] = []
         widths = np.array([8, 4, 8] + [a.itemsize for a in args], np.int64)
         keep.append(widths)
         for code, launches in plan.groups:
@@ -242,7 +245,7 @@ class FusedLauncher:
                 out.append((fn, nb, r.block, params.ctypes.data, widths.ctypes.data, len(widths)))
         return out, keep
 
-    def _function(self, name: str):
+    def _function(self, name: str) -> Any:
         fn = self._fn.get(name)
         if fn is None:
             fn = self._fn[name] = self.backend.function(name)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 from lscore.migrate._base import (
     MISSING,
@@ -81,11 +82,11 @@ def _peer(name: str) -> PeerBase:
     return _PEERS[name]
 
 
-def _json_scale(x: float):
+def _json_scale(x: float) -> float | str:
     return x if math.isfinite(x) else "inf"
 
 
-def convert(name: str, config=None, state=None) -> Migration:
+def convert(name: str, config: Any = None, state: Any = None) -> Migration:
     """Peer `name`'s config and checkpoint `state` as an lscore preset, with notes.
 
     `state` may be the scaler's own state or a whole training checkpoint: the
@@ -134,7 +135,7 @@ def convert(name: str, config=None, state=None) -> Migration:
     return Migration(ls, tuple(notes), state_at, config_at, defaults)
 
 
-def from_peer(name: str, config=None, state=None) -> PresetLossScale:
+def from_peer(name: str, config: Any = None, state: Any = None) -> PresetLossScale:
     """An lscore preset object built from peer `name`'s config and in its checkpoint `state`.
 
     `config` holds the peer's constructor arguments or its own config (a
@@ -152,7 +153,7 @@ def from_peer(name: str, config=None, state=None) -> PresetLossScale:
     return m.loss_scale
 
 
-def _behaviour(policy) -> dict:
+def _behaviour(policy: Any) -> dict:
     """The policy's fields, without those that cannot change its scale sequence."""
     d = policy.to_dict()
     if d["hysteresis"] == 1:
@@ -165,7 +166,7 @@ def _behaviour(policy) -> dict:
     return d
 
 
-def _args_for(name: str, ls) -> dict:
+def _args_for(name: str, ls: Any) -> dict:
     """The peer arguments of `ls` as preset `name`, if `ls` follows exactly that policy."""
     if isinstance(ls, PresetLossScale) and ls.name == name:
         return ls.args
@@ -191,13 +192,13 @@ def _args_for(name: str, ls) -> dict:
     return target.args
 
 
-def to_peer(name: str, loss_scale) -> dict:
+def to_peer(name: str, loss_scale: Any) -> dict:
     """Peer `name`'s native state for `loss_scale` (a preset of that peer, or an equal policy)."""
     peer = _peer(name)
     return peer.dump(loss_scale, _args_for(peer.preset, loss_scale))
 
 
-def peer_config(name: str, loss_scale) -> dict:
+def peer_config(name: str, loss_scale: Any) -> dict:
     """Peer `name`'s constructor arguments (a ds_config section for DeepSpeed) for `loss_scale`."""
     peer = _peer(name)
     return peer.config(_args_for(peer.preset, loss_scale))

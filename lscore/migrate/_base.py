@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 from lscore.policy import integer, real
 from lscore.presets import PresetLossScale
@@ -48,7 +49,7 @@ class Loaded:
     next_scale: float | None = None
 
 
-def read_value(name: str, v):
+def read_value(name: str, v: Any) -> Any:
     """A Python number from a float, int, 0-d/1-element tensor or array, or [x]."""
     if isinstance(v, (list, tuple)) and len(v) == 1:
         v = v[0]
@@ -60,18 +61,18 @@ def read_value(name: str, v):
     return v
 
 
-def read_scale(name, v) -> float:
+def read_scale(name: Any, v: Any) -> float:
     x = real(name, read_value(name, v))
     if math.isnan(x) or x < 0:
         raise ValueError(f"{name} must be a number >= 0, got {v!r}")
     return x
 
 
-def read_count(name, v, minimum=0) -> int:
+def read_count(name: Any, v: Any, minimum: Any = 0) -> int:
     return integer(name, read_value(name, v), minimum=minimum)
 
 
-def as_dict(x):
+def as_dict(x: Any) -> Any:
     """A dict's items, or an object's attributes (argparse.Namespace, a pickled scaler)."""
     if isinstance(x, dict):
         return x
@@ -80,7 +81,7 @@ def as_dict(x):
     return None
 
 
-def check_keys(what: str, d, allowed, required=()):
+def check_keys(what: str, d: Any, allowed: Any, required: Any = ()) -> Any:
     found = as_dict(d)
     if found is None:
         raise TypeError(f"{what} must be a dict, got {type(d).__name__}")
@@ -96,11 +97,11 @@ def check_keys(what: str, d, allowed, required=()):
     return found
 
 
-def path_text(path) -> str:
+def path_text(path: Any) -> str:
     return "checkpoint" + "".join(f"[{k!r}]" for k in path)
 
 
-def walk_path(d, path):
+def walk_path(d: Any, path: Any) -> Any:
     """The value at key path `path` in nested dicts/objects, or MISSING."""
     for key in path:
         d = as_dict(d)
@@ -110,12 +111,12 @@ def walk_path(d, path):
     return d
 
 
-def top_keys(d) -> str:
+def top_keys(d: Any) -> str:
     keys = sorted(map(str, d))
     return ", ".join(map(repr, keys[:20])) + (", ..." if len(keys) > 20 else "")
 
 
-def is_auto(v) -> bool:
+def is_auto(v: Any) -> bool:
     return isinstance(v, str) and v == "auto"
 
 
@@ -136,7 +137,7 @@ class PeerBase:
     places: tuple = ()
     config_places: tuple = ()
 
-    def args(self, config, notes: list) -> dict:
+    def args(self, config: Any, notes: list) -> dict:
         config = check_keys(
             f"{self.preset} config", config, self.config_keys + self.ignored_config_keys
         )
@@ -145,7 +146,7 @@ class PeerBase:
     def is_state(self, d: dict) -> bool:
         return not d or bool(set(d) & set(self.state_keys))
 
-    def locate(self, checkpoint):
+    def locate(self, checkpoint: Any) -> Any:
         """(the scaler state, its key path or None) in `checkpoint`."""
         d = as_dict(checkpoint)
         if d is None or self.is_state(d):
@@ -156,7 +157,7 @@ class PeerBase:
                 return found, path
         raise ValueError(self.not_found(d))
 
-    def not_found(self, d) -> str:
+    def not_found(self, d: Any) -> str:
         looked = [f"the {self.what} itself (keys {', '.join(self.state_keys)})"]
         looked += [path_text(p) for p in self.places]
         return (
@@ -164,7 +165,7 @@ class PeerBase:
             f"its top-level keys are: {top_keys(d)}"
         )
 
-    def load(self, state, args: dict, notes: list) -> Loaded:
+    def load(self, state: Any, args: dict, notes: list) -> Loaded:
         """The state in lscore terms; may update `args` from what the state holds."""
         raise NotImplementedError
 
@@ -185,7 +186,7 @@ class PeerBase:
 # scaler.pt (accelerate/checkpointing.py), which is the state itself.
 
 
-def iteration_counters(st) -> Loaded:
+def iteration_counters(st: Any) -> Loaded:
     """cur_scale, cur_iter and last_overflow_iter (apex fp16_utils, DeepSpeed) in lscore terms.
 
     Both grow when the steps since the last overflow reach a multiple of the window,
@@ -200,7 +201,7 @@ def iteration_counters(st) -> Loaded:
     )
 
 
-def same_value(a, b) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     da, db = as_dict(a), as_dict(b)
     if da is None or db is None or set(da) != set(db):
         return False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from lscore.migrate._base import (
     BF16_NEEDS_NO_SCALING,
@@ -94,7 +94,7 @@ class DeepSpeedPeer(PeerBase):
     places = (("optimizer",), ("optimizer_state_dict",))
     config_places = (("ds_config",),)
 
-    def args(self, config, notes):
+    def args(self, config: Any, notes: Any) -> Any:
         """A ds_config, its "fp16" section, or DynamicLossScaler's arguments."""
         if not isinstance(config, dict):
             raise TypeError(f"ds_config must be a dict, got {type(config).__name__}")
@@ -182,7 +182,7 @@ class DeepSpeedPeer(PeerBase):
             "raise_error_at_min_scale": fp16.get("raise_error_at_min_scale", True),
         }
 
-    def locate(self, checkpoint):
+    def locate(self, checkpoint: Any) -> Any:
         state, path = super().locate(checkpoint)
         d = as_dict(state)
         if path == ("optimizer",) and state is None:
@@ -197,7 +197,7 @@ class DeepSpeedPeer(PeerBase):
             state = d["loss_scaler"]
         return state, path
 
-    def load(self, state, args, notes):
+    def load(self, state: Any, args: Any, notes: Any) -> Any:
         d = as_dict(state)
         if d is not None and (
             "optimizer_state_dict" in d
@@ -233,7 +233,7 @@ class DeepSpeedPeer(PeerBase):
         )
         return loaded
 
-    def _load_fp16_optimizer(self, d, args, notes):
+    def _load_fp16_optimizer(self, d: Any, args: Any, notes: Any) -> Any:
         st = check_keys(
             "DeepSpeed FP16_Optimizer state", d, self.fp16_optimizer_keys, ("cur_scale", "cur_iter")
         )
@@ -268,13 +268,13 @@ class DeepSpeedPeer(PeerBase):
             )
         return iteration_counters(st)
 
-    def _check_factor(self, st):
+    def _check_factor(self, st: Any) -> None:
         if read_value("scale_factor", st.get("scale_factor", 2.0)) != 2.0:
             raise ValueError(
                 f"scale_factor must be 2 (DeepSpeed fixes it), got {st['scale_factor']!r}"
             )
 
-    def dump(self, ls, args):
+    def dump(self, ls: Any, args: Any) -> Any:
         c = ls.state.counters()
         return {
             "cur_scale": ls.state.scale,
@@ -290,7 +290,7 @@ class DeepSpeedPeer(PeerBase):
             "dynamic": True,
         }
 
-    def config(self, args):
+    def config(self, args: Any) -> Any:
         """A ds_config "fp16" section with only the keys DeepSpeedFP16Config accepts."""
         power = math.log2(args["init_scale"])
         if not power.is_integer():
@@ -352,7 +352,7 @@ class MegatronPeer(PeerBase):
     places = (("optimizer", "grad_scaler"), ("grad_scaler",))
     config_places = (("args",),)
 
-    def args(self, config, notes):
+    def args(self, config: Any, notes: Any) -> Any:
         d = as_dict(config)
         if d is None:
             raise TypeError(f"megatron config must be a dict, got {type(config).__name__}")
@@ -380,7 +380,7 @@ class MegatronPeer(PeerBase):
             )
         return {self.optimizer_config.get(k, k): v for k, v in config.items() if k != "loss_scale"}
 
-    def locate(self, checkpoint):
+    def locate(self, checkpoint: Any) -> Any:
         d = as_dict(checkpoint)
         opt = walk_path(d, ("optimizer",)) if d is not None else MISSING
         if isinstance(opt, (list, tuple)):
@@ -409,7 +409,7 @@ class MegatronPeer(PeerBase):
             )
         return super().locate(checkpoint)
 
-    def load(self, state, args, notes):
+    def load(self, state: Any, args: Any, notes: Any) -> Any:
         if isinstance(state, dict) and "grad_scaler" in state:
             state = state["grad_scaler"]  # the optimizer state_dict's entry
         if isinstance(state, dict) and not state:
@@ -427,7 +427,7 @@ class MegatronPeer(PeerBase):
             },
         )
 
-    def dump(self, ls, args):
+    def dump(self, ls: Any, args: Any) -> Any:
         c = ls.state.counters()
         return {
             "scale": ls.state.scale,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from lscore.migrate._base import (
     BF16_NEEDS_NO_SCALING,
@@ -40,10 +40,10 @@ class ApexPeer(PeerBase):
     state_keys = ("loss_scale", "unskipped")
     places = (("amp",), ("amp_scaling_state",), ("ApexMixedPrecisionPlugin",))
 
-    def is_state(self, d):
+    def is_state(self, d: Any) -> Any:
         return super().is_state(d) or any(str(k).startswith("loss_scaler") for k in d)
 
-    def load(self, state, args, notes):
+    def load(self, state: Any, args: Any, notes: Any) -> Any:
         if isinstance(state, dict) and any(str(k).startswith("loss_scaler") for k in state):
             names = sorted(state)
             if len(names) != 1:
@@ -59,7 +59,7 @@ class ApexPeer(PeerBase):
             {"good_steps": read_count("unskipped", st["unskipped"])},
         )
 
-    def dump(self, ls, args):
+    def dump(self, ls: Any, args: Any) -> Any:
         return {
             "loss_scaler0": {
                 "loss_scale": ls.state.scale,
@@ -88,10 +88,10 @@ class ApexFp16UtilsPeer(PeerBase):
         "fp32_from_fp16",
     )
 
-    def is_state(self, d):
+    def is_state(self, d: Any) -> Any:
         return super().is_state(d) or "loss_scaler" in d
 
-    def load(self, state, args, notes):
+    def load(self, state: Any, args: Any, notes: Any) -> Any:
         d = as_dict(state)
         if d is not None and "loss_scaler" in d:
             d = check_keys("apex FP16_Optimizer state", d, self.optimizer_keys, ("loss_scaler",))
@@ -109,7 +109,7 @@ class ApexFp16UtilsPeer(PeerBase):
                 args[key] = read_value(key, st[key])
         return iteration_counters(st)
 
-    def dump(self, ls, args):
+    def dump(self, ls: Any, args: Any) -> Any:
         c = ls.state.counters()
         return {
             "cur_scale": ls.state.scale,
@@ -143,10 +143,10 @@ class PaddlePeer(PeerBase):
         "use_dynamic_loss_scaling",
     )
 
-    def is_state(self, d):
+    def is_state(self, d: Any) -> Any:
         return True
 
-    def load(self, state, args, notes):
+    def load(self, state: Any, args: Any, notes: Any) -> Any:
         if isinstance(state, dict) and not state:
             raise ValueError(
                 "the GradScaler state is empty (it was saved from a disabled GradScaler)"
@@ -169,7 +169,7 @@ class PaddlePeer(PeerBase):
             {"good_steps": read_count("incr_count", st["incr_count"]), "hysteresis_left": n - decr},
         )
 
-    def dump(self, ls, args):
+    def dump(self, ls: Any, args: Any) -> Any:
         c = ls.state.counters()
         n = args["decr_every_n_nan_or_inf"]
         return {
@@ -188,18 +188,18 @@ class JmpPeer(PeerBase):
     preset = "jmp"
     config_keys = ("loss_scale", "counter", "period", "factor", "min_loss_scale")
 
-    def args(self, config, notes):
+    def args(self, config: Any, notes: Any) -> Any:
         return {k: read_value(k, v) for k, v in super().args(config, notes).items()}
 
-    def is_state(self, d):
+    def is_state(self, d: Any) -> Any:
         return True
 
-    def load(self, state, args, notes):
+    def load(self, state: Any, args: Any, notes: Any) -> Any:
         # jmp's state *is* its fields
         args.update(self.args(state, notes))
         return Loaded()
 
-    def dump(self, ls, args):
+    def dump(self, ls: Any, args: Any) -> Any:
         return {
             "loss_scale": ls.state.scale,
             "counter": ls.state.counters()["good_steps"],
@@ -261,7 +261,7 @@ class FairseqPeer(PeerBase):
     places = (("last_optimizer_state",),)
     config_places = (("cfg",), ("args",))
 
-    def args(self, config, notes):
+    def args(self, config: Any, notes: Any) -> Any:
         d = as_dict(config)
         if d is None:
             raise TypeError(f"fairseq config must be a dict, got {type(config).__name__}")
@@ -308,7 +308,7 @@ class FairseqPeer(PeerBase):
             args["scale_window"] = self._window(opts, notes)
         return args
 
-    def _window(self, opts, notes) -> int:
+    def _window(self, opts: Any, notes: Any) -> int:
         freq = opts.get("update_freq", [1])
         freq = list(freq) if isinstance(freq, (list, tuple)) else [freq]
         if len(freq) > 1:
@@ -334,7 +334,7 @@ class FairseqPeer(PeerBase):
             )
         return window
 
-    def load(self, state, args, notes):
+    def load(self, state: Any, args: Any, notes: Any) -> Any:
         d = as_dict(state)
         if d is not None and "loss_scale" not in d and ("state" in d or "param_groups" in d):
             raise ValueError(
@@ -346,7 +346,7 @@ class FairseqPeer(PeerBase):
         # fairseq saves no counters: it restarts them on resume, and so does lscore
         return Loaded(read_scale("loss_scale", st["loss_scale"]))
 
-    def dump(self, ls, args):
+    def dump(self, ls: Any, args: Any) -> Any:
         return {"loss_scale": ls.state.scale}
 
 
@@ -362,14 +362,14 @@ class ColossalAIPeer(PeerBase):
     config_keys = tuple(table.TABLE["colossalai"].args)
     state_keys = ("scale", "growth_factor", "backoff_factor", "hysteresis")
 
-    def load(self, state, args, notes):
+    def load(self, state: Any, args: Any, notes: Any) -> Any:
         st = check_keys(self.what, state, self.state_keys, ("scale",))
         for key in self.state_keys[1:]:
             if key in st:
                 args[key] = read_value(key, st[key])
         return Loaded(read_scale("scale", st["scale"]))
 
-    def dump(self, ls, args):
+    def dump(self, ls: Any, args: Any) -> Any:
         return {
             "scale": ls.state.scale,
             "growth_factor": args["growth_factor"],
@@ -378,7 +378,7 @@ class ColossalAIPeer(PeerBase):
         }
 
 
-def read_attributes(what, state, keys, required):
+def read_attributes(what: Any, state: Any, keys: Any, required: Any) -> Any:
     """A peer object's attributes (or a dict of them): only `keys` are read from an object."""
     if isinstance(state, dict):
         return check_keys(what, state, keys, required)
@@ -407,10 +407,10 @@ class ChainerPeer(PeerBase):
         "_loss_scale_max",
     )
 
-    def is_state(self, d):
+    def is_state(self, d: Any) -> Any:
         return True
 
-    def load(self, state, args, notes):
+    def load(self, state: Any, args: Any, notes: Any) -> Any:
         st = read_attributes(self.what, state, self.state_keys, ("_loss_scale",))
         if st.get("_loss_scaling_is_dynamic") is False:
             raise ValueError(
@@ -422,7 +422,7 @@ class ChainerPeer(PeerBase):
             read_scale("_loss_scale", st["_loss_scale"]), {"overflow_seen": int(bool(seen))}
         )
 
-    def dump(self, ls, args):
+    def dump(self, ls: Any, args: Any) -> Any:
         return {
             "_loss_scale": ls.state.scale,
             "_loss_scaling_isnan_ever": bool(ls.state.counters()["overflow_seen"]),
@@ -447,10 +447,10 @@ class MXNetPeer(PeerBase):
         "_unskipped",
     )
 
-    def is_state(self, d):
+    def is_state(self, d: Any) -> Any:
         return True
 
-    def load(self, state, args, notes):
+    def load(self, state: Any, args: Any, notes: Any) -> Any:
         st = read_attributes(self.what, state, self.state_keys, ("_loss_scale", "_unskipped"))
         if "_max_loss_scale" in st:
             args["max_loss_scale"] = read_value("_max_loss_scale", st["_max_loss_scale"])
@@ -463,7 +463,7 @@ class MXNetPeer(PeerBase):
             read_scale("_next_loss_scale", st.get("_next_loss_scale", scale)),
         )
 
-    def dump(self, ls, args):
+    def dump(self, ls: Any, args: Any) -> Any:
         return {
             "_loss_scale": ls.state.scale,
             "_next_loss_scale": float(ls.state_dict().get("next_scale", ls.state.scale)),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from lscore.migrate._base import Loaded, PeerBase, check_keys, read_count, read_scale
 
@@ -14,10 +14,10 @@ class KerasPeer(PeerBase):
         "dynamic_counter": "good_steps",
     }
 
-    def is_state(self, d):
+    def is_state(self, d: Any) -> Any:
         return True
 
-    def load(self, state, args, notes):
+    def load(self, state: Any, args: Any, notes: Any) -> Any:
         st = check_keys(f"{self.preset} variables", state, self.variables + tuple(self.aliases))
         st = {self.aliases.get(k, k): v for k, v in st.items()}
         missing = [k for k in self.variables if k not in st]
@@ -31,7 +31,7 @@ class KerasPeer(PeerBase):
             {"good_steps": read_count(counter_key, st[counter_key])},
         )
 
-    def dump(self, ls, args):
+    def dump(self, ls: Any, args: Any) -> Any:
         scale_key, counter_key = self.variables
         return {scale_key: ls.state.scale, counter_key: ls.state.counters()["good_steps"]}
 
@@ -46,7 +46,7 @@ class Keras2Peer(KerasPeer):
     config_keys = ("dynamic", "initial_scale", "dynamic_growth_steps")
     ignored_config_keys = ("inner_optimizer", "name")
 
-    def args(self, config, notes):
+    def args(self, config: Any, notes: Any) -> Any:
         if isinstance(config, dict) and "loss_scale" in config:
             # the TF <= 2.3 experimental format: {"optimizer", "loss_scale": {...}}
             check_keys("keras2 config", config, ("optimizer", "loss_scale"))
@@ -92,10 +92,10 @@ class TF1Peer(PeerBase):
     )
     variables = ("loss_scale", "good_steps", "bad_steps")
 
-    def is_state(self, d):
+    def is_state(self, d: Any) -> Any:
         return True
 
-    def load(self, state, args, notes):
+    def load(self, state: Any, args: Any, notes: Any) -> Any:
         st = check_keys("tf1 variables", state, self.variables, self.variables)
         n = args.get("decr_every_n_nan_or_inf", 2)
         bad = read_count("bad_steps", st["bad_steps"])
@@ -106,7 +106,7 @@ class TF1Peer(PeerBase):
             {"good_steps": read_count("good_steps", st["good_steps"]), "hysteresis_left": n - bad},
         )
 
-    def dump(self, ls, args):
+    def dump(self, ls: Any, args: Any) -> Any:
         c = ls.state.counters()
         return {
             "loss_scale": ls.state.scale,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from lscore.migrate._base import (
     BF16_NEEDS_NO_SCALING,
@@ -48,10 +48,10 @@ class TorchPeer(PeerBase):
     state_keys = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
     places = tuple((k,) for k in ("scaler", "amp_scaler", "grad_scaler", *LIGHTNING_SCALER_KEYS))
 
-    def is_state(self, d):
+    def is_state(self, d: Any) -> Any:
         return super().is_state(d) or "lscore" in d
 
-    def load(self, state, args, notes):
+    def load(self, state: Any, args: Any, notes: Any) -> Any:
         if isinstance(state, dict) and "lscore" in state:
             raise ValueError(
                 "this GradScaler state holds an 'lscore' entry: it was saved by "
@@ -80,7 +80,7 @@ class TorchPeer(PeerBase):
             )
         return Loaded(scale, {"good_steps": read_count("_growth_tracker", st["_growth_tracker"])})
 
-    def dump(self, ls, args):
+    def dump(self, ls: Any, args: Any) -> Any:
         return {
             "scale": ls.state.scale,
             "growth_factor": args["growth_factor"],
@@ -114,7 +114,7 @@ class NemoPeer(TorchPeer):
     }
     places = tuple((k,) for k in NEMO_SCALER_KEYS) + TorchPeer.places
 
-    def args(self, config, notes):
+    def args(self, config: Any, notes: Any) -> Any:
         d = as_dict(config)
         if d is None:
             raise TypeError(f"nemo config must be a dict, got {type(config).__name__}")
@@ -129,7 +129,7 @@ class NemoPeer(TorchPeer):
             return self._from_model(d, "", notes)  # the model section of a NeMo config
         return super().args(config, notes)  # GradScaler's own arguments
 
-    def _check_precision(self, precision):
+    def _check_precision(self, precision: Any) -> None:
         p = str(precision)
         if p in ("bf16", "bf16-mixed", "bf16-true"):
             raise ValueError(
@@ -142,7 +142,7 @@ class NemoPeer(TorchPeer):
                 f"the loss, got {precision!r}"
             )
 
-    def _from_model(self, model, prefix, notes):
+    def _from_model(self, model: Any, prefix: Any, notes: Any) -> Any:
         args, taken = {}, []
         for name, arg in self.model_names.items():
             if name in model and model[name] is not None:
@@ -159,12 +159,12 @@ class NemoPeer(TorchPeer):
             )
         return args
 
-    def _offset(self, args) -> int:
+    def _offset(self, args: Any) -> int:
         # hysteresis 0 acts as 1 (every overflow backs off) with NeMo's tracker one lower
         h = args.get("hysteresis", 1)
         return max(h, 1) - h if isinstance(h, int) else 0
 
-    def load(self, state, args, notes):
+    def load(self, state: Any, args: Any, notes: Any) -> Any:
         st = dict(
             check_keys(
                 self.what, state, (*self.state_keys, "_hysteresis_tracker", "_hysterisis_tracker")
@@ -178,7 +178,7 @@ class NemoPeer(TorchPeer):
             ) + self._offset(args)
         return loaded
 
-    def dump(self, ls, args):
+    def dump(self, ls: Any, args: Any) -> Any:
         return {
             **super().dump(ls, args),
             "_hysteresis_tracker": ls.state.counters()["hysteresis_left"] - self._offset(args),

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import inspect
 import math
+from typing import Any
 
 from lscore import kernels
 from lscore.loss_scale import LossScale
 from lscore.managers import LossScaleManager
+from lscore.policy import Policy
 from lscore.presets import table
 from lscore.state import LossScaleState, as_finite, parse_state
 
@@ -52,12 +54,13 @@ class PresetLossScale(LossScale):
 
     preset_name: str | None = None
 
-    def __init__(self, preset: str | None = None, **kwargs):
+    def __init__(self, preset: str | None = None, **kwargs: Any) -> None:
         own = type(self).preset_name
         name = own if preset is None else preset
         if own is not None and name != own:
             raise ValueError(f"{type(self).__name__} is preset {own!r}, got preset={preset!r}")
         _, args = table.resolve(name, kwargs)
+        assert isinstance(name, str)  # resolve refused anything else
         self._name = name
         self._args = args
         self._state = LossScaleState(table.policy(name, args))
@@ -79,7 +82,7 @@ class PresetLossScale(LossScale):
         return self._state
 
     @property
-    def policy(self):
+    def policy(self) -> Policy:
         return self._state.policy
 
     def counters(self) -> dict:
@@ -88,7 +91,7 @@ class PresetLossScale(LossScale):
     def __call__(self) -> float:
         return self._state.scale
 
-    def update(self, grads):
+    def update(self, grads: Any) -> tuple[None, bool]:
         return None, self._state.update(kernels.all_finite(grads))
 
     def get_config(self) -> dict:
@@ -116,10 +119,10 @@ class PresetLossScale(LossScale):
         obj.load_state_dict(d)
         return obj
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple:
         return PresetLossScale.from_state_dict, (self.state_dict(),)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         c = self.counters()
         return (
             f"{type(self).__name__}(scale={self()!r}, "
@@ -136,7 +139,7 @@ class ManagerPreset(PresetLossScale, LossScaleManager):
     def get_loss_scale(self) -> float:
         return self()
 
-    def update_loss_scale(self, finite_grads) -> None:
+    def update_loss_scale(self, finite_grads: Any) -> None:
         self._state.update(as_finite(finite_grads, "finite_grads"))
 
 
@@ -144,7 +147,7 @@ def _camel(name: str) -> str:
     return "".join(part.capitalize() for part in name.split("_")) + "Preset"
 
 
-def _make_class(name: str):
+def _make_class(name: str) -> type[PresetLossScale]:
     spec = table.TABLE[name]
     args = ", ".join(f"{k}" if v is table.REQUIRED else f"{k}={v!r}" for k, v in spec.args.items())
     doc = (
@@ -162,7 +165,7 @@ CLASSES = {name: _make_class(name) for name in NAMES}
 globals().update({cls.__name__: cls for cls in CLASSES.values()})
 
 
-def preset(preset: str, **kwargs) -> PresetLossScale:
+def preset(preset: str, **kwargs: Any) -> PresetLossScale:
     """A loss scale that reproduces peer `preset`'s update rule exactly.
 
     `preset` is one of: apex, apex_fp16_utils, chainer, colossalai,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import Any
 
 from lscore.policy import fraction, integer, positive_scale, real
 
@@ -24,54 +25,54 @@ class Spec:
     invert: Callable | None = None  # (Policy) -> peer arguments not in `rename`
 
 
-def f32(name, v):
+def f32(name: Any, v: Any) -> Any:
     return positive_scale(name, v)
 
 
-def f64(name, v):
+def f64(name: Any, v: Any) -> Any:
     return positive_scale(name, v, precision="float64")
 
 
-def any_int(name, v):
+def any_int(name: Any, v: Any) -> Any:
     return integer(name, v)
 
 
-def int_ge1(name, v):
+def int_ge1(name: Any, v: Any) -> Any:
     return integer(name, v, minimum=1)
 
 
-def int_ge0(name, v):
+def int_ge0(name: Any, v: Any) -> Any:
     return integer(name, v, minimum=0)
 
 
-def open_fraction(name, v):
+def open_fraction(name: Any, v: Any) -> Any:
     return fraction(name, v, closed=False)
 
 
-def non_negative(name, v):
+def non_negative(name: Any, v: Any) -> Any:
     x = real(name, v)
     if not math.isfinite(x) or x < 0:
         raise ValueError(f"{name} must be finite and >= 0, got {v!r}")
     return x
 
 
-def optional(check):
-    def run(name, v):
+def optional(check: Any) -> Any:
+    def run(name: Any, v: Any) -> Any:
         return None if v is None else check(name, v)
 
     return run
 
 
-def optional_truthy(check):
+def optional_truthy(check: Any) -> Any:
     """ColossalAI and apex test min/max scales for truthiness: None and 0 disable them."""
 
-    def run(name, v):
+    def run(name: Any, v: Any) -> Any:
         return None if v is None or v == 0 else check(name, v)
 
     return run
 
 
-def cap(name, v):
+def cap(name: Any, v: Any) -> Any:
     """A maximum scale: > 0, +inf allowed (no cap)."""
     x = real(name, v)
     if math.isnan(x) or x <= 0:
@@ -79,13 +80,13 @@ def cap(name, v):
     return x
 
 
-def string(name, v):
+def string(name: Any, v: Any) -> Any:
     if not isinstance(v, str):
         raise TypeError(f"{name} must be a string, got {v!r}")
     return v
 
 
-def dynamic_or_number(name, v):
+def dynamic_or_number(name: Any, v: Any) -> Any:
     if isinstance(v, str):
         if v != "dynamic":
             raise ValueError(f"{name} must be 'dynamic' or a number, got {v!r}")

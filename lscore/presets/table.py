@@ -11,6 +11,7 @@ pseudocode in ``doc`` becomes the docstring of the preset's class.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from lscore.policy import (
     Policy,
@@ -59,11 +60,11 @@ TORCH = dict(
 )
 
 
-def _tf2(a):
+def _tf2(a: Any) -> Any:
     return {"backoff_factor": 1.0 / a["multiplier"]}
 
 
-def _keras2(a):
+def _keras2(a: Any) -> Any:
     if not a["dynamic"]:
         if a["initial_scale"] is None:
             raise ValueError('"initial_scale" must be specified if "dynamic" is False')
@@ -80,7 +81,7 @@ def _keras2(a):
     )
 
 
-def _keras3(a):
+def _keras3(a: Any) -> Any:
     if a["dynamic"] is not True:
         raise ValueError(
             "LossScaleOptimizer no longer supports `dynamic=False`. Instead, simply "
@@ -89,13 +90,13 @@ def _keras3(a):
     return {}
 
 
-def _torch(a):
+def _torch(a: Any) -> Any:
     if not a["enabled"]:
         return dict(FIXED_SCALE, init_scale=1.0)
     return dict(TORCH)
 
 
-def _nemo(a):
+def _nemo(a: Any) -> Any:
     if not a["enabled"]:
         return dict(FIXED_SCALE, init_scale=1.0)
     # hysteresis 0 acts as 1: NeMo's tracker starts at 0 and the first overflow takes it
@@ -103,7 +104,7 @@ def _nemo(a):
     return dict(TORCH, refill=("finite",), hysteresis=max(a["hysteresis"], 1))
 
 
-def _apex(a):
+def _apex(a: Any) -> Any:
     if a["loss_scale"] != "dynamic":
         return dict(FIXED_SCALE, init_scale=a["loss_scale"])
     # amp clamps the initial scale to the maximum too
@@ -114,14 +115,14 @@ def _apex(a):
     }
 
 
-def _deepspeed(a):
+def _deepspeed(a: Any) -> Any:
     return {
         "refill": ("finite",) if a["consecutive_hysteresis"] else ("growth",),
         "min_action": "raise_at" if a["raise_error_at_min_scale"] else "clamp",
     }
 
 
-def _megatron(a):
+def _megatron(a: Any) -> Any:
     if a["min_scale"] > a["initial_scale"]:
         raise ValueError(
             f"min_scale must be <= initial_scale, got {a['min_scale']!r} > {a['initial_scale']!r}"
@@ -129,11 +130,11 @@ def _megatron(a):
     return {}
 
 
-def _fairseq(a):
+def _fairseq(a: Any) -> Any:
     return {"backoff_factor": 1.0 / a["scale_factor"]}
 
 
-def _paddle(a):
+def _paddle(a: Any) -> Any:
     if not a["enable"]:
         return dict(FIXED_SCALE, init_scale=1.0)
     if not a["use_dynamic_loss_scaling"]:
@@ -141,7 +142,7 @@ def _paddle(a):
     return {}
 
 
-def _colossalai(a):
+def _colossalai(a: Any) -> Any:
     lo, hi, init = a["min_scale"], a["max_scale"], a["initial_scale"]
     if lo is not None and lo > init:
         raise ValueError(f"min_scale must be <= initial_scale, got {lo!r} > {init!r}")
@@ -151,17 +152,17 @@ def _colossalai(a):
     return {"hysteresis": max(a["hysteresis"], 1)}
 
 
-def _chainer(a):
+def _chainer(a: Any) -> Any:
     if a["scale"] is not None:
         return dict(FIXED_SCALE, init_scale=a["scale"])
     return {"growth_factor_after_overflow": math.pow(2.0, 1.0 / a["interval"])}
 
 
-def _apex_fp16_utils(a):
+def _apex_fp16_utils(a: Any) -> Any:
     return {"backoff_factor": 1.0 / a["scale_factor"]}
 
 
-def _jmp(a):
+def _jmp(a: Any) -> Any:
     return {"backoff_factor": 1.0 / a["factor"]}
 
 
@@ -839,7 +840,7 @@ TABLE: dict[str, Spec] = {
 NAMES = tuple(sorted(TABLE))
 
 
-def resolve(name: str, kwargs: dict) -> tuple[Spec, dict]:
+def resolve(name: object, kwargs: dict) -> tuple[Spec, dict]:
     """The spec of `name` and its checked arguments, defaults filled in."""
     if not isinstance(name, str) or name not in TABLE:
         raise ValueError(f"unknown preset {name!r}; expected one of: {', '.join(NAMES)}")

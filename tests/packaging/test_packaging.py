@@ -1,7 +1,9 @@
-"""Install layout: lscore._ext and lscore.adapters import; top-level _ext / adapters do not."""
+"""Install layout: lscore._ext and lscore.adapters import; top-level _ext / adapters do not;
+the licence travels in the wheel and the sdist."""
 
 import subprocess
 import sys
+import tarfile
 import zipfile
 
 import pytest
@@ -58,6 +60,12 @@ def test_wheel_installs_and_imports_in_fresh_venv(tmp_path):
     assert "lscore/_ext/lsc_state.h" in names and "lscore/adapters/__init__.py" in names
     assert not any(n.endswith((".pyx", ".c")) for n in names)
     assert not any(n.split("/")[0] in ("_ext", "adapters") for n in names)
+    # PEP 639: the licence file in the wheel's metadata, named in METADATA
+    assert "lscore-0.1.0.dist-info/licenses/LICENSE" in names
+    wheel_license = zipfile.ZipFile(wheel).read("lscore-0.1.0.dist-info/licenses/LICENSE")
+    assert wheel_license == (ROOT / "LICENSE").read_bytes()
+    metadata = zipfile.ZipFile(wheel).read("lscore-0.1.0.dist-info/METADATA").decode()
+    assert "License-File: LICENSE" in metadata and "License-Expression: Apache-2.0" in metadata
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
@@ -85,3 +93,29 @@ def test_wheel_installs_and_imports_in_fresh_venv(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert str(venv) in r.stdout
+
+
+def test_sdist_carries_the_license(tmp_path):
+    """The sdist (setuptools' PEP 517 hook, as `python -m build --sdist` calls it) holds
+    LICENSE at its root, byte for byte, and its metadata names it."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from setuptools import build_meta; "
+            "print(build_meta.build_sdist(sys.argv[1]))",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    sdist = tmp_path / r.stdout.split()[-1]
+    with tarfile.open(sdist) as tar:
+        top = sdist.name.removesuffix(".tar.gz")
+        licence = tar.extractfile(f"{top}/LICENSE")
+        assert licence is not None and licence.read() == (ROOT / "LICENSE").read_bytes()
+        pkg_info = tar.extractfile(f"{top}/PKG-INFO")
+        assert pkg_info is not None and "License-File: LICENSE" in pkg_info.read().decode()

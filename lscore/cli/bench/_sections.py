@@ -7,6 +7,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 
 import numpy as np
 
@@ -198,7 +199,7 @@ def _bench_gradscaler(rows: Rows, opts, torch, rng) -> None:
         (f"{N_SMALL} x 64", [64] * N_SMALL),
         (f"{N_SMALL} log-uniform 1e2..1e5", log_uniform_sizes(opts.gs_max)),
     )
-    adapter = None
+    adapter: type | None = None
     with contextlib.suppress(ImportError):
         from lscore.adapters.torch import GradScaler as adapter
     for label, sizes in cases:
@@ -228,14 +229,14 @@ def _step_fn(torch, method, params, opt, adapter):
     if method.startswith("lscore core"):
         state = lscore.LossScaleState(lscore.Policy(name="bench", init_scale=2.0))
 
-        def step():
+        def core_step():
             grads = [p.grad.numpy() for p in params]
             finite = kernels.unscale_(grads, 1.0 / state.scale)
             if state.update(finite):
                 opt.step()
             state.set_scale(scales())
 
-        return step
+        return core_step
     cls = adapter if method.startswith("lscore.adapters") else torch.amp.GradScaler
     scaler = cls("cpu", init_scale=2.0, growth_interval=1 << 30)
     scaler.scale(torch.ones(()))
@@ -255,6 +256,7 @@ def _bench_torch_small(rows: Rows, opts, torch, rng) -> None:
     after torch's default zero_grad(set_to_none=True).  The 1-tensor rows give
     the per-step part, so the targets can take the per-tensor part alone."""
     methods = (GRAD_HARNESS, "torch.amp.GradScaler('cpu')", "lscore.adapters.torch.GradScaler")
+    adapter: type | None
     try:
         from lscore.adapters.torch import GradScaler as adapter
     except ImportError:
@@ -487,11 +489,14 @@ def _bench_isa(rows: Rows, opts, torch, rng) -> None:
         inv = alternating([0.5, 2.0])
         for what in ("all_finite", "unscale_"):
             g = f"ISA levels, {what} float32 {size_label(n)}"
-            fn = (
-                (lambda a=a: kernels.all_finite(a, 1))
-                if what == "all_finite"
-                else (lambda a=a, inv=inv: kernels.unscale_(a, inv(), False, 1))
-            )
+
+            def check(a=a):
+                return kernels.all_finite(a, 1)
+
+            def unscale(a=a, inv=inv):
+                return kernels.unscale_(a, inv(), False, 1)
+
+            fn: Callable[[], object] = check if what == "all_finite" else unscale
             for level in [*levels, "auto"]:
                 rows.add(
                     g,

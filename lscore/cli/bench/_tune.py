@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
@@ -91,7 +92,7 @@ class TypedArray(_gpu.StandInArray):
     __slots__ = ()
 
     def __init__(self, mem, dtype: np.dtype):
-        self.host = mem
+        self.host: Any = mem  # a CuPy array
         self.data = mem.data
         self.size, self.shape, self.strides = mem.size, mem.shape, mem.strides
         self.dtype = dtype
@@ -213,7 +214,8 @@ def summarize(times: dict, default: LaunchConfig) -> dict:
     time / that workload's best; `times` is {workload: {label(config): seconds}}."""
     if not times:
         return {"per_workload": {}, "chosen": None}
-    per, logs = {}, {}
+    per: dict[str, dict] = {}
+    logs: dict[str, list[float]] = {}
     base = label(default)
     for name, ts in times.items():
         best = min(ts, key=ts.get)
@@ -227,7 +229,7 @@ def summarize(times: dict, default: LaunchConfig) -> dict:
             logs.setdefault(cfg, []).append(math.log(t / ts[best]))
     # only configurations measured on every workload can be compared this way
     geo = {cfg: math.exp(sum(v) / len(v)) for cfg, v in logs.items() if len(v) == len(times)}
-    chosen = min(geo, key=geo.get)
+    chosen = min(geo, key=geo.__getitem__)
     for name, ts in times.items():
         per[name]["chosen_s"] = ts[chosen]
         per[name]["default_over_chosen"] = ts[base] / ts[chosen]
@@ -306,7 +308,7 @@ def run_tune(opts, rows, rng, device: ArrayDevice | None = None) -> tuple[list, 
     if device is None:
         device, reason = default_device()
     configs, loads = grid(opts.tiny), workloads(opts.tiny)
-    tune = {
+    tune: dict[str, Any] = {
         "grid": [label(c) for c in configs],
         "default": label(LaunchConfig()),
         "workloads": [name for name, *_ in loads],
