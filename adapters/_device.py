@@ -93,27 +93,31 @@ class ArrayBackend:
             hit = self._launchers[device] = FusedLauncher(runner)
         return hit
 
-    def all_finite(self, arrays) -> bool:
+    def all_finite(self, arrays: Any) -> bool:
         self.refuse_in_capture(
             "all_finite (it reads a flag back)",
             "check inside a capture with LossScaleOptimizer(sync_free=True)",
         )
         return self.kernels.all_finite(arrays)
 
-    def unscale_(self, arrays, inv_scale) -> bool:
+    def unscale_(self, arrays: Any, inv_scale: float) -> bool:
         self.refuse_in_capture(
             "unscale_ (it reads a flag back)",
             "unscale inside a capture with LossScaleOptimizer(sync_free=True)",
         )
         return self.kernels.unscale_(arrays, inv_scale)
 
-    def unscale_and_norm(self, arrays, inv_scale, norm_type=2.0) -> tuple[bool, float]:
+    def unscale_and_norm(
+        self, arrays: Any, inv_scale: float, norm_type: Any = 2.0
+    ) -> tuple[bool, float]:
         self.refuse_in_capture(
             "unscale_and_norm (it reads the norm back)", "take the norm outside the captured step"
         )
         return self.kernels.unscale_and_norm(arrays, inv_scale, norm_type)
 
-    def unscale_and_clip_(self, arrays, inv_scale, max_norm, norm_type=2.0) -> tuple[bool, float]:
+    def unscale_and_clip_(
+        self, arrays: Any, inv_scale: float, max_norm: float, norm_type: Any = 2.0
+    ) -> tuple[bool, float]:
         self.refuse_in_capture(
             "unscale_and_clip_ (it reads the norm back)", "clip outside the captured step"
         )
@@ -155,7 +159,7 @@ class Gated(_arrays.ArrayOptimizer):
     _kind = ""  # "sgd" or "adam": the fused kernel
 
     @property
-    def _xp(self):
+    def _xp(self) -> Any:
         backend = getattr(self, "_backend", None)
         return None if backend is None else backend.xp
 
@@ -233,13 +237,14 @@ class Gated(_arrays.ArrayOptimizer):
     def _slot_names(self) -> tuple:
         raise NotImplementedError
 
-    def _plan_records(self, pairs) -> FusedPlan:
+    def _plan_records(self, pairs: Any) -> FusedPlan:
         """The launcher's plan of these records; planned (uploaded) on first sight, never while
         capturing."""
         launcher = self.fused_launcher()
         ptr = launcher.backend.ptr
         names = self._slot_names()
-        key, tensors = [], []
+        records: list[tuple[Any, int, tuple[int, ...]]] = []
+        tensors: list[tuple[Any, int, tuple[int, ...]]] = []
         capturing = self._backend.capturing()
         for g, v in pairs:
             entry = self._slots.get(id(v))
@@ -422,11 +427,11 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
     _backend: ClassVar[ArrayBackend]  # set by the adapter's subclass
 
     @property
-    def _xp(self):
+    def _xp(self) -> Any:
         backend = getattr(self, "_backend", None)
         return None if backend is None else backend.xp
 
-    def _all_finite(self, grads) -> bool:
+    def _all_finite(self, grads: Any) -> bool:
         return self._backend.all_finite(grads)
 
     def __init__(
@@ -745,6 +750,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         if self._dev is None:
             gate = None  # Keras fixed scale: every step applies
         else:
+            assert self._device_id is not None  # set with self._dev
             self._backend.kernels.check_async(
                 [g for g, _ in pairs], self._dev.found_ptr, self._device_id
             )

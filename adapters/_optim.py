@@ -123,7 +123,7 @@ def inverse_scale(scale: float) -> float:
         return float(np.float32(1.0) / np.float32(scale))
 
 
-def _times(x, factor: float):
+def _times(x: Any, factor: float) -> Any:
     """`x * factor` with the factor cast to x's dtype first, as TF casts the scale."""
     dtype = getattr(x, "dtype", None)
     if dtype is None:

@@ -55,7 +55,7 @@ as finite and are never written.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import cupy
 
@@ -94,7 +94,7 @@ def _current_device() -> int:
     return cupy.cuda.Device().id
 
 
-def _on_device(a, device: int) -> bool:
+def _on_device(a: Any, device: int) -> bool:
     return a.device.id == device
 
 

@@ -312,7 +312,7 @@ class GradScaler(torch.amp.GradScaler):
     _init_values: tuple | None = None
 
     @property  # torch's attribute, read-only here: the path owns the value
-    def _init_scale(self) -> float:  # type: ignore[override]
+    def _init_scale(self) -> float:
         """torch's: the value the scale tensor is (or was) created with, or the scale last
         loaded by load_state_dict.  Assigned before the first scale(), it is the scale the
         tensor will be created with, as in torch."""
@@ -356,7 +356,7 @@ class GradScaler(torch.amp.GradScaler):
                 old[1] if tracker is None else tracker,
             )
 
-    def _lazy_init_scale_growth_tracker(self, dev) -> None:
+    def _lazy_init_scale_growth_tracker(self, dev: Any) -> None:
         """Create the scale (and pick the path) on `dev`, a torch.device or a string, as
         torch's scale() does on its first call; torch's assertion if already created."""
         if self._growth_tracker is not None or self._path.scale is not None:
@@ -387,7 +387,7 @@ class GradScaler(torch.amp.GradScaler):
     # ---- scale -------------------------------------------------------------------
 
     @outside_graph
-    def scale(self, outputs):
+    def scale(self, outputs: Any) -> Any:
         """`outputs` (a tensor, or nested lists, tuples or iterables of them) times the scale.
 
         The first call creates the scale on the device of `outputs` and decides
@@ -440,7 +440,7 @@ class GradScaler(torch.amp.GradScaler):
     # ---- unscale -----------------------------------------------------------------
 
     @outside_graph
-    def unscale_and_clip_(self, optimizer, max_norm: float, norm_type: float = 2.0):
+    def unscale_and_clip_(self, optimizer: Any, max_norm: float, norm_type: float = 2.0) -> Any:
         """``unscale_(optimizer)``, then clip the gradients as ``clip_grad_norm_`` does.
 
         An lscore extra: for ``norm_type`` 2 or inf the norm is gathered by the
@@ -531,7 +531,7 @@ class GradScaler(torch.amp.GradScaler):
         """
         self._unscale_with(optimizer)
 
-    def _unscale_with(self, optimizer, stats: list | None = None, unscale=None) -> None:
+    def _unscale_with(self, optimizer: Any, stats: list | None = None, unscale: Any = None) -> None:
         """``unscale_``, also appending each array's (sum of squares, largest magnitude) to
         `stats` on the CPU core path, or unscaling with `unscale` (the one-pass CUDA clip's)."""
         if not self._enabled:
@@ -566,7 +566,7 @@ class GradScaler(torch.amp.GradScaler):
         return retval
 
     @outside_graph
-    def step(self, optimizer, *args, **kwargs):
+    def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         """Unscale `optimizer`'s gradients (unless ``unscale_`` did), then call
         ``optimizer.step(*args, **kwargs)`` unless one is NaN/inf; returns what it returns,
         or None when the step is skipped.  A ``closure`` is refused, as in torch."""

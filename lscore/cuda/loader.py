@@ -22,6 +22,7 @@ import struct
 import tempfile
 import threading
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -342,7 +343,7 @@ def device_missing() -> str | None:
     return None
 
 
-def module(name: str, device: int):
+def module(name: str, device: int) -> Any:
     """(cupy Module, lowered names) of ``_ext/<name>`` on `device`, loaded once per process.
 
     The image comes from ``kernel_image``: the disk cache, or NVRTC on a miss.  A cached

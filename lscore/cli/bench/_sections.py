@@ -325,6 +325,7 @@ def _bench_clip(rows: Rows, opts, torch, rng) -> None:
     in both, for one big tensor (the sizes from 1e7 up) and the 300-tensor list."""
     big = [n for n in opts.sizes if n >= 10**7] or list(opts.sizes[-1:])
     cases = [*((size_label(n), [n]) for n in big), log_list(opts)]
+    adapter: type | None
     try:
         from lscore.adapters.torch import GradScaler as adapter
     except ImportError:
