@@ -87,7 +87,9 @@ LSC_DEFINE_SCAN(scan_u64_, uint64_t, 0x8000000000000000ull)
 /* ---- fused unscale: multiply in place, report a non-finite input -------- */
 
 /* f32 and f64 in explicit vectors of the ISA's width (the auto-vectorised
- * loop spent a third of a 64-element call in its prologue), tail by words. */
+ * loop spent a third of a 64-element call in its prologue), tail by words.
+ * Unrolled 4 times: at v4 on Zen 4 a 1e7-element float32 call (past L2) took
+ * 18% less time, float64 10%; in cache no change. */
 #define LSC_DEFINE_UNSCALE(NAME, T, U, SHIFT, EM, LSB, TOP)                        \
 static int LSC_F(NAME)(char *p, lsc_n n, double inv64)                            \
 {                                                                                  \
@@ -100,6 +102,7 @@ static int LSC_F(NAME)(char *p, lsc_n n, double inv64)                          
     vq q;                                                                          \
     U any = 0;                                                                     \
     lsc_n j = 0;                                                                   \
+    _Pragma("GCC unroll 4")                                                        \
     for (; j + lanes <= n; j += lanes) {                                           \
         uvec w;                                                                    \
         fvec f;                                                                    \
