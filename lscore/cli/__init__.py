@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-_DEMO_NEEDS = ("sklearn", "matplotlib", "tqdm")
+_DEMO_NEEDS = ("threadpoolctl", "matplotlib", "tqdm")
 
 
 def _demo(args) -> int:
-    """Train a small MLP in float16 with and without loss scaling (lscore/cli/demo.py)."""
+    """Train a small language model in float16 with and without loss scaling (cli/demo.py)."""
     import importlib.util
 
     missing = [m for m in _DEMO_NEEDS if importlib.util.find_spec(m) is None]
@@ -27,12 +27,14 @@ def _demo(args) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.steps < 1:
+    if args.steps is not None and args.steps < 1:
         print(f"--steps must be >= 1, got {args.steps}", file=sys.stderr)
         return 2
     from lscore.cli import demo
 
-    return demo.run(steps=args.steps, seed=args.seed, out=args.out, backend=args.backend)
+    return demo.run(
+        steps=args.steps, seed=args.seed, out=args.out, backend=args.backend, tiny=args.tiny
+    )
 
 
 def _bench(args) -> int:
@@ -56,7 +58,12 @@ def main(argv=None) -> int:
         "real float16 on a GPU with lscore.adapters.cupy's fused sync-free "
         "optimizer, or the CPU demo when there is no GPU)",
     )
-    demo.add_argument("--steps", type=int, default=1000, help="training steps per mode")
+    demo.add_argument(
+        "--steps", type=int, default=None, help="training steps per mode (300; 40 with --tiny)"
+    )
+    demo.add_argument(
+        "--tiny", action="store_true", help="a small vocabulary and batch (a quick check)"
+    )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", default=".", help="folder for lscore_demo.png and .json")
     demo.set_defaults(func=_demo)
