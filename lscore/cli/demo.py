@@ -87,6 +87,11 @@ def tokens() -> tuple[list[str], list[str]]:
     for i, name in enumerate(names):
         with open(os.path.join(root, name), encoding="utf-8", errors="replace") as f:
             (test if i % 10 == 9 else train).extend(_TOKEN.findall(f.read()))
+    if not test:
+        raise RuntimeError(
+            f"the demo reads the standard library's source, and {root} holds too few "
+            f".py files ({len(names)}); a Python installed without its sources cannot run it"
+        )
     return train, test
 
 

@@ -118,6 +118,12 @@ def test_the_test_text_is_other_modules():
     assert w.shape == (6, 5) and (w[:, -1] == np.arange(4, 10)).all()
 
 
+def test_without_the_standard_library_source_it_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(_demo.sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    with pytest.raises(RuntimeError, match=r"too few \.py files"):
+        _demo.tokens()
+
+
 def test_cli_without_the_demo_extra(monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(
