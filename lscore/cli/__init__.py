@@ -16,7 +16,7 @@ import sys
 
 from lscore import __version__
 
-_DEMO_NEEDS = ("sklearn", "matplotlib", "tqdm")
+_DEMO_NEEDS = ("threadpoolctl", "matplotlib", "tqdm")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -34,7 +34,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 def _demo(args: argparse.Namespace) -> int:
-    """Train a small MLP in float16 with and without loss scaling (lscore/cli/demo.py)."""
+    """Train a small language model in float16 with and without loss scaling (cli/demo.py)."""
     import importlib.util
 
     missing = [m for m in _DEMO_NEEDS if importlib.util.find_spec(m) is None]
@@ -52,12 +52,14 @@ def _demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.steps < 1:
+    if args.steps is not None and args.steps < 1:
         print(f"--steps must be >= 1, got {args.steps}", file=sys.stderr)
         return 2
     from lscore.cli import demo
 
-    return demo.run(steps=args.steps, seed=args.seed, out=args.out, backend=args.backend)
+    return demo.run(
+        steps=args.steps, seed=args.seed, out=args.out, backend=args.backend, tiny=args.tiny
+    )
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -91,7 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         "real float16 on a GPU with lscore.adapters.cupy's fused sync-free "
         "optimizer, or the CPU demo when there is no GPU)",
     )
-    demo.add_argument("--steps", type=int, default=1000, help="training steps per mode")
+    demo.add_argument(
+        "--steps", type=int, default=None, help="training steps per mode (300; 40 with --tiny)"
+    )
+    demo.add_argument(
+        "--tiny", action="store_true", help="a small vocabulary and batch (a quick check)"
+    )
     demo.add_argument(
         "--seed", type=int, default=0, help="random seed (data split and initial weights)"
     )

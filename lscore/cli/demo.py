@@ -1,17 +1,26 @@
-"""``lscore demo``: a small MLP trained in float16 with and without loss scaling.
+"""``lscore demo``: a language model trained in float16 with and without loss scaling.
 
-The data is scikit-learn's bundled digits set (1797 8x8 images, no download).
-The model is a hand-written multilayer perceptron with float32 master weights
-and a float16 forward and backward pass.  float16 is *emulated*: every
-operation runs in float32 and its result is rounded to float16 (matrix
-products accumulate in float32 and round their output, as tensor cores do).
-The rounding reproduces float16's range and precision exactly, including
-gradients that flush to zero below 2**-24, which is what loss scaling fixes.
+The data is the source code of Python's own standard library (the top-level
+modules of the running interpreter, nothing to download), split into tokens:
+names, numbers and punctuation; every tenth module is held out for the test.
+The model predicts the next token from the four before it, as Bengio et al.'s
+neural language model does: an embedding, ReLU layers initialised as
+``torch.nn.Embedding`` and ``torch.nn.Linear`` initialise them, and a softmax
+over the vocabulary whose cross-entropy is averaged over every token of the
+batch.  The optimizer is Adam with float32 master weights.  In the float16
+modes the forward and backward passes compute in float16: float16 is
+*emulated*, every operation running in float32 and its result rounded to
+float16 (matrix products accumulate in float32 and round their output, as
+tensor cores do), which reproduces float16's range and precision exactly,
+including gradients that flush to zero below 2**-24.  The gradient of the
+loss with respect to a token's logit for a word it is not is that word's
+probability divided by the number of tokens in the batch: many are below
+2**-24.
 
-Four modes train from the same initial weights on the same batches:
-float32; float16 without loss scaling; float16 with dynamic loss scaling
-(the Keras 2 LossScaleOptimizer); float16 with a fixed scale (TF1's
-FixedLossScaleManager, which skips steps whose gradients overflow).
+Three modes train from the same initial weights on the same batches: float32;
+float16 without loss scaling; float16 with dynamic loss scaling (the Keras 2
+``LossScaleOptimizer``: it doubles the scale after a run of finite steps and
+halves it, skipping the step, when a gradient overflows).
 """
 
 from __future__ import annotations
@@ -20,203 +29,313 @@ import itertools
 import json
 import math
 import os
+import re
+import sysconfig
 import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
-MODES = ("float32", "float16, no scaling", "float16, dynamic scale", "float16, fixed scale")
+MODES = ("float32", "float16, no scaling", "float16, dynamic scale")
+
+Progress = Callable[[Iterable[int], str], Iterable[int]]
+
+_TOKEN = re.compile(r"[A-Za-z_]\w*|\d+|==|!=|<=|>=|\*\*|//|->|\S")
+_U32 = np.uint32
 
 
-def _half(a):
-    """Round to the nearest float16 value (kept in a float32 array)."""
-    with np.errstate(over="ignore"):
-        return a.astype(np.float16).astype(np.float32)
+def _half(a: np.ndarray) -> np.ndarray:
+    """Round to the nearest float16 value (kept in a float32 array), as ``astype`` does.
+
+    NumPy's own float16 cast takes a slow path for every subnormal, which the
+    float16 gradients here mostly are; this one works on the bits.  Normal
+    numbers round their mantissa to 10 bits (to nearest, ties to even); below
+    2**-14 the step is 2**-24, which adding and subtracting 0.75 (whose last
+    bit is worth 2**-24) rounds to; beyond 65504 the result is infinite."""
+    x = np.ascontiguousarray(a, np.float32)
+    u = x.view(_U32)
+    r = (u >> _U32(13)) & _U32(1)
+    r += u
+    r += _U32(0x0FFF)
+    r &= _U32(0xFFFFE000)
+    big = (r & _U32(0x7FFFFFFF)) >= _U32(0x47800000)  # rounds to 65536 or more
+    if big.any():
+        r[big] = (u[big] & _U32(0x80000000)) | _U32(0x7F800000)
+        nan = (u & _U32(0x7FFFFFFF)) > _U32(0x7F800000)
+        r[nan] = u[nan]
+    small = (u & _U32(0x7FFFFFFF)) < _U32(0x38800000)  # below 2**-14
+    xs = x[small]
+    r[small] = ((xs + np.float32(0.75)) - np.float32(0.75)).view(_U32)
+    return r.view(np.float32)
 
 
-def _keep(a):
+def _keep(a: np.ndarray) -> np.ndarray:
     return a
 
 
-class MLP:
-    """A ReLU perceptron with softmax cross-entropy averaged over the batch."""
+def tokens() -> tuple[list[str], list[str]]:
+    """(training tokens, held-out tokens) of the standard library's top-level modules.
 
-    def __init__(self, sizes, rng):
-        self.params = []
-        for n_in, n_out in itertools.pairwise(sizes):
-            w = rng.standard_normal((n_in, n_out)).astype(np.float32) * np.float32(
-                math.sqrt(2.0 / n_in)
-            )  # He initialisation
-            self.params += [w, np.zeros(n_out, np.float32)]
+    Every tenth module (in name order) is held out, so the test text is code
+    the model never saw."""
+    root = sysconfig.get_paths()["stdlib"]
+    train: list[str] = []
+    test: list[str] = []
+    names = sorted(f for f in os.listdir(root) if f.endswith(".py"))
+    for i, name in enumerate(names):
+        with open(os.path.join(root, name), encoding="utf-8", errors="replace") as f:
+            (test if i % 10 == 9 else train).extend(_TOKEN.findall(f.read()))
+    if not test:
+        raise RuntimeError(
+            f"the demo reads the standard library's source, and {root} holds too few "
+            f".py files ({len(names)}); a Python installed without its sources cannot run it"
+        )
+    return train, test
 
-    def copy(self):
-        other = MLP.__new__(MLP)
+
+def windows(ids: np.ndarray, context: int) -> np.ndarray:
+    """Rows of `context` token ids followed by the id to predict."""
+    n = len(ids) - context
+    return np.stack([ids[i : i + n] for i in range(context + 1)], axis=1)
+
+
+def _data(cfg: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(training windows, test windows) over a vocabulary of the most frequent tokens."""
+    train, test = tokens()
+    vocab = [w for w, _ in Counter(train).most_common(cfg["vocab"] - 1)]
+    index = {w: i + 1 for i, w in enumerate(vocab)}  # 0: any other token
+    k = cfg["context"]
+    wtr = windows(np.array([index.get(w, 0) for w in train], np.int32), k)
+    wte = windows(np.array([index.get(w, 0) for w in test], np.int32), k)
+    pick = np.random.default_rng(cfg["seed"]).permutation(len(wte))[: cfg["test_tokens"]]
+    return wtr, wte[np.sort(pick)]
+
+
+class LM:
+    """Embedding, ReLU layers, softmax cross-entropy averaged over the batch's tokens.
+
+    ``params`` is ``[embedding, W1, b1, ..., Wn, bn]`` (weights stored (in, out))."""
+
+    def __init__(self, cfg: dict, rng: np.random.Generator) -> None:
+        k, e, h, v = cfg["context"], cfg["embed"], cfg["hidden"], cfg["vocab"]
+        self.context = k
+        self.params = [rng.standard_normal((v, e)).astype(np.float32)]  # as torch.nn.Embedding
+        dims = [k * e] + [h] * cfg["layers"] + [v]
+        for n_in, n_out in itertools.pairwise(dims):
+            bound = np.float32(1 / math.sqrt(n_in))  # as torch.nn.Linear
+            self.params += [
+                rng.uniform(-bound, bound, (n_in, n_out)).astype(np.float32),
+                rng.uniform(-bound, bound, n_out).astype(np.float32),
+            ]
+
+    def copy(self) -> LM:
+        other = LM.__new__(LM)
+        other.context = self.context
         other.params = [p.copy() for p in self.params]
         return other
 
-    def forward(self, x, half: bool):
+    def forward(self, ids: np.ndarray, half: bool) -> tuple[np.ndarray, list]:
         r = _half if half else _keep
-        a, acts = r(x), []
-        n = len(self.params) // 2
+        p = [r(q) for q in self.params]
+        a = p[0][ids].reshape(len(ids), -1)
+        acts = []
+        n = len(p) // 2
         for i in range(n):
-            w, b = r(self.params[2 * i]), r(self.params[2 * i + 1])
+            w, b = p[1 + 2 * i], p[2 + 2 * i]
             acts.append((a, w))
-            z = r(r(a @ w) + b)
+            z = r(a @ w + b)
             a = z if i == n - 1 else np.maximum(z, 0)
         return a, acts
 
-    def loss_and_grads(self, x, y, scale: float, half: bool):
-        """Mean cross-entropy and the gradients of loss * scale (float16 if `half`)."""
+    def loss_and_grads(
+        self, ids: np.ndarray, y: np.ndarray, scale: float, half: bool
+    ) -> tuple[float, list[np.ndarray], np.ndarray]:
+        """Mean cross-entropy, the gradients of loss * scale (float16 values if `half`)
+        and the gradient of loss * scale with respect to the logits.
+
+        The embedding's gradient is summed in float32 from the float16 gradients
+        of its rows, as under torch.autocast (an embedding runs in float32 there)."""
         r = _half if half else _keep
-        logits, acts = self.forward(x, half)
+        logits, acts = self.forward(ids, half)
         z = logits - logits.max(axis=1, keepdims=True)  # the loss itself in float32
         p = np.exp(z)
         p /= p.sum(axis=1, keepdims=True)
-        loss = float(-np.mean(np.log(p[np.arange(len(y)), y] + 1e-30)))
-        d = p
-        d[np.arange(len(y)), y] -= 1
+        rows = np.arange(len(y))
+        loss = float(-np.mean(np.log(p[rows, y] + 1e-30)))
+        p[rows, y] -= 1
+        grads: list[Any] = [None] * len(self.params)
         with np.errstate(over="ignore", invalid="ignore"):
-            d = r(d * np.float32(scale / len(y)))  # seeded with the scale
-            grads = [None] * len(self.params)
+            d = dlogits = r(p * np.float32(scale / len(y)))  # seeded with the scale
             for i in range(len(acts) - 1, -1, -1):
                 a, w = acts[i]
-                grads[2 * i] = r(a.T @ d)
-                grads[2 * i + 1] = r(d.sum(axis=0))
+                grads[1 + 2 * i] = r(a.T @ d)
+                grads[2 + 2 * i] = r(d.sum(axis=0))
+                d = r(d @ w.T)
                 if i:
-                    d = r(d @ w.T) * (a > 0)
-        return loss, grads
+                    d *= a > 0
+            emb = np.zeros_like(self.params[0])
+            np.add.at(emb, ids.ravel(), d.reshape(-1, emb.shape[1]))
+        grads[0] = emb
+        return loss, grads, dlogits
 
-    def accuracy(self, x, y, half: bool) -> float:
-        logits, _ = self.forward(x, half)
-        return float(np.mean(np.argmax(logits, axis=1) == y))
-
-
-def _data(seed: int):
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)
-    return train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
+    def accuracy(self, w: np.ndarray, half: bool) -> float:
+        """Next-token accuracy on windows `w`."""
+        hits = 0
+        for s in range(0, len(w), 8192):
+            logits, _ = self.forward(w[s : s + 8192, :-1], half)
+            hits += int(np.sum(np.argmax(logits, axis=1) == w[s : s + 8192, -1]))
+        return hits / len(w)
 
 
-def _underflow(grads16, grads32):
-    """(elements nonzero in float32 but zero in float16, elements nonzero in float32)."""
-    lost = total = 0
-    for g16, g32 in zip(grads16[::2], grads32[::2], strict=True):  # weight matrices
+def layer_names(n_params: int) -> list[str]:
+    """What :func:`flushed` counts: the logits' gradient, then each weight's."""
+    n = n_params // 2
+    return ["logits", "embedding"] + [f"layer {i + 1}" for i in range(n - 1)] + ["output"]
+
+
+def flushed(dlogits16, grads16: Sequence, dlogits32, grads32: Sequence) -> np.ndarray:
+    """Per array (the logits' gradient, the embedding's, then each layer's weight
+    matrix's): (elements nonzero in float32 but zero in float16, elements nonzero in
+    float32)."""
+    pairs = [(dlogits16, dlogits32), (grads16[0], grads32[0])]
+    pairs += list(zip(grads16[1::2], grads32[1::2], strict=True))
+    out = np.zeros((len(pairs), 2), np.int64)
+    for k, (g16, g32) in enumerate(pairs):
         nz = g32 != 0
-        total += int(nz.sum())
-        lost += int((nz & (g16 == 0)).sum())
-    return lost, total
+        out[k] = int((nz & (g16 == 0)).sum()), int(nz.sum())
+    return out
 
 
-def _optimizer(mode, cfg, adapter):
-    sgd = adapter.SGD(cfg["learning_rate"], momentum=cfg["momentum"])
+def _optimizer(mode: str, cfg: dict, adapter: Any) -> Any:
+    adam = adapter.Adam(cfg["learning_rate"], epsilon=cfg["epsilon"])
     if mode == MODES[2]:
         return adapter.LossScaleOptimizer(
-            sgd, initial_scale=cfg["initial_scale"], dynamic_growth_steps=cfg["growth_steps"]
+            adam, initial_scale=cfg["initial_scale"], dynamic_growth_steps=cfg["growth_steps"]
         )
-    if mode == MODES[3]:
-        return adapter.LossScaleOptimizer(
-            sgd, loss_scale_manager=adapter.FixedLossScaleManager(cfg["fixed_scale"])
-        )
-    return sgd
+    return adam
 
 
-def train_mode(mode, model0, data, cfg, adapter, progress):
-    """Train one mode; returns its record (curves and summary)."""
-    xtr, xte, ytr, yte = data
-    model = model0.copy()
-    half = mode != MODES[0]
-    opt = _optimizer(mode, cfg, adapter)
-    scaled = isinstance(opt, adapter.LossScaleOptimizer)
-    rng = np.random.default_rng(cfg["seed"] + 1)  # same batches in every mode
-    rec = {"mode": mode, "loss": [], "scale": [], "skipped_at": [], "underflow": []}
-    lost = total = skipped = 0
-    t0 = time.perf_counter()
-    for step in progress(range(cfg["steps"]), desc=f"{mode:24s}"):
-        idx = rng.integers(0, len(ytr), cfg["batch_size"])
-        x, y = xtr[idx], ytr[idx]
-        scale = opt.loss_scaling.scale if scaled else 1.0
-        loss, grads = model.loss_and_grads(x, y, scale, half)
-        pairs = list(zip(grads, model.params, strict=True))
-        if scaled:
-            pairs = list(zip(opt.get_unscaled_gradients(grads), model.params, strict=True))
-            applied = opt.apply_gradients(pairs)
-        else:
-            opt.apply_gradients(pairs)
-            applied = True
-        if half and step % cfg["measure_every"] == 0:
-            _, g32 = model.loss_and_grads(x, y, 1.0, False)
-            n_lost, n_total = _underflow([g for g, _ in pairs], g32)
-            lost, total = lost + n_lost, total + n_total
-            rec["underflow"].append((step, n_lost / max(n_total, 1)))
-        skipped += not applied
-        if not applied:
-            rec["skipped_at"].append(step)
-        rec["loss"].append(loss)
-        rec["scale"].append(scale)
+def new_record(mode: str) -> dict:
+    return {"mode": mode, "loss": [], "scale": [], "skipped_at": [], "curve": []}
+
+
+def finish_record(
+    rec: dict, counts: np.ndarray | None, n_params: int, accuracy: float, final_scale, t0: float
+) -> dict:
+    """Add the summary (accuracy, skips, flushed fractions) to a record."""
+    by_layer = None
+    fraction = None
+    if counts is not None:
+        by_layer = {
+            name: (int(c[0]) / int(c[1]) if c[1] else 0.0)
+            for name, c in zip(layer_names(n_params), counts, strict=True)
+        }
+        weights = counts[1:]  # the weights' gradients: what the optimizer sees
+        fraction = int(weights[:, 0].sum()) / max(int(weights[:, 1].sum()), 1)
     rec.update(
-        test_accuracy=model.accuracy(xte, yte, half),
-        train_accuracy=model.accuracy(xtr, ytr, half),
-        skipped=skipped,
-        final_scale=opt.loss_scaling.scale if scaled else None,
-        underflow_fraction=(lost / total) if half and total else None,
+        test_accuracy=accuracy,
+        skipped=len(rec["skipped_at"]),
+        final_scale=final_scale,
+        underflow_fraction=fraction,
+        underflow_by_layer=by_layer,
         wall_time=time.perf_counter() - t0,
     )
     return rec
 
 
-def _plot(records, path, cfg):
+def train_mode(
+    mode: str, model0: LM, data: tuple, cfg: dict, adapter: Any, progress: Progress
+) -> dict:
+    """Train one mode; returns its record (curves and summary)."""
+    wtr, wte = data
+    model = model0.copy()
+    half = mode != MODES[0]
+    opt = _optimizer(mode, cfg, adapter)
+    scaled = isinstance(opt, adapter.LossScaleOptimizer)
+    rng = np.random.default_rng(cfg["seed"] + 1)  # same batches in every mode
+    probe = wte[: cfg["curve_tokens"]]
+    rec = new_record(mode)
+    counts = np.zeros((len(model.params) // 2 + 2, 2), np.int64) if half else None
+    t0 = time.perf_counter()
+    for step in progress(range(cfg["steps"]), f"{mode:24s}"):
+        batch = wtr[rng.integers(0, len(wtr), cfg["batch_size"])]
+        ids, y = batch[:, :-1], batch[:, -1]
+        scale = float(opt.loss_scale) if scaled else 1.0
+        loss, grads, dlogits = model.loss_and_grads(ids, y, scale, half)
+        if counts is not None and step % cfg["measure_every"] == 0:
+            _, g32, d32 = model.loss_and_grads(ids, y, scale, False)
+            counts += flushed(dlogits, grads, d32, g32)
+        pairs = list(zip(grads, model.params, strict=True))
+        if scaled:
+            pairs = list(zip(opt.get_unscaled_gradients(grads), model.params, strict=True))
+        applied = opt.apply_gradients(pairs)
+        if scaled and not applied:
+            rec["skipped_at"].append(step)
+        rec["loss"].append(loss)
+        rec["scale"].append(scale)
+        if (step + 1) % cfg["curve_every"] == 0 or step + 1 == cfg["steps"]:
+            rec["curve"].append((step + 1, model.accuracy(probe, half)))
+    final = float(opt.loss_scale) if scaled else None
+    return finish_record(rec, counts, len(model.params), model.accuracy(wte, half), final, t0)
+
+
+COLORS = dict(zip(MODES, ("black", "tab:red", "tab:blue"), strict=True))
+
+
+def _plot(records: list[dict], path: str, cfg: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.6))
-    colors = dict(zip(MODES, ("black", "tab:red", "tab:blue", "tab:green"), strict=True))
-    k = max(1, cfg["steps"] // 100)  # moving average window
+    fig, (ax0, ax1, ax2, ax3) = plt.subplots(1, 4, figsize=(20, 4.6))
+    k = max(1, cfg["curve_every"])  # moving-average window of the loss
     for rec in records:
         loss = np.asarray(rec["loss"])
         smooth = np.convolve(loss, np.ones(k) / k, mode="valid")
+        ax0.plot(np.arange(len(smooth)) + k, smooth, color=COLORS[rec["mode"]], lw=1.4)
+    ax0.set(xlabel="step", ylabel=f"training loss ({k}-step mean)", title="Training loss")
+    for rec in records:
+        steps, acc = zip(*rec["curve"], strict=True)
         ax1.plot(
-            np.arange(len(smooth)) + k - 1,
-            smooth,
-            color=colors[rec["mode"]],
-            label=f"{rec['mode']} (test acc {rec['test_accuracy']:.3f})",
-            lw=1.4,
+            steps,
+            100 * np.asarray(acc),
+            color=COLORS[rec["mode"]],
+            label=f"{rec['mode']} (test {100 * rec['test_accuracy']:.1f}%)",
+            lw=1.6,
         )
     ax1.set(
-        yscale="log", xlabel="step", ylabel=f"training loss ({k}-step mean)", title="Training loss"
+        xlabel="step",
+        ylabel=f"accuracy on {cfg['curve_tokens']} held-out tokens (%)",
+        title="Next-token accuracy",
     )
     ax1.legend(fontsize=8)
-    for rec in records[2:]:
-        ax2.plot(rec["scale"], color=colors[rec["mode"]], label=rec["mode"], lw=1.4)
-        if rec["skipped_at"]:
-            s = np.asarray(rec["skipped_at"])
-            ax2.plot(
-                s,
-                np.asarray(rec["scale"])[s],
-                "x",
-                color=colors[rec["mode"]],
-                ms=5,
-                label=f"skipped step ({rec['mode'].split(', ')[1]})",
-            )
-    ax2.set(yscale="log", xlabel="step", ylabel="loss scale", title="Loss scale (base 2 log axis)")
+    dyn = records[2]
+    scale = np.asarray(dyn["scale"])
+    ax2.plot(scale, color=COLORS[dyn["mode"]], lw=1.4, label=dyn["mode"])
+    if dyn["skipped_at"]:
+        s = np.asarray(dyn["skipped_at"])
+        ax2.plot(s, scale[s], "x", color="tab:orange", ms=8, mew=2, label="overflow: step skipped")
+    ax2.set(xlabel="step", ylabel="loss scale", title="Dynamic loss scale")
     ax2.set_yscale("log", base=2)
-    ax2.legend(fontsize=8)
-    for rec in records[1:]:
-        if rec["underflow"]:
-            st, fr = zip(*rec["underflow"], strict=True)
-            ax3.plot(st, 100 * np.asarray(fr), color=colors[rec["mode"]], label=rec["mode"], lw=1.2)
+    ax2.legend(fontsize=8, loc="lower right")
+    names = list(records[1]["underflow_by_layer"])
+    x = np.arange(len(names))
+    for off, rec in ((-0.2, records[1]), (0.2, records[2])):
+        frac = [100 * rec["underflow_by_layer"][n] for n in names]
+        ax3.bar(x + off, frac, 0.4, color=COLORS[rec["mode"]], label=rec["mode"])
+    ax3.set_xticks(x, names, rotation=45, fontsize=8)
     ax3.set(
-        xlabel="step",
-        ylabel="% of weight-gradient elements",
+        ylabel="% of gradient elements",
         title="float16 gradients flushed to zero\n(nonzero in float32, zero in float16)",
     )
     ax3.legend(fontsize=8)
     fig.suptitle(
-        f"lscore demo: MLP {'-'.join(map(str, cfg['sizes']))} on scikit-learn digits, "
-        f"float16 {_HOW_HALF.get(cfg.get('backend'), 'emulated')}, "
+        f"lscore demo: next-token model on the Python standard library's code "
+        f"({cfg['layers']} ReLU layers, vocabulary {cfg['vocab']}, {cfg['batch_size']} tokens "
+        f"a batch), float16 {_HOW_HALF.get(cfg.get('backend', ''), 'emulated')}, "
         f"{cfg['steps']} steps per mode",
         fontsize=11,
     )
@@ -228,7 +347,7 @@ def _plot(records, path, cfg):
 _HOW_HALF = {"torch": "via torch.autocast", "cupy": "on the GPU (CuPy)"}
 
 
-def _table(records) -> str:
+def _table(records: list[dict]) -> str:
     head = ("mode", "test acc", "skipped", "final scale", "fp16 grads -> 0", "time (s)")
     rows = []
     for r in records:
@@ -236,75 +355,118 @@ def _table(records) -> str:
         rows.append(
             (
                 r["mode"],
-                f"{r['test_accuracy']:.4f}",
+                f"{100 * r['test_accuracy']:.1f}%",
                 str(r["skipped"]),
                 "-" if r["final_scale"] is None else f"{r['final_scale']:g}",
-                "-" if uf is None else f"{100 * uf:.2f}%",
+                "-" if uf is None else f"{100 * uf:.1f}%",
                 f"{r['wall_time']:.1f}",
             )
         )
     widths = [max(len(x[i]) for x in [*rows, head]) for i in range(len(head))]
-    line = "  ".join("-" * w for w in widths)
 
-    def fmt(row):
+    def fmt(row: Sequence[str]) -> str:
         return "  ".join(
             c.ljust(w) if i == 0 else c.rjust(w)
             for i, (c, w) in enumerate(zip(row, widths, strict=True))
         )
 
-    return "\n".join([fmt(head), line] + [fmt(r) for r in rows])
+    return "\n".join([fmt(head), "  ".join("-" * w for w in widths), *map(fmt, rows)])
 
 
-def _summary(records, cfg) -> str:
+def _summary(records: list[dict]) -> str:
     """What the numbers say, worded from the numbers (never canned)."""
     f32, raw, dyn = records[0], records[1], records[2]
+    layers = raw["underflow_by_layer"]
+    weights = {k: v for k, v in layers.items() if k != "logits"}
+    worst = max(weights, key=lambda k: weights[k])
     lines = [
-        f"\nWithout loss scaling, {100 * raw['underflow_fraction']:.1f}% of the float16 "
-        "weight-gradient elements that are nonzero in float32 flushed to zero (checked every "
-        f"{cfg['measure_every']} steps); with dynamic loss scaling "
+        f"\nWithout loss scaling, {100 * layers['logits']:.1f}% of the elements of the "
+        "logits' gradient that are nonzero in float32 flushed to zero in float16, and "
+        f"{100 * raw['underflow_fraction']:.1f}% of the weights' gradient elements "
+        f"({100 * weights[worst]:.1f}% in the {worst}); with dynamic loss scaling "
+        f"{100 * dyn['underflow_by_layer']['logits']:.2f}% and "
         f"{100 * dyn['underflow_fraction']:.2f}%.",
-        f"Test accuracy: float32 {f32['test_accuracy']:.4f}, float16 without scaling "
-        f"{raw['test_accuracy']:.4f}, float16 with dynamic scaling {dyn['test_accuracy']:.4f}.",
+        f"Next-token test accuracy: float32 {100 * f32['test_accuracy']:.1f}%, float16 "
+        f"without scaling {100 * raw['test_accuracy']:.1f}%, float16 with dynamic scaling "
+        f"{100 * dyn['test_accuracy']:.1f}%.",
     ]
-    gap = dyn["test_accuracy"] - raw["test_accuracy"]
-    if abs(gap) < 0.01:
+    scale = dyn["scale"]
+    if dyn["skipped_at"]:
+        s = dyn["skipped_at"]
         lines.append(
-            "On this small, easy problem the lost gradients cost little accuracy: the "
-            "underflow is real, its effect on the result here is small."
+            f"The dynamic scale went from {scale[0]:g} to a peak of {max(scale):g}; "
+            f"{len(s)} step(s) overflowed and were skipped, each halving the scale "
+            f"(first at step {s[0]}); it ended at {dyn['final_scale']:g}."
+        )
+    else:
+        lines.append(
+            f"The dynamic scale went from {scale[0]:g} to {dyn['final_scale']:g} "
+            "without an overflow."
         )
     return "\n".join(lines)
 
 
-def config(steps: int, seed: int) -> dict:
-    return {
-        "steps": steps,
+def config(steps: int | None = None, seed: int = 0, tiny: bool = False) -> dict:
+    """The demo's settings; `tiny`: a small vocabulary and batch, a quick check of the
+    whole run (the scale grows every 5 steps so that it overflows within 40)."""
+    cfg = {
+        "steps": 300,
         "seed": seed,
-        "sizes": [64, 128, 128, 128, 10],
-        "batch_size": 64,
-        "learning_rate": 0.05,
-        "momentum": 0.9,
+        "vocab": 2000,
+        "context": 4,
+        "embed": 32,
+        "hidden": 128,
+        "layers": 2,
+        "batch_size": 1024,
+        "learning_rate": 0.01,
+        "epsilon": 1e-8,
         "initial_scale": 2.0**15,
-        "growth_steps": 200,
-        "fixed_scale": 2.0**10,
-        "measure_every": 10,
+        "growth_steps": 25,
+        "measure_every": 25,
+        "curve_every": 25,
+        "curve_tokens": 4096,
+        "test_tokens": 20000,
     }
+    if tiny:
+        cfg.update(
+            steps=40,
+            vocab=300,
+            batch_size=256,
+            growth_steps=5,
+            measure_every=5,
+            curve_every=10,
+            curve_tokens=500,
+            test_tokens=2000,
+        )
+    if steps is not None:
+        cfg["steps"] = steps
+    return cfg
 
 
-def run(steps: int = 1000, seed: int = 0, out: str = ".", backend: str = "numpy") -> int:
-    """Train the four modes, print the table, write the PNG and the JSON; returns an exit code."""
+def run(
+    steps: int | None = None,
+    seed: int = 0,
+    out: str = ".",
+    backend: str = "numpy",
+    tiny: bool = False,
+) -> int:
+    """Train the three modes, print the table, write the PNG and the JSON; returns an exit code."""
     if backend not in ("numpy", "torch", "cupy"):
         raise ValueError(f"unknown backend {backend!r}; expected numpy, torch or cupy")
-    from threadpoolctl import threadpool_limits  # installed with scikit-learn
+    from threadpoolctl import threadpool_limits
     from tqdm import tqdm
 
     from lscore.adapters import numpy as adapter
 
-    threadpool_limits(1)  # the matrices are small: BLAS threads only add overhead
+    threadpool_limits(1)  # more BLAS threads than this small model needs only add overhead
 
-    cfg = config(steps, seed)
-    data = _data(seed)
-    model0 = MLP(cfg["sizes"], np.random.default_rng(seed))
-    progress = lambda it, desc: tqdm(it, desc=desc, leave=True, mininterval=0.3)  # noqa: E731 - a one-line local helper
+    cfg = config(steps, seed, tiny)
+    data = _data(cfg)
+    model0 = LM(cfg, np.random.default_rng(seed))
+
+    def progress(it: Iterable[int], desc: str) -> Iterable[int]:
+        return tqdm(it, desc=desc, leave=True, mininterval=0.3)
+
     if backend == "cupy":
         from lscore.cli import demo_cupy
 
@@ -326,11 +488,11 @@ def run(steps: int = 1000, seed: int = 0, out: str = ".", backend: str = "numpy"
         cfg["backend"] = "torch"
         records = [demo_torch.train_mode(m, model0, data, cfg, progress, MODES) for m in MODES]
     else:
-        print(__doc__.split("\n\n")[1].replace("\n", " ") + "\n")
+        print(" ".join((__doc__ or "").split("\n\n")[1].split()) + "\n")
         records = [train_mode(m, model0, data, cfg, adapter, progress) for m in MODES]
     print()
     print(_table(records))
-    print(_summary(records, cfg))
+    print(_summary(records))
     os.makedirs(out, exist_ok=True)
     png = os.path.join(out, "lscore_demo.png")
     js = os.path.join(out, "lscore_demo.json")
@@ -340,8 +502,7 @@ def run(steps: int = 1000, seed: int = 0, out: str = ".", backend: str = "numpy"
             {
                 "config": cfg,
                 "results": [
-                    {k: v for k, v in r.items() if k not in ("loss", "scale", "underflow")}
-                    for r in records
+                    {k: v for k, v in r.items() if k not in ("loss", "scale")} for r in records
                 ],
             },
             f,

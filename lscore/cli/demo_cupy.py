@@ -1,18 +1,18 @@
-"""``lscore demo --backend cupy``: the demo's four modes on a GPU, in real float16.
+"""``lscore demo --backend cupy``: the demo's three modes on a GPU, in real float16.
 
-The same MLP (the same initial weights as the NumPy demo), data and batches,
-on CuPy arrays: float32 master weights, and in the float16 modes a forward
-and backward pass whose matrix products, activations and gradients are
-float16 arrays on the GPU.  The optimizer is lscore.adapters.cupy's SGD
+The same language model (the same initial weights as the NumPy demo), data
+and batches, on CuPy arrays: float32 master weights, and in the float16 modes
+a forward and backward pass whose matrix products, activations and gradients
+are float16 arrays on the GPU (the embedding's gradient is summed in float32,
+as under torch.autocast).  The optimizer is lscore.adapters.cupy's Adam
 (fused kernels: float16 gradients are unscaled, checked and applied to the
 float32 masters in one pass).  The dynamic mode is the sync-free
 ``LossScaleOptimizer``: the scale, its counters and the skip decision stay on
-the device and the loop reads nothing back and uploads nothing
-(the backward pass writes its gradients into fixed buffers, so the
-optimizer's plan of them is made once); losses, scales and the
-flushed-gradient counts are gathered into device arrays and read once at
-the end.  The fixed mode is TF1's ``FixedLossScaleManager`` (a step
-whose gradients overflow is skipped), which syncs once per step to decide.
+the device and the loop reads nothing back and uploads nothing but the
+batch's token ids (the backward pass writes its gradients into fixed buffers,
+so the optimizer's plan of them is made once); losses, scales and the
+flushed-gradient counts are gathered into device arrays and read once at the
+end.
 
 The code is written against an array module and an adapter module, so the
 tests run it on NumPy with the CPU host harness standing in for the GPU.
@@ -21,18 +21,19 @@ tests run it on NumPy with the CPU host harness standing in for the GPU.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
 from lscore import cuda
-from lscore.managers import FixedLossScaleManager
+from lscore.cli.demo import LM, Progress, finish_record, new_record
 
 DESCRIPTION = (
-    "The data is scikit-learn's bundled digits set (1797 8x8 images, no download); "
-    "the model a ReLU perceptron.  CuPy backend: real float16 matrix products and "
-    "gradients on the GPU, float32 master weights, lscore.adapters.cupy's fused SGD; "
-    "the dynamic scale is the sync-free LossScaleOptimizer (no host sync per step), "
-    "the fixed one TF1's FixedLossScaleManager."
+    "The data is the Python standard library's source code, split into tokens; the model "
+    "a next-token language model (embedding, ReLU layers, softmax).  CuPy backend: real "
+    "float16 matrix products and gradients on the GPU, float32 master weights, "
+    "lscore.adapters.cupy's fused Adam; the dynamic scale is the sync-free "
+    "LossScaleOptimizer (no host sync per step)."
 )
 
 
@@ -40,41 +41,54 @@ DESCRIPTION = (
 gpu_missing = cuda.device_missing
 
 
-class DeviceMLP:
-    """The NumPy demo's MLP on `xp` arrays: float32 masters, float16 compute when `half`."""
+class DeviceLM:
+    """The NumPy demo's language model on `xp` arrays: float32 masters, float16 compute
+    when `half`."""
 
-    def __init__(self, xp, model0):
+    def __init__(self, xp: Any, model0: LM) -> None:
         self.xp = xp
         self.params = [xp.asarray(p) for p in model0.params]
-        self._grads = {}  # dtype -> the gradient buffers, written in place every step
+        self._grads: dict = {}  # dtype -> the gradient buffers, written in place every step
+        if xp.__name__ == "cupy":
+            import cupyx
 
-    def _buffers(self, dt) -> list:
+            self._scatter_add = cupyx.scatter_add
+        else:
+            self._scatter_add = np.add.at
+
+    def _buffers(self, dt: Any) -> list:
         """Fixed gradient arrays: the fused optimizer plans a list of arrays once (a new
-        array at a new address costs an upload, which waits for the GPU)."""
+        array at a new address costs an upload, which waits for the GPU).  The
+        embedding's is float32."""
         bufs = self._grads.get(dt)
         if bufs is None:
-            bufs = self._grads[dt] = [self.xp.empty(p.shape, dt) for p in self.params]
+            xp = self.xp
+            bufs = [xp.empty(self.params[0].shape, xp.float32)]
+            bufs += [xp.empty(p.shape, dt) for p in self.params[1:]]
+            self._grads[dt] = bufs
         return bufs
 
-    def forward(self, x, half: bool):
+    def forward(self, ids: Any, half: bool) -> tuple[Any, list]:
         xp = self.xp
         dt = xp.float16 if half else xp.float32
-        a, acts = x.astype(dt), []
+        a = self.params[0].astype(dt)[ids].reshape(len(ids), -1)
+        acts = []
         n = len(self.params) // 2
         for i in range(n):
-            w, b = self.params[2 * i].astype(dt), self.params[2 * i + 1].astype(dt)
+            w, b = self.params[1 + 2 * i].astype(dt), self.params[2 + 2 * i].astype(dt)
             acts.append((a, w))
             z = a @ w + b
             a = z if i == n - 1 else xp.maximum(z, 0)
         return a, acts
 
-    def loss_and_grads(self, x, y, scale, half: bool):
-        """Mean cross-entropy (a device scalar) and the gradients of loss * scale.
+    def loss_and_grads(self, ids: Any, y: Any, scale: Any, half: bool) -> tuple[Any, list, Any]:
+        """Mean cross-entropy (a device scalar), the gradients of loss * scale and the
+        logits' gradient.
 
         `scale` may be a device scalar (the sync-free optimizer's own), so
         nothing here reads the device."""
         xp = self.xp
-        logits, acts = self.forward(x, half)
+        logits, acts = self.forward(ids, half)
         z = logits.astype(xp.float32)
         z = z - z.max(axis=1, keepdims=True)  # the loss itself in float32
         p = xp.exp(z)
@@ -82,41 +96,53 @@ class DeviceMLP:
         rows = xp.arange(len(y))
         loss = -xp.log(p[rows, y] + 1e-30).mean()
         p[rows, y] -= 1
-        d = (p * (xp.asarray(scale, xp.float32) / len(y))).astype(acts[0][0].dtype)
+        d = dlogits = (p * (xp.asarray(scale, xp.float32) / len(y))).astype(acts[0][0].dtype)
         grads = self._buffers(d.dtype)
         for i in range(len(acts) - 1, -1, -1):
             a, w = acts[i]
-            xp.matmul(a.T, d, out=grads[2 * i])
-            d.sum(axis=0, out=grads[2 * i + 1])
+            xp.matmul(a.T, d, out=grads[1 + 2 * i])
+            d.sum(axis=0, out=grads[2 + 2 * i])
+            d = d @ w.T
             if i:
-                d = (d @ w.T) * (a > 0)
-        return loss, grads
+                d = d * (a > 0)
+        grads[0][...] = 0
+        self._scatter_add(
+            grads[0], ids.ravel(), d.reshape(-1, grads[0].shape[1]).astype(xp.float32)
+        )
+        return loss, grads, dlogits
 
-    def accuracy(self, x, y, half: bool) -> float:
-        logits, _ = self.forward(x, half)
-        return float((logits.argmax(axis=1) == y).mean())
+    def accuracy(self, w: Any, half: bool) -> Any:
+        """Next-token accuracy on windows `w`, a device scalar (read it with float())."""
+        logits, _ = self.forward(w[:, :-1], half)
+        return (logits.argmax(axis=1) == w[:, -1]).mean()
 
 
-def _optimizer(mode, cfg, adapter, modes):
-    sgd = adapter.SGD(cfg["learning_rate"], momentum=cfg["momentum"])
+def _optimizer(mode: str, cfg: dict, adapter: Any, modes: tuple) -> Any:
+    adam = adapter.Adam(cfg["learning_rate"], epsilon=cfg["epsilon"])
     if mode == modes[2]:
         return adapter.LossScaleOptimizer(
-            sgd,
+            adam,
             initial_scale=cfg["initial_scale"],
             dynamic_growth_steps=cfg["growth_steps"],
             sync_free=True,
         )
-    if mode == modes[3]:
-        return adapter.LossScaleOptimizer(
-            sgd, loss_scale_manager=FixedLossScaleManager(cfg["fixed_scale"])
-        )
-    return sgd
+    return adam
 
 
-def train_mode(mode, model0, data, cfg, xp, adapter, progress, modes):
+def train_mode(
+    mode: str,
+    model0: LM,
+    data: tuple,
+    cfg: dict,
+    xp: Any,
+    adapter: Any,
+    progress: Progress,
+    modes: tuple,
+) -> dict:
     """Train one mode on the device; returns its record (the NumPy demo's shape)."""
-    xtr, xte, ytr, yte = (xp.asarray(a) for a in data)
-    model = DeviceMLP(xp, model0)
+    wtr, wte = (xp.asarray(a) for a in data)
+    probe = wte[: cfg["curve_tokens"]]
+    model = DeviceLM(xp, model0)
     half = mode != modes[0]
     opt = _optimizer(mode, cfg, adapter, modes)
     scaled = isinstance(opt, adapter.LossScaleOptimizer)
@@ -125,18 +151,20 @@ def train_mode(mode, model0, data, cfg, xp, adapter, progress, modes):
     losses = xp.zeros(steps, xp.float32)
     scales = xp.ones(steps, xp.float32)
     skipped = xp.zeros(steps, bool)
-    flushed = xp.zeros((-(-steps // every), 2), xp.int64)  # (lost, nonzero) per measurement
+    n_arrays = len(model.params) // 2 + 2  # the logits' gradient, the embedding, the layers
+    counts = xp.zeros((n_arrays, 2), xp.int64)  # (flushed, nonzero in float32) per array
+    curve = []
     t0 = time.perf_counter()
     # float16 overflow is what loss scaling handles: NumPy need not warn about it
     with np.errstate(over="ignore", invalid="ignore"):
-        for step in progress(range(steps), desc=f"{mode:24s}"):
-            idx = xp.asarray(rng.integers(0, len(ytr), cfg["batch_size"]))
-            x, y = xtr[idx], ytr[idx]
+        for step in progress(range(steps), f"{mode:24s}"):
+            batch = wtr[xp.asarray(rng.integers(0, len(wtr), cfg["batch_size"]))]
+            ids, y = batch[:, :-1], batch[:, -1]
             seen: dict = {}
 
-            def loss_and_grads(scale, x=x, y=y, seen=seen):
+            def loss_and_grads(scale: Any, ids: Any = ids, y: Any = y, seen: dict = seen) -> Any:
                 seen["scale"] = scale
-                loss, grads = model.loss_and_grads(x, y, scale, half)
+                loss, grads, seen["dlogits"] = model.loss_and_grads(ids, y, scale, half)
                 seen["grads"] = grads
                 return loss, grads
 
@@ -149,41 +177,49 @@ def train_mode(mode, model0, data, cfg, xp, adapter, progress, modes):
             losses[step] = loss
             scales[step] = seen["scale"]
             if half and step % every == 0:
-                _, g32 = model.loss_and_grads(x, y, 1.0, False)
-                for g16, g in zip(seen["grads"][::2], g32[::2], strict=True):  # weight matrices
-                    nz = g != 0
-                    flushed[step // every, 0] += (nz & (g16 == 0)).sum()
-                    flushed[step // every, 1] += nz.sum()
-    skipped_at = np.flatnonzero(_host(xp, skipped)).tolist()
-    counts = _host(xp, flushed)
-    lost, total = int(counts[:, 0].sum()), int(counts[:, 1].sum())
-    return {
-        "mode": mode,
-        "loss": [float(v) for v in _host(xp, losses)],
-        "scale": [float(v) for v in _host(xp, scales)],
-        "skipped_at": skipped_at,
-        "underflow": [(k * every, int(a) / max(int(b), 1)) for k, (a, b) in enumerate(counts)]
-        if half
-        else [],
-        "test_accuracy": model.accuracy(xte, yte, half),
-        "train_accuracy": model.accuracy(xtr, ytr, half),
-        "skipped": len(skipped_at),
-        "final_scale": float(opt.loss_scale) if scaled else None,
-        "underflow_fraction": (lost / total) if half and total else None,
-        "wall_time": time.perf_counter() - t0,
-    }
+                _, g32, d32 = model.loss_and_grads(ids, y, seen["scale"], False)
+                g16 = seen["grads"]
+                pairs = [(seen["dlogits"], d32), (g16[0], g32[0])]
+                for k, (a, b) in enumerate(pairs + list(zip(g16[1::2], g32[1::2], strict=True))):
+                    nz = b != 0
+                    counts[k, 0] += (nz & (a == 0)).sum()
+                    counts[k, 1] += nz.sum()
+            if (step + 1) % cfg["curve_every"] == 0 or step + 1 == steps:
+                curve.append((step + 1, model.accuracy(probe, half)))
+    rec = new_record(mode)
+    rec["loss"] = [float(v) for v in _host(xp, losses)]
+    rec["scale"] = [float(v) for v in _host(xp, scales)]
+    rec["skipped_at"] = np.flatnonzero(_host(xp, skipped)).tolist()
+    rec["curve"] = [(s, float(a)) for s, a in curve]
+    final = float(opt.loss_scale) if scaled else None
+    return finish_record(
+        rec,
+        _host(xp, counts) if half else None,
+        len(model.params),
+        float(model.accuracy(wte, half)),
+        final,
+        t0,
+    )
 
 
-def _host(xp, a) -> np.ndarray:
+def _host(xp: Any, a: Any) -> np.ndarray:
     return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
-def train_all(model0, data, cfg, progress, modes, xp=None, adapter=None):
-    """The four modes on the GPU (or on `xp` with `adapter`, for tests)."""
+def train_all(
+    model0: LM,
+    data: tuple,
+    cfg: dict,
+    progress: Progress,
+    modes: tuple,
+    xp: Any = None,
+    adapter: Any = None,
+) -> list[dict]:
+    """The three modes on the GPU (or on `xp` with `adapter`, for tests)."""
     if xp is None:
         import cupy
 
-        from lscore.adapters import cupy as adapter
+        from lscore.adapters import cupy as cupy_adapter
 
-        xp = cupy
+        xp, adapter = cupy, cupy_adapter
     return [train_mode(m, model0, data, cfg, xp, adapter, progress, modes) for m in modes]

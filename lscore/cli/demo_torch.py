@@ -1,47 +1,47 @@
-"""``lscore demo --backend torch``: the demo's four modes with PyTorch and lscore's adapter.
+"""``lscore demo --backend torch``: the demo's three modes with PyTorch and lscore's adapter.
 
-The same MLP (the same initial weights as the NumPy demo), data and batches,
-trained with ``torch.optim.SGD``: float32; float16 through
+The same language model (the same initial weights as the NumPy demo), data and
+batches, trained with ``torch.optim.Adam``: float32; float16 through
 ``torch.autocast("cpu", dtype=torch.float16)`` with float32 master weights and
 no loss scaling; the same with lscore's ``GradScaler`` (dynamic scale, torch's
-policy); the same with lscore's ``LossScaleOptimizer`` around a TF1
-``FixedLossScaleManager`` (fixed scale, overflowing steps skipped).  Under
-autocast the matrix products and their gradients run in real float16, so small
-activation gradients flush to zero without loss scaling.  torch is imported
-inside the functions, so ``import lscore`` never pulls it in.
+policy).  Under autocast the matrix products and their gradients run in real
+float16 (the embedding and the loss stay in float32, as autocast keeps them),
+so small gradients flush to zero without loss scaling.  float16 matrix products
+are slow on most CPUs, so this backend takes several times longer than the
+NumPy one.  torch is imported inside the functions, so ``import lscore`` never
+pulls it in.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
-from lscore.managers import FixedLossScaleManager
-
-if TYPE_CHECKING:  # torch is imported inside the functions at run time
-    import torch
+from lscore.cli.demo import LM, Progress, finish_record, flushed, new_record
 
 DESCRIPTION = (
-    "The data is scikit-learn's bundled digits set (1797 8x8 images, no "
-    "download); the model a ReLU perceptron.  PyTorch backend: float16 through "
-    "torch.autocast on the CPU (real float16 "
-    "matrix products, float32 master weights), lscore.adapters.torch.GradScaler "
-    "for the dynamic scale and LossScaleOptimizer with a FixedLossScaleManager "
-    "for the fixed one."
+    "The data is the Python standard library's source code, split into tokens; the model "
+    "a next-token language model (embedding, ReLU layers, softmax).  PyTorch backend: "
+    "float16 through torch.autocast on the CPU (real float16 matrix products, float32 "
+    "master weights), torch.optim.Adam, lscore.adapters.torch.GradScaler for the dynamic "
+    "scale."
 )
 
 
-def _model(model0) -> torch.nn.Sequential:
-    """A torch copy of the NumPy demo's MLP (weights stored as (in, out))."""
+def _model(model0: LM) -> Any:
+    """A torch copy of the NumPy demo's model (its weights are stored (in, out))."""
     import torch
 
-    layers: list[torch.nn.Module] = []
+    emb = torch.nn.Embedding(*model0.params[0].shape)
+    with torch.no_grad():
+        emb.weight.copy_(torch.from_numpy(model0.params[0]))
+    layers: list[Any] = [emb, torch.nn.Flatten()]
     n = len(model0.params) // 2
     for i in range(n):
-        w, b = model0.params[2 * i], model0.params[2 * i + 1]
+        w, b = model0.params[1 + 2 * i], model0.params[2 + 2 * i]
         lin = torch.nn.Linear(w.shape[0], w.shape[1])
         with torch.no_grad():
             lin.weight.copy_(torch.from_numpy(w.T.copy()))
@@ -52,45 +52,46 @@ def _model(model0) -> torch.nn.Sequential:
     return torch.nn.Sequential(*layers)
 
 
-def _cast(half: bool):
+def _cast(half: bool) -> Any:
     import torch
 
     return torch.autocast("cpu", dtype=torch.float16) if half else contextlib.nullcontext()
 
 
-def _loss(model, x, y, half):
+def _loss(model: Any, ids: Any, y: Any, half: bool) -> tuple[Any, Any]:
+    """(mean cross-entropy in float32, the logits, whose gradient is kept)."""
     import torch
 
     with _cast(half):
-        logits = model(x)
-    return torch.nn.functional.cross_entropy(logits.float(), y)
+        logits = model(ids)
+    logits.retain_grad()
+    return torch.nn.functional.cross_entropy(logits.float(), y), logits
 
 
-def _weight_grads(model) -> list:
-    return [m.weight.grad.detach().numpy().copy() for m in model if hasattr(m, "weight")]
+def _grads(model: Any, logits: Any) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(the logits' gradient, the parameters' gradients in the NumPy model's order)."""
+    import torch
+
+    def host(t: Any) -> np.ndarray:
+        return t.detach().float().numpy().copy()
+
+    grads = [host(model[0].weight.grad)]
+    for m in model:
+        if isinstance(m, torch.nn.Linear):
+            grads += [host(m.weight.grad).T.copy(), host(m.bias.grad)]
+    return host(logits.grad), grads
 
 
-def _underflow(model, model32, x, y, g16) -> tuple[int, int]:
-    """(weight-gradient elements nonzero in float32 but zero in the float16 run, nonzero)."""
-    model32.load_state_dict(model.state_dict())
-    model32.zero_grad()
-    _loss(model32, x, y, False).backward()
-    lost = total = 0
-    for a, b in zip(g16, _weight_grads(model32), strict=True):
-        nz = b != 0
-        total += int(nz.sum())
-        lost += int((nz & (a == 0)).sum())
-    return lost, total
-
-
-def _accuracy(model, x, y, half) -> float:
+def _accuracy(model: Any, w: Any, half: bool) -> float:
     import torch
 
     with torch.no_grad(), _cast(half):
-        return float((model(x).argmax(dim=1) == y).float().mean())
+        return float((model(w[:, :-1]).argmax(dim=1) == w[:, -1]).float().mean())
 
 
-def train_mode(mode, model0, data, cfg, progress, modes) -> dict:
+def train_mode(
+    mode: str, model0: LM, data: tuple, cfg: dict, progress: Progress, modes: tuple
+) -> dict:
     """Train one of `modes` (the NumPy demo's MODES); returns its record (same keys)."""
     import torch
 
@@ -102,66 +103,49 @@ def train_mode(mode, model0, data, cfg, progress, modes) -> dict:
         torch.set_num_threads(threads)
 
 
-def _train(torch, mode, model0, data, cfg, progress, modes) -> dict:
-    from lscore.adapters.torch import GradScaler, LossScaleOptimizer
+def _train(
+    torch: Any, mode: str, model0: LM, data: tuple, cfg: dict, progress: Progress, modes: tuple
+) -> dict:
+    from lscore.adapters.torch import GradScaler
 
-    xtr, xte, ytr, yte = (torch.from_numpy(np.asarray(a)) for a in data)
-    ytr, yte = ytr.long(), yte.long()
+    wtr, wte = (torch.from_numpy(a.astype(np.int64)) for a in data)
+    probe = wte[: cfg["curve_tokens"]]
     model = _model(model0)
     model32 = _model(model0)
     half = mode != modes[0]
-    sgd = torch.optim.SGD(model.parameters(), lr=cfg["learning_rate"], momentum=cfg["momentum"])
-    scaler = opt = None
+    adam = torch.optim.Adam(model.parameters(), lr=cfg["learning_rate"], eps=cfg["epsilon"])
+    scaler = None
     if mode == modes[2]:
         scaler = GradScaler(
             "cpu", init_scale=cfg["initial_scale"], growth_interval=cfg["growth_steps"]
         )
-    elif mode == modes[3]:
-        opt = LossScaleOptimizer(sgd, loss_scale_manager=FixedLossScaleManager(cfg["fixed_scale"]))
     rng = np.random.default_rng(cfg["seed"] + 1)  # same batches in every mode
-    rec = {"mode": mode, "loss": [], "scale": [], "skipped_at": [], "underflow": []}
-    lost = total = skipped = 0
+    rec = new_record(mode)
+    counts = np.zeros((len(model0.params) // 2 + 2, 2), np.int64) if half else None
     t0 = time.perf_counter()
-    for step in progress(range(cfg["steps"]), desc=f"{mode:24s}"):
-        idx = torch.from_numpy(rng.integers(0, len(ytr), cfg["batch_size"]))
-        x, y = xtr[idx], ytr[idx]
-        sgd.zero_grad()
-        loss = _loss(model, x, y, half)
+    for step in progress(range(cfg["steps"]), f"{mode:24s}"):
+        batch = wtr[torch.from_numpy(rng.integers(0, len(wtr), cfg["batch_size"]))]
+        ids, y = batch[:, :-1], batch[:, -1]
+        adam.zero_grad()
+        loss, logits = _loss(model, ids, y, half)
+        scale = float(scaler.get_scale()) if scaler is not None else 1.0
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if counts is not None and step % cfg["measure_every"] == 0:
+            model32.load_state_dict(model.state_dict())
+            model32.zero_grad()
+            loss32, logits32 = _loss(model32, ids, y, False)
+            (loss32 * scale).backward()
+            counts += flushed(*_grads(model, logits), *_grads(model32, logits32))
         if scaler is not None:
-            scale = scaler.get_scale()
-            scaler.scale(loss).backward()
-        elif opt is not None:
-            scale = opt.loss_scale
-            opt.get_scaled_loss(loss).backward()
-        else:
-            scale = 1.0
-            loss.backward()
-        if half and step % cfg["measure_every"] == 0:
-            n_lost, n_total = _underflow(model, model32, x, y, _weight_grads(model))
-            lost, total = lost + n_lost, total + n_total
-            rec["underflow"].append((step, n_lost / max(n_total, 1)))
-        if scaler is not None:
-            scaler.step(sgd)
+            scaler.step(adam)
             scaler.update()
-            applied = not scaler.last_step_skipped
-        elif opt is not None:
-            opt.step()
-            applied = not opt.last_step_skipped
+            if scaler.last_step_skipped:
+                rec["skipped_at"].append(step)
         else:
-            sgd.step()
-            applied = True
-        skipped += not applied
-        if not applied:
-            rec["skipped_at"].append(step)
+            adam.step()
         rec["loss"].append(loss.item())
-        rec["scale"].append(float(scale))
-    final = scaler.get_scale() if scaler is not None else (opt.loss_scale if opt else None)
-    rec.update(
-        test_accuracy=_accuracy(model, xte, yte, half),
-        train_accuracy=_accuracy(model, xtr, ytr, half),
-        skipped=skipped,
-        final_scale=final,
-        underflow_fraction=(lost / total) if half and total else None,
-        wall_time=time.perf_counter() - t0,
-    )
-    return rec
+        rec["scale"].append(scale)
+        if (step + 1) % cfg["curve_every"] == 0 or step + 1 == cfg["steps"]:
+            rec["curve"].append((step + 1, _accuracy(model, probe, half)))
+    final = float(scaler.get_scale()) if scaler is not None else None
+    return finish_record(rec, counts, len(model0.params), _accuracy(model, wte, half), final, t0)

@@ -1,4 +1,6 @@
-"""`lscore demo`: the hand-written backprop, the float16 emulation, the CLI and a short run."""
+"""`lscore demo`: the float16 rounding, the hand-written backprop, the data, the CLI and the
+story a short run tells (float16 flushes gradients without scaling; the dynamic scale grows,
+overflows, skips and backs off)."""
 
 import importlib.util
 import json
@@ -6,78 +8,136 @@ import json
 import numpy as np
 import pytest
 
+from helpers.demo_story import check_scale_path, check_story
 from lscore import cli as _cli
 from lscore.cli import demo as _demo
 
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given
+from hypothesis import strategies as st
 
-def small_model(seed=0):
-    return _demo.MLP([6, 5, 4, 3], np.random.default_rng(seed))
+
+def _cast(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return x.astype(np.float16).astype(np.float32)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return bool(
+        np.array_equal(a.view(np.uint32), b.view(np.uint32))
+        or (
+            np.array_equal(a, b, equal_nan=True)
+            and np.array_equal(np.signbit(a[a == 0]), np.signbit(b[b == 0]))
+        )
+    )
+
+
+def test_half_matches_numpy_cast_across_float32_bit_patterns():
+    """Every 9973rd float32 bit pattern (all exponents, both signs, subnormals, inf, NaN)
+    rounds to the value NumPy's float16 cast gives (zero's sign aside)."""
+    bits = np.arange(0, 2**32, 9973, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    got, want = _demo._half(x), _cast(x)
+    assert np.array_equal(got, want, equal_nan=True)
+    # ties around the float16 boundaries, overflow and the smallest subnormal
+    edges = np.array(
+        [65504, 65519.99, 65520, -65520, 2**-14, 2**-25, 2**-25 * 1.0001, 3 * 2**-25, 1 + 2**-11],
+        np.float32,
+    )
+    assert np.array_equal(_demo._half(edges), _cast(edges))
+
+
+@given(st.lists(st.floats(width=32, allow_nan=True), min_size=1, max_size=64))
+def test_half_matches_numpy_cast_on_generated_values(values):
+    x = np.array(values, np.float32)
+    assert np.array_equal(_demo._half(x), _cast(x), equal_nan=True)
+
+
+def small_cfg(layers=2):
+    cfg = _demo.config(tiny=True)
+    cfg.update(vocab=7, context=3, embed=2, hidden=5, layers=layers)
+    return cfg
 
 
 def test_backprop_matches_finite_differences():
     rng = np.random.default_rng(1)
-    m = small_model()
+    m = _demo.LM(small_cfg(), rng)
     m.params = [p.astype(np.float64) for p in m.params]  # float64: clean differences
-    x = rng.random((8, 6))
-    y = rng.integers(0, 3, 8)
-    _, grads = m.loss_and_grads(x, y, 1.0, half=False)
+    ids = rng.integers(0, 7, (8, 3))
+    y = rng.integers(0, 7, 8)
+    _, grads, _ = m.loss_and_grads(ids, y, 1.0, half=False)
     for k, p in enumerate(m.params):
-        for idx in list(np.ndindex(p.shape))[:4]:
+        for idx in list(np.ndindex(p.shape))[:6]:
             old = p[idx]
             p[idx] = old + 1e-6
-            up = m.loss_and_grads(x, y, 1.0, False)[0]
+            up = m.loss_and_grads(ids, y, 1.0, False)[0]
             p[idx] = old - 1e-6
-            down = m.loss_and_grads(x, y, 1.0, False)[0]
+            down = m.loss_and_grads(ids, y, 1.0, False)[0]
             p[idx] = old
             assert grads[k][idx] == pytest.approx((up - down) / 2e-6, rel=1e-4, abs=1e-8)
 
 
 def test_scaled_gradients_are_scale_times_unscaled_in_float32():
     rng = np.random.default_rng(2)
-    m = small_model()
-    x, y = rng.random((8, 6)).astype(np.float32), rng.integers(0, 3, 8)
-    _, g1 = m.loss_and_grads(x, y, 1.0, False)
-    _, g8 = m.loss_and_grads(x, y, 8.0, False)
+    m = _demo.LM(small_cfg(), rng)
+    ids, y = rng.integers(0, 7, (8, 3)), rng.integers(0, 7, 8)
+    _, g1, d1 = m.loss_and_grads(ids, y, 1.0, False)
+    _, g8, d8 = m.loss_and_grads(ids, y, 8.0, False)
+    np.testing.assert_allclose(d8, 8 * d1, rtol=1e-5, atol=1e-12)
     for a, b in zip(g1, g8, strict=True):
         np.testing.assert_allclose(b, 8 * a, rtol=1e-5, atol=1e-12)
 
 
-def test_half_rounding_and_underflow_count():
-    a = np.array([1e-8, 3e-8, 1e-4, 1.0 + 2**-12, 7e4, -7e4], np.float32)
-    h = _demo._half(a)
-    with np.errstate(over="ignore"):
-        np.testing.assert_array_equal(h, a.astype(np.float16).astype(np.float32))
-    assert h[0] == 0 and h[1] != 0 and np.isinf(h[4]) and h[5] == -np.inf
-    lost, total = _demo._underflow([h, None], [a, None])
-    assert (lost, total) == (1, 6)
-
-
-def test_float16_gradients_flush_without_scaling():
-    """Tiny logit errors: without scaling the float16 weight gradients lose elements."""
+def test_float16_flushes_the_logits_gradient_and_scaling_keeps_it():
+    """A confident model (as training makes it: a large output layer) and a batch of many
+    tokens: many logits' gradients are probability / tokens, below 2**-24, so float16
+    flushes them; a scale of 2**12 keeps nearly all."""
+    cfg = _demo.config(tiny=True)
     rng = np.random.default_rng(3)
-    m = small_model()
-    x = rng.random((64, 6)).astype(np.float32) * 1e-6
-    y = rng.integers(0, 3, 64)
-    _, g32 = m.loss_and_grads(x, y, 1.0, False)
-    _, g16 = m.loss_and_grads(x, y, 1.0, True)
-    _, g16s = m.loss_and_grads(x, y, 2.0**12, True)
-    lost, _total = _demo._underflow(g16, g32)
-    lost_scaled, _ = _demo._underflow(g16s, g32)
-    assert lost > 0 and lost_scaled < lost
+    m = _demo.LM(cfg, rng)
+    m.params[-2] *= 20
+    ids = rng.integers(0, cfg["vocab"], (2048, cfg["context"]))
+    y = rng.integers(0, cfg["vocab"], 2048)
+    _, g32, d32 = m.loss_and_grads(ids, y, 1.0, False)
+    _, g16, d16 = m.loss_and_grads(ids, y, 1.0, True)
+    _, g32s, d32s = m.loss_and_grads(ids, y, 2.0**12, False)
+    _, g16s, d16s = m.loss_and_grads(ids, y, 2.0**12, True)
+    raw = _demo.flushed(d16, g16, d32, g32)
+    scaled = _demo.flushed(d16s, g16s, d32s, g32s)
+    assert raw.shape == (len(_demo.layer_names(len(m.params))), 2)
+    assert raw[0, 0] > raw[0, 1] // 10  # a good part of the logits' gradient
+    assert scaled[0, 0] < raw[0, 0] // 100
+    assert (raw[:, 1] == scaled[:, 1]).all()
+
+
+def test_the_test_text_is_other_modules():
+    train, test = _demo.tokens()
+    assert len(train) > 9 * len(test) / 2 > 0
+    assert "def" in train and "def" in test
+    w = _demo.windows(np.arange(10, dtype=np.int32), 4)
+    assert w.shape == (6, 5) and (w[:, -1] == np.arange(4, 10)).all()
+
+
+def test_without_the_standard_library_source_it_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(_demo.sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    with pytest.raises(RuntimeError, match=r"too few \.py files"):
+        _demo.tokens()
 
 
 def test_cli_without_the_demo_extra(monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a)
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "threadpoolctl" else real(name, *a),
     )
     assert _cli.main(["demo"]) == 2
     err = capsys.readouterr().err
-    assert "sklearn" in err and "lscore[demo]" in err
+    assert "threadpoolctl" in err and "lscore[demo]" in err
 
 
 def test_cli_torch_backend_says_what_is_missing(monkeypatch, capsys):
-    pytest.importorskip("sklearn")
+    pytest.importorskip("threadpoolctl")
     pytest.importorskip("matplotlib")
     pytest.importorskip("tqdm")
     real = importlib.util.find_spec
@@ -88,18 +148,21 @@ def test_cli_torch_backend_says_what_is_missing(monkeypatch, capsys):
     assert "lscore[torch]" in capsys.readouterr().err
 
 
-def test_short_run_writes_table_png_and_json(tmp_path, capsys):
-    pytest.importorskip("sklearn")
+def test_tiny_run_tells_the_story(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("threadpoolctl")
     pytest.importorskip("matplotlib")
     pytest.importorskip("tqdm")
-    assert _cli.main(["demo", "--steps", "30", "--seed", "1", "--out", str(tmp_path)]) == 0
+    records = []
+    real = _demo.train_mode
+    monkeypatch.setattr(_demo, "train_mode", lambda *a: records.append(real(*a)) or records[-1])
+    assert _cli.main(["demo", "--tiny", "--seed", "1", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     for mode in _demo.MODES:
         assert mode in out
+    assert "overflowed and were skipped" in out
     png = tmp_path / "lscore_demo.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     res = json.loads((tmp_path / "lscore_demo.json").read_text())
-    assert [r["mode"] for r in res["results"]] == list(_demo.MODES)
-    assert res["config"]["steps"] == 30 and res["config"]["seed"] == 1
-    assert res["results"][0]["underflow_fraction"] is None
-    assert 0 <= res["results"][1]["underflow_fraction"] <= 1
+    assert res["config"]["steps"] == 40 and res["config"]["seed"] == 1
+    check_story(res)
+    check_scale_path(records[2]["scale"], records[2]["skipped_at"])

@@ -1,34 +1,33 @@
-"""`lscore demo --backend torch`: a short run trains all four modes and writes its outputs."""
+"""`lscore demo --backend torch`: a tiny run tells the NumPy demo's story in real float16."""
 
 import json
 
 import pytest
 
 pytest.importorskip("torch")
-pytest.importorskip("sklearn")
+pytest.importorskip("threadpoolctl")
 pytest.importorskip("matplotlib")
 pytest.importorskip("tqdm")
 
+from helpers.demo_story import check_scale_path, check_story
 from lscore import cli as _cli
 from lscore.cli import demo as _demo
+from lscore.cli import demo_torch
 
 
-def test_short_torch_run(tmp_path, capsys):
-    assert (
-        _cli.main(
-            ["demo", "--backend", "torch", "--steps", "40", "--seed", "2", "--out", str(tmp_path)]
-        )
-        == 0
+def test_tiny_torch_run(tmp_path, capsys, monkeypatch):
+    records = []
+    real = demo_torch.train_mode
+    monkeypatch.setattr(
+        demo_torch, "train_mode", lambda *a: records.append(real(*a)) or records[-1]
     )
+    assert _cli.main(["demo", "--backend", "torch", "--tiny", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "torch.autocast" in out
     for mode in _demo.MODES:
         assert mode in out
     res = json.loads((tmp_path / "lscore_demo.json").read_text())
-    recs = {r["mode"]: r for r in res["results"]}
     assert res["config"]["backend"] == "torch"
-    assert recs[_demo.MODES[0]]["underflow_fraction"] is None
-    # float16 without scaling loses gradient elements that loss scaling keeps
-    assert recs[_demo.MODES[1]]["underflow_fraction"] > recs[_demo.MODES[2]]["underflow_fraction"]
-    assert recs[_demo.MODES[2]]["final_scale"] >= 2.0**15
+    check_story(res)
+    check_scale_path(records[2]["scale"], records[2]["skipped_at"])
     assert (tmp_path / "lscore_demo.png").stat().st_size > 10000
