@@ -172,7 +172,8 @@ class LossScaleState:
         return self._cy.nbytes()
 
     def to_bytes(self) -> bytes:
-        """The compiled state as raw bytes, for a device copy (``lscore.cuda.DeviceState``)."""
+        """The compiled state as raw bytes, for a device copy
+        (``lscore.cuda.device_state.DeviceState``)."""
         return self._cy.to_bytes()
 
     def from_bytes(self, raw: bytes) -> None:

@@ -195,8 +195,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         return _times(loss, self._scaling.scale)
 
     def _inv_scale(self) -> float:
-        with _optim.quiet():
-            return float(np.float32(1.0) / np.float32(self._scaling.scale))
+        return _optim.inverse_scale(self._scaling.scale)
 
     def get_unscaled_gradients(self, grads: Any) -> list:
         """Each gradient times the float32 reciprocal of the scale (in its dtype); None kept."""

@@ -68,7 +68,8 @@ def test_demo_help_shows_its_defaults(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "(default: 1000)" in text and "(default: numpy)" in text
+    assert "(default: numpy)" in text and "(default: 0)" in text
+    assert "training steps per mode (300; 40 with --tiny)" in text  # a default that depends on --tiny
     assert re.search(r"--seed SEED \w", text)  # --seed has help
 
 
