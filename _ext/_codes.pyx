@@ -15,6 +15,9 @@ cdef extern from "lsc_codes.h":
         LSC_OPT_AMSGRAD
         LSC_OPT_CHECK
         LSC_OPT_INV_AS_GRAD
+        LSC_NORM_INF
+        LSC_NORM_FIRST
+        LSC_NORM_LAST
 
 # dtype codes, by the member names of lscore.dtypes.Code
 CODES = {"INT": LSC_CODE_INT, "F16": LSC_CODE_F16, "BF16": LSC_CODE_BF16, "F32": LSC_CODE_F32,
@@ -64,3 +67,5 @@ NDEVICE_VALS = LSC_DEV_NVALS
 OPTIM_FLAGS = {"SLOT": LSC_OPT_SLOT, "NESTEROV": LSC_OPT_NESTEROV, "MAXIMIZE": LSC_OPT_MAXIMIZE,
                "AMSGRAD": LSC_OPT_AMSGRAD, "CHECK": LSC_OPT_CHECK,
                "INV_AS_GRAD": LSC_OPT_INV_AS_GRAD}
+# bits of the one-pass norm kernel's flags (scan.cu), by their names without LSC_NORM_
+NORM_FLAGS = {"INF": LSC_NORM_INF, "FIRST": LSC_NORM_FIRST, "LAST": LSC_NORM_LAST}

@@ -156,4 +156,13 @@ enum {
                                  framework multiplying in that dtype does (NumPy adapter) */
 };
 
+/* ---- the one-pass norm (scan.cu) ----------------------------------------- */
+
+/* bits of lsc_mt_unscale_norm's `nflags` */
+enum {
+    LSC_NORM_INF = 1,     /* the inf-norm (else the 2-norm) */
+    LSC_NORM_FIRST = 2,   /* the call's first launch: its running total starts here */
+    LSC_NORM_LAST = 4     /* the call's last launch: it writes the result */
+};
+
 #endif /* LSC_CODES_H */

@@ -68,12 +68,12 @@ struct lsc_widen;
 
 template <>
 struct lsc_widen<lsc_f16> {
-    static __device__ __forceinline__ float f(lsc_u16 w) { return lsc_f16_to_f32(w); }
+    static __device__ __forceinline__ float f(lsc_u16 w) { return lsc_dev_f16_to_f32(w); }
 };
 
 template <>
 struct lsc_widen<lsc_bf16> {
-    static __device__ __forceinline__ float f(lsc_u16 w) { return lsc_bf16_to_f32(w); }
+    static __device__ __forceinline__ float f(lsc_u16 w) { return lsc_dev_bf16_to_f32(w); }
 };
 
 template <>
@@ -85,7 +85,7 @@ struct lsc_widen<lsc_f32> {
 template <class F>
 __device__ __forceinline__ float lsc_grad(typename F::word w, double inv)
 {
-    return lsc_widen<F>::f(inv == 1.0 ? w : F::mul(w, inv));
+    return lsc_widen<F>::f(inv == 1.0 ? w : F::mul(w, (typename F::scale)inv));
 }
 
 /* the inverse rounded to the gradient's dtype (LSC_OPT_INV_AS_GRAD) */
@@ -96,7 +96,7 @@ template <>
 struct lsc_inv_in<lsc_f16> {
     static __device__ __forceinline__ double f(double inv)
     {
-        return lsc_f16_to_f32(lsc_f32_to_f16((float)inv));
+        return lsc_dev_f16_to_f32(lsc_dev_f32_to_f16((float)inv));
     }
 };
 
@@ -104,7 +104,7 @@ template <>
 struct lsc_inv_in<lsc_bf16> {
     static __device__ __forceinline__ double f(double inv)
     {
-        return lsc_bf16_to_f32(lsc_f32_to_bf16((float)inv));
+        return lsc_dev_bf16_to_f32(lsc_dev_f32_to_bf16((float)inv));
     }
 };
 

@@ -14,7 +14,8 @@ once into host memory that lives with the plan, and what a call changes
 (the inverse scale, the flag's address, the call's mark) is written into
 one shared argument block before the launches.  The one-pass norm
 (``launch_norm`` / ``launch_clip``) packs its launches and allocates its
-partials buffer on a plan's first use, then costs the same.
+one buffer per device on its first use (a partial per block of the largest
+launch, the call's state and an arrival ticket), then costs the same.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import threading
 import numpy as np
 
 from lscore import kernels
+from lscore._ext import _codes
 from lscore.cuda.loader import OPS, TRAITS, kernel_name
 from lscore.dtypes import Code
 
@@ -56,10 +58,13 @@ _CALL_SIZES = {
 }  # found, mark
 # which slots of the call block (uint64 words) those per-call parameters are
 _CALL_SLOTS = {"unscale": (0, 1, 2, 3), "all_finite": (2, 3)}
-# the call block: inv, inv_dev, found, mark, then the norm's inf_norm, max_norm, coef, coef_dev
-_INV, _INV_DEV, _FOUND, _MARK, _INF_NORM, _MAX_NORM, _COEF, _COEF_DEV = range(8)
-# the one-pass norm's reduction: each fold level has one thread per FOLD partials
-FOLD = 64
+# the call block: inv, inv_dev, found, mark, then the norm's max_norm, coef, coef_dev and the
+# addresses in its buffer (the call's state, the arrival ticket, the block partials)
+_INV, _INV_DEV, _FOUND, _MARK, _MAX_NORM, _COEF, _COEF_DEV, _STATE, _TICKET, _PART = range(10)
+# the norm buffer (float64 words): state[0 .. 5), the ticket's word, then the partials
+_NORM_TICKET, _NORM_PART = 5, 6
+# lsc_mt_unscale_norm's flags (scan.cu): inf-norm, the call's first and last launch
+_NORM_INF, _NORM_FIRST, _NORM_LAST = (_codes.NORM_FLAGS[k] for k in ("INF", "FIRST", "LAST"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,8 +235,9 @@ class MultiTensor:
         self.flag_ptr = backend.ptr(self.flag)
         self._mark = 0
         self._wrapped = False
-        # the per-call parameters, shared by every launch (slots: _INV ... _COEF_DEV)
-        self._call = np.zeros(8, np.uint64)
+        # the per-call parameters, shared by every launch (slots: _INV ... _PART)
+        self._call = np.zeros(10, np.uint64)
+        self._norm_dev = None
         self._inv = self._call[_INV : _INV + 1].view(np.float64)
         self._max_norm = self._call[_MAX_NORM : _MAX_NORM + 1].view(np.float64)
         self._coef = self._call[_COEF : _COEF + 1].view(np.float64)
@@ -355,35 +361,31 @@ class MultiTensor:
         """(address, byte width) of a per-call parameter in the shared call block."""
         return self._call_addr + 8 * slot, width
 
+    def _norm_buffer(self):
+        """The device buffer of the one-pass norm, allocated on first use: the call's state
+        (running total, then norm, coefficient, found, total), the arrival ticket, and one
+        partial per block of the largest launch (``max_blocks``): its size is fixed by the
+        launch limits, whatever the model or the number of plans."""
+        if self._norm_dev is None:
+            dev = self.backend.to_device(np.zeros(_NORM_PART + self.max_blocks, np.float64))
+            base = self.backend.ptr(dev)
+            call = self._call
+            call[_STATE] = base
+            call[_TICKET] = base + 8 * _NORM_TICKET
+            call[_PART] = base + 8 * _NORM_PART
+            self._norm_dev = dev
+        return self._norm_dev
+
     def _pack_norm(self, prepared: Launches) -> _Norm:
-        """The one-pass norm's launches over `prepared` (buffers allocated, arguments packed)."""
+        """The one-pass norm's launches over `prepared` (arguments packed)."""
         keep: list = []
         arg = self._call_arg
-        # per-thread partials, then levels of one value per FOLD of the level below,
-        # down to at most FOLD values for the single-thread finish
-        counts = [sum(nb for _, _, nb in prepared._specs) * self.block]
-        while counts[-1] > FOLD:
-            counts.append(-(-counts[-1] // FOLD))
-        offsets = np.cumsum([0] + counts)  # of each level in one buffer; the result last
-        buf = self.backend.to_device(np.zeros(int(offsets[-1]) + 4, np.float64))
-        base = self.backend.ptr(buf)
-        # the kernels take each level's address and count by pointer: host words kept here
-        levels = np.array([base + 8 * int(o) for o in offsets], np.uint64)
-        sizes = np.array(counts, np.int64)
-        keep += [buf, levels, sizes]
-
-        def level(k):
-            return levels.ctypes.data + 8 * k, 8
-
-        def size(k):
-            return sizes.ctypes.data + 8 * k, 8
-
+        buf = self._norm_buffer()
         unscale, clip = [], []
-        done = 0  # partial slots of the launches before
-        for code, own, nb in prepared._specs:
+        nflags = np.zeros(len(prepared._specs), np.uint64)  # each launch's, set per call
+        keep.append(nflags)
+        for k, (code, own, nb) in enumerate(prepared._specs):
             table = (own.ctypes.data, 8), (own.ctypes.data + 8, 4), (own.ctypes.data + 16, 8)
-            part = np.array([base + 8 * done], np.uint64)
-            keep.append(part)
             unscale.append(
                 self._pack(
                     keep,
@@ -396,8 +398,11 @@ class MultiTensor:
                         arg(_INV_DEV, 8),
                         arg(_FOUND, 8),
                         arg(_MARK, 4),
-                        (part.ctypes.data, 8),
-                        arg(_INF_NORM, 4),
+                        (nflags.ctypes.data + 8 * k, 4),
+                        arg(_MAX_NORM, 8),
+                        arg(_PART, 8),
+                        arg(_STATE, 8),
+                        arg(_TICKET, 8),
                     ),
                 )
             )
@@ -410,38 +415,11 @@ class MultiTensor:
                     (*table, arg(_COEF, 8), arg(_COEF_DEV, 8)),
                 )
             )
-            done += nb * self.block
-        last = len(counts) - 1
-        for k in range(last):
-            block = min(self.block, counts[k + 1])
-            unscale.append(
-                self._pack(
-                    keep,
-                    "lsc_norm_fold",
-                    -(-counts[k + 1] // block),
-                    block,
-                    (level(k), size(k), level(k + 1), size(k + 1), arg(_INF_NORM, 4)),
-                )
-            )
-        unscale.append(
-            self._pack(
-                keep,
-                "lsc_norm_finish",
-                1,
-                1,
-                (
-                    level(last),
-                    size(last),
-                    arg(_INF_NORM, 4),
-                    arg(_MAX_NORM, 8),
-                    arg(_FOUND, 8),
-                    arg(_MARK, 4),
-                    level(last + 1),
-                ),
-            )
-        )
-        result = int(offsets[-1])
-        return _Norm(unscale, clip, buf[result:], base + 8 * (result + 1), keep)
+        if not unscale:  # nothing to measure: the empty norm's constant result
+            empty = self.backend.to_device(np.array([0.0, 1.0, 0.0, 0.0]))
+            return _Norm(unscale, clip, empty, self.backend.ptr(empty) + 8, (keep, nflags))
+        state = int(self._call[_STATE])
+        return _Norm(unscale, clip, buf[1:5], state + 8 * 2, (keep, nflags))
 
     def launch_norm(
         self,
@@ -459,7 +437,8 @@ class MultiTensor:
         Every element is multiplied by `inv` (or the float64 at `inv_ptr`) as
         ``launch("unscale")`` does, and the same pass gathers per-thread
         partials of the values written: their sum of squares, or with
-        `inf_norm` their largest magnitude.  Fixed-order folds then leave
+        `inf_norm` their largest magnitude.  Fixed-order block folds, finished by
+        the last block of each launch, leave
         ``prepared.norm.result`` = [norm, clip coefficient for `max_norm`
         (1.0 when `max_norm` is 0), 1.0 if NaN/Inf was seen else 0.0, total].
         The first call on a plan allocates its buffers; later ones upload nothing.
@@ -467,7 +446,11 @@ class MultiTensor:
         if prepared.norm is None:
             prepared.norm = self._pack_norm(prepared)
         mark = self._set_call(inv, inv_ptr, None, mark)
-        self._call[_INF_NORM] = 1 if inf_norm else 0
+        nflags = prepared.norm.keep[1]
+        nflags[:] = _NORM_INF if inf_norm else 0
+        if len(nflags):
+            nflags[0] |= _NORM_FIRST
+            nflags[-1] |= _NORM_LAST
         self._max_norm[0] = max_norm
         self.enqueue(prepared.norm.unscale, stream)
         return mark

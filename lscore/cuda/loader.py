@@ -60,8 +60,7 @@ def kernel_name(op: str, code: int) -> str:
 # .cu file -> the kernel names (NVRTC name expressions) the package launches from it
 KERNELS = {
     # the one-pass norm (lscore.cuda.launch.MultiTensor.launch_norm) beside the scan
-    "scan.cu": tuple(kernel_name(op, c) for op in OPS + ("unscale_norm", "clip") for c in TRAITS)
-    + ("lsc_norm_fold", "lsc_norm_finish"),
+    "scan.cu": tuple(kernel_name(op, c) for op in (*OPS, "unscale_norm", "clip") for c in TRAITS),
     "update.cu": (UPDATE_KERNEL,),
     # fused optimizers: float32 master weights, float16/bfloat16/float32 gradients
     "optim.cu": tuple(

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import lscore
+from helpers.cuda_host import device_words
 from helpers.cuda_host.adapter import CountingBackend
 
 harness = pytest.mark.skipif(
@@ -93,7 +94,8 @@ def test_a_nonfinite_step_is_reported_and_not_clipped(device_backend, bad):
     finite, norm = b.module.unscale_and_clip_(arrays, 0.25, 1e-3)
     assert not finite and not math.isfinite(norm) and math.isnan(norm) == np.isnan(bad)
     for a, w in zip(arrays, want):
-        assert np.array_equal(bits(b.to_numpy(a)), bits(w))
+        # a float16/bfloat16 NaN as the GPU's conversion instruction leaves it
+        assert np.array_equal(bits(b.to_numpy(a)), device_words(w))
 
 
 def test_refusals_write_nothing(device_backend):
@@ -143,13 +145,11 @@ def test_a_cached_call_is_its_launches_and_one_read(op):
         (finite, _), uploads, syncs = call()
         assert finite and uploads == 0 and syncs == 1
         names = [n for n, _, _ in launches]
-        assert names.index("lsc_norm_finish") > max(
-            i for i, n in enumerate(names) if n.startswith("lsc_mt_unscale_norm")
-        )
+        # the norm's launches fold on the device (no other launch), then the clip's
+        norms = [i for i, n in enumerate(names) if n.startswith("lsc_mt_unscale_norm")]
         clips = [i for i, n in enumerate(names) if n.startswith("lsc_mt_clip")]
-        assert bool(clips) == (op == "clip") and all(
-            i > names.index("lsc_norm_finish") for i in clips
-        )
+        assert norms == list(range(len(norms))) and len(names) == len(norms) + len(clips)
+        assert bool(clips) == (op == "clip")
     if op == "clip":
         assert all(np.allclose(g, 1.0 / math.sqrt(378), rtol=1e-3) for g in grads)
 
@@ -173,7 +173,7 @@ def test_every_launch_goes_to_the_current_stream():
         Streams.current = current
         del Streams.seen[:]
         kern.unscale_and_clip_(grads, 0.5, 0.1)
-        assert set(Streams.seen) == {current} and len(Streams.seen) > 4
+        assert set(Streams.seen) == {current} and len(Streams.seen) >= 4
 
 
 @harness

@@ -102,7 +102,7 @@ def _nvrtc() -> ctypes.CDLL:
     """NVRTC from the nvidia-cuda-nvrtc wheel (or the system's)."""
     paths = []
     try:
-        import nvidia.cuda_nvrtc as wheel
+        import nvidia.cuda_nvrtc as wheel  # type: ignore[import-not-found]
 
         for root in wheel.__path__:
             paths += sorted(glob.glob(os.path.join(root, "lib", "libnvrtc.so*")))
@@ -140,7 +140,7 @@ def compile_cubin(name: str, arch: str = ARCH) -> tuple[bytes, dict[str, str]]:
             lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
             log = ctypes.create_string_buffer(size.value)
             lib.nvrtcGetProgramLog(prog, log)
-            raise RuntimeError(f"NVRTC could not compile {name}:\n{log.value.decode()}")
+            raise RuntimeError(f"NVRTC could not compile {name}:\n{(log.value or b'').decode()}")
         lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
         cubin = ctypes.create_string_buffer(size.value)
         lib.nvrtcGetCUBIN(prog, cubin)
@@ -148,7 +148,7 @@ def compile_cubin(name: str, arch: str = ARCH) -> tuple[bytes, dict[str, str]]:
         for e in exprs:
             out = ctypes.c_char_p()
             lib.nvrtcGetLoweredName(prog, e.encode(), ctypes.byref(out))
-            lowered[e] = out.value.decode()
+            lowered[e] = (out.value or b"").decode()
         return cubin.raw, lowered
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
@@ -161,8 +161,8 @@ def cuobjdump() -> str:
     for root in roots:
         for hit in sorted(glob.glob(os.path.join(root, "nvidia", "*", "bin", "cuobjdump"))):
             return hit
-    hit = shutil.which("cuobjdump")
-    if hit is None:
+    found = shutil.which("cuobjdump")
+    if found is None:
         raise RuntimeError(
             "cuobjdump not found: pip install 'lscore[test]' (nvidia-cuda-cuobjdump)"
         )
@@ -205,21 +205,24 @@ def _access(ins: str) -> int:
 
 
 def hottest_loop(body: list[tuple[int, str]]) -> tuple[int, int, int, bool]:
-    """(instructions, bytes, widest access, is a loop) of the hottest loop of `body`."""
-    loops = []
+    """(instructions, bytes, widest access, is a loop) of the hottest loop of `body`: of the
+    innermost loops (no backward branch inside) that access global memory, the one with
+    the widest accesses, then the most bytes, then the most instructions."""
+    spans = []
     for i, (addr, ins) in enumerate(body):
         m = _BRANCH.match(ins)
-        if not m:
-            continue
-        target = int(m.group(1), 16)
-        if target >= addr:
-            continue
-        span = [x for a, x in body[: i + 1] if a >= target]
+        if m and int(m.group(1), 16) < addr:
+            spans.append((int(m.group(1), 16), addr, i))
+    loops = []
+    for lo, hi, i in spans:
+        if any(lo <= a and b < hi for a, b, _ in spans if (a, b) != (lo, hi)):
+            continue  # an outer loop: its inner one is hotter
+        span = [x for a, x in body[: i + 1] if a >= lo]
         sizes = [_access(x) for x in span]
         if any(sizes):
-            loops.append((max(sizes), sum(sizes), -len(span), len(span)))
+            loops.append((max(sizes), sum(sizes), len(span)))
     if loops:
-        widest, nbytes, _, n = max(loops)
+        widest, nbytes, n = max(loops)
         return n, nbytes, widest, True
     sizes = [_access(x) for _, x in body]
     return len(body), sum(sizes), max(sizes, default=0), False
