@@ -17,3 +17,4 @@ DEVICE_VALS: dict[str, int]
 NDEVICE_VALS: int
 OPTIM_FLAGS: dict[str, int]
 NORM_FLAGS: dict[str, int]
+META: dict[str, tuple[int, int]]

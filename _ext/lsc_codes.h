@@ -156,6 +156,17 @@ enum {
                                  framework multiplying in that dtype does (NumPy adapter) */
 };
 
+/* ---- the multi-tensor kernel argument (scan.cu's lsc_meta) --------------- */
+
+/* tensors and blocks one launch's argument holds: torch's depth-1 figures for
+ * 4 KB of kernel parameters, and its 32 KB ones (CUDA >= 12.1, sm_70+) */
+enum {
+    LSC_META_4K_TENSORS = 110,
+    LSC_META_4K_BLOCKS = 320,
+    LSC_META_32K_TENSORS = 770,
+    LSC_META_32K_BLOCKS = 2240
+};
+
 /* ---- the one-pass norm (scan.cu) ----------------------------------------- */
 
 /* bits of lsc_mt_unscale_norm's `nflags` */

@@ -2,14 +2,12 @@
  * all_finite, and the one-pass unscale + check + norm and its clip, for
  * fp16, bf16, fp32 and fp64 on the GPU.
  *
- * Design (apex's multi_tensor_apply, with the tables in device memory):
- * one launch covers many same-dtype tensors.  `table` is one device array of
- * 64-bit words laid out as
- *     [ptr_0 .. ptr_{nt-1}] [size_0 .. size_{nt-1}] [block_0 .. block_{grid-1}]
- * where block_b = tensor index (low 32 bits) | chunk index (high 32 bits):
- * block b handles elements [c*chunk, min(size, (c+1)*chunk)) of tensor t.
- * lscore.kernels.plan_launches builds the tables (and splits a long list
- * into several launches); the kernels only read them.
+ * Design (torch's multi_tensor_apply): one launch covers many same-dtype
+ * tensors, whose addresses, sizes and block-to-chunk map travel in the
+ * launch's kernel arguments (lsc_meta: 4 KB, or 32 KB on CUDA >= 12.1 and
+ * sm_70+); block b handles elements [c*chunk, min(size, (c+1)*chunk)) of
+ * tensor t.  lscore.cuda.MultiTensor packs them (splitting a long list
+ * into several launches); nothing is uploaded.
  *
  * Streaming (lsc_stream): a block's range moves in 16-byte accesses, four
  * independent ones in flight per thread (torch's ILP 4), from the first
@@ -291,36 +289,45 @@ __device__ __forceinline__ lsc_u32 lsc_stream(typename F::word *p, lsc_i64 n,
     return (acc & F::TOP) | one;
 }
 
-/* this block's tensor and element range, from the launch's table */
+/* This block's tensor and element range, from the launch's kernel
+ * argument: one lsc_meta (lsc_codes.h's capacities) passed by value, as
+ * torch's multi_tensor_apply passes its TensorListMetadata, so a launch over
+ * arrays never seen before needs no upload and no device table, and a
+ * block finds its work in constant memory (two independent reads). */
+template <int NT, int NB>
+struct lsc_meta {
+    lsc_u64 ptr[NT];        /* the tensors' addresses */
+    lsc_i64 size[NT];       /* their element counts */
+    lsc_i32 chunk_of[NB];   /* block b: chunk chunk_of[b] of tensor tensor_of[b] */
+    lsc_u16 tensor_of[NB];
+};
+typedef lsc_meta<LSC_META_4K_TENSORS, LSC_META_4K_BLOCKS> lsc_meta_4k;
+typedef lsc_meta<LSC_META_32K_TENSORS, LSC_META_32K_BLOCKS> lsc_meta_32k;
+
 template <class W>
 struct lsc_range {
     W *p;
     lsc_i64 n;
 };
 
-template <class W>
-__device__ __forceinline__ lsc_range<W> lsc_block_range(const lsc_u64 *table, int ntensors,
-                                                         lsc_i64 chunk)
+template <class W, class M>
+__device__ __forceinline__ lsc_range<W> lsc_block_range(const M &meta, lsc_i64 chunk)
 {
-    lsc_u64 entry = table[2 * (lsc_i64)ntensors + blockIdx.x];
-    lsc_i64 t = (lsc_i64)(entry & 0xFFFFFFFFull);
-    lsc_i64 lo = (lsc_i64)(entry >> 32) * chunk;
-    /* the size and the address are independent reads */
-    lsc_i64 size = (lsc_i64)table[ntensors + t];
-    W *base = (W *)table[t];
+    lsc_i64 t = meta.tensor_of[blockIdx.x];
+    lsc_i64 lo = (lsc_i64)meta.chunk_of[blockIdx.x] * chunk;
+    lsc_i64 size = meta.size[t];
     lsc_range<W> r;
-    r.p = base + lo;
+    r.p = (W *)meta.ptr[t] + lo;
     r.n = size - lo < chunk ? size - lo : chunk;
     return r;
 }
 
 /* one block: one chunk of one tensor; a null `found` skips the check's store */
-template <class F, bool WRITE, class N>
-__device__ __forceinline__ void lsc_mt_chunk(const lsc_u64 *table, int ntensors, lsc_i64 chunk,
-                                             typename F::scale inv, lsc_u32 *found,
-                                             lsc_u32 mark, N &nrm)
+template <class F, bool WRITE, class M, class N>
+__device__ __forceinline__ void lsc_mt_chunk(const M &meta, lsc_i64 chunk, typename F::scale inv,
+                                             lsc_u32 *found, lsc_u32 mark, N &nrm)
 {
-    lsc_range<typename F::word> r = lsc_block_range<typename F::word>(table, ntensors, chunk);
+    lsc_range<typename F::word> r = lsc_block_range<typename F::word>(meta, chunk);
     lsc_u32 acc = lsc_stream<F, WRITE>(r.p, r.n, inv, nrm);
     if (acc && found)
         *found = mark;
@@ -329,30 +336,30 @@ __device__ __forceinline__ void lsc_mt_chunk(const lsc_u64 *table, int ntensors,
 /* Multiply every element in place by inv (by *inv_dev when that is not
  * null; float(inv) below fp64) and store `mark` to *found if any input
  * element was NaN or +/-Inf.  An inverse of 1 only checks. */
-template <class F>
-__global__ void lsc_mt_unscale(const lsc_u64 *table, int ntensors, lsc_i64 chunk,
+template <class F, class M>
+__global__ void lsc_mt_unscale(const __grid_constant__ M meta, lsc_i64 chunk,
                                double inv, const double *inv_dev, lsc_u32 *found,
                                lsc_u32 mark)
 {
     double v = inv_dev ? *inv_dev : inv;
     lsc_norm_none<F> none;
     if (v == 1.0)
-        lsc_mt_chunk<F, false>(table, ntensors, chunk, (typename F::scale)v, found, mark, none);
+        lsc_mt_chunk<F, false>(meta, chunk, (typename F::scale)v, found, mark, none);
     else
-        lsc_mt_chunk<F, true>(table, ntensors, chunk, (typename F::scale)v, found, mark, none);
+        lsc_mt_chunk<F, true>(meta, chunk, (typename F::scale)v, found, mark, none);
 }
 
 /* Store `mark` to *found if any element is NaN or +/-Inf.  A block starting
  * after this call's mark is there returns at once (read-only, so stopping
  * early is safe). */
-template <class F>
-__global__ void lsc_mt_all_finite(const lsc_u64 *table, int ntensors, lsc_i64 chunk,
+template <class F, class M>
+__global__ void lsc_mt_all_finite(const __grid_constant__ M meta, lsc_i64 chunk,
                                   lsc_u32 *found, lsc_u32 mark)
 {
     if (*(volatile lsc_u32 *)found == mark)
         return;
     lsc_norm_none<F> none;
-    lsc_mt_chunk<F, false>(table, ntensors, chunk, (typename F::scale)1, found, mark, none);
+    lsc_mt_chunk<F, false>(meta, chunk, (typename F::scale)1, found, mark, none);
 }
 
 /* ---- the one-pass norm: unscale + check + norm, then clip ---------------- */
@@ -451,14 +458,14 @@ __device__ __forceinline__ void lsc_norm_end(double v, int nflags, double max_no
     state[4] = acc;
 }
 
-template <class F, bool WRITE, class N>
-__device__ __forceinline__ void lsc_norm_chunk(const lsc_u64 *table, int ntensors, lsc_i64 chunk,
+template <class F, bool WRITE, class N, class M>
+__device__ __forceinline__ void lsc_norm_chunk(const M &meta, lsc_i64 chunk,
                                                double inv, lsc_u32 *found, lsc_u32 mark,
                                                int nflags, double max_norm, double *part,
                                                double *state, lsc_u32 *ticket)
 {
     N nrm;
-    lsc_mt_chunk<F, WRITE>(table, ntensors, chunk, (typename F::scale)inv, found, mark, nrm);
+    lsc_mt_chunk<F, WRITE>(meta, chunk, (typename F::scale)inv, found, mark, nrm);
     double v = nrm.result();
     if (nflags & LSC_NORM_INF)    /* magnitude bits: the sign of a NaN's widening cleared */
         v = __longlong_as_double(__double_as_longlong(v) & 0x7FFFFFFFFFFFFFFFll);
@@ -467,8 +474,8 @@ __device__ __forceinline__ void lsc_norm_chunk(const lsc_u64 *table, int ntensor
 
 /* lsc_mt_unscale, and the L2 (no LSC_NORM_INF in nflags) or inf norm of the
  * values it wrote, reduced as lsc_norm_end says. */
-template <class F>
-__global__ void lsc_mt_unscale_norm(const lsc_u64 *table, int ntensors, lsc_i64 chunk,
+template <class F, class M>
+__global__ void lsc_mt_unscale_norm(const __grid_constant__ M meta, lsc_i64 chunk,
                                     double inv, const double *inv_dev, lsc_u32 *found,
                                     lsc_u32 mark, int nflags, double max_norm, double *part,
                                     double *state, lsc_u32 *ticket)
@@ -476,17 +483,17 @@ __global__ void lsc_mt_unscale_norm(const lsc_u64 *table, int ntensors, lsc_i64 
     double v = inv_dev ? *inv_dev : inv;
     if (nflags & LSC_NORM_INF) {
         if (v == 1.0)
-            lsc_norm_chunk<F, false, lsc_norm_inf<F> >(table, ntensors, chunk, v, found, mark,
+            lsc_norm_chunk<F, false, lsc_norm_inf<F> >(meta, chunk, v, found, mark,
                                                    nflags, max_norm, part, state, ticket);
         else
-            lsc_norm_chunk<F, true, lsc_norm_inf<F> >(table, ntensors, chunk, v, found, mark,
+            lsc_norm_chunk<F, true, lsc_norm_inf<F> >(meta, chunk, v, found, mark,
                                                   nflags, max_norm, part, state, ticket);
     } else {
         if (v == 1.0)
-            lsc_norm_chunk<F, false, lsc_norm_l2<F> >(table, ntensors, chunk, v, found, mark,
+            lsc_norm_chunk<F, false, lsc_norm_l2<F> >(meta, chunk, v, found, mark,
                                                   nflags, max_norm, part, state, ticket);
         else
-            lsc_norm_chunk<F, true, lsc_norm_l2<F> >(table, ntensors, chunk, v, found, mark,
+            lsc_norm_chunk<F, true, lsc_norm_l2<F> >(meta, chunk, v, found, mark,
                                                  nflags, max_norm, part, state, ticket);
     }
 }
@@ -494,13 +501,13 @@ __global__ void lsc_mt_unscale_norm(const lsc_u64 *table, int ntensors, lsc_i64 
 /* Multiply every element in place by coef (by *coef_dev when that is not
  * null; float(coef) below fp64, as lsc_mt_unscale rounds).  A coefficient
  * of 1 returns at once: nothing to clip, nothing read. */
-template <class F>
-__global__ void lsc_mt_clip(const lsc_u64 *table, int ntensors, lsc_i64 chunk, double coef,
+template <class F, class M>
+__global__ void lsc_mt_clip(const __grid_constant__ M meta, lsc_i64 chunk, double coef,
                             const double *coef_dev)
 {
     double v = coef_dev ? *coef_dev : coef;
     if (v == 1.0)
         return;
     lsc_norm_none<F> none;
-    lsc_mt_chunk<F, true>(table, ntensors, chunk, (typename F::scale)v, 0, 0, none);
+    lsc_mt_chunk<F, true>(meta, chunk, (typename F::scale)v, 0, 0, none);
 }

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import numbers
 import os
 import threading
@@ -30,7 +31,7 @@ import numpy as np
 
 from lscore import kernels
 from lscore._ext import _codes
-from lscore.cuda.loader import OPS, TRAITS, kernel_name
+from lscore.cuda.loader import METAS, OPS, TRAITS, kernel_name
 from lscore.dtypes import Code
 
 CHUNK = 65536  # elements per block
@@ -49,9 +50,8 @@ _Norm = collections.namedtuple("_Norm", "unscale clip result coef_ptr keep")
 Plan.__doc__ = """Host tables of one dtype group: `table` (uint64) holds every launch's
 table back to back; `launches` lists (offset in words, ntensors, nblocks)."""
 
-# byte widths of the scan kernels' parameters (_ext/scan.cu), in order:
-# table, ntensors, chunk, then the per-call ones
-_OWN_SIZES = (8, 4, 8)
+# byte widths of the scan kernels' per-call parameters (_ext/scan.cu), after the argument
+# struct and the chunk
 _CALL_SIZES = {
     "unscale": (8, 8, 8, 4),  # inv, inv_dev, found, mark
     "all_finite": (8, 4),
@@ -160,6 +160,20 @@ def plan_launches(
     return Plan(table, launches)
 
 
+@functools.cache
+def _meta_dtype(meta: str) -> np.dtype:
+    """NumPy's layout of scan.cu's lsc_meta `meta` (packed as C lays it out: no padding)."""
+    nt, nb = _codes.META[meta]
+    return np.dtype(
+        [
+            ("ptr", "<u8", (nt,)),
+            ("size", "<i8", (nt,)),
+            ("chunk_of", "<i4", (nb,)),
+            ("tensor_of", "<u2", (nb,)),
+        ]
+    )
+
+
 def _kernel_code(code) -> int:
     """`code` as an int; TypeError when no scan kernel takes that dtype."""
     code = int(code)
@@ -224,6 +238,8 @@ class MultiTensor:
         if block < 1 or chunk % VECTOR:
             raise ValueError(f"block must be >= 1 and chunk a multiple of 8, got {block}, {chunk}")
         self.backend = backend
+        # 32 KB kernel arguments where the backend says the driver and device take them
+        self.meta = METAS[1] if getattr(backend, "large_kernel_params", False) else METAS[0]
         self.chunk, self.block = chunk, block
         self.max_tensors, self.max_blocks = max_tensors, max_blocks
         self._cache: collections.OrderedDict = collections.OrderedDict()
@@ -250,37 +266,44 @@ class MultiTensor:
         return fn
 
     def prepare(self, groups) -> Launches:
-        """Upload the tables of `groups` ([(dtype code, addresses, counts)]) and pack the launches."""
+        """Pack the launches of `groups` ([(dtype code, addresses, counts)]): each launch's
+        tensors travel in its kernel argument (scan.cu's lsc_meta), so nothing is uploaded."""
         out = Launches()
+        nt_max, nb_max = _codes.META[self.meta]
+        dtype = _meta_dtype(self.meta)
+        size = dtype.itemsize
         for code, ptrs, sizes in groups:
             code = _kernel_code(code)
             table, launches = plan_launches(
                 ptrs,
                 sizes,
                 chunk=self.chunk,
-                max_tensors=self.max_tensors,
-                max_blocks=self.max_blocks,
+                max_tensors=min(self.max_tensors, nt_max),
+                max_blocks=min(self.max_blocks, nb_max),
             )
-            if not launches:
-                continue
-            dev = self.backend.to_device(table)
-            base = self.backend.ptr(dev)
-            out._keep.append(dev)
             for off, nt, nb in launches:
-                own = np.array([base + 8 * off, nt, self.chunk], np.uint64)
+                # the argument block: the lsc_meta, then the chunk (int64)
+                own = np.zeros(size + 8, np.uint8)
+                meta = own[:size].view(dtype)[0]
+                meta["ptr"][:nt] = table[off : off + nt]
+                meta["size"][:nt] = table[off + nt : off + 2 * nt].view(np.int64)
+                blocks = table[off + 2 * nt : off + 2 * nt + nb]
+                meta["tensor_of"][:nb] = blocks & 0xFFFFFFFF
+                meta["chunk_of"][:nb] = blocks >> 32
+                own[size:].view(np.int64)[0] = self.chunk
                 out._keep.append(own)
                 out._specs.append((code, own, nb))
                 for op in OPS:
                     params = np.array(
-                        [own.ctypes.data + 8 * k for k in range(3)]
+                        [own.ctypes.data, own.ctypes.data + size]
                         + [self._call_addr + 8 * s for s in _CALL_SLOTS[op]],
                         np.uint64,
                     )
-                    widths = np.array(_OWN_SIZES + _CALL_SIZES[op], np.int64)
+                    widths = np.array((size, 8, *_CALL_SIZES[op]), np.int64)
                     out._keep += [params, widths]
                     out.ops[op].append(
                         (
-                            self._function(kernel_name(op, code)),
+                            self._function(kernel_name(op, code, self.meta)),
                             nb,
                             self.block,
                             params.ctypes.data,
@@ -384,12 +407,13 @@ class MultiTensor:
         unscale, clip = [], []
         nflags = np.zeros(len(prepared._specs), np.uint64)  # each launch's, set per call
         keep.append(nflags)
+        size = _meta_dtype(self.meta).itemsize
         for k, (code, own, nb) in enumerate(prepared._specs):
-            table = (own.ctypes.data, 8), (own.ctypes.data + 8, 4), (own.ctypes.data + 16, 8)
+            table = (own.ctypes.data, size), (own.ctypes.data + size, 8)
             unscale.append(
                 self._pack(
                     keep,
-                    kernel_name("unscale_norm", code),
+                    kernel_name("unscale_norm", code, self.meta),
                     nb,
                     self.block,
                     (
@@ -409,7 +433,7 @@ class MultiTensor:
             clip.append(
                 self._pack(
                     keep,
-                    kernel_name("clip", code),
+                    kernel_name("clip", code, self.meta),
                     nb,
                     self.block,
                     (*table, arg(_COEF, 8), arg(_COEF_DEV, 8)),

@@ -219,7 +219,7 @@ def test_many_blocks_and_launches_fold_on_the_device():
     # 33 blocks of 70 threads (three warps, the last one partial) over 9 launches: each
     # block folds its threads, the last block of each launch the launch's blocks, the last
     # launch the call's total; no other launch, and the arrival ticket is 0 again
-    assert set(names) == {"lsc_mt_unscale_norm<lsc_f32>"} and len(names) == 9
+    assert set(names) == {"lsc_mt_unscale_norm<lsc_f32, lsc_meta_4k>"} and len(names) == 9
     assert ak.device(0)._norm_dev[5] == 0.0
     finite, again = ak.unscale_and_norm(arrays, 1.0)
     assert finite and again == math.sqrt(510)

@@ -53,8 +53,9 @@ _SCAN_OPS = {
     "clip": "clip",
     "all_finite": "all_finite",
 }
+# the scan kernels as an sm_90 device on CUDA >= 12.1 runs them: 32 KB kernel arguments
 KERNELS = tuple(
-    ("scan.cu", f"lsc_mt_{op}<{t}>", label, dt)
+    ("scan.cu", f"lsc_mt_{op}<{t}, lsc_meta_32k>", label, dt)
     for op, label in _SCAN_OPS.items()
     for t, dt in _DTYPES.items()
 ) + tuple(

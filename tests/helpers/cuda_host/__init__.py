@@ -73,7 +73,7 @@ def build() -> ctypes.CDLL:
 
 
 def names() -> list[str]:
-    return build().lsch_names().decode().split()
+    return build().lsch_names().decode().splitlines()
 
 
 class HostBackend(NullBackend):

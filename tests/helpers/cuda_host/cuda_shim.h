@@ -17,6 +17,7 @@
 
 #define LSC_DEVICE_EMULATION 1
 #define __shared__ static
+#define __grid_constant__
 #define __global__
 #define __device__
 #define __host__

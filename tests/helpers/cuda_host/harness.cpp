@@ -135,23 +135,28 @@ int run(void (*k)(A...), unsigned grid, unsigned block, void **params,
     return 0;
 }
 
+/* the scan kernels of one argument struct (a name with a comma: X takes __VA_ARGS__) */
+#define LSCH_SCAN(X, M)                      \
+    X(lsc_mt_unscale<lsc_f16, M>)            \
+    X(lsc_mt_unscale<lsc_bf16, M>)           \
+    X(lsc_mt_unscale<lsc_f32, M>)            \
+    X(lsc_mt_unscale<lsc_f64, M>)            \
+    X(lsc_mt_all_finite<lsc_f16, M>)         \
+    X(lsc_mt_all_finite<lsc_bf16, M>)        \
+    X(lsc_mt_all_finite<lsc_f32, M>)         \
+    X(lsc_mt_all_finite<lsc_f64, M>)         \
+    X(lsc_mt_unscale_norm<lsc_f16, M>)       \
+    X(lsc_mt_unscale_norm<lsc_bf16, M>)      \
+    X(lsc_mt_unscale_norm<lsc_f32, M>)       \
+    X(lsc_mt_unscale_norm<lsc_f64, M>)       \
+    X(lsc_mt_clip<lsc_f16, M>)               \
+    X(lsc_mt_clip<lsc_bf16, M>)              \
+    X(lsc_mt_clip<lsc_f32, M>)               \
+    X(lsc_mt_clip<lsc_f64, M>)
+
 #define LSCH_KERNELS(X)                   \
-    X(lsc_mt_unscale<lsc_f16>)            \
-    X(lsc_mt_unscale<lsc_bf16>)           \
-    X(lsc_mt_unscale<lsc_f32>)            \
-    X(lsc_mt_unscale<lsc_f64>)            \
-    X(lsc_mt_all_finite<lsc_f16>)         \
-    X(lsc_mt_all_finite<lsc_bf16>)        \
-    X(lsc_mt_all_finite<lsc_f32>)         \
-    X(lsc_mt_all_finite<lsc_f64>)         \
-    X(lsc_mt_unscale_norm<lsc_f16>)       \
-    X(lsc_mt_unscale_norm<lsc_bf16>)      \
-    X(lsc_mt_unscale_norm<lsc_f32>)       \
-    X(lsc_mt_unscale_norm<lsc_f64>)       \
-    X(lsc_mt_clip<lsc_f16>)               \
-    X(lsc_mt_clip<lsc_bf16>)              \
-    X(lsc_mt_clip<lsc_f32>)               \
-    X(lsc_mt_clip<lsc_f64>)               \
+    LSCH_SCAN(X, lsc_meta_4k)             \
+    LSCH_SCAN(X, lsc_meta_32k)            \
     X(lsc_device_update)                  \
     X(lsc_mt_sgd<lsc_f16>)                \
     X(lsc_mt_sgd<lsc_bf16>)               \
@@ -190,9 +195,9 @@ int lsch_launch(const char *name, unsigned grid, unsigned block, void **params,
                 const long long *sizes, int nparams)
 {
     std::string n(name);
-#define LSCH_DISPATCH(K) \
-    if (n == #K)         \
-        return run(K, grid, block, params, sizes, nparams);
+#define LSCH_DISPATCH(...)   \
+    if (n == #__VA_ARGS__)   \
+        return run(__VA_ARGS__, grid, block, params, sizes, nparams);
     LSCH_KERNELS(LSCH_DISPATCH)
 #undef LSCH_DISPATCH
     return -1;
@@ -201,7 +206,7 @@ int lsch_launch(const char *name, unsigned grid, unsigned block, void **params,
 /* the kernel names this harness knows, one per line */
 const char *lsch_names(void)
 {
-#define LSCH_NAME(K) #K "\n"
+#define LSCH_NAME(...) #__VA_ARGS__ "\n"
     return LSCH_KERNELS(LSCH_NAME);
 #undef LSCH_NAME
 }
