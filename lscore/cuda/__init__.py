@@ -9,7 +9,7 @@ imported when a kernel is first compiled or launched.
   device, ``CupyBackend``
 - ``launch``: ``LaunchConfig`` / ``launch_config`` (chunk, block and launch limits; the
   process's from ``LSCORE_CUDA_LAUNCH``), ``plan_launches`` and ``MultiTensor`` (chunked
-  pointer tables per dtype group, uploaded once, launched with packed arguments)
+  launches per dtype group, the tensors in the kernel arguments, packed once)
 - ``device_state``: ``DeviceState``, one ``lsc_state`` and its flags on a device
 - ``optim``: ``FusedLauncher``, the fused SGD/Adam kernels over planned records
   (float32 master weights), and ``bias_table`` (Adam's bias correction for a device counter)

@@ -75,7 +75,7 @@ class ArrayKernels:
     launches.  The walk,
     the grouping by device and dtype and the plan cache are compiled
     (``kernels.DeviceTable``); a call with the same arrays as an earlier one
-    reuses that call's device tables and packed launches.
+    reuses that call's packed launches (a new one packs its own: nothing is uploaded).
     """
 
     def __init__(
@@ -117,7 +117,7 @@ class ArrayKernels:
     def _launches(self, plan, dev: int, runner):
         """The packed launches of `plan` on `dev`: kept with the plan, and shared by plans of
         the same addresses and sizes (new arrays where the memory pool put the last ones
-        find their tables on the device: no upload)."""
+        reuse the packing)."""
         prepared = plan.payload.get(dev)
         if prepared is None:
             prepared = plan.payload[dev] = runner.prepared(

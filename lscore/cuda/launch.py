@@ -8,9 +8,10 @@ them), the device and stream to launch on (``enter``/``leave``,
 (``read_word``).  ``CupyBackend`` is the GPU's; the tests use NumPy and a
 host harness that runs the kernels' C++ text on the CPU.
 
-A call costs its launches and one read, nothing else: the tables of a plan
-are uploaded once (``prepare``), every argument of every launch is packed
-once into host memory that lives with the plan, and what a call changes
+A call costs its launches and one read, nothing else: a launch's tensors
+travel in its kernel argument (``prepare`` packs them, with every other
+argument, once into host memory that lives with the plan; nothing is
+uploaded, so arrays at new addresses cost only that packing), and what a call changes
 (the inverse scale, the flag's address, the call's mark) is written into
 one shared argument block before the launches.  The one-pass norm
 (``launch_norm`` / ``launch_clip``) packs its launches and allocates its
@@ -190,7 +191,7 @@ class Launches:
 
     ``ops[op]`` lists (kernel handle, grid, block, address of the
     ``void*[]``, address of the byte widths, parameter count); the device
-    tables and the host argument blocks are held here for as long as this
+    argument structs and the host argument blocks are held here for as long as this
     lives.  ``norm`` (packed by the first ``MultiTensor.launch_norm``) holds
     the one-pass norm's launches, its buffers and ``result``: the device
     float64 [norm, clip coefficient, found (1.0/0.0), folded total].
@@ -210,7 +211,7 @@ class MultiTensor:
     """Runs the scan kernels over grouped arrays on one device (one backend).
 
     ``prepare`` turns groups ``[(code, addresses, counts)]`` into
-    ``Launches`` (tables uploaded once); ``launch`` enqueues one op over them
+    ``Launches`` (packed kernel arguments, nothing uploaded); ``launch`` enqueues one op over them
     on the current stream and returns the call's mark; ``found(mark)``
     reads the flag back with one synchronisation.  ``run`` does all three
     for raw tables, with its own plan cache (tests, tools).  Chunk, block and
@@ -465,7 +466,7 @@ class MultiTensor:
         the last block of each launch, leave
         ``prepared.norm.result`` = [norm, clip coefficient for `max_norm`
         (1.0 when `max_norm` is 0), 1.0 if NaN/Inf was seen else 0.0, total].
-        The first call on a plan allocates its buffers; later ones upload nothing.
+        The first norm on a device allocates its one buffer; later calls upload nothing.
         """
         if prepared.norm is None:
             prepared.norm = self._pack_norm(prepared)
