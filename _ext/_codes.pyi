@@ -16,3 +16,5 @@ NDEVICE_FLAGS: int
 DEVICE_VALS: dict[str, int]
 NDEVICE_VALS: int
 OPTIM_FLAGS: dict[str, int]
+NORM_FLAGS: dict[str, int]
+META: dict[str, tuple[int, int]]

@@ -15,6 +15,13 @@ cdef extern from "lsc_codes.h":
         LSC_OPT_AMSGRAD
         LSC_OPT_CHECK
         LSC_OPT_INV_AS_GRAD
+        LSC_NORM_INF
+        LSC_NORM_FIRST
+        LSC_NORM_LAST
+        LSC_META_4K_TENSORS
+        LSC_META_4K_BLOCKS
+        LSC_META_32K_TENSORS
+        LSC_META_32K_BLOCKS
 
 # dtype codes, by the member names of lscore.dtypes.Code
 CODES = {"INT": LSC_CODE_INT, "F16": LSC_CODE_F16, "BF16": LSC_CODE_BF16, "F32": LSC_CODE_F32,
@@ -64,3 +71,9 @@ NDEVICE_VALS = LSC_DEV_NVALS
 OPTIM_FLAGS = {"SLOT": LSC_OPT_SLOT, "NESTEROV": LSC_OPT_NESTEROV, "MAXIMIZE": LSC_OPT_MAXIMIZE,
                "AMSGRAD": LSC_OPT_AMSGRAD, "CHECK": LSC_OPT_CHECK,
                "INV_AS_GRAD": LSC_OPT_INV_AS_GRAD}
+# bits of the one-pass norm kernel's flags (scan.cu), by their names without LSC_NORM_
+NORM_FLAGS = {"INF": LSC_NORM_INF, "FIRST": LSC_NORM_FIRST, "LAST": LSC_NORM_LAST}
+# (tensors, blocks) one multi-tensor kernel argument holds (scan.cu's lsc_meta), by its
+# C name: 4 KB of kernel parameters, or 32 KB (CUDA >= 12.1, sm_70+)
+META = {"lsc_meta_4k": (LSC_META_4K_TENSORS, LSC_META_4K_BLOCKS),
+        "lsc_meta_32k": (LSC_META_32K_TENSORS, LSC_META_32K_BLOCKS)}

@@ -156,4 +156,24 @@ enum {
                                  framework multiplying in that dtype does (NumPy adapter) */
 };
 
+/* ---- the multi-tensor kernel argument (scan.cu's lsc_meta) --------------- */
+
+/* tensors and blocks one launch's argument holds: torch's depth-1 figures for
+ * 4 KB of kernel parameters, and its 32 KB ones (CUDA >= 12.1, sm_70+) */
+enum {
+    LSC_META_4K_TENSORS = 110,
+    LSC_META_4K_BLOCKS = 320,
+    LSC_META_32K_TENSORS = 770,
+    LSC_META_32K_BLOCKS = 2240
+};
+
+/* ---- the one-pass norm (scan.cu) ----------------------------------------- */
+
+/* bits of lsc_mt_unscale_norm's `nflags` */
+enum {
+    LSC_NORM_INF = 1,     /* the inf-norm (else the 2-norm) */
+    LSC_NORM_FIRST = 2,   /* the call's first launch: its running total starts here */
+    LSC_NORM_LAST = 4     /* the call's last launch: it writes the result */
+};
+
 #endif /* LSC_CODES_H */

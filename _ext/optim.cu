@@ -53,7 +53,11 @@
  *
  * The flag bits (LSC_OPT_*) are lsc_codes.h's (lscore._ext._codes.OPTIM_FLAGS).
  *
- * Like scan.cu: no toolkit header, no shared memory, no __syncthreads.
+ * Everything a schedule may change (lr, momentum, dampening, weight decay;
+ * Adam's betas, epsilon and alpha) can be read through `hyper`, a device
+ * float32 array, instead of by value: see lsc_mt_sgd and lsc_mt_adam.
+ *
+ * Like scan.cu: no toolkit header.
  */
 #include "lsc_codes.h"
 #include "scan.cu"
@@ -68,12 +72,12 @@ struct lsc_widen;
 
 template <>
 struct lsc_widen<lsc_f16> {
-    static __device__ __forceinline__ float f(lsc_u16 w) { return lsc_f16_to_f32(w); }
+    static __device__ __forceinline__ float f(lsc_u16 w) { return lsc_dev_f16_to_f32(w); }
 };
 
 template <>
 struct lsc_widen<lsc_bf16> {
-    static __device__ __forceinline__ float f(lsc_u16 w) { return lsc_bf16_to_f32(w); }
+    static __device__ __forceinline__ float f(lsc_u16 w) { return lsc_dev_bf16_to_f32(w); }
 };
 
 template <>
@@ -85,7 +89,7 @@ struct lsc_widen<lsc_f32> {
 template <class F>
 __device__ __forceinline__ float lsc_grad(typename F::word w, double inv)
 {
-    return lsc_widen<F>::f(inv == 1.0 ? w : F::mul(w, inv));
+    return lsc_widen<F>::f(inv == 1.0 ? w : F::mul(w, (typename F::scale)inv));
 }
 
 /* the inverse rounded to the gradient's dtype (LSC_OPT_INV_AS_GRAD) */
@@ -96,7 +100,7 @@ template <>
 struct lsc_inv_in<lsc_f16> {
     static __device__ __forceinline__ double f(double inv)
     {
-        return lsc_f16_to_f32(lsc_f32_to_f16((float)inv));
+        return lsc_dev_f16_to_f32(lsc_dev_f32_to_f16((float)inv));
     }
 };
 
@@ -104,7 +108,7 @@ template <>
 struct lsc_inv_in<lsc_bf16> {
     static __device__ __forceinline__ double f(double inv)
     {
-        return lsc_bf16_to_f32(lsc_f32_to_bf16((float)inv));
+        return lsc_dev_bf16_to_f32(lsc_dev_f32_to_bf16((float)inv));
     }
 };
 
@@ -157,12 +161,43 @@ __device__ __forceinline__ bool lsc_opt_enter(const lsc_u64 *table, int ntensors
     return false;
 }
 
+/* four consecutive elements as one access: 16 bytes of float32, 8 of a
+ * float16/bfloat16 gradient */
+template <class W>
+struct alignas(4 * sizeof(W)) lsc_quad {
+    W e[4];
+};
+
+template <class W>
+__device__ __forceinline__ bool lsc_quad_aligned(const W *p)
+{
+    return ((lsc_u64)p & (4 * sizeof(W) - 1)) == 0;
+}
+
 /* decoupled weight decay, Keras's _apply_weight_decay (before the update):
  *     w = w - w * wd * lr                    (nothing when wd == 0) */
 __device__ __forceinline__ float lsc_decay(float w, float wd, float lr)
 {
     return wd != 0.0f ? w - w * wd * lr : w;
 }
+
+/* the SGD hyperparameters; read through `hyper` (lr, momentum, damp, wd) when not null */
+struct lsc_sgd_hp {
+    float lr, momentum, damp, wd;
+    bool slot, nesterov, maximize;
+    __device__ __forceinline__ void step(float g, float &w, float &m) const
+    {
+        float wi = lsc_decay(w, wd, lr);
+        float st = -(maximize ? -g : g) * lr;
+        if (!slot) {
+            w = wi + st;
+            return;
+        }
+        float mi = st * damp + m * momentum;
+        m = mi;
+        w = wi + (nesterov ? st + mi * momentum : mi);
+    }
+};
 
 /* SGD, tf-keras (momentum and nesterov as adapters/_arrays.py's SGD):
  *     step = -g * lr
@@ -173,31 +208,78 @@ __device__ __forceinline__ float lsc_decay(float w, float wd, float lr)
  * after lsc_decay; g = -g with LSC_OPT_MAXIMIZE.  damp = 1 - dampening
  * (1: tf-keras exactly, step * 1 being step).  Unlike torch's dampening there
  * is no undamped first step: that would need the host to know which step
- * was the first applied one, a sync in the sync-free mode. */
+ * was the first applied one, a sync in the sync-free mode.
+ *
+ * With `hyper` not null, lr, momentum, damp and wd are read from hyper[0..4)
+ * (device memory) instead of the values passed: a captured graph then
+ * replays with whatever was written there between replays.
+ *
+ * Elements move four at a time (16-byte parameter and slot accesses) when
+ * every array of the block starts on a four-element boundary, the rest one
+ * at a time. */
 template <class F>
 __global__ void lsc_mt_sgd(const lsc_u64 *table, int ntensors, lsc_i64 chunk, float lr,
                            float momentum, float damp, float wd, int flags, double inv,
-                           const double *inv_dev, lsc_u32 *gate, lsc_u32 skip_if)
+                           const double *inv_dev, lsc_u32 *gate, lsc_u32 skip_if,
+                           const float *hyper)
 {
+    typedef typename F::word W;
     lsc_opt_block<F> b;
     if (!lsc_opt_enter<F>(table, ntensors, chunk, flags, inv, inv_dev, gate, skip_if, &b))
         return;
-    float *w = b.w, *m = (float *)b.rec[2];
-    bool slot = (flags & LSC_OPT_SLOT) != 0, nesterov = (flags & LSC_OPT_NESTEROV) != 0;
-    bool maximize = (flags & LSC_OPT_MAXIMIZE) != 0;
-    for (lsc_i64 i = b.lo + threadIdx.x; i < b.hi; i += blockDim.x) {
-        float gi = lsc_grad<F>(b.g[i], b.inv);
-        float wi = lsc_decay(w[i], wd, lr);
-        float step = -(maximize ? -gi : gi) * lr;
-        if (!slot) {
-            w[i] = wi + step;
-            continue;
-        }
-        float mi = step * damp + m[i] * momentum;
-        m[i] = mi;
-        w[i] = wi + (nesterov ? step + mi * momentum : mi);
+    lsc_sgd_hp hp;
+    hp.lr = hyper ? hyper[0] : lr;
+    hp.momentum = hyper ? hyper[1] : momentum;
+    hp.damp = hyper ? hyper[2] : damp;
+    hp.wd = hyper ? hyper[3] : wd;
+    hp.slot = (flags & LSC_OPT_SLOT) != 0;
+    hp.nesterov = (flags & LSC_OPT_NESTEROV) != 0;
+    hp.maximize = (flags & LSC_OPT_MAXIMIZE) != 0;
+    lsc_i64 n = b.hi - b.lo, bs = blockDim.x;
+    const W *g = b.g + b.lo;
+    float *w = b.w + b.lo, *m = (float *)b.rec[2] + b.lo;
+    bool quads = lsc_quad_aligned(g) && lsc_quad_aligned(w) && (!hp.slot || lsc_quad_aligned(m));
+    lsc_i64 n4 = quads ? n / 4 : 0;
+    for (lsc_i64 i = threadIdx.x; i < n4; i += bs) {
+        lsc_quad<W> gq = ((const lsc_quad<W> *)g)[i];
+        lsc_quad<float> wq = ((lsc_quad<float> *)w)[i], mq = wq;    /* mq: read with a slot */
+        if (hp.slot)
+            mq = ((lsc_quad<float> *)m)[i];
+        for (int k = 0; k < 4; k++)
+            hp.step(lsc_grad<F>(gq.e[k], b.inv), wq.e[k], mq.e[k]);
+        ((lsc_quad<float> *)w)[i] = wq;
+        if (hp.slot)
+            ((lsc_quad<float> *)m)[i] = mq;
+    }
+    for (lsc_i64 i = 4 * n4 + threadIdx.x; i < n; i += bs) {
+        float wi = w[i], mi = hp.slot ? m[i] : 0.0f;
+        hp.step(lsc_grad<F>(g[i], b.inv), wi, mi);
+        w[i] = wi;
+        if (hp.slot)
+            m[i] = mi;
     }
 }
+
+/* the Adam hyperparameters (alpha, c1 = 1 - beta_1, c2 = 1 - beta_2, eps, lr, wd) */
+struct lsc_adam_hp {
+    float alpha, c1, c2, eps, lr, wd;
+    bool amsgrad, maximize;
+    __device__ __forceinline__ void step(float g, float &w, float &m, float &s, float &vh) const
+    {
+        float wi = lsc_decay(w, wd, lr);
+        if (maximize)
+            g = -g;
+        float mi = m + (g - m) * c1;
+        float si = s + (g * g - s) * c2;
+        m = mi;
+        s = si;
+        if (amsgrad) {
+            si = vh > si ? vh : si;
+            vh = si;
+        }
+        w = wi - (mi * alpha) / (sqrtf(si) + eps);
+    }
+};
 
 /* Adam, tf-keras (adapters/_arrays.py's Adam; alpha = lr * sqrt(1 - beta_2**t)
  * / (1 - beta_1**t) from the host, c1 = 1 - beta_1, c2 = 1 - beta_2):
@@ -205,37 +287,66 @@ __global__ void lsc_mt_sgd(const lsc_u64 *table, int ntensors, lsc_i64 chunk, fl
  *     v = v + (g * g - v) * c2
  *     w = w - (m * alpha) / (sqrt(v) + epsilon)
  * after lsc_decay (AdamW); g = -g with LSC_OPT_MAXIMIZE; with LSC_OPT_AMSGRAD
- * (Keras) vhat = max(vhat, v) and vhat replaces v in the last line. */
+ * (Keras) vhat = max(vhat, v) and vhat replaces v in the last line.
+ *
+ * With `hyper` not null, lr, c1, c2, eps, wd and alpha are read from
+ * hyper[0..6) (device memory) instead of the values passed; with `count`
+ * as well, alpha comes from that lr and the bias tables, so a learning-rate
+ * schedule written into hyper[0] between replays of a captured graph takes
+ * effect.  Elements move four at a time as in lsc_mt_sgd. */
 template <class F>
 __global__ void lsc_mt_adam(const lsc_u64 *table, int ntensors, lsc_i64 chunk, float alpha,
                             float c1, float c2, float eps, float lr, float wd, int flags,
                             double inv, const double *inv_dev, lsc_u32 *gate, lsc_u32 skip_if,
-                            const float *bias, const lsc_i64 *count, lsc_i64 last)
+                            const float *bias, const lsc_i64 *count, lsc_i64 last,
+                            const float *hyper)
 {
+    typedef typename F::word W;
     lsc_opt_block<F> b;
     if (!lsc_opt_enter<F>(table, ntensors, chunk, flags, inv, inv_dev, gate, skip_if, &b))
         return;
+    lsc_adam_hp hp;
+    hp.lr = hyper ? hyper[0] : lr;
+    hp.c1 = hyper ? hyper[1] : c1;
+    hp.c2 = hyper ? hyper[2] : c2;
+    hp.eps = hyper ? hyper[3] : eps;
+    hp.wd = hyper ? hyper[4] : wd;
+    hp.alpha = hyper ? hyper[5] : alpha;
     if (count) {
         lsc_i64 t = *count + 1;
         t = t < last ? t : last;
-        alpha = (lr * bias[t]) / bias[last + 1 + t];    /* the adapter's order */
+        hp.alpha = (hp.lr * bias[t]) / bias[last + 1 + t];    /* the adapter's order */
     }
-    float *w = b.w, *m = (float *)b.rec[2], *s = (float *)b.rec[3];
-    float *vhat = (float *)b.rec[(flags & LSC_OPT_AMSGRAD) ? 4 : 3];
-    bool amsgrad = (flags & LSC_OPT_AMSGRAD) != 0, maximize = (flags & LSC_OPT_MAXIMIZE) != 0;
-    for (lsc_i64 i = b.lo + threadIdx.x; i < b.hi; i += blockDim.x) {
-        float gi = lsc_grad<F>(b.g[i], b.inv);
-        float wi = lsc_decay(w[i], wd, lr);
-        if (maximize)
-            gi = -gi;
-        float mi = m[i] + (gi - m[i]) * c1;
-        float si = s[i] + (gi * gi - s[i]) * c2;
+    hp.amsgrad = (flags & LSC_OPT_AMSGRAD) != 0;
+    hp.maximize = (flags & LSC_OPT_MAXIMIZE) != 0;
+    lsc_i64 n = b.hi - b.lo, bs = blockDim.x;
+    const W *g = b.g + b.lo;
+    float *w = b.w + b.lo, *m = (float *)b.rec[2] + b.lo, *s = (float *)b.rec[3] + b.lo;
+    float *vh = (float *)b.rec[hp.amsgrad ? 4 : 3] + b.lo;
+    bool quads = lsc_quad_aligned(g) && lsc_quad_aligned(w) && lsc_quad_aligned(m)
+              && lsc_quad_aligned(s) && lsc_quad_aligned(vh);
+    lsc_i64 n4 = quads ? n / 4 : 0;
+    for (lsc_i64 i = threadIdx.x; i < n4; i += bs) {
+        lsc_quad<W> gq = ((const lsc_quad<W> *)g)[i];
+        lsc_quad<float> wq = ((lsc_quad<float> *)w)[i], mq = ((lsc_quad<float> *)m)[i];
+        lsc_quad<float> sq = ((lsc_quad<float> *)s)[i], vq = sq;    /* vq: read with amsgrad */
+        if (hp.amsgrad)
+            vq = ((lsc_quad<float> *)vh)[i];
+        for (int k = 0; k < 4; k++)
+            hp.step(lsc_grad<F>(gq.e[k], b.inv), wq.e[k], mq.e[k], sq.e[k], vq.e[k]);
+        ((lsc_quad<float> *)w)[i] = wq;
+        ((lsc_quad<float> *)m)[i] = mq;
+        ((lsc_quad<float> *)s)[i] = sq;
+        if (hp.amsgrad)
+            ((lsc_quad<float> *)vh)[i] = vq;
+    }
+    for (lsc_i64 i = 4 * n4 + threadIdx.x; i < n; i += bs) {
+        float wi = w[i], mi = m[i], si = s[i], vi = hp.amsgrad ? vh[i] : 0.0f;
+        hp.step(lsc_grad<F>(g[i], b.inv), wi, mi, si, vi);
+        w[i] = wi;
         m[i] = mi;
         s[i] = si;
-        if (amsgrad) {
-            si = vhat[i] > si ? vhat[i] : si;
-            vhat[i] = si;
-        }
-        w[i] = wi - (mi * alpha) / (sqrtf(si) + eps);
+        if (hp.amsgrad)
+            vh[i] = vi;
     }
 }

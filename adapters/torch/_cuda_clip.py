@@ -3,11 +3,13 @@
 Design: off the CPU the GradScaler's path unscales with torch's kernel and
 ``clip_grad_norm_`` then reads every gradient again for the norm.  Here
 lscore's one-pass kernels (_ext/scan.cu, launched through
-``lscore.cuda.MultiTensor`` on torch's current stream) unscale, check and
-gather the norm's partials in the same read, fold them in a fixed order (the
+``lscore.cuda.launch.MultiTensor`` on torch's current stream) unscale, check and
+gather the norm in the same read, fold it in a fixed order on the device (the
 same bits every call), and the clip multiplies with a coefficient that never
 leaves the device, so a clipped step reads the gradients once before the
-clip's own read-modify-write and adds no host synchronisation.
+clip's own read-modify-write and adds no host synchronisation: the
+gradients' addresses travel in the kernel arguments, so gradients at new
+addresses (``zero_grad(set_to_none=True)``, new shapes) cost no upload either.
 
 What torch computes is kept wherever the result can depend on it: the inverse
 scale is torch's (float64 reciprocal of the float32 scale, rounded to
@@ -67,11 +69,20 @@ class TorchCudaBackend(CupyBackend):
         return a.cpu().numpy()
 
     def to_device(self, host: np.ndarray) -> torch.Tensor:
-        """A device copy of `host`, complete on return (kernels on any stream may read it)."""
+        """A device copy of `host` for the launches on torch's current stream.
+
+        The launcher's only device buffers (its flag, the norm's buffer: the
+        tensors of a call travel in the kernel arguments) start as zeros: they are
+        allocated and cleared on the current stream, which orders them before the
+        launches, with no synchronisation.  Other contents are copied by torch
+        (a blocking copy, complete on return).
+        """
         signed = _SIGNED.get(host.dtype)
-        t = torch.from_numpy(host.view(signed) if signed else host).to(f"cuda:{self.device}")
-        torch.cuda.synchronize(self.device)
-        return t
+        flat = host.view(signed) if signed else host
+        if not host.any():
+            dtype = torch.from_numpy(flat[:0]).dtype
+            return torch.zeros(host.shape, dtype=dtype, device=f"cuda:{self.device}")
+        return torch.from_numpy(flat).to(f"cuda:{self.device}")
 
     def stream(self) -> int:
         return torch.cuda.current_stream(self.device).cuda_stream

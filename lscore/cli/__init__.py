@@ -131,14 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     bench.add_argument(
         "--suite",
-        choices=("cpu", "gpu", "gpu-host", "gpu-tune"),
+        choices=("cpu", "gpu", "gpu-host", "gpu-tune", "gpu-static"),
         default="cpu",
         help="cpu: the CPU core; gpu: the CuPy path against torch's "
         "foreach kernel on a CUDA device (skipped without one); gpu-host: "
         "the CuPy path's host cost per call and per array, with the "
         "device replaced (no GPU needed); gpu-tune: unscale_ under a grid "
         "of chunk and block sizes on a CUDA device, and the one to set "
-        "with LSCORE_CUDA_LAUNCH (skipped without one)",
+        "with LSCORE_CUDA_LAUNCH (skipped without one); gpu-static: the "
+        "kernels' sm_90 machine code read on the CPU (NVRTC, cuobjdump): "
+        "instructions per byte of each hottest loop",
     )
     bench.set_defaults(func=_bench)
     from lscore.cli.migrate_cmd import add_parser as add_migrate

@@ -15,7 +15,8 @@ the NVRTC compile itself (``compile_kernels``, ``source``, ``KERNELS``,
 ``NVRTC_OPTIONS``).  The machinery lives in the submodules:
 
 - ``loader``: the ``.cu`` sources, NVRTC, the disk cache, modules per device
-- ``launch``: ``MultiTensor`` (chunked launches with packed arguments per dtype group)
+- ``launch``: ``MultiTensor`` (chunked launches per dtype group, the tensors in the kernel
+  arguments, packed once)
 - ``device_state``: ``DeviceState``, one ``lsc_state`` and its flags on a device
 - ``optim``: ``FusedLauncher``, the fused SGD/Adam kernels, and ``bias_table``
 - ``arrays``: ``ArrayKernels``

@@ -57,7 +57,7 @@ def norm_kind(norm_type: Any) -> bool:
 
 def clip_coefficient(norm: float, max_norm: float, found: bool) -> float:
     """torch's clip_grad_norm_ coefficient, max_norm / (norm + 1e-6) clamped to 1, in
-    float64; 1 when the check saw NaN/Inf or the norm is not finite (lsc_norm_finish's rule)."""
+    float64; 1 when the check saw NaN/Inf or the norm is not finite (scan.cu's lsc_norm_end)."""
     if found or not math.isfinite(norm):
         return 1.0
     return min(1.0, max_norm / (norm + 1e-6))
@@ -76,7 +76,7 @@ class ArrayKernels:
     launches.  The walk,
     the grouping by device and dtype and the plan cache are compiled
     (``kernels.DeviceTable``); a call with the same arrays as an earlier one
-    reuses that call's device tables and packed launches.
+    reuses that call's packed launches (a new one packs its own: nothing is uploaded).
     """
 
     def __init__(
@@ -118,7 +118,7 @@ class ArrayKernels:
     def _launches(self, plan: Any, dev: int, runner: Any) -> Any:
         """The packed launches of `plan` on `dev`: kept with the plan, and shared by plans of
         the same addresses and sizes (new arrays where the memory pool put the last ones
-        find their tables on the device: no upload)."""
+        reuse the packing)."""
         prepared = plan.payload.get(dev)
         if prepared is None:
             prepared = plan.payload[dev] = runner.prepared(

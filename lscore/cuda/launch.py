@@ -8,19 +8,22 @@ them), the device and stream to launch on (``enter``/``leave``,
 (``read_word``).  ``CupyBackend`` is the GPU's; the tests use NumPy and a
 host harness that runs the kernels' C++ text on the CPU.
 
-A call costs its launches and one read, nothing else: the tables of a plan
-are uploaded once (``prepare``), every argument of every launch is packed
-once into host memory that lives with the plan, and what a call changes
+A call costs its launches and one read, nothing else: a launch's tensors
+travel in its kernel argument (``prepare`` packs them, with every other
+argument, once into host memory that lives with the plan; nothing is
+uploaded, so arrays at new addresses cost only that packing), and what a call changes
 (the inverse scale, the flag's address, the call's mark) is written into
 one shared argument block before the launches.  The one-pass norm
 (``launch_norm`` / ``launch_clip``) packs its launches and allocates its
-partials buffer on a plan's first use, then costs the same.
+one buffer per device on its first use (a partial per block of the largest
+launch, the call's state and an arrival ticket), then costs the same.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import numbers
 import os
 import threading
@@ -29,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from lscore import kernels
-from lscore.cuda.loader import OPS, TRAITS, kernel_name
+from lscore._ext import _codes
+from lscore.cuda.loader import METAS, OPS, TRAITS, kernel_name
 from lscore.dtypes import Code
 
 CHUNK = 65536  #: elements per block
@@ -48,19 +52,21 @@ _Norm = collections.namedtuple("_Norm", "unscale clip result coef_ptr keep")
 Plan.__doc__ = """Host tables of one dtype group: `table` (uint64) holds every launch's
 table back to back; `launches` lists (offset in words, ntensors, nblocks)."""
 
-# byte widths of the scan kernels' parameters (_ext/scan.cu), in order:
-# table, ntensors, chunk, then the per-call ones
-_OWN_SIZES = (8, 4, 8)
+# byte widths of the scan kernels' per-call parameters (_ext/scan.cu), after the argument
+# struct and the chunk
 _CALL_SIZES = {
     "unscale": (8, 8, 8, 4),  # inv, inv_dev, found, mark
     "all_finite": (8, 4),
 }  # found, mark
 # which slots of the call block (uint64 words) those per-call parameters are
 _CALL_SLOTS = {"unscale": (0, 1, 2, 3), "all_finite": (2, 3)}
-# the call block: inv, inv_dev, found, mark, then the norm's inf_norm, max_norm, coef, coef_dev
-_INV, _INV_DEV, _FOUND, _MARK, _INF_NORM, _MAX_NORM, _COEF, _COEF_DEV = range(8)
-# the one-pass norm's reduction: each fold level has one thread per FOLD partials
-FOLD = 64
+# the call block: inv, inv_dev, found, mark, then the norm's max_norm, coef, coef_dev and the
+# addresses in its buffer (the call's state, the arrival ticket, the block partials)
+_INV, _INV_DEV, _FOUND, _MARK, _MAX_NORM, _COEF, _COEF_DEV, _STATE, _TICKET, _PART = range(10)
+# the norm buffer (float64 words): state[0 .. 5), the ticket's word, then the partials
+_NORM_TICKET, _NORM_PART = 5, 6
+# lsc_mt_unscale_norm's flags (scan.cu): inf-norm, the call's first and last launch
+_NORM_INF, _NORM_FIRST, _NORM_LAST = (_codes.NORM_FLAGS[k] for k in ("INF", "FIRST", "LAST"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +167,20 @@ def plan_launches(
     return Plan(table, launches)
 
 
+@functools.cache
+def _meta_dtype(meta: str) -> np.dtype:
+    """NumPy's layout of scan.cu's lsc_meta `meta` (packed as C lays it out: no padding)."""
+    nt, nb = _codes.META[meta]
+    return np.dtype(
+        [
+            ("ptr", "<u8", (nt,)),
+            ("size", "<i8", (nt,)),
+            ("chunk_of", "<i4", (nb,)),
+            ("tensor_of", "<u2", (nb,)),
+        ]
+    )
+
+
 def _kernel_code(code: Any) -> int:
     """`code` as an int; TypeError when no scan kernel takes that dtype."""
     code = int(code)
@@ -177,7 +197,7 @@ class Launches:
 
     ``ops[op]`` lists (kernel handle, grid, block, address of the
     ``void*[]``, address of the byte widths, parameter count); the device
-    tables and the host argument blocks are held here for as long as this
+    argument structs and the host argument blocks are held here for as long as this
     lives.  ``norm`` (packed by the first ``MultiTensor.launch_norm``) holds
     the one-pass norm's launches, its buffers and ``result``: the device
     float64 [norm, clip coefficient, found (1.0/0.0), folded total].
@@ -197,7 +217,7 @@ class MultiTensor:
     """Runs the scan kernels over grouped arrays on one device (one backend).
 
     ``prepare`` turns groups ``[(code, addresses, counts)]`` into
-    ``Launches`` (tables uploaded once); ``launch`` enqueues one op over them
+    ``Launches`` (packed kernel arguments, nothing uploaded); ``launch`` enqueues one op over them
     on the current stream and returns the call's mark; ``found(mark)``
     reads the flag back with one synchronisation.  ``run`` does all three
     for raw tables, with its own plan cache (tests, tools).  Chunk, block and
@@ -225,6 +245,8 @@ class MultiTensor:
         if block < 1 or chunk % VECTOR:
             raise ValueError(f"block must be >= 1 and chunk a multiple of 8, got {block}, {chunk}")
         self.backend = backend
+        # 32 KB kernel arguments where the backend says the driver and device take them
+        self.meta = METAS[1] if getattr(backend, "large_kernel_params", False) else METAS[0]
         self.chunk, self.block = chunk, block
         self.max_tensors, self.max_blocks = max_tensors, max_blocks
         self._cache: collections.OrderedDict = collections.OrderedDict()
@@ -236,8 +258,9 @@ class MultiTensor:
         self.flag_ptr = backend.ptr(self.flag)
         self._mark = 0
         self._wrapped = False
-        # the per-call parameters, shared by every launch (slots: _INV ... _COEF_DEV)
-        self._call = np.zeros(8, np.uint64)
+        # the per-call parameters, shared by every launch (slots: _INV ... _PART)
+        self._call = np.zeros(10, np.uint64)
+        self._norm_dev = None
         self._inv = self._call[_INV : _INV + 1].view(np.float64)
         self._max_norm = self._call[_MAX_NORM : _MAX_NORM + 1].view(np.float64)
         self._coef = self._call[_COEF : _COEF + 1].view(np.float64)
@@ -250,37 +273,44 @@ class MultiTensor:
         return fn
 
     def prepare(self, groups: Any) -> Launches:
-        """Upload the tables of `groups` ([(dtype code, addresses, counts)]); pack the launches."""
+        """Pack the launches of `groups` ([(dtype code, addresses, counts)]): each launch's
+        tensors travel in its kernel argument (scan.cu's lsc_meta), so nothing is uploaded."""
         out = Launches()
+        nt_max, nb_max = _codes.META[self.meta]
+        dtype = _meta_dtype(self.meta)
+        size = dtype.itemsize
         for code, ptrs, sizes in groups:
             code = _kernel_code(code)
             table, launches = plan_launches(
                 ptrs,
                 sizes,
                 chunk=self.chunk,
-                max_tensors=self.max_tensors,
-                max_blocks=self.max_blocks,
+                max_tensors=min(self.max_tensors, nt_max),
+                max_blocks=min(self.max_blocks, nb_max),
             )
-            if not launches:
-                continue
-            dev = self.backend.to_device(table)
-            base = self.backend.ptr(dev)
-            out._keep.append(dev)
             for off, nt, nb in launches:
-                own = np.array([base + 8 * off, nt, self.chunk], np.uint64)
+                # the argument block: the lsc_meta, then the chunk (int64)
+                own = np.zeros(size + 8, np.uint8)
+                meta = own[:size].view(dtype)[0]
+                meta["ptr"][:nt] = table[off : off + nt]
+                meta["size"][:nt] = table[off + nt : off + 2 * nt].view(np.int64)
+                blocks = table[off + 2 * nt : off + 2 * nt + nb]
+                meta["tensor_of"][:nb] = blocks & 0xFFFFFFFF
+                meta["chunk_of"][:nb] = blocks >> 32
+                own[size:].view(np.int64)[0] = self.chunk
                 out._keep.append(own)
                 out._specs.append((code, own, nb))
                 for op in OPS:
                     params = np.array(
-                        [own.ctypes.data + 8 * k for k in range(3)]
+                        [own.ctypes.data, own.ctypes.data + size]
                         + [self._call_addr + 8 * s for s in _CALL_SLOTS[op]],
                         np.uint64,
                     )
-                    widths = np.array(_OWN_SIZES + _CALL_SIZES[op], np.int64)
+                    widths = np.array((size, 8, *_CALL_SIZES[op]), np.int64)
                     out._keep += [params, widths]
                     out.ops[op].append(
                         (
-                            self._function(kernel_name(op, code)),
+                            self._function(kernel_name(op, code, self.meta)),
                             nb,
                             self.block,
                             params.ctypes.data,
@@ -361,39 +391,36 @@ class MultiTensor:
         """(address, byte width) of a per-call parameter in the shared call block."""
         return self._call_addr + 8 * slot, width
 
+    def _norm_buffer(self):
+        """The device buffer of the one-pass norm, allocated on first use: the call's state
+        (running total, then norm, coefficient, found, total), the arrival ticket, and one
+        partial per block of the largest launch (``max_blocks``): its size is fixed by the
+        launch limits, whatever the model or the number of plans."""
+        if self._norm_dev is None:
+            dev = self.backend.to_device(np.zeros(_NORM_PART + self.max_blocks, np.float64))
+            base = self.backend.ptr(dev)
+            call = self._call
+            call[_STATE] = base
+            call[_TICKET] = base + 8 * _NORM_TICKET
+            call[_PART] = base + 8 * _NORM_PART
+            self._norm_dev = dev
+        return self._norm_dev
+
     def _pack_norm(self, prepared: Launches) -> _Norm:
-        """The one-pass norm's launches over `prepared` (buffers allocated, arguments packed)."""
+        """The one-pass norm's launches over `prepared` (arguments packed)."""
         keep: list = []
         arg = self._call_arg
-        # per-thread partials, then levels of one value per FOLD of the level below,
-        # down to at most FOLD values for the single-thread finish
-        counts = [sum(nb for _, _, nb in prepared._specs) * self.block]
-        while counts[-1] > FOLD:
-            counts.append(-(-counts[-1] // FOLD))
-        offsets = np.cumsum([0, *counts])  # of each level in one buffer; the result last
-        buf = self.backend.to_device(np.zeros(int(offsets[-1]) + 4, np.float64))
-        base = self.backend.ptr(buf)
-        # the kernels take each level's address and count by pointer: host words kept here
-        levels = np.array([base + 8 * int(o) for o in offsets], np.uint64)
-        sizes = np.array(counts, np.int64)
-        keep += [buf, levels, sizes]
-
-        def level(k: Any) -> Any:
-            return levels.ctypes.data + 8 * k, 8
-
-        def size(k: Any) -> Any:
-            return sizes.ctypes.data + 8 * k, 8
-
+        buf = self._norm_buffer()
         unscale, clip = [], []
-        done = 0  # partial slots of the launches before
-        for code, own, nb in prepared._specs:
-            table = (own.ctypes.data, 8), (own.ctypes.data + 8, 4), (own.ctypes.data + 16, 8)
-            part = np.array([base + 8 * done], np.uint64)
-            keep.append(part)
+        nflags = np.zeros(len(prepared._specs), np.uint64)  # each launch's, set per call
+        keep.append(nflags)
+        size = _meta_dtype(self.meta).itemsize
+        for k, (code, own, nb) in enumerate(prepared._specs):
+            table = (own.ctypes.data, size), (own.ctypes.data + size, 8)
             unscale.append(
                 self._pack(
                     keep,
-                    kernel_name("unscale_norm", code),
+                    kernel_name("unscale_norm", code, self.meta),
                     nb,
                     self.block,
                     (
@@ -402,52 +429,28 @@ class MultiTensor:
                         arg(_INV_DEV, 8),
                         arg(_FOUND, 8),
                         arg(_MARK, 4),
-                        (part.ctypes.data, 8),
-                        arg(_INF_NORM, 4),
+                        (nflags.ctypes.data + 8 * k, 4),
+                        arg(_MAX_NORM, 8),
+                        arg(_PART, 8),
+                        arg(_STATE, 8),
+                        arg(_TICKET, 8),
                     ),
                 )
             )
             clip.append(
                 self._pack(
                     keep,
-                    kernel_name("clip", code),
+                    kernel_name("clip", code, self.meta),
                     nb,
                     self.block,
                     (*table, arg(_COEF, 8), arg(_COEF_DEV, 8)),
                 )
             )
-            done += nb * self.block
-        last = len(counts) - 1
-        for k in range(last):
-            block = min(self.block, counts[k + 1])
-            unscale.append(
-                self._pack(
-                    keep,
-                    "lsc_norm_fold",
-                    -(-counts[k + 1] // block),
-                    block,
-                    (level(k), size(k), level(k + 1), size(k + 1), arg(_INF_NORM, 4)),
-                )
-            )
-        unscale.append(
-            self._pack(
-                keep,
-                "lsc_norm_finish",
-                1,
-                1,
-                (
-                    level(last),
-                    size(last),
-                    arg(_INF_NORM, 4),
-                    arg(_MAX_NORM, 8),
-                    arg(_FOUND, 8),
-                    arg(_MARK, 4),
-                    level(last + 1),
-                ),
-            )
-        )
-        result = int(offsets[-1])
-        return _Norm(unscale, clip, buf[result:], base + 8 * (result + 1), keep)
+        if not unscale:  # nothing to measure: the empty norm's constant result
+            empty = self.backend.to_device(np.array([0.0, 1.0, 0.0, 0.0]))
+            return _Norm(unscale, clip, empty, self.backend.ptr(empty) + 8, (keep, nflags))
+        state = int(self._call[_STATE])
+        return _Norm(unscale, clip, buf[1:5], state + 8 * 2, (keep, nflags))
 
     def launch_norm(
         self,
@@ -465,15 +468,20 @@ class MultiTensor:
         Every element is multiplied by `inv` (or the float64 at `inv_ptr`) as
         ``launch("unscale")`` does, and the same pass gathers per-thread
         partials of the values written: their sum of squares, or with
-        `inf_norm` their largest magnitude.  Fixed-order folds then leave
+        `inf_norm` their largest magnitude.  Fixed-order block folds, finished by
+        the last block of each launch, leave
         ``prepared.norm.result`` = [norm, clip coefficient for `max_norm`
         (1.0 when `max_norm` is 0), 1.0 if NaN/Inf was seen else 0.0, total].
-        The first call on a plan allocates its buffers; later ones upload nothing.
+        The first norm on a device allocates its one buffer; later calls upload nothing.
         """
         if prepared.norm is None:
             prepared.norm = self._pack_norm(prepared)
         mark = self._set_call(inv, inv_ptr, None, mark)
-        self._call[_INF_NORM] = 1 if inf_norm else 0
+        nflags = prepared.norm.keep[1]
+        nflags[:] = _NORM_INF if inf_norm else 0
+        if len(nflags):
+            nflags[0] |= _NORM_FIRST
+            nflags[-1] |= _NORM_LAST
         self._max_norm[0] = max_norm
         self.enqueue(prepared.norm.unscale, stream)
         return mark

@@ -68,18 +68,23 @@ NVRTC_OPTIONS = (
 )
 
 
-def kernel_name(op: str, code: int) -> str:
-    """The name expression of the scan kernel `op` for dtype code `code`."""
-    return f"lsc_mt_{op}<{TRAITS[Code(code)]}>"
+# the scan kernels' argument structs (_ext/scan.cu's lsc_meta): 4 KB and 32 KB of parameters
+METAS = ("lsc_meta_4k", "lsc_meta_32k")
+
+
+def kernel_name(op: str, code: int, meta: str = METAS[0]) -> str:
+    """The name expression of the scan kernel `op` for dtype code `code` and argument `meta`."""
+    return f"lsc_mt_{op}<{TRAITS[Code(code)]}, {meta}>"
 
 
 #: .cu file -> the kernel names (NVRTC name expressions) the package launches from it
 KERNELS = {
     # the one-pass norm (lscore.cuda.launch.MultiTensor.launch_norm) beside the scan
-    "scan.cu": (
-        *(kernel_name(op, c) for op in (*OPS, "unscale_norm", "clip") for c in TRAITS),
-        "lsc_norm_fold",
-        "lsc_norm_finish",
+    "scan.cu": tuple(
+        kernel_name(op, c, m)
+        for op in (*OPS, "unscale_norm", "clip")
+        for c in TRAITS
+        for m in METAS
     ),
     "update.cu": (UPDATE_KERNEL,),
     # fused optimizers: float32 master weights, float16/bfloat16/float32 gradients
@@ -388,6 +393,10 @@ class CupyBackend:
         self._driver = cupy.cuda.driver
         self._runtime = cupy.cuda.runtime
         self.device = cupy.cuda.Device(device).id if device is not None else cupy.cuda.Device().id
+        # 32 KB of kernel parameters (the scan kernels' lsc_meta_32k): a CUDA 12.1 driver and
+        # sm_70 or newer, as torch's multi_tensor_apply requires
+        cc = int(cupy.cuda.Device(self.device).compute_capability)
+        self.large_kernel_params = self._runtime.driverGetVersion() >= 12010 and cc >= 70
         self._functions: list = []  # the Function objects behind the handles
         with cupy.cuda.Device(self.device):
             self._pinned = cupy.cuda.alloc_pinned_memory(8)

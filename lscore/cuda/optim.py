@@ -12,8 +12,8 @@ then its launches on the current stream; nothing is read back.
 Everything a launch reads that changes between steps without the host
 knowing (the inverse scale, the skip flag, Adam's step counter) is read
 through a device pointer, so a CUDA graph captured over these launches
-replays later steps correctly; the scalars passed by value (learning rate,
-betas) are frozen into such a graph.
+replays later steps correctly.  The hyperparameters go by value, or, with
+``hyper_ptr``, through a device array that a schedule writes between replays.
 
 ``bias_table`` builds Adam's bias-correction tables for the device counter.
 """
@@ -197,11 +197,14 @@ class FusedLauncher:
         gate_ptr: int = 0,
         skip_if: int = 0,
         tail: tuple = (),
+        hyper_ptr: int = 0,
     ) -> int:
         """Enqueue `kind` ("sgd" or "adam") over `plan`; returns the launches made.
 
         `head`: the kernel's NumPy scalars between ``chunk`` and ``flags``
-        (optim.cu's signatures); `tail`: Adam's (bias, count, last).  The
+        (optim.cu's signatures); `tail`: Adam's (bias, count, last); `hyper_ptr`, when
+        not 0, the device float32 hyperparameters the kernels read instead of `head`'s
+        (SGD: lr, momentum, damp, wd; Adam: lr, c1, c2, eps, wd, alpha).  The
         launches are packed once per plan and signature; a call writes its
         parameters into the shared block and launches (cuLaunchKernel copies
         them, so a captured graph keeps this call's values).
@@ -214,6 +217,7 @@ class FusedLauncher:
             np.uint64(gate_ptr),
             np.uint32(skip_if),
             *tail,
+            np.uint64(hyper_ptr),
         )
         fmt = "<" + "".join(_WORD[a.dtype.kind, a.itemsize] for a in args)
         packed = plan.packed.get((kind, fmt))

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import lscore
+from helpers.cuda_host import device_words
 from helpers.cuda_host.adapter import CountingBackend
 
 harness = pytest.mark.skipif(
@@ -94,7 +95,8 @@ def test_a_nonfinite_step_is_reported_and_not_clipped(device_backend, bad):
     finite, norm = b.module.unscale_and_clip_(arrays, 0.25, 1e-3)
     assert not finite and not math.isfinite(norm) and math.isnan(norm) == np.isnan(bad)
     for a, w in zip(arrays, want, strict=True):
-        assert np.array_equal(bits(b.to_numpy(a)), bits(w))
+        # a float16/bfloat16 NaN as the GPU's conversion instruction leaves it
+        assert np.array_equal(bits(b.to_numpy(a)), device_words(w))
 
 
 def test_refusals_write_nothing(device_backend):
@@ -123,8 +125,9 @@ def _kernels(backend_cls):
 @harness
 @pytest.mark.parametrize("op", ["norm", "clip"])
 def test_a_cached_call_is_its_launches_and_one_read(op):
-    """The first call uploads the tables and the norm's buffer; later ones upload
-    nothing and read the device once; the clip is enqueued before that read."""
+    """The first call allocates the device's flag and norm buffer (its two uploads, whatever the
+    arrays); later ones upload nothing and read the device once; the clip is enqueued
+    before that read."""
     kern = _kernels(CountingBackend)
     grads = [np.full(n, 3.0, np.float32) for n in (300, 5, 64)] + [np.full(9, 3.0, np.float16)]
 
@@ -137,20 +140,18 @@ def test_a_cached_call_is_its_launches_and_one_read(op):
         return out, CountingBackend.uploads - u, CountingBackend.syncs - s
 
     (finite, norm), uploads, syncs = call()
-    assert finite and norm == math.sqrt(9.0 * 378) and uploads >= 3 and syncs == 1
+    assert finite and norm == math.sqrt(9.0 * 378) and uploads == 2 and syncs == 1
     launches = kern.device(0).backend.launches
     for _k in range(3):
         del launches[:]
         (finite, _), uploads, syncs = call()
         assert finite and uploads == 0 and syncs == 1
         names = [n for n, _, _ in launches]
-        assert names.index("lsc_norm_finish") > max(
-            i for i, n in enumerate(names) if n.startswith("lsc_mt_unscale_norm")
-        )
+        # the norm's launches fold on the device (no other launch), then the clip's
+        norms = [i for i, n in enumerate(names) if n.startswith("lsc_mt_unscale_norm")]
         clips = [i for i, n in enumerate(names) if n.startswith("lsc_mt_clip")]
-        assert bool(clips) == (op == "clip") and all(
-            i > names.index("lsc_norm_finish") for i in clips
-        )
+        assert norms == list(range(len(norms))) and len(names) == len(norms) + len(clips)
+        assert bool(clips) == (op == "clip")
     if op == "clip":
         assert all(np.allclose(g, 1.0 / math.sqrt(378), rtol=1e-3) for g in grads)
 
@@ -174,7 +175,7 @@ def test_every_launch_goes_to_the_current_stream():
         Streams.current = current
         del Streams.seen[:]
         kern.unscale_and_clip_(grads, 0.5, 0.1)
-        assert set(Streams.seen) == {current} and len(Streams.seen) > 4
+        assert set(Streams.seen) == {current} and len(Streams.seen) >= 4
 
 
 @harness

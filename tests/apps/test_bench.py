@@ -173,9 +173,19 @@ def test_gpu_host_targets_carry_unit_cached_measured_required_met(gpu_host_run):
     targets = gpu_host_run["targets"]
     workloads = {t["workload"] for t in targets}
     assert workloads == {name for name, *_ in _gpu.TINY_WORKLOADS}
-    kinds = {(t["unit"], t["cached"]) for t in targets}
-    assert kinds == {("us_per_array", True), ("us_per_call", True), ("us_per_array", False)}
+    kinds = {(t["unit"], t["cached"], t.get("case")) for t in targets}
+    assert kinds == {
+        ("us_per_array", True, None),
+        ("us_per_call", True, None),
+        ("us_per_array", False, None),
+        ("us_per_array", False, "new_addresses"),
+    }
     for t in targets:
+        if t.get("case") == "new_addresses":
+            # addresses in the kernel arguments: nothing uploaded, nothing synchronised
+            assert t["uploads"] == 0 and t["syncs"] == 0, t
+            assert t["required"] == 1.0 and t["met"] == (t["measured"] <= 1.0), t
+            continue
         assert t["measured"] >= 0 and t["met"] == (t["measured"] <= t["required"]), t
         assert (
             t["required"]
@@ -185,6 +195,11 @@ def test_gpu_host_targets_carry_unit_cached_measured_required_met(gpu_host_run):
                 ("us_per_array", False): 2.0,
             }[(t["unit"], t["cached"])]
         )
+    new = [t for t in targets if t.get("case") == "new_addresses"]
+    assert {t["workload"] for t in new} == workloads and {t["op"] for t in new} == {
+        "unscale_",
+        "all_finite",
+    }
     for r in gpu_host_run["rows"]:
         assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"], r
     assert bench.format_table(gpu_host_run).count("\n| ") >= len(gpu_host_run["rows"])

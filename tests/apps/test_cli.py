@@ -69,7 +69,9 @@ def test_demo_help_shows_its_defaults(capsys: pytest.CaptureFixture[str]) -> Non
         main(["demo", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: numpy)" in text and "(default: 0)" in text
-    assert "training steps per mode (300; 40 with --tiny)" in text  # a default that depends on --tiny
+    assert (
+        "training steps per mode (300; 40 with --tiny)" in text
+    )  # a default that depends on --tiny
     assert re.search(r"--seed SEED \w", text)  # --seed has help
 
 

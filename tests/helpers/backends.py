@@ -38,6 +38,9 @@ class Backend:
     float_dtypes = tuple(FLOAT_DTYPES)
     #: unscale_ leaves a NaN's payload bits as the CPU core does
     nan_payload_exact = True
+    #: the CUDA kernels' unscale_: a float16/bfloat16 NaN it writes is the conversion
+    #: instruction's canonical 0x7FFF (helpers.cuda_host.device_words)
+    device_nan = False
 
     def __repr__(self):
         return f"<backend {self.name}>"
@@ -114,6 +117,7 @@ class CudaHostBackend(NumpyBackend):
     """The CuPy adapter's code with NumPy arrays and the kernels run by the host harness."""
 
     name = "cuda_host"
+    device_nan = True
 
     def __init__(self):
         if shutil.which("g++") is None:

@@ -37,9 +37,11 @@ CONFIGS = [
 INVS = [0.5, 2.0, 1.5, 0.75, 1 / 3, 1.0, 1e-5, 65536.0, 3e-39, 1e30, float(np.float32(1 / 3000))]
 
 
-@pytest.fixture(scope="module")
-def backend():
-    return cuda_host.HostBackend()
+@pytest.fixture(scope="module", params=[False, True], ids=["4KB-args", "32KB-args"])
+def backend(request):
+    b = cuda_host.HostBackend()
+    b.large_kernel_params = request.param  # which lsc_meta the launches carry
+    return b
 
 
 def test_harness_has_every_kernel_lscore_launches():
@@ -48,20 +50,16 @@ def test_harness_has_every_kernel_lscore_launches():
 
 
 def test_wrong_argument_width_is_caught(backend):
-    table = np.zeros(3, np.uint64)
+    from lscore.cuda.launch import _meta_dtype
+
+    meta = np.zeros(1, _meta_dtype("lsc_meta_4k"))  # the struct passed by value
     flag = np.zeros(1, np.uint32)
     name = kernel_name("all_finite", Code.F32)
-    args = (
-        np.uint64(table.ctypes.data),
-        np.int64(1),
-        np.int64(8),
-        np.uint64(flag.ctypes.data),
-        np.uint32(1),
-    )
+    args = (meta[0], np.int32(8), np.uint64(flag.ctypes.data), np.uint32(1))
     with pytest.raises(TypeError, match="argument 1"):
         backend.launch(name, 1, 1, args)
     with pytest.raises(TypeError, match="NumPy scalar"):
-        backend.launch(name, 1, 1, (table.ctypes.data, 1, 8, flag.ctypes.data, 1))
+        backend.launch(name, 1, 1, (meta[0], 8, flag.ctypes.data, 1))
 
 
 def _sizes(rng, chunk):
@@ -137,9 +135,36 @@ def test_unscale_matches_cpu_core_and_reference(backend):
         )
         assert bool(flag[0]) == (not finite_ref) == (not finite_cpu), ctx
         for k, (g, c, r) in enumerate(zip(arrays, cpu, want_ref, strict=True)):
-            # bit for bit the CPU core (NaN payloads included), and the reference's values
-            assert np.array_equal(g.view(f"u{g.itemsize}"), c.view(f"u{c.itemsize}")), (ctx, k)
+            # bit for bit the CPU core (NaN payloads included, a written float16/bfloat16 NaN
+            # as the device's conversion leaves it), and the reference's values
+            want = cuda_host.device_words(c, written=inv != 1.0)
+            assert np.array_equal(g.view(f"u{g.itemsize}"), want), (ctx, k)
             assert bits_equal_or_both_nan(g, r), (ctx, k)
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["4KB", "32KB"])
+def test_more_arrays_than_one_kernel_argument_holds(large):
+    """Past the argument struct's capacity (110 tensors / 320 blocks in 4 KB, 770 / 2240
+    in 32 KB) a list is split over launches, each with its own argument: no upload."""
+    backend = cuda_host.HostBackend()
+    backend.large_kernel_params = large
+    nt, nb = (770, 2240) if large else (110, 320)
+    rng = np.random.default_rng(4)
+    arrays = [rng.standard_normal(int(n)).astype(np.float32) for n in rng.integers(0, 40, nt + 7)]
+    arrays += [rng.standard_normal(20).astype(np.float16) for _ in range(3)]
+    arrays[-5][-1] = np.inf
+    big = np.ones(8 * (nb + 3), np.float32)  # more chunks of 8 than one launch's blocks
+    want = [a.copy() for a in [*arrays, big]]
+    assert not lscore.unscale_(want, 0.25)
+    runner = MultiTensor(backend, chunk=8, block=4)
+    assert runner.meta == ("lsc_meta_32k" if large else "lsc_meta_4k")
+    flag = np.zeros(1, np.uint32)
+    invbuf = np.array([0.25], np.float64)
+    n = runner.run("unscale", *_table([*arrays, big]), flag.ctypes.data, invbuf.ctypes.data)
+    assert n >= 3 and flag[0] == 1
+    for a, w in zip([*arrays, big], want, strict=True):
+        assert np.array_equal(a.view(f"u{a.itemsize}"), cuda_host.device_words(w))
+    assert {name.split(", ")[1] for name, _, _ in backend.launches} == {runner.meta + ">"}
 
 
 def test_all_finite_matches_reference(backend):
@@ -170,7 +195,7 @@ def test_every_half_bit_pattern(backend, code):
             "unscale", [a.ctypes.data], [a.size], [code], flag.ctypes.data, invbuf.ctypes.data
         )
         assert flag[0] == 1
-        assert np.array_equal(a.view(np.uint16), want.view(np.uint16)), inv
+        assert np.array_equal(a.view(np.uint16), cuda_host.device_words(want)), inv
 
 
 def test_found_flag_is_only_set_never_cleared(backend):

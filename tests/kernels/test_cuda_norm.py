@@ -117,7 +117,8 @@ def test_unscale_and_norm_matches_cpu_core_and_float64_reference(norm_type):
         ctx = (case, cfg, inv, [(a.dtype.name, a.size, a.ctypes.data % 16) for a in arrays])
         assert finite == finite_cpu, ctx
         for k, (g, c) in enumerate(zip(arrays, cpu, strict=True)):
-            assert np.array_equal(g.view(f"u{g.itemsize}"), c.view(f"u{c.itemsize}")), (ctx, k)
+            want = cuda_host.device_words(c, written=inv != 1.0)
+            assert np.array_equal(g.view(f"u{g.itemsize}"), want), (ctx, k)
         _assert_norm(norm, _reference_norm(cpu, inf_norm), inf_norm, ctx)
         _assert_norm(norm, max_cpu if inf_norm else l2_cpu, inf_norm, ctx)
         if not finite:
@@ -172,7 +173,8 @@ def test_unscale_and_clip_is_torchs_formula(norm_type):
         _assert_norm(norm, want_norm, inf_norm, ctx)
         want = _torch_clip_reference(unscaled, max_norm, norm, not finite)
         for k, (g, w) in enumerate(zip(arrays, want, strict=True)):
-            assert np.array_equal(g.view(f"u{g.itemsize}"), w.view(f"u{w.itemsize}")), (ctx, k)
+            words = cuda_host.device_words(w, written=inv != 1.0)
+            assert np.array_equal(g.view(f"u{g.itemsize}"), words), (ctx, k)
         clipped += finite and clip_coefficient(norm, max_norm, False) < 1.0
     assert clipped > 20
 
@@ -201,7 +203,7 @@ def test_empty_input_has_norm_zero_and_clips_nothing():
     assert ints.tolist() == [0, 1, 2, 3, 4]
 
 
-def test_many_partials_take_several_fold_levels():
+def test_many_blocks_and_launches_fold_on_the_device():
     backend = cuda_host.HostBackend()
     ak = cuda.ArrayKernels(
         np,
@@ -214,9 +216,13 @@ def test_many_partials_take_several_fold_levels():
     # 510 ones: exact in any order
     assert finite and norm == math.sqrt(510)
     names = [name for name, _, _ in backend.launches]
-    # 33 blocks of 70 threads: 2310 partials -> 37 -> finish
-    assert names.count("lsc_norm_fold") == 1 and names.count("lsc_norm_finish") == 1
-    assert sum(n.startswith("lsc_mt_unscale_norm") for n in names) > 1
+    # 33 blocks of 70 threads (three warps, the last one partial) over 9 launches: each
+    # block folds its threads, the last block of each launch the launch's blocks, the last
+    # launch the call's total; no other launch, and the arrival ticket is 0 again
+    assert set(names) == {"lsc_mt_unscale_norm<lsc_f32, lsc_meta_4k>"} and len(names) == 9
+    assert ak.device(0)._norm_dev[5] == 0.0
+    finite, again = ak.unscale_and_norm(arrays, 1.0)
+    assert finite and again == math.sqrt(510)
 
 
 @pytest.mark.parametrize(

@@ -59,8 +59,9 @@ def _u(a):
     return a.view(f"u{a.itemsize}").copy()
 
 
-def _launch(backend, op, records, sizes, cfg, scalars):
-    """Plan the records (one per tensor, D addresses each) and launch `op` over them."""
+def _launch(backend, op, records, sizes, cfg, scalars, hyper=0):
+    """Plan the records (one per tensor, D addresses each) and launch `op` over them
+    (`hyper`: the address of device hyperparameters, 0 for the values in `scalars`)."""
     chunk, block, mt, mb = cfg
     for code in {c for c, _ in records}:
         idx = [i for i, (c, _) in enumerate(records) if c == code]
@@ -77,6 +78,7 @@ def _launch(backend, op, records, sizes, cfg, scalars):
                 np.int32(nt),
                 np.int64(chunk),
                 *scalars,
+                np.uint64(hyper),
             )
             backend.launch(name, nb, block, args)
 
@@ -545,3 +547,78 @@ def test_adam_device_counter_reads_the_bias_table(backend):
         assert count[0] == it  # the kernel reads the counter; the adapter advances it
         for k, (w, rw) in enumerate(zip(c.w, c.ref_w, strict=True)):
             assert np.array_equal(_u(w), _u(rw)), (it, k)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_a_replayed_step_reads_the_hyperparameters_written_between_replays(backend, kind):
+    """A step's launches packed once with ``hyper_ptr`` and replayed unchanged (what a
+    captured CUDA graph does), the schedule writing each step's lr into the device array
+    between replays, equal eager steps given that lr by value, bit for bit (Adam: alpha
+    from that lr and the device step counter's bias table)."""
+    from lscore.cuda.optim import FusedLauncher
+
+    rng = np.random.default_rng(31)
+    lrs = [0.1, 0.05, 0.3, 0.0125, 0.2]
+    sizes = [5, 64, 1, 130, 0, 33]
+    nslots = 1 if kind == "sgd" else 2
+    gdt = [GRAD_DTYPES[k % len(GRAD_DTYPES)] for k in range(len(sizes))]
+    w0 = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    live = [
+        (w.copy(), [np.zeros(n, np.float32) for _ in range(nslots)])
+        for w, n in zip(w0, sizes, strict=True)
+    ]
+    eager = [
+        (w.copy(), [np.zeros(n, np.float32) for _ in range(nslots)])
+        for w, n in zip(w0, sizes, strict=True)
+    ]
+    grads = [np.zeros(n, dt) for n, dt in zip(sizes, gdt, strict=True)]
+    count = np.zeros(1, np.int64)
+    adam = lnp.Adam(0.1, beta_1=0.8, beta_2=0.95)
+    table, last = bias_table(lambda s: adam._bias_terms(np.float32, s))
+    t = np.float32
+    if kind == "sgd":
+        flags, tail = SLOT | NESTEROV, ()
+        hyper = np.array([lrs[0], 0.9, 1.0, 0.01], np.float32)
+
+        def head(lr):
+            return (t(lr), t(0.9), t(1.0), t(0.01))
+    else:
+        flags = 0
+        tail = (np.uint64(table.ctypes.data), np.uint64(count.ctypes.data), np.int64(last))
+        hyper = np.array([lrs[0], 1 - 0.8, 1 - 0.95, 1e-7, 0.0, 0.0], np.float32)
+
+        def head(lr):
+            return (t(0), t(1 - 0.8), t(1 - 0.95), t(1e-7), t(lr), t(0.0))
+
+    def launcher_for(state):
+        launcher = FusedLauncher(MultiTensor(backend, chunk=16, block=4, max_tensors=3))
+        tensors = [
+            (
+                BY_NAME[g.dtype.name],
+                g.size,
+                [g.ctypes.data, w.ctypes.data, *(x.ctypes.data for x in sl)],
+            )
+            for g, (w, sl) in zip(grads, state, strict=True)
+        ]
+        return launcher, launcher.plan(("key", kind), tensors)
+
+    live_l, live_plan = launcher_for(live)
+    eager_l, eager_plan = launcher_for(eager)
+    # "capture": the first step's launches, packed with the device hyperparameters
+    for g in grads:
+        g[...] = rng.standard_normal(g.size).astype(g.dtype)
+    live_l.launch(kind, live_plan, head(999.0), flags=flags, tail=tail, hyper_ptr=hyper.ctypes.data)
+    (recorded,) = [entries for entries, _ in live_plan.packed.values()]
+    for step, lr in enumerate(lrs):
+        if step:
+            for g in grads:
+                g[...] = rng.standard_normal(g.size).astype(g.dtype)
+            count[0] = step
+            hyper[0] = lr  # the schedule, between replays
+            live_l.runner.enqueue(recorded)  # the replay: the same arguments
+        eager_l.launch(kind, eager_plan, head(lr), flags=flags, tail=tail)
+        for k, ((lw, ls), (ew, es)) in enumerate(zip(live, eager, strict=True)):
+            assert np.array_equal(_u(lw), _u(ew)), (kind, step, k)
+            for a, b in zip(ls, es, strict=True):
+                assert np.array_equal(_u(a), _u(b)), (kind, step, k)
+    assert any(not np.array_equal(w, lw) for w, (lw, _) in zip(w0, live, strict=True))

@@ -9,7 +9,8 @@ torch rows need torch (skipped, with the reason, otherwise).
 ``--suite gpu-host`` times the host side of the CuPy path with the device
 replaced (no GPU needed) and ``--suite gpu`` the GPU rows (skipped, with
 the reason, without a CUDA device); see _gpu.py.  ``--suite gpu-tune`` times
-a grid of launch configurations on a GPU (_tune.py).
+a grid of launch configurations on a GPU (_tune.py); ``--suite gpu-static``
+reads the kernels' sm_90 machine code on the CPU (_static.py).
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ import json
 import numpy as np
 
 from lscore import kernels
-from lscore.cli.bench import _gpu, _tune
+from lscore.cli.bench import _gpu, _static, _tune
 from lscore.cli.bench._harness import DTYPES, FULL_SIZES, SIZES, TINY_SIZES, Rows, import_torch
 from lscore.cli.bench._report import add_ratios, format_table, machine, targets
 from lscore.cli.bench._sections import AF_METHODS, GRAD_HARNESS, SECTIONS, UN_METHODS
 
 __all__ = ["GRAD_HARNESS", "SUITES", "Options", "format_table", "main", "run"]
 
-SUITES = ("cpu", "gpu", "gpu-host", "gpu-tune")
+SUITES = ("cpu", "gpu", "gpu-host", "gpu-tune", "gpu-static")
 
 
 class Options:
@@ -67,6 +68,8 @@ class Options:
 
 def run(opts: Options) -> dict:
     """Every row of the benchmark, with ratios and the target check."""
+    if opts.suite == "gpu-static":
+        return _static.run_static()
     if opts.suite != "cpu":
         return _run_gpu_suite(opts)
     torch = import_torch() if opts.use_torch else None
@@ -143,7 +146,7 @@ def main(args) -> int:
         suite=getattr(args, "suite", "cpu"),
     )
     result = run(opts)
-    print(format_table(result))
+    print(_static.format_static(result) if opts.suite == "gpu-static" else format_table(result))
     if "tune" in result:
         print(_tune.format_summary(result["tune"]))
     if args.json:

@@ -48,6 +48,9 @@ BIG = (
 CACHED_PER_ARRAY_US = 0.2
 CACHED_PER_CALL_US = 15.0
 FIRST_PER_ARRAY_US = 2.0
+# a call over arrays at addresses never seen before: host cost, with no upload and no
+# synchronisation besides the call's own read of its result
+NEW_ADDRESSES_PER_ARRAY_US = 1.0
 FIRST_SIGHT_LISTS = 12
 
 
@@ -100,7 +103,8 @@ class NullBackend:
     """lscore.cuda backend whose device is host memory and whose launches do nothing.
 
     Everything up to the launch runs as on a GPU; ``launches`` counts the
-    launches and ``syncs`` the reads of the flag (the one synchronisation).
+    launches, ``syncs`` the reads of the flag (the one synchronisation) and
+    ``uploads`` the host-to-device copies (each a synchronisation on a GPU).
     """
 
     xp = np
@@ -109,6 +113,7 @@ class NullBackend:
         self.device = device
         self.launches = 0
         self.syncs = 0
+        self.uploads = 0
 
     def ptr(self, a) -> int:
         return a.ctypes.data
@@ -117,6 +122,7 @@ class NullBackend:
         return np.array(a)
 
     def to_device(self, host: np.ndarray) -> np.ndarray:
+        self.uploads += 1
         return np.array(host, copy=True)
 
     def function(self, name: str) -> str:
@@ -218,10 +224,15 @@ def run_host(opts, rows: Rows, rng) -> list[dict]:
             g, "all_finite cached, first array alone", lambda one=one: kern.all_finite(one), **kw
         )
         rows.flush()
+        backend = kern.device(0).backend
+        new_addresses = {}
         for op in ("unscale_", "all_finite"):
             call = (lambda a: kern.unscale_(a, 0.5)) if op == "unscale_" else kern.all_finite
             lists = [host.make(shift + 1) for shift in range(opts.first_lists)]
+            ups, syncs = backend.uploads, backend.syncs
             ts = _first_sight(call, lists)
+            # beyond each call's one read of its result
+            new_addresses[op] = (backend.uploads - ups, backend.syncs - syncs - len(lists))
             del lists
             rows.append(
                 {
@@ -246,6 +257,23 @@ def run_host(opts, rows: Rows, rng) -> list[dict]:
             )
             per_array = max(many - single, 0.0) / max(count - 1, 1) * 1e6
             first = by[f"{op} first sight"]["median_s"] / count * 1e6
+            uploads, syncs = new_addresses[op]
+            targets.append(
+                {
+                    "target": f"{name}: {op} over arrays at new addresses, host cost per array "
+                    "(no upload, no synchronisation besides the result's read)",
+                    "workload": name,
+                    "op": op,
+                    "unit": "us_per_array",
+                    "case": "new_addresses",
+                    "cached": False,
+                    "measured": first,
+                    "uploads": uploads,
+                    "syncs": syncs,
+                    "required": NEW_ADDRESSES_PER_ARRAY_US,
+                    "met": first <= NEW_ADDRESSES_PER_ARRAY_US and uploads == 0 and syncs == 0,
+                }
+            )
             for unit, cached, x, need, how in (
                 (
                     "us_per_array",

@@ -73,7 +73,7 @@ def build() -> ctypes.CDLL:
 
 
 def names() -> list[str]:
-    return build().lsch_names().decode().split()
+    return build().lsch_names().decode().splitlines()
 
 
 class HostBackend(NullBackend):
@@ -130,3 +130,17 @@ class HostBackend(NullBackend):
         rc = self.lib.lsch_launch(name.encode(), grid, block, params, sizes, len(vals))
         self._check(name, rc, len(vals), lambda i: f"{vals[i].itemsize} bytes, {vals[i].dtype}")
         self.launches.append((name, grid, block))
+
+
+# the word a NaN narrows to on the GPU (cvt.rn.f16.f32 / cvt.rn.bf16.f32: the canonical NaN,
+# sign dropped); the CPU core's C conversion keeps the sign and gives 0x7E00 / 0x7FC0
+DEVICE_NAN16 = 0x7FFF
+
+
+def device_words(a: np.ndarray, written: bool = True) -> np.ndarray:
+    """The words of `a` (a CPU result) as the kernels leave them: where the kernels wrote a
+    float16/bfloat16 NaN (`written`), the conversion instruction's canonical NaN."""
+    words = np.ascontiguousarray(a).view(f"u{a.itemsize}").copy()
+    if written and a.dtype.name in ("float16", "bfloat16"):
+        words[np.isnan(a.astype(np.float32))] = DEVICE_NAN16
+    return words

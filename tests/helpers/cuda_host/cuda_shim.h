@@ -1,16 +1,23 @@
 /* cuda_shim.h: just enough of CUDA for g++ to compile the .cu files of _ext/ as host code.
  *
- * Test-only (tests/cuda_host is not shipped).  The kernels of lscore use no
- * shared memory and no __syncthreads, so a launch is a plain loop over blocks
- * and threads (harness.cpp); __syncthreads and __shared__ are deliberately
- * left undefined, so a kernel that starts using them fails to compile here
- * until the harness learns to run a block's threads concurrently.
+ * Test-only (tests/helpers/cuda_host is not shipped).  harness.cpp runs the
+ * threads of a block as cooperatively switched contexts: __syncthreads and
+ * the warp shuffles switch back to its scheduler, which resumes a thread only
+ * when every live thread of its block (its warp, for a shuffle) has reached
+ * the same point, so shared memory (a static: one per kernel, and the blocks
+ * of a launch run one after another), barriers and shuffles behave as on the
+ * device.  Atomics and fences are plain, since one thread runs at a time.
+ * LSC_DEVICE_EMULATION gives the kernels the device's conversion results
+ * (lsc_half.h: a NaN narrows to 0x7FFF, as cvt.rn.f16.f32 gives it).
  */
 #ifndef LSC_CUDA_SHIM_H
 #define LSC_CUDA_SHIM_H
 
 #include <cstring>
 
+#define LSC_DEVICE_EMULATION 1
+#define __shared__ static
+#define __grid_constant__
 #define __global__
 #define __device__
 #define __host__
@@ -50,5 +57,28 @@ static inline double __longlong_as_double(long long w)
     std::memcpy(&d, &w, sizeof d);
     return d;
 }
+
+/* harness.cpp: the barrier, and one value through the running thread's warp */
+void __syncthreads();
+unsigned long long lsch_shfl_down(unsigned mask, unsigned long long v, unsigned delta);
+
+template <class T>
+static inline T __shfl_down_sync(unsigned mask, T v, unsigned delta)
+{
+    unsigned long long w = 0;
+    std::memcpy(&w, &v, sizeof v);
+    w = lsch_shfl_down(mask, w, delta);
+    std::memcpy(&v, &w, sizeof v);
+    return v;
+}
+
+static inline unsigned int atomicAdd(unsigned int *p, unsigned int v)
+{
+    unsigned int old = *p;
+    *p = old + v;
+    return old;
+}
+
+static inline void __threadfence() {}
 
 #endif /* LSC_CUDA_SHIM_H */

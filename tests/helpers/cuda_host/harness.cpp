@@ -1,5 +1,13 @@
 /* harness.cpp: runs lscore's CUDA kernels on the CPU, for tests only.
  *
+ * The threads of a block run as ucontext contexts on their own stacks,
+ * switched cooperatively: a thread runs until __syncthreads, a warp shuffle
+ * or its end, and the scheduler resumes a waiting thread only when every
+ * live thread of its block has passed as many barriers and every live lane
+ * of its warp as many shuffles (a shuffle's value is read from the partner's
+ * slot for that shuffle: two slots per lane, by parity).  Blocks run one
+ * after another.
+ *
  * The text of the .cu files in _ext/ that the GPU path hands to NVRTC is compiled here with
  * g++ and cuda_shim.h.  lsch_launch mimics cuLaunchKernel: a kernel name as
  * lscore/cuda/ spells it, a 1-D grid and block, and an array of pointers
@@ -7,16 +15,86 @@
  * against the kernel's signature, so an argument packed with the wrong width
  * (which a GPU would silently misread) fails the test instead.
  */
+#include <ucontext.h>
+
 #include <cstddef>
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cuda_shim.h"
 #include "optim.cu" /* includes scan.cu */
 #include "update.cu"
 
 namespace {
+
+struct lsch_thread {
+    ucontext_t ctx;
+    bool done;
+    unsigned long barriers, shuffles;
+    unsigned long long slot[2];
+};
+
+const std::size_t STACK = 64 * 1024;
+ucontext_t sched;
+std::vector<lsch_thread> threads;
+std::vector<char> stacks;
+unsigned current;
+void (*body)(void *);
+void *body_arg;
+
+void entry()
+{
+    body(body_arg);
+    threads[current].done = true;
+}
+
+/* back to the scheduler until the waited-for threads have caught up */
+void yield() { swapcontext(&threads[current].ctx, &sched); }
+
+/* one block, its threads as contexts */
+void run_block(unsigned block)
+{
+    threads.assign(block, lsch_thread());
+    if (stacks.size() < block * STACK)
+        stacks.resize(block * STACK);
+    for (unsigned t = 0; t < block; t++) {
+        lsch_thread &th = threads[t];
+        getcontext(&th.ctx);
+        th.ctx.uc_stack.ss_sp = &stacks[t * STACK];
+        th.ctx.uc_stack.ss_size = STACK;
+        th.ctx.uc_link = &sched;
+        makecontext(&th.ctx, entry, 0);
+    }
+    for (;;) {
+        unsigned long minb = ~0ul;
+        for (auto &th : threads)
+            if (!th.done && th.barriers < minb)
+                minb = th.barriers;
+        if (minb == ~0ul)
+            return;
+        bool ran = false;
+        for (unsigned t = 0; t < block; t++) {
+            lsch_thread &th = threads[t];
+            if (th.done || th.barriers != minb)
+                continue;
+            unsigned long minw = ~0ul;
+            unsigned w0 = t & ~31u, w1 = w0 + 32 < block ? w0 + 32 : block;
+            for (unsigned l = w0; l < w1; l++)
+                if (!threads[l].done && threads[l].shuffles < minw)
+                    minw = threads[l].shuffles;
+            if (th.shuffles != minw)
+                continue;
+            current = t;
+            threadIdx = {t, 0, 0};
+            swapcontext(&sched, &th.ctx);
+            ran = true;
+        }
+        if (!ran)
+            __builtin_trap();    /* threads wait on each other: a kernel bug */
+    }
+}
 
 template <class... A, std::size_t... I>
 void call(void (*k)(A...), void **params, std::index_sequence<I...>)
@@ -36,35 +114,49 @@ int run(void (*k)(A...), unsigned grid, unsigned block, void **params,
             return -3 - i;
     gridDim = {grid, 1, 1};
     blockDim = {block, 1, 1};
+    struct launch {
+        void (*k)(A...);
+        void **params;
+        static void go(void *p)
+        {
+            launch *l = static_cast<launch *>(p);
+            call(l->k, l->params, std::index_sequence_for<A...>{});
+        }
+    };
+    static launch l;    /* one launch at a time */
+    l = {k, params};
+    body = launch::go;
+    body_arg = &l;
     for (unsigned b = 0; b < grid; b++) {
         blockIdx = {b, 0, 0};
-        for (unsigned t = 0; t < block; t++) {
-            threadIdx = {t, 0, 0};
-            call(k, params, std::index_sequence_for<A...>{});
-        }
+        run_block(block);
     }
+    body_arg = nullptr;
     return 0;
 }
 
+/* the scan kernels of one argument struct (a name with a comma: X takes __VA_ARGS__) */
+#define LSCH_SCAN(X, M)                      \
+    X(lsc_mt_unscale<lsc_f16, M>)            \
+    X(lsc_mt_unscale<lsc_bf16, M>)           \
+    X(lsc_mt_unscale<lsc_f32, M>)            \
+    X(lsc_mt_unscale<lsc_f64, M>)            \
+    X(lsc_mt_all_finite<lsc_f16, M>)         \
+    X(lsc_mt_all_finite<lsc_bf16, M>)        \
+    X(lsc_mt_all_finite<lsc_f32, M>)         \
+    X(lsc_mt_all_finite<lsc_f64, M>)         \
+    X(lsc_mt_unscale_norm<lsc_f16, M>)       \
+    X(lsc_mt_unscale_norm<lsc_bf16, M>)      \
+    X(lsc_mt_unscale_norm<lsc_f32, M>)       \
+    X(lsc_mt_unscale_norm<lsc_f64, M>)       \
+    X(lsc_mt_clip<lsc_f16, M>)               \
+    X(lsc_mt_clip<lsc_bf16, M>)              \
+    X(lsc_mt_clip<lsc_f32, M>)               \
+    X(lsc_mt_clip<lsc_f64, M>)
+
 #define LSCH_KERNELS(X)                   \
-    X(lsc_mt_unscale<lsc_f16>)            \
-    X(lsc_mt_unscale<lsc_bf16>)           \
-    X(lsc_mt_unscale<lsc_f32>)            \
-    X(lsc_mt_unscale<lsc_f64>)            \
-    X(lsc_mt_all_finite<lsc_f16>)         \
-    X(lsc_mt_all_finite<lsc_bf16>)        \
-    X(lsc_mt_all_finite<lsc_f32>)         \
-    X(lsc_mt_all_finite<lsc_f64>)         \
-    X(lsc_mt_unscale_norm<lsc_f16>)       \
-    X(lsc_mt_unscale_norm<lsc_bf16>)      \
-    X(lsc_mt_unscale_norm<lsc_f32>)       \
-    X(lsc_mt_unscale_norm<lsc_f64>)       \
-    X(lsc_mt_clip<lsc_f16>)               \
-    X(lsc_mt_clip<lsc_bf16>)              \
-    X(lsc_mt_clip<lsc_f32>)               \
-    X(lsc_mt_clip<lsc_f64>)               \
-    X(lsc_norm_fold)                      \
-    X(lsc_norm_finish)                    \
+    LSCH_SCAN(X, lsc_meta_4k)             \
+    LSCH_SCAN(X, lsc_meta_32k)            \
     X(lsc_device_update)                  \
     X(lsc_mt_sgd<lsc_f16>)                \
     X(lsc_mt_sgd<lsc_bf16>)               \
@@ -75,6 +167,26 @@ int run(void (*k)(A...), unsigned grid, unsigned block, void **params,
 
 }  // namespace
 
+void __syncthreads()
+{
+    threads[current].barriers++;
+    yield();
+}
+
+unsigned long long lsch_shfl_down(unsigned mask, unsigned long long v, unsigned delta)
+{
+    (void)mask;
+    lsch_thread &me = threads[current];
+    unsigned parity = me.shuffles & 1u;
+    me.slot[parity] = v;
+    me.shuffles++;
+    yield();
+    unsigned lane = current & 31u, src = current + delta;
+    if (lane + delta >= 32u || src >= threads.size())
+        return v;
+    return threads[src].slot[parity];
+}
+
 extern "C" {
 
 /* 0 on success, -1 unknown kernel, -2 wrong parameter count,
@@ -83,9 +195,9 @@ int lsch_launch(const char *name, unsigned grid, unsigned block, void **params,
                 const long long *sizes, int nparams)
 {
     std::string n(name);
-#define LSCH_DISPATCH(K) \
-    if (n == #K)         \
-        return run(K, grid, block, params, sizes, nparams);
+#define LSCH_DISPATCH(...)   \
+    if (n == #__VA_ARGS__)   \
+        return run(__VA_ARGS__, grid, block, params, sizes, nparams);
     LSCH_KERNELS(LSCH_DISPATCH)
 #undef LSCH_DISPATCH
     return -1;
@@ -94,7 +206,7 @@ int lsch_launch(const char *name, unsigned grid, unsigned block, void **params,
 /* the kernel names this harness knows, one per line */
 const char *lsch_names(void)
 {
-#define LSCH_NAME(K) #K "\n"
+#define LSCH_NAME(...) #__VA_ARGS__ "\n"
     return LSCH_KERNELS(LSCH_NAME);
 #undef LSCH_NAME
 }
