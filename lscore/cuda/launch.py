@@ -391,7 +391,7 @@ class MultiTensor:
         """(address, byte width) of a per-call parameter in the shared call block."""
         return self._call_addr + 8 * slot, width
 
-    def _norm_buffer(self):
+    def _norm_buffer(self) -> Any:
         """The device buffer of the one-pass norm, allocated on first use: the call's state
         (running total, then norm, coefficient, found, total), the arrival ticket, and one
         partial per block of the largest launch (``max_blocks``): its size is fixed by the
