@@ -26,7 +26,8 @@ measures the kernels themselves (``lscore bench``).
 - ``read_bandwidth(a)``, ``copy_bandwidth(dst, src)``: a plain C read loop
   and memcpy over an array's bytes, the bandwidth references of the bench.
 - ``DEVICE_FLAGS``, ``DEVICE_VALS`` (slot names -> index, with their counts
-  ``NDEVICE_FLAGS``, ``NDEVICE_VALS``) and ``OPTIM_FLAGS`` (bit names -> bit):
+  ``NDEVICE_FLAGS``, ``NDEVICE_VALS``), ``OPTIM_FLAGS`` and ``NORM_FLAGS`` (bit
+  names -> bit) and ``META`` (the scan kernels' argument structs):
   the layout lsc_codes.h gives the CUDA kernels' shared flags and values and
   the fused optimizers' flags, for ``lscore.cuda``.
 """
@@ -34,8 +35,10 @@ measures the kernels themselves (``lscore bench``).
 from lscore._ext._codes import (
     DEVICE_FLAGS,
     DEVICE_VALS,
+    META,
     NDEVICE_FLAGS,
     NDEVICE_VALS,
+    NORM_FLAGS,
     OPTIM_FLAGS,
 )
 from lscore._ext._grads import GradTable
@@ -68,12 +71,18 @@ NDEVICE_FLAGS = NDEVICE_FLAGS
 NDEVICE_VALS = NDEVICE_VALS
 #: the fused optimizers' flag bits: name -> bit
 OPTIM_FLAGS = OPTIM_FLAGS
+#: the one-pass norm kernels' flag bits: name -> bit
+NORM_FLAGS = NORM_FLAGS
+#: the scan kernels' argument structs: name -> (tensors, blocks) one launch's argument holds
+META = META
 
 __all__ = [
     "DEVICE_FLAGS",
     "DEVICE_VALS",
+    "META",
     "NDEVICE_FLAGS",
     "NDEVICE_VALS",
+    "NORM_FLAGS",
     "OPTIM_FLAGS",
     "READ_CUDA_ARRAY",
     "READ_NUMPY",

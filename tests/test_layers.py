@@ -51,9 +51,6 @@ FRAMEWORKS = (
 )
 # core packages that reach the compiled modules through lscore.kernels only
 THROUGH_THE_DOOR = ("lscore.cuda",)
-# lscore/cuda/optim.py's `from lscore._ext import _codes` moves to lscore.kernels with the
-# gpu-kern branch; this entry goes at that merge
-_DOOR_PENDING = {"lscore.cuda.optim"}
 _PYX_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import\s+(.+)|c?import\s+([\w.]+))", re.M)
 _PYX_DEF = re.compile(r"^(?:c?p?def|cdef class)\s+(?:[\w*]+\s+)*?(_\w+)\s*[(:]", re.M)
 
@@ -238,7 +235,7 @@ def check_tree(root: pathlib.Path) -> list[str]:
                     problems.append(f"{where}:{line}: adapter code imports the {b} adapter ({hit})")
                 private = [p for p in hit.split(".") if p.startswith("_")]
                 if theirs == "kernels":
-                    if mine != "core" or (_behind_the_door(m.name) and m.name not in _DOOR_PENDING):
+                    if mine != "core" or (_behind_the_door(m.name)):
                         problems.append(
                             f"{where}:{line}: {mine} imports the kernels ({hit}); "
                             f"go through lscore.kernels"

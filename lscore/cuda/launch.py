@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 
 from lscore import kernels
-from lscore._ext import _codes
 from lscore.cuda.loader import METAS, OPS, TRAITS, kernel_name
 from lscore.dtypes import Code
 
@@ -66,7 +65,7 @@ _INV, _INV_DEV, _FOUND, _MARK, _MAX_NORM, _COEF, _COEF_DEV, _STATE, _TICKET, _PA
 # the norm buffer (float64 words): state[0 .. 5), the ticket's word, then the partials
 _NORM_TICKET, _NORM_PART = 5, 6
 # lsc_mt_unscale_norm's flags (scan.cu): inf-norm, the call's first and last launch
-_NORM_INF, _NORM_FIRST, _NORM_LAST = (_codes.NORM_FLAGS[k] for k in ("INF", "FIRST", "LAST"))
+_NORM_INF, _NORM_FIRST, _NORM_LAST = (kernels.NORM_FLAGS[k] for k in ("INF", "FIRST", "LAST"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +169,7 @@ def plan_launches(
 @functools.cache
 def _meta_dtype(meta: str) -> np.dtype:
     """NumPy's layout of scan.cu's lsc_meta `meta` (packed as C lays it out: no padding)."""
-    nt, nb = _codes.META[meta]
+    nt, nb = kernels.META[meta]
     return np.dtype(
         [
             ("ptr", "<u8", (nt,)),
@@ -276,7 +275,7 @@ class MultiTensor:
         """Pack the launches of `groups` ([(dtype code, addresses, counts)]): each launch's
         tensors travel in its kernel argument (scan.cu's lsc_meta), so nothing is uploaded."""
         out = Launches()
-        nt_max, nb_max = _codes.META[self.meta]
+        nt_max, nb_max = kernels.META[self.meta]
         dtype = _meta_dtype(self.meta)
         size = dtype.itemsize
         for code, ptrs, sizes in groups:

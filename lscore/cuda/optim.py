@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lscore._ext import _codes
+from lscore import kernels
 from lscore.cuda.launch import plan_launches
 from lscore.cuda.loader import TRAITS
 from lscore.dtypes import Code
@@ -35,7 +35,7 @@ from lscore.dtypes import Code
 __all__ = ["FLAGS", "GRAD_CODES", "TABLE_LIMIT", "FusedLauncher", "FusedPlan", "bias_table"]
 
 #: the fused optimizer kernels' flag bits (from _ext/lsc_codes.h)
-FLAGS = _codes.OPTIM_FLAGS
+FLAGS = kernels.OPTIM_FLAGS
 #: the gradient dtypes the kernels read (float32 master weights and slots)
 GRAD_CODES = (Code.F16, Code.BF16, Code.F32)
 #: the most steps a bias-correction table may hold: 2**18 float32 pairs (2 MiB) covers
