@@ -22,9 +22,8 @@ import tempfile
 
 import numpy as np
 
-from lscore.cli.bench._gpu import NullBackend
-
 from .. import ROOT
+from ..standin import HostMemory
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXT = str(ROOT / "_ext")
@@ -76,12 +75,8 @@ def names() -> list[str]:
     return build().lsch_names().decode().splitlines()
 
 
-class HostBackend(NullBackend):
-    """lscore.cuda backend on the CPU: NumPy for device memory, the harness for launches.
-
-    The device side of ``lscore bench --suite gpu-host``'s NullBackend, with
-    launches that run.
-    """
+class HostBackend(HostMemory):
+    """lscore.cuda backend on the CPU: NumPy for device memory, the harness for launches."""
 
     def __init__(self):
         super().__init__(0)
