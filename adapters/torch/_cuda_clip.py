@@ -37,18 +37,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from lscore.adapters.torch._paths import TORCH_CODES, clip_coefficient
 from lscore.cuda import CupyBackend
 from lscore.cuda.launch import MultiTensor
 from lscore.dtypes import Code
 
 __all__ = ["KERNELS", "Kernels", "OnePass", "TorchCudaBackend"]
 
-_CODES = {
-    torch.float16: int(Code.F16),
-    torch.bfloat16: int(Code.BF16),
-    torch.float32: int(Code.F32),
-    torch.float64: int(Code.F64),
-}
 # NumPy host tables -> torch: the unsigned words travel as their signed twins
 _SIGNED = {np.dtype(np.uint64): np.int64, np.dtype(np.uint32): np.int32}
 
@@ -120,7 +115,7 @@ def _gather(params: Any, device_type: str) -> dict | None:
     groups: dict = {}
     for q in params:
         g = q.grad
-        code = _CODES.get(g.dtype)
+        code = TORCH_CODES.get(g.dtype)
         if (
             code is None
             or g.device.type != device_type
@@ -195,7 +190,7 @@ class OnePass:
         total norm as a 0-d tensor of `dtype` (the first gradient's, as torch's)."""
         with torch.no_grad():
             total = self.norm().to(dtype)
-            coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+            coef = clip_coefficient(max_norm, total)
             flags = [f.to(total.device) for f in found.values()]
             if flags:
                 # the step will be skipped: leave its gradients as they are

@@ -34,12 +34,20 @@ from lscore.state import LossScaleState
 from lscore.state import json_float as _json_scale
 
 _CPU = torch.device("cpu")
-_CODES = {
+# torch dtype -> the core's dtype code, for every dtype the kernels read
+TORCH_CODES = {
     torch.float16: int(Code.F16),
     torch.bfloat16: int(Code.BF16),
     torch.float32: int(Code.F32),
     torch.float64: int(Code.F64),
 }
+
+
+def clip_coefficient(max_norm: float, total: torch.Tensor) -> torch.Tensor:
+    """torch's ``clip_grad_norm_`` coefficient: ``max_norm / (total + 1e-6)``, at most 1."""
+    return torch.clamp(max_norm / (total + 1e-6), max=1.0)
+
+
 # the parameters that make a Policy torch's, besides the four torch exposes
 _TORCH_SHAPE: dict[str, Any] = dict(
     precision="float32_float64",
@@ -181,7 +189,7 @@ class GradUnscaler:
         table = self._table
         if table is None:
             table = self._table = kernels.GradTable(
-                torch.Tensor, _CODES, torch.strided, torch.Tensor, ScalerAssertionError, 256
+                torch.Tensor, TORCH_CODES, torch.strided, torch.Tensor, ScalerAssertionError, 256
             )
         table.clear()
         written: list = []
@@ -193,7 +201,7 @@ class GradUnscaler:
             with torch.no_grad():
                 for param in others:
                     t = _sparse_values(param)
-                    code = _CODES.get(t.dtype)
+                    code = TORCH_CODES.get(t.dtype)
                     if code is not None and table.add_tensor(t, code):
                         written.append(t)
                     else:

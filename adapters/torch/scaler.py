@@ -33,6 +33,7 @@ from lscore.adapters.torch._paths import (
     Disabled,
     ScalerAssertionError,
     Unplaced,
+    clip_coefficient,
     is_torch_shape,
     named_grads,
     replace_state,
@@ -515,7 +516,7 @@ class GradScaler(torch.amp.GradScaler):
                 total = torch.tensor(total, dtype=dtype)
             found = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
             if params and not any(v.item() for v in found.values()):
-                coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+                coef = clip_coefficient(max_norm, total)
                 for (device, _), grads in groups.items():
                     torch._foreach_mul_(grads, coef.to(device))
         return total
