@@ -372,8 +372,9 @@ class MultiTensor:
         finally:
             b.leave(prev)
 
-    def _pack(self, keep: list, name: str, grid: int, block: int, args: Any) -> tuple:
-        """One packed launch of `name`; `args` are (address, byte width) of its parameters."""
+    def pack(self, keep: list, name: str, grid: int, block: int, args: Any) -> tuple:
+        """One packed launch of `name` (the entry ``enqueue`` launches); `args` are (address,
+        byte width) of its parameters, and the arrays packed are appended to `keep`."""
         params = np.array([a for a, _ in args], np.uint64)
         widths = np.array([w for _, w in args], np.int64)
         keep += [params, widths]
@@ -417,7 +418,7 @@ class MultiTensor:
         for k, (code, own, nb) in enumerate(prepared._specs):
             table = (own.ctypes.data, size), (own.ctypes.data + size, 8)
             unscale.append(
-                self._pack(
+                self.pack(
                     keep,
                     kernel_name("unscale_norm", code, self.meta),
                     nb,
@@ -437,7 +438,7 @@ class MultiTensor:
                 )
             )
             clip.append(
-                self._pack(
+                self.pack(
                     keep,
                     kernel_name("clip", code, self.meta),
                     nb,

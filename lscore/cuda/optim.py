@@ -124,7 +124,6 @@ class FusedLauncher:
         # the per-call parameters (optim.cu's, after `chunk`), one 8-byte word each,
         # shared by every packed launch and written before each call's launches
         self._call = np.zeros(_MAX_CALL_WORDS, np.uint64)
-        self._fn: dict = {}
 
     def cached(self, key: Any) -> FusedPlan | None:
         """The plan of `key` if it is still cached (nothing is uploaded)."""
@@ -234,23 +233,13 @@ class FusedLauncher:
         r, call = self.runner, self._call.ctypes.data
         out: list[tuple] = []
         keep: list[np.ndarray] = []
-        widths = np.array([8, 4, 8] + [a.itemsize for a in args], np.int64)
-        keep.append(widths)
         for code, launches in plan.groups:
-            fn = self._function(f"lsc_mt_{kind}<{TRAITS[Code(code)]}>")
+            name = f"lsc_mt_{kind}<{TRAITS[Code(code)]}>"
             for table, nt, nb in launches:
-                own = np.array([table, nt, r.chunk], np.uint64)
-                params = np.array(
-                    [own.ctypes.data + 8 * k for k in range(3)]
-                    + [call + 8 * k for k in range(len(args))],
-                    np.uint64,
-                )
-                keep += [own, params]
-                out.append((fn, nb, r.block, params.ctypes.data, widths.ctypes.data, len(widths)))
+                own = np.array([table, nt, r.chunk], np.uint64)  # the record table, its count
+                keep.append(own)
+                base = own.ctypes.data
+                params = [(base, 8), (base + 8, 4), (base + 16, 8)]
+                params += [(call + 8 * k, a.itemsize) for k, a in enumerate(args)]
+                out.append(r.pack(keep, name, nb, r.block, params))
         return out, keep
-
-    def _function(self, name: str) -> Any:
-        fn = self._fn.get(name)
-        if fn is None:
-            fn = self._fn[name] = self.backend.function(name)
-        return fn
