@@ -157,6 +157,22 @@ class Gated(_arrays.ArrayOptimizer):
     _gate = None
     _backend: ClassVar[ArrayBackend]  # set by the adapter's subclass
     _kind = ""  # "sgd" or "adam": the fused kernel
+    # the sync-free step's device hyperparameters: device -> [float32 array, its bytes]
+    _hyper: dict[int, list] | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Setting a live hyperparameter (``_LIVE``) also writes the device copies, so a
+        replayed CUDA graph reads it; refused while capturing (the write would be captured)."""
+        if name in _LIVE and self._hyper:
+            self._backend.refuse_in_capture(
+                f"setting {name} (a host-to-device write)",
+                "set it between replays, outside the capture",
+            )
+            super().__setattr__(name, value)
+            for device in self._hyper:
+                self._put_hyper(device)
+            return
+        super().__setattr__(name, value)
 
     @property
     def _xp(self) -> Any:
@@ -274,7 +290,10 @@ class Gated(_arrays.ArrayOptimizer):
         gate_ptr: int = 0,
         skip_if: int = 0,
         count_ptr: int = 0,
+        live: bool = False,
     ) -> int:
+        """Launch the fused kernels; `live`: they read the hyperparameters from this
+        optimizer's device array (``_hyper_ptr``) instead of by value."""
         head, tail, own = self._fused_args(count_ptr)
         flags |= own | (FLAGS["CHECK"] if check else 0)
         return self.fused_launcher().launch(
@@ -287,10 +306,52 @@ class Gated(_arrays.ArrayOptimizer):
             gate_ptr=gate_ptr,
             skip_if=skip_if,
             tail=tail,
+            hyper_ptr=self._hyper_ptr() if live else 0,
         )
 
     def _fused_args(self, count_ptr: int) -> tuple[tuple, tuple, int]:
         raise NotImplementedError
+
+    def _hyper_values(self) -> np.ndarray:
+        """The float32 hyperparameters in optim.cu's ``hyper`` order."""
+        raise NotImplementedError
+
+    def _hyper_ptr(self) -> int:
+        """The address of the current device's hyperparameter array, uploaded on first use
+        (never while capturing) and rewritten when a value changed since."""
+        device = self._backend.current_device()
+        if self._hyper is None:
+            self._hyper = {}
+        entry = self._hyper.get(device)
+        backend = self.fused_launcher().backend
+        if entry is None:
+            refuse_in_capture(
+                self._backend.capturing(), "uploading the optimizer's hyperparameters", _ONE_STEP
+            )
+            values = self._hyper_values()
+            entry = self._hyper[device] = [backend.to_device(values), values.tobytes()]
+        else:
+            self._put_hyper(device)
+        return backend.ptr(entry[0])
+
+    def _put_hyper(self, device: int) -> None:
+        """Write the hyperparameters into `device`'s array if they changed: a copy ordered
+        on that device's current stream (where a captured graph is replayed)."""
+        assert self._hyper is not None  # only called once an array exists
+        entry, values = self._hyper[device], self._hyper_values()
+        if entry[1] == values.tobytes():
+            return
+        self._backend.refuse_in_capture(
+            "writing changed hyperparameters (a host-to-device copy)",
+            "set them between replays, outside the capture",
+        )
+        backend, xp = self._backend.fused_launcher(device).backend, self._xp
+        prev = backend.enter()
+        try:
+            xp.copyto(entry[0], xp.asarray(values))
+        finally:
+            backend.leave(prev)
+        entry[1] = values.tobytes()
 
     def apply_gradients(self, grads_and_vars: Any) -> int:
         """Update every variable in place; returns ``iterations``."""
@@ -306,6 +367,9 @@ class Gated(_arrays.ArrayOptimizer):
 
 
 _FUSED_GRADS = ("float16", "bfloat16", "float32")
+# what a schedule may set between replays of a captured sync-free step (Adam's betas are not
+# live: their bias-correction table is captured with the step)
+_LIVE = frozenset({"learning_rate", "momentum", "epsilon", "weight_decay"})
 # optim.cu reads rec[2] (SGD) and rec[3] (Adam) even without a slot there; amsgrad's rec[4]
 # is always a slot
 _RECORD_WORDS = {"sgd": 3, "adam": 4}
@@ -319,17 +383,17 @@ class SGD(Gated, _arrays.SGD):
     def _slot_names(self) -> tuple:
         return ("momentum",) if self.momentum != 0 else ()
 
+    def _hyper_values(self) -> np.ndarray:
+        # damp 1: tf-keras's SGD exactly (dampening is torch's, not a tf-keras argument)
+        return np.array(
+            [self._learning_rate, self.momentum, 1.0, self.weight_decay or 0.0], np.float32
+        )
+
     def _fused_args(self, count_ptr: int) -> Any:
-        t = np.float32
         own = (FLAGS["SLOT"] if self.momentum != 0 else 0) | (
             FLAGS["NESTEROV"] if self.nesterov else 0
         )
-        # damp 1: tf-keras's SGD exactly (dampening is torch's, not a tf-keras argument)
-        return (
-            (t(self._learning_rate), t(self.momentum), t(1.0), t(self.weight_decay or 0.0)),
-            (),
-            own,
-        )
+        return tuple(self._hyper_values()), (), own
 
 
 class Adam(Gated, _arrays.Adam):
@@ -370,15 +434,24 @@ class Adam(Gated, _arrays.Adam):
                 np.uint64(count_ptr),
                 np.int64(last),
             )
-        head = (
-            t(self._alpha(t)),
-            t(1 - self.beta_1),
-            t(1 - self.beta_2),
-            t(self.epsilon),
-            t(self._learning_rate),
-            t(self.weight_decay or 0.0),
-        )
+        lr, c1, c2, eps, wd, _ = self._hyper_values()
+        head = (t(self._alpha(t)), c1, c2, eps, lr, wd)
         return head, tail, FLAGS["AMSGRAD"] if self.amsgrad else 0
+
+    def _hyper_values(self) -> np.ndarray:
+        # alpha 0: the live (sync-free) step passes the device step counter, and the kernel
+        # computes alpha from this lr and the bias-correction table
+        return np.array(
+            [
+                self._learning_rate,
+                1 - self.beta_1,
+                1 - self.beta_2,
+                self.epsilon,
+                self.weight_decay or 0.0,
+                0.0,
+            ],
+            np.float32,
+        )
 
 
 class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
@@ -714,6 +787,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
             gate_ptr=gate_ptr,
             skip_if=1,
             count_ptr=count_ptr,
+            live=True,
         )
         if count_ptr:
             xp.add(self._count, 1, out=self._count)

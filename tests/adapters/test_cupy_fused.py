@@ -9,6 +9,7 @@ must match bit for bit after every step (NaN aside: see ``same``).  The
 last test captures a real CUDA graph and needs a GPU.
 """
 
+import ctypes
 import shutil
 import types
 import warnings
@@ -400,12 +401,128 @@ def test_what_would_break_a_capture_raises_clearly(capturing):
     assert np.all(w[0] != 1.0)
 
 
+# ---- a live schedule: hyperparameters written between replays --------------------
+
+
+class Recorder:
+    """Records the harness's kernel launches with a copy of their parameter values, as
+    cuLaunchKernel copies them into a captured graph, and replays them unchanged."""
+
+    def __init__(self, monkeypatch):
+        from helpers.cuda_host import HostBackend
+
+        self.launch = HostBackend.launch_packed
+        self.recorded: list[tuple] = []
+        self.on = False
+
+        def record(backend, fn, grid, block, params, widths, n, stream):
+            if self.on:
+                sizes = np.frombuffer((ctypes.c_int64 * n).from_address(widths), np.int64)
+                addrs = np.frombuffer((ctypes.c_uint64 * n).from_address(params), np.uint64)
+                values = [
+                    ctypes.string_at(int(a), int(w)) for a, w in zip(addrs, sizes, strict=True)
+                ]
+                bufs = [np.frombuffer(v, np.uint8).copy() for v in values]
+                copy = np.array([b.ctypes.data for b in bufs], np.uint64)
+                own = sizes.copy()
+                self.recorded.append((backend, fn, grid, block, copy, own, bufs, stream))
+            self.launch(backend, fn, grid, block, params, widths, n, stream)
+
+        monkeypatch.setattr(HostBackend, "launch_packed", record)
+
+    def replay(self):
+        for backend, fn, grid, block, params, widths, _bufs, stream in self.recorded:
+            self.launch(
+                backend,
+                fn,
+                grid,
+                block,
+                params.ctypes.data,
+                widths.ctypes.data,
+                len(widths),
+                stream,
+            )
+
+
+SCHEDULES = {
+    "momentum": (lambda m: m.SGD(0.05, momentum=0.9, weight_decay=0.01), "momentum"),
+    "nesterov": (lambda m: m.SGD(0.3, momentum=0.5, nesterov=True), "weight_decay"),
+    "adam": (lambda m: m.Adam(0.01, beta_1=0.8, weight_decay=0.02), "epsilon"),
+}
+
+
+@pytest.mark.parametrize("opt", list(SCHEDULES))
+def test_a_replayed_step_takes_the_learning_rate_set_between_replays(monkeypatch, opt):
+    """One eager step, one captured (the harness runs it as it records its launches),
+    then replays of those very launches, with the learning rate (and once another live
+    hyperparameter) set between replays: the parameters and slots match eager NumPy steps
+    given those values, bit for bit, and nothing is uploaded once captured."""
+    make, other = SCHEDULES[opt]
+    _no_elementwise(monkeypatch)
+    rec = Recorder(monkeypatch)
+    rng = np.random.default_rng(5)
+    sizes, dts = [5, 33, 1, 70], [np.float16, np.float32, np.float16, np.float32]
+    w0 = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    ours, theirs = [w.copy() for w in w0], [w.copy() for w in w0]
+    grads = [np.zeros(n, dt) for n, dt in zip(sizes, dts, strict=True)]
+    opt_o = adapter.LossScaleOptimizer(
+        make(adapter), dynamic=False, initial_scale=8.0, sync_free=True
+    )
+    opt_t = lnp.LossScaleOptimizer(make(lnp), dynamic=False, initial_scale=8.0)
+    lrs = [0.1, 0.02, 0.3, 0.0125, 0.2, 0.07, 0.5]
+    for step, lr in enumerate(lrs):
+        for g in grads:
+            g[...] = rng.standard_normal(g.size).astype(g.dtype)
+        for o in (opt_o, opt_t):
+            o.learning_rate = lr  # through the wrapper to the inner optimizer
+            if step == 4:
+                setattr(o.inner_optimizer, other, 0.25)
+        with np.errstate(all="ignore"):
+            opt_t.apply_gradients(zip([g.copy() for g in grads], theirs, strict=True))
+        if step < 2:
+            CountingBackend.capturing = rec.on = step == 1
+            try:
+                opt_o.apply_gradients(zip(grads, ours, strict=True))
+            finally:
+                CountingBackend.capturing = rec.on = False
+            uploads = CountingBackend.uploads
+        else:
+            rec.replay()
+            if opt == "adam":  # the captured step's one non-kernel op: its counter's increment
+                np.add(opt_o._count, 1, out=opt_o._count)
+        for k, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            assert same(a, b), (step, k)
+        slots_o = [s for _, ss in opt_o.inner_optimizer._slots.values() for s in ss.values()]
+        slots_t = [s for _, ss in opt_t.inner_optimizer._slots.values() for s in ss.values()]
+        assert len(slots_o) == len(slots_t) > 0
+        for k, (a, b) in enumerate(zip(slots_o, slots_t, strict=True)):
+            assert same(a, b), (step, "slot", k)
+    assert rec.recorded and CountingBackend.uploads == uploads
+
+
+def test_setting_a_hyperparameter_while_capturing_raises_clearly(capturing):
+    CountingBackend.capturing = False
+    w, g = [np.ones(5, np.float32)], [np.ones(5, np.float16)]
+    opt = adapter.LossScaleOptimizer(adapter.SGD(0.1, momentum=0.5), sync_free=True)
+    opt.learning_rate = 0.2  # no device copy yet: nothing to write
+    opt.minimize(lambda s: (0.0, g), w)
+    CountingBackend.capturing = True
+    for name in ("learning_rate", "momentum", "weight_decay"):
+        with pytest.raises(RuntimeError, match=f"setting {name}.*capturing.*between replays"):
+            setattr(opt.inner_optimizer, name, 0.3)
+    assert opt.learning_rate == 0.2 and opt.inner_optimizer.momentum == 0.5
+    opt.minimize(lambda s: (0.0, g), w)  # unchanged values: the capture writes nothing
+    CountingBackend.capturing = False
+    opt.learning_rate = 0.3  # between replays: allowed
+
+
 # ---- a real CUDA graph (GPU only) -----------------------------------------------
 
 
 def _gpu_run(cp, lcp, make, host_coefs, captured):
     """101 sync-free steps over float16/float32 gradients, eagerly or as one eager step
-    then 100 replays of a captured one; returns every array and counter on the host."""
+    then 100 replays of a captured one, the learning rate set before each; returns every
+    array and counter on the host."""
     w = [cp.asarray(np.linspace(-1, 1, n, dtype=np.float32)) for n in (1, 3, 1000, 70001)]
     dts = [np.float16, np.float32, np.float16, np.float32]
     coef = [cp.zeros(x.size, np.float32) for x in w]
@@ -425,6 +542,8 @@ def _gpu_run(cp, lcp, make, host_coefs, captured):
         for k, cs in enumerate(host_coefs):
             for c, h in zip(coef, cs, strict=True):
                 c.set(h, stream=stream)
+            # a live schedule: written on the replay stream, outside the capture
+            opt.learning_rate = (0.05, 0.01, 0.03, 0.002, 0.08)[k % 5]
             if not captured or k == 0:
                 opt.minimize(loss_and_grads, w)
             else:
