@@ -424,7 +424,8 @@ def _summary(records: list[dict]) -> str:
     if dyn["skipped_at"]:
         s = dyn["skipped_at"]
         lines.append(
-            f"The dynamic scale went from {scale[0]:g} to a peak of {max(scale):g}; "
+            f"The dynamic scale went from {scale[0]:g} (lowest {min(scale):g}, "
+            f"peak {max(scale):g}); "
             f"{len(s)} step(s) overflowed and were skipped, each halving the scale "
             f"(first at step {s[0]}); it ended at {dyn['final_scale']:g}."
         )
