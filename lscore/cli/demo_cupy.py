@@ -30,7 +30,8 @@ from lscore.cli.demo import LM, Progress, finish_record, new_record
 
 DESCRIPTION = (
     "The data is the Python standard library's source code, split into tokens; the model "
-    "a next-token language model (embedding, ReLU layers, softmax).  CuPy backend: real "
+    "a language model (embedding, a ReLU layer, a sigmoid per word: is it among the next "
+    "tokens?).  CuPy backend: real "
     "float16 matrix products and gradients on the GPU, float32 master weights, "
     "lscore.adapters.cupy's fused Adam; the dynamic scale is the sync-free "
     "LossScaleOptimizer (no host sync per step)."
@@ -82,21 +83,22 @@ class DeviceLM:
         return a, acts
 
     def loss_and_grads(self, ids: Any, y: Any, scale: Any, half: bool) -> tuple[Any, list, Any]:
-        """Mean cross-entropy (a device scalar), the gradients of loss * scale and the
-        logits' gradient.
+        """Mean binary cross-entropy over batch x vocabulary (a device scalar; `y`: each
+        row's next tokens, the words whose target is 1), the gradients of loss * scale
+        and the logits' gradient.
 
         `scale` may be a device scalar (the sync-free optimizer's own), so
         nothing here reads the device."""
         xp = self.xp
         logits, acts = self.forward(ids, half)
-        z = logits.astype(xp.float32)
-        z = z - z.max(axis=1, keepdims=True)  # the loss itself in float32
-        p = xp.exp(z)
-        p /= p.sum(axis=1, keepdims=True)
-        rows = xp.arange(len(y))
-        loss = -xp.log(p[rows, y] + 1e-30).mean()
-        p[rows, y] -= 1
-        d = dlogits = (p * (xp.asarray(scale, xp.float32) / len(y))).astype(acts[0][0].dtype)
+        z = logits.astype(xp.float32)  # the loss and the sigmoid in float32
+        target = xp.zeros(z.shape, xp.float32)
+        target[xp.arange(len(y))[:, None], y] = 1  # a word twice among the next: still 1
+        softplus = xp.maximum(z, 0) + xp.log1p(xp.exp(-xp.abs(z)))
+        loss = (softplus - z * target).mean()
+        p = 1 / (1 + xp.exp(-z)) - target
+        p *= xp.asarray(scale, xp.float32) / z.size
+        d = dlogits = p.astype(acts[0][0].dtype)
         grads = self._buffers(d.dtype)
         for i in range(len(acts) - 1, -1, -1):
             a, w = acts[i]
@@ -111,10 +113,11 @@ class DeviceLM:
         )
         return loss, grads, dlogits
 
-    def accuracy(self, w: Any, half: bool) -> Any:
-        """Next-token accuracy on windows `w`, a device scalar (read it with float())."""
-        logits, _ = self.forward(w[:, :-1], half)
-        return (logits.argmax(axis=1) == w[:, -1]).mean()
+    def accuracy(self, w: Any, k: int, half: bool) -> Any:
+        """Share of windows `w` (`k` tokens read, then the next ones) whose top-scored
+        word is among their next tokens, a device scalar (read it with float())."""
+        logits, _ = self.forward(w[:, :k], half)
+        return (w[:, k:] == logits.argmax(axis=1)[:, None]).any(axis=1).mean()
 
 
 def _optimizer(mode: str, cfg: dict, adapter: Any, modes: tuple) -> Any:
@@ -141,6 +144,7 @@ def train_mode(
 ) -> dict:
     """Train one mode on the device; returns its record (the NumPy demo's shape)."""
     wtr, wte = (xp.asarray(a) for a in data)
+    ctx = cfg["context"]
     probe = wte[: cfg["curve_tokens"]]
     model = DeviceLM(xp, model0)
     half = mode != modes[0]
@@ -159,7 +163,7 @@ def train_mode(
     with np.errstate(over="ignore", invalid="ignore"):
         for step in progress(range(steps), f"{mode:24s}"):
             batch = wtr[xp.asarray(rng.integers(0, len(wtr), cfg["batch_size"]))]
-            ids, y = batch[:, :-1], batch[:, -1]
+            ids, y = batch[:, :ctx], batch[:, ctx:]
             seen: dict = {}
 
             def loss_and_grads(scale: Any, ids: Any = ids, y: Any = y, seen: dict = seen) -> Any:
@@ -185,7 +189,7 @@ def train_mode(
                     counts[k, 0] += (nz & (a == 0)).sum()
                     counts[k, 1] += nz.sum()
             if (step + 1) % cfg["curve_every"] == 0 or step + 1 == steps:
-                curve.append((step + 1, model.accuracy(probe, half)))
+                curve.append((step + 1, model.accuracy(probe, ctx, half)))
     rec = new_record(mode)
     rec["loss"] = [float(v) for v in _host(xp, losses)]
     rec["scale"] = [float(v) for v in _host(xp, scales)]
@@ -196,7 +200,7 @@ def train_mode(
         rec,
         _host(xp, counts) if half else None,
         len(model.params),
-        float(model.accuracy(wte, half)),
+        float(model.accuracy(wte, ctx, half)),
         final,
         t0,
     )

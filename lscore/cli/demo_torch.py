@@ -24,7 +24,8 @@ from lscore.cli.demo import LM, Progress, finish_record, flushed, new_record
 
 DESCRIPTION = (
     "The data is the Python standard library's source code, split into tokens; the model "
-    "a next-token language model (embedding, ReLU layers, softmax).  PyTorch backend: "
+    "a language model (embedding, a ReLU layer, a sigmoid per word: is it among the next "
+    "tokens?).  PyTorch backend: "
     "float16 through torch.autocast on the CPU (real float16 matrix products, float32 "
     "master weights), torch.optim.Adam, lscore.adapters.torch.GradScaler for the dynamic "
     "scale."
@@ -59,13 +60,16 @@ def _cast(half: bool) -> Any:
 
 
 def _loss(model: Any, ids: Any, y: Any, half: bool) -> tuple[Any, Any]:
-    """(mean cross-entropy in float32, the logits, whose gradient is kept)."""
+    """(binary cross-entropy averaged over batch x vocabulary, in float32 as under
+    autocast; the logits, whose gradient is kept).  `y`: each row's next tokens, the
+    words whose target is 1."""
     import torch
 
     with _cast(half):
         logits = model(ids)
     logits.retain_grad()
-    return torch.nn.functional.cross_entropy(logits.float(), y), logits
+    target = torch.zeros(logits.shape, dtype=torch.float32).scatter_(1, y, 1.0)
+    return torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), target), logits
 
 
 def _grads(model: Any, logits: Any) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -82,11 +86,13 @@ def _grads(model: Any, logits: Any) -> tuple[np.ndarray, list[np.ndarray]]:
     return host(logits.grad), grads
 
 
-def _accuracy(model: Any, w: Any, half: bool) -> float:
+def _accuracy(model: Any, w: Any, k: int, half: bool) -> float:
+    """Share of windows `w` whose top-scored word is among their next tokens."""
     import torch
 
     with torch.no_grad(), _cast(half):
-        return float((model(w[:, :-1]).argmax(dim=1) == w[:, -1]).float().mean())
+        top = model(w[:, :k]).argmax(dim=1)
+    return float((w[:, k:] == top[:, None]).any(dim=1).float().mean())
 
 
 def train_mode(
@@ -109,6 +115,7 @@ def _train(
     from lscore.adapters.torch import GradScaler
 
     wtr, wte = (torch.from_numpy(a.astype(np.int64)) for a in data)
+    k = cfg["context"]
     probe = wte[: cfg["curve_tokens"]]
     model = _model(model0)
     model32 = _model(model0)
@@ -125,7 +132,7 @@ def _train(
     t0 = time.perf_counter()
     for step in progress(range(cfg["steps"]), f"{mode:24s}"):
         batch = wtr[torch.from_numpy(rng.integers(0, len(wtr), cfg["batch_size"]))]
-        ids, y = batch[:, :-1], batch[:, -1]
+        ids, y = batch[:, :k], batch[:, k:]
         adam.zero_grad()
         loss, logits = _loss(model, ids, y, half)
         scale = float(scaler.get_scale()) if scaler is not None else 1.0
@@ -146,6 +153,6 @@ def _train(
         rec["loss"].append(loss.item())
         rec["scale"].append(scale)
         if (step + 1) % cfg["curve_every"] == 0 or step + 1 == cfg["steps"]:
-            rec["curve"].append((step + 1, _accuracy(model, probe, half)))
+            rec["curve"].append((step + 1, _accuracy(model, probe, k, half)))
     final = float(scaler.get_scale()) if scaler is not None else None
-    return finish_record(rec, counts, len(model0.params), _accuracy(model, wte, half), final, t0)
+    return finish_record(rec, counts, len(model0.params), _accuracy(model, wte, k, half), final, t0)

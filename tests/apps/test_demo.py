@@ -64,7 +64,8 @@ def test_backprop_matches_finite_differences():
     m = _demo.LM(small_cfg(), rng)
     m.params = [p.astype(np.float64) for p in m.params]  # float64: clean differences
     ids = rng.integers(0, 7, (8, 3))
-    y = rng.integers(0, 7, 8)
+    y = rng.integers(0, 7, (8, 2))
+    y[0] = 4  # a word twice among the next tokens: its target is still 1
     _, grads, _ = m.loss_and_grads(ids, y, 1.0, half=False)
     for k, p in enumerate(m.params):
         for idx in list(np.ndindex(p.shape))[:6]:
@@ -80,7 +81,7 @@ def test_backprop_matches_finite_differences():
 def test_scaled_gradients_are_scale_times_unscaled_in_float32():
     rng = np.random.default_rng(2)
     m = _demo.LM(small_cfg(), rng)
-    ids, y = rng.integers(0, 7, (8, 3)), rng.integers(0, 7, 8)
+    ids, y = rng.integers(0, 7, (8, 3)), rng.integers(0, 7, (8, 2))
     _, g1, d1 = m.loss_and_grads(ids, y, 1.0, False)
     _, g8, d8 = m.loss_and_grads(ids, y, 8.0, False)
     np.testing.assert_allclose(d8, 8 * d1, rtol=1e-5, atol=1e-12)
@@ -88,24 +89,37 @@ def test_scaled_gradients_are_scale_times_unscaled_in_float32():
         np.testing.assert_allclose(b, 8 * a, rtol=1e-5, atol=1e-12)
 
 
+def test_the_loss_is_binary_cross_entropy_over_batch_and_vocabulary():
+    rng = np.random.default_rng(4)
+    m = _demo.LM(small_cfg(), rng)
+    ids, y = rng.integers(0, 7, (5, 3)), rng.integers(0, 7, (5, 2))
+    loss, _, _ = m.loss_and_grads(ids, y, 1.0, False)
+    z = m.forward(ids, False)[0].astype(np.float64)
+    t = np.zeros_like(z)
+    for i, row in enumerate(y):
+        t[i, row] = 1
+    want = np.mean(np.logaddexp(0, z) - z * t)
+    assert loss == pytest.approx(want, rel=1e-5)
+
+
 def test_float16_flushes_the_logits_gradient_and_scaling_keeps_it():
-    """A confident model (as training makes it: a large output layer) and a batch of many
-    tokens: many logits' gradients are probability / tokens, below 2**-24, so float16
-    flushes them; a scale of 2**12 keeps nearly all."""
+    """Binary cross-entropy averaged over 2**25 elements (the demo's batch x vocabulary):
+    every logit's gradient is at most 2**-25, so float16 flushes all of them; a scale of
+    2**16 keeps nearly all."""
     cfg = _demo.config(tiny=True)
     rng = np.random.default_rng(3)
     m = _demo.LM(cfg, rng)
-    m.params[-2] *= 20
-    ids = rng.integers(0, cfg["vocab"], (2048, cfg["context"]))
-    y = rng.integers(0, cfg["vocab"], 2048)
+    n = 2**25 // cfg["vocab"]
+    ids = rng.integers(0, cfg["vocab"], (n, cfg["context"]))
+    y = rng.integers(0, cfg["vocab"], (n, cfg["ahead"]))
     _, g32, d32 = m.loss_and_grads(ids, y, 1.0, False)
     _, g16, d16 = m.loss_and_grads(ids, y, 1.0, True)
-    _, g32s, d32s = m.loss_and_grads(ids, y, 2.0**12, False)
-    _, g16s, d16s = m.loss_and_grads(ids, y, 2.0**12, True)
+    _, g32s, d32s = m.loss_and_grads(ids, y, 2.0**16, False)
+    _, g16s, d16s = m.loss_and_grads(ids, y, 2.0**16, True)
     raw = _demo.flushed(d16, g16, d32, g32)
     scaled = _demo.flushed(d16s, g16s, d32s, g32s)
     assert raw.shape == (len(_demo.layer_names(len(m.params))), 2)
-    assert raw[0, 0] > raw[0, 1] // 10  # a good part of the logits' gradient
+    assert (raw[:, 0] == raw[:, 1]).all() and raw[0, 1] == d32.size  # all flushed
     assert scaled[0, 0] < raw[0, 0] // 100
     assert (raw[:, 1] == scaled[:, 1]).all()
 
@@ -116,6 +130,16 @@ def test_the_test_text_is_other_modules():
     assert "def" in train and "def" in test
     w = _demo.windows(np.arange(10, dtype=np.int32), 4)
     assert w.shape == (6, 5) and (w[:, -1] == np.arange(4, 10)).all()
+    w = _demo.windows(np.arange(10, dtype=np.int32), 4, 3)
+    assert w.shape == (4, 7) and (w[:, 4:] == np.arange(4, 8)[:, None] + np.arange(3)).all()
+
+
+def test_accuracy_counts_the_top_word_among_the_next_tokens():
+    m = _demo.LM(small_cfg(layers=1), np.random.default_rng(5))
+    w = np.random.default_rng(6).integers(0, 7, (40, 5))
+    top = np.argmax(m.forward(w[:, :3], False)[0], axis=1)
+    want = np.mean([t in row for t, row in zip(top, w[:, 3:], strict=True)])
+    assert m.accuracy(w, False) == want
 
 
 def test_without_the_standard_library_source_it_says_so(tmp_path, monkeypatch):
@@ -163,6 +187,6 @@ def test_tiny_run_tells_the_story(tmp_path, capsys, monkeypatch):
     png = tmp_path / "lscore_demo.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     res = json.loads((tmp_path / "lscore_demo.json").read_text())
-    assert res["config"]["steps"] == 40 and res["config"]["seed"] == 1
+    assert res["config"]["steps"] == 8 and res["config"]["seed"] == 1
     check_story(res)
     check_scale_path(records[2]["scale"], records[2]["skipped_at"])

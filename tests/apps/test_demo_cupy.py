@@ -25,7 +25,8 @@ def _train(mode, steps=15, **changes):
     """A small model (the host harness runs the kernels slowly) with a large output layer:
     confident from the start, so that float16 flushes many of its logits' gradients."""
     cfg = _demo.config(steps, seed=0, tiny=True)
-    cfg.update(vocab=100, embed=8, hidden=32, batch_size=64, curve_tokens=200, **changes)
+    small = dict(vocab=100, embed=8, hidden=32, batch_size=64, curve_tokens=200)
+    cfg.update({**small, "initial_scale": 2.0**15, "growth_steps": 5, **changes})
     rng = np.random.default_rng(0)
     model0 = _demo.LM(cfg, rng)
     model0.params[-2] *= 30
@@ -80,7 +81,7 @@ def test_without_a_gpu_it_says_so_and_runs_the_cpu_demo(tmp_path, capsys):
         pytest.importorskip(m)
     if demo_cupy.gpu_missing() is None:
         pytest.skip("a GPU is here: the CuPy demo runs for real")
-    args = ["demo", "--backend", "cupy", "--tiny", "--steps", "10", "--out", str(tmp_path)]
+    args = ["demo", "--backend", "cupy", "--tiny", "--steps", "2", "--out", str(tmp_path)]
     assert _cli.main(args) == 0
     out = capsys.readouterr().out
     assert "needs a CUDA GPU" in out and "running the CPU demo instead" in out

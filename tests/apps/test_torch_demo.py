@@ -21,7 +21,10 @@ def test_tiny_torch_run(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(
         demo_torch, "train_mode", lambda *a: records.append(real(*a)) or records[-1]
     )
-    assert _cli.main(["demo", "--backend", "torch", "--tiny", "--out", str(tmp_path)]) == 0
+    assert (
+        _cli.main(["demo", "--backend", "torch", "--tiny", "--steps", "4", "--out", str(tmp_path)])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "torch.autocast" in out
     for mode in _demo.MODES:
