@@ -256,51 +256,105 @@ LSC_INL LSC_F(vw_) LSC_F(narrow_)(LSC_F(vf_) f, int bf16, int canon, LSC_F(vf_) 
 #endif
 }
 
-/* ---- statistics: 32 lanes of the sum of squares, and max |x| ------------- */
+/* ---- statistics: the sum of squares by 32-element groups, and max |x| ---- */
 
-/* Lane l takes the elements whose index within the call is l mod 32; the
- * lanes are reduced in one fixed tree (lsc_reduce32), so the sum depends
- * neither on the vector width nor on the layout (the generic loop of
- * lsc_scan.h uses the same lanes): every ISA level gives the same bits.
- * The 32 lanes are LSC_NACC vectors of LSC_DL doubles; 32 rather than 16
- * lanes so that at least four adds are in flight at every width.  max |x|
- * is an integer max over the words with the sign cleared (|x| as bits
- * orders like |x|, and a NaN sorts above Inf).  Squares are of the values
- * the call leaves, gathered in the same pass as the check and the
- * multiply. */
-#define LSC_NACC (32 / LSC_DL)
+/* A call's elements fall in groups of 32 by their index within the call
+ * (the last group padded with zeros).  The 32 squares s[0..31] of a group
+ * fold in one fixed tree to four sums
+ *     v[k] = ((s[k] + s[k+16]) + (s[k+8] + s[k+24]))
+ *          + ((s[k+4] + s[k+20]) + (s[k+12] + s[k+28])),    k = 0..3,
+ * and v[k] is added to lane k of the call's four lanes (lsc_scan.h's
+ * lsc_group_add is the same tree element by element, for tails and strided
+ * runs; lsc_lanes_sum ends a call).  Vectors of 2, 4 or 8 doubles follow the
+ * tree by adding whole vectors, so every ISA level and every layout gives the
+ * same bits.  A group folds in registers before it meets the lanes: one
+ * vector of lanes (two at v2) is all the loop carries, where 32 lanes kept
+ * apart spilled to the stack at 16 registers.  The squares of float16,
+ * bfloat16 and float32 values are exact in double, so there s[k] + s[k+16]
+ * is one fused multiply-add where the ISA has it (the same bits as a multiply
+ * and an add: the product it keeps unrounded needs no rounding).  max |x| is
+ * an integer max over the words with the sign cleared (|x| as bits orders
+ * like |x|, and a NaN sorts above Inf), folded per group as well.  It is
+ * taken over the inputs, and it is the check too: an input is NaN or Inf
+ * exactly when the largest |x| is; rounding is monotonic, so with a finite
+ * inverse the largest |x| left is the largest input's, unscaled (stats_
+ * takes a non-finite inverse in two passes).  Squares are of the values the
+ * call leaves, in the same pass as the multiply. */
+#define LSC_NV (32 / LSC_DL)
+typedef double LSC_F(v4_) __attribute__((vector_size(32)));
 
-/* The squares of LSC_HL floats into lanes a[0], a[1] (two vectors of doubles). */
-LSC_INL void LSC_F(sq_add_)(LSC_F(vd_) *a, LSC_F(vf_) f, int exact_sq)
+/* Lane-wise in place: M[0] = the max of M[0..cnt-1] (cnt a power of two). */
+#define LSC_MAX_TREE(M, cnt, MAX)                                                  \
+    for (int m_ = (cnt); m_ > 1; m_ /= 2)                                          \
+        for (int i_ = 0; i_ < m_ / 2; i_++)                                        \
+            (M)[i_] = MAX((M)[i_], (M)[i_ + m_ / 2])
+
+/* a * a + b * b lane-wise; exact: both squares are exact in double */
+LSC_INL LSC_F(vd_) LSC_F(sq2_)(LSC_F(vd_) a, LSC_F(vd_) b, int exact)
 {
-    LSC_F(vd_) d, e;
-    /* a float16 value's square is exact in float: one float multiply then
-       stands for two double ones, with the same bits */
-    if (exact_sq)
-        f *= f;
-#ifdef LSC_PD_LO
-    /* one conversion per half (the generic form was split into quarters) */
-    d = (LSC_F(vd_))LSC_PD_LO(f);
-    e = (LSC_F(vd_))LSC_PD_HI(f);
-#else
-    LSC_F(vh_) lo, hi;
-    memcpy(&lo, &f, sizeof(lo));
-    memcpy(&hi, (const char *)&f + sizeof(lo), sizeof(hi));
-    d = __builtin_convertvector(lo, LSC_F(vd_));
-    e = __builtin_convertvector(hi, LSC_F(vd_));
+#ifdef LSC_FMA_PD
+    if (exact)
+        return (LSC_F(vd_))LSC_FMA_PD(b, b, a * a);
 #endif
-    if (!exact_sq) {
-        d *= d;
-        e *= e;
-    }
-    a[0] += d;
-    a[1] += e;
+    (void)exact;
+    return a * a + b * b;
 }
 
-/* One step of LSC_HL 16-bit floats at q: check, multiply and store (write),
- * statistics into a[0..1] and *vm (stats).  Returns the check bits. */
+/* The four sums of the group x[0..LSC_NV-1] (32 values, in order), added to *acc. */
+LSC_INL void LSC_F(group_)(const LSC_F(vd_) *x, int exact, LSC_F(v4_) *acc)
+{
+    LSC_F(vd_) t[LSC_NV / 2];
+    LSC_F(v4_) lo, hi;
+    int m = LSC_NV / 2;
+    for (int i = 0; i < m; i++)
+        t[i] = LSC_F(sq2_)(x[i], x[i + m], exact);
+    /* t holds s[k] + s[k+16], k = 0..15: halve it down to four values */
+    for (; m > 1 && m * LSC_DL > 4; m /= 2)
+        for (int i = 0; i < m / 2; i++)
+            t[i] += t[i + m / 2];
+    memcpy(&lo, t, sizeof(lo));
+    if (LSC_DL == 8) {
+        memcpy(&hi, (const char *)t + sizeof(lo), sizeof(hi));
+        lo += hi;
+    }
+    *acc += lo;
+}
+
+/* The four sums of a group of 32 floats f[0..32/LSC_HL-1], widened exactly, added to *acc. */
+LSC_INL void LSC_F(group_f_)(const LSC_F(vf_) *f, LSC_F(v4_) *acc)
+{
+    LSC_F(vd_) x[LSC_NV];
+    for (int k = 0; k < 32 / LSC_HL; k++) {
+#ifdef LSC_PD_LO
+        x[2 * k] = (LSC_F(vd_))LSC_PD_LO(f[k]);
+        x[2 * k + 1] = (LSC_F(vd_))LSC_PD_HI(f[k]);
+#else
+        LSC_F(vh_) lo, hi;
+        memcpy(&lo, &f[k], sizeof(lo));
+        memcpy(&hi, (const char *)&f[k] + sizeof(lo), sizeof(hi));
+        x[2 * k] = __builtin_convertvector(lo, LSC_F(vd_));
+        x[2 * k + 1] = __builtin_convertvector(hi, LSC_F(vd_));
+#endif
+    }
+    LSC_F(group_)(x, 1, acc);
+}
+
+/* The call's sum of squares: its lanes, then the tail group (32 values, zeros
+ * past the end; NULL when the call had no tail). */
+LSC_INL double LSC_F(sumsq_)(const LSC_F(v4_) *acc, const double *tail)
+{
+    double lane[4];
+    memcpy(lane, acc, sizeof(lane));
+    if (tail)
+        lsc_group_add(lane, tail);
+    return lsc_lanes_sum(lane);
+}
+
+/* One step of LSC_HL 16-bit floats at q: multiply and store (write); with
+ * stats, the values left (*fo) and the inputs' magnitude bits (*mo), and no
+ * check (the max is the check); without, returns the check bits. */
 LSC_INL LSC_F(vw_) LSC_F(step16_)(char *q, float inv, int bf16, int canon, int write, int stats,
-                                  LSC_F(vd_) *a, LSC_F(vw_) *vm)
+                                  LSC_F(vf_) *fo, LSC_F(vw_) *mo)
 {
     const uint16_t em = bf16 ? LSC_EXP_BF16 : LSC_EXP_F16;
     const uint16_t lsb = bf16 ? LSC_EXP_LSB_BF16 : LSC_EXP_LSB_F16;
@@ -316,16 +370,16 @@ LSC_INL LSC_F(vw_) LSC_F(step16_)(char *q, float inv, int bf16, int canon, int w
             f = LSC_F(widen_)(o, bf16);
     }
     if (stats) {
-        LSC_F(sq_add_)(a, f, !bf16);
-        *vm = LSC_MAXU16(*vm, o & 0x7FFF);
+        *fo = f;
+        *mo = w & 0x7FFF;
+        return (LSC_F(vw_)){0};
     }
     return (w & em) + lsb;
 }
 
 /* float16 / bfloat16 over a contiguous run: unscale (write), statistics
  * (ks non-NULL), or both.  Returns whether an input was non-finite.  The
- * lanes stay in registers through the main loop (constant indices only);
- * the last n mod 32 elements go word by word into the same lanes.  canon 2
+ * last n mod 32 elements go word by word into the tail group.  canon 2
  * (inv finite and non-zero, where a NaN result comes only from a NaN input):
  * NaNs are made canonical only in the 32-element groups whose check finds a
  * non-finite input. */
@@ -336,16 +390,14 @@ LSC_INL int LSC_F(run16_)(char *p, lsc_n n, double inv64, int bf16, int canon, i
     const int stats = ks != NULL;
     const uint16_t em = bf16 ? LSC_EXP_BF16 : LSC_EXP_F16;
     const uint16_t lsb = bf16 ? LSC_EXP_LSB_BF16 : LSC_EXP_LSB_F16;
-    LSC_F(vd_) acc[LSC_NACC];
-    LSC_F(vw_) vacc = {0}, vm[32 / LSC_HL];
-    double lanes[32];
+    LSC_F(v4_) acc = {0};
+    LSC_F(vw_) vacc = {0}, vm = {0};
+    double tail[32] = {0};
     uint16_t any = 0, m = 0;
     lsc_n j = 0;
-    for (int k = 0; k < LSC_NACC; k++)
-        acc[k] = (LSC_F(vd_)){0};
-    for (int k = 0; k < 32 / LSC_HL; k++)
-        vm[k] = (LSC_F(vw_)){0};
     for (; j + 32 <= n; j += 32) {
+        LSC_F(vf_) f[32 / LSC_HL];
+        LSC_F(vw_) o[32 / LSC_HL];
         int c = canon;
         if (canon == 2) {
             LSC_F(vw_) g = {0};
@@ -362,12 +414,17 @@ LSC_INL int LSC_F(run16_)(char *p, lsc_n n, double inv64, int bf16, int canon, i
         }
 #pragma GCC unroll 8
         for (int k = 0; k < 32 / LSC_HL; k++)
-            vacc |= LSC_F(step16_)(p + 2 * (j + k * LSC_HL), inv, bf16, c, write, stats,
-                                   &acc[2 * k], &vm[k]);
+            vacc |= LSC_F(step16_)(p + 2 * (j + k * LSC_HL), inv, bf16, c, write, stats, &f[k],
+                                   &o[k]);
+        if (stats) {
+            LSC_F(group_f_)(f, &acc);
+            LSC_MAX_TREE(o, 32 / LSC_HL, LSC_MAXU16);
+            vm = LSC_MAXU16(vm, o[0]);
+        }
     }
     if (!stats)
         for (; j + LSC_HL <= n; j += LSC_HL)
-            vacc |= LSC_F(step16_)(p + 2 * j, inv, bf16, canon != 0, write, 0, acc, vm);
+            vacc |= LSC_F(step16_)(p + 2 * j, inv, bf16, canon != 0, write, 0, NULL, NULL);
     {
         uint64_t q[sizeof(vacc) / 8], qa = 0;
         memcpy(q, &vacc, sizeof(q));
@@ -375,15 +432,15 @@ LSC_INL int LSC_F(run16_)(char *p, lsc_n n, double inv64, int bf16, int canon, i
             qa |= q[l];
         if (qa & 0x8000800080008000ull)
             any = 0x8000;
-        for (int k = 0; k < 32 / LSC_HL; k++)
-            for (int l = 0; l < LSC_HL; l++)
-                m = vm[k][l] > m ? vm[k][l] : m;
+        for (int l = 0; l < LSC_HL; l++)
+            m = vm[l] > m ? vm[l] : m;
     }
-    memcpy(lanes, acc, sizeof(lanes));
+    const lsc_n rest = j;
     for (; j < n; j++) {
-        uint16_t w;
+        uint16_t w, in;
         float f;
         memcpy(&w, p + 2 * j, 2);
+        in = w & 0x7FFF;
         any |= (uint16_t)((w & em) + lsb);
         if (write) {
             f = bf16 ? lsc_bf16_to_f32(w) : lsc_f16_to_f32(w);
@@ -391,15 +448,21 @@ LSC_INL int LSC_F(run16_)(char *p, lsc_n n, double inv64, int bf16, int canon, i
             memcpy(p + 2 * j, &w, 2);
         }
         if (stats) {
-            f = bf16 ? lsc_bf16_to_f32(w) : lsc_f16_to_f32(w);
-            lanes[j & 31] += (double)f * (double)f;
-            w &= 0x7FFF;
-            m = w > m ? w : m;
+            tail[j - rest] = bf16 ? lsc_bf16_to_f32(w) : lsc_f16_to_f32(w);
+            m = in > m ? in : m;
         }
     }
     if (stats) {
-        ks->sumsq = lsc_reduce32(lanes);
-        ks->maxbits = lsc_f32_bits(bf16 ? lsc_bf16_to_f32(m) : lsc_f16_to_f32(m));
+        /* the largest input: the check, and (unscaled) the largest value left */
+        float top = bf16 ? lsc_bf16_to_f32(m) : lsc_f16_to_f32(m);
+        any = m >= em ? 0x8000 : 0;
+        if (write) {
+            uint16_t o = bf16 ? lsc_f32_to_bf16(top * inv) : lsc_f32_to_f16(top * inv);
+            o &= 0x7FFF;
+            top = bf16 ? lsc_bf16_to_f32(o) : lsc_f16_to_f32(o);
+        }
+        ks->sumsq = LSC_F(sumsq_)(&acc, rest < n ? tail : NULL);
+        ks->maxbits = lsc_f32_bits(top);
     }
     return any >> 15;
 }
@@ -465,129 +528,106 @@ static int LSC_F(unscale_bf16_)(char *p, lsc_n n, double inv64)
 
 /* float32 / float64 with statistics, in the same pass and the same shape
  * (plain unscale is LSC_DEFINE_UNSCALE above: no lanes to keep). */
-LSC_INL LSC_F(vu_) LSC_F(step32_)(char *q, float inv, int write, LSC_F(vd_) *a,
-                                  LSC_F(vu_) *vm)
-{
-    LSC_F(vu_) w, x;
-    LSC_F(vf_) f;
-    memcpy(&w, q, sizeof(w));
-    memcpy(&f, &w, sizeof(f));
-    if (write) {
-        f *= inv;
-        memcpy(q, &f, sizeof(f));
-    }
-    LSC_F(sq_add_)(a, f, 0);
-    memcpy(&x, &f, sizeof(x));
-    *vm = LSC_MAXU32(*vm, x & 0x7FFFFFFFu);
-    return (w & LSC_EXP_F32) + LSC_EXP_LSB_F32;
-}
-
 LSC_INL int LSC_F(stats32_)(char *p, lsc_n n, double inv64, int write, lsc_kstats *ks)
 {
     const float inv = (float)inv64;
-    LSC_F(vd_) acc[LSC_NACC];
-    LSC_F(vu_) vacc = {0}, vm[32 / LSC_HL];
-    LSC_F(vq_) q;
-    double lanes[32];
-    uint32_t any = 0, m = 0;
+    LSC_F(v4_) acc = {0};
+    LSC_F(vu_) vm = {0};
+    double tail[32] = {0};
+    uint32_t m = 0;
+    float top;
     lsc_n j = 0;
-    for (int k = 0; k < LSC_NACC; k++)
-        acc[k] = (LSC_F(vd_)){0};
-    for (int k = 0; k < 32 / LSC_HL; k++)
-        vm[k] = (LSC_F(vu_)){0};
     for (; j + 32 <= n; j += 32) {
+        LSC_F(vf_) f[32 / LSC_HL];
+        LSC_F(vu_) x[32 / LSC_HL];
 #pragma GCC unroll 8
-        for (int k = 0; k < 32 / LSC_HL; k++)
-            vacc |= LSC_F(step32_)(p + 4 * (j + k * LSC_HL), inv, write, &acc[2 * k], &vm[k]);
+        for (int k = 0; k < 32 / LSC_HL; k++) {
+            char *at = p + 4 * (j + k * LSC_HL);
+            memcpy(&x[k], at, sizeof(x[k]));
+            memcpy(&f[k], &x[k], sizeof(x[k]));
+            x[k] &= 0x7FFFFFFFu;
+            if (write) {
+                f[k] *= inv;
+                memcpy(at, &f[k], sizeof(f[k]));
+            }
+        }
+        LSC_F(group_f_)(f, &acc);
+        LSC_MAX_TREE(x, 32 / LSC_HL, LSC_MAXU32);
+        vm = LSC_MAXU32(vm, x[0]);
     }
-    memcpy(&q, &vacc, sizeof(q));
-    if (LSC_ANY_TOP(q, 0x8000000080000000ull))
-        any = 1u << 31;
-    for (int k = 0; k < 32 / LSC_HL; k++)
-        for (int l = 0; l < LSC_HL; l++)
-            m = vm[k][l] > m ? vm[k][l] : m;
-    memcpy(lanes, acc, sizeof(lanes));
+    for (int l = 0; l < LSC_HL; l++)
+        m = vm[l] > m ? vm[l] : m;
+    const lsc_n rest = j;
     for (; j < n; j++) {
         uint32_t w;
         float f;
         memcpy(&w, p + 4 * j, 4);
-        any |= (w & LSC_EXP_F32) + LSC_EXP_LSB_F32;
         memcpy(&f, &w, 4);
+        w &= 0x7FFFFFFFu;
+        m = w > m ? w : m;
         if (write) {
             f *= inv;
             memcpy(p + 4 * j, &f, 4);
-            memcpy(&w, &f, 4);
         }
-        lanes[j & 31] += (double)f * (double)f;
-        w &= 0x7FFFFFFFu;
-        m = w > m ? w : m;
+        tail[j - rest] = f;
     }
-    ks->sumsq = lsc_reduce32(lanes);
-    ks->maxbits = m;
-    return (int)(any >> 31);
-}
-
-LSC_INL LSC_F(vq_) LSC_F(step64_)(char *q, double inv, int write, LSC_F(vd_) *a,
-                                  LSC_F(vl_) *vm)
-{
-    LSC_F(vq_) w;
-    LSC_F(vl_) x;
-    LSC_F(vd_) d;
-    memcpy(&w, q, sizeof(w));
-    memcpy(&d, &w, sizeof(d));
-    if (write) {
-        d *= inv;
-        memcpy(q, &d, sizeof(d));
-    }
-    *a += d * d;
-    memcpy(&x, &d, sizeof(x));
-    *vm = LSC_MAXS64(*vm, x & 0x7FFFFFFFFFFFFFFFll);
-    return (w & LSC_EXP_F64) + LSC_EXP_LSB_F64;
+    top = lsc_f32_from_bits(m);
+    if (write)
+        top *= inv;
+    ks->sumsq = LSC_F(sumsq_)(&acc, rest < n ? tail : NULL);
+    ks->maxbits = lsc_f32_bits(top) & 0x7FFFFFFFu;
+    return m >= LSC_EXP_F32;
 }
 
 LSC_INL int LSC_F(stats64_)(char *p, lsc_n n, double inv, int write, lsc_kstats *ks)
 {
-    LSC_F(vd_) acc[LSC_NACC];
-    LSC_F(vq_) vacc = {0};
-    LSC_F(vl_) vm[LSC_NACC];
-    double lanes[32];
-    uint64_t any = 0;
+    LSC_F(v4_) acc = {0};
+    LSC_F(vl_) vm = {0};
+    double tail[32] = {0}, top;
     int64_t m = 0;
+    uint64_t bits;
     lsc_n j = 0;
-    for (int k = 0; k < LSC_NACC; k++) {
-        acc[k] = (LSC_F(vd_)){0};
-        vm[k] = (LSC_F(vl_)){0};
-    }
     for (; j + 32 <= n; j += 32) {
+        LSC_F(vd_) d[LSC_NV];
+        LSC_F(vl_) x[LSC_NV];
 #pragma GCC unroll 16
-        for (int k = 0; k < LSC_NACC; k++)
-            vacc |= LSC_F(step64_)(p + 8 * (j + k * LSC_DL), inv, write, &acc[k], &vm[k]);
+        for (int k = 0; k < LSC_NV; k++) {
+            char *at = p + 8 * (j + k * LSC_DL);
+            memcpy(&x[k], at, sizeof(x[k]));
+            memcpy(&d[k], &x[k], sizeof(x[k]));
+            x[k] &= 0x7FFFFFFFFFFFFFFFll;
+            if (write) {
+                d[k] *= inv;
+                memcpy(at, &d[k], sizeof(d[k]));
+            }
+        }
+        LSC_F(group_)(d, 0, &acc);
+        LSC_MAX_TREE(x, LSC_NV, LSC_MAXS64);
+        vm = LSC_MAXS64(vm, x[0]);
     }
-    if (LSC_ANY_TOP(vacc, 0x8000000000000000ull))
-        any = 1ull << 63;
-    for (int k = 0; k < LSC_NACC; k++)
-        for (int l = 0; l < LSC_DL; l++)
-            m = vm[k][l] > m ? vm[k][l] : m;
-    memcpy(lanes, acc, sizeof(lanes));
+    for (int l = 0; l < LSC_DL; l++)
+        m = vm[l] > m ? vm[l] : m;
+    const lsc_n rest = j;
     for (; j < n; j++) {
-        uint64_t w;
         double d;
         int64_t x;
-        memcpy(&w, p + 8 * j, 8);
-        any |= (w & LSC_EXP_F64) + LSC_EXP_LSB_F64;
-        memcpy(&d, &w, 8);
+        memcpy(&x, p + 8 * j, 8);
+        memcpy(&d, &x, 8);
+        x &= 0x7FFFFFFFFFFFFFFFll;
+        m = x > m ? x : m;
         if (write) {
             d *= inv;
             memcpy(p + 8 * j, &d, 8);
         }
-        lanes[j & 31] += d * d;
-        memcpy(&x, &d, 8);
-        x &= 0x7FFFFFFFFFFFFFFFll;
-        m = x > m ? x : m;
+        tail[j - rest] = d;
     }
-    ks->sumsq = lsc_reduce32(lanes);
-    ks->maxbits = (uint64_t)m;
-    return (int)(any >> 63);
+    memcpy(&top, &m, 8);
+    if (write)
+        top *= inv;
+    memcpy(&bits, &top, 8);
+    ks->sumsq = LSC_F(sumsq_)(&acc, rest < n ? tail : NULL);
+    ks->maxbits = bits & 0x7FFFFFFFFFFFFFFFull;
+    return (uint64_t)m >= LSC_EXP_F64;
 }
 
 /* Unscale (write != 0) or only read a contiguous run, and gather the
@@ -595,6 +635,20 @@ LSC_INL int LSC_F(stats64_)(char *p, lsc_n n, double inv, int write, lsc_kstats 
  * whether an input was non-finite. */
 static int LSC_F(stats_)(int code, char *p, lsc_n n, double inv, int write, lsc_kstats *ks)
 {
+    const double inv_used = code == LSC_CODE_F64 ? inv : (double)(float)inv;
+    /* ks is never NULL here: the inlined loops then carry no test of it */
+    if (!ks)
+        __builtin_unreachable();
+    if (write && inv_used - inv_used != 0) {
+        /* an infinite or NaN inverse: the largest value left need not be the
+           largest input's (0 * Inf), so the statistics read what it left */
+        int found = code == LSC_CODE_F16    ? LSC_F(unscale_f16_)(p, n, inv)
+                    : code == LSC_CODE_BF16 ? LSC_F(unscale_bf16_)(p, n, inv)
+                    : code == LSC_CODE_F32  ? LSC_F(unscale_f32_)(p, n, inv)
+                                            : LSC_F(unscale_f64_)(p, n, inv);
+        LSC_F(stats_)(code, p, n, 1.0, 0, ks);
+        return found;
+    }
     switch (code) {
     case LSC_CODE_F16:
         return LSC_F(run_f16_)(p, n, inv, write, ks);
@@ -609,7 +663,8 @@ static int LSC_F(stats_)(int code, char *p, lsc_n n, double inv, int write, lsc_
 
 #undef LSC_HL
 #undef LSC_DL
-#undef LSC_NACC
+#undef LSC_NV
+#undef LSC_MAX_TREE
 #undef LSC_INL
 
 static const lsc_isa LSC_F(lsc_isa_) = {
@@ -629,6 +684,7 @@ static const lsc_isa LSC_F(lsc_isa_) = {
 #undef LSC_F2H
 #undef LSC_PD_LO
 #undef LSC_PD_HI
+#undef LSC_FMA_PD
 #undef LSC_MAXU16
 #undef LSC_MAXU32
 #undef LSC_MAXS64

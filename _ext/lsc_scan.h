@@ -62,14 +62,25 @@ typedef struct { double sumsq; uint64_t maxbits; } lsc_kstats;
 /* Statistics of a whole job (or of one chunk of it). */
 typedef struct { int found; double sumsq; double maxabs; } lsc_result;
 
-/* The 32 lanes of a sum of squares (lane l: the elements whose index in the
- * kernel call is l mod 32), reduced in one fixed tree. */
-static inline double lsc_reduce32(const double *l)
+/* One group of 32 values (zeros past the end) into the four lanes of a sum
+ * of squares, in the fixed tree the vector kernels of lsc_kernels.h follow:
+ * lane k gets ((s[k] + s[k+16]) + (s[k+8] + s[k+24])) + ((s[k+4] + s[k+20])
+ * + (s[k+12] + s[k+28])), s[i] = x[i] * x[i]. */
+static inline void lsc_group_add(double *lane, const double *x)
 {
-    double t[8];
+    double t[16], u[8];
+    for (int k = 0; k < 16; k++)
+        t[k] = x[k] * x[k] + x[k + 16] * x[k + 16];
     for (int k = 0; k < 8; k++)
-        t[k] = (l[k] + l[k + 16]) + (l[k + 8] + l[k + 24]);
-    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+        u[k] = t[k] + t[k + 8];
+    for (int k = 0; k < 4; k++)
+        lane[k] += u[k] + u[k + 4];
+}
+
+/* The four lanes of a call, summed in one fixed order. */
+static inline double lsc_lanes_sum(const double *lane)
+{
+    return (lane[0] + lane[2]) + (lane[1] + lane[3]);
 }
 
 static inline double lsc_maxbits_value(int code, uint64_t bits)
@@ -134,6 +145,9 @@ typedef struct {
 #define LSC_MAXU32(a, b) ((__typeof__(a))_mm_max_epu32((__m128i)(a), (__m128i)(b)))
 #define LSC_PD_LO(f) _mm_cvtps_pd((__m128)(f))
 #define LSC_PD_HI(f) _mm_cvtps_pd(_mm_movehl_ps((__m128)(f), (__m128)(f)))
+/* signed 64-bit max: a compare (SSE4.2) and a blend */
+#define LSC_MAXS64(a, b) ({ __typeof__(a) a_ = (a), b_ = (b); \
+    (__typeof__(a))_mm_blendv_pd((__m128d)a_, (__m128d)b_, (__m128d)(b_ > a_)); })
 #include "lsc_kernels.h"
 
 #pragma GCC push_options
@@ -151,6 +165,9 @@ typedef struct {
 #define LSC_MAXU16(a, b) ((__typeof__(a))_mm_max_epu16((__m128i)(a), (__m128i)(b)))
 #define LSC_PD_LO(f) _mm256_cvtps_pd(_mm256_castps256_ps128((__m256)(f)))
 #define LSC_PD_HI(f) _mm256_cvtps_pd(_mm256_extractf128_ps((__m256)(f), 1))
+#define LSC_FMA_PD(a, b, c) _mm256_fmadd_pd((__m256d)(a), (__m256d)(b), (__m256d)(c))
+#define LSC_MAXS64(a, b) ({ __typeof__(a) a_ = (a), b_ = (b); \
+    (__typeof__(a))_mm256_blendv_pd((__m256d)a_, (__m256d)b_, (__m256d)(b_ > a_)); })
 #include "lsc_kernels.h"
 #pragma GCC pop_options
 
@@ -170,6 +187,7 @@ typedef struct {
 #define LSC_PD_LO(f) _mm512_cvtps_pd(_mm512_castps512_ps256((__m512)(f)))
 #define LSC_PD_HI(f) \
     _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd((__m512)(f)), 1)))
+#define LSC_FMA_PD(a, b, c) _mm512_fmadd_pd((__m512d)(a), (__m512d)(b), (__m512d)(c))
 #include "lsc_kernels.h"
 #pragma GCC pop_options
 
@@ -350,7 +368,7 @@ static int lsc_unscale_run(int code, int swapped, char *p, lsc_n n, lsc_n stride
                            int write, lsc_kstats *ks)
 {
     const lsc_format *f = &lsc_formats[code];
-    double lanes[32] = {0};
+    double lane[4] = {0}, group[32] = {0};
     uint64_t mx = 0;
     int found = 0;
     if (ks) {
@@ -375,13 +393,17 @@ static int lsc_unscale_run(int code, int swapped, char *p, lsc_n n, lsc_n stride
             lsc_store(q, f->width, swapped, w);
         }
         if (ks) {
-            double d = lsc_word_value(code, w, &m);
-            lanes[i & 31] += d * d;
+            group[i & 31] = lsc_word_value(code, w, &m);
             mx = m > mx ? m : mx;
+            if ((i & 31) == 31 || i == n - 1) {
+                for (lsc_n k = (i & 31) + 1; k < 32; k++)
+                    group[k] = 0;
+                lsc_group_add(lane, group);
+            }
         }
     }
     if (ks) {
-        ks->sumsq = lsc_reduce32(lanes);
+        ks->sumsq = lsc_lanes_sum(lane);
         ks->maxbits = mx;
     }
     return found;
