@@ -366,8 +366,12 @@ LSC_INL LSC_F(vw_) LSC_F(step16_)(char *q, float inv, int bf16, int canon, int w
     if (write) {
         o = LSC_F(narrow_)(f * inv, bf16, canon, bf16 && stats ? &f : NULL);
         memcpy(q, &o, sizeof(o));
-        if (stats && !bf16)
+        if (stats && !bf16) {
             f = LSC_F(widen_)(o, bf16);
+            /* whole: gcc would convert the low half again for its own use,
+               and the conversion unit is what this loop waits on */
+            __asm__("" : "+x"(f));
+        }
     }
     if (stats) {
         *fo = f;
