@@ -170,10 +170,11 @@ class GradUnscaler:
     gradient in one zero-copy table (reused from call to call) and one fused
     unscale-and-check pass in the compiled core; the rest through torch's kernel."""
 
-    __slots__ = ("_table",)
+    __slots__ = ("_table", "_whole")
 
     def __init__(self) -> None:
         self._table: kernels.GradTable | None = None
+        self._whole = False  # the last call's table held every gradient
 
     def __reduce__(self) -> tuple:
         return (GradUnscaler, ())
@@ -192,9 +193,11 @@ class GradUnscaler:
                 torch.Tensor, TORCH_CODES, torch.strided, torch.Tensor, ScalerAssertionError, 256
             )
         table.clear()
+        self._whole = False
         written: list = []
         others: list = []
         table.collect_grads(param_groups, allow_fp16, written, others)
+        self._whole = not others
         found: dict = {}
         if others:
             groups: dict = {}
@@ -233,6 +236,24 @@ class GradUnscaler:
             elif not finite:
                 cpu.fill_(1.0)
         return found
+
+    def multiply(self, factor: float, dtype: torch.dtype) -> bool:
+        """Multiply the gradients of the last call by `factor` in place, in one pass of
+        the compiled core, as ``torch._foreach_mul_`` by a 0-dim tensor of `dtype`
+        holding `factor` does (float16 and bfloat16 widened, times float32(factor),
+        rounded to nearest even); False, touching nothing, unless the last call's
+        table held every gradient and all of `dtype`.  Call it right after that call,
+        while its gradients are still the parameters' ``.grad``."""
+        code = TORCH_CODES.get(dtype)
+        table = self._table
+        if table is None or not self._whole or code is None:
+            return False
+        ptrs, counts, strides, codes = table.views()
+        if not (codes == code).all():
+            return False
+        if len(codes):
+            kernels.unscale_raw(ptrs, counts, strides, codes, factor)
+        return True
 
 
 def _stats(t: torch.Tensor) -> tuple:

@@ -499,9 +499,12 @@ class GradScaler(torch.amp.GradScaler):
     def _clip(
         self, optimizer: Any, params: Any, max_norm: float, total: Any, p: float
     ) -> torch.Tensor:
-        """Scale the unscaled gradients down to `max_norm` (torch's arithmetic: a float32
-        coefficient clamped to 1) unless this step will be skipped; returns the norm.
-        `total` None: the p-norm taken as clip_grad_norm_ takes it."""
+        """Scale the unscaled gradients down to `max_norm` (torch's arithmetic: a
+        coefficient in the norm's dtype, clamped to 1) unless this step will be skipped;
+        returns the norm.  `total` None: the p-norm taken as clip_grad_norm_ takes it.
+        Only after the CPU core unscaled the gradients (its table is then theirs): the
+        multiply is its one pass where every gradient has the norm's dtype, torch's
+        ``_foreach_mul_`` otherwise."""
         dtype = params[0].grad.dtype if params else torch.float32
         groups: dict = {}
         for q in params:
@@ -517,8 +520,9 @@ class GradScaler(torch.amp.GradScaler):
             found = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
             if params and not any(v.item() for v in found.values()):
                 coef = clip_coefficient(max_norm, total)
-                for (device, _), grads in groups.items():
-                    torch._foreach_mul_(grads, coef.to(device))
+                if not self._path.unscaler.multiply(float(coef), coef.dtype):
+                    for (device, _), grads in groups.items():
+                        torch._foreach_mul_(grads, coef.to(device))
         return total
 
     @outside_graph

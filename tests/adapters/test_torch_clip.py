@@ -114,3 +114,97 @@ def test_norm_type_must_be_a_number(bad):
     with pytest.raises(ValueError) as got:
         scaler.unscale_and_clip_(opt, 1.0, bad)
     assert str(got.value) == f"norm_type must be a number or 'inf', got {bad!r}"
+
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lscore.adapters.torch._paths import GradUnscaler
+
+CLIP_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def grads_of(dtype, sizes, seed):
+    """Gradients spanning the dtype's range: normal values, subnormals, zeros, the largest."""
+    g = torch.Generator().manual_seed(seed)
+    info = torch.finfo(dtype)
+    out = []
+    for n in sizes:
+        t = (torch.randn(n, generator=g, dtype=torch.float64) * 10).to(dtype)
+        if n > 4:
+            t[0], t[1], t[2], t[3] = info.smallest_normal / 3, -0.0, info.max, -info.tiny
+        out.append(t)
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    dtype=st.sampled_from(CLIP_DTYPES),
+    sizes=st.lists(st.integers(0, 300), min_size=1, max_size=6),
+    coef=st.floats(1e-30, 1.0),
+    seed=st.integers(0, 2**16),
+)
+def test_the_clip_multiply_is_foreach_muls_bitwise(dtype, sizes, coef, seed):
+    """The CPU core's clip multiply equals torch._foreach_mul_ by the coefficient as a
+    0-dim tensor of the gradients' dtype, bit for bit (float16/bfloat16 rounded once)."""
+    params = [torch.nn.Parameter(torch.zeros(n, dtype=dtype)) for n in sizes]
+    want = grads_of(dtype, sizes, seed)
+    for q, g in zip(params, want, strict=True):
+        q.grad = g.clone()
+    unscaler = GradUnscaler()
+    unscaler([{"params": params}], 1.0, True)
+    c = torch.tensor(coef, dtype=dtype)
+    torch._foreach_mul_(want, c)
+    assert unscaler.multiply(float(c), dtype)
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    for q, w in zip(params, want, strict=True):
+        assert torch.equal(q.grad.view(bits), w.view(bits))
+
+
+def test_the_clip_multiply_refuses_what_its_table_does_not_hold():
+    """Mixed dtypes, a dtype other than the coefficient's, or a gradient the table did
+    not take: nothing is multiplied (the scaler then uses torch's _foreach_mul_)."""
+    a = torch.nn.Parameter(torch.zeros(8))
+    b = torch.nn.Parameter(torch.zeros(8, dtype=torch.float64))
+    a.grad, b.grad = torch.ones(8), torch.ones(8, dtype=torch.float64)
+    unscaler = GradUnscaler()
+    unscaler([{"params": [a, b]}], 1.0, True)
+    assert not unscaler.multiply(0.5, torch.float32)
+    unscaler([{"params": [a]}], 1.0, True)
+    assert not unscaler.multiply(0.5, torch.float64)
+    s = torch.nn.Parameter(torch.zeros(4))
+    s.grad = torch.ones(4).to_sparse()
+    unscaler([{"params": [a, s]}], 1.0, True)
+    assert not unscaler.multiply(0.5, torch.float32)
+    assert torch.equal(a.grad, torch.ones(8))
+    assert torch.equal(b.grad, torch.ones(8, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("norm_type", [2.0, float("inf")])
+def test_clipped_gradients_are_the_coefficient_times_the_unscaled(dtype, norm_type):
+    """Every dtype: the clipped gradients are lscore's unscaled ones times torch's
+    coefficient of the returned norm, as _foreach_mul_ rounds them."""
+
+    def run(clip):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.zeros(n, dtype=dtype)) for n in (1000, 37, 4096)]
+        for q in params:
+            q.grad = (torch.randn(q.shape, dtype=torch.float64) * 300).to(dtype)
+        opt = torch.optim.SGD(params, lr=0.1)
+        scaler = GradScaler("cpu", init_scale=2.0**4, allow_fp16_params=dtype == torch.float16)
+        scaler.scale(torch.ones(()))
+        if clip:
+            norm = scaler.unscale_and_clip_(opt, 1.0, norm_type)
+            return norm, [q.grad for q in params]
+        scaler.unscale_(opt)
+        return None, [q.grad for q in params]
+
+    norm, clipped = run(True)
+    _, unscaled = run(False)
+    assert norm.dtype == dtype and float(norm) > 1.0
+    coef = torch.clamp(1.0 / (norm + 1e-6), max=1.0)
+    torch._foreach_mul_(unscaled, coef)
+    for a, b in zip(clipped, unscaled, strict=True):
+        assert torch.equal(a, b)
