@@ -189,3 +189,28 @@ def test_float8_statistics_refused_on_raw_tables():
     )
     with pytest.raises(TypeError, match="float8"):
         _scan.unscale_raw(*table, 1.0, True)
+
+
+# what lscore.unscale_ refuses but the kernels take (lscore.kernels is unvalidated):
+# float32(1e39) is inf; an infinite or NaN inverse takes the statistics in a second
+# pass, since the largest value left need not then be the largest input's (0 * inf)
+RAW_INVS = (1e39, math.inf, -math.inf, math.nan, -2.0, -0.0)
+
+
+@pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("inv", RAW_INVS, ids=repr)
+def test_unvalidated_inverses_through_the_kernels(isa, dt, inv):
+    rng = np.random.default_rng(29)
+    base = (rng.standard_normal(LANE_N) * 4).astype(dt)
+    base[5] = 0.0
+    for kind in (None, "nan", "inf", "subnormal", "max"):
+        a = base.copy()
+        if kind is not None:
+            a[LANE_N - 7] = special(dt, kind)
+        want = a.copy()
+        stats_want = ref.unscale_(want, inv, True)
+        for shift in (0, 2) if a.itemsize == 2 else (0, 4):
+            got = misaligned(a, shift)
+            stats_got = _scan.unscale_(got, inv, True)
+            assert same_stats(stats_got, stats_want), (isa, dt, kind, shift, stats_got, stats_want)
+            assert bits_equal_or_both_nan(got, want), (isa, dt, kind, shift)
