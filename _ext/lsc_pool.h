@@ -173,6 +173,8 @@ static int lsc_runs_overlap(const lsc_run *runs, size_t nruns)
 static lsc_result lsc_exec_serial(const lsc_run *runs, size_t nruns, int op, double inv)
 {
     lsc_result total = {0, 0.0, 0.0}, cr;
+    lsc_cascade sums;
+    lsc_cascade_init(&sums);
     for (size_t i = 0; i < nruns; i++) {
         const lsc_run *run = &runs[i];
         int found;
@@ -182,7 +184,7 @@ static lsc_result lsc_exec_serial(const lsc_run *runs, size_t nruns, int op, dou
             /* chunk by chunk, exactly as the threads do, for the same sums */
             for (size_t k = 0, nc = lsc_run_chunks(run, op); k < nc; k++) {
                 lsc_do_chunk(run, k, op, inv, &cr);
-                lsc_result_merge(&total, &cr);
+                lsc_cascade_add(&sums, &cr);
             }
             continue;
         }
@@ -197,7 +199,7 @@ static lsc_result lsc_exec_serial(const lsc_run *runs, size_t nruns, int op, dou
                 return total;
         }
     }
-    return total;
+    return (op & LSC_OP_STATS) ? lsc_cascade_end(&sums) : total;
 }
 
 #ifdef LSC_THREADS
@@ -493,9 +495,13 @@ static lsc_result lsc_exec_pool(lsc_pool *P, const lsc_run *runs, size_t nruns, 
     }
     total.found = atomic_load(&j.found);
     if (j.chunk_res) {
+        lsc_cascade sums;
+        lsc_cascade_init(&sums);
         for (size_t c = 0; c < j.nchunks; c++)
-            lsc_result_merge(&total, &j.chunk_res[c]);
+            lsc_cascade_add(&sums, &j.chunk_res[c]);
         free(j.chunk_res);
+        sums.r.found |= total.found;
+        total = lsc_cascade_end(&sums);
     }
     free(first);
     return total;

@@ -108,11 +108,46 @@ static inline void lsc_result_add(lsc_result *r, int code, const lsc_kstats *ks)
     r->maxabs = lsc_max_nan(r->maxabs, lsc_maxbits_value(code, ks->maxbits));
 }
 
-static inline void lsc_result_merge(lsc_result *r, const lsc_result *o)
+/* The chunk results of a job, merged as a binary counter carries: the k-th
+ * sum of squares joins the partial sums of the levels whose bits k has set,
+ * so n chunks meet in a balanced tree of depth log2(n), one fixed shape for
+ * each n (the rounding error grows with log2 of the chunk count, not with
+ * the count). */
+typedef struct {
+    lsc_result r;               /* found and maxabs; sumsq unused until the end */
+    double level[64];
+    uint64_t count;
+} lsc_cascade;
+
+static inline void lsc_cascade_init(lsc_cascade *c)
 {
-    r->found |= o->found;
-    r->sumsq += o->sumsq;
-    r->maxabs = lsc_max_nan(r->maxabs, o->maxabs);
+    c->r.found = 0;
+    c->r.sumsq = 0.0;
+    c->r.maxabs = 0.0;
+    c->count = 0;
+}
+
+static inline void lsc_cascade_add(lsc_cascade *c, const lsc_result *o)
+{
+    double x = o->sumsq;
+    int l = 0;
+    c->r.found |= o->found;
+    c->r.maxabs = lsc_max_nan(c->r.maxabs, o->maxabs);
+    for (uint64_t k = c->count++; k & 1; k >>= 1)
+        x = c->level[l++] + x;
+    c->level[l] = x;
+}
+
+static inline lsc_result lsc_cascade_end(const lsc_cascade *c)
+{
+    lsc_result r = c->r;
+    int first = 1;
+    for (int l = 0; l < 64; l++)
+        if ((c->count >> l) & 1) {
+            r.sumsq = first ? c->level[l] : c->level[l] + r.sumsq;
+            first = 0;
+        }
+    return r;
 }
 
 /* ---- the ISA levels ---------------------------------------------------- */
