@@ -214,3 +214,23 @@ def test_unvalidated_inverses_through_the_kernels(isa, dt, inv):
             stats_got = _scan.unscale_(got, inv, True)
             assert same_stats(stats_got, stats_want), (isa, dt, kind, shift, stats_got, stats_want)
             assert bits_equal_or_both_nan(got, want), (isa, dt, kind, shift)
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("inv", [0.5, 1 / 3, 3.0, 21834.667, 1e-30], ids=repr)
+def test_every_16_bit_word(isa, name, inv):
+    """All 65,536 words in order (the NaN and Inf words sit together, so the other
+    vectors take the vector path): the reference's values and statistics."""
+    dt = {d.name: d for d in FLOAT_DTYPES}[name]
+    a = np.arange(1 << 16, dtype=np.uint16).view(dt)
+    want = a.copy()
+    ok = ref.unscale_(want, inv)
+    got = a.copy()
+    assert lscore.unscale_(got, inv) is ok
+    assert bits_equal_or_both_nan(got, want), (isa, name, inv)
+    finite = a[np.isfinite(a.astype(np.float32))]
+    want = finite.copy()
+    stats_want = ref.unscale_(want, inv, True)
+    got = finite.copy()
+    assert same_stats(lscore.unscale_(got, inv, stats=True), stats_want)
+    assert bits_equal_or_both_nan(got, want)
