@@ -151,6 +151,9 @@ LSC_DEFINE_UNSCALE(unscale_f64_, double, uint64_t, 63, LSC_EXP_F64, LSC_EXP_LSB_
 #ifndef LSC_MAXU16
 #define LSC_MAXU16(a, b) LSC_VMAX_(a, b)
 #endif
+#ifndef LSC_MAXU16W
+#define LSC_MAXU16W(a, b) LSC_VMAX_(a, b)
+#endif
 #ifndef LSC_MAXU32
 #define LSC_MAXU32(a, b) LSC_VMAX_(a, b)
 #endif
@@ -300,24 +303,30 @@ LSC_INL LSC_F(vd_) LSC_F(sq2_)(LSC_F(vd_) a, LSC_F(vd_) b, int exact)
     return a * a + b * b;
 }
 
-/* The four sums of the group x[0..LSC_NV-1] (32 values, in order), added to *acc. */
-LSC_INL void LSC_F(group_)(const LSC_F(vd_) *x, int exact, LSC_F(v4_) *acc)
+/* The tree's levels over x[0..2m-1]: x[i]^2 + x[i+m]^2, then halves added
+ * while more than four values remain; the four into *four. */
+LSC_INL void LSC_F(fold_)(const LSC_F(vd_) *x, int m, int exact, LSC_F(v4_) *four)
 {
     LSC_F(vd_) t[LSC_NV / 2];
-    LSC_F(v4_) lo, hi;
-    int m = LSC_NV / 2;
+    LSC_F(v4_) hi;
     for (int i = 0; i < m; i++)
         t[i] = LSC_F(sq2_)(x[i], x[i + m], exact);
-    /* t holds s[k] + s[k+16], k = 0..15: halve it down to four values */
     for (; m > 1 && m * LSC_DL > 4; m /= 2)
         for (int i = 0; i < m / 2; i++)
             t[i] += t[i + m / 2];
-    memcpy(&lo, t, sizeof(lo));
+    memcpy(four, t, sizeof(*four));
     if (LSC_DL == 8) {
-        memcpy(&hi, (const char *)t + sizeof(lo), sizeof(hi));
-        lo += hi;
+        memcpy(&hi, (const char *)t + sizeof(hi), sizeof(hi));
+        *four += hi;
     }
-    *acc += lo;
+}
+
+/* The four sums of the group x[0..LSC_NV-1] (32 values, in order), added to *acc. */
+LSC_INL void LSC_F(group_)(const LSC_F(vd_) *x, int exact, LSC_F(v4_) *acc)
+{
+    LSC_F(v4_) four;
+    LSC_F(fold_)(x, LSC_NV / 2, exact, &four);
+    *acc += four;
 }
 
 /* The four sums of a group of 32 floats f[0..32/LSC_HL-1], widened exactly, added to *acc. */
@@ -368,9 +377,11 @@ LSC_INL LSC_F(vw_) LSC_F(step16_)(char *q, float inv, int bf16, int canon, int w
         memcpy(q, &o, sizeof(o));
         if (stats && !bf16) {
             f = LSC_F(widen_)(o, bf16);
+#ifdef LSC_F16C_LANES
             /* whole: gcc would convert the low half again for its own use,
                and the conversion unit is what this loop waits on */
             __asm__("" : "+x"(f));
+#endif
         }
     }
     if (stats) {
@@ -529,6 +540,24 @@ LSC_INL int LSC_F(bf16_words_)(char *p, lsc_n n, float inv)
     return acc >> 15;
 }
 
+/* Two lanes of bfloat16 values as floats (lo, hi: a value in the top half,
+ * zeros below), each multiplied by inv and rounded to nearest even in place:
+ * the top halves are the results (the low halves are left as the rounding
+ * leaves them).  No NaN may come in (its rounding could carry it into Inf or
+ * -0). */
+LSC_INL void LSC_F(bf16_mul2_)(LSC_F(vu_) *lo, LSC_F(vu_) *hi, float inv)
+{
+    LSC_F(vf_) a, b;
+    memcpy(&a, lo, sizeof(a));
+    memcpy(&b, hi, sizeof(b));
+    a *= inv;
+    b *= inv;
+    memcpy(lo, &a, sizeof(a));
+    memcpy(hi, &b, sizeof(b));
+    *lo += 0x7FFFu + ((*lo >> 16) & 1u);
+    *hi += 0x7FFFu + ((*hi >> 16) & 1u);
+}
+
 /* Plain bfloat16 unscale.  A 32-bit lane holds two words, and each is a
  * float in place with no conversion: the high word masked (w & 0xFFFF0000),
  * the low one shifted up (w << 16).  Both are multiplied, rounded to nearest
@@ -548,7 +577,6 @@ static int LSC_F(unscale_bf16_)(char *p, lsc_n n, double inv64)
         return LSC_F(bf16_words_)(p, n, inv);
     for (; j + step <= n; j += step) {
         LSC_F(vu_) w, lo, hi;
-        LSC_F(vf_) a, b;
         LSC_F(vq_) q;
         memcpy(&w, p + 2 * j, sizeof(w));
         /* both words' checks at once: no carry crosses from the low one */
@@ -560,18 +588,135 @@ static int LSC_F(unscale_bf16_)(char *p, lsc_n n, double inv64)
         }
         lo = w << 16;
         hi = w & 0xFFFF0000u;
-        memcpy(&a, &lo, sizeof(a));
-        memcpy(&b, &hi, sizeof(b));
-        a *= inv;
-        b *= inv;
-        memcpy(&lo, &a, sizeof(lo));
-        memcpy(&hi, &b, sizeof(hi));
-        lo += 0x7FFFu + ((lo >> 16) & 1u);
-        hi += 0x7FFFu + ((hi >> 16) & 1u);
+        LSC_F(bf16_mul2_)(&lo, &hi, inv);
         w = (hi & 0xFFFF0000u) | (lo >> 16);
         memcpy(p + 2 * j, &w, sizeof(w));
     }
     return LSC_F(bf16_words_)(p + 2 * j, n - j, inv) | any;
+}
+
+/* bfloat16 with statistics, two words to a 32-bit lane as unscale_bf16_
+ * takes them.  A lane's low words are the group's even elements and its high
+ * words the odd ones, so the tree's pairs (k, k+16) and (k, k+8) are still
+ * lane for lane, and only its last level folds within a vector: the four
+ * lanes come out as lanes 0 and 2 from the even elements, 1 and 3 from the
+ * odd, the same sums of the same values as the tree of group_.  write: with
+ * a finite, non-zero inverse (stats_ takes the others to run16_).  A group
+ * holding a NaN or Inf goes word by word, and its squares are added in any
+ * order: they make the sum Inf or NaN whatever the order. */
+typedef double LSC_F(v2d_) __attribute__((vector_size(16)));
+
+/* The 16 values of one parity of a group, in order: their two lane sums. */
+LSC_INL LSC_F(v2d_) LSC_F(parity_)(const LSC_F(vd_) *x)
+{
+    LSC_F(v4_) four;
+    LSC_F(v2d_) lo, hi;
+    LSC_F(fold_)(x, LSC_NV / 4, 1, &four);
+    memcpy(&lo, &four, sizeof(lo));
+    memcpy(&hi, (const char *)&four + sizeof(lo), sizeof(hi));
+    return lo + hi;
+}
+
+LSC_INL int LSC_F(stats_bf16_)(char *p, lsc_n n, double inv64, int write, lsc_kstats *ks)
+{
+    typedef uint16_t vw2 __attribute__((vector_size(LSC_VBYTES)));
+    enum { G = 64 / LSC_VBYTES };   /* vectors to a group of 32 words */
+    const float inv = (float)inv64;
+    LSC_F(v2d_) even = {0}, odd = {0};
+    vw2 vm = {0};
+    double tail[32] = {0}, lane[4], extra = 0;
+    uint16_t m = 0;
+    lsc_n j = 0;
+    for (; j + 32 <= n; j += 32) {
+        LSC_F(vu_) w[G];
+        LSC_F(vd_) xe[LSC_NV / 2], xo[LSC_NV / 2];
+        LSC_F(vq_) q;
+        vw2 a[G];
+#pragma GCC unroll 4
+        for (int k = 0; k < G; k++) {
+            memcpy(&w[k], p + 2 * j + k * LSC_VBYTES, sizeof(w[k]));
+            memcpy(&a[k], &w[k], sizeof(a[k]));
+            a[k] &= 0x7FFF;
+        }
+        LSC_MAX_TREE(a, G, LSC_MAXU16W);
+        vm = LSC_MAXU16W(vm, a[0]);
+        a[0] += 0x0080;     /* a NaN or Inf carries into the word's top bit */
+        memcpy(&q, &a[0], sizeof(q));
+        if (LSC_ANY_TOP(q, 0x8000800080008000ull)) {
+            if (write)
+                LSC_F(bf16_words_)(p + 2 * j, 32, inv);
+            for (int k = 0; k < 32; k++) {
+                uint16_t h;
+                double v;
+                memcpy(&h, p + 2 * (j + k), 2);
+                v = lsc_bf16_to_f32(h);
+                extra += v * v;
+            }
+            continue;
+        }
+#pragma GCC unroll 4
+        for (int k = 0; k < G; k++) {
+            LSC_F(vu_) lo = w[k] << 16, hi = w[k] & 0xFFFF0000u;
+            LSC_F(vf_) fl, fh;
+            if (write) {
+                LSC_F(bf16_mul2_)(&lo, &hi, inv);
+                lo &= 0xFFFF0000u;
+                hi &= 0xFFFF0000u;
+                w[k] = hi | (lo >> 16);
+                memcpy(p + 2 * j + k * LSC_VBYTES, &w[k], sizeof(w[k]));
+            }
+            memcpy(&fl, &lo, sizeof(fl));
+            memcpy(&fh, &hi, sizeof(fh));
+#ifdef LSC_PD_LO
+            xe[2 * k] = (LSC_F(vd_))LSC_PD_LO(fl);
+            xe[2 * k + 1] = (LSC_F(vd_))LSC_PD_HI(fl);
+            xo[2 * k] = (LSC_F(vd_))LSC_PD_LO(fh);
+            xo[2 * k + 1] = (LSC_F(vd_))LSC_PD_HI(fh);
+#else
+            {
+                LSC_F(vh_) h;
+                memcpy(&h, &fl, sizeof(h));
+                xe[2 * k] = __builtin_convertvector(h, LSC_F(vd_));
+                memcpy(&h, (const char *)&fl + sizeof(h), sizeof(h));
+                xe[2 * k + 1] = __builtin_convertvector(h, LSC_F(vd_));
+                memcpy(&h, &fh, sizeof(h));
+                xo[2 * k] = __builtin_convertvector(h, LSC_F(vd_));
+                memcpy(&h, (const char *)&fh + sizeof(h), sizeof(h));
+                xo[2 * k + 1] = __builtin_convertvector(h, LSC_F(vd_));
+            }
+#endif
+        }
+        even += LSC_F(parity_)(xe);
+        odd += LSC_F(parity_)(xo);
+    }
+    for (int l = 0; l < LSC_VBYTES / 2; l++)
+        m = vm[l] > m ? vm[l] : m;
+    const lsc_n rest = j;
+    for (; j < n; j++) {
+        uint16_t w;
+        memcpy(&w, p + 2 * j, 2);
+        m = (uint16_t)(w & 0x7FFF) > m ? (uint16_t)(w & 0x7FFF) : m;
+        if (write) {
+            w = lsc_f32_to_bf16(lsc_bf16_to_f32(w) * inv);
+            memcpy(p + 2 * j, &w, 2);
+        }
+        tail[j - rest] = lsc_bf16_to_f32(w);
+    }
+    lane[0] = even[0];
+    lane[1] = odd[0];
+    lane[2] = even[1];
+    lane[3] = odd[1];
+    if (rest < n)
+        lsc_group_add(lane, tail);
+    {
+        /* the largest input: the check, and (unscaled) the largest value left */
+        float top = lsc_bf16_to_f32(m);
+        if (write)
+            top = lsc_bf16_to_f32((uint16_t)(lsc_f32_to_bf16(top * inv) & 0x7FFF));
+        ks->sumsq = lsc_lanes_sum(lane) + extra;
+        ks->maxbits = lsc_f32_bits(top);
+    }
+    return m >= LSC_EXP_BF16;
 }
 
 /* float32 / float64 with statistics, in the same pass and the same shape
@@ -701,6 +846,8 @@ static int LSC_F(stats_)(int code, char *p, lsc_n n, double inv, int write, lsc_
     case LSC_CODE_F16:
         return LSC_F(run_f16_)(p, n, inv, write, ks);
     case LSC_CODE_BF16:
+        if (!write || ((float)inv != 0 && (float)inv - (float)inv == 0))
+            return LSC_F(stats_bf16_)(p, n, inv, write, ks);
         return LSC_F(run_bf16_)(p, n, inv, write, ks);
     case LSC_CODE_F32:
         return write ? LSC_F(stats32_)(p, n, inv, 1, ks) : LSC_F(stats32_)(p, n, inv, 0, ks);
@@ -735,6 +882,7 @@ static const lsc_isa LSC_F(lsc_isa_) = {
 #undef LSC_FMA_PD
 #undef LSC_MAXU16
 #undef LSC_MAXU32
+#undef LSC_MAXU16W
 #undef LSC_MAXS64
 #undef LSC_VBYTES
 #undef LSC_SFX

@@ -178,6 +178,7 @@ typedef struct {
 #endif
 /* the low and the high half of a vector of floats, widened to doubles */
 #define LSC_MAXU32(a, b) ((__typeof__(a))_mm_max_epu32((__m128i)(a), (__m128i)(b)))
+#define LSC_MAXU16W(a, b) ((__typeof__(a))_mm_max_epu16((__m128i)(a), (__m128i)(b)))
 #define LSC_PD_LO(f) _mm_cvtps_pd((__m128)(f))
 #define LSC_PD_HI(f) _mm_cvtps_pd(_mm_movehl_ps((__m128)(f), (__m128)(f)))
 /* signed 64-bit max: a compare (SSE4.2) and a blend */
@@ -198,6 +199,7 @@ typedef struct {
     (!_mm256_testz_si256((__m256i)(q), _mm256_set1_epi64x((long long)(top))))
 #define LSC_MAXU32(a, b) ((__typeof__(a))_mm256_max_epu32((__m256i)(a), (__m256i)(b)))
 #define LSC_MAXU16(a, b) ((__typeof__(a))_mm_max_epu16((__m128i)(a), (__m128i)(b)))
+#define LSC_MAXU16W(a, b) ((__typeof__(a))_mm256_max_epu16((__m256i)(a), (__m256i)(b)))
 #define LSC_PD_LO(f) _mm256_cvtps_pd(_mm256_castps256_ps128((__m256)(f)))
 #define LSC_PD_HI(f) _mm256_cvtps_pd(_mm256_extractf128_ps((__m256)(f), 1))
 #define LSC_FMA_PD(a, b, c) _mm256_fmadd_pd((__m256d)(a), (__m256d)(b), (__m256d)(c))
@@ -218,6 +220,7 @@ typedef struct {
     (_mm512_test_epi64_mask((__m512i)(q), _mm512_set1_epi64((long long)(top))) != 0)
 #define LSC_MAXU32(a, b) ((__typeof__(a))_mm512_max_epu32((__m512i)(a), (__m512i)(b)))
 #define LSC_MAXU16(a, b) ((__typeof__(a))_mm256_max_epu16((__m256i)(a), (__m256i)(b)))
+#define LSC_MAXU16W(a, b) ((__typeof__(a))_mm512_max_epu16((__m512i)(a), (__m512i)(b)))
 #define LSC_MAXS64(a, b) ((__typeof__(a))_mm512_max_epi64((__m512i)(a), (__m512i)(b)))
 #define LSC_PD_LO(f) _mm512_cvtps_pd(_mm512_castps512_ps256((__m512)(f)))
 #define LSC_PD_HI(f) \
