@@ -56,18 +56,18 @@
 
 /* Picoseconds one core spends on an element of a contiguous run under a
  * writing or statistics op: the vector kernels at x86-64-v3 (AVX2, F16C) on
- * an AMD Zen 3 core, data in L2, the best of three runs of 1e5 elements.
+ * an AMD Zen 3 core, data in L2, the best of five runs of 1e5 elements.
  * A wider or newer core takes less; the proportions are what matters for
  * the chunks, and the absolute figures place the threading threshold. */
 static inline lsc_n lsc_elem_ps(int code, int op)
 {
     const int stats = (op & LSC_OP_STATS) != 0;
     switch (code) {
-    case LSC_CODE_F16: return stats ? 315 : 116;
-    case LSC_CODE_BF16: return stats ? 433 : 240;
-    case LSC_CODE_F32: return stats ? 169 : 76;
-    case LSC_CODE_F64: return stats ? 210 : 158;
-    default: return 76;
+    case LSC_CODE_F16: return stats ? 309 : 111;
+    case LSC_CODE_BF16: return stats ? 285 : 105;
+    case LSC_CODE_F32: return stats ? 159 : 68;
+    case LSC_CODE_F64: return stats ? 187 : 151;
+    default: return 68;
     }
 }
 
