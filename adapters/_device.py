@@ -143,9 +143,10 @@ class Gated(_arrays.ArrayOptimizer):
     lscore.cuda's fused kernels (_ext/optim.cu): one launch per gradient
     dtype reads each gradient once, casts it to float32 and updates the
     variable and its slots, bit for bit as the NumPy adapter; the records
-    and launch tables are planned once per list of arrays (re-planned when
-    an address, size or dtype changes).  Other variables (float16, float64)
-    and clipped steps take the elementwise path of ``_arrays``.
+    travel in the kernels' arguments, packed once per list of arrays
+    (re-packed when an address, size or dtype changes; nothing is
+    uploaded).  Other variables (float16, float64) and clipped steps take
+    the elementwise path of ``_arrays``.
 
     A LossScaleOptimizer drives the fused kernels itself (``_fused_plan``,
     ``_fused_launch``) to unscale, check and skip on the device.  On the
@@ -205,8 +206,8 @@ class Gated(_arrays.ArrayOptimizer):
         A list seen before costs one compiled walk (the adapter's
         ``lscore.kernels.DeviceTable``, which checks each array's identity,
         address, size and dtype) and a lookup; otherwise the pairs are
-        checked here and their records planned (uploaded), or found in the
-        launcher's cache by their addresses.
+        checked here and their records packed into the kernels' arguments
+        (nothing uploaded), or found in the launcher's cache by their addresses.
         """
         if not pairs or self._clipnorm or self._global_clipnorm or self._clipvalue:
             return None
@@ -254,13 +255,12 @@ class Gated(_arrays.ArrayOptimizer):
         raise NotImplementedError
 
     def _plan_records(self, pairs: Any) -> FusedPlan:
-        """The launcher's plan of these records; planned (uploaded) on first sight, never while
-        capturing."""
+        """The launcher's plan of these records (packed on first sight, nothing uploaded, so a
+        capture may plan new arrays; a slot it would create is refused)."""
         launcher = self.fused_launcher()
         ptr = launcher.backend.ptr
         names = self._slot_names()
         records: list[tuple[Any, int, tuple[int, ...]]] = []
-        tensors: list[tuple[Any, int, tuple[int, ...]]] = []
         capturing = self._backend.capturing()
         for g, v in pairs:
             entry = self._slots.get(id(v))
@@ -268,16 +268,9 @@ class Gated(_arrays.ArrayOptimizer):
             if capturing and any(n not in slots for n in names):
                 refuse_in_capture(True, "creating an optimizer slot", _ONE_STEP)
             rec = (ptr(g), ptr(v), *[ptr(self._slot(v, n)) for n in names])
-            code = BY_NAME[str(g.dtype)]
-            records.append((code, v.size, rec))
-            pad = max(_RECORD_WORDS[self._kind] - len(rec), 0)
-            tensors.append((code, v.size, rec + (0,) * pad))
+            records.append((BY_NAME[str(g.dtype)], v.size, rec))
         key = tuple(records)
-        plan = launcher.cached(key)
-        if plan is None:
-            refuse_in_capture(capturing, "planning a new list of arrays (an upload)", _ONE_STEP)
-            plan = launcher.plan(key, tensors)
-        return plan
+        return launcher.plan(key, self._kind, records)
 
     def _fused_launch(
         self,
@@ -370,9 +363,6 @@ _FUSED_GRADS = ("float16", "bfloat16", "float32")
 # what a schedule may set between replays of a captured sync-free step (Adam's betas are not
 # live: their bias-correction table is captured with the step)
 _LIVE = frozenset({"learning_rate", "momentum", "epsilon", "weight_decay"})
-# optim.cu reads rec[2] (SGD) and rec[3] (Adam) even without a slot there; amsgrad's rec[4]
-# is always a slot
-_RECORD_WORDS = {"sgd": 3, "adam": 4}
 
 
 class SGD(Gated, _arrays.SGD):

@@ -27,7 +27,8 @@ measures the kernels themselves (``lscore bench``).
   and memcpy over an array's bytes, the bandwidth references of the bench.
 - ``DEVICE_FLAGS``, ``DEVICE_VALS`` (slot names -> index, with their counts
   ``NDEVICE_FLAGS``, ``NDEVICE_VALS``), ``OPTIM_FLAGS`` and ``NORM_FLAGS`` (bit
-  names -> bit) and ``META`` (the scan kernels' argument structs):
+  names -> bit), ``META`` and ``OPT_META`` (the scan kernels' and the fused
+  optimizers' argument structs):
   the layout lsc_codes.h gives the CUDA kernels' shared flags and values and
   the fused optimizers' flags, for ``lscore.cuda``.
 """
@@ -39,6 +40,7 @@ from lscore._ext._codes import (
     NDEVICE_FLAGS,
     NDEVICE_VALS,
     NORM_FLAGS,
+    OPT_META,
     OPTIM_FLAGS,
 )
 from lscore._ext._grads import GradTable
@@ -75,6 +77,8 @@ OPTIM_FLAGS = OPTIM_FLAGS
 NORM_FLAGS = NORM_FLAGS
 #: the scan kernels' argument structs: name -> (tensors, blocks) one launch's argument holds
 META = META
+#: the fused optimizers' argument structs: name -> (addresses per tensor, tensors, blocks)
+OPT_META = OPT_META
 
 __all__ = [
     "DEVICE_FLAGS",
@@ -84,6 +88,7 @@ __all__ = [
     "NDEVICE_VALS",
     "NORM_FLAGS",
     "OPTIM_FLAGS",
+    "OPT_META",
     "READ_CUDA_ARRAY",
     "READ_NUMPY",
     "DevicePlan",
