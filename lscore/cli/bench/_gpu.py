@@ -190,6 +190,23 @@ def _first_sight(fn, lists) -> list[float]:
     return out
 
 
+def _first_sight_row(group: str, method: str, ts: list[float], count: int, dtype) -> dict:
+    """The row of calls each timed once (`ts`, seconds), over `count` arrays each."""
+    return {
+        "group": group,
+        "method": method,
+        "bytes": 0,
+        "per": count,
+        "dtype": dtype,
+        "n": count,
+        "median_s": statistics.median(ts),
+        "min_s": min(ts),
+        "max_s": max(ts),
+        "calls": 1,
+        "repeats": len(ts),
+    }
+
+
 def run_host(opts, rows: Rows, rng) -> list[dict]:
     """The gpu-host rows (unscale_ and all_finite, then whole fused steps); returns the
     targets (the issue's host-cost targets are for the unscale_/all_finite calls)."""
@@ -236,21 +253,7 @@ def run_host(opts, rows: Rows, rng) -> list[dict]:
             # beyond each call's one read of its result
             new_addresses[op] = (backend.uploads - ups, backend.syncs - syncs - len(lists))
             del lists
-            rows.append(
-                {
-                    "group": g,
-                    "method": f"{op} first sight",
-                    "bytes": 0,
-                    "per": count,
-                    "dtype": dtype,
-                    "n": count,
-                    "median_s": statistics.median(ts),
-                    "min_s": min(ts),
-                    "max_s": max(ts),
-                    "calls": 1,
-                    "repeats": len(ts),
-                }
-            )
+            rows.append(_first_sight_row(g, f"{op} first sight", ts, count, dtype))
         by = {r["method"]: r for r in rows.rows if r["group"] == g and "median_s" in r}
         for op in ("unscale_", "all_finite"):
             many, single = (
@@ -376,19 +379,9 @@ def run_host_steps(opts, rows: Rows, rng) -> list[dict]:
                 extra = backend.syncs - syncs - reads * len(lists)
                 first = statistics.median(ts) / count * 1e6
                 rows.append(
-                    {
-                        "group": g,
-                        "method": f"{method} step, gradients at new addresses",
-                        "bytes": 0,
-                        "per": count,
-                        "dtype": dtype,
-                        "n": count,
-                        "median_s": statistics.median(ts),
-                        "min_s": min(ts),
-                        "max_s": max(ts),
-                        "calls": 1,
-                        "repeats": len(ts),
-                    }
+                    _first_sight_row(
+                        g, f"{method} step, gradients at new addresses", ts, count, dtype
+                    )
                 )
                 targets.append(
                     {
