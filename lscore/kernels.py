@@ -56,13 +56,25 @@ from lscore._ext._scan import (
 )
 from lscore._ext._scan import bench_copy as copy_bandwidth
 from lscore._ext._scan import bench_read_u64 as read_bandwidth
-from lscore._ext._walk import READ_CUDA_ARRAY, READ_NUMPY, DevicePlan, DeviceTable, plan_launches
+from lscore._ext._walk import (
+    DLPACK_DEVICES,
+    READ_CUDA_ARRAY,
+    READ_DLPACK,
+    READ_NUMPY,
+    DevicePlan,
+    DeviceTable,
+    plan_launches,
+)
 
 # re-bound so that their doc comments reach the API reference
 #: reader code of a NumPy array (read through NumPy's C API)
 READ_NUMPY = READ_NUMPY
 #: reader code of a CUDA array (read through ``__cuda_array_interface__``)
 READ_CUDA_ARRAY = READ_CUDA_ARRAY
+#: reader code of a tensor read through its type's DLPack C exchange API (torch)
+READ_DLPACK = READ_DLPACK
+#: DLPack's device types, by torch's device type names ("cpu", "cuda"), for READ_DLPACK
+DLPACK_DEVICES = DLPACK_DEVICES
 #: the CUDA kernels' shared device flags: slot name -> index
 DEVICE_FLAGS = DEVICE_FLAGS
 #: the CUDA kernels' shared device values: slot name -> index
@@ -83,6 +95,7 @@ OPT_META = OPT_META
 __all__ = [
     "DEVICE_FLAGS",
     "DEVICE_VALS",
+    "DLPACK_DEVICES",
     "META",
     "NDEVICE_FLAGS",
     "NDEVICE_VALS",
@@ -90,6 +103,7 @@ __all__ = [
     "OPTIM_FLAGS",
     "OPT_META",
     "READ_CUDA_ARRAY",
+    "READ_DLPACK",
     "READ_NUMPY",
     "DevicePlan",
     "DeviceTable",
