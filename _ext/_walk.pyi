@@ -14,6 +14,12 @@ class DevicePlan:
     groups: list[tuple[int, int, np.ndarray, np.ndarray]]
     devices: tuple[int, ...]
     codes: tuple[int, ...]
+    leaf_addresses: np.ndarray
+    leaf_counts: np.ndarray
+    leaf_codes: np.ndarray
+    leaf_devices: np.ndarray
+    leaf_c_contiguous: np.ndarray
+    leaf_writable: np.ndarray
     write_error: str | None
     payload: dict
 

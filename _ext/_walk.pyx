@@ -71,7 +71,10 @@ cdef class DevicePlan:
     groups: [(device, dtype code, uint64 addresses, int64 counts)] of the
     floating, non-empty arrays, in first-seen order; devices: the devices
     in that order; codes: the dtype codes of every array, empty ones
-    included, each once in first-seen order; write_error: why unscale_ must refuse these arrays
+    included, each once in first-seen order; leaf_addresses, leaf_counts,
+    leaf_codes, leaf_devices, leaf_c_contiguous, leaf_writable: every array's,
+    in flattened order (for callers that pair arrays, such as the fused
+    optimizers' gradients and variables); write_error: why unscale_ must refuse these arrays
     (read-only, sharing memory), or None; payload: a dict the launcher
     keeps its device tables in, freed with the plan.
     """
@@ -80,6 +83,8 @@ cdef class DevicePlan:
     cdef readonly list groups
     cdef readonly tuple devices
     cdef readonly tuple codes
+    cdef readonly object leaf_addresses, leaf_counts, leaf_codes, leaf_devices
+    cdef readonly object leaf_c_contiguous, leaf_writable
     cdef readonly object write_error
     cdef public dict payload
     cdef list _keep
@@ -121,7 +126,8 @@ cdef class DeviceTable:
     device : int
         The device of READ_NUMPY arrays.
     cache_size : int
-        Plans kept (keyed by the first array of a list and the number of arrays).
+        Plans kept, the least recently used dropped first (keyed by the first and
+        last array of a list and the number of arrays).
     dl_device : int
         READ_DLPACK: the DLPack device type of the arrays (``DLPACK_DEVICES``);
         an array elsewhere is refused (TypeError), as is one DLPack cannot
@@ -206,6 +212,10 @@ cdef class DeviceTable:
             cand = self._plans.get(key)
             if cand is not None and self._matches(<DevicePlan>cand):
                 self.hits += 1
+                # least recently used goes first: a list used every call (an optimizer's
+                # variables) outlives lists seen once (gradients at new addresses)
+                del self._plans[key]
+                self._plans[key] = cand
                 return cand
             self.misses += 1
             p = self._build()
@@ -331,6 +341,9 @@ cdef class DeviceTable:
         cdef uint64_t *P = <uint64_t *>cnp.PyArray_DATA(ptrs)
         cdef int64_t *S = <int64_t *>cnp.PyArray_DATA(sizes)
         cdef int32_t *G = <int32_t *>cnp.PyArray_DATA(gids)
+        cdef cnp.ndarray lcodes = np.empty(m, np.int8), ldevs = np.empty(m, np.int64)
+        cdef cnp.ndarray lc = np.empty(m, np.bool_), lw = np.empty(m, np.bool_)
+        cdef bint c_contiguous
         lsc_order_init(&order)
         p.leaves = <leaf_t *>PyMem_Malloc(m * sizeof(leaf_t))
         if p.leaves == NULL:
@@ -350,10 +363,12 @@ cdef class DeviceTable:
                 dt = <object><PyObject *>cnp.PyArray_DESCR(<cnp.ndarray>x)
                 flags = cnp.PyArray_FLAGS(<cnp.ndarray>x) & _NP_KEEP
                 dense = (flags & (cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_F_CONTIGUOUS)) != 0
+                c_contiguous = (flags & cnp.NPY_ARRAY_C_CONTIGUOUS) != 0
                 writable = (flags & cnp.NPY_ARRAY_WRITEABLE) != 0
                 dev = self._device
             elif self._kind == READ_DLPACK:
                 ptr, n, dev = self._read_dlpack(x, i, &dense)
+                c_contiguous = dense
                 dt = PyObject_GetAttr(x, _A_DTYPE)
                 flags = 0
                 writable = True
@@ -364,10 +379,11 @@ cdef class DeviceTable:
                 n = PyLong_AsSsize_t(PyObject_GetAttr(x, _A_SIZE))
                 dt = PyObject_GetAttr(x, _A_DTYPE)
                 flags = 0
-                dense = True
+                dense = c_contiguous = True
                 if n > 1:
                     fl = PyObject_GetAttr(x, _A_FLAGS)
-                    dense = fl.c_contiguous or fl.f_contiguous
+                    c_contiguous = fl.c_contiguous
+                    dense = c_contiguous or fl.f_contiguous
                 writable = True
             if dt is not last_dt:
                 last_code = self._code(dt)
@@ -396,6 +412,7 @@ cdef class DeviceTable:
             if i == 0 or <PyObject *>dt != p.leaves[i - 1].dtype:
                 p._keep.append(dt)
             P[i], S[i], G[i] = ptr, n, -1
+            lcodes[i], ldevs[i], lc[i], lw[i] = code, dev, c_contiguous, writable
             if not (seen >> code) & 1:
                 seen |= 1ull << code
                 codes.append(code)
@@ -426,6 +443,8 @@ cdef class DeviceTable:
                         for j in range(ng)]
         p.devices = tuple(dict.fromkeys(gdev[j] for j in range(ng)))
         p.codes = tuple(codes)
+        p.leaf_addresses, p.leaf_counts, p.leaf_codes = ptrs, sizes, lcodes
+        p.leaf_devices, p.leaf_c_contiguous, p.leaf_writable = ldevs, lc, lw
         for i in range(m):
             if p.leaves[i].ref == NULL:       # one uncacheable array: the plan is not kept
                 for j in range(m):

@@ -94,14 +94,15 @@ class FusedPlan:
 
     `kind` is the optimizer ("sgd" or "adam") whose argument struct `meta`
     the records were packed into; ``specs`` lists (gradient dtype code,
-    argument bytes, blocks) per launch.  The packed launches of each kernel
-    and signature (``packed``) are kept here for as long as this lives.
+    blocks) per launch and ``arguments`` holds each launch's argument bytes
+    (its struct, then the chunk) as one row.  The packed launches of each
+    kernel and signature (``packed``) are kept here for as long as this lives.
     """
 
-    __slots__ = ("kind", "meta", "packed", "specs")
+    __slots__ = ("arguments", "kind", "meta", "packed", "specs")
 
-    def __init__(self, kind: str, meta: str, specs: list) -> None:
-        self.kind, self.meta, self.specs = kind, meta, specs
+    def __init__(self, kind: str, meta: str, specs: list, arguments: np.ndarray) -> None:
+        self.kind, self.meta, self.specs, self.arguments = kind, meta, specs, arguments
         self.packed: dict = {}
 
     @property
@@ -138,56 +139,62 @@ class FusedLauncher:
                 self._cache.move_to_end(key)
             return hit
 
-    def plan(self, key: Any, kind: str, tensors: Any) -> FusedPlan:
-        """The plan of `key` for optimizer `kind`, packed from `tensors` on a miss.
+    def plan(self, key: Any, kind: str, codes: Any, counts: Any, records: Any) -> FusedPlan:
+        """The plan of `key` for optimizer `kind`, packed on a miss.
 
-        `tensors`: [(gradient dtype code, element count, record addresses)],
-        each record at most the kernel's depth (SGD 3, Adam 5; missing
-        slots are 0).  Nothing is uploaded.
+        Per tensor: its gradient dtype code (`codes`), element count (`counts`) and
+        record of addresses (`records`, one row each, at most the kernel's depth:
+        SGD 3, Adam 5; missing slots are 0).  Nothing is uploaded.
         """
         hit = self.cached(key)
         if hit is not None:
             return hit
         meta = OPT_METAS[kind][self._size]
         depth, max_tensors, max_blocks = kernels.OPT_META[meta]
-        by_code: dict = {}
-        for i, (code, _, _) in enumerate(tensors):
-            if Code(code) not in GRAD_CODES:
-                raise TypeError(
-                    f"the fused optimizers read float16, bfloat16 or float32 "
-                    f"gradients, not {Code(code).name}"
-                )
-            by_code.setdefault(int(code), []).append(i)
-        records = np.zeros((len(tensors), depth), np.uint64)
-        for i, (_, _, rec) in enumerate(tensors):
-            if len(rec) > depth:
-                raise ValueError(f"a {kind} record holds at most {depth} addresses, got {len(rec)}")
-            records[i, : len(rec)] = rec
-        dtype = _opt_meta_dtype(meta)
+        codes = np.asarray(codes, np.int64).reshape(-1)
+        counts = np.asarray(counts, np.int64).reshape(-1)
+        given = np.asarray(records, np.uint64).reshape(len(codes), -1)
+        if given.shape[1] > depth:
+            raise ValueError(
+                f"a {kind} record holds at most {depth} addresses, got {given.shape[1]}"
+            )
+        bad = np.setdiff1d(codes, [int(c) for c in GRAD_CODES])
+        if bad.size:
+            raise TypeError(
+                f"the fused optimizers read float16, bfloat16 or float32 "
+                f"gradients, not {Code(int(bad[0])).name}"
+            )
+        rec = np.zeros((len(codes), depth), np.uint64)
+        rec[:, : given.shape[1]] = given
         r = self.runner
-        specs = []
-        for code, idx in by_code.items():
+        groups = []
+        for code in dict.fromkeys(codes.tolist()):  # the groups in first-seen order
+            idx = np.flatnonzero(codes == code)
             # the tensors planned by their place in `idx`: the table's "addresses"
             table, launches = plan_launches(
-                list(range(len(idx))),
-                [tensors[i][1] for i in idx],
+                np.arange(len(idx), dtype=np.uint64),
+                counts[idx],
                 chunk=r.chunk,
                 max_tensors=min(r.max_tensors, max_tensors),
                 max_blocks=min(r.max_blocks, max_blocks),
             )
-            rows = np.asarray(idx, np.int64)
+            groups.append((code, idx, table, launches))
+        # every launch's argument block in one allocation: the struct, then the chunk
+        dtype = _opt_meta_dtype(meta)
+        blocks_all = np.zeros((sum(len(g[3]) for g in groups), dtype.itemsize + 8), np.uint8)
+        metas = blocks_all[:, : dtype.itemsize].view(dtype).reshape(-1)
+        blocks_all[:, dtype.itemsize :].view(np.int64)[:, 0] = r.chunk
+        specs = []
+        for code, idx, table, launches in groups:
             for off, nt, nb in launches:
-                own = np.zeros(dtype.itemsize + 8, np.uint8)  # the struct, then the chunk
-                m = own[: dtype.itemsize].view(dtype)[0]
-                which = rows[table[off : off + nt].astype(np.int64)]
-                m["ptr"][:, :nt] = records[which].T
+                m = metas[len(specs)]
+                m["ptr"][:, :nt] = rec[idx[table[off : off + nt].astype(np.int64)]].T
                 m["size"][:nt] = table[off + nt : off + 2 * nt].view(np.int64)
                 blocks = table[off + 2 * nt : off + 2 * nt + nb]
                 m["chunk_of"][:nb] = blocks >> 32
                 m["tensor_of"][:nb] = blocks & 0xFFFFFFFF
-                own[dtype.itemsize :].view(np.int64)[0] = r.chunk
-                specs.append((code, own, nb))
-        hit = FusedPlan(kind, meta, specs)
+                specs.append((code, nb))
+        hit = FusedPlan(kind, meta, specs, blocks_all)
         with self._lock:
             self._cache[key] = hit
             while len(self._cache) > self._cache_size:
@@ -244,18 +251,30 @@ class FusedLauncher:
 
     def _pack(self, name: str, flags: int, plan: FusedPlan, args: tuple) -> Any:
         """([(kernel handle, grid, block, void*[] address, widths address, count)], arrays
-        kept): the entries ``MultiTensor.enqueue`` launches."""
+        kept): the entries ``MultiTensor.enqueue`` launches.  Every launch's ``void*[]`` is
+        a row of one matrix (its argument row, the chunk after it, then the shared call
+        words), and one widths array serves them all."""
         r, call = self.runner, self._call.ctypes.data
         size = _opt_meta_dtype(plan.meta).itemsize
-        out: list[tuple] = []
-        keep: list[np.ndarray] = []
-        for code, own, nb in plan.specs:
-            base = own.ctypes.data
-            params = [(base, size), (base + size, 8)]
-            params += [(call + 8 * k, a.itemsize) for k, a in enumerate(args)]
-            kernel = optim_kernel_name(name, code, plan.meta, flags)
-            out.append(r.pack(keep, kernel, nb, r.block, params))
-        return out, keep
+        rows = plan.arguments.ctypes.data + plan.arguments.shape[1] * np.arange(
+            len(plan.specs), dtype=np.uint64
+        )
+        params = np.empty((len(plan.specs), 2 + len(args)), np.uint64)
+        params[:, 0] = rows
+        params[:, 1] = rows + size
+        params[:, 2:] = call + 8 * np.arange(len(args), dtype=np.uint64)
+        widths = np.array([size, 8, *(a.itemsize for a in args)], np.int64)
+        kernels_by_code: dict = {}
+        out = []
+        base, step, waddr = params.ctypes.data, params.shape[1] * 8, widths.ctypes.data
+        for k, (code, nb) in enumerate(plan.specs):
+            fn = kernels_by_code.get(code)
+            if fn is None:
+                fn = kernels_by_code[code] = r.kernel(
+                    optim_kernel_name(name, code, plan.meta, flags)
+                )
+            out.append((fn, nb, r.block, base + k * step, waddr, len(widths)))
+        return out, [params, widths]
 
 
 @functools.cache

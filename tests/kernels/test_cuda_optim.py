@@ -73,8 +73,13 @@ def _launch(backend, op, records, sizes, cfg, scalars, hyper=0, *, large=False):
     runner = MultiTensor(backend, chunk=chunk, block=block, max_tensors=mt, max_blocks=mb)
     runner.meta = METAS[1] if large else METAS[0]
     launcher = FusedLauncher(runner)
-    tensors = [(code, n, rec) for (code, rec), n in zip(records, sizes, strict=True)]
-    plan = launcher.plan(("test", op), op, tensors)
+    plan = launcher.plan(
+        ("test", op),
+        op,
+        [code for code, _ in records],
+        sizes,
+        np.array([rec for _, rec in records], np.uint64),
+    )
     k = _HEAD[op]
     flags, inv, inv_dev, gate, skip_if = scalars[k : k + 5]
     return launcher.launch(
@@ -706,15 +711,13 @@ def test_a_replayed_step_reads_the_hyperparameters_written_between_replays(backe
 
     def launcher_for(state):
         launcher = FusedLauncher(MultiTensor(backend, chunk=16, block=4, max_tensors=3))
-        tensors = [
-            (
-                BY_NAME[g.dtype.name],
-                g.size,
-                [g.ctypes.data, w.ctypes.data, *(x.ctypes.data for x in sl)],
-            )
+        records = [
+            [g.ctypes.data, w.ctypes.data, *(x.ctypes.data for x in sl)]
             for g, (w, sl) in zip(grads, state, strict=True)
         ]
-        return launcher, launcher.plan(("key", kind), kind, tensors)
+        codes = [BY_NAME[g.dtype.name] for g in grads]
+        sizes = [g.size for g in grads]
+        return launcher, launcher.plan(("key", kind), kind, codes, sizes, records)
 
     live_l, live_plan = launcher_for(live)
     eager_l, eager_plan = launcher_for(eager)
