@@ -184,7 +184,7 @@ class FusedLauncher:
         blocks_all = np.zeros((sum(len(g[3]) for g in groups), dtype.itemsize + 8), np.uint8)
         metas = blocks_all[:, : dtype.itemsize].view(dtype).reshape(-1)
         blocks_all[:, dtype.itemsize :].view(np.int64)[:, 0] = r.chunk
-        specs = []
+        specs: list[tuple[int, int]] = []
         for code, idx, table, launches in groups:
             for off, nt, nb in launches:
                 m = metas[len(specs)]
