@@ -18,3 +18,4 @@ NDEVICE_VALS: int
 OPTIM_FLAGS: dict[str, int]
 NORM_FLAGS: dict[str, int]
 META: dict[str, tuple[int, int]]
+OPT_META: dict[str, tuple[int, int, int]]

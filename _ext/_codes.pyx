@@ -22,6 +22,12 @@ cdef extern from "lsc_codes.h":
         LSC_META_4K_BLOCKS
         LSC_META_32K_TENSORS
         LSC_META_32K_BLOCKS
+        LSC_SGD_DEPTH
+        LSC_ADAM_DEPTH
+        LSC_SGD_4K_TENSORS
+        LSC_SGD_32K_TENSORS
+        LSC_ADAM_4K_TENSORS
+        LSC_ADAM_32K_TENSORS
 
 # dtype codes, by the member names of lscore.dtypes.Code
 CODES = {"INT": LSC_CODE_INT, "F16": LSC_CODE_F16, "BF16": LSC_CODE_BF16, "F32": LSC_CODE_F32,
@@ -77,3 +83,9 @@ NORM_FLAGS = {"INF": LSC_NORM_INF, "FIRST": LSC_NORM_FIRST, "LAST": LSC_NORM_LAS
 # C name: 4 KB of kernel parameters, or 32 KB (CUDA >= 12.1, sm_70+)
 META = {"lsc_meta_4k": (LSC_META_4K_TENSORS, LSC_META_4K_BLOCKS),
         "lsc_meta_32k": (LSC_META_32K_TENSORS, LSC_META_32K_BLOCKS)}
+# (addresses per tensor, tensors, blocks) one fused optimizer kernel argument holds
+# (optim.cu's lsc_opt_meta), by its C name
+OPT_META = {"lsc_sgd_meta_4k": (LSC_SGD_DEPTH, LSC_SGD_4K_TENSORS, LSC_META_4K_BLOCKS),
+            "lsc_sgd_meta_32k": (LSC_SGD_DEPTH, LSC_SGD_32K_TENSORS, LSC_META_32K_BLOCKS),
+            "lsc_adam_meta_4k": (LSC_ADAM_DEPTH, LSC_ADAM_4K_TENSORS, LSC_META_4K_BLOCKS),
+            "lsc_adam_meta_32k": (LSC_ADAM_DEPTH, LSC_ADAM_32K_TENSORS, LSC_META_32K_BLOCKS)}

@@ -6,11 +6,20 @@ import numpy as np
 
 READ_NUMPY: int
 READ_CUDA_ARRAY: int
+READ_DLPACK: int
+DLPACK_DEVICES: dict[str, int]
 
 class DevicePlan:
     narrays: int
     groups: list[tuple[int, int, np.ndarray, np.ndarray]]
     devices: tuple[int, ...]
+    codes: tuple[int, ...]
+    leaf_addresses: np.ndarray
+    leaf_counts: np.ndarray
+    leaf_codes: np.ndarray
+    leaf_devices: np.ndarray
+    leaf_c_contiguous: np.ndarray
+    leaf_writable: np.ndarray
     write_error: str | None
     payload: dict
 
@@ -26,6 +35,7 @@ class DeviceTable:
         hint: str = ...,
         device: int = ...,
         cache_size: int = ...,
+        dl_device: int = ...,
     ) -> None: ...
     def clear(self) -> None: ...
     def plan(self, arrays: Any) -> DevicePlan: ...

@@ -26,6 +26,7 @@ from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport int32_t, int64_t, intptr_t, uint64_t, uintptr_t
 
 from _dtypes cimport *
+from _dlpack cimport *
 from _walker cimport visitor, walk
 
 import numpy as np
@@ -35,6 +36,9 @@ cnp.import_array()
 
 READ_NUMPY = 1         # numpy.ndarray, through NumPy's C API
 READ_CUDA_ARRAY = 2    # CuPy's attributes: data.ptr, data.device_id, size, dtype, flags
+READ_DLPACK = 3        # the type's DLPack C exchange API (exactly that type), and .dtype
+# DLPack's device types of the devices READ_DLPACK reads, by torch's device type names
+DLPACK_DEVICES = {"cpu": LSC_DL_CPU, "cuda": LSC_DL_CUDA}
 
 # attribute names read per array, interned once
 cdef object _A_DATA = "data", _A_PTR = "ptr", _A_SIZE = "size", _A_DTYPE = "dtype"
@@ -66,7 +70,11 @@ cdef class DevicePlan:
 
     groups: [(device, dtype code, uint64 addresses, int64 counts)] of the
     floating, non-empty arrays, in first-seen order; devices: the devices
-    in that order; write_error: why unscale_ must refuse these arrays
+    in that order; codes: the dtype codes of every array, empty ones
+    included, each once in first-seen order; leaf_addresses, leaf_counts,
+    leaf_codes, leaf_devices, leaf_c_contiguous, leaf_writable: every array's,
+    in flattened order (for callers that pair arrays, such as the fused
+    optimizers' gradients and variables); write_error: why unscale_ must refuse these arrays
     (read-only, sharing memory), or None; payload: a dict the launcher
     keeps its device tables in, freed with the plan.
     """
@@ -74,6 +82,9 @@ cdef class DevicePlan:
     cdef readonly Py_ssize_t narrays
     cdef readonly list groups
     cdef readonly tuple devices
+    cdef readonly tuple codes
+    cdef readonly object leaf_addresses, leaf_counts, leaf_codes, leaf_devices
+    cdef readonly object leaf_c_contiguous, leaf_writable
     cdef readonly object write_error
     cdef public dict payload
     cdef list _keep
@@ -83,6 +94,7 @@ cdef class DevicePlan:
         self.narrays = 0
         self.groups = []
         self.devices = ()
+        self.codes = ()
         self.write_error = None
         self.payload = {}
         self._keep = []
@@ -114,10 +126,18 @@ cdef class DeviceTable:
     device : int
         The device of READ_NUMPY arrays.
     cache_size : int
-        Plans kept (keyed by the first array of a list and the number of arrays).
+        Plans kept, the least recently used dropped first (keyed by the first and
+        last array of a list and the number of arrays).
+    dl_device : int
+        READ_DLPACK: the DLPack device type of the arrays (``DLPACK_DEVICES``);
+        an array elsewhere is refused (TypeError), as is one DLPack cannot
+        describe (sparse) or a subclass of `array_type`.  Only C-contiguous
+        arrays are dense here.
     """
-    cdef type _type
+    cdef object _type
     cdef int _kind
+    cdef lsc_dl_from_pyobject _dl
+    cdef int _dl_device
     cdef object _classify
     cdef dict _codes
     cdef str _expected, _hint
@@ -133,10 +153,16 @@ cdef class DeviceTable:
         self._buf = NULL
         self._n = self._cap = 0
 
-    def __init__(self, type array_type, int kind, classify, str expected, str hint="numpy",
-                 int device=0, Py_ssize_t cache_size=8):
-        if kind != READ_NUMPY and kind != READ_CUDA_ARRAY:
+    def __init__(self, array_type, int kind, classify, str expected, str hint="numpy",
+                 int device=0, Py_ssize_t cache_size=8, int dl_device=LSC_DL_CPU):
+        if kind != READ_NUMPY and kind != READ_CUDA_ARRAY and kind != READ_DLPACK:
             raise ValueError(f"unknown reader kind {kind}")
+        self._dl = NULL
+        self._dl_device = dl_device
+        if kind == READ_DLPACK:
+            self._dl = _exchange_api(array_type)
+            if self._dl == NULL:
+                raise TypeError(f"{array_type.__qualname__} has no DLPack C exchange API")
         self._type = array_type
         self._kind = kind
         self._classify = classify
@@ -186,6 +212,10 @@ cdef class DeviceTable:
             cand = self._plans.get(key)
             if cand is not None and self._matches(<DevicePlan>cand):
                 self.hits += 1
+                # least recently used goes first: a list used every call (an optimizer's
+                # variables) outlives lists seen once (gradients at new addresses)
+                del self._plans[key]
+                self._plans[key] = cand
                 return cand
             self.misses += 1
             p = self._build()
@@ -219,6 +249,7 @@ cdef class DeviceTable:
         cdef leaf_t *e
         cdef PyObject *x
         cdef cnp.PyArrayObject *a
+        cdef lsc_dl_tensor t
         cdef object data, dt
         if p.narrays != self._n:
             return False
@@ -234,6 +265,16 @@ cdef class DeviceTable:
                         or <PyObject *>cnp.PyArray_DESCR(<cnp.ndarray>x) != e.dtype
                         or (cnp.PyArray_FLAGS(<cnp.ndarray>x) & _NP_KEEP) != e.flags):
                     return False
+            elif self._kind == READ_DLPACK:
+                if self._dl(<void *>x, &t) != 0:
+                    PyErr_Clear()
+                    return False
+                if (<uint64_t><uintptr_t>t.data + t.byte_offset != e.ptr
+                        or _numel(t.ndim, t.shape) != e.n):
+                    return False
+                dt = PyObject_GetAttr(<object>x, _A_DTYPE)
+                if <PyObject *>dt != e.dtype:
+                    return False
             else:
                 data = PyObject_GetAttr(<object>x, _A_DATA)
                 if PyLong_AsUnsignedLongLong(PyObject_GetAttr(data, _A_PTR)) != e.ptr:
@@ -244,6 +285,33 @@ cdef class DeviceTable:
                 if <PyObject *>dt != e.dtype:
                     return False
         return True
+
+    cdef tuple _read_dlpack(self, x, Py_ssize_t i, bint *dense):
+        """(address, count, device index) of tensor `x` (leaf `i`) through DLPack;
+        *dense: whether it is C-contiguous."""
+        cdef lsc_dl_tensor t
+        cdef int64_t expect = 1, n
+        cdef int k
+        if type(x) is not self._type:
+            ty = type(x)
+            raise TypeError(f"unsupported array type {ty.__module__}.{ty.__qualname__}; "
+                            f"expected exactly {self._expected}")
+        if self._dl(<void *>x, &t) != 0:
+            PyErr_Clear()
+            raise TypeError(f"array {i} (in flattened order) has no dense memory to read "
+                            "(a sparse or other layout)")
+        if t.device.device_type != self._dl_device:
+            raise TypeError(f"array {i} (in flattened order) is on another device type")
+        n = _numel(t.ndim, t.shape)
+        dense[0] = True
+        k = t.ndim
+        while t.strides != NULL and n > 1 and k > 0:  # innermost dimension first
+            k -= 1
+            if t.shape[k] != 1 and t.strides[k] != expect:
+                dense[0] = False
+                break
+            expect *= t.shape[k]
+        return <uint64_t><uintptr_t>t.data + t.byte_offset, n, t.device.device_id
 
     cdef int _code(self, dt) except -2:
         cdef PyObject *c = PyDict_GetItem(self._codes, dt)
@@ -266,11 +334,16 @@ cdef class DeviceTable:
         cdef int64_t gdev[MAX_GROUPS]
         cdef int gcode[MAX_GROUPS]
         cdef lsc_order order
+        cdef unsigned long long seen = 0
+        cdef list codes = []
         cdef cnp.ndarray ptrs = np.empty(m, np.uint64), sizes = np.empty(m, np.int64)
         cdef cnp.ndarray gids = np.empty(m, np.int32)
         cdef uint64_t *P = <uint64_t *>cnp.PyArray_DATA(ptrs)
         cdef int64_t *S = <int64_t *>cnp.PyArray_DATA(sizes)
         cdef int32_t *G = <int32_t *>cnp.PyArray_DATA(gids)
+        cdef cnp.ndarray lcodes = np.empty(m, np.int8), ldevs = np.empty(m, np.int64)
+        cdef cnp.ndarray lc = np.empty(m, np.bool_), lw = np.empty(m, np.bool_)
+        cdef bint c_contiguous
         lsc_order_init(&order)
         p.leaves = <leaf_t *>PyMem_Malloc(m * sizeof(leaf_t))
         if p.leaves == NULL:
@@ -290,8 +363,15 @@ cdef class DeviceTable:
                 dt = <object><PyObject *>cnp.PyArray_DESCR(<cnp.ndarray>x)
                 flags = cnp.PyArray_FLAGS(<cnp.ndarray>x) & _NP_KEEP
                 dense = (flags & (cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_F_CONTIGUOUS)) != 0
+                c_contiguous = (flags & cnp.NPY_ARRAY_C_CONTIGUOUS) != 0
                 writable = (flags & cnp.NPY_ARRAY_WRITEABLE) != 0
                 dev = self._device
+            elif self._kind == READ_DLPACK:
+                ptr, n, dev = self._read_dlpack(x, i, &dense)
+                c_contiguous = dense
+                dt = PyObject_GetAttr(x, _A_DTYPE)
+                flags = 0
+                writable = True
             else:
                 data = PyObject_GetAttr(x, _A_DATA)
                 ptr = PyLong_AsUnsignedLongLong(PyObject_GetAttr(data, _A_PTR))
@@ -299,10 +379,11 @@ cdef class DeviceTable:
                 n = PyLong_AsSsize_t(PyObject_GetAttr(x, _A_SIZE))
                 dt = PyObject_GetAttr(x, _A_DTYPE)
                 flags = 0
-                dense = True
+                dense = c_contiguous = True
                 if n > 1:
                     fl = PyObject_GetAttr(x, _A_FLAGS)
-                    dense = fl.c_contiguous or fl.f_contiguous
+                    c_contiguous = fl.c_contiguous
+                    dense = c_contiguous or fl.f_contiguous
                 writable = True
             if dt is not last_dt:
                 last_code = self._code(dt)
@@ -311,6 +392,9 @@ cdef class DeviceTable:
             if code < 0:
                 raise TypeError(f"unsupported dtype {dt}; supported: float16, bfloat16, "
                                 "float32, float64 and integer/bool arrays")
+            if not dense and self._kind == READ_DLPACK:
+                raise ValueError(f"the GPU kernels need C-contiguous tensors; array {i} (in "
+                                 "flattened order) is not: pass .contiguous()")
             if not dense:
                 raise ValueError(_dense_message(x, i, self._hint))
             e = &p.leaves[i]
@@ -328,6 +412,10 @@ cdef class DeviceTable:
             if i == 0 or <PyObject *>dt != p.leaves[i - 1].dtype:
                 p._keep.append(dt)
             P[i], S[i], G[i] = ptr, n, -1
+            lcodes[i], ldevs[i], lc[i], lw[i] = code, dev, c_contiguous, writable
+            if not (seen >> code) & 1:
+                seen |= 1ull << code
+                codes.append(code)
             if code == LSC_CODE_INT or n == 0:
                 continue
             if not writable and p.write_error is None:
@@ -354,6 +442,9 @@ cdef class DeviceTable:
             p.groups = [(gdev[j], gcode[j], ptrs[gids == j], sizes[gids == j])
                         for j in range(ng)]
         p.devices = tuple(dict.fromkeys(gdev[j] for j in range(ng)))
+        p.codes = tuple(codes)
+        p.leaf_addresses, p.leaf_counts, p.leaf_codes = ptrs, sizes, lcodes
+        p.leaf_devices, p.leaf_c_contiguous, p.leaf_writable = ldevs, lc, lw
         for i in range(m):
             if p.leaves[i].ref == NULL:       # one uncacheable array: the plan is not kept
                 for j in range(m):

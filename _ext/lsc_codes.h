@@ -150,8 +150,8 @@ enum {
     LSC_OPT_NESTEROV = 2,     /* SGD: nesterov */
     LSC_OPT_MAXIMIZE = 4,     /* both: ascend (the gradient negated after unscaling) */
     LSC_OPT_AMSGRAD = 8,      /* Adam: keep the running maximum of v (record slot 4) */
-    LSC_OPT_CHECK = 16,       /* both: only check; store skip_if at gate on a non-finite
-                                 unscaled gradient, write nothing else */
+    LSC_OPT_CHECK = 16,       /* both: only check (the host launches lsc_mt_opt_check: skip_if
+                                 at gate on a non-finite unscaled gradient, nothing else) */
     LSC_OPT_INV_AS_GRAD = 32  /* both: round the inverse to the gradient's dtype first, as a
                                  framework multiplying in that dtype does (NumPy adapter) */
 };
@@ -165,6 +165,19 @@ enum {
     LSC_META_4K_BLOCKS = 320,
     LSC_META_32K_TENSORS = 770,
     LSC_META_32K_BLOCKS = 2240
+};
+
+/* the fused optimizers' argument structs (optim.cu's lsc_opt_meta): addresses
+ * per tensor (SGD {grad, param, momentum}, Adam {grad, param, m, v, vhat}) and
+ * the tensors one holds, torch's figures for those depths in 4 KB and 32 KB of
+ * kernel parameters; blocks as lsc_meta's */
+enum {
+    LSC_SGD_DEPTH = 3,
+    LSC_ADAM_DEPTH = 5,
+    LSC_SGD_4K_TENSORS = 48,
+    LSC_SGD_32K_TENSORS = 336,
+    LSC_ADAM_4K_TENSORS = 30,
+    LSC_ADAM_32K_TENSORS = 210
 };
 
 /* ---- the one-pass norm (scan.cu) ----------------------------------------- */

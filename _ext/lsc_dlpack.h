@@ -4,8 +4,9 @@
  * PyCapsule named "dlpack_exchange_api" on its tensor type
  * (`__dlpack_c_exchange_api__`); its `dltensor_from_py_object_no_sync` fills a
  * caller-provided DLTensor that borrows the tensor's memory, shape and strides
- * without any allocation.  _ext/_grads.pyx uses it to read pointer, device,
- * dtype and layout of many gradients with one C call each.  Only the layout
+ * without any allocation.  _ext/_grads.pyx (CPU gradients) and _ext/_walk.pyx
+ * (DeviceTable's READ_DLPACK: device tensors) use it to read pointer, device,
+ * dtype and layout of many tensors with one C call each.  Only the layout
  * of the structs matters here; the function pointers lscore never calls are
  * kept as opaque pointers so the struct offsets stay right.
  */
@@ -15,6 +16,7 @@
 #include <stdint.h>
 
 #define LSC_DL_CPU 1
+#define LSC_DL_CUDA 2
 /* DLDataTypeCode values lscore maps to its dtype codes */
 #define LSC_DL_FLOAT 2
 #define LSC_DL_BFLOAT 4

@@ -3,13 +3,16 @@
  * then update the parameter and its slots in the same pass.
  *
  * Design: scan.cu's multi-tensor launch (one block per chunk of one tensor,
- * the table [ptr_0 .. ptr_{nt-1}] [size_0 ..] [block_0 ..] built by
- * lscore.cuda.plan_launches), except that the pointer of tensor t is the
- * device address of its *record*: D 64-bit addresses
- *     SGD:  {grad, param, momentum}      (momentum unused without a slot)
- *     Adam: {grad, param, m, v}
- * so one plan of the records serves every list, and a tensor split over
- * several launches keeps its record.  Parameters and slots are float32.
+ * the tensors in the launch's kernel argument, lscore.cuda.optim's
+ * FusedLauncher splitting long lists over launches), except that a tensor
+ * is a *record* of D addresses (lsc_opt_meta):
+ *     SGD:  {grad, param, momentum}          (momentum unused without a slot)
+ *     Adam: {grad, param, m, v, vhat}        (vhat unused without amsgrad)
+ * so a step over arrays never seen before needs no upload, no device table
+ * and no synchronisation.  Parameters and slots are float32.  The options
+ * that decide which arrays a step reads and writes (SGD's slot and
+ * nesterov, Adam's amsgrad) are template variants, so each variant's loop
+ * has no branch on them; the check is a kernel of its own.
  *
  * Unscaling is scan.cu's own (its traits are reused: F::mul), so a gradient
  * is rounded exactly as lscore.unscale_ / the unscale kernel would store it
@@ -23,12 +26,12 @@
  * not null and *gate == skip_if, every block returns before touching memory,
  * so parameters and slots stay bit for bit unchanged.  (For a scan flag pass
  * the call's mark; for update.cu's flags[LSC_DEV_APPLY] pass 0.)  The check
- * can be these kernels themselves: with LSC_OPT_CHECK in `flags` a launch
- * only unscales every gradient in registers, exactly as the update would,
- * and stores skip_if at `gate` when one is NaN/Inf; it writes nothing else.
- * So the check sees the unscaled values the update uses (a finite scaled
- * gradient that overflows when unscaled counts), without storing them, and
- * both phases run over the same plan of records.
+ * can be lsc_mt_opt_check over the same argument structs: it unscales every
+ * gradient in registers, exactly as the update would, and stores skip_if at
+ * `gate` when one is NaN/Inf; it writes nothing else.  So the check sees
+ * the unscaled values the update uses (a finite scaled gradient that
+ * overflows when unscaled counts), without storing them, and both phases
+ * run over the same packed records.
  *
  * LSC_OPT_INV_AS_GRAD rounds the inverse to the gradient's dtype before the
  * multiply: what the NumPy adapter's get_unscaled_gradients does (the scale
@@ -85,13 +88,6 @@ struct lsc_widen<lsc_f32> {
     static __device__ __forceinline__ float f(lsc_u32 w) { return __uint_as_float(w); }
 };
 
-/* unscale as scan.cu does (nothing when inv == 1), then widen */
-template <class F>
-__device__ __forceinline__ float lsc_grad(typename F::word w, double inv)
-{
-    return lsc_widen<F>::f(inv == 1.0 ? w : F::mul(w, (typename F::scale)inv));
-}
-
 /* the inverse rounded to the gradient's dtype (LSC_OPT_INV_AS_GRAD) */
 template <class F>
 struct lsc_inv_in;
@@ -117,48 +113,56 @@ struct lsc_inv_in<lsc_f32> {
     static __device__ __forceinline__ double f(double inv) { return (float)inv; }
 };
 
-/* one block's work: its tensor's gradient and parameter, the rest of its
- * record (the slots), its element range and the inverse scale */
+/* the inverse a launch unscales by: `inv`, or *inv_dev when that is not
+ * null, rounded to the gradient's dtype under LSC_OPT_INV_AS_GRAD */
 template <class F>
-struct lsc_opt_block {
-    const typename F::word *g;
-    float *w;
-    const lsc_u64 *rec;
-    lsc_i64 lo, hi;
-    double inv;
+__device__ __forceinline__ double lsc_opt_inv(int flags, double inv, const double *inv_dev)
+{
+    double v = inv_dev ? *inv_dev : inv;
+    return (flags & LSC_OPT_INV_AS_GRAD) ? lsc_inv_in<F>::f(v) : v;
+}
+
+/* One launch's tensors, passed by value as scan.cu's lsc_meta is: D
+ * addresses per tensor (ptr[k][t]: address k of tensor t's record, the
+ * layout of torch's addresses[depth][]), its element count, and the
+ * block-to-chunk map.  Capacities: lsc_codes.h (torch's figures for these
+ * depths, 4 KB or 32 KB of parameters). */
+template <int DEPTH, int NT, int NB>
+struct lsc_opt_meta {
+    static const int D = DEPTH;
+    lsc_u64 ptr[DEPTH][NT];
+    lsc_i64 size[NT];
+    lsc_i32 chunk_of[NB];
+    lsc_u16 tensor_of[NB];
+};
+typedef lsc_opt_meta<LSC_SGD_DEPTH, LSC_SGD_4K_TENSORS, LSC_META_4K_BLOCKS> lsc_sgd_meta_4k;
+typedef lsc_opt_meta<LSC_SGD_DEPTH, LSC_SGD_32K_TENSORS, LSC_META_32K_BLOCKS> lsc_sgd_meta_32k;
+typedef lsc_opt_meta<LSC_ADAM_DEPTH, LSC_ADAM_4K_TENSORS, LSC_META_4K_BLOCKS> lsc_adam_meta_4k;
+typedef lsc_opt_meta<LSC_ADAM_DEPTH, LSC_ADAM_32K_TENSORS, LSC_META_32K_BLOCKS>
+    lsc_adam_meta_32k;
+
+/* this block's chunk: its record's addresses moved to the chunk's first
+ * element (the gradient's width at 0, float32 after) and its length */
+template <int D>
+struct lsc_opt_chunk {
+    lsc_u64 p[D];
+    lsc_i64 n;
 };
 
-/* fill *b for this block; false: nothing to update (a skipped step, or a
- * check launch, which has done its work) */
-template <class F>
-__device__ __forceinline__ bool lsc_opt_enter(const lsc_u64 *table, int ntensors, lsc_i64 chunk,
-                                              int flags, double inv, const double *inv_dev,
-                                              lsc_u32 *gate, lsc_u32 skip_if,
-                                              lsc_opt_block<F> *b)
+/* read once, before any loop: a handful of independent reads of the
+ * kernel argument, held in registers for the whole block */
+template <class F, class M>
+__device__ __forceinline__ lsc_opt_chunk<M::D> lsc_opt_range(const M &meta, lsc_i64 chunk)
 {
-    bool check = (flags & LSC_OPT_CHECK) != 0;
-    if (!check && gate && *gate == skip_if)
-        return false;
-    lsc_u64 entry = table[2 * (lsc_i64)ntensors + blockIdx.x];
-    lsc_i64 t = (lsc_i64)(entry & 0xFFFFFFFFull);
-    lsc_i64 size = (lsc_i64)table[ntensors + t];
-    b->lo = (lsc_i64)(entry >> 32) * chunk;
-    b->hi = size - b->lo < chunk ? size : b->lo + chunk;
-    b->rec = (const lsc_u64 *)table[t];
-    b->g = (const typename F::word *)b->rec[0];
-    b->w = (float *)b->rec[1];
-    b->inv = inv_dev ? *inv_dev : inv;
-    if (flags & LSC_OPT_INV_AS_GRAD)
-        b->inv = lsc_inv_in<F>::f(b->inv);
-    if (!check)
-        return true;
-    for (lsc_i64 i = b->lo + threadIdx.x; i < b->hi; i += blockDim.x) {
-        if ((__float_as_uint(lsc_grad<F>(b->g[i], b->inv)) & LSC_EXP_F32) == LSC_EXP_F32) {
-            *gate = skip_if;     /* every writer stores the same word */
-            break;
-        }
-    }
-    return false;
+    lsc_i64 t = meta.tensor_of[blockIdx.x];
+    lsc_i64 lo = (lsc_i64)meta.chunk_of[blockIdx.x] * chunk;
+    lsc_i64 size = meta.size[t];
+    lsc_opt_chunk<M::D> c;
+    c.n = size - lo < chunk ? size - lo : chunk;
+    c.p[0] = meta.ptr[0][t] + (lsc_u64)lo * sizeof(typename F::word);
+    for (int k = 1; k < M::D; k++)
+        c.p[k] = meta.ptr[k][t] + (lsc_u64)lo * sizeof(float);
+    return c;
 }
 
 /* four consecutive elements as one access: 16 bytes of float32, 8 of a
@@ -174,28 +178,111 @@ __device__ __forceinline__ bool lsc_quad_aligned(const W *p)
     return ((lsc_u64)p & (4 * sizeof(W) - 1)) == 0;
 }
 
-/* decoupled weight decay, Keras's _apply_weight_decay (before the update):
- *     w = w - w * wd * lr                    (nothing when wd == 0) */
-__device__ __forceinline__ float lsc_decay(float w, float wd, float lr)
+/* The update loop: the gradient at p[0] and A float32 arrays at p[1 .. A]
+ * (the parameter, then the slots a step reads and writes), hp.step(g, x)
+ * on each element.  Four elements at a time (16-byte float32 accesses)
+ * when every array starts on a four-element boundary, the rest one at a
+ * time.  The step type fixes A and every option that changes which arrays
+ * move, and UNIT (an inverse of 1: no multiply) and DECAY (weight decay
+ * not 0) are template arguments, so a loop holds no branch on an option. */
+template <class F, int A, bool UNIT, bool DECAY, class S>
+__device__ __forceinline__ void lsc_opt_stream(const lsc_u64 *p, lsc_i64 n, double inv,
+                                               const S &hp)
 {
-    return wd != 0.0f ? w - w * wd * lr : w;
+    typedef typename F::word W;
+    const typename F::scale s = (typename F::scale)inv;
+    const W *g = (const W *)p[0];
+    float *x[A];
+    bool quads = lsc_quad_aligned(g);
+    for (int k = 0; k < A; k++) {
+        x[k] = (float *)p[1 + k];
+        quads = quads && lsc_quad_aligned(x[k]);
+    }
+    const lsc_i64 bs = blockDim.x, n4 = quads ? n / 4 : 0;
+    for (lsc_i64 i = threadIdx.x; i < n4; i += bs) {
+        lsc_quad<W> gq = ((const lsc_quad<W> *)g)[i];
+        lsc_quad<float> xq[A];
+        for (int k = 0; k < A; k++)
+            xq[k] = ((const lsc_quad<float> *)x[k])[i];
+        for (int e = 0; e < 4; e++) {
+            float v[A];
+            for (int k = 0; k < A; k++)
+                v[k] = xq[k].e[e];
+            hp.template step<DECAY>(lsc_widen<F>::f(UNIT ? gq.e[e] : F::mul(gq.e[e], s)), v);
+            for (int k = 0; k < A; k++)
+                xq[k].e[e] = v[k];
+        }
+        for (int k = 0; k < A; k++)
+            ((lsc_quad<float> *)x[k])[i] = xq[k];
+    }
+    for (lsc_i64 i = 4 * n4 + threadIdx.x; i < n; i += bs) {
+        float v[A];
+        for (int k = 0; k < A; k++)
+            v[k] = x[k][i];
+        hp.template step<DECAY>(lsc_widen<F>::f(UNIT ? g[i] : F::mul(g[i], s)), v);
+        for (int k = 0; k < A; k++)
+            x[k][i] = v[k];
+    }
 }
 
-/* the SGD hyperparameters; read through `hyper` (lr, momentum, damp, wd) when not null */
+/* lsc_opt_stream for this block's inverse (unscaled as scan.cu does: no
+ * multiply when it is 1) and weight decay: four loops, one runs */
+template <class F, int A, class S>
+__device__ __forceinline__ void lsc_opt_run(const lsc_u64 *p, lsc_i64 n, double inv,
+                                            const S &hp)
+{
+    if (inv == 1.0) {
+        if (hp.wd != 0.0f)
+            lsc_opt_stream<F, A, true, true>(p, n, inv, hp);
+        else
+            lsc_opt_stream<F, A, true, false>(p, n, inv, hp);
+    } else {
+        if (hp.wd != 0.0f)
+            lsc_opt_stream<F, A, false, true>(p, n, inv, hp);
+        else
+            lsc_opt_stream<F, A, false, false>(p, n, inv, hp);
+    }
+}
+
+/* g, or -g under LSC_OPT_MAXIMIZE (`sign` 0x80000000): a sign flip as an
+ * integer operation, so maximize is no branch in the loop */
+__device__ __forceinline__ float lsc_flip(float g, lsc_u32 sign)
+{
+    return __uint_as_float(__float_as_uint(g) ^ sign);
+}
+
+__device__ __forceinline__ lsc_u32 lsc_sign_of(int flags)
+{
+    return (flags & LSC_OPT_MAXIMIZE) ? 0x80000000u : 0u;
+}
+
+/* decoupled weight decay, Keras's _apply_weight_decay (before the update):
+ *     w = w - w * wd * lr                    (nothing when wd == 0: DECAY false) */
+template <bool DECAY>
+__device__ __forceinline__ float lsc_decay(float w, float wd, float lr)
+{
+    return DECAY ? w - w * wd * lr : w;
+}
+
+/* The SGD step of variant V (LSC_OPT_SLOT, optionally | LSC_OPT_NESTEROV,
+ * or 0): x = {w} without a slot, {w, m} with one. */
+template <int V>
 struct lsc_sgd_hp {
+    static const int A = (V & LSC_OPT_SLOT) ? 2 : 1;
     float lr, momentum, damp, wd;
-    bool slot, nesterov, maximize;
-    __device__ __forceinline__ void step(float g, float &w, float &m) const
+    lsc_u32 sign;
+    template <bool DECAY>
+    __device__ __forceinline__ void step(float g, float (&x)[A]) const
     {
-        float wi = lsc_decay(w, wd, lr);
-        float st = -(maximize ? -g : g) * lr;
-        if (!slot) {
-            w = wi + st;
+        float wi = lsc_decay<DECAY>(x[0], wd, lr);
+        float st = -lsc_flip(g, sign) * lr;
+        if (!(V & LSC_OPT_SLOT)) {
+            x[0] = wi + st;
             return;
         }
-        float mi = st * damp + m * momentum;
-        m = mi;
-        w = wi + (nesterov ? st + mi * momentum : mi);
+        float mi = st * damp + x[A - 1] * momentum;
+        x[A - 1] = mi;
+        x[0] = wi + ((V & LSC_OPT_NESTEROV) ? st + mi * momentum : mi);
     }
 };
 
@@ -210,74 +297,50 @@ struct lsc_sgd_hp {
  * is no undamped first step: that would need the host to know which step
  * was the first applied one, a sync in the sync-free mode.
  *
- * With `hyper` not null, lr, momentum, damp and wd are read from hyper[0..4)
- * (device memory) instead of the values passed: a captured graph then
- * replays with whatever was written there between replays.
- *
- * Elements move four at a time (16-byte parameter and slot accesses) when
- * every array of the block starts on a four-element boundary, the rest one
- * at a time. */
-template <class F>
-__global__ void lsc_mt_sgd(const lsc_u64 *table, int ntensors, lsc_i64 chunk, float lr,
+ * V, the variant, is the host's LSC_OPT_SLOT | LSC_OPT_NESTEROV bits (the
+ * same bits in `flags` are not read).  With `hyper` not null, lr,
+ * momentum, damp and wd are read from hyper[0..4) (device memory) instead
+ * of the values passed: a captured graph then replays with whatever was
+ * written there between replays.  The record is {grad, param, momentum}. */
+template <class F, class M, int V>
+__global__ void lsc_mt_sgd(const __grid_constant__ M meta, lsc_i64 chunk, float lr,
                            float momentum, float damp, float wd, int flags, double inv,
                            const double *inv_dev, lsc_u32 *gate, lsc_u32 skip_if,
                            const float *hyper)
 {
-    typedef typename F::word W;
-    lsc_opt_block<F> b;
-    if (!lsc_opt_enter<F>(table, ntensors, chunk, flags, inv, inv_dev, gate, skip_if, &b))
+    if (gate && *gate == skip_if)
         return;
-    lsc_sgd_hp hp;
+    lsc_opt_chunk<M::D> c = lsc_opt_range<F>(meta, chunk);
+    lsc_sgd_hp<V> hp;
     hp.lr = hyper ? hyper[0] : lr;
     hp.momentum = hyper ? hyper[1] : momentum;
     hp.damp = hyper ? hyper[2] : damp;
     hp.wd = hyper ? hyper[3] : wd;
-    hp.slot = (flags & LSC_OPT_SLOT) != 0;
-    hp.nesterov = (flags & LSC_OPT_NESTEROV) != 0;
-    hp.maximize = (flags & LSC_OPT_MAXIMIZE) != 0;
-    lsc_i64 n = b.hi - b.lo, bs = blockDim.x;
-    const W *g = b.g + b.lo;
-    float *w = b.w + b.lo, *m = (float *)b.rec[2] + b.lo;
-    bool quads = lsc_quad_aligned(g) && lsc_quad_aligned(w) && (!hp.slot || lsc_quad_aligned(m));
-    lsc_i64 n4 = quads ? n / 4 : 0;
-    for (lsc_i64 i = threadIdx.x; i < n4; i += bs) {
-        lsc_quad<W> gq = ((const lsc_quad<W> *)g)[i];
-        lsc_quad<float> wq = ((lsc_quad<float> *)w)[i], mq = wq;    /* mq: read with a slot */
-        if (hp.slot)
-            mq = ((lsc_quad<float> *)m)[i];
-        for (int k = 0; k < 4; k++)
-            hp.step(lsc_grad<F>(gq.e[k], b.inv), wq.e[k], mq.e[k]);
-        ((lsc_quad<float> *)w)[i] = wq;
-        if (hp.slot)
-            ((lsc_quad<float> *)m)[i] = mq;
-    }
-    for (lsc_i64 i = 4 * n4 + threadIdx.x; i < n; i += bs) {
-        float wi = w[i], mi = hp.slot ? m[i] : 0.0f;
-        hp.step(lsc_grad<F>(g[i], b.inv), wi, mi);
-        w[i] = wi;
-        if (hp.slot)
-            m[i] = mi;
-    }
+    hp.sign = lsc_sign_of(flags);
+    lsc_opt_run<F, lsc_sgd_hp<V>::A>(c.p, c.n, lsc_opt_inv<F>(flags, inv, inv_dev), hp);
 }
 
-/* the Adam hyperparameters (alpha, c1 = 1 - beta_1, c2 = 1 - beta_2, eps, lr, wd) */
+/* The Adam step of variant V (LSC_OPT_AMSGRAD or 0): x = {w, m, v}, and
+ * vhat after them with amsgrad. */
+template <int V>
 struct lsc_adam_hp {
+    static const int A = (V & LSC_OPT_AMSGRAD) ? 4 : 3;
     float alpha, c1, c2, eps, lr, wd;
-    bool amsgrad, maximize;
-    __device__ __forceinline__ void step(float g, float &w, float &m, float &s, float &vh) const
+    lsc_u32 sign;
+    template <bool DECAY>
+    __device__ __forceinline__ void step(float g, float (&x)[A]) const
     {
-        float wi = lsc_decay(w, wd, lr);
-        if (maximize)
-            g = -g;
-        float mi = m + (g - m) * c1;
-        float si = s + (g * g - s) * c2;
-        m = mi;
-        s = si;
-        if (amsgrad) {
-            si = vh > si ? vh : si;
-            vh = si;
+        float wi = lsc_decay<DECAY>(x[0], wd, lr);
+        g = lsc_flip(g, sign);
+        float mi = x[1] + (g - x[1]) * c1;
+        float si = x[2] + (g * g - x[2]) * c2;
+        x[1] = mi;
+        x[2] = si;
+        if (V & LSC_OPT_AMSGRAD) {
+            si = x[A - 1] > si ? x[A - 1] : si;
+            x[A - 1] = si;
         }
-        w = wi - (mi * alpha) / (sqrtf(si) + eps);
+        x[0] = wi - (mi * alpha) / (sqrtf(si) + eps);
     }
 };
 
@@ -286,26 +349,26 @@ struct lsc_adam_hp {
  *     m = m + (g - m) * c1
  *     v = v + (g * g - v) * c2
  *     w = w - (m * alpha) / (sqrt(v) + epsilon)
- * after lsc_decay (AdamW); g = -g with LSC_OPT_MAXIMIZE; with LSC_OPT_AMSGRAD
- * (Keras) vhat = max(vhat, v) and vhat replaces v in the last line.
+ * after lsc_decay (AdamW); g = -g with LSC_OPT_MAXIMIZE; in the amsgrad
+ * variant (V = LSC_OPT_AMSGRAD, Keras's) vhat = max(vhat, v) and vhat
+ * replaces v in the last line.  The record is {grad, param, m, v, vhat}.
  *
  * With `hyper` not null, lr, c1, c2, eps, wd and alpha are read from
  * hyper[0..6) (device memory) instead of the values passed; with `count`
  * as well, alpha comes from that lr and the bias tables, so a learning-rate
  * schedule written into hyper[0] between replays of a captured graph takes
- * effect.  Elements move four at a time as in lsc_mt_sgd. */
-template <class F>
-__global__ void lsc_mt_adam(const lsc_u64 *table, int ntensors, lsc_i64 chunk, float alpha,
+ * effect. */
+template <class F, class M, int V>
+__global__ void lsc_mt_adam(const __grid_constant__ M meta, lsc_i64 chunk, float alpha,
                             float c1, float c2, float eps, float lr, float wd, int flags,
                             double inv, const double *inv_dev, lsc_u32 *gate, lsc_u32 skip_if,
                             const float *bias, const lsc_i64 *count, lsc_i64 last,
                             const float *hyper)
 {
-    typedef typename F::word W;
-    lsc_opt_block<F> b;
-    if (!lsc_opt_enter<F>(table, ntensors, chunk, flags, inv, inv_dev, gate, skip_if, &b))
+    if (gate && *gate == skip_if)
         return;
-    lsc_adam_hp hp;
+    lsc_opt_chunk<M::D> c = lsc_opt_range<F>(meta, chunk);
+    lsc_adam_hp<V> hp;
     hp.lr = hyper ? hyper[0] : lr;
     hp.c1 = hyper ? hyper[1] : c1;
     hp.c2 = hyper ? hyper[2] : c2;
@@ -317,36 +380,69 @@ __global__ void lsc_mt_adam(const lsc_u64 *table, int ntensors, lsc_i64 chunk, f
         t = t < last ? t : last;
         hp.alpha = (hp.lr * bias[t]) / bias[last + 1 + t];    /* the adapter's order */
     }
-    hp.amsgrad = (flags & LSC_OPT_AMSGRAD) != 0;
-    hp.maximize = (flags & LSC_OPT_MAXIMIZE) != 0;
-    lsc_i64 n = b.hi - b.lo, bs = blockDim.x;
-    const W *g = b.g + b.lo;
-    float *w = b.w + b.lo, *m = (float *)b.rec[2] + b.lo, *s = (float *)b.rec[3] + b.lo;
-    float *vh = (float *)b.rec[hp.amsgrad ? 4 : 3] + b.lo;
-    bool quads = lsc_quad_aligned(g) && lsc_quad_aligned(w) && lsc_quad_aligned(m)
-              && lsc_quad_aligned(s) && lsc_quad_aligned(vh);
-    lsc_i64 n4 = quads ? n / 4 : 0;
-    for (lsc_i64 i = threadIdx.x; i < n4; i += bs) {
-        lsc_quad<W> gq = ((const lsc_quad<W> *)g)[i];
-        lsc_quad<float> wq = ((lsc_quad<float> *)w)[i], mq = ((lsc_quad<float> *)m)[i];
-        lsc_quad<float> sq = ((lsc_quad<float> *)s)[i], vq = sq;    /* vq: read with amsgrad */
-        if (hp.amsgrad)
-            vq = ((lsc_quad<float> *)vh)[i];
-        for (int k = 0; k < 4; k++)
-            hp.step(lsc_grad<F>(gq.e[k], b.inv), wq.e[k], mq.e[k], sq.e[k], vq.e[k]);
-        ((lsc_quad<float> *)w)[i] = wq;
-        ((lsc_quad<float> *)m)[i] = mq;
-        ((lsc_quad<float> *)s)[i] = sq;
-        if (hp.amsgrad)
-            ((lsc_quad<float> *)vh)[i] = vq;
+    hp.sign = lsc_sign_of(flags);
+    lsc_opt_run<F, lsc_adam_hp<V>::A>(c.p, c.n, lsc_opt_inv<F>(flags, inv, inv_dev), hp);
+}
+
+/* the largest float32 that the gradient's dtype rounds to a finite value
+ * (to nearest even: 65520, half an ulp above float16's largest, rounds up
+ * to Inf, as does bfloat16's largest plus half an ulp) */
+template <class F>
+struct lsc_finite_max;
+
+template <>
+struct lsc_finite_max<lsc_f16> {
+    static __device__ __forceinline__ float f() { return 0x1.ffdffep15f; }
+};
+
+template <>
+struct lsc_finite_max<lsc_bf16> {
+    static __device__ __forceinline__ float f() { return 0x1.fefffep127f; }
+};
+
+template <>
+struct lsc_finite_max<lsc_f32> {
+    static __device__ __forceinline__ float f() { return 0x1.fffffep127f; }
+};
+
+/* What the check gathers from every gradient word scan.cu's lsc_stream
+ * reads: the largest magnitude, widened to float32 (a NaN is left out here:
+ * the loop's own check of the raw words sees it). */
+template <class F>
+struct lsc_opt_seen {
+    static const bool ON = true;
+    float mag;
+    __device__ __forceinline__ void add(typename F::word w)
+    {
+        mag = fmaxf(mag, fabsf(lsc_widen<F>::f(w)));
     }
-    for (lsc_i64 i = 4 * n4 + threadIdx.x; i < n; i += bs) {
-        float wi = w[i], mi = m[i], si = s[i], vi = hp.amsgrad ? vh[i] : 0.0f;
-        hp.step(lsc_grad<F>(g[i], b.inv), wi, mi, si, vi);
-        w[i] = wi;
-        m[i] = mi;
-        s[i] = si;
-        if (hp.amsgrad)
-            vh[i] = vi;
-    }
+};
+
+/* The check launch (LSC_OPT_CHECK on the host): store skip_if at *gate
+ * when a gradient of this launch is NaN/Inf once unscaled as the update
+ * unscales it (lsc_opt_inv's inverse; a finite float16 gradient times an
+ * inverse above 1 can overflow), writing nothing else.  The gradients move
+ * through scan.cu's streaming loop (16-byte loads, four in flight), which
+ * checks the raw words (a raw NaN/Inf stays one after the multiply) and
+ * gathers the largest magnitude.  The update rounds g * inv to the
+ * gradient's dtype, which is NaN/Inf exactly when the float32 product is
+ * NaN or above lsc_finite_max; rounding is monotonic, so the largest
+ * product is the product of the largest magnitude: one multiply and one
+ * comparison per thread.  Read-only, so a block finding skip_if already
+ * stored returns at once.  Any argument struct of the fused optimizers:
+ * the check reads only the gradients (ptr[0]). */
+template <class F, class M>
+__global__ void lsc_mt_opt_check(const __grid_constant__ M meta, lsc_i64 chunk, int flags,
+                                 double inv, const double *inv_dev, lsc_u32 *gate,
+                                 lsc_u32 skip_if)
+{
+    if (*(volatile lsc_u32 *)gate == skip_if)
+        return;
+    lsc_opt_chunk<M::D> c = lsc_opt_range<F>(meta, chunk);
+    float v = fabsf((float)lsc_opt_inv<F>(flags, inv, inv_dev));
+    lsc_opt_seen<F> seen;
+    seen.mag = 0.0f;
+    lsc_u32 raw = lsc_stream<F, false>((typename F::word *)c.p[0], c.n, v, seen);
+    if (raw || !(seen.mag * v <= lsc_finite_max<F>::f()))
+        *gate = skip_if;
 }

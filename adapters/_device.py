@@ -27,18 +27,19 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 
+from lscore import kernels
 from lscore.adapters import _arrays, _optim
 from lscore.cuda.arrays import ArrayKernels
 from lscore.cuda.device_state import FLOOR, DeviceState
-from lscore.cuda.optim import FLAGS, FusedLauncher, FusedPlan, bias_table
+from lscore.cuda.optim import FLAGS, GRAD_CODES, FusedLauncher, bias_table
 from lscore.distributed import reduce_found_inf
-from lscore.dtypes import BY_NAME
 from lscore.state import LossScaleFloorError
 
 
@@ -143,9 +144,10 @@ class Gated(_arrays.ArrayOptimizer):
     lscore.cuda's fused kernels (_ext/optim.cu): one launch per gradient
     dtype reads each gradient once, casts it to float32 and updates the
     variable and its slots, bit for bit as the NumPy adapter; the records
-    and launch tables are planned once per list of arrays (re-planned when
-    an address, size or dtype changes).  Other variables (float16, float64)
-    and clipped steps take the elementwise path of ``_arrays``.
+    travel in the kernels' arguments, packed once per list of arrays
+    (re-packed when an address, size or dtype changes; nothing is
+    uploaded).  Other variables (float16, float64) and clipped steps take
+    the elementwise path of ``_arrays``.
 
     A LossScaleOptimizer drives the fused kernels itself (``_fused_plan``,
     ``_fused_launch``) to unscale, check and skip on the device.  On the
@@ -202,82 +204,108 @@ class Gated(_arrays.ArrayOptimizer):
     def _fused_plan(self, pairs: Any) -> Any:
         """The fused kernels' plan of this step's pairs, or None: the elementwise path.
 
-        A list seen before costs one compiled walk (the adapter's
-        ``lscore.kernels.DeviceTable``, which checks each array's identity,
-        address, size and dtype) and a lookup; otherwise the pairs are
-        checked here and their records planned (uploaded), or found in the
-        launcher's cache by their addresses.
+        The gradients and the variables are walked apart by the adapter's compiled
+        ``lscore.kernels.DeviceTable`` (which checks each array's identity, address, size
+        and dtype against its cached plan): the variables' checks and record columns
+        (parameter and slot addresses) are kept with the variables' plan, so gradients
+        at new addresses (``zero_grad(set_to_none=True)``) cost a walk, a few vectorised
+        checks and the packing of the kernels' arguments (nothing uploaded); the same
+        gradients again cost the walks and a lookup.
         """
         if not pairs or self._clipnorm or self._global_clipnorm or self._clipvalue:
             return None
+        gs, vs = [g for g, _ in pairs], [v for _, v in pairs]
+        table = self._backend.kernels.table
         try:
-            walked = self._backend.kernels.table.plan(
-                ([g for g, _ in pairs], [v for _, v in pairs])
-            )
+            gplan, vplan = table.plan(gs), table.plan(vs)
         except (TypeError, ValueError):
             return None  # not this module's arrays, a dtype without a kernel, not dense
-        key = ("fused", self._kind, self._slot_names(), self._backend.current_device())
-        hit = walked.payload.get(key)
-        if hit is not None and hit[0]() is self:
-            return hit[1]
-        plan = self._plan_records(pairs) if self._fusable(pairs) else None
-        walked.payload[key] = (weakref.ref(self), plan)
+        # the optimizer's own entry: optimizers sharing a gradient list keep theirs apart
+        key = ("fused", self._kind, self._slot_names(), self._backend.current_device(), id(self))
+        hit = gplan.payload.get(key)
+        if hit is not None and hit[0]() is self and hit[1] is vplan:
+            return hit[2]
+        columns = self._variable_columns(vs, vplan, key)
+        plan = None
+        if columns is not None and self._fusable_grads(gs, gplan, vplan, columns[1]):
+            codes, counts = gplan.leaf_codes, vplan.leaf_counts
+            records = np.column_stack((gplan.leaf_addresses, columns[0]))
+            plan = self.fused_launcher().plan(
+                (codes.tobytes(), counts.tobytes(), records.tobytes()),
+                self._kind,
+                codes,
+                counts,
+                records,
+            )
+        gplan.payload[key] = (weakref.ref(self), vplan, plan)
         return plan
 
-    def _fusable(self, pairs: Any) -> bool:
-        """Whether the fused kernels can take these pairs (else the elementwise path)."""
+    def _variable_columns(self, vs: list, vplan: Any, key: tuple) -> Any:
+        """(uint64 matrix of each variable's {param, slots...} addresses, their shapes), or
+        None when the fused kernels cannot update these variables; kept with `vplan`.
+        Slots are created here (refused while capturing: ``_ONE_STEP``)."""
+        hit = vplan.payload.get(key)
+        if hit is not None and hit[0]() is self:
+            return hit[1]
+        columns = None
+        if self._fusable_variables(vs, vplan):
+            ptr = self.fused_launcher().backend.ptr
+            names = self._slot_names()
+            capturing = self._backend.capturing()
+            rows = []
+            for v in vs:
+                entry = self._slots.get(id(v))
+                slots = entry[1] if entry is not None and entry[0] is v else {}
+                if capturing and any(n not in slots for n in names):
+                    refuse_in_capture(True, "creating an optimizer slot", _ONE_STEP)
+                rows.append((ptr(v), *[ptr(self._slot(v, n)) for n in names]))
+            matrix = np.array(rows, np.uint64).reshape(len(vs), 1 + len(names))
+            columns = (matrix, [v.shape for v in vs])
+        vplan.payload[key] = (weakref.ref(self), columns)
+        return columns
+
+    def _fusable_variables(self, vs: list, vplan: Any) -> bool:
+        """Whether the fused kernels can update these variables: dense, writable float32
+        arrays of the module's own type on the current device, none twice, none
+        overlapping another (the kernels update them all at once)."""
         arr, on = self._xp.ndarray, self._backend.on_device
         dev = self._backend.current_device()
-        seen = set()
-        for g, v in pairs:
-            if (
-                type(v) is not arr
-                or type(g) is not arr
-                or v.dtype != np.float32
-                or str(g.dtype) not in _FUSED_GRADS
-                or g.shape != v.shape
-                or not v.flags.c_contiguous
-                or not g.flags.c_contiguous
-                or not getattr(v.flags, "writeable", True)
-                or id(v) in seen
-                or not on(v, dev)
-                or not on(g, dev)
-            ):
-                return False
-            seen.add(id(v))
-        # the kernels update all variables at once: overlapping ones need the sequential path
+        if len(vplan.leaf_codes) != len(vs) or len({id(v) for v in vs}) != len(vs):
+            return False
+        if not all(
+            type(v) is arr
+            and v.dtype == np.float32
+            and v.flags.c_contiguous
+            and getattr(v.flags, "writeable", True)
+            and on(v, dev)
+            for v in vs
+        ):
+            return False
         ptr = self.fused_launcher().backend.ptr
-        spans = sorted((ptr(v), ptr(v) + v.nbytes) for _, v in pairs if v.size)
+        spans = sorted((ptr(v), ptr(v) + v.nbytes) for v in vs if v.size)
         return all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+
+    def _fusable_grads(self, gs: list, gplan: Any, vplan: Any, shapes: list) -> bool:
+        """Whether the fused kernels can read these gradients for these variables: of the
+        module's own type, float16, bfloat16 or float32, C-contiguous, of the variables'
+        shapes, on the current device; read from the walked plans, vectorised."""
+        dev = self._backend.current_device()
+        if len(gplan.leaf_codes) != len(gs) or set(map(type, gs)) != {self._xp.ndarray}:
+            return False
+        if not (
+            np.isin(gplan.leaf_codes, _FUSED_CODES).all()
+            and gplan.leaf_c_contiguous.all()
+            and np.array_equal(gplan.leaf_counts, vplan.leaf_counts)
+            and list(map(_shape, gs)) == shapes
+        ):
+            return False
+        if self._backend.kernels.kind == kernels.READ_CUDA_ARRAY:  # the walk read each device
+            return bool((gplan.leaf_devices == dev).all())
+        on = self._backend.on_device
+        return on is _anywhere or all(on(g, dev) for g in gs)
 
     def _slot_names(self) -> tuple:
         raise NotImplementedError
-
-    def _plan_records(self, pairs: Any) -> FusedPlan:
-        """The launcher's plan of these records; planned (uploaded) on first sight, never while
-        capturing."""
-        launcher = self.fused_launcher()
-        ptr = launcher.backend.ptr
-        names = self._slot_names()
-        records: list[tuple[Any, int, tuple[int, ...]]] = []
-        tensors: list[tuple[Any, int, tuple[int, ...]]] = []
-        capturing = self._backend.capturing()
-        for g, v in pairs:
-            entry = self._slots.get(id(v))
-            slots = entry[1] if entry is not None and entry[0] is v else {}
-            if capturing and any(n not in slots for n in names):
-                refuse_in_capture(True, "creating an optimizer slot", _ONE_STEP)
-            rec = (ptr(g), ptr(v), *[ptr(self._slot(v, n)) for n in names])
-            code = BY_NAME[str(g.dtype)]
-            records.append((code, v.size, rec))
-            pad = max(_RECORD_WORDS[self._kind] - len(rec), 0)
-            tensors.append((code, v.size, rec + (0,) * pad))
-        key = tuple(records)
-        plan = launcher.cached(key)
-        if plan is None:
-            refuse_in_capture(capturing, "planning a new list of arrays (an upload)", _ONE_STEP)
-            plan = launcher.plan(key, tensors)
-        return plan
 
     def _fused_launch(
         self,
@@ -366,13 +394,11 @@ class Gated(_arrays.ArrayOptimizer):
         return super().apply_gradients(pairs)
 
 
-_FUSED_GRADS = ("float16", "bfloat16", "float32")
+_FUSED_CODES = np.array([int(c) for c in GRAD_CODES], np.int8)
+_shape = operator.attrgetter("shape")
 # what a schedule may set between replays of a captured sync-free step (Adam's betas are not
 # live: their bias-correction table is captured with the step)
 _LIVE = frozenset({"learning_rate", "momentum", "epsilon", "weight_decay"})
-# optim.cu reads rec[2] (SGD) and rec[3] (Adam) even without a slot there; amsgrad's rec[4]
-# is always a slot
-_RECORD_WORDS = {"sgd": 3, "adam": 4}
 
 
 class SGD(Gated, _arrays.SGD):

@@ -27,7 +27,8 @@ measures the kernels themselves (``lscore bench``).
   and memcpy over an array's bytes, the bandwidth references of the bench.
 - ``DEVICE_FLAGS``, ``DEVICE_VALS`` (slot names -> index, with their counts
   ``NDEVICE_FLAGS``, ``NDEVICE_VALS``), ``OPTIM_FLAGS`` and ``NORM_FLAGS`` (bit
-  names -> bit) and ``META`` (the scan kernels' argument structs):
+  names -> bit), ``META`` and ``OPT_META`` (the scan kernels' and the fused
+  optimizers' argument structs):
   the layout lsc_codes.h gives the CUDA kernels' shared flags and values and
   the fused optimizers' flags, for ``lscore.cuda``.
 """
@@ -39,6 +40,7 @@ from lscore._ext._codes import (
     NDEVICE_FLAGS,
     NDEVICE_VALS,
     NORM_FLAGS,
+    OPT_META,
     OPTIM_FLAGS,
 )
 from lscore._ext._grads import GradTable
@@ -54,13 +56,25 @@ from lscore._ext._scan import (
 )
 from lscore._ext._scan import bench_copy as copy_bandwidth
 from lscore._ext._scan import bench_read_u64 as read_bandwidth
-from lscore._ext._walk import READ_CUDA_ARRAY, READ_NUMPY, DevicePlan, DeviceTable, plan_launches
+from lscore._ext._walk import (
+    DLPACK_DEVICES,
+    READ_CUDA_ARRAY,
+    READ_DLPACK,
+    READ_NUMPY,
+    DevicePlan,
+    DeviceTable,
+    plan_launches,
+)
 
 # re-bound so that their doc comments reach the API reference
 #: reader code of a NumPy array (read through NumPy's C API)
 READ_NUMPY = READ_NUMPY
 #: reader code of a CUDA array (read through ``__cuda_array_interface__``)
 READ_CUDA_ARRAY = READ_CUDA_ARRAY
+#: reader code of a tensor read through its type's DLPack C exchange API (torch)
+READ_DLPACK = READ_DLPACK
+#: DLPack's device types, by torch's device type names ("cpu", "cuda"), for READ_DLPACK
+DLPACK_DEVICES = DLPACK_DEVICES
 #: the CUDA kernels' shared device flags: slot name -> index
 DEVICE_FLAGS = DEVICE_FLAGS
 #: the CUDA kernels' shared device values: slot name -> index
@@ -75,16 +89,21 @@ OPTIM_FLAGS = OPTIM_FLAGS
 NORM_FLAGS = NORM_FLAGS
 #: the scan kernels' argument structs: name -> (tensors, blocks) one launch's argument holds
 META = META
+#: the fused optimizers' argument structs: name -> (addresses per tensor, tensors, blocks)
+OPT_META = OPT_META
 
 __all__ = [
     "DEVICE_FLAGS",
     "DEVICE_VALS",
+    "DLPACK_DEVICES",
     "META",
     "NDEVICE_FLAGS",
     "NDEVICE_VALS",
     "NORM_FLAGS",
     "OPTIM_FLAGS",
+    "OPT_META",
     "READ_CUDA_ARRAY",
+    "READ_DLPACK",
     "READ_NUMPY",
     "DevicePlan",
     "DeviceTable",

@@ -10,6 +10,9 @@ leaves the device, so a clipped step reads the gradients once before the
 clip's own read-modify-write and adds no host synchronisation: the
 gradients' addresses travel in the kernel arguments, so gradients at new
 addresses (``zero_grad(set_to_none=True)``, new shapes) cost no upload either.
+The gradients are read by the compiled walk (``lscore.kernels.DeviceTable``
+through the tensors' DLPack C exchange API, one C call each), whose plan,
+with the packed launches kept in it, serves the same gradients next step.
 
 What torch computes is kept wherever the result can depend on it: the inverse
 scale is torch's (float64 reciprocal of the float32 scale, rounded to
@@ -37,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lscore import kernels
 from lscore.adapters.torch._paths import TORCH_CODES, clip_coefficient
 from lscore.cuda import CupyBackend
 from lscore.cuda.launch import MultiTensor
@@ -87,20 +91,38 @@ class TorchCudaBackend(CupyBackend):
 
 
 class Kernels:
-    """The one-pass launchers for gradients on devices of one type, one per device."""
+    """The one-pass launchers for gradients on devices of one type, one per device, and the
+    compiled walk that reads the gradients (``lscore.kernels.DeviceTable`` through the
+    tensors' DLPack C exchange API) with its plan cache."""
 
     def __init__(self, device_type: str, make_backend: Any, available: Any = lambda: True) -> None:
         self.device_type = device_type
         self._make_backend = make_backend
         self._runners: dict = {}
         self.available = available
+        self.table = kernels.DeviceTable(
+            torch.Tensor,
+            kernels.READ_DLPACK,
+            TORCH_CODES.get,
+            "torch.Tensor",
+            hint="torch",
+            dl_device=kernels.DLPACK_DEVICES[device_type],
+        )
 
-    def runner(self, device: torch.device) -> MultiTensor:
-        index = device.index or 0
+    def runner(self, index: int) -> MultiTensor:
         r = self._runners.get(index)
         if r is None:
             r = self._runners[index] = MultiTensor(self._make_backend(index))
         return r
+
+    def plan(self, params: Any) -> Any:
+        """The walked plan of the gradients of `params` (``kernels.DevicePlan``), or None
+        when one of them is not a dense C-contiguous floating tensor of exactly
+        ``torch.Tensor`` on this device type: torch's path then."""
+        try:
+            return self.table.plan([q.grad for q in params])
+        except (TypeError, ValueError):
+            return None
 
 
 # the kernels load through CuPy: without it, torch's own path (two reads) is taken
@@ -109,45 +131,28 @@ KERNELS = Kernels(
 )
 
 
-def _gather(params: Any, device_type: str) -> dict | None:
-    """{device: {dtype code: ([addresses], [counts])}} of the gradients, or None when one of
-    them is not a dense contiguous floating tensor of `device_type` (torch's path then)."""
-    groups: dict = {}
-    for q in params:
-        g = q.grad
-        code = TORCH_CODES.get(g.dtype)
-        if (
-            code is None
-            or g.device.type != device_type
-            or g.layout is not torch.strided
-            or not g.is_contiguous()
-        ):
-            return None
-        ptrs, sizes = groups.setdefault(g.device, {}).setdefault(code, ([], []))
-        ptrs.append(g.data_ptr())
-        sizes.append(g.numel())
-    return groups
-
-
 class OnePass:
     """One clipped step through the one-pass kernels.
 
-    ``of`` gathers the gradients (None when this path does not apply); the
+    ``of`` walks the gradients (None when this path does not apply); the
     object is then ``GradScaler.unscale_``'s unscale (its ``_unscale`` hook:
     unscale, check and gather the norm, {device: found-inf tensor}), and
     ``clip`` scales the gradients down with torch's coefficient.
     """
 
-    def __init__(self, kernels: Kernels, groups: dict, scale: torch.Tensor, inf_norm: bool):
+    def __init__(self, kernels: Kernels, plan: Any, scale: torch.Tensor, inf_norm: bool):
         self.scale, self.inf_norm = scale, inf_norm
-        self.codes = {code for per_code in groups.values() for code in per_code}
+        self.codes = plan.codes  # every gradient's, empty ones included
         self.calls = []
-        for device, per_code in groups.items():
-            runner = kernels.runner(device)
-            prepared = runner.prepared(
-                [(code, ptrs, sizes) for code, (ptrs, sizes) in per_code.items()]
-            )
-            self.calls.append((device, runner, prepared))
+        for index in plan.devices:
+            runner = kernels.runner(index)
+            # packed once per walked plan: the same gradients next step reuse the packing
+            prepared = plan.payload.get(index)
+            if prepared is None:
+                prepared = plan.payload[index] = runner.prepared(
+                    [(code, ptrs, sizes) for d, code, ptrs, sizes in plan.groups if d == index]
+                )
+            self.calls.append((torch.device(kernels.device_type, index), runner, prepared))
 
     @classmethod
     def of(
@@ -158,12 +163,12 @@ class OnePass:
         (or there is none, or `p` is neither 2 nor inf, or CuPy, which loads the kernels,
         is not installed): torch's path then."""
         kernels = KERNELS if kernels is None else kernels
-        if not kernels.available():
+        if not kernels.available() or not params or p not in (2.0, math.inf):
             return None
-        groups = _gather(params, kernels.device_type) if params else None
-        if not groups or p not in (2.0, math.inf):
+        plan = kernels.plan(params)
+        if plan is None or not plan.groups:
             return None
-        return cls(kernels, groups, scale, p == math.inf)
+        return cls(kernels, plan, scale, p == math.inf)
 
     def __call__(self, optimizer: Any, allow_fp16: bool, stats: Any = None) -> dict:
         if not allow_fp16 and Code.F16 in self.codes:

@@ -58,9 +58,8 @@ class DeviceLM:
             self._scatter_add = np.add.at
 
     def _buffers(self, dt: Any) -> list:
-        """Fixed gradient arrays: the fused optimizer plans a list of arrays once (a new
-        array at a new address costs an upload, which waits for the GPU).  The
-        embedding's is float32."""
+        """Fixed gradient arrays: the fused optimizer packs a list of arrays once (a new
+        array at a new address costs that host work again).  The embedding's is float32."""
         bufs = self._grads.get(dt)
         if bufs is None:
             xp = self.xp

@@ -91,6 +91,7 @@ class ArrayKernels:
         limits: dict | None = None,
     ) -> None:
         self.xp = xp
+        self.kind = kind  # how arrays are read (kernels.READ_*)
         self._make_backend = make_backend
         self._limits = dict(limits or {}, config=config)
         self._devices: dict = {}

@@ -265,6 +265,10 @@ class MultiTensor:
         self._coef = self._call[_COEF : _COEF + 1].view(np.float64)
         self._call_addr = self._call.ctypes.data
 
+    def kernel(self, name: str) -> Any:
+        """The backend's handle of kernel `name` on this device, looked up once."""
+        return self._function(name)
+
     def _function(self, name: str) -> Any:
         fn = self._fn.get(name)
         if fn is None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from lscore import kernels
 from lscore.dtypes import Code
 
 __all__ = [
@@ -34,6 +35,9 @@ __all__ = [
     "KERNELS",
     "NVRTC_OPTIONS",
     "OPS",
+    "OPT_GRADS",
+    "OPT_METAS",
+    "OPT_VARIANTS",
     "TRAITS",
     "UPDATE_KERNEL",
     "CupyBackend",
@@ -42,6 +46,7 @@ __all__ = [
     "kernel_image",
     "kernel_name",
     "module",
+    "optim_kernel_name",
     "source",
 ]
 
@@ -77,6 +82,29 @@ def kernel_name(op: str, code: int, meta: str = METAS[0]) -> str:
     return f"lsc_mt_{op}<{TRAITS[Code(code)]}, {meta}>"
 
 
+# the fused optimizers' argument structs (_ext/optim.cu's lsc_opt_meta), 4 KB and 32 KB
+OPT_METAS = {kind: tuple(f"lsc_{kind}_meta_{k}" for k in ("4k", "32k")) for kind in ("sgd", "adam")}
+_OPT = kernels.OPTIM_FLAGS
+#: each fused optimizer's kernel variants: the flag bits that pick one (optim.cu's V)
+OPT_VARIANTS = {
+    "sgd": (0, _OPT["SLOT"], _OPT["SLOT"] | _OPT["NESTEROV"]),
+    "adam": (0, _OPT["AMSGRAD"]),
+}
+#: the gradient dtypes the fused optimizers read (float32 master weights and slots)
+OPT_GRADS = (Code.F16, Code.BF16, Code.F32)
+
+
+def optim_kernel_name(kind: str, code: int, meta: str, flags: int = 0) -> str:
+    """The name expression of fused `kind` ("sgd", "adam"; "check" for the check over
+    either's argument `meta`) for gradient dtype `code`, its variant taken from `flags`."""
+    if kind == "check":
+        return f"lsc_mt_opt_check<{TRAITS[Code(code)]}, {meta}>"
+    variant = flags & OPT_VARIANTS[kind][-1]
+    if kind == "sgd" and not variant & _OPT["SLOT"]:
+        variant = 0  # nesterov needs the momentum slot
+    return f"lsc_mt_{kind}<{TRAITS[Code(code)]}, {meta}, {variant}>"
+
+
 #: .cu file -> the kernel names (NVRTC name expressions) the package launches from it
 KERNELS = {
     # the one-pass norm (lscore.cuda.launch.MultiTensor.launch_norm) beside the scan
@@ -87,11 +115,20 @@ KERNELS = {
         for m in METAS
     ),
     "update.cu": (UPDATE_KERNEL,),
-    # fused optimizers: float32 master weights, float16/bfloat16/float32 gradients
+    # fused optimizers: float32 master weights, float16/bfloat16/float32 gradients, each
+    # variant and argument size, and the check over either argument
     "optim.cu": tuple(
-        f"lsc_mt_{op}<{TRAITS[c]}>"
-        for op in ("sgd", "adam")
-        for c in (Code.F16, Code.BF16, Code.F32)
+        optim_kernel_name(kind, c, m, v)
+        for kind in ("sgd", "adam")
+        for m in OPT_METAS[kind]
+        for c in OPT_GRADS
+        for v in OPT_VARIANTS[kind]
+    )
+    + tuple(
+        optim_kernel_name("check", c, m)
+        for kind in ("sgd", "adam")
+        for m in OPT_METAS[kind]
+        for c in OPT_GRADS
     ),
 }
 _FILE_OF = {k: f for f, names in KERNELS.items() for k in names}

@@ -1,13 +1,15 @@
-"""The fused optimizer kernels (_ext/optim.cu) over planned records, on one device.
+"""The fused optimizer kernels (_ext/optim.cu) over lists of records, on one device.
 
 Design: a tensor of the kernels is a *record*, D device addresses
 ``{grad, param, slots...}`` (float32 parameters and slots; float16, bfloat16
-or float32 gradients).  ``FusedLauncher.plan`` writes the records of a list
-into device memory and plans launches over the record addresses with
-``plan_launches`` (one group, one kernel, per gradient dtype), once per key:
-the caller's key holds every address, size and dtype code, so the same
-arrays next step cost no upload and any change is a new plan.  A call is
-then its launches on the current stream; nothing is read back.
+or float32 gradients).  ``FusedLauncher.plan`` packs the records of a list
+into the kernels' argument structs (optim.cu's lsc_opt_meta, 4 KB or 32 KB
+of kernel parameters, as torch's multi-tensor apply passes its tensor
+lists), one group of launches per gradient dtype, splitting long lists over
+launches: nothing is uploaded, so a list never seen before costs host work
+only, and no device table has to outlive a captured graph.  Plans are cached
+by the caller's key (every address, size and dtype code).  A call is then
+its launches on the current stream; nothing is read back.
 
 Everything a launch reads that changes between steps without the host
 knowing (the inverse scale, the skip flag, Adam's step counter) is read
@@ -21,6 +23,7 @@ replays later steps correctly.  The hyperparameters go by value, or, with
 from __future__ import annotations
 
 import collections
+import functools
 import struct
 import threading
 from typing import Any
@@ -29,7 +32,7 @@ import numpy as np
 
 from lscore import kernels
 from lscore.cuda.launch import plan_launches
-from lscore.cuda.loader import TRAITS
+from lscore.cuda.loader import METAS, OPT_GRADS, OPT_METAS, optim_kernel_name
 from lscore.dtypes import Code
 
 __all__ = ["FLAGS", "GRAD_CODES", "TABLE_LIMIT", "FusedLauncher", "FusedPlan", "bias_table"]
@@ -37,7 +40,7 @@ __all__ = ["FLAGS", "GRAD_CODES", "TABLE_LIMIT", "FusedLauncher", "FusedPlan", "
 #: the fused optimizer kernels' flag bits (from _ext/lsc_codes.h)
 FLAGS = kernels.OPTIM_FLAGS
 #: the gradient dtypes the kernels read (float32 master weights and slots)
-GRAD_CODES = (Code.F16, Code.BF16, Code.F32)
+GRAD_CODES = OPT_GRADS
 #: the most steps a bias-correction table may hold: 2**18 float32 pairs (2 MiB) covers
 #: beta_2 up to about 0.99993, whose table saturates near 2.4e5 steps
 TABLE_LIMIT = 1 << 18
@@ -87,32 +90,33 @@ _MAX_CALL_WORDS = 16
 
 
 class FusedPlan:
-    """The device records and launch tables of one list (built by ``FusedLauncher.plan``).
+    """The packed kernel arguments of one list (built by ``FusedLauncher.plan``).
 
-    ``groups`` lists (gradient dtype code, [(table address, ntensors,
-    nblocks)]); the device buffers, and the packed launches of each kernel
-    signature (``packed``), are held here for as long as this lives.
+    `kind` is the optimizer ("sgd" or "adam") whose argument struct `meta`
+    the records were packed into; ``specs`` lists (gradient dtype code,
+    blocks) per launch and ``arguments`` holds each launch's argument bytes
+    (its struct, then the chunk) as one row.  The packed launches of each
+    kernel and signature (``packed``) are kept here for as long as this lives.
     """
 
-    __slots__ = ("_keep", "groups", "packed")
+    __slots__ = ("arguments", "kind", "meta", "packed", "specs")
 
-    def __init__(self, groups: Any, keep: Any) -> None:
-        self.groups = groups
+    def __init__(self, kind: str, meta: str, specs: list, arguments: np.ndarray) -> None:
+        self.kind, self.meta, self.specs, self.arguments = kind, meta, specs, arguments
         self.packed: dict = {}
-        self._keep = keep
 
     @property
     def launches(self) -> int:
-        return sum(len(ls) for _, ls in self.groups)
+        return len(self.specs)
 
 
 class FusedLauncher:
-    """Launches lsc_mt_sgd / lsc_mt_adam over planned records on one device.
+    """Launches lsc_mt_sgd / lsc_mt_adam (and their check) over packed records on one device.
 
     Built on that device's ``MultiTensor`` `runner`: its backend, its launch
-    limits, and its flag for checks whose answer the host reads
-    (``runner.next_mark()``, ``runner.found(mark)``).  The plans of the
-    last `cache_size` keys are kept.
+    limits and argument size, and its flag for checks whose answer the host
+    reads (``runner.next_mark()``, ``runner.found(mark)``).  The plans of
+    the last `cache_size` keys are kept.
     """
 
     def __init__(self, runner: Any, *, cache_size: int = 8) -> None:
@@ -121,63 +125,76 @@ class FusedLauncher:
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
+        # the argument structs this runner's kernels take: 4 KB, or 32 KB of parameters
+        self._size = 1 if runner.meta == METAS[1] else 0
         # the per-call parameters (optim.cu's, after `chunk`), one 8-byte word each,
         # shared by every packed launch and written before each call's launches
         self._call = np.zeros(_MAX_CALL_WORDS, np.uint64)
 
     def cached(self, key: Any) -> FusedPlan | None:
-        """The plan of `key` if it is still cached (nothing is uploaded)."""
+        """The plan of `key` if it is still cached."""
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
             return hit
 
-    def plan(self, key: Any, tensors: Any) -> FusedPlan:
-        """The plan of `key`, built from `tensors` on a miss (two uploads).
+    def plan(self, key: Any, kind: str, codes: Any, counts: Any, records: Any) -> FusedPlan:
+        """The plan of `key` for optimizer `kind`, packed on a miss.
 
-        `tensors`: [(gradient dtype code, element count, record addresses)],
-        every record of the same length D.
+        Per tensor: its gradient dtype code (`codes`), element count (`counts`) and
+        record of addresses (`records`, one row each, at most the kernel's depth:
+        SGD 3, Adam 5; missing slots are 0).  Nothing is uploaded.
         """
         hit = self.cached(key)
         if hit is not None:
             return hit
-        by_code: dict = {}
-        for i, (code, _, _) in enumerate(tensors):
-            if Code(code) not in GRAD_CODES:
-                raise TypeError(
-                    f"the fused optimizers read float16, bfloat16 or float32 "
-                    f"gradients, not {Code(code).name}"
-                )
-            by_code.setdefault(int(code), []).append(i)
-        b, r = self.backend, self.runner
-        d = len(tensors[0][2]) if tensors else 0
-        records = b.to_device(np.array([r for _, _, r in tensors], np.uint64).reshape(-1))
-        base = b.ptr(records)
-        tables, planned, start = [], [], 0
-        for code, idx in by_code.items():
-            p = plan_launches(
-                [base + 8 * d * i for i in idx],
-                [tensors[i][1] for i in idx],
-                chunk=r.chunk,
-                max_tensors=r.max_tensors,
-                max_blocks=r.max_blocks,
+        meta = OPT_METAS[kind][self._size]
+        depth, max_tensors, max_blocks = kernels.OPT_META[meta]
+        codes = np.asarray(codes, np.int64).reshape(-1)
+        counts = np.asarray(counts, np.int64).reshape(-1)
+        given = np.asarray(records, np.uint64).reshape(len(codes), -1)
+        if given.shape[1] > depth:
+            raise ValueError(
+                f"a {kind} record holds at most {depth} addresses, got {given.shape[1]}"
             )
-            if p.launches:
-                planned.append((code, start, p.launches))
-                tables.append(p.table)
-                start += p.table.size
-        keep = [records]
+        bad = np.setdiff1d(codes, [int(c) for c in GRAD_CODES])
+        if bad.size:
+            raise TypeError(
+                f"the fused optimizers read float16, bfloat16 or float32 "
+                f"gradients, not {Code(int(bad[0])).name}"
+            )
+        rec = np.zeros((len(codes), depth), np.uint64)
+        rec[:, : given.shape[1]] = given
+        r = self.runner
         groups = []
-        if tables:
-            table = b.to_device(np.concatenate(tables))
-            keep.append(table)
-            tbase = b.ptr(table)
-            for code, start, launches in planned:
-                groups.append(
-                    (code, [(tbase + 8 * (start + off), nt, nb) for off, nt, nb in launches])
-                )
-        hit = FusedPlan(groups, keep)
+        for code in dict.fromkeys(codes.tolist()):  # the groups in first-seen order
+            idx = np.flatnonzero(codes == code)
+            # the tensors planned by their place in `idx`: the table's "addresses"
+            table, launches = plan_launches(
+                np.arange(len(idx), dtype=np.uint64),
+                counts[idx],
+                chunk=r.chunk,
+                max_tensors=min(r.max_tensors, max_tensors),
+                max_blocks=min(r.max_blocks, max_blocks),
+            )
+            groups.append((code, idx, table, launches))
+        # every launch's argument block in one allocation: the struct, then the chunk
+        dtype = _opt_meta_dtype(meta)
+        blocks_all = np.zeros((sum(len(g[3]) for g in groups), dtype.itemsize + 8), np.uint8)
+        metas = blocks_all[:, : dtype.itemsize].view(dtype).reshape(-1)
+        blocks_all[:, dtype.itemsize :].view(np.int64)[:, 0] = r.chunk
+        specs: list[tuple[int, int]] = []
+        for code, idx, table, launches in groups:
+            for off, nt, nb in launches:
+                m = metas[len(specs)]
+                m["ptr"][:, :nt] = rec[idx[table[off : off + nt].astype(np.int64)]].T
+                m["size"][:nt] = table[off + nt : off + 2 * nt].view(np.int64)
+                blocks = table[off + 2 * nt : off + 2 * nt + nb]
+                m["chunk_of"][:nb] = blocks >> 32
+                m["tensor_of"][:nb] = blocks & 0xFFFFFFFF
+                specs.append((code, nb))
+        hit = FusedPlan(kind, meta, specs, blocks_all)
         with self._lock:
             self._cache[key] = hit
             while len(self._cache) > self._cache_size:
@@ -203,43 +220,72 @@ class FusedLauncher:
         `head`: the kernel's NumPy scalars between ``chunk`` and ``flags``
         (optim.cu's signatures); `tail`: Adam's (bias, count, last); `hyper_ptr`, when
         not 0, the device float32 hyperparameters the kernels read instead of `head`'s
-        (SGD: lr, momentum, damp, wd; Adam: lr, c1, c2, eps, wd, alpha).  The
-        launches are packed once per plan and signature; a call writes its
-        parameters into the shared block and launches (cuLaunchKernel copies
-        them, so a captured graph keeps this call's values).
+        (SGD: lr, momentum, damp, wd; Adam: lr, c1, c2, eps, wd, alpha).  With
+        ``FLAGS["CHECK"]`` in `flags` the launches are the check's (lsc_mt_opt_check:
+        only `flags`, the inverse, the gate and `skip_if` matter).  The launches are
+        packed once per plan, kernel and signature; a call writes its parameters into
+        the shared block and launches (cuLaunchKernel copies them, so a captured graph
+        keeps this call's values).
         """
-        args = (
-            *head,
+        if kind != plan.kind:
+            raise ValueError(f"a plan packed for {plan.kind} cannot launch {kind}")
+        check = bool(flags & FLAGS["CHECK"])
+        call = (
             np.int32(flags),
             np.float64(inv),
             np.uint64(inv_ptr),
             np.uint64(gate_ptr),
             np.uint32(skip_if),
-            *tail,
-            np.uint64(hyper_ptr),
         )
+        args = call if check else (*head, *call, *tail, np.uint64(hyper_ptr))
         fmt = "<" + "".join(_WORD[a.dtype.kind, a.itemsize] for a in args)
-        packed = plan.packed.get((kind, fmt))
+        name = "check" if check else kind
+        variant = optim_kernel_name(name, Code.F32, plan.meta, flags)
+        packed = plan.packed.get((variant, fmt))
         if packed is None:
-            packed = plan.packed[(kind, fmt)] = self._pack(kind, plan, args)
+            packed = plan.packed[(variant, fmt)] = self._pack(name, flags, plan, args)
         # numpy declares ndarray.__buffer__ for Python >= 3.12 only
         struct.pack_into(fmt, self._call, 0, *args)  # type: ignore[arg-type]
         self.runner.enqueue(packed[0])
         return len(packed[0])
 
-    def _pack(self, kind: str, plan: FusedPlan, args: tuple) -> Any:
+    def _pack(self, name: str, flags: int, plan: FusedPlan, args: tuple) -> Any:
         """([(kernel handle, grid, block, void*[] address, widths address, count)], arrays
-        kept): the entries ``MultiTensor.enqueue`` launches."""
+        kept): the entries ``MultiTensor.enqueue`` launches.  Every launch's ``void*[]`` is
+        a row of one matrix (its argument row, the chunk after it, then the shared call
+        words), and one widths array serves them all."""
         r, call = self.runner, self._call.ctypes.data
-        out: list[tuple] = []
-        keep: list[np.ndarray] = []
-        for code, launches in plan.groups:
-            name = f"lsc_mt_{kind}<{TRAITS[Code(code)]}>"
-            for table, nt, nb in launches:
-                own = np.array([table, nt, r.chunk], np.uint64)  # the record table, its count
-                keep.append(own)
-                base = own.ctypes.data
-                params = [(base, 8), (base + 8, 4), (base + 16, 8)]
-                params += [(call + 8 * k, a.itemsize) for k, a in enumerate(args)]
-                out.append(r.pack(keep, name, nb, r.block, params))
-        return out, keep
+        size = _opt_meta_dtype(plan.meta).itemsize
+        rows = plan.arguments.ctypes.data + plan.arguments.shape[1] * np.arange(
+            len(plan.specs), dtype=np.uint64
+        )
+        params = np.empty((len(plan.specs), 2 + len(args)), np.uint64)
+        params[:, 0] = rows
+        params[:, 1] = rows + size
+        params[:, 2:] = call + 8 * np.arange(len(args), dtype=np.uint64)
+        widths = np.array([size, 8, *(a.itemsize for a in args)], np.int64)
+        kernels_by_code: dict = {}
+        out = []
+        base, step, waddr = params.ctypes.data, params.shape[1] * 8, widths.ctypes.data
+        for k, (code, nb) in enumerate(plan.specs):
+            fn = kernels_by_code.get(code)
+            if fn is None:
+                fn = kernels_by_code[code] = r.kernel(
+                    optim_kernel_name(name, code, plan.meta, flags)
+                )
+            out.append((fn, nb, r.block, base + k * step, waddr, len(widths)))
+        return out, [params, widths]
+
+
+@functools.cache
+def _opt_meta_dtype(meta: str) -> np.dtype:
+    """NumPy's layout of optim.cu's lsc_opt_meta `meta` (as C lays it out: no padding)."""
+    depth, nt, nb = kernels.OPT_META[meta]
+    return np.dtype(
+        [
+            ("ptr", "<u8", (depth, nt)),
+            ("size", "<i8", (nt,)),
+            ("chunk_of", "<i4", (nb,)),
+            ("tensor_of", "<u2", (nb,)),
+        ]
+    )

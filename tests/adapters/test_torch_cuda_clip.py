@@ -151,16 +151,60 @@ def test_fp16_gradients_are_refused_as_torch_refuses_them(where):
     )
 
 
-def test_gather_declines_what_the_kernels_cannot_take():
+def test_the_compiled_walk_declines_what_the_kernels_cannot_take():
+    """Kernels.plan reads the gradients through the compiled walk (the tensors' DLPack C
+    exchange API): a dense floating gradient is planned by its address and size, and the
+    same gradients again reuse the plan; another device type, a transposed, a sparse or a
+    complex gradient, or a Tensor subclass, send the step to torch's path (None)."""
+    cpu = _cuda_clip.Kernels("cpu", None)
     dense = torch.nn.Parameter(torch.zeros(3))
     dense.grad = torch.ones(3)
-    strided = torch.nn.Parameter(torch.zeros(3, 4))
-    strided.grad = torch.ones(4, 3).t()
-    assert _cuda_clip._gather([dense], "cpu") == {
-        torch.device("cpu"): {int(Code.F32): ([dense.grad.data_ptr()], [3])}
-    }
-    assert _cuda_clip._gather([dense], "cuda") is None
-    assert _cuda_clip._gather([dense, strided], "cpu") is None
+    plan = cpu.plan([dense])
+    assert [(d, c, p.tolist(), n.tolist()) for d, c, p, n in plan.groups] == [
+        (0, int(Code.F32), [dense.grad.data_ptr()], [3])
+    ]
+    assert cpu.plan([dense]) is plan and cpu.table.hits == 1
+    assert _cuda_clip.Kernels("cuda", None).plan([dense]) is None
+    for grad in (
+        torch.ones(4, 3).t(),
+        torch.ones(3).to_sparse(),
+        torch.ones(3, dtype=torch.complex64),
+        torch.nn.Parameter(torch.ones(3)),
+    ):
+        other = torch.nn.Parameter(torch.zeros(grad.shape, dtype=grad.dtype))
+        other.grad = grad
+        assert cpu.plan([dense, other]) is None, grad
+
+
+@needs_gxx
+def test_gradients_at_new_addresses_cost_a_walk_not_an_upload_or_a_read(monkeypatch):
+    """Each step's model has new gradient tensors (as zero_grad(set_to_none=True) gives):
+    the compiled walk plans them again and the launches carry their addresses, so no step
+    after the first uploads anything or reads anything back."""
+    from helpers import cuda_host
+
+    class Counting(cuda_host.HostBackend):
+        uploads = reads = 0
+
+        def to_device(self, host):
+            Counting.uploads += 1
+            return super().to_device(host)
+
+        def read_word(self, a):
+            Counting.reads += 1
+            return super().read_word(a)
+
+    kernels = _cuda_clip.Kernels("cpu", lambda dev: Counting())
+    monkeypatch.setattr(_cuda_clip, "KERNELS", kernels)
+    device = torch.device("cpu")
+    _step(GradScaler, device, 6, 0.5, 2.0)  # the launcher's own flag and norm buffer
+    uploads, misses = Counting.uploads, kernels.table.misses
+    for seed in (7, 8):
+        n1, _, _ = _step(GradScaler, device, seed, 0.5, 2.0)
+        n2, _, _ = _step(torch.amp.GradScaler, device, seed, 0.5, 2.0, fused=False)
+        torch.testing.assert_close(n1, n2, rtol=1e-5, atol=0)
+    assert (Counting.uploads, Counting.reads) == (uploads, 0)
+    assert kernels.table.misses == misses + 2
 
 
 @pytest.mark.gpu

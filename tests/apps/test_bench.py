@@ -167,7 +167,7 @@ def gpu_host_run(tmp_path_factory):
 
 
 def test_gpu_host_targets_carry_unit_cached_measured_required_met(gpu_host_run):
-    from lscore.cli.bench import _gpu
+    from lscore.cli.bench import _gpu, _gpu_step
 
     assert gpu_host_run["suite"] == "gpu-host"
     targets = gpu_host_run["targets"]
@@ -196,10 +196,15 @@ def test_gpu_host_targets_carry_unit_cached_measured_required_met(gpu_host_run):
             }[(t["unit"], t["cached"])]
         )
     new = [t for t in targets if t.get("case") == "new_addresses"]
+    steps = {
+        f"{m} {name} step" for m in _gpu_step.LSCORE_METHODS[:2] for name in _gpu_step.OPTIMIZERS
+    }
     assert {t["workload"] for t in new} == workloads and {t["op"] for t in new} == {
         "unscale_",
         "all_finite",
-    }
+    } | steps
+    # each workload: the two calls and the four fused steps over arrays at new addresses
+    assert len(new) == len(workloads) * (2 + len(steps))
     for r in gpu_host_run["rows"]:
         assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"], r
     assert bench.format_table(gpu_host_run).count("\n| ") >= len(gpu_host_run["rows"])
@@ -215,10 +220,11 @@ def test_gpu_host_times_whole_fused_steps(gpu_host_run):
         if r["group"].startswith("gpu-host step")
     }
     assert steps == {
-        (f"gpu-host step {o} {w}", f"{m} step, cached")
+        (f"gpu-host step {o} {w}", f"{m} step, {case}")
         for w, *_ in _gpu.TINY_WORKLOADS
         for o in _gpu_step.OPTIMIZERS
         for m in _gpu_step.LSCORE_METHODS[:2]
+        for case in ("cached", "gradients at new addresses")
     }
 
 

@@ -19,11 +19,12 @@ import pytest
 import lscore
 from helpers import FLOAT_DTYPES
 from helpers.gen import nonfinite_values
+from lscore import kernels
 from lscore._ext import _codes
 from lscore.adapters import numpy as lnp
-from lscore.cuda.launch import MultiTensor, plan_launches
-from lscore.cuda.loader import TRAITS
-from lscore.cuda.optim import bias_table
+from lscore.cuda.launch import MultiTensor
+from lscore.cuda.loader import METAS, OPT_METAS
+from lscore.cuda.optim import FusedLauncher, bias_table
 from lscore.dtypes import BY_NAME, Code
 
 if shutil.which("g++") is None:
@@ -59,35 +60,47 @@ def _u(a):
     return a.view(f"u{a.itemsize}").copy()
 
 
-def _launch(backend, op, records, sizes, cfg, scalars, hyper=0):
-    """Plan the records (one per tensor, D addresses each) and launch `op` over them
-    (`hyper`: the address of device hyperparameters, 0 for the values in `scalars`)."""
+# the kernels' scalars before `flags`, by optimizer (optim.cu's signatures)
+_HEAD = {"sgd": 4, "adam": 6}
+
+
+def _launch(backend, op, records, sizes, cfg, scalars, hyper=0, *, large=False):
+    """Pack the records (one per tensor, D addresses each) into the kernels' arguments and
+    launch `op` over them through lscore.cuda.optim.FusedLauncher (`hyper`: the address of
+    device hyperparameters, 0 for the values in `scalars`; `large`: 32 KB arguments).
+    Returns the launches made."""
     chunk, block, mt, mb = cfg
-    for code in {c for c, _ in records}:
-        idx = [i for i, (c, _) in enumerate(records) if c == code]
-        rec = np.array([records[i][1] for i in idx], np.uint64)
-        d = rec.shape[1]
-        ptrs = [rec.ctypes.data + 8 * d * k for k in range(len(idx))]
-        plan = plan_launches(
-            ptrs, [sizes[i] for i in idx], chunk=chunk, max_tensors=mt, max_blocks=mb
-        )
-        name = f"lsc_mt_{op}<{TRAITS[Code(code)]}>"
-        for off, nt, nb in plan.launches:
-            args = (
-                np.uint64(plan.table.ctypes.data + 8 * off),
-                np.int32(nt),
-                np.int64(chunk),
-                *scalars,
-                np.uint64(hyper),
-            )
-            backend.launch(name, nb, block, args)
+    runner = MultiTensor(backend, chunk=chunk, block=block, max_tensors=mt, max_blocks=mb)
+    runner.meta = METAS[1] if large else METAS[0]
+    launcher = FusedLauncher(runner)
+    plan = launcher.plan(
+        ("test", op),
+        op,
+        [code for code, _ in records],
+        sizes,
+        np.array([rec for _, rec in records], np.uint64),
+    )
+    k = _HEAD[op]
+    flags, inv, inv_dev, gate, skip_if = scalars[k : k + 5]
+    return launcher.launch(
+        op,
+        plan,
+        scalars[:k],
+        flags=int(flags),
+        inv=float(inv),
+        inv_ptr=int(inv_dev),
+        gate_ptr=int(gate),
+        skip_if=int(skip_if),
+        tail=scalars[k + 5 :],
+        hyper_ptr=hyper,
+    )
 
 
 class _Case:
     """Tensors of one case: master weights, their kernel slots, and the reference's copies."""
 
-    def __init__(self, rng, chunk, nslots):
-        self.sizes = _sizes(rng, chunk)
+    def __init__(self, rng, chunk, nslots, sizes=None):
+        self.sizes = _sizes(rng, chunk) if sizes is None else sizes
         self.gdt = [GRAD_DTYPES[int(rng.integers(0, len(GRAD_DTYPES)))] for _ in self.sizes]
         self.w = [
             (rng.standard_normal(n) * rng.choice([1e-2, 1.0, 30.0])).astype(np.float32)
@@ -391,6 +404,64 @@ def test_gate_word(backend, gate, skip_if, applied):
             assert np.all(w == 0.5) or not applied  # 1 + -(2 * 0.5) * 0.5
 
 
+@pytest.mark.parametrize("large", [False, True], ids=["4KB", "32KB"])
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_more_arrays_than_one_argument_holds(backend, kind, large):
+    """A list longer than one kernel argument holds (lsc_codes.h's capacities, whatever the
+    runner's own limit) is split over full launches, and every parameter and slot still
+    equals the NumPy adapter's bit for bit, NaN-free or skipped."""
+    _, cap, _ = kernels.OPT_META[OPT_METAS[kind][int(large)]]
+    rng = np.random.default_rng(700 + large)
+    n = 2 * cap + 7
+    opt = (
+        _RefSGD(learning_rate=0.1, momentum=0.9)
+        if kind == "sgd"
+        else _RefAdam(learning_rate=0.01, amsgrad=True)
+    )
+    c = _Case(rng, 8, len(opt.slot_names), sizes=[int(k) for k in rng.integers(1, 20, n)])
+    c.gdt = [GRAD_DTYPES[0]] * n  # one group: its launches are counted
+    cfg = (8, 4, 4096, 65535)
+    flag = np.zeros(1, np.uint32)
+    for step, plant in enumerate([False, True, False], start=1):
+        gs = c.grads(rng, plant)
+        _check(backend, gs, cfg, step, flag)
+        head = (
+            (np.float32(0.1), np.float32(0.9), np.float32(1), np.float32(0))
+            if kind == "sgd"
+            else (
+                np.float32(_alpha(opt)),
+                np.float32(1 - opt.beta_1),
+                np.float32(1 - opt.beta_2),
+                np.float32(opt.epsilon),
+                np.float32(0.01),
+                np.float32(0),
+            )
+        )
+        flags = SLOT if kind == "sgd" else AMSGRAD
+        call = (np.float64(0.5), np.uint64(0), np.uint64(flag.ctypes.data), np.uint32(step))
+        tail = NO_COUNTER if kind == "adam" else ()
+        launches = _launch(
+            backend,
+            kind,
+            c.records(gs),
+            c.sizes,
+            cfg,
+            (*head, np.int32(flags), *call, *tail),
+            large=large,
+        )
+        assert launches == -(-n // cap)
+        ref = _reference_grads(gs, 0.5)
+        assert (ref is None) == plant and bool(flag[0] == step) == plant
+        if ref is not None:
+            opt.apply_gradients(zip(ref, c.ref_w, strict=True))
+        for k, (w, rw) in enumerate(zip(c.w, c.ref_w, strict=True)):
+            assert np.array_equal(_u(w), _u(rw)), (kind, step, k)
+            entry = opt._slots.get(id(rw))
+            for name, sl in zip(opt.slot_names, c.slots[k], strict=True):
+                want = entry[1][name] if entry and name in entry[1] else np.zeros_like(sl)
+                assert np.array_equal(_u(sl), _u(want)), (kind, step, k, name)
+
+
 # ---- the check launch, the inverse in the gradient's dtype, the device step counter ----
 
 
@@ -440,10 +511,11 @@ def test_check_launch_marks_unscaled_nonfinite_and_writes_nothing(backend, seed,
         ):
             flag[0] = 0
             tail = NO_COUNTER if op == "adam" else ()
+            depth = 3 if op == "sgd" else 4  # SGD's record: {grad, param, momentum}
             _launch(
                 backend,
                 op,
-                c.records(gs),
+                [(code, rec[:depth]) for code, rec in c.records(gs)],
                 c.sizes,
                 cfg,
                 (
@@ -466,6 +538,55 @@ def test_check_launch_marks_unscaled_nonfinite_and_writes_nothing(backend, seed,
             assert flag[0] == (0 if finite else 9), (seed, case, op, inv)
             after = [_u(a) for a in c.w] + [_u(s) for ss in c.slots for s in ss]
             assert all(np.array_equal(a, b) for a, b in zip(after, before, strict=True))
+
+
+# (gradient dtype, a gradient, the float32 inverse whose product with it is the first one
+# that rounds to Inf in that dtype): 65520 for float16, 0x1.ffp127 for bfloat16, 2**128 for float32
+_EDGES = [
+    ("float16", 2.0**15, 65520 / 2.0**15),
+    ("bfloat16", 2.0**127, 1 + 255 / 256),
+    ("float32", 2.0**127, 2.0),
+]
+
+
+@pytest.mark.parametrize("dtype, g, inv", _EDGES, ids=[e[0] for e in _EDGES])
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_check_launch_at_the_overflow_edge(backend, kind, dtype, g, inv):
+    """The check compares the largest product with the last float32 that rounds to a finite
+    value: an inverse one float32 step below the edge passes, the edge is an overflow, as
+    the core's unscale_ says, wherever the element sits (vector body, head or tail)."""
+    dt = next(d for d in GRAD_DTYPES if d.name == dtype)
+    below = float(np.nextafter(np.float32(inv), np.float32(0)))
+    for where in (0, 1, 18, 38):
+        for x, want_bad in ((below, False), (inv, True)):
+            grad = np.zeros(40, dt)[1:] if where == 1 else np.zeros(39, dt)
+            grad[min(where, grad.size - 1)] = -g
+            out = grad.copy()
+            lscore.unscale_([out], x)
+            assert lscore.all_finite([out]) != want_bad  # the core agrees with the edge
+            w = np.ones(39, np.float32)
+            slots = [np.zeros(39, np.float32) for _ in range(1 if kind == "sgd" else 2)]
+            rec = [grad.ctypes.data, w.ctypes.data, *(a.ctypes.data for a in slots)]
+            flag = np.zeros(1, np.uint32)
+            head = (np.float32(0.5),) * _HEAD[kind]
+            _launch(
+                backend,
+                kind,
+                [(BY_NAME[dtype], rec)],
+                [grad.size],
+                (8, 4, 4096, 65535),
+                (
+                    *head,
+                    np.int32(CHECK),
+                    np.float64(x),
+                    np.uint64(0),
+                    np.uint64(flag.ctypes.data),
+                    np.uint32(3),
+                    *(NO_COUNTER if kind == "adam" else ()),
+                ),
+            )
+            assert flag[0] == (3 if want_bad else 0), (where, x)
+            assert np.all(w == 1.0)
 
 
 @pytest.mark.parametrize("seed", range(2))
@@ -555,8 +676,6 @@ def test_a_replayed_step_reads_the_hyperparameters_written_between_replays(backe
     captured CUDA graph does), the schedule writing each step's lr into the device array
     between replays, equal eager steps given that lr by value, bit for bit (Adam: alpha
     from that lr and the device step counter's bias table)."""
-    from lscore.cuda.optim import FusedLauncher
-
     rng = np.random.default_rng(31)
     lrs = [0.1, 0.05, 0.3, 0.0125, 0.2]
     sizes = [5, 64, 1, 130, 0, 33]
@@ -592,15 +711,13 @@ def test_a_replayed_step_reads_the_hyperparameters_written_between_replays(backe
 
     def launcher_for(state):
         launcher = FusedLauncher(MultiTensor(backend, chunk=16, block=4, max_tensors=3))
-        tensors = [
-            (
-                BY_NAME[g.dtype.name],
-                g.size,
-                [g.ctypes.data, w.ctypes.data, *(x.ctypes.data for x in sl)],
-            )
+        records = [
+            [g.ctypes.data, w.ctypes.data, *(x.ctypes.data for x in sl)]
             for g, (w, sl) in zip(grads, state, strict=True)
         ]
-        return launcher, launcher.plan(("key", kind), tensors)
+        codes = [BY_NAME[g.dtype.name] for g in grads]
+        sizes = [g.size for g in grads]
+        return launcher, launcher.plan(("key", kind), kind, codes, sizes, records)
 
     live_l, live_plan = launcher_for(live)
     eager_l, eager_plan = launcher_for(eager)

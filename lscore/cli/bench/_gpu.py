@@ -21,6 +21,7 @@ import gc
 import statistics
 import time
 import types
+from typing import Any
 
 import numpy as np
 
@@ -166,16 +167,17 @@ class _HostLists:
         self.starts = np.cumsum([0] + [-(-n // self.pad) * self.pad + self.pad for n in sizes])
         self.buf = np.ones(int(self.starts[-1]) + self.pad * (shifts + 1), self.dt)
 
-    def make(self, shift: int = 0) -> list[StandInArray]:
+    def make(self, shift: int = 0, wrap: Any = StandInArray) -> list:
         off = self.pad * shift
         return [
-            StandInArray(self.buf[off + s : off + s + n])
+            wrap(self.buf[off + s : off + s + n])
             for s, n in zip(self.starts[:-1].tolist(), self.sizes, strict=True)
         ]
 
 
 def _first_sight(fn, lists) -> list[float]:
-    """Seconds of fn(list) for each list, each list seen once."""
+    """Seconds of fn(list) for each list, each list seen once (the first one is not timed
+    by the caller's warm-up: every list here is new to `fn`)."""
     out = []
     gc.disable()
     try:
@@ -186,6 +188,23 @@ def _first_sight(fn, lists) -> list[float]:
     finally:
         gc.enable()
     return out
+
+
+def _first_sight_row(group: str, method: str, ts: list[float], count: int, dtype) -> dict:
+    """The row of calls each timed once (`ts`, seconds), over `count` arrays each."""
+    return {
+        "group": group,
+        "method": method,
+        "bytes": 0,
+        "per": count,
+        "dtype": dtype,
+        "n": count,
+        "median_s": statistics.median(ts),
+        "min_s": min(ts),
+        "max_s": max(ts),
+        "calls": 1,
+        "repeats": len(ts),
+    }
 
 
 def run_host(opts, rows: Rows, rng) -> list[dict]:
@@ -234,21 +253,7 @@ def run_host(opts, rows: Rows, rng) -> list[dict]:
             # beyond each call's one read of its result
             new_addresses[op] = (backend.uploads - ups, backend.syncs - syncs - len(lists))
             del lists
-            rows.append(
-                {
-                    "group": g,
-                    "method": f"{op} first sight",
-                    "bytes": 0,
-                    "per": count,
-                    "dtype": dtype,
-                    "n": count,
-                    "median_s": statistics.median(ts),
-                    "min_s": min(ts),
-                    "max_s": max(ts),
-                    "calls": 1,
-                    "repeats": len(ts),
-                }
-            )
+            rows.append(_first_sight_row(g, f"{op} first sight", ts, count, dtype))
         by = {r["method"]: r for r in rows.rows if r["group"] == g and "median_s" in r}
         for op in ("unscale_", "all_finite"):
             many, single = (
@@ -310,12 +315,12 @@ def run_host(opts, rows: Rows, rng) -> list[dict]:
                         "met": x <= need,
                     }
                 )
-    run_host_steps(opts, rows, rng)
-    return targets
+    return targets + run_host_steps(opts, rows, rng)
 
 
-def null_adapter():
-    """lscore.adapters.cupy's optimizer classes bound to NumPy arrays and NullBackend.
+def null_adapter(kern: cuda.ArrayKernels | None = None):
+    """lscore.adapters.cupy's optimizer classes bound to NumPy arrays and NullBackend
+    (through `kern`, by default a new ``ArrayKernels`` of NullBackends).
 
     The fused step's host side as on a GPU (the walk and plan lookup, the
     packed launches of the check, the update and the scale update, the
@@ -326,29 +331,78 @@ def null_adapter():
     """
     from lscore.adapters import device
 
-    return device.bind(np, cuda.ArrayKernels(np, NullBackend, kind=kernels.READ_NUMPY))
+    if kern is None:
+        kern = cuda.ArrayKernels(np, NullBackend, kind=kernels.READ_NUMPY)
+    return device.bind(np, kern)
 
 
-def run_host_steps(opts, rows: Rows, rng) -> None:
-    """gpu-host rows of whole fused optimizer steps: the host's time per step."""
-    dev = _gpu_step.StepDevice(np, null_adapter(), lambda: None, None)
+def run_host_steps(opts, rows: Rows, rng) -> list[dict]:
+    """gpu-host rows of whole fused optimizer steps: the host's time per step, cached and
+    over gradients at addresses not seen before (as ``zero_grad(set_to_none=True)`` makes
+    them); returns the new-address targets."""
+    kern = cuda.ArrayKernels(np, NullBackend, kind=kernels.READ_NUMPY)
+    backend = kern.device(0).backend
+    dev = _gpu_step.StepDevice(np, null_adapter(kern), lambda: None, None)
     workloads = TINY_WORKLOADS if opts.tiny else WORKLOADS
+    targets = []
     for wname, count, size, dtype in workloads:
         sizes = workload_sizes(rng, count, size, opts.tiny)
         params = [np.ones(n, np.float32) for n in sizes]
-        grads = [np.ones(n, dtype) for n in sizes]
+        host = _HostLists(sizes, dtype, opts.first_lists)
+        grads = host.make(0, np.asarray)
         for name in _gpu_step.OPTIMIZERS:
             g = f"gpu-host step {name} {wname}"
             for sync_free, method in (
                 (False, _gpu_step.LSCORE_METHODS[0]),
                 (True, _gpu_step.LSCORE_METHODS[1]),
             ):
-                step, _ = _gpu_step.lscore_step(dev, name, grads, params, sync_free)
+                step, ps = _gpu_step.lscore_step(dev, name, grads, params, sync_free)
                 step()  # plans and slots: first sight
                 rows.add(
                     g, f"{method} step, cached", step, dtype=dtype, n=count, per=count, opts=opts
                 )
+                # the reads a cached step makes (the default mode's one read of the flag)
+                syncs = backend.syncs
+                step()
+                reads = backend.syncs - syncs
+                lists = [host.make(shift + 1, np.asarray) for shift in range(opts.first_lists)]
+                opt = _gpu_step.lscore_optimizer(dev, name, sync_free)
+
+                def new_grads(gs, opt=opt, ps=ps):
+                    opt.minimize(lambda s, gs=gs: (0.0, gs), ps)
+
+                new_grads(grads)  # the optimizer's own first step: its slots and state
+
+                ups, syncs = backend.uploads, backend.syncs
+                ts = _first_sight(new_grads, lists)
+                uploads = backend.uploads - ups
+                extra = backend.syncs - syncs - reads * len(lists)
+                first = statistics.median(ts) / count * 1e6
+                rows.append(
+                    _first_sight_row(
+                        g, f"{method} step, gradients at new addresses", ts, count, dtype
+                    )
+                )
+                targets.append(
+                    {
+                        "target": f"{wname}: {method} {name} step over gradients at new "
+                        "addresses, host cost per array (no upload, no synchronisation "
+                        "besides the mode's own reads)",
+                        "workload": wname,
+                        "op": f"{method} {name} step",
+                        "unit": "us_per_array",
+                        "case": "new_addresses",
+                        "cached": False,
+                        "measured": first,
+                        "uploads": uploads,
+                        "syncs": extra,
+                        "required": NEW_ADDRESSES_PER_ARRAY_US,
+                        "met": first <= NEW_ADDRESSES_PER_ARRAY_US and uploads == 0 and extra == 0,
+                    }
+                )
+                del lists
             rows.flush()
+    return targets
 
 
 # ---- --suite gpu --------------------------------------------------------------

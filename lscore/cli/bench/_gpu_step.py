@@ -104,14 +104,19 @@ def inner_optimizer(adapter, name: str):
     return adapter.Adam(LR["Adam"])
 
 
+def lscore_optimizer(dev: StepDevice, name: str, sync_free: bool):
+    """lscore's LossScaleOptimizer over optimizer `name`, as every step row configures it."""
+    return dev.adapter.LossScaleOptimizer(
+        inner_optimizer(dev.adapter, name), initial_scale=INIT_SCALE, sync_free=sync_free
+    )
+
+
 def lscore_step(dev: StepDevice, name: str, grads, params0, sync_free: bool):
     """(step, parameters): minimize over fresh copies of the parameters with the given
     (scaled) gradients, which the fused kernels read once."""
     xp = dev.xp
     params = [xp.array(p, copy=True) for p in params0]
-    opt = dev.adapter.LossScaleOptimizer(
-        inner_optimizer(dev.adapter, name), initial_scale=INIT_SCALE, sync_free=sync_free
-    )
+    opt = lscore_optimizer(dev, name, sync_free)
     return (lambda: opt.minimize(lambda scale: (0.0, grads), params)), params
 
 

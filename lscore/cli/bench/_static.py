@@ -29,7 +29,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from lscore import cuda
+from lscore import cuda, kernels
+from lscore.cuda.loader import OPT_GRADS, OPT_METAS, TRAITS, optim_kernel_name
 
 __all__ = [
     "ARCH",
@@ -53,19 +54,33 @@ _SCAN_OPS = {
     "clip": "clip",
     "all_finite": "all_finite",
 }
-# the scan kernels as an sm_90 device on CUDA >= 12.1 runs them: 32 KB kernel arguments
+_OPT = kernels.OPTIM_FLAGS
+# the fused optimizers' rows: (kind, variant flags, row label)
+_OPTIM = (
+    ("sgd", _OPT["SLOT"], "fused SGD"),
+    ("sgd", 0, "fused SGD, no momentum"),
+    ("sgd", _OPT["SLOT"] | _OPT["NESTEROV"], "fused SGD, nesterov"),
+    ("adam", 0, "fused Adam"),
+    ("adam", _OPT["AMSGRAD"], "fused Adam, amsgrad"),
+    ("check", 0, "fused check"),
+)
+# the kernels as an sm_90 device on CUDA >= 12.1 runs them: 32 KB kernel arguments
 KERNELS = tuple(
     ("scan.cu", f"lsc_mt_{op}<{t}, lsc_meta_32k>", label, dt)
     for op, label in _SCAN_OPS.items()
     for t, dt in _DTYPES.items()
 ) + tuple(
-    ("optim.cu", f"lsc_mt_{op}<{t}>", label, dt)
-    for op, label in (("sgd", "fused SGD"), ("adam", "fused Adam"))
-    for t, dt in _DTYPES.items()
-    if t != "lsc_f64"
+    (
+        "optim.cu",
+        optim_kernel_name(kind, c, OPT_METAS["adam" if kind == "check" else kind][1], v),
+        label,
+        _DTYPES[TRAITS[c]],
+    )
+    for kind, v, label in _OPTIM
+    for c in OPT_GRADS
 )
 # most instructions per byte allowed, by row label; every row needs 16-byte accesses
-LIMITS = {"fused SGD": 4.0, "fused Adam": 4.0}
+LIMITS = {label: 4.0 for _, _, label in _OPTIM}
 DEFAULT_LIMIT = 2.5
 WIDEST = 16
 

@@ -154,16 +154,34 @@ int run(void (*k)(A...), unsigned grid, unsigned block, void **params,
     X(lsc_mt_clip<lsc_f32, M>)               \
     X(lsc_mt_clip<lsc_f64, M>)
 
-#define LSCH_KERNELS(X)                   \
-    LSCH_SCAN(X, lsc_meta_4k)             \
-    LSCH_SCAN(X, lsc_meta_32k)            \
-    X(lsc_device_update)                  \
-    X(lsc_mt_sgd<lsc_f16>)                \
-    X(lsc_mt_sgd<lsc_bf16>)               \
-    X(lsc_mt_sgd<lsc_f32>)                \
-    X(lsc_mt_adam<lsc_f16>)               \
-    X(lsc_mt_adam<lsc_bf16>)              \
-    X(lsc_mt_adam<lsc_f32>)
+/* a fused optimizer kernel for each gradient dtype (variant V of argument M) */
+#define LSCH_GRADS(X, K, M, V)               \
+    X(K<lsc_f16, M, V>)                      \
+    X(K<lsc_bf16, M, V>)                     \
+    X(K<lsc_f32, M, V>)
+
+/* the check over argument M, for each gradient dtype */
+#define LSCH_CHECK(X, M)                     \
+    X(lsc_mt_opt_check<lsc_f16, M>)          \
+    X(lsc_mt_opt_check<lsc_bf16, M>)         \
+    X(lsc_mt_opt_check<lsc_f32, M>)
+
+/* SGD's variants (LSC_OPT_SLOT = 1, | LSC_OPT_NESTEROV = 3), Adam's (LSC_OPT_AMSGRAD = 8) */
+#define LSCH_OPTIM(X, SGD, ADAM)             \
+    LSCH_GRADS(X, lsc_mt_sgd, SGD, 0)        \
+    LSCH_GRADS(X, lsc_mt_sgd, SGD, 1)        \
+    LSCH_GRADS(X, lsc_mt_sgd, SGD, 3)        \
+    LSCH_GRADS(X, lsc_mt_adam, ADAM, 0)      \
+    LSCH_GRADS(X, lsc_mt_adam, ADAM, 8)      \
+    LSCH_CHECK(X, SGD)                       \
+    LSCH_CHECK(X, ADAM)
+
+#define LSCH_KERNELS(X)                               \
+    LSCH_SCAN(X, lsc_meta_4k)                         \
+    LSCH_SCAN(X, lsc_meta_32k)                        \
+    X(lsc_device_update)                              \
+    LSCH_OPTIM(X, lsc_sgd_meta_4k, lsc_adam_meta_4k)  \
+    LSCH_OPTIM(X, lsc_sgd_meta_32k, lsc_adam_meta_32k)
 
 }  // namespace
 
