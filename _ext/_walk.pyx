@@ -468,7 +468,7 @@ cdef object _shared_memory(cnp.ndarray ptrs, cnp.ndarray sizes, cnp.ndarray gids
     order = np.argsort(lo, kind="stable")
     lo, hi, idx = lo[order], hi[order], idx[order]
     reach = np.maximum.accumulate(hi)
-    clash = np.flatnonzero(lo[1:] < reach[:-1])
+    clash = np.flatnonzero(lo[1:] < reach[: reach.size - 1])
     if clash.size:
         b = int(clash[0]) + 1
         a = int(np.flatnonzero(hi[:b] > lo[b])[0])

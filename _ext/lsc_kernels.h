@@ -329,33 +329,35 @@ LSC_INL void LSC_F(group_)(const LSC_F(vd_) *x, int exact, LSC_F(v4_) *acc)
     *acc += four;
 }
 
+/* A vector of floats widened to two of doubles, x[0] (low half) and x[1]. */
+LSC_INL void LSC_F(pd2_)(LSC_F(vf_) f, LSC_F(vd_) *x)
+{
+#ifdef LSC_PD_LO
+    x[0] = (LSC_F(vd_))LSC_PD_LO(f);
+    x[1] = (LSC_F(vd_))LSC_PD_HI(f);
+#else
+    LSC_F(vh_) lo, hi;
+    memcpy(&lo, &f, sizeof(lo));
+    memcpy(&hi, (const char *)&f + sizeof(lo), sizeof(hi));
+    x[0] = __builtin_convertvector(lo, LSC_F(vd_));
+    x[1] = __builtin_convertvector(hi, LSC_F(vd_));
+#endif
+}
+
 /* The four sums of a group of 32 floats f[0..32/LSC_HL-1], widened exactly, added to *acc. */
 LSC_INL void LSC_F(group_f_)(const LSC_F(vf_) *f, LSC_F(v4_) *acc)
 {
     LSC_F(vd_) x[LSC_NV];
-    for (int k = 0; k < 32 / LSC_HL; k++) {
-#ifdef LSC_PD_LO
-        x[2 * k] = (LSC_F(vd_))LSC_PD_LO(f[k]);
-        x[2 * k + 1] = (LSC_F(vd_))LSC_PD_HI(f[k]);
-#else
-        LSC_F(vh_) lo, hi;
-        memcpy(&lo, &f[k], sizeof(lo));
-        memcpy(&hi, (const char *)&f[k] + sizeof(lo), sizeof(hi));
-        x[2 * k] = __builtin_convertvector(lo, LSC_F(vd_));
-        x[2 * k + 1] = __builtin_convertvector(hi, LSC_F(vd_));
-#endif
-    }
+    for (int k = 0; k < 32 / LSC_HL; k++)
+        LSC_F(pd2_)(f[k], &x[2 * k]);
     LSC_F(group_)(x, 1, acc);
 }
 
-/* The call's sum of squares: its lanes, then the tail group (32 values, zeros
- * past the end; NULL when the call had no tail). */
-LSC_INL double LSC_F(sumsq_)(const LSC_F(v4_) *acc, const double *tail)
+/* The call's sum of squares, from its four lanes. */
+LSC_INL double LSC_F(sumsq_)(const LSC_F(v4_) *acc)
 {
     double lane[4];
     memcpy(lane, acc, sizeof(lane));
-    if (tail)
-        lsc_group_add(lane, tail);
     return lsc_lanes_sum(lane);
 }
 
@@ -392,54 +394,65 @@ LSC_INL LSC_F(vw_) LSC_F(step16_)(char *q, float inv, int bf16, int canon, int w
     return (w & em) + lsb;
 }
 
-/* float16 / bfloat16 over a contiguous run: unscale (write), statistics
- * (ks non-NULL), or both.  Returns whether an input was non-finite.  The
- * last n mod 32 elements go word by word into the tail group.  canon 2
+/* One group of 32 16-bit floats at q: check, multiply and store (write),
+ * statistics into *acc and *vm (stats), the check bits into *vacc.  canon 2
  * (inv finite and non-zero, where a NaN result comes only from a NaN input):
- * NaNs are made canonical only in the 32-element groups whose check finds a
- * non-finite input. */
+ * NaNs are made canonical only when the group holds a non-finite input. */
+LSC_INL void LSC_F(group16_)(char *q, float inv, int bf16, int canon, int write, int stats,
+                             LSC_F(v4_) *acc, LSC_F(vw_) *vm, LSC_F(vw_) *vacc)
+{
+    const uint16_t em = bf16 ? LSC_EXP_BF16 : LSC_EXP_F16;
+    const uint16_t lsb = bf16 ? LSC_EXP_LSB_BF16 : LSC_EXP_LSB_F16;
+    LSC_F(vf_) f[32 / LSC_HL];
+    LSC_F(vw_) o[32 / LSC_HL];
+    int c = canon;
+    if (canon == 2) {
+        LSC_F(vw_) g = {0};
+        uint64_t w8[sizeof(g) / 8], qa = 0;
+        for (int k = 0; k < 32 / LSC_HL; k++) {
+            LSC_F(vw_) w;
+            memcpy(&w, q + 2 * k * LSC_HL, sizeof(w));
+            g |= (w & em) + lsb;
+        }
+        memcpy(w8, &g, sizeof(w8));
+        for (size_t l = 0; l < sizeof(w8) / 8; l++)
+            qa |= w8[l];
+        c = (qa & 0x8000800080008000ull) != 0;
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 32 / LSC_HL; k++)
+        *vacc |= LSC_F(step16_)(q + 2 * k * LSC_HL, inv, bf16, c, write, stats, &f[k], &o[k]);
+    if (stats) {
+        LSC_F(group_f_)(f, acc);
+        LSC_MAX_TREE(o, 32 / LSC_HL, LSC_MAXU16);
+        *vm = LSC_MAXU16(*vm, o[0]);
+    }
+}
+
+/* float16 / bfloat16 over a contiguous run: unscale (write), statistics
+ * (ks non-NULL), or both.  Returns whether an input was non-finite.  Groups
+ * of 32; the last n mod 32 elements are a group too, in a buffer padded with
+ * zeros (finite, and nothing to a sum or a max), so the tail takes the same
+ * vector code as the rest rather than the C conversions element by element. */
 LSC_INL int LSC_F(run16_)(char *p, lsc_n n, double inv64, int bf16, int canon, int write,
                           lsc_kstats *ks)
 {
     const float inv = (float)inv64;
     const int stats = ks != NULL;
     const uint16_t em = bf16 ? LSC_EXP_BF16 : LSC_EXP_F16;
-    const uint16_t lsb = bf16 ? LSC_EXP_LSB_BF16 : LSC_EXP_LSB_F16;
     LSC_F(v4_) acc = {0};
     LSC_F(vw_) vacc = {0}, vm = {0};
-    double tail[32] = {0};
     uint16_t any = 0, m = 0;
     lsc_n j = 0;
-    for (; j + 32 <= n; j += 32) {
-        LSC_F(vf_) f[32 / LSC_HL];
-        LSC_F(vw_) o[32 / LSC_HL];
-        int c = canon;
-        if (canon == 2) {
-            LSC_F(vw_) g = {0};
-            uint64_t q[sizeof(g) / 8], qa = 0;
-            for (int k = 0; k < 32 / LSC_HL; k++) {
-                LSC_F(vw_) w;
-                memcpy(&w, p + 2 * (j + k * LSC_HL), sizeof(w));
-                g |= (w & em) + lsb;
-            }
-            memcpy(q, &g, sizeof(q));
-            for (size_t l = 0; l < sizeof(q) / 8; l++)
-                qa |= q[l];
-            c = (qa & 0x8000800080008000ull) != 0;
-        }
-#pragma GCC unroll 8
-        for (int k = 0; k < 32 / LSC_HL; k++)
-            vacc |= LSC_F(step16_)(p + 2 * (j + k * LSC_HL), inv, bf16, c, write, stats, &f[k],
-                                   &o[k]);
-        if (stats) {
-            LSC_F(group_f_)(f, &acc);
-            LSC_MAX_TREE(o, 32 / LSC_HL, LSC_MAXU16);
-            vm = LSC_MAXU16(vm, o[0]);
-        }
+    for (; j + 32 <= n; j += 32)
+        LSC_F(group16_)(p + 2 * j, inv, bf16, canon, write, stats, &acc, &vm, &vacc);
+    if (j < n) {
+        uint16_t pad[32] = {0};
+        memcpy(pad, p + 2 * j, 2 * (size_t)(n - j));
+        LSC_F(group16_)((char *)pad, inv, bf16, canon, write, stats, &acc, &vm, &vacc);
+        if (write)
+            memcpy(p + 2 * j, pad, 2 * (size_t)(n - j));
     }
-    if (!stats)
-        for (; j + LSC_HL <= n; j += LSC_HL)
-            vacc |= LSC_F(step16_)(p + 2 * j, inv, bf16, canon != 0, write, 0, NULL, NULL);
     {
         uint64_t q[sizeof(vacc) / 8], qa = 0;
         memcpy(q, &vacc, sizeof(q));
@@ -450,23 +463,6 @@ LSC_INL int LSC_F(run16_)(char *p, lsc_n n, double inv64, int bf16, int canon, i
         for (int l = 0; l < LSC_HL; l++)
             m = vm[l] > m ? vm[l] : m;
     }
-    const lsc_n rest = j;
-    for (; j < n; j++) {
-        uint16_t w, in;
-        float f;
-        memcpy(&w, p + 2 * j, 2);
-        in = w & 0x7FFF;
-        any |= (uint16_t)((w & em) + lsb);
-        if (write) {
-            f = bf16 ? lsc_bf16_to_f32(w) : lsc_f16_to_f32(w);
-            w = bf16 ? lsc_f32_to_bf16(f * inv) : lsc_f32_to_f16(f * inv);
-            memcpy(p + 2 * j, &w, 2);
-        }
-        if (stats) {
-            tail[j - rest] = bf16 ? lsc_bf16_to_f32(w) : lsc_f16_to_f32(w);
-            m = in > m ? in : m;
-        }
-    }
     if (stats) {
         /* the largest input: the check, and (unscaled) the largest value left */
         float top = bf16 ? lsc_bf16_to_f32(m) : lsc_f16_to_f32(m);
@@ -476,7 +472,7 @@ LSC_INL int LSC_F(run16_)(char *p, lsc_n n, double inv64, int bf16, int canon, i
             o &= 0x7FFF;
             top = bf16 ? lsc_bf16_to_f32(o) : lsc_f16_to_f32(o);
         }
-        ks->sumsq = LSC_F(sumsq_)(&acc, rest < n ? tail : NULL);
+        ks->sumsq = LSC_F(sumsq_)(&acc);
         ks->maxbits = lsc_f32_bits(top);
     }
     return any >> 15;
@@ -617,97 +613,85 @@ LSC_INL LSC_F(v2d_) LSC_F(parity_)(const LSC_F(vd_) *x)
     return lo + hi;
 }
 
+typedef uint16_t LSC_F(vw2_) __attribute__((vector_size(LSC_VBYTES)));
+
+/* One group of 32 bfloat16 words at q: multiply and store (write), the two
+ * parities' lane sums into *even and *odd, max |x| of the inputs into *vm;
+ * a group holding a NaN or Inf word by word, its squares into *extra. */
+LSC_INL void LSC_F(group_bf16_)(char *q, float inv, int write, LSC_F(vw2_) *vm,
+                                LSC_F(v2d_) *even, LSC_F(v2d_) *odd, double *extra)
+{
+    enum { G = 64 / LSC_VBYTES };   /* vectors to a group of 32 words */
+    LSC_F(vu_) w[G];
+    LSC_F(vd_) xe[LSC_NV / 2], xo[LSC_NV / 2];
+    LSC_F(vq_) t;
+    LSC_F(vw2_) a[G];
+#pragma GCC unroll 4
+    for (int k = 0; k < G; k++) {
+        memcpy(&w[k], q + k * LSC_VBYTES, sizeof(w[k]));
+        memcpy(&a[k], &w[k], sizeof(a[k]));
+        a[k] &= 0x7FFF;
+    }
+    LSC_MAX_TREE(a, G, LSC_MAXU16W);
+    *vm = LSC_MAXU16W(*vm, a[0]);
+    a[0] += 0x0080;     /* a NaN or Inf carries into the word's top bit */
+    memcpy(&t, &a[0], sizeof(t));
+    if (LSC_ANY_TOP(t, 0x8000800080008000ull)) {
+        if (write)
+            LSC_F(bf16_words_)(q, 32, inv);
+        for (int k = 0; k < 32; k++) {
+            uint16_t h;
+            double v;
+            memcpy(&h, q + 2 * k, 2);
+            v = lsc_bf16_to_f32(h);
+            *extra += v * v;
+        }
+        return;
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < G; k++) {
+        LSC_F(vu_) lo = w[k] << 16, hi = w[k] & 0xFFFF0000u;
+        LSC_F(vf_) fl, fh;
+        if (write) {
+            LSC_F(bf16_mul2_)(&lo, &hi, inv);
+            lo &= 0xFFFF0000u;
+            hi &= 0xFFFF0000u;
+            w[k] = hi | (lo >> 16);
+            memcpy(q + k * LSC_VBYTES, &w[k], sizeof(w[k]));
+        }
+        memcpy(&fl, &lo, sizeof(fl));
+        memcpy(&fh, &hi, sizeof(fh));
+        LSC_F(pd2_)(fl, &xe[2 * k]);
+        LSC_F(pd2_)(fh, &xo[2 * k]);
+    }
+    *even += LSC_F(parity_)(xe);
+    *odd += LSC_F(parity_)(xo);
+}
+
 LSC_INL int LSC_F(stats_bf16_)(char *p, lsc_n n, double inv64, int write, lsc_kstats *ks)
 {
-    typedef uint16_t vw2 __attribute__((vector_size(LSC_VBYTES)));
-    enum { G = 64 / LSC_VBYTES };   /* vectors to a group of 32 words */
     const float inv = (float)inv64;
     LSC_F(v2d_) even = {0}, odd = {0};
-    vw2 vm = {0};
-    double tail[32] = {0}, lane[4], extra = 0;
+    LSC_F(vw2_) vm = {0};
+    double lane[4], extra = 0;
     uint16_t m = 0;
     lsc_n j = 0;
-    for (; j + 32 <= n; j += 32) {
-        LSC_F(vu_) w[G];
-        LSC_F(vd_) xe[LSC_NV / 2], xo[LSC_NV / 2];
-        LSC_F(vq_) q;
-        vw2 a[G];
-#pragma GCC unroll 4
-        for (int k = 0; k < G; k++) {
-            memcpy(&w[k], p + 2 * j + k * LSC_VBYTES, sizeof(w[k]));
-            memcpy(&a[k], &w[k], sizeof(a[k]));
-            a[k] &= 0x7FFF;
-        }
-        LSC_MAX_TREE(a, G, LSC_MAXU16W);
-        vm = LSC_MAXU16W(vm, a[0]);
-        a[0] += 0x0080;     /* a NaN or Inf carries into the word's top bit */
-        memcpy(&q, &a[0], sizeof(q));
-        if (LSC_ANY_TOP(q, 0x8000800080008000ull)) {
-            if (write)
-                LSC_F(bf16_words_)(p + 2 * j, 32, inv);
-            for (int k = 0; k < 32; k++) {
-                uint16_t h;
-                double v;
-                memcpy(&h, p + 2 * (j + k), 2);
-                v = lsc_bf16_to_f32(h);
-                extra += v * v;
-            }
-            continue;
-        }
-#pragma GCC unroll 4
-        for (int k = 0; k < G; k++) {
-            LSC_F(vu_) lo = w[k] << 16, hi = w[k] & 0xFFFF0000u;
-            LSC_F(vf_) fl, fh;
-            if (write) {
-                LSC_F(bf16_mul2_)(&lo, &hi, inv);
-                lo &= 0xFFFF0000u;
-                hi &= 0xFFFF0000u;
-                w[k] = hi | (lo >> 16);
-                memcpy(p + 2 * j + k * LSC_VBYTES, &w[k], sizeof(w[k]));
-            }
-            memcpy(&fl, &lo, sizeof(fl));
-            memcpy(&fh, &hi, sizeof(fh));
-#ifdef LSC_PD_LO
-            xe[2 * k] = (LSC_F(vd_))LSC_PD_LO(fl);
-            xe[2 * k + 1] = (LSC_F(vd_))LSC_PD_HI(fl);
-            xo[2 * k] = (LSC_F(vd_))LSC_PD_LO(fh);
-            xo[2 * k + 1] = (LSC_F(vd_))LSC_PD_HI(fh);
-#else
-            {
-                LSC_F(vh_) h;
-                memcpy(&h, &fl, sizeof(h));
-                xe[2 * k] = __builtin_convertvector(h, LSC_F(vd_));
-                memcpy(&h, (const char *)&fl + sizeof(h), sizeof(h));
-                xe[2 * k + 1] = __builtin_convertvector(h, LSC_F(vd_));
-                memcpy(&h, &fh, sizeof(h));
-                xo[2 * k] = __builtin_convertvector(h, LSC_F(vd_));
-                memcpy(&h, (const char *)&fh + sizeof(h), sizeof(h));
-                xo[2 * k + 1] = __builtin_convertvector(h, LSC_F(vd_));
-            }
-#endif
-        }
-        even += LSC_F(parity_)(xe);
-        odd += LSC_F(parity_)(xo);
+    for (; j + 32 <= n; j += 32)
+        LSC_F(group_bf16_)(p + 2 * j, inv, write, &vm, &even, &odd, &extra);
+    if (j < n) {
+        /* the tail as a group, padded with zeros */
+        uint16_t pad[32] = {0};
+        memcpy(pad, p + 2 * j, 2 * (size_t)(n - j));
+        LSC_F(group_bf16_)((char *)pad, inv, write, &vm, &even, &odd, &extra);
+        if (write)
+            memcpy(p + 2 * j, pad, 2 * (size_t)(n - j));
     }
     for (int l = 0; l < LSC_VBYTES / 2; l++)
         m = vm[l] > m ? vm[l] : m;
-    const lsc_n rest = j;
-    for (; j < n; j++) {
-        uint16_t w;
-        memcpy(&w, p + 2 * j, 2);
-        m = (uint16_t)(w & 0x7FFF) > m ? (uint16_t)(w & 0x7FFF) : m;
-        if (write) {
-            w = lsc_f32_to_bf16(lsc_bf16_to_f32(w) * inv);
-            memcpy(p + 2 * j, &w, 2);
-        }
-        tail[j - rest] = lsc_bf16_to_f32(w);
-    }
     lane[0] = even[0];
     lane[1] = odd[0];
     lane[2] = even[1];
     lane[3] = odd[1];
-    if (rest < n)
-        lsc_group_add(lane, tail);
     {
         /* the largest input: the check, and (unscaled) the largest value left */
         float top = lsc_bf16_to_f32(m);
@@ -720,105 +704,99 @@ LSC_INL int LSC_F(stats_bf16_)(char *p, lsc_n n, double inv64, int write, lsc_ks
 }
 
 /* float32 / float64 with statistics, in the same pass and the same shape
- * (plain unscale is LSC_DEFINE_UNSCALE above: no lanes to keep). */
+ * (plain unscale is LSC_DEFINE_UNSCALE above: no lanes to keep): groups of
+ * 32, the tail a group padded with zeros. */
+LSC_INL void LSC_F(group32_)(char *q, float inv, int write, LSC_F(v4_) *acc, LSC_F(vu_) *vm)
+{
+    LSC_F(vf_) f[32 / LSC_HL];
+    LSC_F(vu_) x[32 / LSC_HL];
+#pragma GCC unroll 8
+    for (int k = 0; k < 32 / LSC_HL; k++) {
+        char *at = q + 4 * k * LSC_HL;
+        memcpy(&x[k], at, sizeof(x[k]));
+        memcpy(&f[k], &x[k], sizeof(x[k]));
+        x[k] &= 0x7FFFFFFFu;
+        if (write) {
+            f[k] *= inv;
+            memcpy(at, &f[k], sizeof(f[k]));
+        }
+    }
+    LSC_F(group_f_)(f, acc);
+    LSC_MAX_TREE(x, 32 / LSC_HL, LSC_MAXU32);
+    *vm = LSC_MAXU32(*vm, x[0]);
+}
+
 LSC_INL int LSC_F(stats32_)(char *p, lsc_n n, double inv64, int write, lsc_kstats *ks)
 {
     const float inv = (float)inv64;
     LSC_F(v4_) acc = {0};
     LSC_F(vu_) vm = {0};
-    double tail[32] = {0};
     uint32_t m = 0;
     float top;
     lsc_n j = 0;
-    for (; j + 32 <= n; j += 32) {
-        LSC_F(vf_) f[32 / LSC_HL];
-        LSC_F(vu_) x[32 / LSC_HL];
-#pragma GCC unroll 8
-        for (int k = 0; k < 32 / LSC_HL; k++) {
-            char *at = p + 4 * (j + k * LSC_HL);
-            memcpy(&x[k], at, sizeof(x[k]));
-            memcpy(&f[k], &x[k], sizeof(x[k]));
-            x[k] &= 0x7FFFFFFFu;
-            if (write) {
-                f[k] *= inv;
-                memcpy(at, &f[k], sizeof(f[k]));
-            }
-        }
-        LSC_F(group_f_)(f, &acc);
-        LSC_MAX_TREE(x, 32 / LSC_HL, LSC_MAXU32);
-        vm = LSC_MAXU32(vm, x[0]);
+    for (; j + 32 <= n; j += 32)
+        LSC_F(group32_)(p + 4 * j, inv, write, &acc, &vm);
+    if (j < n) {
+        float pad[32] = {0};
+        memcpy(pad, p + 4 * j, 4 * (size_t)(n - j));
+        LSC_F(group32_)((char *)pad, inv, write, &acc, &vm);
+        if (write)
+            memcpy(p + 4 * j, pad, 4 * (size_t)(n - j));
     }
     for (int l = 0; l < LSC_HL; l++)
         m = vm[l] > m ? vm[l] : m;
-    const lsc_n rest = j;
-    for (; j < n; j++) {
-        uint32_t w;
-        float f;
-        memcpy(&w, p + 4 * j, 4);
-        memcpy(&f, &w, 4);
-        w &= 0x7FFFFFFFu;
-        m = w > m ? w : m;
-        if (write) {
-            f *= inv;
-            memcpy(p + 4 * j, &f, 4);
-        }
-        tail[j - rest] = f;
-    }
     top = lsc_f32_from_bits(m);
     if (write)
         top *= inv;
-    ks->sumsq = LSC_F(sumsq_)(&acc, rest < n ? tail : NULL);
+    ks->sumsq = LSC_F(sumsq_)(&acc);
     ks->maxbits = lsc_f32_bits(top) & 0x7FFFFFFFu;
     return m >= LSC_EXP_F32;
+}
+
+LSC_INL void LSC_F(group64_)(char *q, double inv, int write, LSC_F(v4_) *acc, LSC_F(vl_) *vm)
+{
+    LSC_F(vd_) d[LSC_NV];
+    LSC_F(vl_) x[LSC_NV];
+#pragma GCC unroll 16
+    for (int k = 0; k < LSC_NV; k++) {
+        char *at = q + 8 * k * LSC_DL;
+        memcpy(&x[k], at, sizeof(x[k]));
+        memcpy(&d[k], &x[k], sizeof(x[k]));
+        x[k] &= 0x7FFFFFFFFFFFFFFFll;
+        if (write) {
+            d[k] *= inv;
+            memcpy(at, &d[k], sizeof(d[k]));
+        }
+    }
+    LSC_F(group_)(d, 0, acc);
+    LSC_MAX_TREE(x, LSC_NV, LSC_MAXS64);
+    *vm = LSC_MAXS64(*vm, x[0]);
 }
 
 LSC_INL int LSC_F(stats64_)(char *p, lsc_n n, double inv, int write, lsc_kstats *ks)
 {
     LSC_F(v4_) acc = {0};
     LSC_F(vl_) vm = {0};
-    double tail[32] = {0}, top;
+    double top;
     int64_t m = 0;
     uint64_t bits;
     lsc_n j = 0;
-    for (; j + 32 <= n; j += 32) {
-        LSC_F(vd_) d[LSC_NV];
-        LSC_F(vl_) x[LSC_NV];
-#pragma GCC unroll 16
-        for (int k = 0; k < LSC_NV; k++) {
-            char *at = p + 8 * (j + k * LSC_DL);
-            memcpy(&x[k], at, sizeof(x[k]));
-            memcpy(&d[k], &x[k], sizeof(x[k]));
-            x[k] &= 0x7FFFFFFFFFFFFFFFll;
-            if (write) {
-                d[k] *= inv;
-                memcpy(at, &d[k], sizeof(d[k]));
-            }
-        }
-        LSC_F(group_)(d, 0, &acc);
-        LSC_MAX_TREE(x, LSC_NV, LSC_MAXS64);
-        vm = LSC_MAXS64(vm, x[0]);
+    for (; j + 32 <= n; j += 32)
+        LSC_F(group64_)(p + 8 * j, inv, write, &acc, &vm);
+    if (j < n) {
+        double pad[32] = {0};
+        memcpy(pad, p + 8 * j, 8 * (size_t)(n - j));
+        LSC_F(group64_)((char *)pad, inv, write, &acc, &vm);
+        if (write)
+            memcpy(p + 8 * j, pad, 8 * (size_t)(n - j));
     }
     for (int l = 0; l < LSC_DL; l++)
         m = vm[l] > m ? vm[l] : m;
-    const lsc_n rest = j;
-    for (; j < n; j++) {
-        double d;
-        int64_t x;
-        memcpy(&x, p + 8 * j, 8);
-        memcpy(&d, &x, 8);
-        x &= 0x7FFFFFFFFFFFFFFFll;
-        m = x > m ? x : m;
-        if (write) {
-            d *= inv;
-            memcpy(p + 8 * j, &d, 8);
-        }
-        tail[j - rest] = d;
-    }
     memcpy(&top, &m, 8);
     if (write)
         top *= inv;
     memcpy(&bits, &top, 8);
-    ks->sumsq = LSC_F(sumsq_)(&acc, rest < n ? tail : NULL);
+    ks->sumsq = LSC_F(sumsq_)(&acc);
     ks->maxbits = bits & 0x7FFFFFFFFFFFFFFFull;
     return (uint64_t)m >= LSC_EXP_F64;
 }
