@@ -292,6 +292,27 @@ typedef double LSC_F(v4_) __attribute__((vector_size(32)));
         for (int i_ = 0; i_ < m_ / 2; i_++)                                        \
             (M)[i_] = MAX((M)[i_], (M)[i_ + m_ / 2])
 
+/* Runs GROUP (an expression of the char pointer Q) over the groups of 32
+ * elements of WIDTH bytes at P; the last N mod 32 elements are one more
+ * group, in a buffer padded with zeros (finite, nothing to a sum or a max)
+ * and written back when WRITE, so a tail takes the same vector code. */
+#define LSC_GROUPS(P, N, WIDTH, WRITE, Q, GROUP)                                     \
+    do {                                                                           \
+        lsc_n j_ = 0;                                                              \
+        for (; j_ + 32 <= (N); j_ += 32) {                                         \
+            char *Q = (P) + (WIDTH) * j_;                                          \
+            GROUP;                                                                 \
+        }                                                                          \
+        if (j_ < (N)) {                                                            \
+            char pad_[32 * 8] __attribute__((aligned(64))) = {0};                  \
+            char *Q = pad_;                                                        \
+            memcpy(pad_, (P) + (WIDTH) * j_, (size_t)(WIDTH) * (size_t)((N) - j_)); \
+            GROUP;                                                                 \
+            if (WRITE)                                                             \
+                memcpy((P) + (WIDTH) * j_, pad_, (size_t)(WIDTH) * (size_t)((N) - j_)); \
+        }                                                                          \
+    } while (0)
+
 /* a * a + b * b lane-wise; exact: both squares are exact in double */
 LSC_INL LSC_F(vd_) LSC_F(sq2_)(LSC_F(vd_) a, LSC_F(vd_) b, int exact)
 {
@@ -443,16 +464,8 @@ LSC_INL int LSC_F(run16_)(char *p, lsc_n n, double inv64, int bf16, int canon, i
     LSC_F(v4_) acc = {0};
     LSC_F(vw_) vacc = {0}, vm = {0};
     uint16_t any = 0, m = 0;
-    lsc_n j = 0;
-    for (; j + 32 <= n; j += 32)
-        LSC_F(group16_)(p + 2 * j, inv, bf16, canon, write, stats, &acc, &vm, &vacc);
-    if (j < n) {
-        uint16_t pad[32] = {0};
-        memcpy(pad, p + 2 * j, 2 * (size_t)(n - j));
-        LSC_F(group16_)((char *)pad, inv, bf16, canon, write, stats, &acc, &vm, &vacc);
-        if (write)
-            memcpy(p + 2 * j, pad, 2 * (size_t)(n - j));
-    }
+    LSC_GROUPS(p, n, 2, write, q,
+               LSC_F(group16_)(q, inv, bf16, canon, write, stats, &acc, &vm, &vacc));
     {
         uint64_t q[sizeof(vacc) / 8], qa = 0;
         memcpy(q, &vacc, sizeof(q));
@@ -675,17 +688,7 @@ LSC_INL int LSC_F(stats_bf16_)(char *p, lsc_n n, double inv64, int write, lsc_ks
     LSC_F(vw2_) vm = {0};
     double lane[4], extra = 0;
     uint16_t m = 0;
-    lsc_n j = 0;
-    for (; j + 32 <= n; j += 32)
-        LSC_F(group_bf16_)(p + 2 * j, inv, write, &vm, &even, &odd, &extra);
-    if (j < n) {
-        /* the tail as a group, padded with zeros */
-        uint16_t pad[32] = {0};
-        memcpy(pad, p + 2 * j, 2 * (size_t)(n - j));
-        LSC_F(group_bf16_)((char *)pad, inv, write, &vm, &even, &odd, &extra);
-        if (write)
-            memcpy(p + 2 * j, pad, 2 * (size_t)(n - j));
-    }
+    LSC_GROUPS(p, n, 2, write, q, LSC_F(group_bf16_)(q, inv, write, &vm, &even, &odd, &extra));
     for (int l = 0; l < LSC_VBYTES / 2; l++)
         m = vm[l] > m ? vm[l] : m;
     lane[0] = even[0];
@@ -733,16 +736,7 @@ LSC_INL int LSC_F(stats32_)(char *p, lsc_n n, double inv64, int write, lsc_kstat
     LSC_F(vu_) vm = {0};
     uint32_t m = 0;
     float top;
-    lsc_n j = 0;
-    for (; j + 32 <= n; j += 32)
-        LSC_F(group32_)(p + 4 * j, inv, write, &acc, &vm);
-    if (j < n) {
-        float pad[32] = {0};
-        memcpy(pad, p + 4 * j, 4 * (size_t)(n - j));
-        LSC_F(group32_)((char *)pad, inv, write, &acc, &vm);
-        if (write)
-            memcpy(p + 4 * j, pad, 4 * (size_t)(n - j));
-    }
+    LSC_GROUPS(p, n, 4, write, q, LSC_F(group32_)(q, inv, write, &acc, &vm));
     for (int l = 0; l < LSC_HL; l++)
         m = vm[l] > m ? vm[l] : m;
     top = lsc_f32_from_bits(m);
@@ -780,16 +774,7 @@ LSC_INL int LSC_F(stats64_)(char *p, lsc_n n, double inv, int write, lsc_kstats 
     double top;
     int64_t m = 0;
     uint64_t bits;
-    lsc_n j = 0;
-    for (; j + 32 <= n; j += 32)
-        LSC_F(group64_)(p + 8 * j, inv, write, &acc, &vm);
-    if (j < n) {
-        double pad[32] = {0};
-        memcpy(pad, p + 8 * j, 8 * (size_t)(n - j));
-        LSC_F(group64_)((char *)pad, inv, write, &acc, &vm);
-        if (write)
-            memcpy(p + 8 * j, pad, 8 * (size_t)(n - j));
-    }
+    LSC_GROUPS(p, n, 8, write, q, LSC_F(group64_)(q, inv, write, &acc, &vm));
     for (int l = 0; l < LSC_DL; l++)
         m = vm[l] > m ? vm[l] : m;
     memcpy(&top, &m, 8);
@@ -838,6 +823,7 @@ static int LSC_F(stats_)(int code, char *p, lsc_n n, double inv, int write, lsc_
 #undef LSC_DL
 #undef LSC_NV
 #undef LSC_MAX_TREE
+#undef LSC_GROUPS
 #undef LSC_INL
 
 static const lsc_isa LSC_F(lsc_isa_) = {
