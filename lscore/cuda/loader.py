@@ -82,7 +82,7 @@ def kernel_name(op: str, code: int, meta: str = METAS[0]) -> str:
     return f"lsc_mt_{op}<{TRAITS[Code(code)]}, {meta}>"
 
 
-# the fused optimizers' argument structs (_ext/optim.cu's lsc_opt_meta), 4 KB and 32 KB
+#: the fused optimizers' argument structs (_ext/optim.cu's lsc_opt_meta), 4 KB and 32 KB
 OPT_METAS = {kind: tuple(f"lsc_{kind}_meta_{k}" for k in ("4k", "32k")) for kind in ("sgd", "adam")}
 _OPT = kernels.OPTIM_FLAGS
 #: each fused optimizer's kernel variants: the flag bits that pick one (optim.cu's V)
