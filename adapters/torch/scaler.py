@@ -503,7 +503,7 @@ class GradScaler(torch.amp.GradScaler):
         coefficient in the norm's dtype, clamped to 1) unless this step will be skipped;
         returns the norm.  `total` None: the p-norm taken as clip_grad_norm_ takes it.
         Only after the CPU core unscaled the gradients (its table is then theirs): the
-        multiply is its one pass where every gradient has the norm's dtype, torch's
+        multiply is its one pass where every gradient is bfloat16, torch's
         ``_foreach_mul_`` otherwise."""
         dtype = params[0].grad.dtype if params else torch.float32
         groups: dict = {}
@@ -520,7 +520,10 @@ class GradScaler(torch.amp.GradScaler):
             found = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
             if params and not any(v.item() for v in found.values()):
                 coef = clip_coefficient(max_norm, total)
-                if not self._path.unscaler.multiply(float(coef), coef.dtype):
+                # bfloat16: the core's pass (1e7 elements: 0.73 ms, torch's 1.34 ms on a
+                # Zen 3 core); torch's multiply is the faster one for the other dtypes
+                core = coef.dtype == torch.bfloat16
+                if not (core and self._path.unscaler.multiply(float(coef), coef.dtype)):
                     for (device, _), grads in groups.items():
                         torch._foreach_mul_(grads, coef.to(device))
         return total
