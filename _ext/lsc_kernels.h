@@ -140,7 +140,8 @@ LSC_DEFINE_UNSCALE(unscale_f64_, double, uint64_t, 63, LSC_EXP_F64, LSC_EXP_LSB_
  * widening; narrowing rounds to nearest even, only its NaN, payload kept, is
  * made the canonical 0x7E00 with the sign).  Elsewhere, and for bfloat16 at
  * every level, the mask formulas of lsc_half.h run on whole vectors: every
- * path gives the bits of the scalar functions, which do the tails.  AVX-512
+ * path gives the bits of the scalar functions (which the strided loops of
+ * lsc_scan.h use; a contiguous run's tail is a padded vector group).  AVX-512
  * BF16's VCVTNEPS2BF16 is not used: it flushes subnormal inputs and results
  * to zero. */
 #define LSC_HL (LSC_VBYTES / 4)
@@ -267,8 +268,8 @@ LSC_INL LSC_F(vw_) LSC_F(narrow_)(LSC_F(vf_) f, int bf16, int canon, LSC_F(vf_) 
  *     v[k] = ((s[k] + s[k+16]) + (s[k+8] + s[k+24]))
  *          + ((s[k+4] + s[k+20]) + (s[k+12] + s[k+28])),    k = 0..3,
  * and v[k] is added to lane k of the call's four lanes (lsc_scan.h's
- * lsc_group_add is the same tree element by element, for tails and strided
- * runs; lsc_lanes_sum ends a call).  Vectors of 2, 4 or 8 doubles follow the
+ * lsc_group_add is the same tree element by element, for strided runs;
+ * lsc_lanes_sum ends a call).  Vectors of 2, 4 or 8 doubles follow the
  * tree by adding whole vectors, so every ISA level and every layout gives the
  * same bits.  A group folds in registers before it meets the lanes: one
  * vector of lanes (two at v2) is all the loop carries, where 32 lanes kept
