@@ -172,15 +172,10 @@ typedef double LSC_F(vd_) __attribute__((vector_size(LSC_VBYTES)));
 typedef uint64_t LSC_F(vq_) __attribute__((vector_size(LSC_VBYTES)));
 typedef int64_t LSC_F(vl_) __attribute__((vector_size(LSC_VBYTES)));
 
-LSC_INL LSC_F(vf_) LSC_F(widen_)(LSC_F(vw_) w, int bf16)
+LSC_INL LSC_F(vf_) LSC_F(widen_)(LSC_F(vw_) w)
 {
     LSC_F(vu_) x = __builtin_convertvector(w, LSC_F(vu_));
     LSC_F(vf_) f;
-    if (bf16) {
-        x <<= 16;
-        memcpy(&f, &x, sizeof(f));
-        return f;
-    }
 #ifdef LSC_F16C_LANES
     {
         LSC_F32V v = LSC_H2F(w);
@@ -205,27 +200,11 @@ LSC_INL LSC_F(vf_) LSC_F(widen_)(LSC_F(vw_) w, int bf16)
 }
 
 /* canon: make a NaN the canonical one (0: a NaN result is known not to
- * occur or is fixed afterwards; see run_f16_ and run16_).  back (bfloat16):
- * also the result widened to float. */
-LSC_INL LSC_F(vw_) LSC_F(narrow_)(LSC_F(vf_) f, int bf16, int canon, LSC_F(vf_) *back)
+ * occur or is fixed afterwards; see run_f16_). */
+LSC_INL LSC_F(vw_) LSC_F(narrow_)(LSC_F(vf_) f, int canon)
 {
     LSC_F(vu_) x, h;
     memcpy(&x, &f, sizeof(x));
-    if (bf16) {
-        LSC_F(vu_) r = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
-        LSC_F(vu_) nan;
-        h = r;
-        if (canon) {
-            nan = (LSC_F(vu_))((LSC_F(vi_))(x & 0x7FFFFFFFu) > 0x7F800000);
-            h = (r & ~nan) | (0x7FC0u & nan);
-        }
-        if (back) {
-            /* the result widened back: its bits, shifted up */
-            LSC_F(vu_) b = h << 16;
-            memcpy(back, &b, sizeof(b));
-        }
-        return __builtin_convertvector(h, LSC_F(vw_));
-    }
 #ifdef LSC_F16C_LANES
     {
         LSC_F(vw_) o, nan;
@@ -383,24 +362,21 @@ LSC_INL double LSC_F(sumsq_)(const LSC_F(v4_) *acc)
     return lsc_lanes_sum(lane);
 }
 
-/* One step of LSC_HL 16-bit floats at q: multiply and store (write); with
+/* One step of LSC_HL float16 words at q: multiply and store (write); with
  * stats, the values left (*fo) and the inputs' magnitude bits (*mo), and no
  * check (the max is the check); without, returns the check bits. */
-LSC_INL LSC_F(vw_) LSC_F(step16_)(char *q, float inv, int bf16, int canon, int write, int stats,
+LSC_INL LSC_F(vw_) LSC_F(step16_)(char *q, float inv, int canon, int write, int stats,
                                   LSC_F(vf_) *fo, LSC_F(vw_) *mo)
 {
-    const uint16_t em = bf16 ? LSC_EXP_BF16 : LSC_EXP_F16;
-    const uint16_t lsb = bf16 ? LSC_EXP_LSB_BF16 : LSC_EXP_LSB_F16;
     LSC_F(vw_) w, o;
     LSC_F(vf_) f;
     memcpy(&w, q, sizeof(w));
-    f = LSC_F(widen_)(w, bf16);
-    o = w;
+    f = LSC_F(widen_)(w);
     if (write) {
-        o = LSC_F(narrow_)(f * inv, bf16, canon, bf16 && stats ? &f : NULL);
+        o = LSC_F(narrow_)(f * inv, canon);
         memcpy(q, &o, sizeof(o));
-        if (stats && !bf16) {
-            f = LSC_F(widen_)(o, bf16);
+        if (stats) {
+            f = LSC_F(widen_)(o);
 #ifdef LSC_F16C_LANES
             /* whole: gcc would convert the low half again for its own use,
                and the conversion unit is what this loop waits on */
@@ -413,37 +389,19 @@ LSC_INL LSC_F(vw_) LSC_F(step16_)(char *q, float inv, int bf16, int canon, int w
         *mo = w & 0x7FFF;
         return (LSC_F(vw_)){0};
     }
-    return (w & em) + lsb;
+    return (w & LSC_EXP_F16) + LSC_EXP_LSB_F16;
 }
 
-/* One group of 32 16-bit floats at q: check, multiply and store (write),
- * statistics into *acc and *vm (stats), the check bits into *vacc.  canon 2
- * (inv finite and non-zero, where a NaN result comes only from a NaN input):
- * NaNs are made canonical only when the group holds a non-finite input. */
-LSC_INL void LSC_F(group16_)(char *q, float inv, int bf16, int canon, int write, int stats,
+/* One group of 32 float16 words at q: check, multiply and store (write),
+ * statistics into *acc and *vm (stats), the check bits into *vacc. */
+LSC_INL void LSC_F(group16_)(char *q, float inv, int canon, int write, int stats,
                              LSC_F(v4_) *acc, LSC_F(vw_) *vm, LSC_F(vw_) *vacc)
 {
-    const uint16_t em = bf16 ? LSC_EXP_BF16 : LSC_EXP_F16;
-    const uint16_t lsb = bf16 ? LSC_EXP_LSB_BF16 : LSC_EXP_LSB_F16;
     LSC_F(vf_) f[32 / LSC_HL];
     LSC_F(vw_) o[32 / LSC_HL];
-    int c = canon;
-    if (canon == 2) {
-        LSC_F(vw_) g = {0};
-        uint64_t w8[sizeof(g) / 8], qa = 0;
-        for (int k = 0; k < 32 / LSC_HL; k++) {
-            LSC_F(vw_) w;
-            memcpy(&w, q + 2 * k * LSC_HL, sizeof(w));
-            g |= (w & em) + lsb;
-        }
-        memcpy(w8, &g, sizeof(w8));
-        for (size_t l = 0; l < sizeof(w8) / 8; l++)
-            qa |= w8[l];
-        c = (qa & 0x8000800080008000ull) != 0;
-    }
 #pragma GCC unroll 8
     for (int k = 0; k < 32 / LSC_HL; k++)
-        *vacc |= LSC_F(step16_)(q + 2 * k * LSC_HL, inv, bf16, c, write, stats, &f[k], &o[k]);
+        *vacc |= LSC_F(step16_)(q + 2 * k * LSC_HL, inv, canon, write, stats, &f[k], &o[k]);
     if (stats) {
         LSC_F(group_f_)(f, acc);
         LSC_MAX_TREE(o, 32 / LSC_HL, LSC_MAXU16);
@@ -451,22 +409,19 @@ LSC_INL void LSC_F(group16_)(char *q, float inv, int bf16, int canon, int write,
     }
 }
 
-/* float16 / bfloat16 over a contiguous run: unscale (write), statistics
- * (ks non-NULL), or both.  Returns whether an input was non-finite.  Groups
- * of 32; the last n mod 32 elements are a group too, in a buffer padded with
- * zeros (finite, and nothing to a sum or a max), so the tail takes the same
- * vector code as the rest rather than the C conversions element by element. */
-LSC_INL int LSC_F(run16_)(char *p, lsc_n n, double inv64, int bf16, int canon, int write,
-                          lsc_kstats *ks)
+/* float16 over a contiguous run: unscale (write), statistics (ks non-NULL),
+ * or both.  Returns whether an input was non-finite.  Groups of 32; the last
+ * n mod 32 elements are a group too, in a buffer padded with zeros (finite,
+ * and nothing to a sum or a max), so the tail takes the same vector code as
+ * the rest rather than the C conversions element by element. */
+LSC_INL int LSC_F(run16_)(char *p, lsc_n n, double inv64, int canon, int write, lsc_kstats *ks)
 {
     const float inv = (float)inv64;
     const int stats = ks != NULL;
-    const uint16_t em = bf16 ? LSC_EXP_BF16 : LSC_EXP_F16;
     LSC_F(v4_) acc = {0};
     LSC_F(vw_) vacc = {0}, vm = {0};
     uint16_t any = 0, m = 0;
-    LSC_GROUPS(p, n, 2, write, q,
-               LSC_F(group16_)(q, inv, bf16, canon, write, stats, &acc, &vm, &vacc));
+    LSC_GROUPS(p, n, 2, write, q, LSC_F(group16_)(q, inv, canon, write, stats, &acc, &vm, &vacc));
     {
         uint64_t q[sizeof(vacc) / 8], qa = 0;
         memcpy(q, &vacc, sizeof(q));
@@ -479,13 +434,10 @@ LSC_INL int LSC_F(run16_)(char *p, lsc_n n, double inv64, int bf16, int canon, i
     }
     if (stats) {
         /* the largest input: the check, and (unscaled) the largest value left */
-        float top = bf16 ? lsc_bf16_to_f32(m) : lsc_f16_to_f32(m);
-        any = m >= em ? 0x8000 : 0;
-        if (write) {
-            uint16_t o = bf16 ? lsc_f32_to_bf16(top * inv) : lsc_f32_to_f16(top * inv);
-            o &= 0x7FFF;
-            top = bf16 ? lsc_bf16_to_f32(o) : lsc_f16_to_f32(o);
-        }
+        float top = lsc_f16_to_f32(m);
+        any = m >= LSC_EXP_F16 ? 0x8000 : 0;
+        if (write)
+            top = lsc_f16_to_f32((uint16_t)(lsc_f32_to_f16(top * inv) & 0x7FFF));
         ks->sumsq = LSC_F(sumsq_)(&acc);
         ks->maxbits = lsc_f32_bits(top);
     }
@@ -501,7 +453,7 @@ LSC_INL int LSC_F(run_f16_)(char *p, lsc_n n, double inv, int write, lsc_kstats 
 #ifdef LSC_F16C_LANES
     const float inv32 = (float)inv;
     if (write && inv32 != 0 && inv32 - inv32 == 0) {
-        int found = LSC_F(run16_)(p, n, inv, 0, 0, 1, ks);
+        int found = LSC_F(run16_)(p, n, inv, 0, 1, ks);
         if (found)
             for (lsc_n j = 0; j < n; j++) {
                 uint16_t w;
@@ -514,24 +466,12 @@ LSC_INL int LSC_F(run_f16_)(char *p, lsc_n n, double inv, int write, lsc_kstats 
         return found;
     }
 #endif
-    return write ? LSC_F(run16_)(p, n, inv, 0, 1, 1, ks) : LSC_F(run16_)(p, n, inv, 0, 1, 0, ks);
+    return write ? LSC_F(run16_)(p, n, inv, 1, 1, ks) : LSC_F(run16_)(p, n, inv, 1, 0, ks);
 }
 
 static int LSC_F(unscale_f16_)(char *p, lsc_n n, double inv)
 {
     return LSC_F(run_f16_)(p, n, inv, 1, NULL);
-}
-
-/* bfloat16: its rounding can carry a NaN into Inf or -0, so NaNs are made
- * canonical in the loop, in the groups that need it (run16_, canon 2). */
-LSC_INL int LSC_F(run_bf16_)(char *p, lsc_n n, double inv, int write, lsc_kstats *ks)
-{
-    const float inv32 = (float)inv;
-    if (!write)
-        return LSC_F(run16_)(p, n, inv, 1, 1, 0, ks);
-    if (inv32 != 0 && inv32 - inv32 == 0)
-        return LSC_F(run16_)(p, n, inv, 1, 2, 1, ks);
-    return LSC_F(run16_)(p, n, inv, 1, 1, 1, ks);
 }
 
 /* Plain bfloat16 unscale word by word, any inverse (gcc vectorises it at
@@ -611,9 +551,10 @@ static int LSC_F(unscale_bf16_)(char *p, lsc_n n, double inv64)
  * lane for lane, and only its last level folds within a vector: the four
  * lanes come out as lanes 0 and 2 from the even elements, 1 and 3 from the
  * odd, the same sums of the same values as the tree of group_.  write: with
- * a finite, non-zero inverse (stats_ takes the others to run16_).  A group
- * holding a NaN or Inf goes word by word, and its squares are added in any
- * order: they make the sum Inf or NaN whatever the order. */
+ * a finite inverse (stats_ reads an infinite or NaN one's results in a second
+ * pass), where a finite input gives no NaN.  A group holding a NaN or Inf
+ * goes word by word, and its squares are added in any order: they make the
+ * sum Inf or NaN whatever the order. */
 typedef double LSC_F(v2d_) __attribute__((vector_size(16)));
 
 /* The 16 values of one parity of a group, in order: their two lane sums. */
@@ -810,9 +751,7 @@ static int LSC_F(stats_)(int code, char *p, lsc_n n, double inv, int write, lsc_
     case LSC_CODE_F16:
         return LSC_F(run_f16_)(p, n, inv, write, ks);
     case LSC_CODE_BF16:
-        if (!write || ((float)inv != 0 && (float)inv - (float)inv == 0))
-            return LSC_F(stats_bf16_)(p, n, inv, write, ks);
-        return LSC_F(run_bf16_)(p, n, inv, write, ks);
+        return LSC_F(stats_bf16_)(p, n, inv, write, ks);
     case LSC_CODE_F32:
         return write ? LSC_F(stats32_)(p, n, inv, 1, ks) : LSC_F(stats32_)(p, n, inv, 0, ks);
     default:

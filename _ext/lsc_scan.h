@@ -140,13 +140,10 @@ static inline void lsc_cascade_add(lsc_cascade *c, const lsc_result *o)
 
 static inline lsc_result lsc_cascade_end(const lsc_cascade *c)
 {
-    lsc_result r = c->r;
-    int first = 1;
+    lsc_result r = c->r;    /* sumsq 0: adding a sum of squares to it is exact */
     for (int l = 0; l < 64; l++)
-        if ((c->count >> l) & 1) {
-            r.sumsq = first ? c->level[l] : c->level[l] + r.sumsq;
-            first = 0;
-        }
+        if ((c->count >> l) & 1)
+            r.sumsq = c->level[l] + r.sumsq;
     return r;
 }
 
