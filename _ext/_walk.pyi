@@ -43,3 +43,15 @@ class DeviceTable:
 def plan_launches(
     ptrs: Any, sizes: Any, chunk: int, max_tensors: int, max_blocks: int
 ) -> tuple[np.ndarray, list[tuple[int, int, int]]]: ...
+def pack_launches(
+    codes: Any,
+    counts: Any,
+    records: Any,
+    chunk: int,
+    max_tensors: int,
+    max_blocks: int,
+    depth: int,
+    meta_tensors: int,
+    meta_blocks: int,
+    meta_size: int,
+) -> tuple[np.ndarray, list[tuple[int, int]]]: ...

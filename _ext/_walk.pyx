@@ -23,7 +23,7 @@ from cpython.weakref cimport PyWeakref_NewRef, PyWeakref_GET_OBJECT
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.string cimport memcpy
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
-from libc.stdint cimport int32_t, int64_t, intptr_t, uint64_t, uintptr_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, intptr_t, uint64_t, uintptr_t
 
 from _dtypes cimport *
 from _dlpack cimport *
@@ -43,6 +43,9 @@ DLPACK_DEVICES = {"cpu": LSC_DL_CPU, "cuda": LSC_DL_CUDA}
 # attribute names read per array, interned once
 cdef object _A_DATA = "data", _A_PTR = "ptr", _A_SIZE = "size", _A_DTYPE = "dtype"
 cdef object _A_DEVICE = "device_id", _A_FLAGS = "flags"
+# CuPy's own contiguity fields (readonly C fields of its ndarray since v1): read
+# without building the Flags object that ``flags`` makes on every read
+cdef object _A_C_CONTIGUOUS = "_c_contiguous", _A_F_CONTIGUOUS = "_f_contiguous"
 
 cdef extern from "lsc_layout.h":
     int lsc_may_overlap(int ndim, const intptr_t *shape, const intptr_t *strides,
@@ -343,6 +346,10 @@ cdef class DeviceTable:
         cdef int32_t *G = <int32_t *>cnp.PyArray_DATA(gids)
         cdef cnp.ndarray lcodes = np.empty(m, np.int8), ldevs = np.empty(m, np.int64)
         cdef cnp.ndarray lc = np.empty(m, np.bool_), lw = np.empty(m, np.bool_)
+        cdef int8_t *LC = <int8_t *>cnp.PyArray_DATA(lcodes)
+        cdef int64_t *LD = <int64_t *>cnp.PyArray_DATA(ldevs)
+        cdef cnp.npy_bool *LCC = <cnp.npy_bool *>cnp.PyArray_DATA(lc)
+        cdef cnp.npy_bool *LW = <cnp.npy_bool *>cnp.PyArray_DATA(lw)
         cdef bint c_contiguous
         lsc_order_init(&order)
         p.leaves = <leaf_t *>PyMem_Malloc(m * sizeof(leaf_t))
@@ -381,9 +388,7 @@ cdef class DeviceTable:
                 flags = 0
                 dense = c_contiguous = True
                 if n > 1:
-                    fl = PyObject_GetAttr(x, _A_FLAGS)
-                    c_contiguous = fl.c_contiguous
-                    dense = c_contiguous or fl.f_contiguous
+                    _contiguity(x, &c_contiguous, &dense)
                 writable = True
             if dt is not last_dt:
                 last_code = self._code(dt)
@@ -412,7 +417,7 @@ cdef class DeviceTable:
             if i == 0 or <PyObject *>dt != p.leaves[i - 1].dtype:
                 p._keep.append(dt)
             P[i], S[i], G[i] = ptr, n, -1
-            lcodes[i], ldevs[i], lc[i], lw[i] = code, dev, c_contiguous, writable
+            LC[i], LD[i], LCC[i], LW[i] = code, dev, c_contiguous, writable
             if not (seen >> code) & 1:
                 seen |= 1ull << code
                 codes.append(code)
@@ -454,6 +459,19 @@ cdef class DeviceTable:
                 p.narrays = 0
                 break
         return p
+
+
+cdef int _contiguity(x, bint *c_contiguous, bint *dense) except -1:
+    """*c_contiguous, *dense (C- or F-contiguous) of a CuPy-style array: from its
+    ``_c_contiguous`` and ``_f_contiguous`` fields where it has them, else its ``flags``."""
+    try:
+        c_contiguous[0] = PyObject_GetAttr(x, _A_C_CONTIGUOUS)
+        dense[0] = c_contiguous[0] or PyObject_GetAttr(x, _A_F_CONTIGUOUS)
+    except AttributeError:
+        fl = PyObject_GetAttr(x, _A_FLAGS)
+        c_contiguous[0] = fl.c_contiguous
+        dense[0] = c_contiguous[0] or fl.f_contiguous
+    return 0
 
 
 cdef object _shared_memory(cnp.ndarray ptrs, cnp.ndarray sizes, cnp.ndarray gids, list codes):
@@ -579,3 +597,132 @@ cdef int64_t _flush(uint64_t *T, int64_t offset, uint64_t *CP, uint64_t *CS, uin
     memcpy(T + offset + 2 * nt, CB, nb * sizeof(uint64_t))
     launches.append((offset, nt, nb))
     return offset + 2 * nt + nb
+
+
+def pack_launches(codes, counts, records, int64_t chunk, int64_t max_tensors,
+                  int64_t max_blocks, int depth, int64_t meta_tensors, int64_t meta_blocks,
+                  Py_ssize_t meta_size):
+    """Pack tensors into the kernel arguments of chunked launches (multi-tensor apply).
+
+    Tensor i has dtype code ``codes[i]``, ``counts[i]`` elements and the record
+    ``records[i]`` of up to `depth` device addresses (a 1-D `records` is one
+    address per tensor).  The tensors are grouped by code in first-seen order
+    and each group split into launches as ``plan_launches`` splits it (a block
+    per chunk of `chunk` elements, at most `max_tensors` tensors and
+    `max_blocks` blocks per launch, a tensor continued in the next launch).
+    Each launch's argument block is written as the kernels take it by value:
+    the struct ``{u64 ptr[depth][meta_tensors]; i64 size[meta_tensors];
+    i32 chunk_of[meta_blocks]; u16 tensor_of[meta_blocks]}`` (`meta_size`
+    bytes: scan.cu's lsc_meta for depth 1, optim.cu's lsc_opt_meta), then the
+    chunk as an int64.  Empty tensors get no block.
+
+    Returns (arguments, specs): uint8 of shape (launches, meta_size + 8), one
+    launch's block per row (unused slots zero), and [(code, blocks)] per launch.
+    """
+    cdef cnp.ndarray ca = np.ascontiguousarray(codes, np.int64)
+    cdef cnp.ndarray na = np.ascontiguousarray(counts, np.int64)
+    cdef cnp.ndarray ra = np.ascontiguousarray(records, np.uint64)
+    if ca.ndim != 1 or na.ndim != 1 or ca.shape[0] != na.shape[0]:
+        raise ValueError("codes and counts must be 1-D and of one length")
+    cdef Py_ssize_t nt_all = ca.shape[0], width
+    if ra.ndim == 1:
+        width = 1
+    elif ra.ndim == 2:
+        width = ra.shape[1]
+    else:
+        raise ValueError("records must be 1-D or 2-D")
+    if ra.shape[0] != nt_all:
+        raise ValueError(f"{ra.shape[0]} records for {nt_all} tensors")
+    if width > depth:
+        raise ValueError(f"a record holds at most {depth} addresses, got {width}")
+    if chunk < 1 or max_tensors < 1 or max_blocks < 1 or depth < 1:
+        raise ValueError(f"chunk, max_tensors, max_blocks and depth must be >= 1, got "
+                         f"{chunk}, {max_tensors}, {max_blocks}, {depth}")
+    max_tensors = min(max_tensors, meta_tensors)
+    max_blocks = min(max_blocks, meta_blocks)
+    if meta_tensors > (1 << 16):
+        raise ValueError(f"tensor_of is 16 bits: at most 65536 tensors per launch, got {meta_tensors}")
+    if meta_size < (depth + 1) * 8 * meta_tensors + 6 * meta_blocks:
+        raise ValueError(f"an argument struct of {meta_size} bytes cannot hold "
+                         f"{meta_tensors} tensors and {meta_blocks} blocks")
+    cdef int64_t *C = <int64_t *>cnp.PyArray_DATA(ca)
+    cdef int64_t *N = <int64_t *>cnp.PyArray_DATA(na)
+    cdef uint64_t *R = <uint64_t *>cnp.PyArray_DATA(ra)
+    cdef Py_ssize_t t, g, ng = 0, nl = 0
+    cdef int64_t n, nch, c, take, ncur, nblk, k
+    cdef int64_t gcode[64]
+    # pass 1: the groups, the checks, and how many launches
+    for t in range(nt_all):
+        n = N[t]
+        if n < 0:
+            raise ValueError(f"negative size {n}")
+        if (n + chunk - 1) // chunk >= (<int64_t>1 << 31):
+            raise ValueError(f"a tensor of {n} elements needs more than 2**31 chunks of {chunk}")
+        g = 0
+        while g < ng and gcode[g] != C[t]:
+            g += 1
+        if g == ng:
+            if ng == 64:
+                raise ValueError("more than 64 dtype codes in one list")
+            gcode[ng] = C[t]
+            ng += 1
+    for g in range(ng):
+        ncur = nblk = 0
+        for t in range(nt_all):
+            if C[t] != gcode[g]:
+                continue
+            nch = (N[t] + chunk - 1) // chunk
+            c = 0
+            while c < nch:
+                if ncur == max_tensors or nblk == max_blocks:
+                    nl += 1
+                    ncur = nblk = 0
+                take = min(nch - c, max_blocks - nblk)
+                ncur += 1
+                nblk += take
+                c += take
+        if nblk:
+            nl += 1
+    # pass 2: write the argument blocks
+    cdef Py_ssize_t row = meta_size + 8
+    cdef cnp.ndarray out = np.zeros((nl, row), np.uint8)
+    cdef char *base = <char *>cnp.PyArray_DATA(out)
+    cdef char *cur = base
+    cdef Py_ssize_t size_at = depth * 8 * meta_tensors
+    cdef Py_ssize_t chunk_at = size_at + 8 * meta_tensors
+    cdef Py_ssize_t tensor_at = chunk_at + 4 * meta_blocks
+    cdef int32_t ci
+    cdef uint16_t ti
+    cdef Py_ssize_t d
+    specs = []
+    for g in range(ng):
+        ncur = nblk = 0
+        for t in range(nt_all):
+            if C[t] != gcode[g]:
+                continue
+            n = N[t]
+            nch = (n + chunk - 1) // chunk
+            c = 0
+            while c < nch:
+                if ncur == max_tensors or nblk == max_blocks:
+                    memcpy(cur + meta_size, &chunk, 8)
+                    specs.append((gcode[g], nblk))
+                    cur += row
+                    ncur = nblk = 0
+                take = min(nch - c, max_blocks - nblk)
+                for d in range(width):
+                    memcpy(cur + 8 * (d * meta_tensors + ncur), &R[t * width + d], 8)
+                memcpy(cur + size_at + 8 * ncur, &n, 8)
+                ti = <uint16_t>ncur
+                for k in range(take):
+                    ci = <int32_t>(c + k)
+                    memcpy(cur + chunk_at + 4 * (nblk + k), &ci, 4)
+                    memcpy(cur + tensor_at + 2 * (nblk + k), &ti, 2)
+                ncur += 1
+                nblk += take
+                c += take
+        if nblk:
+            memcpy(cur + meta_size, &chunk, 8)
+            specs.append((gcode[g], nblk))
+            cur += row
+    return out, specs

@@ -293,7 +293,7 @@ class Gated(_arrays.ArrayOptimizer):
         if len(gplan.leaf_codes) != len(gs) or set(map(type, gs)) != {self._xp.ndarray}:
             return False
         if not (
-            np.isin(gplan.leaf_codes, _FUSED_CODES).all()
+            _FUSED_CODES[gplan.leaf_codes].all()
             and gplan.leaf_c_contiguous.all()
             and np.array_equal(gplan.leaf_counts, vplan.leaf_counts)
             and list(map(_shape, gs)) == shapes
@@ -394,7 +394,9 @@ class Gated(_arrays.ArrayOptimizer):
         return super().apply_gradients(pairs)
 
 
-_FUSED_CODES = np.array([int(c) for c in GRAD_CODES], np.int8)
+# whether the fused kernels read gradients of a dtype code, by code (leaf codes are int8 >= 0)
+_FUSED_CODES = np.zeros(128, bool)
+_FUSED_CODES[[int(c) for c in GRAD_CODES]] = True
 _shape = operator.attrgetter("shape")
 # what a schedule may set between replays of a captured sync-free step (Adam's betas are not
 # live: their bias-correction table is captured with the step)

@@ -18,8 +18,9 @@ measures the kernels themselves (``lscore bench``).
   NumPy arrays through NumPy's C API; ``READ_CUDA_ARRAY``: CuPy's
   attributes), checked and grouped by device and dtype into a
   ``DevicePlan`` that is cached and reused for the same arrays;
-  ``plan_launches``: the chunked launch tables of one group (for
-  ``lscore.cuda``).
+  ``plan_launches``: the chunked launch tables of one group, and
+  ``pack_launches``: the launches' kernel arguments, packed as the kernels
+  take them by value (for ``lscore.cuda``).
 - ``isa()``, ``isa_levels()``, ``set_isa(name)``, ``pool_size()``: the CPU
   kernel level in use, the levels this CPU runs, a switch (returns the
   previous level) and the number of scan threads.
@@ -63,6 +64,7 @@ from lscore._ext._walk import (
     READ_NUMPY,
     DevicePlan,
     DeviceTable,
+    pack_launches,
     plan_launches,
 )
 
@@ -113,6 +115,7 @@ __all__ = [
     "copy_bandwidth",
     "isa",
     "isa_levels",
+    "pack_launches",
     "plan_launches",
     "pool_size",
     "read_bandwidth",

@@ -208,7 +208,8 @@ class Launches:
         self.ops: dict[str, list] = {op: [] for op in OPS}
         self.count = 0
         self.norm: Any = None  # the one-pass norm (a _Norm), packed on first use
-        self._specs: list[tuple] = []  # (dtype code, own-argument block, blocks) of every launch
+        # (dtype code, address of its argument block, blocks) of every launch
+        self._specs: list[tuple] = []
         self._keep: list = []
 
 
@@ -252,6 +253,7 @@ class MultiTensor:
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self._fn: dict = {}
+        self._by_code: dict = {}
         # the word the kernels mark when they see NaN/Inf (never cleared: see scan.cu)
         self.flag = backend.to_device(np.zeros(2, np.uint32))[:1]
         self.flag_ptr = backend.ptr(self.flag)
@@ -264,6 +266,9 @@ class MultiTensor:
         self._max_norm = self._call[_MAX_NORM : _MAX_NORM + 1].view(np.float64)
         self._coef = self._call[_COEF : _COEF + 1].view(np.float64)
         self._call_addr = self._call.ctypes.data
+        # the byte widths of each scan op's parameters: its struct, the chunk, the call's
+        size = _meta_dtype(self.meta).itemsize
+        self._widths = {op: np.array((size, 8, *_CALL_SIZES[op]), np.int64) for op in OPS}
 
     def kernel(self, name: str) -> Any:
         """The backend's handle of kernel `name` on this device, looked up once."""
@@ -280,49 +285,54 @@ class MultiTensor:
         tensors travel in its kernel argument (scan.cu's lsc_meta), so nothing is uploaded."""
         out = Launches()
         nt_max, nb_max = kernels.META[self.meta]
-        dtype = _meta_dtype(self.meta)
-        size = dtype.itemsize
-        for code, ptrs, sizes in groups:
-            code = _kernel_code(code)
-            table, launches = plan_launches(
-                ptrs,
-                sizes,
-                chunk=self.chunk,
-                max_tensors=min(self.max_tensors, nt_max),
-                max_blocks=min(self.max_blocks, nb_max),
-            )
-            for off, nt, nb in launches:
-                # the argument block: the lsc_meta, then the chunk (int64)
-                own = np.zeros(size + 8, np.uint8)
-                meta = own[:size].view(dtype)[0]
-                meta["ptr"][:nt] = table[off : off + nt]
-                meta["size"][:nt] = table[off + nt : off + 2 * nt].view(np.int64)
-                blocks = table[off + 2 * nt : off + 2 * nt + nb]
-                meta["tensor_of"][:nb] = blocks & 0xFFFFFFFF
-                meta["chunk_of"][:nb] = blocks >> 32
-                own[size:].view(np.int64)[0] = self.chunk
-                out._keep.append(own)
-                out._specs.append((code, own, nb))
-                for op in OPS:
-                    params = np.array(
-                        [own.ctypes.data, own.ctypes.data + size]
-                        + [self._call_addr + 8 * s for s in _CALL_SLOTS[op]],
-                        np.uint64,
-                    )
-                    widths = np.array((size, 8, *_CALL_SIZES[op]), np.int64)
-                    out._keep += [params, widths]
-                    out.ops[op].append(
-                        (
-                            self._function(kernel_name(op, code, self.meta)),
-                            nb,
-                            self.block,
-                            params.ctypes.data,
-                            widths.ctypes.data,
-                            len(widths),
-                        )
-                    )
-                out.count += 1
+        size = _meta_dtype(self.meta).itemsize
+        groups = [
+            (_kernel_code(c), np.asarray(p, np.uint64), np.asarray(n, np.int64))
+            for c, p, n in groups
+        ]
+        codes = np.concatenate([np.zeros(0, np.int64)] + [np.full(len(n), c) for c, _, n in groups])
+        counts = np.concatenate([np.zeros(0, np.int64)] + [n for _, _, n in groups])
+        ptrs = np.concatenate([np.zeros(0, np.uint64)] + [p for _, p, _ in groups])
+        # every launch's argument block (the lsc_meta, then the chunk) is a row of `args`
+        args, specs = kernels.pack_launches(
+            codes,
+            counts,
+            ptrs,
+            self.chunk,
+            self.max_tensors,
+            self.max_blocks,
+            1,
+            nt_max,
+            nb_max,
+            size,
+        )
+        rows = args.ctypes.data + args.shape[1] * np.arange(len(specs), dtype=np.uint64)
+        out._keep.append(args)
+        for op in OPS:
+            # each launch's void*[] is a row of `params`: its struct, its chunk, then the
+            # shared call block's words
+            slots = np.array(_CALL_SLOTS[op], np.uint64)
+            params = np.empty((len(specs), 2 + len(slots)), np.uint64)
+            params[:, 0] = rows
+            params[:, 1] = rows + size
+            params[:, 2:] = self._call_addr + 8 * slots
+            widths = self._widths[op]
+            out._keep += [params, widths]
+            base, step, waddr = params.ctypes.data, 8 * params.shape[1], widths.ctypes.data
+            entries = out.ops[op]
+            for k, (code, nb) in enumerate(specs):
+                fn = self._scan_kernel(op, code)
+                entries.append((fn, nb, self.block, base + k * step, waddr, len(widths)))
+        out._specs = [(code, int(rows[k]), nb) for k, (code, nb) in enumerate(specs)]
+        out.count = len(specs)
         return out
+
+    def _scan_kernel(self, op: str, code: int) -> Any:
+        """The handle of scan kernel `op` for dtype code `code` with this runner's struct."""
+        fn = self._by_code.get((op, code))
+        if fn is None:
+            fn = self._by_code[op, code] = self._function(kernel_name(op, code, self.meta))
+        return fn
 
     def next_mark(self) -> int:
         """A fresh mark for a call on this device's flag (1 .. 2**32 - 1)."""
@@ -420,7 +430,7 @@ class MultiTensor:
         keep.append(nflags)
         size = _meta_dtype(self.meta).itemsize
         for k, (code, own, nb) in enumerate(prepared._specs):
-            table = (own.ctypes.data, size), (own.ctypes.data + size, 8)
+            table = (own, size), (own + size, 8)
             unscale.append(
                 self.pack(
                     keep,

@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from lscore import kernels
-from lscore.cuda.launch import plan_launches
 from lscore.cuda.loader import METAS, OPT_GRADS, OPT_METAS, optim_kernel_name
 from lscore.dtypes import Code
 
@@ -87,6 +86,11 @@ _WORD = {
     ("u", 8): "Q",
 }
 _MAX_CALL_WORDS = 16
+# whether a dtype code is one the kernels read as gradients, by code (clipped lookups:
+# anything outside is refused)
+_GRAD_OK = np.zeros(256, bool)
+_GRAD_OK[[int(c) for c in GRAD_CODES]] = True
+_GRAD_OK[-1] = False
 
 
 class FusedPlan:
@@ -158,43 +162,27 @@ class FusedLauncher:
             raise ValueError(
                 f"a {kind} record holds at most {depth} addresses, got {given.shape[1]}"
             )
-        bad = np.setdiff1d(codes, [int(c) for c in GRAD_CODES])
+        bad = codes[~_GRAD_OK.take(codes, mode="clip")]
         if bad.size:
             raise TypeError(
                 f"the fused optimizers read float16, bfloat16 or float32 "
                 f"gradients, not {Code(int(bad[0])).name}"
             )
-        rec = np.zeros((len(codes), depth), np.uint64)
-        rec[:, : given.shape[1]] = given
         r = self.runner
-        groups = []
-        for code in dict.fromkeys(codes.tolist()):  # the groups in first-seen order
-            idx = np.flatnonzero(codes == code)
-            # the tensors planned by their place in `idx`: the table's "addresses"
-            table, launches = plan_launches(
-                np.arange(len(idx), dtype=np.uint64),
-                counts[idx],
-                chunk=r.chunk,
-                max_tensors=min(r.max_tensors, max_tensors),
-                max_blocks=min(r.max_blocks, max_blocks),
-            )
-            groups.append((code, idx, table, launches))
-        # every launch's argument block in one allocation: the struct, then the chunk
-        dtype = _opt_meta_dtype(meta)
-        blocks_all = np.zeros((sum(len(g[3]) for g in groups), dtype.itemsize + 8), np.uint8)
-        metas = blocks_all[:, : dtype.itemsize].view(dtype).reshape(-1)
-        blocks_all[:, dtype.itemsize :].view(np.int64)[:, 0] = r.chunk
-        specs: list[tuple[int, int]] = []
-        for code, idx, table, launches in groups:
-            for off, nt, nb in launches:
-                m = metas[len(specs)]
-                m["ptr"][:, :nt] = rec[idx[table[off : off + nt].astype(np.int64)]].T
-                m["size"][:nt] = table[off + nt : off + 2 * nt].view(np.int64)
-                blocks = table[off + 2 * nt : off + 2 * nt + nb]
-                m["chunk_of"][:nb] = blocks >> 32
-                m["tensor_of"][:nb] = blocks & 0xFFFFFFFF
-                specs.append((code, nb))
-        hit = FusedPlan(kind, meta, specs, blocks_all)
+        # every launch's argument block (the struct, then the chunk) is a row of `arguments`
+        arguments, specs = kernels.pack_launches(
+            codes,
+            counts,
+            given,
+            r.chunk,
+            r.max_tensors,
+            r.max_blocks,
+            depth,
+            max_tensors,
+            max_blocks,
+            _opt_meta_dtype(meta).itemsize,
+        )
+        hit = FusedPlan(kind, meta, specs, arguments)
         with self._lock:
             self._cache[key] = hit
             while len(self._cache) > self._cache_size:

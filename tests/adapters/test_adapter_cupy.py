@@ -189,6 +189,50 @@ def test_arrays_freed_and_reallocated_are_planned_again():
     assert np.all(other.host == 4.0 / 16)
 
 
+class _FlagsOnlyArray:
+    """A CuPy-shaped array without CuPy's ``_c_contiguous`` / ``_f_contiguous`` fields."""
+
+    __slots__ = ("__weakref__", "data", "dtype", "flags", "host", "shape", "size", "strides")
+
+    def __init__(self, host, c, f):
+        import types
+
+        self.host, self.size, self.dtype = host, host.size, host.dtype
+        self.shape, self.strides = host.shape, host.strides
+        self.data = types.SimpleNamespace(ptr=host.ctypes.data, device_id=0, mem=host)
+        self.flags = types.SimpleNamespace(c_contiguous=c, f_contiguous=f, owndata=False)
+
+
+def test_contiguity_comes_from_cupys_fields_else_flags():
+    """The walk reads CuPy's ``_c_contiguous`` / ``_f_contiguous`` (no Flags object per
+    array) and falls back to ``flags`` for an array type without them."""
+    import types
+
+    from helpers.standin import DeviceArray
+    from lscore.cuda import ArrayKernels
+
+    xp = types.SimpleNamespace(__name__="cupy", ndarray=DeviceArray)
+    kern = ArrayKernels(xp, lambda dev: CountingBackend(), array_type=DeviceArray)
+    a = DeviceArray(np.full(8, 4.0, np.float32))
+    a._c_contiguous = a._f_contiguous = False  # the fields win over flags
+    with pytest.raises(ValueError, match="dense"):
+        kern.unscale_([a], 0.5)
+    a._f_contiguous = True  # F-contiguous only: dense, and not C-contiguous
+    plan = kern.table.plan([a])
+    assert plan.write_error is None and not plan.leaf_c_contiguous[0]
+    assert kern.unscale_([a], 0.5) and np.all(a.host == 2.0)
+
+    flat = ArrayKernels(xp, lambda dev: CountingBackend(), array_type=_FlagsOnlyArray)
+    for c, f, dense in ((True, False, True), (False, True, True), (False, False, False)):
+        b = _FlagsOnlyArray(np.full(8, 4.0, np.float32), c, f)
+        if not dense:
+            with pytest.raises(ValueError, match="dense"):
+                flat.unscale_([b], 0.5)
+            continue
+        assert bool(flat.table.plan([b]).leaf_c_contiguous[0]) == c
+        assert flat.unscale_([b], 0.5) and np.all(b.host == 2.0)
+
+
 @harness
 def test_an_array_made_read_only_after_its_plan_is_refused():
     a = np.full(4, 2.0, np.float32)

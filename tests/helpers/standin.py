@@ -2,7 +2,8 @@
 
 ``DeviceArray`` is a CuPy-shaped view of a NumPy array on a chosen device id:
 lscore's CUDA layer reads a CuPy array through its attributes (``data.ptr``,
-``data.device_id``, ``size``, ``dtype``, ``shape``, ``strides``, ``flags``:
+``data.device_id``, ``size``, ``dtype``, ``shape``, ``strides``, and its
+``_c_contiguous`` / ``_f_contiguous`` fields, or ``flags`` where those are missing:
 ``lscore.kernels.READ_CUDA_ARRAY``), so ``lscore.cuda.ArrayKernels(XP, ...,
 array_type=DeviceArray)`` walks, groups and plans these exactly as CuPy arrays,
 arrays of several devices in one call included.  ``HostMemory`` is the memory
@@ -24,7 +25,18 @@ class DeviceArray:
     array (a new address, size or dtype under the same object) does.
     """
 
-    __slots__ = ("__weakref__", "data", "dtype", "flags", "host", "shape", "size", "strides")
+    __slots__ = (
+        "__weakref__",
+        "_c_contiguous",
+        "_f_contiguous",
+        "data",
+        "dtype",
+        "flags",
+        "host",
+        "shape",
+        "size",
+        "strides",
+    )
 
     def __init__(self, host: np.ndarray, device: int = 0):
         self.host = host
@@ -36,6 +48,7 @@ class DeviceArray:
             f_contiguous=host.flags.f_contiguous,
             owndata=False,
         )
+        self._c_contiguous, self._f_contiguous = self.flags.c_contiguous, self.flags.f_contiguous
 
 
 #: the array module of DeviceArray, named as CuPy's (the name the kernels' messages give)

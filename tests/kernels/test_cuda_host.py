@@ -10,6 +10,8 @@ import shutil
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lscore
 from helpers import FLOAT_DTYPES, bits_equal_or_both_nan
@@ -236,6 +238,83 @@ def test_plan_covers_every_element_once(seed):
     # a launch is closed only when full
     for _off, nt, nb in plan.launches[:-1]:
         assert nt == mt or nb == mb
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 70), max_size=30),
+    codes=st.lists(st.sampled_from([1, 2, 3, 4]), min_size=30, max_size=30),
+    depth=st.integers(1, 5),
+    chunk=st.sampled_from([1, 8, 16]),
+    limits=st.tuples(st.integers(1, 6), st.integers(1, 9)),
+)
+def test_packed_arguments_are_the_plan_laid_out_as_the_structs(sizes, codes, depth, chunk, limits):
+    """pack_launches writes, per dtype group in first-seen order, the launches of
+    plan_launches as the kernels' argument structs (any record depth), then the chunk."""
+    from lscore import kernels
+
+    nt_meta, nb_meta = 7, 11
+    mt, mb = min(limits[0], nt_meta), min(limits[1], nb_meta)
+    codes = codes[: len(sizes)]
+    records = np.arange(1, 1 + depth * len(sizes), dtype=np.uint64).reshape(-1, depth) * 1000
+    layout = np.dtype(
+        [
+            ("ptr", "<u8", (depth, nt_meta)),
+            ("size", "<i8", (nt_meta,)),
+            ("chunk_of", "<i4", (nb_meta,)),
+            ("tensor_of", "<u2", (nb_meta,)),
+        ]
+    )
+    args, specs = kernels.pack_launches(
+        codes,
+        sizes,
+        records,
+        chunk,
+        limits[0],
+        limits[1],
+        depth,
+        nt_meta,
+        nb_meta,
+        layout.itemsize,
+    )
+    want_rows, want_specs = [], []
+    for code in dict.fromkeys(codes):
+        idx = [i for i, c in enumerate(codes) if c == code]
+        table, launches = plan_launches(
+            idx, [sizes[i] for i in idx], chunk=chunk, max_tensors=mt, max_blocks=mb
+        )
+        for off, nt, nb in launches:
+            row = np.zeros(layout.itemsize + 8, np.uint8)
+            m = row[: layout.itemsize].view(layout)[0]
+            m["ptr"][:, :nt] = records[table[off : off + nt].astype(np.int64)].T
+            m["size"][:nt] = table[off + nt : off + 2 * nt].view(np.int64)
+            blocks = table[off + 2 * nt : off + 2 * nt + nb]
+            m["chunk_of"][:nb] = blocks >> 32
+            m["tensor_of"][:nb] = blocks & 0xFFFFFFFF
+            row[layout.itemsize :].view(np.int64)[0] = chunk
+            want_rows.append(row)
+            want_specs.append((code, nb))
+    assert specs == want_specs
+    assert args.shape == (len(want_rows), layout.itemsize + 8)
+    assert np.array_equal(args, np.array(want_rows).reshape(args.shape))
+
+
+def test_packing_refuses_what_the_structs_cannot_hold():
+    from lscore import kernels
+
+    ok = ([1], [3], [[5]], 8, 4, 4, 1, 4, 4, 4 * 16 + 4 * 6)
+    assert len(kernels.pack_launches(*ok)[1]) == 1
+    for k, bad, match in (
+        (1, [-1], "negative size"),
+        (2, [[5, 6]], "at most 1 addresses"),
+        (3, 0, "chunk"),
+        (9, 8, "cannot hold"),
+        (2, [[5], [6]], "2 records for 1 tensors"),
+    ):
+        args = list(ok)
+        args[k] = bad
+        with pytest.raises(ValueError, match=match):
+            kernels.pack_launches(*args)
 
 
 def test_plan_rejects_bad_limits():

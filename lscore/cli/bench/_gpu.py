@@ -74,12 +74,23 @@ class _Flags:
 class StandInArray:
     """A cupy.ndarray-shaped view of host memory (for timing the host side without a GPU).
 
-    ``data.ptr``, ``data.device_id``, ``size`` and ``dtype`` are plain slots,
-    as CuPy's are readonly C fields; ``flags`` builds an object on every
-    read, as CuPy's does.  ``host`` is the NumPy array behind it.
+    ``data.ptr``, ``data.device_id``, ``size``, ``dtype``, ``_c_contiguous``
+    and ``_f_contiguous`` are plain slots, as CuPy's are readonly C fields;
+    ``flags`` builds an object on every read, as CuPy's does.  ``host`` is the
+    NumPy array behind it.
     """
 
-    __slots__ = ("__weakref__", "_c", "_f", "data", "dtype", "host", "shape", "size", "strides")
+    __slots__ = (
+        "__weakref__",
+        "_c_contiguous",
+        "_f_contiguous",
+        "data",
+        "dtype",
+        "host",
+        "shape",
+        "size",
+        "strides",
+    )
 
     def __init__(self, host: np.ndarray, device: int = 0):
         self.host = host
@@ -90,11 +101,12 @@ class StandInArray:
             host.shape,
             host.strides,
         )
-        self._c, self._f = host.flags.c_contiguous, host.flags.f_contiguous
+        self._c_contiguous = host.flags.c_contiguous
+        self._f_contiguous = host.flags.f_contiguous
 
     @property
     def flags(self) -> _Flags:
-        return _Flags(self._c, self._f)
+        return _Flags(self._c_contiguous, self._f_contiguous)
 
 
 STANDIN_XP = types.SimpleNamespace(__name__="cupy", ndarray=StandInArray)

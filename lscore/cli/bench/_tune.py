@@ -96,7 +96,7 @@ class TypedArray(_gpu.StandInArray):
         self.data = mem.data
         self.size, self.shape, self.strides = mem.size, mem.shape, mem.strides
         self.dtype = dtype
-        self._c = self._f = True
+        self._c_contiguous = self._f_contiguous = True
 
 
 class ArrayDevice:
