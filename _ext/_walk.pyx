@@ -247,28 +247,31 @@ cdef class DeviceTable:
         return 0
 
     cdef bint _matches(self, DevicePlan p) except -1:
-        """Whether the collected leaves are the plan's arrays, unchanged."""
+        """Whether the collected leaves are the plan's arrays, unchanged (one loop per
+        reader kind: the per-array check is the whole cost of a cached call's walk)."""
         cdef Py_ssize_t i
         cdef leaf_t *e
         cdef PyObject *x
-        cdef cnp.PyArrayObject *a
         cdef lsc_dl_tensor t
         cdef object data, dt
         if p.narrays != self._n:
             return False
-        for i in range(self._n):
-            x = self._buf[i]
-            e = &p.leaves[i]
-            if PyWeakref_GET_OBJECT(<object>e.ref) != x:
-                return False
-            if self._kind == READ_NUMPY:
-                a = <cnp.PyArrayObject *>x
-                if (<uint64_t><uintptr_t>cnp.PyArray_DATA(<cnp.ndarray>x) != e.ptr
+        if self._kind == READ_NUMPY:
+            for i in range(self._n):
+                x = self._buf[i]
+                e = &p.leaves[i]
+                if (PyWeakref_GET_OBJECT(<object>e.ref) != x
+                        or <uint64_t><uintptr_t>cnp.PyArray_DATA(<cnp.ndarray>x) != e.ptr
                         or cnp.PyArray_SIZE(<cnp.ndarray>x) != e.n
                         or <PyObject *>cnp.PyArray_DESCR(<cnp.ndarray>x) != e.dtype
                         or (cnp.PyArray_FLAGS(<cnp.ndarray>x) & _NP_KEEP) != e.flags):
                     return False
-            elif self._kind == READ_DLPACK:
+        elif self._kind == READ_DLPACK:
+            for i in range(self._n):
+                x = self._buf[i]
+                e = &p.leaves[i]
+                if PyWeakref_GET_OBJECT(<object>e.ref) != x:
+                    return False
                 if self._dl(<void *>x, &t) != 0:
                     PyErr_Clear()
                     return False
@@ -278,7 +281,12 @@ cdef class DeviceTable:
                 dt = PyObject_GetAttr(<object>x, _A_DTYPE)
                 if <PyObject *>dt != e.dtype:
                     return False
-            else:
+        else:
+            for i in range(self._n):
+                x = self._buf[i]
+                e = &p.leaves[i]
+                if PyWeakref_GET_OBJECT(<object>e.ref) != x:
+                    return False
                 data = PyObject_GetAttr(<object>x, _A_DATA)
                 if PyLong_AsUnsignedLongLong(PyObject_GetAttr(data, _A_PTR)) != e.ptr:
                     return False
@@ -726,3 +734,29 @@ def pack_launches(codes, counts, records, int64_t chunk, int64_t max_tensors,
             specs.append((gcode[g], nblk))
             cur += row
     return out, specs
+
+
+def launch_params(cnp.ndarray arguments, Py_ssize_t meta_size, uint64_t words,
+                  Py_ssize_t nwords):
+    """The ``void*[]`` of every launch ``pack_launches`` packed, as cuLaunchKernel takes it.
+
+    Row k of the result (uint64, one row per row of `arguments`): the address
+    of launch k's struct, of its chunk (`meta_size` bytes on), then `nwords`
+    consecutive 8-byte words from address `words` (the per-call parameters
+    every launch shares).  Returns (rows, address of the first row).
+    """
+    if arguments.ndim != 2 or arguments.dtype != np.uint8 or not arguments.flags.c_contiguous:
+        raise ValueError("arguments must be pack_launches' uint8 matrix")
+    if nwords < 0 or meta_size < 0 or meta_size + 8 > arguments.shape[1]:
+        raise ValueError(f"bad meta_size {meta_size} or nwords {nwords}")
+    cdef Py_ssize_t nl = arguments.shape[0], row = arguments.shape[1], k, j
+    cdef Py_ssize_t width = 2 + nwords
+    cdef cnp.ndarray out = np.empty((nl, width), np.uint64)
+    cdef uint64_t *O = <uint64_t *>cnp.PyArray_DATA(out)
+    cdef uint64_t base = <uint64_t><uintptr_t>cnp.PyArray_DATA(arguments)
+    for k in range(nl):
+        O[k * width] = base + <uint64_t>(k * row)
+        O[k * width + 1] = base + <uint64_t>(k * row + meta_size)
+        for j in range(nwords):
+            O[k * width + 2 + j] = words + <uint64_t>(8 * j)
+    return out, <uint64_t><uintptr_t>cnp.PyArray_DATA(out)

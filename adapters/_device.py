@@ -201,8 +201,9 @@ class Gated(_arrays.ArrayOptimizer):
         """The fused kernels' launcher of the current device (shares the adapter's backend)."""
         return self._backend.fused_launcher(self._backend.current_device())
 
-    def _fused_plan(self, pairs: Any) -> Any:
-        """The fused kernels' plan of this step's pairs, or None: the elementwise path.
+    def _fused_plan(self, gs: list, vs: list) -> Any:
+        """The fused kernels' plan of this step's gradients `gs` for the variables `vs` (one
+        list each, None dropped), or None: the elementwise path.
 
         The gradients and the variables are walked apart by the adapter's compiled
         ``lscore.kernels.DeviceTable`` (which checks each array's identity, address, size
@@ -212,9 +213,8 @@ class Gated(_arrays.ArrayOptimizer):
         checks and the packing of the kernels' arguments (nothing uploaded); the same
         gradients again cost the walks and a lookup.
         """
-        if not pairs or self._clipnorm or self._global_clipnorm or self._clipvalue:
+        if not gs or self._clipnorm or self._global_clipnorm or self._clipvalue:
             return None
-        gs, vs = [g for g, _ in pairs], [v for _, v in pairs]
         table = self._backend.kernels.table
         try:
             gplan, vplan = table.plan(gs), table.plan(vs)
@@ -229,7 +229,9 @@ class Gated(_arrays.ArrayOptimizer):
         plan = None
         if columns is not None and self._fusable_grads(gs, gplan, vplan, columns[1]):
             codes, counts = gplan.leaf_codes, vplan.leaf_counts
-            records = np.column_stack((gplan.leaf_addresses, columns[0]))
+            records = np.empty((len(gs), 1 + columns[0].shape[1]), np.uint64)
+            records[:, 0] = gplan.leaf_addresses
+            records[:, 1:] = columns[0]
             plan = self.fused_launcher().plan(
                 (codes.tobytes(), counts.tobytes(), records.tobytes()),
                 self._kind,
@@ -293,9 +295,9 @@ class Gated(_arrays.ArrayOptimizer):
         if len(gplan.leaf_codes) != len(gs) or set(map(type, gs)) != {self._xp.ndarray}:
             return False
         if not (
-            _FUSED_CODES[gplan.leaf_codes].all()
+            all(_FUSED_CODES[c] for c in gplan.codes)  # each dtype code once
             and gplan.leaf_c_contiguous.all()
-            and np.array_equal(gplan.leaf_counts, vplan.leaf_counts)
+            and (gplan.leaf_counts == vplan.leaf_counts).all()  # one length: len(gs) each
             and list(map(_shape, gs)) == shapes
         ):
             return False
@@ -386,7 +388,7 @@ class Gated(_arrays.ArrayOptimizer):
         pairs = _optim.grad_var_pairs(grads_and_vars)
         if pairs:
             pairs = _optim.drop_none_gradients(pairs, warn=True)
-            plan = self._fused_plan(pairs) if self._gate is None else None
+            plan = self._fused_plan(*_optim.unzip(pairs)) if self._gate is None else None
             if plan is not None:
                 self._fused_launch(plan, check=False)
                 self.iterations += 1
@@ -689,12 +691,13 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
             return super()._scaled_gradients(lambda _host: loss_and_grads_fn(scale), var_list)
         return super()._scaled_gradients(loss_and_grads_fn, var_list)
 
-    def _fused_plan(self, pairs: Any) -> Any:
-        """The inner optimizer's fused plan of these pairs, or None (the elementwise path)."""
+    def _fused_plan(self, gs: list, vs: list) -> Any:
+        """The inner optimizer's fused plan of these gradients and variables, or None (the
+        elementwise path)."""
         opt = self._optimizer
         if not isinstance(opt, Gated) or opt._gate is not None:
             return None
-        return opt._fused_plan(pairs)
+        return opt._fused_plan(gs, vs)
 
     def minimize(
         self, loss_and_grads_fn: Any, var_list: Any, *, global_step: Any = None, name: Any = None
@@ -719,7 +722,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
             self._check_device()  # before the backward pass
             scale = self._scale_for_fn()
         loss, grads, var_list = self._loss_and_grads(loss_and_grads_fn, var_list, scale)
-        plan = self._fused_plan(self._kept_pairs(grads, var_list))
+        plan = self._fused_plan(*self._kept(grads, var_list))
         if plan is None:
             self.apply_gradients(
                 zip(self.get_unscaled_gradients(grads), var_list, strict=True), **step
@@ -730,10 +733,12 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
             self._default_fused(plan, advance, self._fixed_value("inv"))
         return loss
 
-    def _kept_pairs(self, grads: Any, var_list: Any) -> list:
-        return _optim.drop_none_gradients(
-            list(zip(grads, var_list, strict=True)), warn=self._scaling.shape != "tf1"
-        )
+    def _kept(self, grads: list, var_list: list) -> tuple[list, list]:
+        """(gradients, variables) without the pairs whose gradient is None (Keras's rule)."""
+        if not any(map(operator.is_, grads, itertools.repeat(None))):
+            return grads, var_list  # the common step: nothing to drop, no pairs built
+        pairs = list(zip(grads, var_list, strict=True))
+        return _optim.unzip(_optim.drop_none_gradients(pairs, warn=self._scaling.shape != "tf1"))
 
     def _refuse_default_in_capture(self) -> None:
         self._refuse_in_capture(
@@ -841,7 +846,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         self._check_device()
         pairs = _optim.drop_none_gradients(_optim.grad_var_pairs(grads_and_vars), warn=True)
         opt, xp = self._optimizer, self._backend.xp
-        plan = self._fused_plan(pairs)
+        plan = self._fused_plan(*_optim.unzip(pairs))
         if plan is not None:
             return self._sync_free_fused(plan, advance, scaled=False)
         self._refuse_in_capture(

@@ -169,6 +169,11 @@ def drop_none_gradients(pairs: list, *, warn: bool) -> list:
     return kept
 
 
+def unzip(pairs: list) -> tuple[list, list]:
+    """([gradient, ...], [variable, ...]) of (gradient, variable) pairs."""
+    return [g for g, _ in pairs], [v for _, v in pairs]
+
+
 def check_op_name(name: Any) -> None:
     """TF1's ``name`` names the op that ``apply_gradients`` returns; nothing here is
     an op, so the name is only checked."""

@@ -20,7 +20,8 @@ measures the kernels themselves (``lscore bench``).
   ``DevicePlan`` that is cached and reused for the same arrays;
   ``plan_launches``: the chunked launch tables of one group, and
   ``pack_launches``: the launches' kernel arguments, packed as the kernels
-  take them by value (for ``lscore.cuda``).
+  take them by value, and ``launch_params``: their ``void*[]`` (for
+  ``lscore.cuda``).
 - ``isa()``, ``isa_levels()``, ``set_isa(name)``, ``pool_size()``: the CPU
   kernel level in use, the levels this CPU runs, a switch (returns the
   previous level) and the number of scan threads.
@@ -64,6 +65,7 @@ from lscore._ext._walk import (
     READ_NUMPY,
     DevicePlan,
     DeviceTable,
+    launch_params,
     pack_launches,
     plan_launches,
 )
@@ -115,6 +117,7 @@ __all__ = [
     "copy_bandwidth",
     "isa",
     "isa_levels",
+    "launch_params",
     "pack_launches",
     "plan_launches",
     "pool_size",

@@ -59,6 +59,8 @@ _CALL_SIZES = {
 }  # found, mark
 # which slots of the call block (uint64 words) those per-call parameters are
 _CALL_SLOTS = {"unscale": (0, 1, 2, 3), "all_finite": (2, 3)}
+# consecutive, so that a launch's void*[] points at them as one run (kernels.launch_params)
+assert all(s == tuple(range(s[0], s[0] + len(s))) for s in _CALL_SLOTS.values())
 # the call block: inv, inv_dev, found, mark, then the norm's max_norm, coef, coef_dev and the
 # addresses in its buffer (the call's state, the arrival ticket, the block partials)
 _INV, _INV_DEV, _FOUND, _MARK, _MAX_NORM, _COEF, _COEF_DEV, _STATE, _TICKET, _PART = range(10)
@@ -268,7 +270,8 @@ class MultiTensor:
         self._call_addr = self._call.ctypes.data
         # the byte widths of each scan op's parameters: its struct, the chunk, the call's
         size = _meta_dtype(self.meta).itemsize
-        self._widths = {op: np.array((size, 8, *_CALL_SIZES[op]), np.int64) for op in OPS}
+        widths = {op: np.array((size, 8, *_CALL_SIZES[op]), np.int64) for op in OPS}
+        self._widths = {op: (w, w.ctypes.data) for op, w in widths.items()}
 
     def kernel(self, name: str) -> Any:
         """The backend's handle of kernel `name` on this device, looked up once."""
@@ -306,24 +309,24 @@ class MultiTensor:
             nb_max,
             size,
         )
-        rows = args.ctypes.data + args.shape[1] * np.arange(len(specs), dtype=np.uint64)
         out._keep.append(args)
         for op in OPS:
             # each launch's void*[] is a row of `params`: its struct, its chunk, then the
-            # shared call block's words
-            slots = np.array(_CALL_SLOTS[op], np.uint64)
-            params = np.empty((len(specs), 2 + len(slots)), np.uint64)
-            params[:, 0] = rows
-            params[:, 1] = rows + size
-            params[:, 2:] = self._call_addr + 8 * slots
-            widths = self._widths[op]
+            # op's words of the shared call block (consecutive slots)
+            slots = _CALL_SLOTS[op]
+            params, base = kernels.launch_params(
+                args, size, self._call_addr + 8 * slots[0], len(slots)
+            )
+            widths, waddr = self._widths[op]
             out._keep += [params, widths]
-            base, step, waddr = params.ctypes.data, 8 * params.shape[1], widths.ctypes.data
+            step = 8 * params.shape[1]
             entries = out.ops[op]
             for k, (code, nb) in enumerate(specs):
                 fn = self._scan_kernel(op, code)
                 entries.append((fn, nb, self.block, base + k * step, waddr, len(widths)))
-        out._specs = [(code, int(rows[k]), nb) for k, (code, nb) in enumerate(specs)]
+        # (code, address of its struct, blocks) per launch: the first column of any op's rows
+        structs = params[:, 0].tolist()
+        out._specs = [(code, structs[k], nb) for k, (code, nb) in enumerate(specs)]
         out.count = len(specs)
         return out
 

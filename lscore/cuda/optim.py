@@ -103,10 +103,15 @@ class FusedPlan:
     kernel and signature (``packed``) are kept here for as long as this lives.
     """
 
-    __slots__ = ("arguments", "kind", "meta", "packed", "specs")
+    __slots__ = ("arguments", "kind", "meta", "packed", "params", "specs")
 
-    def __init__(self, kind: str, meta: str, specs: list, arguments: np.ndarray) -> None:
+    def __init__(
+        self, kind: str, meta: str, specs: list, arguments: np.ndarray, params: tuple
+    ) -> None:
         self.kind, self.meta, self.specs, self.arguments = kind, meta, specs, arguments
+        # every launch's void*[] (its struct, its chunk, then every call word: a signature
+        # of k per-call parameters reads the first 2 + k), and the first one's address
+        self.params = params
         self.packed: dict = {}
 
     @property
@@ -134,6 +139,10 @@ class FusedLauncher:
         # the per-call parameters (optim.cu's, after `chunk`), one 8-byte word each,
         # shared by every packed launch and written before each call's launches
         self._call = np.zeros(_MAX_CALL_WORDS, np.uint64)
+        self._call_addr = self._call.ctypes.data
+        # launch signatures and kernel handles, shared by every plan
+        self._signatures: dict = {}
+        self._kernels: dict = {}
 
     def cached(self, key: Any) -> FusedPlan | None:
         """The plan of `key` if it is still cached."""
@@ -182,7 +191,9 @@ class FusedLauncher:
             max_blocks,
             _opt_meta_dtype(meta).itemsize,
         )
-        hit = FusedPlan(kind, meta, specs, arguments)
+        size = _opt_meta_dtype(meta).itemsize
+        params = kernels.launch_params(arguments, size, self._call_addr, _MAX_CALL_WORDS)
+        hit = FusedPlan(kind, meta, specs, arguments, params)
         with self._lock:
             self._cache[key] = hit
             while len(self._cache) > self._cache_size:
@@ -226,43 +237,48 @@ class FusedLauncher:
             np.uint32(skip_if),
         )
         args = call if check else (*head, *call, *tail, np.uint64(hyper_ptr))
-        fmt = "<" + "".join(_WORD[a.dtype.kind, a.itemsize] for a in args)
         name = "check" if check else kind
-        variant = optim_kernel_name(name, Code.F32, plan.meta, flags)
-        packed = plan.packed.get((variant, fmt))
+        # the scalars' types give the signature: packed once per plan, kernel, flags and types
+        key = (name, flags, tuple(map(type, args)))
+        packed = plan.packed.get(key)
         if packed is None:
-            packed = plan.packed[(variant, fmt)] = self._pack(name, flags, plan, args)
+            packed = plan.packed[key] = self._pack(name, flags, plan, args)
         # numpy declares ndarray.__buffer__ for Python >= 3.12 only
-        struct.pack_into(fmt, self._call, 0, *args)  # type: ignore[arg-type]
+        struct.pack_into(packed[1], self._call, 0, *args)  # type: ignore[arg-type]
         self.runner.enqueue(packed[0])
         return len(packed[0])
 
     def _pack(self, name: str, flags: int, plan: FusedPlan, args: tuple) -> Any:
-        """([(kernel handle, grid, block, void*[] address, widths address, count)], arrays
-        kept): the entries ``MultiTensor.enqueue`` launches.  Every launch's ``void*[]`` is
-        a row of one matrix (its argument row, the chunk after it, then the shared call
-        words), and one widths array serves them all."""
-        r, call = self.runner, self._call.ctypes.data
-        size = _opt_meta_dtype(plan.meta).itemsize
-        rows = plan.arguments.ctypes.data + plan.arguments.shape[1] * np.arange(
-            len(plan.specs), dtype=np.uint64
-        )
-        params = np.empty((len(plan.specs), 2 + len(args)), np.uint64)
-        params[:, 0] = rows
-        params[:, 1] = rows + size
-        params[:, 2:] = call + 8 * np.arange(len(args), dtype=np.uint64)
-        widths = np.array([size, 8, *(a.itemsize for a in args)], np.int64)
-        kernels_by_code: dict = {}
+        """([(kernel handle, grid, block, void*[] address, widths address, count)], the
+        struct format of `args` in the call block): the entries ``MultiTensor.enqueue``
+        launches, over the plan's void*[] rows; the widths and the format are the
+        signature's, shared by every plan."""
+        r = self.runner
+        fmt, widths, waddr = self._signature(args, _opt_meta_dtype(plan.meta).itemsize)
+        rows, base = plan.params
+        step, count = rows.shape[1] * 8, len(widths)
         out = []
-        base, step, waddr = params.ctypes.data, params.shape[1] * 8, widths.ctypes.data
         for k, (code, nb) in enumerate(plan.specs):
-            fn = kernels_by_code.get(code)
+            fn = self._kernels.get((name, code, plan.meta, flags))
             if fn is None:
-                fn = kernels_by_code[code] = r.kernel(
+                fn = self._kernels[name, code, plan.meta, flags] = r.kernel(
                     optim_kernel_name(name, code, plan.meta, flags)
                 )
-            out.append((fn, nb, r.block, base + k * step, waddr, len(widths)))
-        return out, [params, widths]
+            out.append((fn, nb, r.block, base + k * step, waddr, count))
+        return out, fmt
+
+    def _signature(self, args: tuple, size: int) -> tuple:
+        """(struct format, int64 byte widths, their address) of a launch whose struct is
+        `size` bytes and whose per-call scalars are `args`."""
+        key = (size, tuple(map(type, args)))
+        sig = self._signatures.get(key)
+        if sig is None:
+            if len(args) > _MAX_CALL_WORDS:
+                raise ValueError(f"at most {_MAX_CALL_WORDS} per-call parameters, got {len(args)}")
+            fmt = "<" + "".join(_WORD[a.dtype.kind, a.itemsize] for a in args)
+            widths = np.array([size, 8, *(a.itemsize for a in args)], np.int64)
+            sig = self._signatures[key] = (fmt, widths, widths.ctypes.data)
+        return sig
 
 
 @functools.cache

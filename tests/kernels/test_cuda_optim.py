@@ -725,7 +725,7 @@ def test_a_replayed_step_reads_the_hyperparameters_written_between_replays(backe
     for g in grads:
         g[...] = rng.standard_normal(g.size).astype(g.dtype)
     live_l.launch(kind, live_plan, head(999.0), flags=flags, tail=tail, hyper_ptr=hyper.ctypes.data)
-    (recorded,) = [entries for entries, _ in live_plan.packed.values()]
+    (recorded,) = [packed[0] for packed in live_plan.packed.values()]
     for step, lr in enumerate(lrs):
         if step:
             for g in grads:
