@@ -256,6 +256,33 @@ def test_default_mode_apply_gradients_syncs_once_and_updates_fused(monkeypatch):
     assert _launched(FULL, "lsc_mt_sgd") - launched == 4 * 2  # two gradient dtypes
 
 
+@pytest.mark.parametrize("sync_free", [False, True])
+def test_minimize_drops_none_gradients_on_the_fused_path(monkeypatch, sync_free):
+    """Keras's rule through the fused kernels: a None gradient's variable is left as it
+    is (with the warning), the others step exactly as the NumPy adapter steps them, and
+    all-None is refused."""
+    _no_elementwise(monkeypatch)
+    ours = [np.full(n, 1.0, np.float32) for n in (5, 3, 4)]
+    theirs = [w.copy() for w in ours]
+    opt_o = adapter.LossScaleOptimizer(adapter.SGD(0.1, momentum=0.9), sync_free=sync_free)
+    opt_t = lnp.LossScaleOptimizer(lnp.SGD(0.1, momentum=0.9))
+    launched = _launched(FULL, "lsc_mt_sgd")
+
+    def fn(scale):
+        return 0.0, [np.full(5, scale, np.float32), None, np.full(4, scale / 4, np.float16)]
+
+    for _ in range(3):
+        with pytest.warns(UserWarning, match="Gradients do not exist"):
+            opt_o.minimize(fn, ours)
+        with pytest.warns(UserWarning, match="Gradients do not exist"):
+            opt_t.minimize(fn, theirs)
+    assert _launched(FULL, "lsc_mt_sgd") - launched == 3 * 2  # two gradient dtypes
+    assert all(same(a, b) for a, b in zip(ours, theirs, strict=True))
+    assert np.all(ours[1] == 1.0)
+    with pytest.raises(ValueError, match="No gradients provided for any variable"):
+        opt_o.minimize(lambda s: (0.0, [None, None, None]), ours)
+
+
 def test_other_variable_dtypes_and_clipping_take_the_elementwise_path():
     launched = _launched(FULL, "lsc_mt_sgd")
     w16, w64 = np.ones(4, np.float16), np.ones(4, np.float64)

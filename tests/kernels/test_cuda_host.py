@@ -299,6 +299,24 @@ def test_packed_arguments_are_the_plan_laid_out_as_the_structs(sizes, codes, dep
     assert np.array_equal(args, np.array(want_rows).reshape(args.shape))
 
 
+def test_launch_params_point_at_each_struct_its_chunk_and_the_call_words():
+    from lscore import kernels
+
+    args, specs = kernels.pack_launches([1] * 5, [9] * 5, list(range(5)), 8, 2, 3, 1, 2, 3, 56)
+    assert len(specs) == 4 and args.shape == (4, 64)
+    rows, base = kernels.launch_params(args, 56, 1000, 3)
+    assert base == rows.ctypes.data and rows.dtype == np.uint64 and rows.shape == (4, 5)
+    starts = args.ctypes.data + 64 * np.arange(4, dtype=np.uint64)
+    assert np.array_equal(rows[:, 0], starts) and np.array_equal(rows[:, 1], starts + 56)
+    assert np.array_equal(rows[:, 2:], np.tile(np.array([1000, 1008, 1016], np.uint64), (4, 1)))
+    # the chunk each row's second pointer names
+    assert all(args[k, 56:].view(np.int64)[0] == 8 for k in range(4))
+    with pytest.raises(ValueError, match="meta_size"):
+        kernels.launch_params(args, 57, 0, 1)
+    with pytest.raises(ValueError, match="uint8 matrix"):
+        kernels.launch_params(args.view(np.uint16), 8, 0, 1)
+
+
 def test_packing_refuses_what_the_structs_cannot_hold():
     from lscore import kernels
 
