@@ -55,7 +55,6 @@ def pack_launches(
     meta_blocks: int,
     meta_size: int,
 ) -> tuple[np.ndarray, list[tuple[int, int]]]: ...
-
 def launch_params(
     arguments: np.ndarray, meta_size: int, words: int, nwords: int
 ) -> tuple[np.ndarray, int]: ...
