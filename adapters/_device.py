@@ -324,7 +324,10 @@ class Gated(_arrays.ArrayOptimizer):
     ) -> int:
         """Launch the fused kernels; `live`: they read the hyperparameters from this
         optimizer's device array (``_hyper_ptr``) instead of by value."""
-        head, tail, own = self._fused_args(count_ptr)
+        if check:  # the check reads no hyperparameter
+            head, tail, own = (), (), self._fused_flags()
+        else:
+            head, tail, own = self._fused_args(count_ptr)
         flags |= own | (FLAGS["CHECK"] if check else 0)
         return self.fused_launcher().launch(
             self._kind,
@@ -340,6 +343,12 @@ class Gated(_arrays.ArrayOptimizer):
         )
 
     def _fused_args(self, count_ptr: int) -> tuple[tuple, tuple, int]:
+        """(the kernel's scalars between ``chunk`` and ``flags``, Adam's tail, this
+        optimizer's variant flags): ``FusedLauncher.launch``'s `head`, `tail` and flags."""
+        raise NotImplementedError
+
+    def _fused_flags(self) -> int:
+        """The flag bits that pick this optimizer's kernel variant."""
         raise NotImplementedError
 
     def _hyper_values(self) -> np.ndarray:
@@ -359,10 +368,11 @@ class Gated(_arrays.ArrayOptimizer):
                 self._backend.capturing(), "uploading the optimizer's hyperparameters", _ONE_STEP
             )
             values = self._hyper_values()
-            entry = self._hyper[device] = [backend.to_device(values), values.tobytes()]
+            arr = backend.to_device(values)
+            entry = self._hyper[device] = [arr, values.tobytes(), backend.ptr(arr)]
         else:
             self._put_hyper(device)
-        return backend.ptr(entry[0])
+        return entry[2]
 
     def _put_hyper(self, device: int) -> None:
         """Write the hyperparameters into `device`'s array if they changed: a copy ordered
@@ -419,11 +429,13 @@ class SGD(Gated, _arrays.SGD):
             [self._learning_rate, self.momentum, 1.0, self.weight_decay or 0.0], np.float32
         )
 
-    def _fused_args(self, count_ptr: int) -> Any:
-        own = (FLAGS["SLOT"] if self.momentum != 0 else 0) | (
+    def _fused_flags(self) -> int:
+        return (FLAGS["SLOT"] if self.momentum != 0 else 0) | (
             FLAGS["NESTEROV"] if self.nesterov else 0
         )
-        return tuple(self._hyper_values()), (), own
+
+    def _fused_args(self, count_ptr: int) -> Any:
+        return tuple(self._hyper_values()), (), self._fused_flags()
 
 
 class Adam(Gated, _arrays.Adam):
@@ -454,9 +466,13 @@ class Adam(Gated, _arrays.Adam):
             self._bias = (betas, self.fused_launcher().backend.to_device(table), last)
         return self._bias
 
+    def _fused_flags(self) -> int:
+        return FLAGS["AMSGRAD"] if self.amsgrad else 0
+
     def _fused_args(self, count_ptr: int) -> Any:
         t = np.float32
         tail = (np.uint64(0), np.uint64(0), np.int64(0))
+        alpha = t(0)  # with the device counter the kernel takes alpha from the table
         if count_ptr:
             _, table, last = self._bias_table()
             tail = (
@@ -464,9 +480,10 @@ class Adam(Gated, _arrays.Adam):
                 np.uint64(count_ptr),
                 np.int64(last),
             )
+        else:
+            alpha = t(self._alpha(t))
         lr, c1, c2, eps, wd, _ = self._hyper_values()
-        head = (t(self._alpha(t)), c1, c2, eps, lr, wd)
-        return head, tail, FLAGS["AMSGRAD"] if self.amsgrad else 0
+        return (alpha, c1, c2, eps, lr, wd), tail, self._fused_flags()
 
     def _hyper_values(self) -> np.ndarray:
         # alpha 0: the live (sync-free) step passes the device step counter, and the kernel
