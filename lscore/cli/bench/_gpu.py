@@ -119,11 +119,14 @@ class NullBackend:
     Everything up to the launch runs as on a GPU; ``launches`` counts the
     launches, ``syncs`` the reads of the flag (the one synchronisation) and
     ``uploads`` the host-to-device copies (each a synchronisation on a GPU).
+    `large_kernel_params`: the launches carry 32 KB of arguments, as on a CUDA
+    12.1+ driver with an sm_70+ device (``CupyBackend``'s test), or 4 KB.
     """
 
     xp = np
 
-    def __init__(self, device: int = 0):
+    def __init__(self, device: int = 0, *, large_kernel_params: bool = True):
+        self.large_kernel_params = large_kernel_params
         self.device = device
         self.launches = 0
         self.syncs = 0
