@@ -150,6 +150,7 @@ cdef class DeviceTable:
     cdef DevicePlan _empty
     cdef PyObject **_buf
     cdef Py_ssize_t _n, _cap
+    cdef object _attr           # plan(attr=...): the attribute read from each leaf
     cdef readonly Py_ssize_t hits, misses
 
     def __cinit__(self):
@@ -188,14 +189,17 @@ cdef class DeviceTable:
         """Forget every cached plan."""
         self._plans.clear()
 
-    def plan(self, arrays):
+    def plan(self, arrays, attr=None):
         """The DevicePlan of `arrays` (nested lists, tuples and dicts; None skipped).
 
         Reused when the same arrays come again in the same order, each with
         the address, size and dtype it had; built anew (and cached)
         otherwise.  Raises TypeError for a leaf that is not an array of the
         type, or of a dtype without a kernel, and ValueError for a non-dense
-        array, before anything is launched.
+        array, before anything is launched.  With `attr` (a str), the arrays
+        are that attribute of each leaf, read in the walk, and a leaf whose
+        attribute is None is skipped (``attr="grad"``: the gradients of
+        parameters).
         """
         cdef visitor v
         cdef Py_ssize_t i
@@ -204,6 +208,9 @@ cdef class DeviceTable:
         v.reserve = _collect_reserve
         v.ctx = <void *>self
         self._n = 0
+        if attr is not None and not isinstance(attr, str):
+            raise TypeError(f"attr must be a str or None, got {type(attr).__name__}")
+        self._attr = attr
         try:
             walk(arrays, &v)
             if self._n == 0:
@@ -228,6 +235,7 @@ cdef class DeviceTable:
                 self._plans[key] = p
             return p
         finally:
+            self._attr = None
             for i in range(self._n):
                 Py_XDECREF(self._buf[i])
             self._n = 0
@@ -528,7 +536,12 @@ cdef bint _self_overlapping(shape, strides, x) except -1:
 
 
 cdef int _collect_leaf(void *ctx, object x) except -1:
-    return (<DeviceTable>ctx)._push(x)
+    cdef DeviceTable t = <DeviceTable>ctx
+    if t._attr is not None:
+        x = PyObject_GetAttr(x, t._attr)
+        if x is None:
+            return 0
+    return t._push(x)
 
 
 cdef int _collect_reserve(void *ctx, Py_ssize_t n) except -1:

@@ -120,7 +120,7 @@ class Kernels:
         when one of them is not a dense C-contiguous floating tensor of exactly
         ``torch.Tensor`` on this device type: torch's path then."""
         try:
-            return self.table.plan([q.grad for q in params])
+            return self.table.plan(params, attr="grad")
         except (TypeError, ValueError):
             return None
 

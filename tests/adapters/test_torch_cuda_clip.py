@@ -176,6 +176,28 @@ def test_the_compiled_walk_declines_what_the_kernels_cannot_take():
         assert cpu.plan([dense, other]) is None, grad
 
 
+def test_the_walk_reads_each_parameters_grad_itself():
+    """plan(params, attr="grad") is the plan of [p.grad for p in params] (read in the
+    compiled walk, None skipped), cached by the gradients, not the parameters."""
+    table = _cuda_clip.Kernels("cpu", None).table
+    ps = [torch.nn.Parameter(torch.zeros(n)) for n in (3, 5, 2)]
+    for p in ps[::2]:
+        p.grad = torch.ones(p.shape)
+    plan = table.plan(ps, attr="grad")
+    assert plan.narrays == 2
+    assert plan.leaf_addresses.tolist() == [ps[0].grad.data_ptr(), ps[2].grad.data_ptr()]
+    assert table.plan([p.grad for p in ps]) is plan  # the same gradients: the cached plan
+    ps[0].grad = torch.ones(3)  # a new gradient: a new plan
+    assert table.plan(ps, attr="grad") is not plan
+    # nested, every gradient None: the empty plan
+    assert table.plan([[ps[1]], {"k": ps[1]}], attr="grad") is table.plan([])
+    with pytest.raises(TypeError, match="attr must be a str"):
+        table.plan(ps, attr=1)
+    with pytest.raises(AttributeError):
+        table.plan(ps, attr="no_such_attribute")
+    assert table.plan([p.grad for p in ps[::2]]).narrays == 2  # the walk is whole again
+
+
 @needs_gxx
 def test_gradients_at_new_addresses_cost_a_walk_not_an_upload_or_a_read(monkeypatch):
     """Each step's model has new gradient tensors (as zero_grad(set_to_none=True) gives):
