@@ -656,9 +656,11 @@ def pack_launches(codes, counts, records, int64_t chunk, int64_t max_tensors,
         raise ValueError(f"{ra.shape[0]} records for {nt_all} tensors")
     if width > depth:
         raise ValueError(f"a record holds at most {depth} addresses, got {width}")
-    if chunk < 1 or max_tensors < 1 or max_blocks < 1 or depth < 1:
-        raise ValueError(f"chunk, max_tensors, max_blocks and depth must be >= 1, got "
-                         f"{chunk}, {max_tensors}, {max_blocks}, {depth}")
+    if (chunk < 1 or max_tensors < 1 or max_blocks < 1 or depth < 1 or meta_tensors < 1
+            or meta_blocks < 1):
+        raise ValueError(f"chunk, max_tensors, max_blocks, depth, meta_tensors and "
+                         f"meta_blocks must be >= 1, got {chunk}, {max_tensors}, "
+                         f"{max_blocks}, {depth}, {meta_tensors}, {meta_blocks}")
     max_tensors = min(max_tensors, meta_tensors)
     max_blocks = min(max_blocks, meta_blocks)
     if meta_tensors > (1 << 16):
@@ -677,7 +679,7 @@ def pack_launches(codes, counts, records, int64_t chunk, int64_t max_tensors,
         n = N[t]
         if n < 0:
             raise ValueError(f"negative size {n}")
-        if (n + chunk - 1) // chunk >= (<int64_t>1 << 31):
+        if n and (n - 1) // chunk + 1 >= (<int64_t>1 << 31):
             raise ValueError(f"a tensor of {n} elements needs more than 2**31 chunks of {chunk}")
         g = 0
         while g < ng and gcode[g] != C[t]:
@@ -692,7 +694,7 @@ def pack_launches(codes, counts, records, int64_t chunk, int64_t max_tensors,
         for t in range(nt_all):
             if C[t] != gcode[g]:
                 continue
-            nch = (N[t] + chunk - 1) // chunk
+            nch = (N[t] - 1) // chunk + 1 if N[t] else 0
             c = 0
             while c < nch:
                 if ncur == max_tensors or nblk == max_blocks:
@@ -722,7 +724,7 @@ def pack_launches(codes, counts, records, int64_t chunk, int64_t max_tensors,
             if C[t] != gcode[g]:
                 continue
             n = N[t]
-            nch = (n + chunk - 1) // chunk
+            nch = (n - 1) // chunk + 1 if n else 0
             c = 0
             while c < nch:
                 if ncur == max_tensors or nblk == max_blocks:

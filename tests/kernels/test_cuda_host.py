@@ -328,6 +328,9 @@ def test_packing_refuses_what_the_structs_cannot_hold():
         (3, 0, "chunk"),
         (9, 8, "cannot hold"),
         (2, [[5], [6]], "2 records for 1 tensors"),
+        (7, 0, "meta_tensors"),
+        (8, 0, "meta_blocks"),
+        (1, [2**62], "2\\*\\*31 chunks"),
     ):
         args = list(ok)
         args[k] = bad
