@@ -620,6 +620,12 @@ cdef int64_t _flush(uint64_t *T, int64_t offset, uint64_t *CP, uint64_t *CS, uin
     return offset + 2 * nt + nb
 
 
+# where pack_launches writes in a row: the struct, then the chunk
+ctypedef struct lsc_pack_shape:
+    Py_ssize_t width, depth_tensors      # addresses per record; the struct's tensor slots
+    Py_ssize_t size_at, chunk_at, tensor_at, meta_size, row   # byte offsets, row size
+
+
 def pack_launches(codes, counts, records, int64_t chunk, int64_t max_tensors,
                   int64_t max_blocks, int depth, int64_t meta_tensors, int64_t meta_blocks,
                   Py_ssize_t meta_size):
@@ -671,10 +677,10 @@ def pack_launches(codes, counts, records, int64_t chunk, int64_t max_tensors,
     cdef int64_t *C = <int64_t *>cnp.PyArray_DATA(ca)
     cdef int64_t *N = <int64_t *>cnp.PyArray_DATA(na)
     cdef uint64_t *R = <uint64_t *>cnp.PyArray_DATA(ra)
-    cdef Py_ssize_t t, g, ng = 0, nl = 0
-    cdef int64_t n, nch, c, take, ncur, nblk, k
+    cdef Py_ssize_t t, g, ng = 0
+    cdef int64_t n
     cdef int64_t gcode[64]
-    # pass 1: the groups, the checks, and how many launches
+    # the groups, in first-seen order, and the checks
     for t in range(nt_all):
         n = N[t]
         if n < 0:
@@ -689,66 +695,76 @@ def pack_launches(codes, counts, records, int64_t chunk, int64_t max_tensors,
                 raise ValueError("more than 64 dtype codes in one list")
             gcode[ng] = C[t]
             ng += 1
+    cdef lsc_pack_shape sh
+    sh.width, sh.depth_tensors = width, meta_tensors
+    sh.size_at = depth * 8 * meta_tensors
+    sh.chunk_at = sh.size_at + 8 * meta_tensors
+    sh.tensor_at = sh.chunk_at + 4 * meta_blocks
+    sh.meta_size, sh.row = meta_size, meta_size + 8
+    # one split, run twice: to count the launches, then to write them
+    cdef Py_ssize_t nl = 0
     for g in range(ng):
-        ncur = nblk = 0
-        for t in range(nt_all):
-            if C[t] != gcode[g]:
-                continue
-            nch = (N[t] - 1) // chunk + 1 if N[t] else 0
-            c = 0
-            while c < nch:
-                if ncur == max_tensors or nblk == max_blocks:
-                    nl += 1
-                    ncur = nblk = 0
-                take = min(nch - c, max_blocks - nblk)
-                ncur += 1
-                nblk += take
-                c += take
-        if nblk:
-            nl += 1
-    # pass 2: write the argument blocks
-    cdef Py_ssize_t row = meta_size + 8
-    cdef cnp.ndarray out = np.zeros((nl, row), np.uint8)
-    cdef char *base = <char *>cnp.PyArray_DATA(out)
-    cdef char *cur = base
-    cdef Py_ssize_t size_at = depth * 8 * meta_tensors
-    cdef Py_ssize_t chunk_at = size_at + 8 * meta_tensors
-    cdef Py_ssize_t tensor_at = chunk_at + 4 * meta_blocks
-    cdef int32_t ci
-    cdef uint16_t ti
-    cdef Py_ssize_t d
+        nl += _split_group(gcode[g], C, N, R, nt_all, chunk, max_tensors, max_blocks, &sh,
+                           NULL, None)
+    cdef cnp.ndarray out = np.zeros((nl, sh.row), np.uint8)
+    cdef char *cur = <char *>cnp.PyArray_DATA(out)
     specs = []
     for g in range(ng):
-        ncur = nblk = 0
-        for t in range(nt_all):
-            if C[t] != gcode[g]:
-                continue
-            n = N[t]
-            nch = (n - 1) // chunk + 1 if n else 0
-            c = 0
-            while c < nch:
-                if ncur == max_tensors or nblk == max_blocks:
-                    memcpy(cur + meta_size, &chunk, 8)
-                    specs.append((gcode[g], nblk))
-                    cur += row
-                    ncur = nblk = 0
-                take = min(nch - c, max_blocks - nblk)
-                for d in range(width):
-                    memcpy(cur + 8 * (d * meta_tensors + ncur), &R[t * width + d], 8)
-                memcpy(cur + size_at + 8 * ncur, &n, 8)
+        cur += sh.row * _split_group(gcode[g], C, N, R, nt_all, chunk, max_tensors,
+                                     max_blocks, &sh, cur, specs)
+    return out, specs
+
+
+cdef Py_ssize_t _split_group(int64_t code, const int64_t *C, const int64_t *N,
+                             const uint64_t *R, Py_ssize_t nt_all, int64_t chunk,
+                             int64_t max_tensors, int64_t max_blocks,
+                             const lsc_pack_shape *sh, char *cur, list specs) except -1:
+    """Split the tensors of dtype `code` into launches (plan_launches' rule); returns how
+    many.  With `cur` (the first of as many zeroed rows), each launch's struct and chunk
+    are written into its row and (code, blocks) appended to `specs`; NULL only counts."""
+    cdef Py_ssize_t t, d, nl = 0
+    cdef int64_t n, nch, c, take, k, ncur = 0, nblk = 0
+    cdef int32_t ci
+    cdef uint16_t ti
+    for t in range(nt_all):
+        if C[t] != code:
+            continue
+        n = N[t]
+        nch = (n - 1) // chunk + 1 if n else 0
+        c = 0
+        while c < nch:
+            if ncur == max_tensors or nblk == max_blocks:
+                _close_launch(code, nblk, chunk, sh, cur, specs)
+                if cur != NULL:
+                    cur += sh.row
+                nl += 1
+                ncur = nblk = 0
+            take = min(nch - c, max_blocks - nblk)
+            if cur != NULL:
+                for d in range(sh.width):
+                    memcpy(cur + 8 * (d * sh.depth_tensors + ncur), &R[t * sh.width + d], 8)
+                memcpy(cur + sh.size_at + 8 * ncur, &n, 8)
                 ti = <uint16_t>ncur
                 for k in range(take):
                     ci = <int32_t>(c + k)
-                    memcpy(cur + chunk_at + 4 * (nblk + k), &ci, 4)
-                    memcpy(cur + tensor_at + 2 * (nblk + k), &ti, 2)
-                ncur += 1
-                nblk += take
-                c += take
-        if nblk:
-            memcpy(cur + meta_size, &chunk, 8)
-            specs.append((gcode[g], nblk))
-            cur += row
-    return out, specs
+                    memcpy(cur + sh.chunk_at + 4 * (nblk + k), &ci, 4)
+                    memcpy(cur + sh.tensor_at + 2 * (nblk + k), &ti, 2)
+            ncur += 1
+            nblk += take
+            c += take
+    if nblk:
+        _close_launch(code, nblk, chunk, sh, cur, specs)
+        nl += 1
+    return nl
+
+
+cdef int _close_launch(int64_t code, int64_t nblk, int64_t chunk, const lsc_pack_shape *sh,
+                       char *cur, list specs) except -1:
+    """A launch is full or its group ends: its chunk after the struct, and its spec."""
+    if cur != NULL:
+        memcpy(cur + sh.meta_size, &chunk, 8)
+        specs.append((code, nblk))
+    return 0
 
 
 def launch_params(cnp.ndarray arguments, Py_ssize_t meta_size, uint64_t words,
