@@ -295,7 +295,7 @@ class Gated(_arrays.ArrayOptimizer):
         if len(gplan.leaf_codes) != len(gs) or set(map(type, gs)) != {self._xp.ndarray}:
             return False
         if not (
-            all(_FUSED_CODES[c] for c in gplan.codes)  # each dtype code once
+            all(c in GRAD_CODES for c in gplan.codes)  # each dtype code once
             and gplan.leaf_c_contiguous.all()
             and (gplan.leaf_counts == vplan.leaf_counts).all()  # one length: len(gs) each
             and list(map(_shape, gs)) == shapes
@@ -406,9 +406,6 @@ class Gated(_arrays.ArrayOptimizer):
         return super().apply_gradients(pairs)
 
 
-# whether the fused kernels read gradients of a dtype code, by code (leaf codes are int8 >= 0)
-_FUSED_CODES = np.zeros(128, bool)
-_FUSED_CODES[[int(c) for c in GRAD_CODES]] = True
 _shape = operator.attrgetter("shape")
 # what a schedule may set between replays of a captured sync-free step (Adam's betas are not
 # live: their bias-correction table is captured with the step)
