@@ -20,8 +20,10 @@ class DevicePlan:
     leaf_devices: np.ndarray
     leaf_c_contiguous: np.ndarray
     leaf_writable: np.ndarray
+    leaf_type: type | None
     write_error: str | None
     payload: dict
+    def same_shapes(self, other: DevicePlan) -> bool | None: ...
 
 class DeviceTable:
     hits: int

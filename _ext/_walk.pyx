@@ -21,7 +21,7 @@ from cpython.ref cimport PyObject, PyTypeObject, Py_TYPE, Py_INCREF, Py_XDECREF
 from cpython.dict cimport PyDict_GetItem
 from cpython.weakref cimport PyWeakref_NewRef, PyWeakref_GET_OBJECT
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, intptr_t, uint64_t, uintptr_t
 
@@ -34,15 +34,20 @@ import numpy as np
 cnp.import_array()
 
 
-READ_NUMPY = 1         # numpy.ndarray, through NumPy's C API
-READ_CUDA_ARRAY = 2    # CuPy's attributes: data.ptr, data.device_id, size, dtype, flags
-READ_DLPACK = 3        # the type's DLPack C exchange API (exactly that type), and .dtype
+# the readers, as C constants for the walk (a module global is a dict lookup per use)
+cdef enum:
+    R_NUMPY = 1         # numpy.ndarray, through NumPy's C API
+    R_CUDA_ARRAY = 2    # CuPy's attributes: data.ptr, data.device_id, size, dtype, flags
+    R_DLPACK = 3        # the type's DLPack C exchange API (exactly that type), and .dtype
+READ_NUMPY = R_NUMPY
+READ_CUDA_ARRAY = R_CUDA_ARRAY
+READ_DLPACK = R_DLPACK
 # DLPack's device types of the devices READ_DLPACK reads, by torch's device type names
 DLPACK_DEVICES = {"cpu": LSC_DL_CPU, "cuda": LSC_DL_CUDA}
 
 # attribute names read per array, interned once
 cdef object _A_DATA = "data", _A_PTR = "ptr", _A_SIZE = "size", _A_DTYPE = "dtype"
-cdef object _A_DEVICE = "device_id", _A_FLAGS = "flags"
+cdef object _A_DEVICE = "device_id", _A_FLAGS = "flags", _A_SHAPE = "shape"
 # CuPy's own contiguity fields (readonly C fields of its ndarray since v1): read
 # without building the Flags object that ``flags`` makes on every read
 cdef object _A_C_CONTIGUOUS = "_c_contiguous", _A_F_CONTIGUOUS = "_f_contiguous"
@@ -77,17 +82,20 @@ cdef class DevicePlan:
     included, each once in first-seen order; leaf_addresses, leaf_counts,
     leaf_codes, leaf_devices, leaf_c_contiguous, leaf_writable: every array's,
     in flattened order (for callers that pair arrays, such as the fused
-    optimizers' gradients and variables); write_error: why unscale_ must refuse these arrays
-    (read-only, sharing memory), or None; payload: a dict the launcher
-    keeps its device tables in, freed with the plan.
+    optimizers' gradients and variables); leaf_type: the type every array
+    has, or None when they have several; write_error: why unscale_ must
+    refuse these arrays (read-only, sharing memory), or None; payload: a
+    dict the launcher keeps its device tables in, freed with the plan.
     """
     cdef leaf_t *leaves
+    cdef int _kind              # the table's reader: how same_shapes reads a shape
     cdef readonly Py_ssize_t narrays
     cdef readonly list groups
     cdef readonly tuple devices
     cdef readonly tuple codes
     cdef readonly object leaf_addresses, leaf_counts, leaf_codes, leaf_devices
     cdef readonly object leaf_c_contiguous, leaf_writable
+    cdef readonly object leaf_type
     cdef readonly object write_error
     cdef public dict payload
     cdef list _keep
@@ -98,9 +106,47 @@ cdef class DevicePlan:
         self.groups = []
         self.devices = ()
         self.codes = ()
+        self.leaf_type = None
         self.write_error = None
         self.payload = {}
         self._keep = []
+        self._kind = 0
+
+    def same_shapes(self, DevicePlan other):
+        """Whether each array of this plan has the shape of the array at its place in
+        `other` (``a.shape == b.shape`` for every pair; False for lists of different
+        lengths), read from the arrays now; None when it cannot tell: a plan that
+        keeps no arrays (one took no weak reference) or an array gone since.
+
+        The fused optimizers' pairing of gradients with variables, without a
+        Python loop over the pairs.
+        """
+        cdef Py_ssize_t i
+        cdef PyObject *a
+        cdef PyObject *b
+        cdef int nd
+        cdef Py_ssize_t n = len(self.leaf_codes) if self.leaf_codes is not None else 0
+        if n != (len(other.leaf_codes) if other.leaf_codes is not None else 0):
+            return False
+        if n == 0:
+            return True
+        if self.leaves == NULL or other.leaves == NULL:
+            return None
+        for i in range(n):
+            a = PyWeakref_GET_OBJECT(<object>self.leaves[i].ref)
+            b = PyWeakref_GET_OBJECT(<object>other.leaves[i].ref)
+            if a == <PyObject *>None or b == <PyObject *>None:
+                return None
+            if self._kind == R_NUMPY and other._kind == R_NUMPY:
+                nd = cnp.PyArray_NDIM(<cnp.ndarray>a)
+                if nd != cnp.PyArray_NDIM(<cnp.ndarray>b) or (nd and memcmp(
+                        cnp.PyArray_DIMS(<cnp.ndarray>a), cnp.PyArray_DIMS(<cnp.ndarray>b),
+                        nd * sizeof(cnp.npy_intp)) != 0):
+                    return False
+            elif (PyObject_GetAttr(<object>a, _A_SHAPE)
+                    != PyObject_GetAttr(<object>b, _A_SHAPE)):
+                return False
+        return True
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -264,7 +310,7 @@ cdef class DeviceTable:
         cdef object data, dt
         if p.narrays != self._n:
             return False
-        if self._kind == READ_NUMPY:
+        if self._kind == R_NUMPY:
             for i in range(self._n):
                 x = self._buf[i]
                 e = &p.leaves[i]
@@ -274,7 +320,7 @@ cdef class DeviceTable:
                         or <PyObject *>cnp.PyArray_DESCR(<cnp.ndarray>x) != e.dtype
                         or (cnp.PyArray_FLAGS(<cnp.ndarray>x) & _NP_KEEP) != e.flags):
                     return False
-        elif self._kind == READ_DLPACK:
+        elif self._kind == R_DLPACK:
             for i in range(self._n):
                 x = self._buf[i]
                 e = &p.leaves[i]
@@ -366,7 +412,8 @@ cdef class DeviceTable:
         cdef int64_t *LD = <int64_t *>cnp.PyArray_DATA(ldevs)
         cdef cnp.npy_bool *LCC = <cnp.npy_bool *>cnp.PyArray_DATA(lc)
         cdef cnp.npy_bool *LW = <cnp.npy_bool *>cnp.PyArray_DATA(lw)
-        cdef bint c_contiguous
+        cdef bint c_contiguous, one_type = True
+        cdef PyTypeObject *first_type = NULL
         lsc_order_init(&order)
         p.leaves = <leaf_t *>PyMem_Malloc(m * sizeof(leaf_t))
         if p.leaves == NULL:
@@ -374,11 +421,15 @@ cdef class DeviceTable:
         p.narrays = 0
         for i in range(m):
             x = <object>self._buf[i]
+            if i == 0:
+                first_type = Py_TYPE(x)
+            elif Py_TYPE(x) != first_type:
+                one_type = False
             if not isinstance(x, self._type):
                 ty = type(x)
                 raise TypeError(f"unsupported array type {ty.__module__}.{ty.__qualname__}; "
                                 f"expected {self._expected}")
-            if self._kind == READ_NUMPY:
+            if self._kind == R_NUMPY:
                 if not cnp.PyArray_Check(x):
                     raise TypeError(f"DeviceTable(READ_NUMPY) needs numpy arrays, got {type(x)}")
                 ptr = <uint64_t><uintptr_t>cnp.PyArray_DATA(<cnp.ndarray>x)
@@ -389,7 +440,7 @@ cdef class DeviceTable:
                 c_contiguous = (flags & cnp.NPY_ARRAY_C_CONTIGUOUS) != 0
                 writable = (flags & cnp.NPY_ARRAY_WRITEABLE) != 0
                 dev = self._device
-            elif self._kind == READ_DLPACK:
+            elif self._kind == R_DLPACK:
                 ptr, n, dev = self._read_dlpack(x, i, &dense)
                 c_contiguous = dense
                 dt = PyObject_GetAttr(x, _A_DTYPE)
@@ -413,7 +464,7 @@ cdef class DeviceTable:
             if code < 0:
                 raise TypeError(f"unsupported dtype {dt}; supported: float16, bfloat16, "
                                 "float32, float64 and integer/bool arrays")
-            if not dense and self._kind == READ_DLPACK:
+            if not dense and self._kind == R_DLPACK:
                 raise ValueError(f"the GPU kernels need C-contiguous tensors; array {i} (in "
                                  "flattened order) is not: pass .contiguous()")
             if not dense:
@@ -466,6 +517,8 @@ cdef class DeviceTable:
         p.codes = tuple(codes)
         p.leaf_addresses, p.leaf_counts, p.leaf_codes = ptrs, sizes, lcodes
         p.leaf_devices, p.leaf_c_contiguous, p.leaf_writable = ldevs, lc, lw
+        p.leaf_type = <object>first_type if one_type and m else None
+        p._kind = self._kind
         for i in range(m):
             if p.leaves[i].ref == NULL:       # one uncacheable array: the plan is not kept
                 for j in range(m):

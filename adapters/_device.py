@@ -292,14 +292,16 @@ class Gated(_arrays.ArrayOptimizer):
         module's own type, float16, bfloat16 or float32, C-contiguous, of the variables'
         shapes, on the current device; read from the walked plans, vectorised."""
         dev = self._backend.current_device()
-        if len(gplan.leaf_codes) != len(gs) or set(map(type, gs)) != {self._xp.ndarray}:
+        if len(gplan.leaf_codes) != len(gs) or gplan.leaf_type is not self._xp.ndarray:
             return False
         if not (
             all(c in GRAD_CODES for c in gplan.codes)  # each dtype code once
             and gplan.leaf_c_contiguous.all()
             and (gplan.leaf_counts == vplan.leaf_counts).all()  # one length: len(gs) each
-            and list(map(_shape, gs)) == shapes
         ):
+            return False
+        same = gplan.same_shapes(vplan)  # compiled; None: a plan that keeps no arrays
+        if not (same if same is not None else list(map(_shape, gs)) == shapes):
             return False
         if self._backend.kernels.kind == kernels.READ_CUDA_ARRAY:  # the walk read each device
             return bool((gplan.leaf_devices == dev).all())

@@ -189,6 +189,20 @@ def test_arrays_freed_and_reallocated_are_planned_again():
     assert np.all(other.host == 4.0 / 16)
 
 
+class _UnrefArray:
+    """A CuPy-shaped array that takes no weak reference (its plans are not kept)."""
+
+    __slots__ = ("data", "dtype", "flags", "host", "shape", "size", "strides")
+
+    def __init__(self, host):
+        import types
+
+        self.host, self.size, self.dtype = host, host.size, host.dtype
+        self.shape, self.strides = host.shape, host.strides
+        self.data = types.SimpleNamespace(ptr=host.ctypes.data, device_id=0, mem=host)
+        self.flags = types.SimpleNamespace(c_contiguous=True, f_contiguous=True, owndata=False)
+
+
 class _FlagsOnlyArray:
     """A CuPy-shaped array without CuPy's ``_c_contiguous`` / ``_f_contiguous`` fields."""
 
@@ -231,6 +245,51 @@ def test_contiguity_comes_from_cupys_fields_else_flags():
             continue
         assert bool(flat.table.plan([b]).leaf_c_contiguous[0]) == c
         assert flat.unscale_([b], 0.5) and np.all(b.host == 2.0)
+
+
+def test_plans_compare_shapes_pair_by_pair_and_name_their_one_type():
+    """``DevicePlan.same_shapes`` compares each array's shape with the array at its place
+    in another plan, read now (the fused optimizers pair gradients with variables this
+    way), and ``leaf_type`` is the type every array has, None for several."""
+    import types
+
+    from helpers.standin import DeviceArray
+    from lscore.cuda import ArrayKernels
+
+    class Sub(DeviceArray):
+        __slots__ = ()
+
+    xp = types.SimpleNamespace(__name__="cupy", ndarray=DeviceArray)
+    for table in (
+        KERNELS.table,  # READ_NUMPY: NumPy's dimensions
+        ArrayKernels(xp, lambda dev: CountingBackend(), array_type=DeviceArray).table,
+    ):
+        wrap = np.asarray if table is KERNELS.table else DeviceArray
+        v = [wrap(np.zeros(s, np.float32)) for s in ((2, 3), (6,), (), (1, 4))]
+        same = [wrap(np.ones(s, np.float16)) for s in ((2, 3), (6,), (), (1, 4))]
+        swapped = [wrap(np.ones(s, np.float32)) for s in ((3, 2), (6,), (), (1, 4))]
+        flat = [wrap(np.ones(s, np.float32)) for s in ((2, 3), (6,), (), (4,))]
+        vp = table.plan(v)
+        assert table.plan(same).same_shapes(vp) is True
+        assert table.plan(swapped).same_shapes(vp) is False
+        assert table.plan(flat).same_shapes(vp) is False
+        assert table.plan(v[:3]).same_shapes(vp) is False  # another length
+        assert vp.leaf_type is type(v[0])
+    sub = ArrayKernels(xp, lambda dev: CountingBackend(), array_type=DeviceArray).table
+    mixed = [DeviceArray(np.zeros(2, np.float32)), Sub(np.zeros(2, np.float32))]
+    assert sub.plan(mixed).leaf_type is None
+    assert sub.plan(mixed[1:]).leaf_type is Sub
+    # a shape changed in place after the plan: read now, not remembered
+    v = [np.zeros(6, np.float32)]
+    g = [np.ones((2, 3), np.float32)]
+    vp, gp = KERNELS.table.plan(v), KERNELS.table.plan(g)
+    assert gp.same_shapes(vp) is False
+    v[0].shape = (2, 3)
+    assert gp.same_shapes(vp) is True
+    # arrays without weak references: the plan keeps none, so it cannot tell
+    unkept = ArrayKernels(xp, lambda dev: CountingBackend(), array_type=_UnrefArray).table
+    a = [_UnrefArray(np.zeros(3, np.float32))]
+    assert unkept.plan(a).same_shapes(unkept.plan(a)) is None
 
 
 @harness

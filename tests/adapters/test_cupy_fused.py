@@ -296,6 +296,31 @@ def test_other_variable_dtypes_and_clipping_take_the_elementwise_path():
     assert _launched(FULL, "lsc_mt_sgd") == launched + 1 and np.all(w == 0.375)
 
 
+@pytest.mark.parametrize("sync_free", [False, True], ids=["default", "sync-free"])
+def test_a_gradient_of_another_shape_is_refused_as_the_numpy_adapter_refuses_it(sync_free):
+    """Same element count, another shape: the fused kernels could read it, but the
+    elementwise rule (a gradient has its variable's shape) decides; nothing is
+    launched or changed, and a matching step after it is fused."""
+    launched = _launched(FULL, "lsc_mt_sgd")
+    ours = [np.ones((2, 3), np.float32), np.ones(4, np.float32)]
+    opt = adapter.LossScaleOptimizer(adapter.SGD(0.5), sync_free=sync_free)
+    for bad in ((3, 2), (6,), (1, 2, 3)):
+        with pytest.raises(ValueError, match="does not match variable shape"):
+            opt.minimize(
+                lambda s, bad=bad: (0.0, [np.ones(bad, np.float32), np.ones(4, np.float32)]), ours
+            )
+        assert all(np.all(w == 1.0) for w in ours)
+    with pytest.raises(ValueError, match="does not match variable shape"):
+        lnp.LossScaleOptimizer(lnp.SGD(0.5)).minimize(
+            lambda s: (0.0, [np.ones((3, 2), np.float32), np.ones(4, np.float32)]),
+            [w.copy() for w in ours],
+        )
+    assert _launched(FULL, "lsc_mt_sgd") == launched
+    opt.minimize(lambda s: (0.0, [np.full((2, 3), s, np.float32), np.full(4, s, np.float32)]), ours)
+    assert _launched(FULL, "lsc_mt_sgd") == launched + 1
+    assert all(np.all(w == 0.5) for w in ours)
+
+
 def test_overlapping_variables_and_empty_lists_keep_the_sequential_semantics():
     base = np.ones(8, np.float32)
     a, b = base[:6], base[2:]  # overlapping views: updated one after the other
