@@ -132,19 +132,27 @@ cdef class DevicePlan:
             return True
         if self.leaves == NULL or other.leaves == NULL:
             return None
+        cdef object shape
         for i in range(n):
             a = PyWeakref_GET_OBJECT(<object>self.leaves[i].ref)
-            b = PyWeakref_GET_OBJECT(<object>other.leaves[i].ref)
-            if a == <PyObject *>None or b == <PyObject *>None:
+            if a == <PyObject *>None:
                 return None
             if self._kind == R_NUMPY and other._kind == R_NUMPY:
+                b = PyWeakref_GET_OBJECT(<object>other.leaves[i].ref)
+                if b == <PyObject *>None:
+                    return None
                 nd = cnp.PyArray_NDIM(<cnp.ndarray>a)
                 if nd != cnp.PyArray_NDIM(<cnp.ndarray>b) or (nd and memcmp(
                         cnp.PyArray_DIMS(<cnp.ndarray>a), cnp.PyArray_DIMS(<cnp.ndarray>b),
                         nd * sizeof(cnp.npy_intp)) != 0):
                     return False
-            elif (PyObject_GetAttr(<object>a, _A_SHAPE)
-                    != PyObject_GetAttr(<object>b, _A_SHAPE)):
+                continue
+            # an attribute read may run Python code: each array is taken when it is read
+            shape = PyObject_GetAttr(<object>a, _A_SHAPE)
+            b = PyWeakref_GET_OBJECT(<object>other.leaves[i].ref)
+            if b == <PyObject *>None:
+                return None
+            if PyObject_GetAttr(<object>b, _A_SHAPE) != shape:
                 return False
         return True
 
