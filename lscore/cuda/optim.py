@@ -178,6 +178,7 @@ class FusedLauncher:
                 f"gradients, not {Code(int(bad[0])).name}"
             )
         r = self.runner
+        size = _opt_meta_dtype(meta).itemsize
         # every launch's argument block (the struct, then the chunk) is a row of `arguments`
         arguments, specs = kernels.pack_launches(
             codes,
@@ -189,9 +190,8 @@ class FusedLauncher:
             depth,
             max_tensors,
             max_blocks,
-            _opt_meta_dtype(meta).itemsize,
+            size,
         )
-        size = _opt_meta_dtype(meta).itemsize
         params = kernels.launch_params(arguments, size, self._call_addr, _MAX_CALL_WORDS)
         hit = FusedPlan(kind, meta, specs, arguments, params)
         with self._lock:
