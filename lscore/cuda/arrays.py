@@ -71,7 +71,7 @@ class ArrayKernels:
     (``kernels.READ_CUDA_ARRAY``: CuPy's attributes; ``kernels.READ_NUMPY``:
     NumPy arrays standing in for device memory on `device`); `config` (a
     ``LaunchConfig``; default: the process's, ``LSCORE_CUDA_LAUNCH``) goes to
-    every launcher, and `limits` (chunk, block, max_tensors, max_blocks)
+    every launcher, and `limits` (chunk, block, opt_block, max_tensors, max_blocks)
     override it with only the kernels' own checks, for the host harness's tiny
     launches.  The walk,
     the grouping by device and dtype and the plan cache are compiled

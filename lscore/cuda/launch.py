@@ -36,7 +36,8 @@ from lscore.cuda.loader import METAS, OPS, TRAITS, kernel_name
 from lscore.dtypes import Code
 
 CHUNK = 65536  #: elements per block
-BLOCK = 512  #: threads per block
+BLOCK = 1024  #: threads per block of the scan kernels (torch and apex use 512; see LaunchConfig)
+OPT_BLOCK = 512  #: threads per block of the fused optimizers
 MAX_TENSORS = 4096  #: tensors per launch
 MAX_BLOCKS = 65535  #: blocks (chunks) per launch
 MARK_LIMIT = 0xFFFFFFFF
@@ -72,17 +73,27 @@ _NORM_INF, _NORM_FIRST, _NORM_LAST = (kernels.NORM_FLAGS[k] for k in ("INF", "FI
 
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
-    """How the scan kernels split their work: elements per block (`chunk`), threads per
-    block (`block`), and the tensors and blocks one launch holds at most.
+    """How the kernels split their work: elements per block (`chunk`), threads per block
+    of the scan kernels (`block`) and of the fused optimizers (`opt_block`), and the
+    tensors and blocks one launch holds at most.
 
-    The defaults are torch's and apex's multi-tensor parameters (chunk 65536,
-    block 512), not yet chosen by a measurement of lscore's own; ``lscore
-    bench --suite gpu-tune`` measures a grid of them on a GPU.  ``str()``
-    gives the form ``LSCORE_CUDA_LAUNCH`` and ``parse`` read.
+    The chunk is torch's and apex's multi-tensor one (65536 elements).  The block
+    (1024 threads, where torch and apex take 512) is what ``lscore bench --suite
+    gpu-tune`` chose on an H200: over its grid of 3 chunks x 4 blocks and six
+    workloads it had the smallest geometric mean of time over each workload's best
+    (1.05, against 1.06 for block 512).  With it, unscale_ over arrays of 1e8
+    float32 and 2e8 float16 or bfloat16 elements ran 1-7% faster than with block
+    512, and over 300 arrays of 64 float32 elements 3-9% slower: a model made of
+    tiny arrays alone may prefer ``LSCORE_CUDA_LAUNCH=block=512``.  The fused
+    optimizers keep 512 threads: on the same H200, a replayed SGD or Adam step over
+    2000 arrays of 4096 elements took 10-12% longer with 1024 (a thread then has a
+    single 16-byte vector of each array to move).  Run that suite on another GPU to
+    choose for it.  ``str()`` gives the form ``LSCORE_CUDA_LAUNCH`` and ``parse`` read.
     """
 
     chunk: int = CHUNK
     block: int = BLOCK
+    opt_block: int = OPT_BLOCK
     max_tensors: int = MAX_TENSORS
     max_blocks: int = MAX_BLOCKS
 
@@ -97,8 +108,10 @@ class LaunchConfig:
                 f"chunk must be a positive multiple of {VECTOR} (the vector "
                 f"width of float16), got {self.chunk}"
             )
-        if not (32 <= self.block <= 1024 and self.block % 32 == 0):
-            raise ValueError(f"block must be a multiple of 32 in [32, 1024], got {self.block}")
+        for name in ("block", "opt_block"):
+            v = getattr(self, name)
+            if not (32 <= v <= 1024 and v % 32 == 0):
+                raise ValueError(f"{name} must be a multiple of 32 in [32, 1024], got {v}")
         # the block table packs the tensor index into 32 bits; a grid's x is below 2**31
         if not 1 <= self.max_tensors <= 0xFFFFFFFF:
             raise ValueError(f"max_tensors must be in [1, 2**32 - 1], got {self.max_tensors}")
@@ -222,8 +235,9 @@ class MultiTensor:
     ``Launches`` (packed kernel arguments, nothing uploaded); ``launch`` enqueues one op over them
     on the current stream and returns the call's mark; ``found(mark)``
     reads the flag back with one synchronisation.  ``run`` does all three
-    for raw tables, with its own plan cache (tests, tools).  Chunk, block and
-    launch limits come from `config` (default: ``launch_config()``).
+    for raw tables, with its own plan cache (tests, tools).  Chunk, blocks and
+    launch limits come from `config` (default: ``launch_config()``); a `block` given
+    without `opt_block` sets both.
     """
 
     def __init__(
@@ -233,6 +247,7 @@ class MultiTensor:
         config: LaunchConfig | None = None,
         chunk: int | None = None,
         block: int | None = None,
+        opt_block: int | None = None,
         max_tensors: int | None = None,
         max_blocks: int | None = None,
         cache_size: int = 16,
@@ -241,15 +256,19 @@ class MultiTensor:
         # kernels' own checks, so the host harness can run tiny chunks and blocks
         cfg = config if config is not None else launch_config()
         chunk = cfg.chunk if chunk is None else chunk
+        if opt_block is None:
+            opt_block = cfg.opt_block if block is None else block
         block = cfg.block if block is None else block
         max_tensors = cfg.max_tensors if max_tensors is None else max_tensors
         max_blocks = cfg.max_blocks if max_blocks is None else max_blocks
-        if block < 1 or chunk % VECTOR:
-            raise ValueError(f"block must be >= 1 and chunk a multiple of 8, got {block}, {chunk}")
+        if min(block, opt_block) < 1 or chunk % VECTOR:
+            raise ValueError(
+                f"blocks must be >= 1 and chunk a multiple of 8, got {block}, {opt_block}, {chunk}"
+            )
         self.backend = backend
         # 32 KB kernel arguments where the backend says the driver and device take them
         self.meta = METAS[1] if getattr(backend, "large_kernel_params", False) else METAS[0]
-        self.chunk, self.block = chunk, block
+        self.chunk, self.block, self.opt_block = chunk, block, opt_block
         self.max_tensors, self.max_blocks = max_tensors, max_blocks
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._cache_size = cache_size

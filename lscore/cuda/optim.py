@@ -264,7 +264,7 @@ class FusedLauncher:
                 fn = self._kernels[name, code, plan.meta, flags] = r.kernel(
                     optim_kernel_name(name, code, plan.meta, flags)
                 )
-            out.append((fn, nb, r.block, base + k * step, waddr, count))
+            out.append((fn, nb, r.opt_block, base + k * step, waddr, count))
         return out, fmt
 
     def _signature(self, args: tuple, size: int) -> tuple:

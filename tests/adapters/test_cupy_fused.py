@@ -10,6 +10,7 @@ last test captures a real CUDA graph and needs a GPU.
 """
 
 import ctypes
+import re
 import shutil
 import types
 import warnings
@@ -30,15 +31,19 @@ from helpers.cuda_host import adapter
 from helpers.cuda_host.adapter import CountingBackend
 
 GRAD_DTYPES = [d for d in FLOAT_DTYPES if d.name in ("float16", "bfloat16", "float32")]
-# small launch limits: chunk edges, tensors split over launches, many launches
-SMALL = adapter.bind(
-    _device.ArrayKernels(
-        np,
-        lambda dev: CountingBackend(),
-        kind=kernels.READ_NUMPY,
-        limits=dict(chunk=16, block=4, max_tensors=3, max_blocks=5),
+
+
+def _bind(**limits):
+    """The adapter bound to a harness device of its own, launching within `limits`."""
+    return adapter.bind(
+        _device.ArrayKernels(
+            np, lambda dev: CountingBackend(), kind=kernels.READ_NUMPY, limits=limits
+        )
     )
-)
+
+
+# small launch limits: chunk edges, tensors split over launches, many launches
+SMALL = _bind(chunk=16, block=4, max_tensors=3, max_blocks=5)
 FULL = adapter.bind(adapter.KERNELS)
 
 OPTIMIZERS = {
@@ -194,6 +199,31 @@ def test_default_mode_fused_matches_numpy_adapter_bitwise(opt, shape, binding):
                 assert got == want, (seed, k)
             p.check((seed, k))
         p.check_scale((seed, "end"))
+
+
+@pytest.mark.parametrize("sync_free", [False, True], ids=["default", "sync_free"])
+def test_the_fused_optimizers_launch_with_their_own_block_size(sync_free):
+    """`opt_block` sizes the fused optimizers' blocks (and their check), `block` the
+    scan kernels': each kernel's block size is the one its own setting names, and
+    the step is still the NumPy adapter's."""
+    split = _bind(chunk=16, block=4, opt_block=8, max_tensors=3)
+    for opt in ("momentum", "adam"):
+        p = Pair(split, OPTIMIZERS[opt], "keras_dynamic", sync_free, [2, 19, 48, 0, 17], 1)
+        for k in range(6):
+            got, want = p.step("minimize" if k % 2 else "apply")
+            if got is not None:
+                assert bool(got) == want, (opt, k)
+            p.check((opt, k))
+    blocks: dict[str, set] = {}  # kernel (unmangled) -> the block sizes it ran with
+    for name, _, block in split[4]._backend.kernels.device(0).backend.launches:
+        blocks.setdefault(re.search(r"lsc_[a-z_]+", name).group(), set()).add(block)
+    fused = {
+        k: v for k, v in blocks.items() if k in ("lsc_mt_sgd", "lsc_mt_adam", "lsc_mt_opt_check")
+    }
+    scans = {k: v for k, v in blocks.items() if k.startswith("lsc_mt_") and k not in fused}
+    assert {"lsc_mt_sgd", "lsc_mt_adam"} <= fused.keys(), blocks
+    assert all(v == {8} for v in fused.values()) and all(v == {4} for v in scans.values()), blocks
+    assert sync_free or scans, blocks  # the default mode's check is a scan kernel
 
 
 def _no_elementwise(monkeypatch):

@@ -7,7 +7,10 @@ its device path.  Both are checked against ``torch.amp.GradScaler``'s
 ``unscale_`` + ``clip_grad_norm_``: the norm within torch's float32 rounding
 (rtol 1e-5; inf-norm exact), the clipped gradients bit for bit torch's
 ``_foreach_mul_`` by the coefficient torch computes from that norm, the
-scale's update and a non-finite step exactly torch's.
+scale's update and a non-finite step exactly torch's.  torch's CUDA unscale kernel
+refuses bfloat16 gradients (NotImplementedError), where lscore's takes them: for
+bfloat16 on a GPU, torch's reference runs its CPU kernels on the same gradients,
+moved to the CPU after the backward pass.
 """
 
 import math
@@ -67,25 +70,39 @@ def _backward(cls, device, seed, dtype, bad=None):
     return model, opt, scaler
 
 
+def _torch_backward(device, seed, dtype, bad=None):
+    """`_backward` for torch's GradScaler, moved to the CPU where its device kernel
+    refuses the dtype: the gradients are the device's, the unscale torch's CPU kernel."""
+    model, opt, scaler = _backward(torch.amp.GradScaler, device, seed, dtype, bad)
+    if device.type == "cuda" and dtype == torch.bfloat16:
+        model.cpu()  # the parameters keep their identity; their gradients move with them
+        scaler = _scaler(torch.amp.GradScaler, torch.device("cpu"))
+        scaler.scale(torch.zeros(()))  # makes the scale tensor (on the CPU)
+    return model, opt, scaler
+
+
 def _step(cls, device, seed, max_norm, norm_type, dtype=torch.float32, bad=None, fused=True):
-    """One step; (norm, clipped gradients, scale after the update)."""
-    model, opt, scaler = _backward(cls, device, seed, dtype, bad)
+    """One step; (norm, clipped gradients, scale after the update), on `device`."""
+    if cls is torch.amp.GradScaler:
+        model, opt, scaler = _torch_backward(device, seed, dtype, bad)
+    else:
+        model, opt, scaler = _backward(cls, device, seed, dtype, bad)
     params = list(model.parameters())
     if fused:
         norm = scaler.unscale_and_clip_(opt, max_norm, norm_type)
     else:  # torch's two calls
         scaler.unscale_(opt)
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
-    grads = [p.grad.clone() for p in params]
+    grads = [p.grad.to(device, copy=True) for p in params]
     scaler.step(opt)
     scaler.update()
-    return norm, grads, scaler.get_scale()
+    return norm.to(device), grads, scaler.get_scale()
 
 
 def _torch_unscaled(device, seed, dtype, bad=None):
-    model, opt, scaler = _backward(torch.amp.GradScaler, device, seed, dtype, bad)
+    model, opt, scaler = _torch_backward(device, seed, dtype, bad)
     scaler.unscale_(opt)
-    return [p.grad for p in model.parameters()]
+    return [p.grad.to(device) for p in model.parameters()]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)

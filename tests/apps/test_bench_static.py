@@ -60,3 +60,12 @@ def test_cli_prints_the_table(capsys):
     assert cli.main(["bench", "--suite", "gpu-static"]) == 0
     out = capsys.readouterr().out
     assert "| unscale float16 |" in out and "fused Adam float32" in out
+
+
+def test_cuobjdump_is_taken_from_the_path_without_the_wheel(monkeypatch):
+    monkeypatch.setattr(_static.glob, "glob", lambda pattern: [])
+    monkeypatch.setattr(_static.shutil, "which", lambda name: f"/opt/cuda/bin/{name}")
+    assert _static.cuobjdump() == "/opt/cuda/bin/cuobjdump"
+    monkeypatch.setattr(_static.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="cuobjdump not found"):
+        _static.cuobjdump()

@@ -131,7 +131,8 @@ def test_summarize_picks_the_best_compromise_not_a_workload_winner():
             "chunk=4096,block=256": 1.2,
         },
     }
-    s = _tune.summarize(times, cuda.LaunchConfig())
+    torchs = cuda.LaunchConfig(block=512)  # the default these times are measured against
+    s = _tune.summarize(times, torchs)
     assert s["per_workload"]["small"]["best"] == "chunk=4096,block=128"
     assert s["per_workload"]["big"]["best"] == "chunk=65536,block=512"
     assert s["chosen"] == "chunk=4096,block=256"
@@ -140,7 +141,7 @@ def test_summarize_picks_the_best_compromise_not_a_workload_winner():
     assert s["env"] == "LSCORE_CUDA_LAUNCH=chunk=4096,block=256"
     assert math.isclose(s["per_workload"]["small"]["default_over_chosen"], 4.0 / 1.1)
     keep = _tune.summarize(
-        {"w": {"chunk=65536,block=512": 1.0, "chunk=4096,block=128": 2.0}}, cuda.LaunchConfig()
+        {"w": {"chunk=65536,block=512": 1.0, "chunk=4096,block=128": 2.0}}, torchs
     )
     assert keep["chosen"] == "chunk=65536,block=512" and keep["env"] is None
 

@@ -10,7 +10,7 @@ import pytest
 
 from lscore import cuda, kernels
 from lscore.cuda import launch
-from lscore.cuda.launch import BLOCK, CHUNK, MAX_BLOCKS, MAX_TENSORS, MultiTensor
+from lscore.cuda.launch import BLOCK, CHUNK, MAX_BLOCKS, MAX_TENSORS, OPT_BLOCK, MultiTensor
 
 if shutil.which("g++") is None:
     pytest.skip("g++ is missing: the CUDA host harness cannot be built", allow_module_level=True)
@@ -23,23 +23,23 @@ def no_env(monkeypatch):
     monkeypatch.delenv(launch.ENV, raising=False)
 
 
-def test_defaults_are_torchs_and_apexs_parameters_unchanged():
+def test_defaults_are_torchs_chunk_and_the_tuned_blocks():
     cfg = cuda.LaunchConfig()
-    assert (cfg.chunk, cfg.block, cfg.max_tensors, cfg.max_blocks) == (65536, 512, 4096, 65535)
-    assert (cfg.chunk, cfg.block, cfg.max_tensors, cfg.max_blocks) == (
-        CHUNK,
-        BLOCK,
-        MAX_TENSORS,
-        MAX_BLOCKS,
-    )
+    assert dataclasses.astuple(cfg) == (65536, 1024, 512, 4096, 65535)
+    assert dataclasses.astuple(cfg) == (CHUNK, BLOCK, OPT_BLOCK, MAX_TENSORS, MAX_BLOCKS)
     assert cuda.launch_config() == cfg
-    runner = MultiTensor(cuda_host.HostBackend())
-    assert (runner.chunk, runner.block, runner.max_tensors, runner.max_blocks) == (
+    r = MultiTensor(cuda_host.HostBackend())
+    assert (r.chunk, r.block, r.opt_block, r.max_tensors, r.max_blocks) == (
         65536,
+        1024,
         512,
         4096,
         65535,
     )
+    # a block given alone sets both (the host harness's small blocks); opt_block its own
+    assert (MultiTensor(cuda_host.HostBackend(), block=3).opt_block) == 3
+    r = MultiTensor(cuda_host.HostBackend(), block=3, opt_block=5)
+    assert (r.block, r.opt_block) == (3, 5)
 
 
 @pytest.mark.parametrize(
@@ -51,6 +51,8 @@ def test_defaults_are_torchs_and_apexs_parameters_unchanged():
         ("block", 0, r"block must be a multiple of 32 in \[32, 1024\], got 0"),
         ("block", 100, "block must be a multiple of 32"),
         ("block", 1056, "block must be a multiple of 32"),
+        ("opt_block", 16, r"opt_block must be a multiple of 32 in \[32, 1024\], got 16"),
+        ("opt_block", 2048, "opt_block must be a multiple of 32"),
         ("max_tensors", 0, "max_tensors must be in"),
         ("max_tensors", 2**32, "max_tensors must be in"),
         ("max_blocks", 0, "max_blocks must be in"),
@@ -82,7 +84,7 @@ def test_parse_changes_only_the_given_settings_and_round_trips():
     assert cuda.LaunchConfig.parse("") == cuda.LaunchConfig()
     odd = cuda.LaunchConfig(chunk=4096, block=128, max_tensors=7, max_blocks=9)
     assert cuda.LaunchConfig.parse(str(odd)) == odd
-    assert str(odd) == "chunk=4096,block=128,max_tensors=7,max_blocks=9"
+    assert str(odd) == "chunk=4096,block=128,opt_block=512,max_tensors=7,max_blocks=9"
     assert cuda.LaunchConfig.parse("block=64", base=odd) == dataclasses.replace(odd, block=64)
 
 
@@ -92,7 +94,7 @@ def test_parse_changes_only_the_given_settings_and_round_trips():
         (
             "chunks=16384",
             "unknown launch setting 'chunks'; expected one of: chunk, block, "
-            "max_tensors, max_blocks",
+            "opt_block, max_tensors, max_blocks",
         ),
         ("chunk", "launch setting 'chunk' is not key=value"),
         ("chunk=4096,chunk=8192", "launch setting 'chunk' given twice"),

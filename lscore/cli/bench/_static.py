@@ -182,7 +182,7 @@ def cuobjdump() -> str:
         raise RuntimeError(
             "cuobjdump not found: pip install 'lscore[test]' (nvidia-cuda-cuobjdump)"
         )
-    return hit
+    return found
 
 
 def disassemble(cubin: bytes) -> dict[str, list[tuple[int, str]]]:

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The GPU checks in one call, for a machine with a CUDA device, torch, CuPy, pytest-xdist
+# and pytest-timeout already installed (no network needed): build the compiled core in
+# place, run the `gpu` tests, then `lscore bench --suite gpu` and `--suite gpu-tune`.
+# Logs and JSON go to $OUT (default ./out); each step has its own time limit, so one
+# that hangs leaves time for the others.  A short summary is printed last.
+#
+#   OUT=/tmp/gpu bash scripts/gpu_check.sh [pytest arguments...]
+set -u
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+PY=${PYTHON:-python3}
+t0=$(date +%s)
+step() { echo "== $1 ($(($(date +%s) - t0)) s)"; }
+
+step build
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    $PY -c 'import sys, numpy, cupy, torch; print(sys.version.split()[0], "numpy", numpy.__version__,
+"cupy", cupy.__version__, "torch", torch.__version__, "cuda", torch.version.cuda,
+torch.cuda.get_device_name(0))'
+    timeout 240 $PY setup.py -q build_ext --inplace -j "$(nproc)"
+} >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+head -3 "$OUT/build.log"
+# pyproject's package-dir maps lscore._ext to _ext/ (where the in-place build leaves the
+# modules) and lscore.adapters to adapters/: links make both importable from the checkout
+# without an install
+links=()
+for pkg in _ext adapters; do
+    [ -e "lscore/$pkg" ] || { ln -s "../$pkg" "lscore/$pkg" && links+=("lscore/$pkg"); }
+done
+trap 'rm -f "${links[@]}"' EXIT
+$PY -c 'import lscore' || exit 1
+
+# STEPS: which of the three to run (all by default)
+STEPS=${STEPS:-pytest gpu tune}
+run_step() { [[ " $STEPS " == *" $1 "* ]]; }
+
+if run_step pytest; then
+    step "pytest -m gpu"
+    # PYTEST_ARGS: xdist workers and a per-test limit by default (empty without those plugins)
+    timeout "${PYTEST_S:-200}" $PY -m pytest -m gpu -q -p no:cacheprovider \
+        ${PYTEST_ARGS--n 6 --timeout 90} -rfEs --tb=short "$@" >"$OUT/pytest.log" 2>&1
+    echo "pytest exit $?"
+fi
+if run_step gpu; then
+    step "bench --suite gpu"
+    timeout "${GPU_S:-110}" $PY -m lscore bench --suite gpu --json "$OUT/gpu.json" \
+        >"$OUT/gpu.txt" 2>"$OUT/gpu.err"
+    echo "bench gpu exit $?"
+fi
+if [ -n "${AB_LAUNCH:-}" ]; then  # the gpu suite again under another launch configuration
+    step "bench --suite gpu, LSCORE_CUDA_LAUNCH=$AB_LAUNCH"
+    LSCORE_CUDA_LAUNCH=$AB_LAUNCH timeout "${GPU_S:-110}" $PY -m lscore bench --suite gpu \
+        --no-progress --json "$OUT/gpu_ab.json" >"$OUT/gpu_ab.txt" 2>&1
+    echo "bench gpu ($AB_LAUNCH) exit $?"
+fi
+if run_step tune; then
+    step "bench --suite gpu-tune"
+    timeout "${TUNE_S:-110}" $PY -m lscore bench --suite gpu-tune --json "$OUT/tune.json" \
+        >"$OUT/tune.txt" 2>&1
+    echo "bench gpu-tune exit $?"
+fi
+
+step summary
+[ -f "$OUT/pytest.log" ] && grep -E "passed|failed|error|skipped" "$OUT/pytest.log" | tail -3
+[ -f "$OUT/pytest.log" ] && grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -30
+for f in gpu gpu_ab tune; do
+    [ -f "$OUT/$f.json" ] && echo "$f:" && $PY - "$OUT/$f.json" <<'EOF'
+import json, sys
+for t in json.load(open(sys.argv[1]))["targets"]:
+    m = t["measured"]
+    met = {True: "ok  ", False: "MISS", None: "--  "}[t["met"]]
+    print(" ", met, f"{m:.3f}" if isinstance(m, float) else m, "need", t.get("required"),
+          t["target"], t.get("skipped", ""))
+EOF
+done
+step done
