@@ -44,6 +44,12 @@ MARK_LIMIT = 0xFFFFFFFF
 # elements in the scan kernels' 16-byte vector load of the narrowest dtype (float16/bfloat16):
 # a chunk that is a multiple of it keeps every chunk on the vector path (scan.cu)
 VECTOR = 8
+# a scan launch over small arrays runs fewer threads per block than `block`: enough for
+# THREAD_BYTES of its largest block's work per thread (four 16-byte vectors), never fewer
+# than MIN_THREADS (see scan_threads)
+THREAD_BYTES = 64
+MIN_THREADS = 128
+_ITEMSIZE = {Code.F16: 2, Code.BF16: 2, Code.F32: 4, Code.F64: 8}
 ENV = "LSCORE_CUDA_LAUNCH"
 
 
@@ -74,21 +80,21 @@ _NORM_INF, _NORM_FIRST, _NORM_LAST = (kernels.NORM_FLAGS[k] for k in ("INF", "FI
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
     """How the kernels split their work: elements per block (`chunk`), threads per block
-    of the scan kernels (`block`) and of the fused optimizers (`opt_block`), and the
-    tensors and blocks one launch holds at most.
+    of the scan kernels (`block`, at most: see below) and of the fused optimizers
+    (`opt_block`), and the tensors and blocks one launch holds at most.
 
     The chunk is torch's and apex's multi-tensor one (65536 elements).  The block
     (1024 threads, where torch and apex take 512) is what ``lscore bench --suite
     gpu-tune`` chose on an H200: over its grid of 3 chunks x 4 blocks and six
     workloads it had the smallest geometric mean of time over each workload's best
-    (1.05, against 1.06 for block 512).  With it, unscale_ over arrays of 1e8
-    float32 and 2e8 float16 or bfloat16 elements ran 1-7% faster than with block
-    512, and over 300 arrays of 64 float32 elements 3-9% slower: a model made of
-    tiny arrays alone may prefer ``LSCORE_CUDA_LAUNCH=block=512``.  The fused
-    optimizers keep 512 threads: on the same H200, a replayed SGD or Adam step over
-    2000 arrays of 4096 elements took 10-12% longer with 1024 (a thread then has a
-    single 16-byte vector of each array to move).  Run that suite on another GPU to
-    choose for it.  ``str()`` gives the form ``LSCORE_CUDA_LAUNCH`` and ``parse`` read.
+    (1.05, against 1.06 for block 512), and unscale_ over arrays of 1e8 float32
+    and 2e8 float16 or bfloat16 elements ran 1-7% faster with it than with 512.
+    Over small arrays the same grid preferred 128 or 256 threads, so a scan launch
+    whose blocks hold less than 64 bytes a thread runs fewer threads: enough for 64
+    bytes each, at least 128.  The fused optimizers keep 512 threads: on the same H200,
+    a replayed SGD or Adam step over 2000 arrays of 4096 elements took 10-12%
+    longer with 1024.  Run that suite on another GPU to choose for it.  ``str()``
+    gives the form ``LSCORE_CUDA_LAUNCH`` and ``parse`` read.
     """
 
     chunk: int = CHUNK
@@ -193,6 +199,21 @@ def _meta_dtype(meta: str) -> np.dtype:
             ("tensor_of", "<u2", (nb,)),
         ]
     )
+
+
+def scan_threads(block: int, chunk: int, largest: int, code: int) -> int:
+    """Threads per block of a scan launch whose largest array has `largest` elements of
+    dtype `code`: one per `THREAD_BYTES` of its fullest block (at most `chunk` elements),
+    rounded up to a warp, between ``min(MIN_THREADS, block)`` and `block`.
+
+    On an H200 (``lscore bench --suite gpu-tune``), an unscale over 300 arrays of 64
+    float32 elements took 51 µs with 128 or 256 threads per block and 59 µs with 1024,
+    whatever the chunk: a block of 1024 threads holds a multiprocessor's registers
+    alone, so 300 of them run in waves.  Over arrays of a chunk or more the launch
+    keeps `block` threads.
+    """
+    need = -(-min(chunk, largest) * _ITEMSIZE[Code(code)] // THREAD_BYTES)
+    return max(min(MIN_THREADS, block), min(block, -(-need // 32) * 32))
 
 
 def _kernel_code(code: Any) -> int:
@@ -315,6 +336,10 @@ class MultiTensor:
         codes = np.concatenate([np.zeros(0, np.int64)] + [np.full(len(n), c) for c, _, n in groups])
         counts = np.concatenate([np.zeros(0, np.int64)] + [n for _, _, n in groups])
         ptrs = np.concatenate([np.zeros(0, np.uint64)] + [p for _, p, _ in groups])
+        largest: dict[int, int] = {}
+        for c, _, n in groups:
+            largest[c] = max(largest.get(c, 0), int(n.max()) if len(n) else 0)
+        threads = {c: scan_threads(self.block, self.chunk, m, c) for c, m in largest.items()}
         # every launch's argument block (the lsc_meta, then the chunk) is a row of `args`
         args, specs = kernels.pack_launches(
             codes,
@@ -342,10 +367,11 @@ class MultiTensor:
             entries = out.ops[op]
             for k, (code, nb) in enumerate(specs):
                 fn = self._scan_kernel(op, code)
-                entries.append((fn, nb, self.block, base + k * step, waddr, len(widths)))
-        # (code, address of its struct, blocks) per launch: the first column of any op's rows
+                entries.append((fn, nb, threads[code], base + k * step, waddr, len(widths)))
+        # (code, address of its struct, blocks, threads) per launch: the first column of
+        # any op's rows
         structs = params[:, 0].tolist()
-        out._specs = [(code, structs[k], nb) for k, (code, nb) in enumerate(specs)]
+        out._specs = [(code, structs[k], nb, threads[code]) for k, (code, nb) in enumerate(specs)]
         out.count = len(specs)
         return out
 
@@ -451,14 +477,14 @@ class MultiTensor:
         nflags = np.zeros(len(prepared._specs), np.uint64)  # each launch's, set per call
         keep.append(nflags)
         size = _meta_dtype(self.meta).itemsize
-        for k, (code, own, nb) in enumerate(prepared._specs):
+        for k, (code, own, nb, nthreads) in enumerate(prepared._specs):
             table = (own, size), (own + size, 8)
             unscale.append(
                 self.pack(
                     keep,
                     kernel_name("unscale_norm", code, self.meta),
                     nb,
-                    self.block,
+                    nthreads,
                     (
                         *table,
                         arg(_INV, 8),
@@ -478,7 +504,7 @@ class MultiTensor:
                     keep,
                     kernel_name("clip", code, self.meta),
                     nb,
-                    self.block,
+                    nthreads,
                     (*table, arg(_COEF, 8), arg(_COEF_DEV, 8)),
                 )
             )

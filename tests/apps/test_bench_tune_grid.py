@@ -17,6 +17,7 @@ from helpers.gen import nonfinite_values
 from lscore import cuda, kernels
 from lscore.cli.bench import _tune
 from lscore.cuda import launch
+from lscore.dtypes import BY_NAME
 
 if shutil.which("g++") is None:
     pytest.skip("g++ is missing: the CUDA host harness cannot be built", allow_module_level=True)
@@ -69,8 +70,14 @@ def test_every_grid_configuration_equals_the_cpu_core(cfg):
                 f"{_tune.label(cfg)} {dt} NaN/Inf {bad}",
             )
             assert finite == (bad is None)
-    # the configuration is what the kernels ran with
-    assert {block for _, _, block in backend.launches} == {cfg.block}
+    # the configuration is what the kernels ran with: each dtype's largest array fills a
+    # chunk, so its launches take the threads a full chunk of that dtype needs
+    want = {
+        launch.scan_threads(cfg.block, cfg.chunk, cfg.chunk, BY_NAME[dt.name])
+        for dt in FLOAT_DTYPES
+    }
+    assert {block for _, _, block in backend.launches} == want
+    assert max(want) == cfg.block or cfg.chunk * 8 < cfg.block * launch.THREAD_BYTES
     assert ak.device(0).chunk == cfg.chunk
 
 

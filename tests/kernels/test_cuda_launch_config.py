@@ -11,6 +11,7 @@ import pytest
 from lscore import cuda, kernels
 from lscore.cuda import launch
 from lscore.cuda.launch import BLOCK, CHUNK, MAX_BLOCKS, MAX_TENSORS, OPT_BLOCK, MultiTensor
+from lscore.dtypes import Code
 
 if shutil.which("g++") is None:
     pytest.skip("g++ is missing: the CUDA host harness cannot be built", allow_module_level=True)
@@ -144,3 +145,36 @@ def test_array_kernels_config_beats_the_environment_and_limits_beat_config(monke
         limits=dict(chunk=16, block=3),
     )
     assert (small.device(0).chunk, small.device(0).block, small.device(0).max_tensors) == (16, 3, 5)
+
+
+@pytest.mark.parametrize(
+    "largest, code, want",
+    [
+        (64, Code.F32, 128),  # tiny arrays: the floor
+        (0, Code.F16, 128),
+        (4096, Code.F16, 128),  # 8 KB over 64 bytes a thread
+        (4096, Code.F32, 256),
+        (4096, Code.F64, 512),
+        (3000, Code.F32, 192),  # 188 threads of work, rounded up to a warp
+        (10**6, Code.F32, 1024),  # past a chunk: the block
+        (10**6, Code.F16, 1024),
+    ],
+)
+def test_a_scan_launch_runs_the_threads_its_largest_block_needs(largest, code, want):
+    assert launch.scan_threads(1024, 65536, largest, code) == want
+    # never more than the block, and a block under the floor is kept (the harness's)
+    assert launch.scan_threads(256, 65536, largest, code) == min(want, 256)
+    assert launch.scan_threads(4, 16, largest, code) == 4
+
+
+def test_launches_over_small_arrays_run_fewer_threads_norm_included():
+    backend = cuda_host.HostBackend()
+    ak = cuda.ArrayKernels(np, lambda dev: backend, kind=kernels.READ_NUMPY)
+    small = [np.full(n, 2.0, np.float32) for n in (64, 3, 100)]
+    assert ak.unscale_(small, 0.5) and ak.unscale_and_norm(small, 0.5)[0]
+    assert {b for _, _, b in backend.launches} == {128}
+    backend.launches.clear()
+    big = [*small, np.ones(70000, np.float32)]  # a full chunk of float32: the block
+    assert ak.unscale_(big, 0.5) and ak.unscale_and_norm(big, 0.5)[0]
+    assert {b for _, _, b in backend.launches} == {1024}
+    assert np.array_equal(small[0], np.full(64, 2.0 * 0.5**4, np.float32))  # four unscales
