@@ -6,6 +6,10 @@
 # that hangs leaves time for the others.  A short summary is printed last.
 #
 #   OUT=/tmp/gpu bash scripts/gpu_check.sh [pytest arguments...]
+#
+# STEPS="pytest gpu tune" picks the steps (all three by default); AB_LAUNCH=block=512 runs
+# the gpu suite again under that LSCORE_CUDA_LAUNCH, for a comparison in the same run;
+# PYTHON, PYTEST_ARGS and the limits PYTEST_S, GPU_S, TUNE_S (seconds) can be set too.
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
