@@ -60,33 +60,27 @@ def _scaler(cls, device):
 
 
 def _backward(cls, device, seed, dtype, bad=None):
-    """A model's scaled backward pass, NaN/Inf put in its last gradient if `bad`."""
+    """A model's scaled backward pass, NaN/Inf put in its last gradient if `bad`.
+
+    For torch's GradScaler where its device kernel refuses the dtype (bfloat16 on
+    CUDA), the model then moves to the CPU with a CPU scaler: the gradients are the
+    device's, the unscale torch's CPU kernel."""
     model, x = _model(seed, device, dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = _scaler(cls, device)
     scaler.scale(model(x).float().pow(2).sum()).backward()
     if bad is not None:
         list(model.parameters())[-1].grad.view(-1)[-1] = bad
-    return model, opt, scaler
-
-
-def _torch_backward(device, seed, dtype, bad=None):
-    """`_backward` for torch's GradScaler, moved to the CPU where its device kernel
-    refuses the dtype: the gradients are the device's, the unscale torch's CPU kernel."""
-    model, opt, scaler = _backward(torch.amp.GradScaler, device, seed, dtype, bad)
-    if device.type == "cuda" and dtype == torch.bfloat16:
+    if cls is torch.amp.GradScaler and device.type == "cuda" and dtype == torch.bfloat16:
         model.cpu()  # the parameters keep their identity; their gradients move with them
-        scaler = _scaler(torch.amp.GradScaler, torch.device("cpu"))
+        scaler = _scaler(cls, torch.device("cpu"))
         scaler.scale(torch.zeros(()))  # makes the scale tensor (on the CPU)
     return model, opt, scaler
 
 
 def _step(cls, device, seed, max_norm, norm_type, dtype=torch.float32, bad=None, fused=True):
     """One step; (norm, clipped gradients, scale after the update), on `device`."""
-    if cls is torch.amp.GradScaler:
-        model, opt, scaler = _torch_backward(device, seed, dtype, bad)
-    else:
-        model, opt, scaler = _backward(cls, device, seed, dtype, bad)
+    model, opt, scaler = _backward(cls, device, seed, dtype, bad)
     params = list(model.parameters())
     if fused:
         norm = scaler.unscale_and_clip_(opt, max_norm, norm_type)
@@ -100,7 +94,7 @@ def _step(cls, device, seed, max_norm, norm_type, dtype=torch.float32, bad=None,
 
 
 def _torch_unscaled(device, seed, dtype, bad=None):
-    model, opt, scaler = _torch_backward(device, seed, dtype, bad)
+    model, opt, scaler = _backward(torch.amp.GradScaler, device, seed, dtype, bad)
     scaler.unscale_(opt)
     return [p.grad.to(device) for p in model.parameters()]
 
