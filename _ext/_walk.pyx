@@ -10,7 +10,8 @@
 #   adapter names its array type and maps its dtype objects to codes.
 #   A cached plan is checked array by array (the same object, through a
 #   weak reference, with the same address, size and dtype) and rebuilt on
-#   any difference.
+#   any difference; a CuPy array's attributes are read through their
+#   descriptors, resolved once per type (lsc_attr.h).
 # The CPU scan's own visitor of the same walk, for NumPy arrays, is in _scan.pyx;
 # the gradients of torch-style parameter groups are read by _grads.pyx.
 cimport numpy as cnp
@@ -51,6 +52,21 @@ cdef object _A_DEVICE = "device_id", _A_FLAGS = "flags", _A_SHAPE = "shape"
 # CuPy's own contiguity fields (readonly C fields of its ndarray since v1): read
 # without building the Flags object that ``flags`` makes on every read
 cdef object _A_C_CONTIGUOUS = "_c_contiguous", _A_F_CONTIGUOUS = "_f_contiguous"
+
+cdef extern from "lsc_attr.h":
+    ctypedef struct lsc_attrs:
+        pass
+    object lsc_attr_get(lsc_attrs *c, PyObject **names, int n, PyObject *x, int i)
+
+# the attributes read through lsc_attr.h: an array's, then its data's
+cdef PyObject *_ARRAY_ATTRS[3]
+_ARRAY_ATTRS[:] = [<PyObject *>_A_DATA, <PyObject *>_A_SIZE, <PyObject *>_A_DTYPE]
+cdef PyObject *_DATA_ATTRS[1]
+_DATA_ATTRS[0] = <PyObject *>_A_PTR
+cdef enum:
+    AT_DATA = 0
+    AT_SIZE = 1
+    AT_DTYPE = 2
 
 cdef extern from "lsc_layout.h":
     int lsc_may_overlap(int ndim, const intptr_t *shape, const intptr_t *strides,
@@ -205,6 +221,7 @@ cdef class DeviceTable:
     cdef PyObject **_buf
     cdef Py_ssize_t _n, _cap
     cdef object _attr           # plan(attr=...): the attribute read from each leaf
+    cdef lsc_attrs _arrays, _datas  # R_CUDA_ARRAY: data, size, dtype; data.ptr
     cdef readonly Py_ssize_t hits, misses
 
     def __cinit__(self):
@@ -349,15 +366,21 @@ cdef class DeviceTable:
                 e = &p.leaves[i]
                 if PyWeakref_GET_OBJECT(<object>e.ref) != x:
                     return False
-                data = PyObject_GetAttr(<object>x, _A_DATA)
-                if PyLong_AsUnsignedLongLong(PyObject_GetAttr(data, _A_PTR)) != e.ptr:
+                if self._cuda_ptr(x) != e.ptr:
                     return False
-                if PyLong_AsSsize_t(PyObject_GetAttr(<object>x, _A_SIZE)) != e.n:
+                if PyLong_AsSsize_t(lsc_attr_get(&self._arrays, _ARRAY_ATTRS, 3, x,
+                                                 AT_SIZE)) != e.n:
                     return False
-                dt = PyObject_GetAttr(<object>x, _A_DTYPE)
+                dt = lsc_attr_get(&self._arrays, _ARRAY_ATTRS, 3, x, AT_DTYPE)
                 if <PyObject *>dt != e.dtype:
                     return False
         return True
+
+    cdef uint64_t _cuda_ptr(self, PyObject *x) except? 0xFFFFFFFFFFFFFFFF:
+        """``x.data.ptr`` of a CuPy-style array."""
+        data = lsc_attr_get(&self._arrays, _ARRAY_ATTRS, 3, x, AT_DATA)
+        return PyLong_AsUnsignedLongLong(lsc_attr_get(&self._datas, _DATA_ATTRS, 1,
+                                                      <PyObject *>data, 0))
 
     cdef tuple _read_dlpack(self, x, Py_ssize_t i, bint *dense):
         """(address, count, device index) of tensor `x` (leaf `i`) through DLPack;
@@ -455,11 +478,13 @@ cdef class DeviceTable:
                 flags = 0
                 writable = True
             else:
-                data = PyObject_GetAttr(x, _A_DATA)
-                ptr = PyLong_AsUnsignedLongLong(PyObject_GetAttr(data, _A_PTR))
+                data = lsc_attr_get(&self._arrays, _ARRAY_ATTRS, 3, <PyObject *>x, AT_DATA)
+                ptr = PyLong_AsUnsignedLongLong(lsc_attr_get(&self._datas, _DATA_ATTRS, 1,
+                                                             <PyObject *>data, 0))
                 dev = PyObject_GetAttr(data, _A_DEVICE)
-                n = PyLong_AsSsize_t(PyObject_GetAttr(x, _A_SIZE))
-                dt = PyObject_GetAttr(x, _A_DTYPE)
+                n = PyLong_AsSsize_t(lsc_attr_get(&self._arrays, _ARRAY_ATTRS, 3,
+                                                  <PyObject *>x, AT_SIZE))
+                dt = lsc_attr_get(&self._arrays, _ARRAY_ATTRS, 3, <PyObject *>x, AT_DTYPE)
                 flags = 0
                 dense = c_contiguous = True
                 if n > 1:

@@ -10,6 +10,7 @@ all_finite / unscale_ against the CPU core are in test_backends.py.
 """
 
 import shutil
+import types
 import warnings
 
 import numpy as np
@@ -187,6 +188,65 @@ def test_arrays_freed_and_reallocated_are_planned_again():
         assert kern.unscale_([a, other], 0.5) and np.all(host == 2.0)
         assert kern.table.misses == misses + 1
     assert np.all(other.host == 4.0 / 16)
+
+
+@harness
+def test_a_cached_plan_reads_what_the_array_type_says_now():
+    """The walk reads an array's attributes through descriptors it resolved once per type;
+    a type that changes since (a property in place of a slot) is read anew, so the cached
+    plan of an array whose size now reads differently is not used."""
+    from helpers.standin import XP, DeviceArray
+    from lscore.cuda import ArrayKernels
+
+    class Moving(DeviceArray):
+        __slots__ = ()
+
+    kern = ArrayKernels(XP, lambda dev: CountingBackend(), array_type=Moving)
+    host = np.full(8, 4.0, np.float32)
+    a = Moving(host)
+    for _ in range(2):
+        assert kern.unscale_([a], 0.5)
+    misses = kern.table.misses
+    Moving.size = property(lambda self: 3)  # the slot's value is still 8
+    try:
+        assert kern.unscale_([a], 0.5)
+        assert kern.table.misses == misses + 1
+        assert np.all(host[:3] == 0.5) and np.all(host[3:] == 1.0)
+    finally:
+        del Moving.size
+    assert kern.unscale_([a], 0.5) and np.all(host == [0.25] * 3 + [0.5] * 5)
+    assert kern.table.misses == misses + 2
+
+
+class _GetsetArray(np.ndarray):
+    """A CuPy-shaped array whose ``size``, ``dtype``, ``shape`` and ``flags`` are an
+    extension type's getset descriptors (NumPy's), as CuPy's fields are Cython's."""
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.ctypes.data, device_id=0, mem=self)
+
+
+@harness
+def test_getset_attributes_are_read_as_the_array_has_them_now():
+    """An array type whose fields are C getset descriptors (as CuPy's): a cached call
+    hits, and the same object viewed in place as another dtype (a new size and dtype at
+    the same address) is planned again."""
+    from lscore.cuda import ArrayKernels
+
+    xp = types.SimpleNamespace(__name__="cupy", ndarray=_GetsetArray)
+    kern = ArrayKernels(xp, lambda dev: CountingBackend(), array_type=_GetsetArray)
+    a = np.full(4, 4.0, np.float32).view(_GetsetArray).copy()
+    assert kern.unscale_([a], 0.5)
+    hits, misses = kern.table.hits, kern.table.misses
+    assert kern.unscale_([a], 0.5) and kern.table.hits == hits + 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        a.dtype = np.float16  # the same object and buffer: 8 float16 words
+    want = np.asarray(a).copy()
+    lscore.unscale_(want, 0.5)
+    assert kern.unscale_([a], 0.5) and kern.table.misses == misses + 1
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint16), want.view(np.uint16))
 
 
 class _UnrefArray:
