@@ -25,19 +25,15 @@ import numpy as np
 cnp.import_array()
 
 
-# A getset descriptor's C getter, to read `.grad` without the attribute
-# lookup (CPython's public descrobject.h layout)
-cdef extern from "Python.h":
-    ctypedef object (*getter_fn)(object, void *)
-    ctypedef struct PyGetSetDef:
-        getter_fn get
-        void *closure
-    ctypedef struct PyGetSetDescrObject:
-        PyGetSetDef *d_getset
-    PyTypeObject PyGetSetDescr_Type
-    # bumped by CPython whenever an attribute of the type (or a base) changes
-    ctypedef struct TypeVersion "PyTypeObject":
-        unsigned int tp_version_tag
+# `.grad` read through its descriptor, resolved once per parameter type (lsc_attr.h)
+cdef extern from "lsc_attr.h":
+    ctypedef struct lsc_attrs:
+        pass
+    object lsc_attr_get(lsc_attrs *c, PyObject **names, int n, PyObject *x, int i)
+
+cdef object _A_GRAD = "grad"
+cdef PyObject *_GRAD_ATTRS[1]
+_GRAD_ATTRS[0] = <PyObject *>_A_GRAD
 
 
 DEF MAX_DIMS = 64
@@ -73,8 +69,7 @@ cdef class GradTable:
     cdef dict _codes_by_dtype
     cdef object _fast_type, _strided, _tensor_type, _assert_error, _fp16
     cdef object _param_type       # the last parameter type seen to pass the isinstance check
-    cdef PyGetSetDef *_grad_get   # its `.grad` getter, when `.grad` is a getset descriptor
-    cdef unsigned int _param_version   # the type's version tag when _grad_get was found
+    cdef lsc_attrs _grad_attrs    # how `.grad` is read on a parameter type
     cdef lsc_dl_from_pyobject _dl
 
     def __cinit__(self, fast_type, dict codes, strided, tensor_type,
@@ -88,8 +83,6 @@ cdef class GradTable:
         self._tensor_type = tensor_type
         self._assert_error = assert_error
         self._param_type = None
-        self._grad_get = NULL
-        self._param_version = 0
         self._dl = _exchange_api(fast_type)
         self._grow(capacity if capacity > 0 else 64)
 
@@ -221,18 +214,8 @@ cdef class GradTable:
                         raise self._assert_error(
                             f"expected param to be torch.Tensor, got {type(p).__name__}")
                     self._param_type = type(p)
-                    self._grad_get = NULL
-                    self._param_version = 0
-                if (<TypeVersion *>Py_TYPE(p)).tp_version_tag != self._param_version:
-                    # a new type, or `grad` may have been redefined on it since
-                    self._grad_get = _getset(type(p), "grad")
-                    self._param_version = (<TypeVersion *>Py_TYPE(p)).tp_version_tag
-                    if self._param_version == 0:      # no tag: look `.grad` up every time
-                        self._grad_get = NULL
-                if self._grad_get != NULL:
-                    g = self._grad_get.get(p, self._grad_get.closure)
-                else:
-                    g = p.grad
+                # `p.grad`, through the getter torch's C type defines for it
+                g = lsc_attr_get(&self._grad_attrs, _GRAD_ATTRS, 1, <PyObject *>p, 0)
                 if g is None:
                     continue
                 if dl != NULL and type(g) is fast_type:
@@ -277,18 +260,3 @@ cdef class GradTable:
         """(ptrs, counts, strides, codes) of the runs added so far."""
         n = self.size
         return self._ptrs[:n], self._counts[:n], self._strides[:n], self._codes[:n]
-
-
-cdef PyGetSetDef *_getset(type tp, str name):
-    """The C getset behind `tp.name` when attribute lookup on an instance of
-    tp ends at one (a data descriptor wins over the instance __dict__), else
-    NULL; calling its getter is what `obj.name` would do, minus the lookup."""
-    for klass in tp.__mro__:
-        d = klass.__dict__.get(name)
-        if d is not None:
-            if type(d) is <type>&PyGetSetDescr_Type:
-                return (<PyGetSetDescrObject *><PyObject *>d).d_getset
-            return NULL
-    return NULL
-
-
