@@ -10,8 +10,8 @@
 #   adapter names its array type and maps its dtype objects to codes.
 #   A cached plan is checked array by array (the same object, through a
 #   weak reference, with the same address, size and dtype) and rebuilt on
-#   any difference; a CuPy array's attributes are read through their
-#   descriptors, resolved once per type (lsc_attr.h).
+#   any difference; a CuPy array's attributes (a tensor's dtype) are read
+#   through their descriptors, resolved once per type (lsc_attr.h).
 # The CPU scan's own visitor of the same walk, for NumPy arrays, is in _scan.pyx;
 # the gradients of torch-style parameter groups are read by _grads.pyx.
 cimport numpy as cnp
@@ -221,7 +221,7 @@ cdef class DeviceTable:
     cdef PyObject **_buf
     cdef Py_ssize_t _n, _cap
     cdef object _attr           # plan(attr=...): the attribute read from each leaf
-    cdef lsc_attrs _arrays, _datas  # R_CUDA_ARRAY: data, size, dtype; data.ptr
+    cdef lsc_attrs _arrays, _datas  # an array's data, size, dtype; its data's ptr
     cdef readonly Py_ssize_t hits, misses
 
     def __cinit__(self):
@@ -357,7 +357,7 @@ cdef class DeviceTable:
                 if (<uint64_t><uintptr_t>t.data + t.byte_offset != e.ptr
                         or _numel(t.ndim, t.shape) != e.n):
                     return False
-                dt = PyObject_GetAttr(<object>x, _A_DTYPE)
+                dt = lsc_attr_get(&self._arrays, _ARRAY_ATTRS, 3, x, AT_DTYPE)
                 if <PyObject *>dt != e.dtype:
                     return False
         else:
@@ -474,7 +474,7 @@ cdef class DeviceTable:
             elif self._kind == R_DLPACK:
                 ptr, n, dev = self._read_dlpack(x, i, &dense)
                 c_contiguous = dense
-                dt = PyObject_GetAttr(x, _A_DTYPE)
+                dt = lsc_attr_get(&self._arrays, _ARRAY_ATTRS, 3, <PyObject *>x, AT_DTYPE)
                 flags = 0
                 writable = True
             else:

@@ -1,11 +1,11 @@
 /* lsc_attr.h: an attribute read as PyObject_GetAttr reads it, without the
  * lookup on every read.
  *
- * Design: the cached walk of _walk.pyx reads the same few attributes of
- * every array of a list on every call (a CuPy array's data, data.ptr, size
- * and dtype), and each generic read is a type lookup, a descriptor call and
- * the checks around them: most of a cached call's host time over many
- * arrays.  An lsc_attrs resolves the attributes once per type: a getset
+ * Design: the walks read the same few attributes of every array of a list
+ * on every call (_walk.pyx: a CuPy array's data, data.ptr, size and dtype,
+ * a tensor's dtype; _grads.pyx: a parameter's grad), and each generic read
+ * is a type lookup, a descriptor call and the checks around them: most of a
+ * cached call's host time over many arrays.  An lsc_attrs resolves the attributes once per type: a getset
  * descriptor (what Cython makes of a cdef class's readonly fields, as in
  * CuPy) is read through its getter, a __slots__ object member at its
  * offset.  The resolution holds while the type is the same object with the
