@@ -58,15 +58,22 @@ cdef extern from "lsc_attr.h":
         pass
     object lsc_attr_get(lsc_attrs *c, PyObject **names, int n, PyObject *x, int i)
 
-# the attributes read through lsc_attr.h: an array's, then its data's
-cdef PyObject *_ARRAY_ATTRS[3]
-_ARRAY_ATTRS[:] = [<PyObject *>_A_DATA, <PyObject *>_A_SIZE, <PyObject *>_A_DTYPE]
-cdef PyObject *_DATA_ATTRS[1]
-_DATA_ATTRS[0] = <PyObject *>_A_PTR
+# the attributes read through lsc_attr.h (DeviceTable._field): an array's, then its data's
 cdef enum:
     AT_DATA = 0
     AT_SIZE = 1
     AT_DTYPE = 2
+    AT_C_CONTIGUOUS = 3
+    AT_F_CONTIGUOUS = 4
+    N_ARRAY_ATTRS = 5
+    AT_PTR = 0
+    AT_DEVICE = 1
+    N_DATA_ATTRS = 2
+cdef PyObject *_ARRAY_ATTRS[N_ARRAY_ATTRS]
+_ARRAY_ATTRS[:] = [<PyObject *>_A_DATA, <PyObject *>_A_SIZE, <PyObject *>_A_DTYPE,
+                   <PyObject *>_A_C_CONTIGUOUS, <PyObject *>_A_F_CONTIGUOUS]
+cdef PyObject *_DATA_ATTRS[N_DATA_ATTRS]
+_DATA_ATTRS[:] = [<PyObject *>_A_PTR, <PyObject *>_A_DEVICE]
 
 cdef extern from "lsc_layout.h":
     int lsc_may_overlap(int ndim, const intptr_t *shape, const intptr_t *strides,
@@ -357,7 +364,7 @@ cdef class DeviceTable:
                 if (<uint64_t><uintptr_t>t.data + t.byte_offset != e.ptr
                         or _numel(t.ndim, t.shape) != e.n):
                     return False
-                dt = lsc_attr_get(&self._arrays, _ARRAY_ATTRS, 3, x, AT_DTYPE)
+                dt = self._field(x, AT_DTYPE)
                 if <PyObject *>dt != e.dtype:
                     return False
         else:
@@ -368,19 +375,37 @@ cdef class DeviceTable:
                     return False
                 if self._cuda_ptr(x) != e.ptr:
                     return False
-                if PyLong_AsSsize_t(lsc_attr_get(&self._arrays, _ARRAY_ATTRS, 3, x,
-                                                 AT_SIZE)) != e.n:
+                if PyLong_AsSsize_t(self._field(x, AT_SIZE)) != e.n:
                     return False
-                dt = lsc_attr_get(&self._arrays, _ARRAY_ATTRS, 3, x, AT_DTYPE)
+                dt = self._field(x, AT_DTYPE)
                 if <PyObject *>dt != e.dtype:
                     return False
         return True
 
+    cdef inline object _field(self, PyObject *x, int i):
+        """Attribute `i` (AT_*) of array `x`, as getattr reads it (lsc_attr.h)."""
+        return lsc_attr_get(&self._arrays, _ARRAY_ATTRS, N_ARRAY_ATTRS, x, i)
+
+    cdef inline object _data_attr(self, object data, int i):
+        """Attribute `i` (AT_PTR, AT_DEVICE) of an array's ``data``."""
+        return lsc_attr_get(&self._datas, _DATA_ATTRS, N_DATA_ATTRS, <PyObject *>data, i)
+
     cdef uint64_t _cuda_ptr(self, PyObject *x) except? 0xFFFFFFFFFFFFFFFF:
         """``x.data.ptr`` of a CuPy-style array."""
-        data = lsc_attr_get(&self._arrays, _ARRAY_ATTRS, 3, x, AT_DATA)
-        return PyLong_AsUnsignedLongLong(lsc_attr_get(&self._datas, _DATA_ATTRS, 1,
-                                                      <PyObject *>data, 0))
+        return PyLong_AsUnsignedLongLong(self._data_attr(self._field(x, AT_DATA), AT_PTR))
+
+    cdef int _contiguity(self, x, bint *c_contiguous, bint *dense) except -1:
+        """*c_contiguous, *dense (C- or F-contiguous) of a CuPy-style array: from its
+        ``_c_contiguous`` and ``_f_contiguous`` fields where it has them, else its
+        ``flags``."""
+        try:
+            c_contiguous[0] = self._field(<PyObject *>x, AT_C_CONTIGUOUS)
+            dense[0] = c_contiguous[0] or self._field(<PyObject *>x, AT_F_CONTIGUOUS)
+        except AttributeError:
+            fl = PyObject_GetAttr(x, _A_FLAGS)
+            c_contiguous[0] = fl.c_contiguous
+            dense[0] = c_contiguous[0] or fl.f_contiguous
+        return 0
 
     cdef tuple _read_dlpack(self, x, Py_ssize_t i, bint *dense):
         """(address, count, device index) of tensor `x` (leaf `i`) through DLPack;
@@ -474,21 +499,19 @@ cdef class DeviceTable:
             elif self._kind == R_DLPACK:
                 ptr, n, dev = self._read_dlpack(x, i, &dense)
                 c_contiguous = dense
-                dt = lsc_attr_get(&self._arrays, _ARRAY_ATTRS, 3, <PyObject *>x, AT_DTYPE)
+                dt = self._field(<PyObject *>x, AT_DTYPE)
                 flags = 0
                 writable = True
             else:
-                data = lsc_attr_get(&self._arrays, _ARRAY_ATTRS, 3, <PyObject *>x, AT_DATA)
-                ptr = PyLong_AsUnsignedLongLong(lsc_attr_get(&self._datas, _DATA_ATTRS, 1,
-                                                             <PyObject *>data, 0))
-                dev = PyObject_GetAttr(data, _A_DEVICE)
-                n = PyLong_AsSsize_t(lsc_attr_get(&self._arrays, _ARRAY_ATTRS, 3,
-                                                  <PyObject *>x, AT_SIZE))
-                dt = lsc_attr_get(&self._arrays, _ARRAY_ATTRS, 3, <PyObject *>x, AT_DTYPE)
+                data = self._field(<PyObject *>x, AT_DATA)
+                ptr = PyLong_AsUnsignedLongLong(self._data_attr(data, AT_PTR))
+                dev = self._data_attr(data, AT_DEVICE)
+                n = PyLong_AsSsize_t(self._field(<PyObject *>x, AT_SIZE))
+                dt = self._field(<PyObject *>x, AT_DTYPE)
                 flags = 0
                 dense = c_contiguous = True
                 if n > 1:
-                    _contiguity(x, &c_contiguous, &dense)
+                    self._contiguity(x, &c_contiguous, &dense)
                 writable = True
             if dt is not last_dt:
                 last_code = self._code(dt)
@@ -561,19 +584,6 @@ cdef class DeviceTable:
                 p.narrays = 0
                 break
         return p
-
-
-cdef int _contiguity(x, bint *c_contiguous, bint *dense) except -1:
-    """*c_contiguous, *dense (C- or F-contiguous) of a CuPy-style array: from its
-    ``_c_contiguous`` and ``_f_contiguous`` fields where it has them, else its ``flags``."""
-    try:
-        c_contiguous[0] = PyObject_GetAttr(x, _A_C_CONTIGUOUS)
-        dense[0] = c_contiguous[0] or PyObject_GetAttr(x, _A_F_CONTIGUOUS)
-    except AttributeError:
-        fl = PyObject_GetAttr(x, _A_FLAGS)
-        c_contiguous[0] = fl.c_contiguous
-        dense[0] = c_contiguous[0] or fl.f_contiguous
-    return 0
 
 
 cdef object _shared_memory(cnp.ndarray ptrs, cnp.ndarray sizes, cnp.ndarray gids, list codes):

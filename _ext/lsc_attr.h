@@ -22,7 +22,7 @@
 #include <Python.h>
 #include <structmember.h>
 
-#define LSC_ATTRS 3
+#define LSC_ATTRS 8
 
 enum { LSC_ATTR_GENERIC = 0, LSC_ATTR_GETSET = 1, LSC_ATTR_SLOT = 2 };
 
@@ -33,7 +33,8 @@ typedef struct {
     Py_ssize_t offset;  /* LSC_ATTR_SLOT */
 } lsc_attr;
 
-/* up to LSC_ATTRS attributes of one type; type NULL: nothing resolved yet */
+/* up to LSC_ATTRS attributes of one type (every read through one lsc_attrs
+ * passes the same names); type NULL: nothing resolved yet */
 typedef struct {
     PyTypeObject *type; /* compared, never dereferenced unless it is the object's type */
     unsigned int version;
