@@ -5,11 +5,13 @@
  * on every call (_walk.pyx: a CuPy array's data, data.ptr, size and dtype,
  * a tensor's dtype; _grads.pyx: a parameter's grad), and each generic read
  * is a type lookup, a descriptor call and the checks around them: most of a
- * cached call's host time over many arrays.  An lsc_attrs resolves the attributes once per type: a getset
- * descriptor (what Cython makes of a cdef class's readonly fields, as in
- * CuPy) is read through its getter, a __slots__ object member at its
- * offset.  The resolution holds while the type is the same object with the
- * same version tag (CPython gives a type a new tag whenever it or a base
+ * cached call's host time over many arrays.  An lsc_attrs resolves the
+ * attributes once per type: a getset descriptor (what Cython makes of a cdef
+ * class's readonly fields, as in CuPy, and torch's C tensor attributes) is
+ * read through its getter, a __slots__ object member at its offset.  One
+ * lsc_attrs holds one type: arrays of two types in turn resolve in turn.
+ * The resolution holds while the type is the same object with the same
+ * version tag (CPython gives a type a new tag whenever it or a base
  * changes), and is made only for types that read attributes generically
  * (tp_getattro is PyObject_GenericGetAttr: no __getattribute__ of their
  * own), where a data descriptor found on the type is exactly what the
