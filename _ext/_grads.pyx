@@ -14,7 +14,7 @@
 # The multi-tensor kernels of the CPU core (_scan.pyx) then run the table.
 cimport numpy as cnp
 from cpython.exc cimport PyErr_Clear
-from cpython.ref cimport PyObject, PyTypeObject, Py_TYPE
+from cpython.ref cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 
 from _dtypes cimport *
