@@ -26,7 +26,7 @@ def ext(name):
 
 setup(
     ext_modules=cythonize(
-        [ext("_codes"), ext("_state"), ext("_scan"), ext("_walk"), ext("_grads")],
+        [ext("_codes"), ext("_state"), ext("_scan"), ext("_walk"), ext("_grads"), ext("_fp8")],
         include_path=["_ext"],
         compiler_directives={"language_level": 3},
     )

@@ -1,0 +1,319 @@
+/* lsc_fp8.h: the one float32 / float16 / bfloat16 <-> float8 conversion
+ * (float8_e4m3fn, float8_e5m2), for the C core and the CUDA kernels.
+ *
+ * Design: a code is the fp8 byte; a format is its dtype code of lsc_codes.h
+ * (LSC_CODE_E4M3FN: bias 7, 3 mantissa bits, largest finite 448 = 0x7E, NaN
+ * S.1111.111 and no Inf; LSC_CODE_E5M2: bias 15, 2 mantissa bits, largest
+ * finite 57344 = 0x7B, Inf 0x7C, NaN 0x7D..0x7F).  Narrowing rounds to
+ * nearest even, subnormals included; the flags choose among the rules that
+ * exist for what does not fit:
+ *   LSC_FP8_SAT       overflow and +-Inf give +-the largest finite code, as
+ *                     TransformerEngine's casts do for both formats (CUDA's
+ *                     __NV_SATFINITE) and torch >= 2.12's e4m3fn cast does;
+ *                     without it e5m2 overflows to +-Inf (torch's plain
+ *                     e5m2 cast, ml_dtypes) and e4m3fn to +-NaN (ml_dtypes)
+ *   LSC_FP8_NAN_SIGN  a NaN becomes 0x7F with its sign kept (0xFF when
+ *                     negative), as torch's casts write it; without it
+ *                     always 0x7F, TransformerEngine's word
+ *   LSC_FP8_AMAX_NAN  (the casts that also return the input's amax) a NaN
+ *                     input makes the amax NaN, as torch.max does; without
+ *                     it NaN elements do not enter the amax, as the fmaxf
+ *                     reduction of TransformerEngine's kernels leaves it
+ * A float16 or bfloat16 input widens to float32 exactly first, so every
+ * input goes through the one float32 rule.  The scaled cast multiplies in
+ * float32 and rounds, then narrows: q = fp8(float32(x) * scale), the order
+ * and the two roundings of TransformerEngine's and torchao's quantize.
+ * Widening is exact; a NaN code widens to torch's float32 word (e4m3fn:
+ * 0x7FF00000 with the sign; e5m2: the float16 word code << 8, quieted).
+ *
+ * The scalar functions are written as masks (no branch, no ?: on values)
+ * so that the CPU loops calling them vectorise at every ISA level; the CPU
+ * kernels below are compiled once per x86-64 level (the levels of
+ * lsc_scan.h, picked at load time in the same way), and a strided run
+ * calls the very same scalar function element by element, so every path
+ * gives the same bits.  On the GPU (fp8.cu) sm_89 and newer narrow with
+ * cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32, older devices with the scalar
+ * function; see lsc_dev_fp8x2 for how the two agree.
+ * The reference for every result is lscore/_reference.py.
+ */
+#ifndef LSC_FP8_H
+#define LSC_FP8_H
+
+#include "lsc_codes.h"
+#include "lsc_half.h"
+
+enum { LSC_FP8_SAT = 1, LSC_FP8_NAN_SIGN = 2, LSC_FP8_AMAX_NAN = 4 };
+
+/* float32 -> fp8 code of format fmt, by the rules of `flags`. */
+LSC_FN lsc_u32 lsc_fp8_from_f32(float f, int fmt, int flags)
+{
+    const int e4 = fmt == LSC_CODE_E4M3FN;
+    const lsc_u32 shift = e4 ? 20u : 21u;                   /* 23 - mantissa bits */
+    const lsc_u32 rebias = (e4 ? 127u - 7u : 127u - 15u) << 23;
+    const lsc_i32 minnorm = e4 ? 0x3C800000 : 0x38800000;   /* 2**-6, 2**-14 */
+    const float tosub = e4 ? 0x1p9f : 0x1p16f;              /* 1 / the smallest subnormal */
+    const lsc_u32 limit = (flags & LSC_FP8_SAT) ? (e4 ? 0x7Eu : 0x7Bu) : (e4 ? 0x7Fu : 0x7Cu);
+    const lsc_u32 drop = (flags & LSC_FP8_NAN_SIGN) ? 0u : ~0u;
+    lsc_u32 x = lsc_f32_bits(f);
+    lsc_u32 sign = (x >> 24) & 0x80u;
+    lsc_u32 a = x & 0x7FFFFFFFu;
+    lsc_i32 ai = (lsc_i32)a;
+    /* normal range: rebias the exponent, round the dropped bits (an
+       overflowing value rounds past the limit, which caps it; Inf too) */
+    lsc_u32 r = a - rebias;
+    lsc_u32 normal = (r + ((1u << (shift - 1u)) - 1u) + ((r >> shift) & 1u)) >> shift;
+    /* subnormal range: a float add rounds |f| / smallest subnormal (exact)
+       to an integer (RNE); the count of steps that reaches the smallest
+       normal is its code */
+    float y = lsc_f32_from_bits(a) * tosub + 0x1p23f;
+    lsc_u32 sub = lsc_f32_bits(y) - 0x4B000000u;
+    lsc_u32 is_nan = -(lsc_u32)(ai > 0x7F800000);
+    lsc_u32 is_normal = -(lsc_u32)(ai >= minnorm);
+    lsc_u32 capped = normal < limit ? normal : limit;
+    lsc_u32 mag = (capped & is_normal) | (sub & ~is_normal);
+    return (0x7Fu & is_nan) | (mag & ~is_nan) | (sign & ~(is_nan & drop));
+}
+
+/* fp8 code of format fmt -> float32, exact (NaN: torch's word, see above). */
+LSC_FN float lsc_fp8_to_f32(lsc_u32 c, int fmt)
+{
+    const int e4 = fmt == LSC_CODE_E4M3FN;
+    const lsc_u32 shift = e4 ? 20u : 21u;
+    const lsc_u32 rebias = (e4 ? 127u - 7u : 127u - 15u) << 23;
+    const lsc_i32 minnorm = e4 ? 0x08 : 0x04;
+    const float fromsub = e4 ? 0x1p-9f : 0x1p-16f;
+    lsc_u32 sign = (c & 0x80u) << 24;
+    lsc_i32 m = (lsc_i32)(c & 0x7Fu);
+    lsc_u32 normal = ((lsc_u32)m << shift) + rebias;
+    /* e4m3fn: only 0x7F is special (NaN); e5m2: 0x7C Inf, above NaN */
+    lsc_u32 is_special = -(lsc_u32)(e4 ? m == 0x7F : m >= 0x7C);
+    lsc_u32 special = e4 ? normal | 0x7F800000u
+                         : 0x7F800000u | (((lsc_u32)m & 3u) << 21) | ((lsc_u32)(m > 0x7C) << 22);
+    lsc_u32 sub = lsc_f32_bits((float)m * fromsub);
+    lsc_u32 is_normal = -(lsc_u32)(m >= minnorm);
+    return lsc_f32_from_bits(sign | (special & is_special) | (normal & is_normal & ~is_special)
+                             | (sub & ~is_normal));
+}
+
+/* |f| as bits for an amax: a NaN counts as 0 unless flags has
+ * LSC_FP8_AMAX_NAN (then it sorts above Inf, and lsc_fp8_amax makes it NaN). */
+LSC_FN lsc_u32 lsc_fp8_amax_bits(float f, int flags)
+{
+    lsc_u32 a = lsc_f32_bits(f) & 0x7FFFFFFFu;
+    lsc_u32 keep = (flags & LSC_FP8_AMAX_NAN) ? ~0u : -(lsc_u32)((lsc_i32)a <= 0x7F800000);
+    return a & keep;
+}
+
+/* The amax whose lsc_fp8_amax_bits maximum is m. */
+LSC_FN float lsc_fp8_amax(lsc_u32 m)
+{
+    return lsc_f32_from_bits(m > 0x7F800000u ? 0x7FC00000u : m);
+}
+
+/* ---- the CPU kernels ----------------------------------------------------- */
+#if !defined(__CUDACC__) && !defined(LSC_DEVICE_EMULATION)
+
+#include <stdint.h>
+#include <string.h>
+
+typedef int64_t lsc_fp8_n;
+
+#define LSC_FP8_INL static inline __attribute__((always_inline))
+
+/* Element i of a float32 / float16 / bfloat16 run whose elements are
+ * `stride` bytes apart, widened to float32. */
+LSC_FP8_INL float lsc_fp8_load(const char *x, lsc_fp8_n i, lsc_fp8_n stride, int code)
+{
+    if (code == LSC_CODE_F32) {
+        float f;
+        memcpy(&f, x + i * stride, 4);
+        return f;
+    } else {
+        uint16_t h;
+        memcpy(&h, x + i * stride, 2);
+        return code == LSC_CODE_F16 ? lsc_f16_to_f32(h) : lsc_bf16_to_f32(h);
+    }
+}
+
+/* The scaled cast of a run: q[i] = fp8(float32(x[i]) * scale); returns the
+ * largest lsc_fp8_amax_bits of the inputs.  Inlined into each ISA level's
+ * copy (and the strided loop), with code and fmt constants there. */
+LSC_FP8_INL uint32_t lsc_fp8_cast_body(const char *x, lsc_fp8_n n, lsc_fp8_n stride, int code,
+                                       unsigned char *q, float scale, int fmt, int flags)
+{
+    uint32_t m = 0;
+    for (lsc_fp8_n i = 0; i < n; i++) {
+        float f = lsc_fp8_load(x, i, stride, code);
+        uint32_t a = lsc_fp8_amax_bits(f, flags);
+        m = a > m ? a : m;
+        q[i] = (unsigned char)lsc_fp8_from_f32(f * scale, fmt, flags);
+    }
+    return m;
+}
+
+/* Widening of a run of codes into float32 / float16 / bfloat16 words. */
+LSC_FP8_INL void lsc_fp8_decode_body(const unsigned char *q, lsc_fp8_n n, lsc_fp8_n stride,
+                                     int fmt, char *out, int code)
+{
+    for (lsc_fp8_n i = 0; i < n; i++) {
+        float f = lsc_fp8_to_f32(q[i * stride], fmt);
+        if (code == LSC_CODE_F32) {
+            memcpy(out + 4 * i, &f, 4);
+        } else {
+            uint16_t h = code == LSC_CODE_F16 ? lsc_f32_to_f16(f) : lsc_f32_to_bf16(f);
+            memcpy(out + 2 * i, &h, 2);
+        }
+    }
+}
+
+typedef uint32_t (*lsc_fp8_cast_fn)(const char *x, lsc_fp8_n n, unsigned char *q, float scale,
+                                    int flags);
+typedef void (*lsc_fp8_decode_fn)(const unsigned char *q, lsc_fp8_n n, char *out);
+
+/* One ISA level's contiguous kernels: [fmt - LSC_CODE_E4M3FN][input code]. */
+typedef struct {
+    const char *name;
+    lsc_fp8_cast_fn cast[2][LSC_NCODES];
+    lsc_fp8_decode_fn decode[2][LSC_NCODES];
+} lsc_fp8_isa;
+
+/* The kernels of one level: each a copy of the bodies with its code and
+ * format constant, compiled for the target around it. */
+#define LSC_FP8_CAST_FN(SFX, NAME, CODE, FMT)                                           \
+    static uint32_t lsc_fp8_##NAME##_##SFX(const char *x, lsc_fp8_n n, unsigned char *q, \
+                                           float scale, int flags)                      \
+    {                                                                                   \
+        return lsc_fp8_cast_body(x, n, (CODE) == LSC_CODE_F32 ? 4 : 2, (CODE), q, scale, \
+                                 (FMT), flags);                                         \
+    }
+#define LSC_FP8_DECODE_FN(SFX, NAME, CODE, FMT)                                              \
+    static void lsc_fp8_##NAME##_##SFX(const unsigned char *q, lsc_fp8_n n, char *out)      \
+    {                                                                                        \
+        lsc_fp8_decode_body(q, n, 1, (FMT), out, (CODE));                                    \
+    }
+#define LSC_FP8_LEVEL(SFX)                                                              \
+    LSC_FP8_CAST_FN(SFX, e4_f32, LSC_CODE_F32, LSC_CODE_E4M3FN)                         \
+    LSC_FP8_CAST_FN(SFX, e4_f16, LSC_CODE_F16, LSC_CODE_E4M3FN)                         \
+    LSC_FP8_CAST_FN(SFX, e4_bf16, LSC_CODE_BF16, LSC_CODE_E4M3FN)                       \
+    LSC_FP8_CAST_FN(SFX, e5_f32, LSC_CODE_F32, LSC_CODE_E5M2)                           \
+    LSC_FP8_CAST_FN(SFX, e5_f16, LSC_CODE_F16, LSC_CODE_E5M2)                           \
+    LSC_FP8_CAST_FN(SFX, e5_bf16, LSC_CODE_BF16, LSC_CODE_E5M2)                         \
+    LSC_FP8_DECODE_FN(SFX, de4_f32, LSC_CODE_F32, LSC_CODE_E4M3FN)                      \
+    LSC_FP8_DECODE_FN(SFX, de4_f16, LSC_CODE_F16, LSC_CODE_E4M3FN)                      \
+    LSC_FP8_DECODE_FN(SFX, de4_bf16, LSC_CODE_BF16, LSC_CODE_E4M3FN)                    \
+    LSC_FP8_DECODE_FN(SFX, de5_f32, LSC_CODE_F32, LSC_CODE_E5M2)                        \
+    LSC_FP8_DECODE_FN(SFX, de5_f16, LSC_CODE_F16, LSC_CODE_E5M2)                        \
+    LSC_FP8_DECODE_FN(SFX, de5_bf16, LSC_CODE_BF16, LSC_CODE_E5M2)                      \
+    static const lsc_fp8_isa lsc_fp8_isa_##SFX = {                                      \
+        #SFX,                                                                           \
+        {{0, lsc_fp8_e4_f16_##SFX, lsc_fp8_e4_bf16_##SFX, lsc_fp8_e4_f32_##SFX, 0, 0, 0}, \
+         {0, lsc_fp8_e5_f16_##SFX, lsc_fp8_e5_bf16_##SFX, lsc_fp8_e5_f32_##SFX, 0, 0, 0}}, \
+        {{0, lsc_fp8_de4_f16_##SFX, lsc_fp8_de4_bf16_##SFX, lsc_fp8_de4_f32_##SFX, 0, 0, 0}, \
+         {0, lsc_fp8_de5_f16_##SFX, lsc_fp8_de5_bf16_##SFX, lsc_fp8_de5_f32_##SFX, 0, 0, 0}}, \
+    };
+
+/* The levels and their CPU checks are lsc_scan.h's: the x86-64-v2 baseline
+ * the extension is built for, and -v3 / -v4 copies under `#pragma GCC
+ * target`, picked by __builtin_cpu_supports. */
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(__GNUC__) && !defined(__clang__) \
+        && __GNUC__ >= 12 && !defined(LSC_NO_DISPATCH)
+LSC_FP8_LEVEL(v2)
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v3")
+LSC_FP8_LEVEL(v3)
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v4", "prefer-vector-width=512")
+LSC_FP8_LEVEL(v4)
+#pragma GCC pop_options
+static const lsc_fp8_isa *const lsc_fp8_isas[] = {&lsc_fp8_isa_v2, &lsc_fp8_isa_v3,
+                                                  &lsc_fp8_isa_v4};
+#define LSC_FP8_NISAS 3
+static inline int lsc_fp8_isa_supported(int level)
+{
+    __builtin_cpu_init();
+    if (level == 2)
+        return __builtin_cpu_supports("x86-64-v4");
+    if (level == 1)
+        return __builtin_cpu_supports("x86-64-v3");
+    return 1;
+}
+#else
+LSC_FP8_LEVEL(baseline)
+static const lsc_fp8_isa *const lsc_fp8_isas[] = {&lsc_fp8_isa_baseline};
+#define LSC_FP8_NISAS 1
+static inline int lsc_fp8_isa_supported(int level) { return level == 0; }
+#endif
+
+/* Read by every call, written by lsc_fp8_isa_select: constant tables only. */
+static const lsc_fp8_isa *volatile lsc_fp8_isa_active;
+
+/* Pick the level by name ("v2", "v3", "v4"; "" or NULL = the best this CPU
+ * runs).  Returns 0, or -1 when the name is unknown or unsupported. */
+static int lsc_fp8_isa_select(const char *name)
+{
+    int best = 0;
+    for (int k = 0; k < LSC_FP8_NISAS; k++) {
+        if (!lsc_fp8_isa_supported(k))
+            continue;
+        best = k;
+        if (name && *name && strcmp(name, lsc_fp8_isas[k]->name) == 0) {
+            lsc_fp8_isa_active = lsc_fp8_isas[k];
+            return 0;
+        }
+    }
+    if (name && *name)
+        return -1;
+    lsc_fp8_isa_active = lsc_fp8_isas[best];
+    return 0;
+}
+
+static inline const lsc_fp8_isa *lsc_fp8_isa_get(void)
+{
+    if (!lsc_fp8_isa_active)
+        lsc_fp8_isa_select(NULL);
+    return lsc_fp8_isa_active;
+}
+
+/* The scaled cast of one 1-D run of n inputs `stride` bytes apart (native
+ * byte order) into n contiguous codes: the level's kernel for a contiguous
+ * run, the scalar functions for any other.  Returns the run's amax bits. */
+static uint32_t lsc_fp8_cast_run(const char *x, lsc_fp8_n n, lsc_fp8_n stride, int code,
+                                 unsigned char *q, float scale, int fmt, int flags)
+{
+    int width = code == LSC_CODE_F32 ? 4 : 2;
+    if (n <= 0)
+        return 0;
+    if (stride == width)
+        return lsc_fp8_isa_get()->cast[fmt - LSC_CODE_E4M3FN][code](x, n, q, scale, flags);
+    if (code == LSC_CODE_F32)
+        return lsc_fp8_cast_body(x, n, stride, LSC_CODE_F32, q, scale, fmt, flags);
+    if (code == LSC_CODE_F16)
+        return lsc_fp8_cast_body(x, n, stride, LSC_CODE_F16, q, scale, fmt, flags);
+    return lsc_fp8_cast_body(x, n, stride, LSC_CODE_BF16, q, scale, fmt, flags);
+}
+
+/* n codes `stride` bytes apart widened into n contiguous words of `code`. */
+static void lsc_fp8_decode_run(const unsigned char *q, lsc_fp8_n n, lsc_fp8_n stride, int fmt,
+                               char *out, int code)
+{
+    if (n <= 0)
+        return;
+    if (stride == 1) {
+        lsc_fp8_isa_get()->decode[fmt - LSC_CODE_E4M3FN][code](q, n, out);
+        return;
+    }
+    if (code == LSC_CODE_F32)
+        lsc_fp8_decode_body(q, n, stride, fmt, out, LSC_CODE_F32);
+    else if (code == LSC_CODE_F16)
+        lsc_fp8_decode_body(q, n, stride, fmt, out, LSC_CODE_F16);
+    else
+        lsc_fp8_decode_body(q, n, stride, fmt, out, LSC_CODE_BF16);
+}
+
+#undef LSC_FP8_LEVEL
+#undef LSC_FP8_CAST_FN
+#undef LSC_FP8_DECODE_FN
+#endif /* the CPU kernels */
+
+#endif /* LSC_FP8_H */
