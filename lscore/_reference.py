@@ -298,3 +298,77 @@ def unscale_(arrays: Any, inv_scale: float, stats: bool = False) -> Any:
         l2 = float(np.sqrt(np.sum(v * v)))
     max_abs = float(np.max(np.abs(v))) if v.size else 0.0
     return finite, l2, max_abs
+
+
+# ---- float8 casts ------------------------------------------------------------
+
+# (mantissa bits, exponent bias, largest finite code) of each float8 format
+_FP8 = {"float8_e4m3fn": (3, 7, 0x7E), "float8_e5m2": (2, 15, 0x7B)}
+
+
+def _fp8_values(fmt: str) -> np.ndarray:
+    """The values of codes 0 .. largest finite + 1 of `fmt` (float64, increasing): the
+    last one is where the next code would be, had the format one more finite value."""
+    mbits, bias, top = _FP8[fmt]
+    c = np.arange(top + 2)
+    e, m = c >> mbits, c & ((1 << mbits) - 1)
+    sub = m * 2.0 ** (1 - bias - mbits)
+    normal = (1 + m / 2**mbits) * 2.0 ** (e - bias)
+    return np.where(e == 0, sub, normal)
+
+
+def fp8_cast(
+    x: np.ndarray,
+    scale: float,
+    fmt: str,
+    saturate: bool = True,
+    nan_sign: bool = True,
+    amax_nan: bool = False,
+) -> tuple[np.ndarray, float]:
+    """Reference for lscore._ext._fp8.cast; slow, used only by tests.
+
+    Returns (codes, amax).  Each input widens to float32 and is multiplied by
+    float32(scale) in float32; |product| goes to the nearest of the format's
+    values, a tie to the even code.  Past the largest finite value (where it
+    would round beyond it; +-Inf too): that value with saturate, else e5m2's
+    Inf (0x7C) or e4m3fn's NaN (0x7F).  The sign bit is the product's; a NaN
+    is 0x7F, with its sign only under nan_sign.  amax = max |x| of the input,
+    NaN elements skipped (or, amax_nan, NaN if there is one); 0 when empty.
+    """
+    wide = np.asarray(x).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = (wide * np.float32(scale)).ravel()
+    _, _, top = _FP8[fmt]
+    values = _fp8_values(fmt)
+    a = np.abs(y.astype(np.float64))
+    nan = np.isnan(a)
+    a[nan] = 0
+    hi = np.minimum(np.searchsorted(values, a), top + 1)
+    lo = np.maximum(hi - 1, 0)
+    dlo, dhi = a - values[lo], values[hi] - a
+    code = np.where((dhi < dlo) | ((dhi == dlo) & (hi % 2 == 0)), hi, lo)
+    over = code > top
+    code[over] = top if saturate else (0x7C if fmt == "float8_e5m2" else 0x7F)
+    sign = np.signbit(y).astype(np.int64) << 7
+    code[nan] = 0x7F
+    if not nan_sign:
+        sign[nan] = 0
+    codes = (code | sign).astype(np.uint8).reshape(np.shape(x))
+    mags = np.abs(wide.ravel())
+    if amax_nan and np.isnan(mags).any():
+        return codes, float("nan")
+    finite_or_inf = mags[~np.isnan(mags)]
+    return codes, float(finite_or_inf.max()) if finite_or_inf.size else 0.0
+
+
+def fp8_decode(q: np.ndarray, fmt: str) -> np.ndarray:
+    """Reference for lscore._ext._fp8.decode; slow, used only by tests: the float64 value of
+    each code (NaN codes NaN, e5m2's 0x7C +-Inf)."""
+    mbits, _, top = _FP8[fmt]
+    c = np.asarray(q).view(np.uint8).astype(np.int64)
+    mag = c & 0x7F
+    v = _fp8_values(fmt)[np.minimum(mag, top)]
+    v = np.where(mag > top, np.nan, v)
+    if fmt == "float8_e5m2":
+        v = np.where(mag == 0x7C, np.inf, v)
+    return np.where(c & 0x80, -v, v)

@@ -22,9 +22,15 @@ measures the kernels themselves (``lscore bench``).
   ``pack_launches``: the launches' kernel arguments, packed as the kernels
   take them by value, and ``launch_params``: their ``void*[]`` (for
   ``lscore.cuda``).
+- ``fp8_cast(x, out, scale, fmt, saturate=True, nan_sign=True,
+  amax_nan=False)``: the scaled float8 cast ``out = fp8(float32(x) * scale)``
+  of a float32 / float16 / bfloat16 array (strided read in place) into
+  uint8 codes of format ``fmt`` (a name of ``FP8_FORMATS``), returning the
+  input's amax; ``fp8_decode(q, out, fmt)``: the codes widened back, exactly.
 - ``isa()``, ``isa_levels()``, ``set_isa(name)``, ``pool_size()``: the CPU
-  kernel level in use, the levels this CPU runs, a switch (returns the
-  previous level) and the number of scan threads.
+  kernel level in use, the levels this CPU runs, a switch of every CPU
+  kernel (the scan's and the float8 casts'; returns the previous level) and
+  the number of scan threads.
 - ``read_bandwidth(a)``, ``copy_bandwidth(dst, src)``: a plain C read loop
   and memcpy over an array's bytes, the bandwidth references of the bench.
 - ``DEVICE_FLAGS``, ``DEVICE_VALS`` (slot names -> index, with their counts
@@ -45,14 +51,18 @@ from lscore._ext._codes import (
     OPT_META,
     OPTIM_FLAGS,
 )
+from lscore._ext import _fp8
+from lscore._ext._fp8 import FORMATS as FP8_FORMATS
+from lscore._ext._fp8 import cast as fp8_cast
+from lscore._ext._fp8 import decode as fp8_decode
 from lscore._ext._grads import GradTable
+from lscore._ext import _scan
 from lscore._ext._scan import (
     all_finite,
     all_finite_raw,
     isa,
     isa_levels,
     pool_size,
-    set_isa,
     unscale_,
     unscale_raw,
 )
@@ -70,6 +80,15 @@ from lscore._ext._walk import (
     plan_launches,
 )
 
+
+
+def set_isa(name: str) -> str:
+    """Run every CPU kernel at ISA level `name` ("" = the best this CPU runs); returns the old."""
+    old = _scan.set_isa(name)
+    _fp8.set_isa(name)
+    return old
+
+
 # re-bound so that their doc comments reach the API reference
 #: reader code of a NumPy array (read through NumPy's C API)
 READ_NUMPY = READ_NUMPY
@@ -79,6 +98,8 @@ READ_CUDA_ARRAY = READ_CUDA_ARRAY
 READ_DLPACK = READ_DLPACK
 #: DLPack's device types, by torch's device type names ("cpu", "cuda"), for READ_DLPACK
 DLPACK_DEVICES = DLPACK_DEVICES
+#: float8 format name -> dtype code, the formats of ``fp8_cast`` / ``fp8_decode``
+FP8_FORMATS = FP8_FORMATS
 #: the CUDA kernels' shared device flags: slot name -> index
 DEVICE_FLAGS = DEVICE_FLAGS
 #: the CUDA kernels' shared device values: slot name -> index
@@ -100,6 +121,7 @@ __all__ = [
     "DEVICE_FLAGS",
     "DEVICE_VALS",
     "DLPACK_DEVICES",
+    "FP8_FORMATS",
     "META",
     "NDEVICE_FLAGS",
     "NDEVICE_VALS",
@@ -115,6 +137,8 @@ __all__ = [
     "all_finite",
     "all_finite_raw",
     "copy_bandwidth",
+    "fp8_cast",
+    "fp8_decode",
     "isa",
     "isa_levels",
     "launch_params",

@@ -1,0 +1,25 @@
+# Types of the compiled float8 casts (_fp8.pyx); lscore.kernels names them for the rooms above.
+import numpy as np
+import numpy.typing as npt
+
+FORMATS: dict[str, int]
+FLOATS: tuple[str, ...]
+SAT: int
+NAN_SIGN: int
+AMAX_NAN: int
+
+def cast(
+    x: npt.NDArray[np.generic],
+    out: npt.NDArray[np.generic],
+    scale: float,
+    fmt: str,
+    saturate: bool = True,
+    nan_sign: bool = True,
+    amax_nan: bool = False,
+) -> float: ...
+def decode(q: npt.NDArray[np.generic], out: npt.NDArray[np.generic], fmt: str) -> None: ...
+def encode_scalar(f: float, fmt: str, flags: int) -> int: ...
+def decode_scalar(c: int, fmt: str) -> float: ...
+def isa() -> str: ...
+def isa_levels() -> list[str]: ...
+def set_isa(name: str) -> str: ...
