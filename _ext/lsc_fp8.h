@@ -110,6 +110,67 @@ LSC_FN float lsc_fp8_amax(lsc_u32 m)
     return lsc_f32_from_bits(m > 0x7F800000u ? 0x7FC00000u : m);
 }
 
+/* ---- the device's conversion ----------------------------------------------
+ *
+ * sm_89 and newer narrow two floats in one instruction,
+ * cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 (d[15:8] from a, d[7:0] from b).  The
+ * PTX ISA (the cvt instruction, "Saturation modifiers": .satfinite) defines
+ * it for these destination formats as: a NaN input gives "NaN in the
+ * specified destination format" (which word is left open), and an input
+ * whose absolute value is greater than MAX_NORM gives "sign-preserved
+ * MAX_NORM" (+-Inf included); everything else rounds to nearest even (.rn).
+ * Finite results are then the scalar rule with LSC_FP8_SAT (a value in
+ * (MAX_NORM, MAX_NORM + half an ulp] rounds down to MAX_NORM either way).
+ * lsc_fp8_fix makes the rest the rule of `flags`: a NaN input becomes the
+ * flags' NaN word whatever the instruction wrote, and without LSC_FP8_SAT an
+ * input that rounds past the largest finite value becomes +-Inf (e5m2) or
+ * +-NaN (e4m3fn).  Older devices run the scalar rule itself.  The host
+ * harness (LSC_DEVICE_EMULATION) runs the instruction as documented, with a
+ * NaN word of its own (0x7F, e5m2 0x7E), through the same fix. */
+
+/* The rule of `flags` for value f, from d, the satfinite conversion of f. */
+LSC_FN lsc_u32 lsc_fp8_fix(lsc_u32 d, float f, int fmt, int flags)
+{
+    const int e4 = fmt == LSC_CODE_E4M3FN;
+    lsc_u32 x = lsc_f32_bits(f), a = x & 0x7FFFFFFFu, sign = (x >> 24) & 0x80u;
+    /* e4m3fn rounds past 448 above 464; e5m2 from 61440 on (a tie, to the even code) */
+    lsc_u32 past = e4 ? (a > 0x43E80000u) : (a >= 0x47700000u);
+    if (a > 0x7F800000u)
+        return 0x7Fu | ((flags & LSC_FP8_NAN_SIGN) ? sign : 0u);
+    if (!(flags & LSC_FP8_SAT) && past)
+        return (e4 ? 0x7Fu : 0x7Cu) | sign;
+    return d & 0xFFu;
+}
+
+#if defined(__CUDA_ARCH__) || defined(LSC_DEVICE_EMULATION)
+/* Two values' codes, a's in bits 15:8 and b's in 7:0: the instruction where
+ * the device has it and hw is set, else the scalar rule. */
+static __device__ __forceinline__ lsc_u32 lsc_dev_fp8x2(float a, float b, int fmt, int flags,
+                                                        int hw)
+{
+    if (hw) {
+        lsc_u32 d;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+        unsigned short h;
+        if (fmt == LSC_CODE_E4M3FN)
+            asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(a), "f"(b));
+        else
+            asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(h) : "f"(a), "f"(b));
+        d = h;
+#elif defined(LSC_DEVICE_EMULATION)
+        const lsc_u32 nan = fmt == LSC_CODE_E4M3FN ? 0x7Fu : 0x7Eu;
+        const lsc_u32 da = a != a ? nan : lsc_fp8_from_f32(a, fmt, LSC_FP8_SAT);
+        const lsc_u32 db = b != b ? nan : lsc_fp8_from_f32(b, fmt, LSC_FP8_SAT);
+        d = (da << 8) | db;
+#else
+        d = (lsc_fp8_from_f32(a, fmt, LSC_FP8_SAT) << 8) | lsc_fp8_from_f32(b, fmt, LSC_FP8_SAT);
+#endif
+        return (lsc_fp8_fix(d >> 8, a, fmt, flags) << 8) | lsc_fp8_fix(d & 0xFFu, b, fmt, flags);
+    }
+    return (lsc_fp8_from_f32(a, fmt, flags) << 8) | lsc_fp8_from_f32(b, fmt, flags);
+}
+#endif
+
 /* ---- the CPU kernels ----------------------------------------------------- */
 #if !defined(__CUDACC__) && !defined(LSC_DEVICE_EMULATION)
 

@@ -79,6 +79,13 @@ static inline unsigned int atomicAdd(unsigned int *p, unsigned int v)
     return old;
 }
 
+static inline unsigned int atomicMax(unsigned int *p, unsigned int v)
+{
+    unsigned int old = *p;
+    *p = old > v ? old : v;
+    return old;
+}
+
 static inline void __threadfence() {}
 
 #endif /* LSC_CUDA_SHIM_H */

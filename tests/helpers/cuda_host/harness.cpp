@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cuda_shim.h"
+#include "fp8.cu"
 #include "optim.cu" /* includes scan.cu */
 #include "update.cu"
 
@@ -176,12 +177,27 @@ int run(void (*k)(A...), unsigned grid, unsigned block, void **params,
     LSCH_CHECK(X, SGD)                       \
     LSCH_CHECK(X, ADAM)
 
+/* the float8 casts of one input dtype code C and format F (fp8.cu) */
+#define LSCH_FP8(X, C, F)                    \
+    X(lsc_fp8_cast<C, F, 0>)                 \
+    X(lsc_fp8_cast<C, F, 1>)                 \
+    X(lsc_fp8_decode<C, F>)
+
+#define LSCH_FP8_ALL(X)                      \
+    LSCH_FP8(X, 1, 5)                        \
+    LSCH_FP8(X, 2, 5)                        \
+    LSCH_FP8(X, 3, 5)                        \
+    LSCH_FP8(X, 1, 6)                        \
+    LSCH_FP8(X, 2, 6)                        \
+    LSCH_FP8(X, 3, 6)
+
 #define LSCH_KERNELS(X)                               \
     LSCH_SCAN(X, lsc_meta_4k)                         \
     LSCH_SCAN(X, lsc_meta_32k)                        \
     X(lsc_device_update)                              \
     LSCH_OPTIM(X, lsc_sgd_meta_4k, lsc_adam_meta_4k)  \
-    LSCH_OPTIM(X, lsc_sgd_meta_32k, lsc_adam_meta_32k)
+    LSCH_OPTIM(X, lsc_sgd_meta_32k, lsc_adam_meta_32k) \
+    LSCH_FP8_ALL(X)
 
 }  // namespace
 

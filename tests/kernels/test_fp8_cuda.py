@@ -1,0 +1,128 @@
+"""The float8 casts on the GPU (_ext/fp8.cu): NVRTC compiles them for sm_80 (the scalar
+rule) and sm_90 (cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32), and the host harness runs both
+paths bit for bit like the CPU kernels.
+
+The harness runs the instruction as the PTX ISA documents .satfinite (a NaN gives some NaN,
+|x| > MAX_NORM gives sign-preserved MAX_NORM, the rest rounds to nearest even), with a NaN
+word of its own, through the kernel's fix to the flags' rule (lsc_fp8.h).
+"""
+
+import shutil
+
+import numpy as np
+import pytest
+
+from lscore import cuda, kernels
+from lscore.dtypes import Code
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+E4, E5 = "float8_e4m3fn", "float8_e5m2"
+FMT = {E4: int(Code.E4M3FN), E5: int(Code.E5M2)}
+SRC = {"float16": int(Code.F16), "bfloat16": int(Code.BF16), "float32": int(Code.F32)}
+NAMES = tuple(
+    name
+    for c in SRC.values()
+    for f in FMT.values()
+    for name in (f"lsc_fp8_cast<{c}, {f}, 0>", f"lsc_fp8_cast<{c}, {f}, 1>", f"lsc_fp8_decode<{c}, {f}>")
+)
+
+
+def ptx_of(arch):
+    ptx, lowered, log = cuda.compile_kernels("fp8.cu", arch)
+    assert log == "", log
+    assert set(lowered) == set(NAMES)
+    return ptx.rstrip(b"\x00").decode()
+
+
+@pytest.fixture
+def fp8_kernels(cupy_compiler, monkeypatch):
+    monkeypatch.setitem(cuda.KERNELS, "fp8.cu", NAMES)
+
+
+@pytest.mark.parametrize("arch", ["80", "90"])
+def test_compiles_with_nvrtc(fp8_kernels, arch):
+    ptx = ptx_of(arch)
+    assert f".target sm_{arch}" in ptx
+    assert ".ftz" not in ptx and "fma." not in ptx and "approx" not in ptx
+    hw = ("cvt.rn.satfinite.e4m3x2.f32" in ptx, "cvt.rn.satfinite.e5m2x2.f32" in ptx)
+    assert hw == ((True, True) if arch == "90" else (False, False))
+
+
+if shutil.which("g++") is None:  # pragma: no cover
+    pytest.skip("g++ is missing: the CUDA host harness cannot be built", allow_module_level=True)
+
+from helpers import cuda_host  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return cuda_host.HostBackend()
+
+
+def inputs():
+    """Every float16 and bfloat16 word, and float32 patterns around the rounding boundaries."""
+    words = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    rng = np.random.default_rng(5)
+    exp = np.arange(100, 150, dtype=np.uint32)[:, None] << 23
+    mant = rng.integers(0, 1 << 23, 64, dtype=np.uint32)
+    mant = np.concatenate([mant, (np.arange(16, dtype=np.uint32) << 19), [0x7FFFFF, 0x80000]])
+    f32 = (exp | mant[None, :]).ravel()
+    f32 = np.concatenate([f32, f32 | 0x80000000, [0x7F800000, 0xFF800000, 0x7FC00001, 0xFFC00000]])
+    return {
+        "float16": words.view(np.float16),
+        "bfloat16": words.view(ml_dtypes.bfloat16),
+        "float32": f32.astype(np.uint32).view(np.float32),
+    }
+
+
+@pytest.mark.parametrize("src", sorted(SRC))
+@pytest.mark.parametrize("fmt", [E4, E5])
+@pytest.mark.parametrize("hw", [0, 1], ids=["scalar", "cvt-satfinite"])
+def test_harness_casts_like_the_cpu(backend, src, fmt, hw):
+    x = inputs()[src]
+    name = f"lsc_fp8_cast<{SRC[src]}, {FMT[fmt]}, {hw}>"
+    for scale in (1.0, 3.0, 1 / 3):
+        for saturate in (True, False):
+            for nan_sign in (True, False):
+                flags = (1 if saturate else 0) | (2 if nan_sign else 0)
+                amax_nan = not nan_sign
+                flags |= 4 if amax_nan else 0
+                q = np.full(x.size, 0xAA, np.uint8)
+                amax = np.zeros(1, np.uint32)
+                args = (
+                    np.uint64(x.ctypes.data),
+                    np.int64(x.size - 1),  # an odd count: the last pair is half a pair
+                    np.float32(scale),
+                    np.uint64(q.ctypes.data),
+                    np.int32(flags),
+                    np.uint64(amax.ctypes.data),
+                )
+                backend.launch(name, 3, 64, args)
+                want = np.empty(x.size - 1, np.uint8)
+                want_amax = kernels.fp8_cast(x[:-1], want, scale, fmt, saturate, nan_sign, amax_nan)
+                np.testing.assert_array_equal(q[:-1], want, err_msg=f"{scale} {flags}")
+                assert q[-1] == 0xAA
+                got_amax = amax.view(np.float32)[0] if amax[0] <= 0x7F800000 else np.nan
+                assert (np.isnan(got_amax) and np.isnan(want_amax)) or got_amax == want_amax
+
+
+@pytest.mark.parametrize("dst", sorted(SRC))
+@pytest.mark.parametrize("fmt", [E4, E5])
+def test_harness_decodes_like_the_cpu(backend, dst, fmt):
+    codes = np.arange(256, dtype=np.uint8)
+    dt = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}[dst]
+    out = np.zeros(256, dt)
+    backend.launch(
+        f"lsc_fp8_decode<{SRC[dst]}, {FMT[fmt]}>",
+        2,
+        32,
+        (np.uint64(codes.ctypes.data), np.int64(256), np.uint64(out.ctypes.data)),
+    )
+    want = np.empty(256, dt)
+    kernels.fp8_decode(codes, want, fmt)
+    words, want_words = out.view(f"u{out.itemsize}"), want.view(f"u{out.itemsize}")
+    nan = np.isnan(want.astype(np.float32))
+    np.testing.assert_array_equal(words[~nan], want_words[~nan])
+    # float32 keeps the CPU's NaN words; a narrowed NaN is the instruction's canonical one
+    assert (words[nan] == (want_words[nan] if dst == "float32" else cuda_host.DEVICE_NAN16)).all()
