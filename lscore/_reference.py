@@ -364,7 +364,7 @@ def fp8_cast(
 def fp8_decode(q: np.ndarray, fmt: str) -> np.ndarray:
     """Reference for lscore._ext._fp8.decode; slow, used only by tests: the float64 value of
     each code (NaN codes NaN, e5m2's 0x7C +-Inf)."""
-    mbits, _, top = _FP8[fmt]
+    _, _, top = _FP8[fmt]
     c = np.asarray(q).view(np.uint8).astype(np.int64)
     mag = c & 0x7F
     v = _fp8_values(fmt)[np.minimum(mag, top)]

@@ -41,6 +41,7 @@ measures the kernels themselves (``lscore bench``).
   the fused optimizers' flags, for ``lscore.cuda``.
 """
 
+from lscore._ext import _fp8, _scan
 from lscore._ext._codes import (
     DEVICE_FLAGS,
     DEVICE_VALS,
@@ -51,12 +52,10 @@ from lscore._ext._codes import (
     OPT_META,
     OPTIM_FLAGS,
 )
-from lscore._ext import _fp8
 from lscore._ext._fp8 import FORMATS as FP8_FORMATS
 from lscore._ext._fp8 import cast as fp8_cast
 from lscore._ext._fp8 import decode as fp8_decode
 from lscore._ext._grads import GradTable
-from lscore._ext import _scan
 from lscore._ext._scan import (
     all_finite,
     all_finite_raw,
@@ -79,7 +78,6 @@ from lscore._ext._walk import (
     pack_launches,
     plan_launches,
 )
-
 
 
 def set_isa(name: str) -> str:

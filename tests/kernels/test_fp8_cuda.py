@@ -24,7 +24,11 @@ NAMES = tuple(
     name
     for c in SRC.values()
     for f in FMT.values()
-    for name in (f"lsc_fp8_cast<{c}, {f}, 0>", f"lsc_fp8_cast<{c}, {f}, 1>", f"lsc_fp8_decode<{c}, {f}>")
+    for name in (
+        f"lsc_fp8_cast<{c}, {f}, 0>",
+        f"lsc_fp8_cast<{c}, {f}, 1>",
+        f"lsc_fp8_decode<{c}, {f}>",
+    )
 )
 
 
@@ -52,7 +56,7 @@ def test_compiles_with_nvrtc(fp8_kernels, arch):
 if shutil.which("g++") is None:  # pragma: no cover
     pytest.skip("g++ is missing: the CUDA host harness cannot be built", allow_module_level=True)
 
-from helpers import cuda_host  # noqa: E402
+from helpers import cuda_host
 
 
 @pytest.fixture(scope="module")
