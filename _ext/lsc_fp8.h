@@ -174,6 +174,7 @@ static __device__ __forceinline__ lsc_u32 lsc_dev_fp8x2(float a, float b, int fm
 /* ---- the CPU kernels ----------------------------------------------------- */
 #if !defined(__CUDACC__) && !defined(LSC_DEVICE_EMULATION)
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -306,8 +307,9 @@ static const lsc_fp8_isa *const lsc_fp8_isas[] = {&lsc_fp8_isa_baseline};
 static inline int lsc_fp8_isa_supported(int level) { return level == 0; }
 #endif
 
-/* Read by every call, written by lsc_fp8_isa_select: constant tables only. */
-static const lsc_fp8_isa *volatile lsc_fp8_isa_active;
+/* Read by every call and written by lsc_fp8_isa_select: an atomic pointer,
+ * relaxed (it only ever points at constant tables). */
+static _Atomic(const lsc_fp8_isa *) lsc_fp8_isa_active;
 
 /* Pick the level by name ("v2", "v3", "v4"; "" or NULL = the best this CPU
  * runs).  Returns 0, or -1 when the name is unknown or unsupported. */
@@ -319,21 +321,24 @@ static int lsc_fp8_isa_select(const char *name)
             continue;
         best = k;
         if (name && *name && strcmp(name, lsc_fp8_isas[k]->name) == 0) {
-            lsc_fp8_isa_active = lsc_fp8_isas[k];
+            atomic_store_explicit(&lsc_fp8_isa_active, lsc_fp8_isas[k], memory_order_relaxed);
             return 0;
         }
     }
     if (name && *name)
         return -1;
-    lsc_fp8_isa_active = lsc_fp8_isas[best];
+    atomic_store_explicit(&lsc_fp8_isa_active, lsc_fp8_isas[best], memory_order_relaxed);
     return 0;
 }
 
 static inline const lsc_fp8_isa *lsc_fp8_isa_get(void)
 {
-    if (!lsc_fp8_isa_active)
+    const lsc_fp8_isa *isa = atomic_load_explicit(&lsc_fp8_isa_active, memory_order_relaxed);
+    if (!isa) {
         lsc_fp8_isa_select(NULL);
-    return lsc_fp8_isa_active;
+        isa = atomic_load_explicit(&lsc_fp8_isa_active, memory_order_relaxed);
+    }
+    return isa;
 }
 
 /* The scaled cast of one 1-D run of n inputs `stride` bytes apart (native
