@@ -41,14 +41,10 @@ cdef extern from "lsc_fp8.h" nogil:
     void lsc_fp8_decode_run(const unsigned char *q, lsc_fp8_n n, lsc_fp8_n stride, int fmt,
                             char *out, int code)
     float lsc_fp8_amax(uint32_t m)
-    uint32_t lsc_fp8_from_f32(float f, int fmt, int flags)
-    float lsc_fp8_to_f32(uint32_t c, int fmt)
 
 #: float8 format name -> its dtype code (lsc_codes.h)
 FORMATS = {"float8_e4m3fn": LSC_CODE_E4M3FN, "float8_e5m2": LSC_CODE_E5M2}
-#: the float dtypes a cast reads and a decode writes
-FLOATS = ("float32", "float16", "bfloat16")
-
+#: the flag bits of the device kernels' `flags` argument (fp8.cu): the rules of lsc_fp8.h
 SAT = LSC_FP8_SAT
 NAN_SIGN = LSC_FP8_NAN_SIGN
 AMAX_NAN = LSC_FP8_AMAX_NAN
@@ -165,16 +161,6 @@ def decode(cnp.ndarray q, cnp.ndarray out, str fmt):
         p = <const unsigned char *>_line_start(q, i)
         with nogil:
             lsc_fp8_decode_run(p, n, stride, f, o + i * n * width, code)
-
-
-def encode_scalar(float f, str fmt, int flags):
-    """The code of one float32 value (the scalar function every path runs; for tests)."""
-    return lsc_fp8_from_f32(f, _fmt_code(fmt), flags)
-
-
-def decode_scalar(unsigned int c, str fmt):
-    """The float32 value of one code (for tests)."""
-    return lsc_fp8_to_f32(c, _fmt_code(fmt))
 
 
 # ---- ISA level, for tests and `lscore bench` --------------------------------

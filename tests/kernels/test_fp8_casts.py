@@ -89,7 +89,7 @@ def test_every_half_pattern(isa, src, fmt, saturate, nan_sign):
 
 @pytest.mark.parametrize("src", sorted(HALVES))
 @pytest.mark.parametrize(("fmt", "saturate"), MODES, ids=MODE_IDS)
-@pytest.mark.parametrize("scale", [1.0, 3.0, 1 / 3, 448 / 65504, 2.0**-20, 2.0**20])
+@pytest.mark.parametrize("scale", [1.0, 3.0, 1 / 3, 448 / 65504, 2.0**-20, 2.0**20, 0.0, np.inf])
 def test_every_half_pattern_scaled_matches_reference(src, fmt, saturate, scale):
     """All 65536 words times a float32 scale (the product rounds, then narrows): the slow
     twin's codes and amax, and ml_dtypes' value of float32(x * scale)."""

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from lscore import cuda, kernels
+from lscore._ext import _fp8
 from lscore.dtypes import Code
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -89,9 +90,12 @@ def test_harness_casts_like_the_cpu(backend, src, fmt, hw):
     for scale in (1.0, 3.0, 1 / 3):
         for saturate in (True, False):
             for nan_sign in (True, False):
-                flags = (1 if saturate else 0) | (2 if nan_sign else 0)
                 amax_nan = not nan_sign
-                flags |= 4 if amax_nan else 0
+                flags = (
+                    (_fp8.SAT if saturate else 0)
+                    | (_fp8.NAN_SIGN if nan_sign else 0)
+                    | (_fp8.AMAX_NAN if amax_nan else 0)
+                )
                 q = np.full(x.size, 0xAA, np.uint8)
                 amax = np.zeros(1, np.uint32)
                 args = (
