@@ -99,15 +99,17 @@ def test_a_capture_records_and_a_replay_runs_what_it_recorded(cp):
         for read in (lambda: float(out[0]), out.get, stream.synchronize):
             with pytest.raises(RuntimeError, match="capturing"):
                 read()
-        with pytest.raises(RuntimeError, match="H2D"):
-            cp.asarray(np.ones(2))
+        for upload in (lambda: cp.asarray(np.ones(2)), lambda: out.__setitem__(0, np.ones(1))):
+            with pytest.raises(RuntimeError, match="H2D"):
+                upload()
+        out[3] = 5.0  # a fill: recorded, the scalar kept by value
         graph = stream.end_capture()
     assert out.tolist() == [0, 0, 0, 0] and np.isnan(made.get()).all()
     graph.launch(stream)
-    assert out.tolist() == [0, 3, 6, 9] and made.tolist() == [1, 2, 3, 4]
+    assert out.tolist() == [0, 3, 6, 5] and made.tolist() == [1, 2, 3, 4]
     a[...] = cp.full(4, 10.0, cp.float32)
     graph.launch(stream)
-    assert out.tolist() == [30] * 4 and made.tolist() == [11] * 4
+    assert out.tolist() == [30, 30, 30, 5] and made.tolist() == [11] * 4
 
 
 @pytest.mark.parametrize("name", ["SGD", "Adam"])

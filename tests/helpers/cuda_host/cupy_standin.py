@@ -137,6 +137,15 @@ def _plain(a: Any) -> Any:
     return a
 
 
+def _plain_kwargs(kwargs: dict) -> dict:
+    return {k: _plain(v) for k, v in kwargs.items()}
+
+
+def _on_host(a: Any) -> bool:
+    """Whether `a` is a host array (writing it to the device is an upload)."""
+    return isinstance(a, (np.ndarray, list)) and not isinstance(a, ndarray)
+
+
 def _wrap(a: Any) -> Any:
     """A result as CuPy gives it: an ``ndarray`` (0-d for a scalar)."""
     if isinstance(a, tuple):
@@ -225,12 +234,11 @@ class ndarray(np.ndarray):  # cupy.ndarray's name
         return got
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        """A fill or a copy on the device; from a host array, an upload."""
+        if capturing() and _on_host(value):
+            raise RuntimeError("the current stream is capturing, so H2D transfers are disallowed")
         plain, value = self.view(np.ndarray), _plain(value)
-        if capturing():
-            if not isinstance(value, np.ndarray):
-                raise RuntimeError(
-                    "the current stream is capturing, so H2D transfers are disallowed"
-                )
+        if capturing():  # a scalar goes by value, as a fill kernel's argument
             get_current_stream().record(lambda: plain.__setitem__(key, value))
         else:
             plain[key] = value
@@ -266,17 +274,12 @@ class ndarray(np.ndarray):  # cupy.ndarray's name
         return format(self.get()[()] if self.ndim == 0 else self.get(), spec)
 
 
-def _plain_kwargs(kwargs: dict) -> dict:
-    return {k: _plain(v) for k, v in kwargs.items()}
-
-
 def _creating(fn: Callable[..., Any]) -> Callable[..., Any]:
     """NumPy's `fn` making a device array: from host data, an upload (refused while
     capturing, as CuPy refuses it); from a shape, an allocation and a fill, recorded."""
 
     def make(*args: Any, **kwargs: Any) -> Any:
-        host = [a for a in args[:1] if not isinstance(a, (ndarray, int, tuple))]
-        if capturing() and host:
+        if capturing() and args and (_on_host(args[0]) or isinstance(args[0], float)):
             raise RuntimeError("the current stream is capturing, so H2D transfers are disallowed")
         if capturing():
             made = fn(*_plain(args), **kwargs)
