@@ -150,3 +150,25 @@ def test_replays_of_a_captured_step_match_eager_steps_bitwise(cp, name):
     for k, (a, b) in enumerate(zip(eager[0], replayed[0], strict=True)):
         assert np.array_equal(a, b), k
     assert eager[1:] == replayed[1:]
+
+
+def test_a_captured_step_whose_backward_pass_multiplies_matrices_fails(cp):
+    """Capturing ``minimize`` over a backward pass with a matrix product fails at capture,
+    here as on a GPU: the recipe the guide gives keeps that pass out of the graph."""
+    from lscore.adapters import cupy as lcp
+
+    x, w = cp.ones((8, 4), cp.float32), cp.zeros(4, cp.float32)
+    err, grad = cp.zeros(8, cp.float32), cp.zeros(4, cp.float16)
+
+    def loss_and_grads(scale):
+        cp.matmul(x, w, out=err)
+        cp.matmul(x.T, (err * scale).astype(cp.float16), out=grad)
+        return None, [grad]
+
+    opt = lcp.LossScaleOptimizer(lcp.SGD(0.1), sync_free=True)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        opt.minimize(loss_and_grads, [w])  # eager: cuBLAS runs
+        stream.begin_capture()
+        with pytest.raises(NotImplementedError, match="cuBLAS"):
+            opt.minimize(loss_and_grads, [w])
