@@ -5,11 +5,17 @@ A torch scheduler runs on the host, so a loop that steps it only after applied
 steps must first ask ``scaler.last_step_skipped``, and the answer waits for the
 device.  For the schedulers whose rate is a closed-form function of the step
 count the host needs no answer: ``GradScaler.update()`` adds ``found_inf == 0``
-to a count kept on the device, and the rate is computed from that count, there,
-into each parameter group's tensor ``lr`` (which torch's fused and capturable
+to a count kept on the device, and the rate at that count is copied, there, into
+each parameter group's tensor ``lr`` (which torch's fused and capturable
 optimizers read on the device).  The formulas are torch's ``_get_closed_form_lr``
 (and ``get_lr`` for ``LambdaLR`` and ``OneCycleLR``, which are closed forms
 already), evaluated in float64 and rounded once into the learning-rate tensor.
+
+The rates are tabulated ahead of the count: the host knows no count, but it knows
+the most it can be (one more per ``update()``), and keeps the table longer than
+that, doubling it when needed.  A step then costs the same few device operations
+for every schedule (advance, look up, copy), where evaluating the formula would
+cost ten to thirty small ones.
 """
 
 from __future__ import annotations
@@ -27,8 +33,10 @@ from lscore.policy import integer
 
 __all__ = ["SkipAwareLR"]
 
-# the step count (a 0-d float tensor holding an integer) -> the rates of every group (1-d)
+# step counts (an (n, 1) float tensor holding integers) -> the rates, (n, groups)
 Rate = Callable[[torch.Tensor], torch.Tensor]
+# the rows of the first table; it doubles when the count may reach its end
+FIRST_ROWS = 1024
 
 # why each scheduler of torch.optim.lr_scheduler that SkipAwareLR does not take needs the
 # synchronous form (its rate is not a closed-form function of the count of applied steps)
@@ -68,9 +76,9 @@ class _NoHostReads(TorchDispatchMode):
 
 
 def _pick(rows: list[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
-    """Row `index` (a 0-d integer tensor) of the stacked `rows`, without reading it on the
-    host (``t[index]`` would: torch turns a 0-d index into a Python int)."""
-    return torch.index_select(torch.stack(rows), 0, index.reshape(1))[0]
+    """For each count n, ``rows[index[n]][n]``: `rows` are (n, groups), `index` (n, 1)."""
+    stacked = torch.stack(rows)
+    return torch.gather(stacked, 0, index.unsqueeze(0).expand(1, *stacked.shape[1:]))[0]
 
 
 def _supported(s: Any, inner: bool = False) -> type:
@@ -112,35 +120,52 @@ class _Builder:
 
 
 def _lambda(b: _Builder, s: sch.LambdaLR, base: Any) -> Rate:
-    probe = torch.zeros((), dtype=b.dtype, device=b.device)
+    probe = torch.arange(3, dtype=b.dtype, device=b.device)
     fns: list[Any] = list(s.lr_lambdas)  # called with a tensor, where torch passes an int
     constants: list[torch.Tensor | None] = []  # the value of a lambda that returns a number
     for i, fn in enumerate(fns):
-        try:
+        try:  # one count first: a host read of several would fail before it reads
             with _NoHostReads():
+                fn(probe[0])
                 out = fn(probe)
         except _HostRead:
             raise ValueError(
-                f"LambdaLR's lr_lambda[{i}] must be written in torch ops on the step count, a "
-                f"0-d {str(b.dtype).replace('torch.', '')} tensor (torch.where, torch.clamp, "
-                f"**), got {fn!r}, which reads it on the host (if, min, float, math)"
+                f"LambdaLR's lr_lambda[{i}] must be written in elementwise torch ops on a "
+                f"{str(b.dtype).replace('torch.', '')} tensor of step counts (torch.where, "
+                f"torch.clamp, **), got {fn!r}, which reads it on the host (if, min, float, "
+                f"math)"
             ) from None
         if not isinstance(out, torch.Tensor):  # a number: it cannot depend on the count
             constants.append(torch.full((), float(out), dtype=b.dtype, device=b.device))
             continue
-        if out.numel() != 1 or out.device != b.device:
+        # the rates are tabulated: the function must give, for a tensor of counts, what it
+        # gives for each count alone (within float64 rounding: vector kernels may differ)
+        each = [fn(c) for c in probe]
+        if not (
+            out.device == b.device
+            and out.shape in ((), probe.shape)
+            and all(isinstance(v, torch.Tensor) and v.numel() == 1 for v in each)
+            and torch.allclose(
+                out.to(b.dtype).expand(probe.shape),
+                torch.stack([v.to(b.dtype).reshape(()) for v in each]),
+                rtol=1e-12,
+                atol=0.0,
+            )
+        ):
             raise ValueError(
-                f"LambdaLR's lr_lambda[{i}] must return one number on {b.device}, got a "
-                f"tensor of shape {tuple(out.shape)} on {out.device}"
+                f"LambdaLR's lr_lambda[{i}] must work elementwise on a tensor of step counts "
+                f"on {b.device} (one rate per count), got {fn!r}, which gave {out!r} for "
+                f"the counts {probe!r}"
             )
         constants.append(None)
 
     def rate(e: torch.Tensor) -> torch.Tensor:
+        counts = e[:, 0]
         values = [
-            fn(e).to(b.dtype).reshape(()) if c is None else c
+            (fn(counts) if c is None else c).to(b.dtype).expand(counts.shape)
             for fn, c in zip(fns, constants, strict=True)
         ]
-        return base * torch.stack(values)
+        return base * torch.stack(values, dim=1)
 
     return rate
 
@@ -154,7 +179,7 @@ def _multistep(b: _Builder, s: sch.MultiStepLR, base: Any) -> Rate:
     gamma = float(s.gamma)
     milestones = b.tensor(sorted(s.milestones.elements()))
     # torch's bisect_right(milestones, epoch): how many milestones are <= the epoch
-    return lambda e: base * gamma ** (milestones <= e).sum(dtype=b.dtype)
+    return lambda e: base * gamma ** (milestones <= e).sum(dim=1, keepdim=True, dtype=b.dtype)
 
 
 def _constant(b: _Builder, s: sch.ConstantLR, base: Any) -> Rate:
@@ -209,7 +234,7 @@ def _one_cycle(b: _Builder, s: sch.OneCycleLR, base: Any) -> Rate:
             else:  # OneCycleLR._annealing_linear
                 rows.append((hi - lo) * pct + lo)
             start = end
-        return _pick(rows, torch.argmax((e <= last).to(torch.uint8)))
+        return _pick(rows, torch.argmax((e <= last).to(torch.uint8), dim=1, keepdim=True))
 
     return rate
 
@@ -229,7 +254,7 @@ def _sequential(b: _Builder, s: sch.SequentialLR, base: Any) -> Rate:
     def rate(e: torch.Tensor) -> torch.Tensor:
         # the scheduler after milestone m restarts there, as torch's _update_lr(0) does
         rows = [part(torch.clamp(e - at, min=0)) for part, at in zip(parts, starts, strict=True)]
-        return _pick(rows, (milestones <= e).sum())
+        return _pick(rows, (milestones <= e).sum(dim=1, keepdim=True))
 
     return rate
 
@@ -270,9 +295,10 @@ class SkipAwareLR(sch.LRScheduler):
         ``OneCycleLR`` (with ``cycle_momentum=False``), or a ``SequentialLR`` of
         these; its optimizer's learning rates must be tensors
         (``lr=torch.tensor(1e-3)``, on the training device).  A ``LambdaLR``'s
-        functions get the count as a 0-d float64 tensor and must be written in
-        torch ops (``torch.where``, ``torch.clamp``, ``**``), not ``if`` or
-        ``min``.  Step the scheduler no more: this object sets the rates.
+        functions get a float64 tensor of step counts and must be written in
+        elementwise torch ops (``torch.where``, ``torch.clamp``, ``**``), not
+        ``if`` or ``min``.  Step the scheduler no more: this object sets the
+        rates.
     scaler : lscore.adapters.torch.GradScaler
         The scaler whose ``update()`` advances the schedule.  A disabled scaler
         applies every step, and so advances the schedule every step.
@@ -292,7 +318,11 @@ class SkipAwareLR(sch.LRScheduler):
     ``step()`` does nothing (``update()`` has set the rates), so a loop written
     for torch's scheduler runs unchanged; ``get_last_lr()`` returns copies of the
     rate tensors.  ``state_dict()`` holds the count (read from the device); load
-    it into a ``SkipAwareLR`` built on the same kind of scheduler.  The
+    it into a ``SkipAwareLR`` built on the same kind of scheduler.  The rates
+    are tabulated on the device ahead of the count, so that a step costs the
+    same few device operations for every schedule: the table holds 8 bytes per
+    parameter group for each ``update()`` since the schedule was built or
+    loaded (at least 1024), and doubles when the count may reach its end.  The
     schedules guide (docs/guides/schedules.md) covers which optimizers take a
     tensor learning rate and why the other schedulers need the synchronous form.
     """
@@ -317,27 +347,46 @@ class SkipAwareLR(sch.LRScheduler):
         builder = _Builder(optimizer, device)
         self._rate = builder.rate(scheduler)
         self._dtype = builder.dtype
+        self._device = device
         self._kind = type(scheduler).__name__
         self.optimizer = optimizer
         self.base_lrs = [float(lr) for lr in getattr(scheduler, "base_lrs", [])]
-        self._count = torch.full((), scheduler.last_epoch, dtype=torch.int64, device=device)
-        self._write()
+        self._start_at(scheduler.last_epoch)
         scaler._schedules = (*scaler._schedules, self)
+
+    def _start_at(self, count: int) -> None:
+        """Count from `count` (known on the host), tabulating the rates from there."""
+        self._start = count
+        # on the device: the applied steps since; on the host: the most it can be
+        self._index = torch.zeros((), dtype=torch.int64, device=self._device)
+        self._reach = 0
+        self._table = self._rates(0, FIRST_ROWS)
+        self._write()
+
+    def _rates(self, lo: int, hi: int) -> torch.Tensor:
+        """The rates at the counts start + lo ... start + hi - 1, one row each."""
+        start = self._start
+        counts = torch.arange(start + lo, start + hi, dtype=self._dtype, device=self._device)
+        return self._rate(counts.unsqueeze(1))
 
     def advance(self, found_infs: Sequence[torch.Tensor]) -> None:
         """Count the iteration ``GradScaler.update()`` closes as applied unless one of
         its `found_infs` flags is nonzero (none: applied), and set the rates."""
-        count = self._count
+        index = self._index
         if found_infs:
-            flags = [f.to(count.device, non_blocking=True) for f in found_infs]
+            flags = [f.to(index.device, non_blocking=True) for f in found_infs]
             total = flags[0] if len(flags) == 1 else torch.stack(flags).sum()
-            count.add_(total.eq(0))
+            index.add_(total.eq(0))
         else:
-            count.add_(1)
+            index.add_(1)
+        self._reach += 1
+        rows = len(self._table)
+        if self._reach >= rows:
+            self._table = torch.cat([self._table, self._rates(rows, 2 * rows)])
         self._write()
 
     def _write(self) -> None:
-        rates = self._rate(self._count.to(self._dtype))
+        rates = torch.index_select(self._table, 0, self._index.reshape(1))[0]
         for group, rate in zip(self.optimizer.param_groups, rates.unbind(0), strict=True):
             group["lr"].copy_(rate)
 
@@ -356,12 +405,11 @@ class SkipAwareLR(sch.LRScheduler):
     def last_epoch(self) -> int:
         """The step count: applied steps plus the scheduler's ``last_epoch`` when it was
         wrapped.  Reading it waits for the device."""
-        return int(self._count)
+        return self._start + int(self._index)
 
     @last_epoch.setter
     def last_epoch(self, value: int) -> None:
-        self._count.fill_(integer("last_epoch", value, minimum=0))
-        self._write()
+        self._start_at(integer("last_epoch", value, minimum=0))
 
     def state_dict(self) -> dict[str, Any]:
         """``{"scheduler": the wrapped scheduler's class name, "last_epoch": the count}``

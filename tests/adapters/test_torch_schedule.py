@@ -29,12 +29,18 @@ torch = pytest.importorskip("torch")
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lscore.adapters.torch import GradScaler, SkipAwareLR
+from lscore.adapters.torch import GradScaler, SkipAwareLR, schedule
 
 L = torch.optim.lr_scheduler
 STEPS = 24
 RESUME_AT = 11
 LRS = (0.1, 0.03)
+
+
+@pytest.fixture(autouse=True)
+def short_tables(monkeypatch):
+    """Rate tables of 4 rows, so that every run outgrows its table, twice or more."""
+    monkeypatch.setattr(schedule, "FIRST_ROWS", 4)
 
 
 def _one_cycle(opt, **kw):
@@ -345,8 +351,17 @@ def test_torchs_scaler_is_refused() -> None:
 
 
 def test_a_lambda_that_reads_the_count_on_the_host_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"lr_lambda\[0\] must be written in torch ops"):
+    with pytest.raises(ValueError, match=r"lr_lambda\[0\] must be written in elementwise"):
         SkipAwareLR(L.LambdaLR(_opt(), lambda e: min(1.0, (e + 1) / 5)), GradScaler("cpu"))
+
+
+def test_a_lambda_that_is_not_elementwise_is_refused() -> None:
+    """The rates are tabulated for many counts at once: a reduction over the counts
+    would give every count the same rate."""
+    with pytest.raises(ValueError, match=r"lr_lambda\[0\] must work elementwise"):
+        SkipAwareLR(
+            L.LambdaLR(_opt(), lambda e: 0.9 ** torch.as_tensor(e).max()), GradScaler("cpu")
+        )
 
 
 def test_one_cycle_with_momentum_cycling_is_refused() -> None:
