@@ -310,8 +310,8 @@ class SkipAwareLR(sch.LRScheduler):
         step it when ``not scaler.last_step_skipped``), a learning rate that is
         not a tensor, or a scaler that is not lscore's ``GradScaler``.
     ValueError
-        For a ``LambdaLR`` function that reads the count on the host, or a
-        ``OneCycleLR`` that cycles the momentum.
+        For a ``LambdaLR`` function that reads the count on the host or does not
+        work elementwise, or a ``OneCycleLR`` that cycles the momentum.
 
     Notes
     -----
