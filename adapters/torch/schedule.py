@@ -15,7 +15,7 @@ The rates are tabulated ahead of the count: the host knows no count, but it know
 the most it can be (one more per ``update()``), and keeps the table longer than
 that, doubling it when needed.  A step then costs the same few device operations
 for every schedule (advance, look up, copy), where evaluating the formula would
-cost ten to thirty small ones.
+cost up to some thirty small ones (a OneCycleLR's phases, a SequentialLR's parts).
 """
 
 from __future__ import annotations
