@@ -125,7 +125,7 @@ def _stepper(torch, cls, device: str, count: int):
 
 def _time_in_turns(steps, sync, opts) -> list[dict]:
     """{call: [seconds, one per iteration]} for each stepper: `repeat` times as many
-    iterations as last about `min_time` seconds, the steppers taking turns at each
+    iterations as last about `min_time` seconds (3 at least), the steppers taking turns at each
     iteration, so that a slow spell of a shared host lands on all of them alike."""
     per = []
     for step in steps:
@@ -134,7 +134,8 @@ def _time_in_turns(steps, sync, opts) -> list[dict]:
         if sync is not None:
             sync()
         per.append(time.perf_counter() - t0)
-    iterations = opts.repeat * max(1, math.ceil(opts.min_time / max(sum(per), 1e-9)))
+    # at least three per repeat: one slow spell must not spoil a row's best
+    iterations = opts.repeat * max(3, math.ceil(opts.min_time / max(sum(per), 1e-9)))
     samples: list[dict[str, list[float]]] = [{c: [] for c in (*CALLS, STEP)} for _ in steps]
     gc.disable()
     try:
