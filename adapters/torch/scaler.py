@@ -30,13 +30,13 @@ from lscore.adapters.torch._config import (
     zero_d,
 )
 from lscore.adapters.torch._paths import (
+    TORCH_ARGS,
     Disabled,
     ScalerAssertionError,
+    SkipCount,
     Unplaced,
     clip_coefficient,
-    is_torch_shape,
     named_grads,
-    replace_state,
     state_dict_with,
     torch_policy,
     unscale_with_kernel,
@@ -50,15 +50,6 @@ __all__ = ["GradScaler", "ScalerConfigError"]
 _FIX = (
     "This may indicate your script did not use scaler.scale(loss or outputs) "
     "earlier in the iteration."
-)
-_DEFAULTS = dict(
-    init_scale=2.0**16,
-    growth_factor=2.0,
-    backoff_factor=0.5,
-    growth_interval=2000,
-    min_scale=None,
-    max_scale=None,
-    hysteresis=1,
 )
 # the keys of a pickled GradScaler, in this order: __getstate__ writes the path's part
 # (_PICKLED_PATH: the state machine, the scale and the CPU unscaler) beside the scaler's
@@ -151,6 +142,11 @@ class GradScaler(torch.amp.GradScaler):
     overflow_monitor : lscore.diagnostics.OverflowMonitor or None
         Set it to get a report naming the gradients that held NaN/inf on every
         skipped step.
+    torch_kernels : bool
+        False by default.  Set it True before the first ``scale()`` to run
+        torch's own kernels for CPU tensors too, the path tensors of every
+        other device take (as ``torch.amp.GradScaler("cpu")`` does), e.g. to
+        compare that path with torch's on a machine without a GPU.
 
     Raises
     ------
@@ -197,12 +193,12 @@ class GradScaler(torch.amp.GradScaler):
 
     def __init__(
         self,
-        device: str = "cuda",
-        init_scale: float = 2.0**16,
-        growth_factor: float = 2.0,
-        backoff_factor: float = 0.5,
-        growth_interval: int = 2000,
-        enabled: bool | str = True,
+        device: str = TORCH_ARGS["device"],
+        init_scale: float = TORCH_ARGS["init_scale"],
+        growth_factor: float = TORCH_ARGS["growth_factor"],
+        backoff_factor: float = TORCH_ARGS["backoff_factor"],
+        growth_interval: int = TORCH_ARGS["growth_interval"],
+        enabled: bool | str = TORCH_ARGS["enabled"],
         *,
         min_scale: float | None = None,
         max_scale: float | None = None,
@@ -274,8 +270,9 @@ class GradScaler(torch.amp.GradScaler):
 
     # ---- the path (torch's private names read through it) ---------------------------
 
-    # tests set this to run torch's kernel path on CPU tensors
-    _force_torch_kernels = False
+    #: True: torch's own kernels check, unscale and update even for CPU tensors (the path
+    #: every other device takes); set it before the first ``scale()``
+    torch_kernels = False
 
     def _path_has(self, name: str) -> None:
         """A scaler disabled from the start has no state, scale or tracker (torch's neither)."""
@@ -382,7 +379,7 @@ class GradScaler(torch.amp.GradScaler):
         """The scale tensor; the first call picks the path from `device` (torch's lazy init)."""
         if self._path.scale is None:
             self._init_values = (self._path.get_scale(), self._path.good_steps())
-            self._path = self._path.place(device, self._force_torch_kernels)
+            self._path = self._path.place(device, self.torch_kernels)
         return self._path.scale
 
     # ---- scale -------------------------------------------------------------------
@@ -399,9 +396,10 @@ class GradScaler(torch.amp.GradScaler):
         if not self._enabled:
             return outputs
         if isinstance(outputs, torch.Tensor):
-            return outputs * self._placed_scale(outputs.device).to(
-                device=outputs.device, non_blocking=True
-            )
+            scale = self._path.scale
+            if scale is None:
+                scale = self._placed_scale(outputs.device)
+            return outputs * scale.to(device=outputs.device, non_blocking=True)
 
         per_device: dict = {}
 
@@ -639,15 +637,10 @@ class GradScaler(torch.amp.GradScaler):
             for schedule in self._schedules:  # a disabled scaler applies every step
                 schedule.advance(())
             return
-        self._check_scale_growth_tracker("update")
         path = self._path
-        found_infs = path.flags(
-            [
-                f
-                for st in self._per_optimizer_states.values()
-                for f in st["found_inf_per_device"].values()
-            ]
-        )
+        if path.scale is None:
+            self._check_scale_growth_tracker("update")  # raises torch's assertion
+        found_infs = path.flags(self._per_optimizer_states)
         if new_scale is not None:
             self._set_new_scale(new_scale)
         elif not found_infs:
@@ -661,9 +654,12 @@ class GradScaler(torch.amp.GradScaler):
         if outcome is None:  # the device path, new_scale and no inf checks
             self._last_skipped = False
         else:
-            skipped, count, before = outcome
+            skipped, before = outcome  # skipped: a bool, or a device tensor (above 0)
             self._last_skipped = skipped
-            self._skipped = self._skipped + count
+            skips = self._skipped
+            if type(skips) is not SkipCount:  # an int (a new or unpickled scaler)
+                skips = self._skipped = SkipCount(int(skips))
+            skips.add(skipped)
             if path.observes_always or self.overflow_monitor is not None:
                 self._observe(step, bool(skipped), before)
         for schedule in self._schedules:  # SkipAwareLR: count and rate, on the device
@@ -754,11 +750,10 @@ class GradScaler(torch.amp.GradScaler):
         self._growth_interval = new_interval
 
     def _set_policy(self, **changes: Any) -> None:
-        state = self._state
-        policy = state.policy.replace(**changes)  # validates
+        policy = self._state.policy.replace(**changes)  # validates
         # (on torch's device path the tensors hold scale and tracker; the host copy
         # keeps the policy for pickling and state dicts)
-        replace_state(state, state.scale, state.counters()["good_steps"], policy)
+        self._path.set_policy(policy)
 
     def is_enabled(self) -> bool:
         """Whether this scaler scales.  With ``enabled="auto"`` it is True until the first
@@ -783,7 +778,7 @@ class GradScaler(torch.amp.GradScaler):
     # ---- state -------------------------------------------------------------------
 
     def _uses_lscore_options(self) -> bool:
-        return not is_torch_shape(self._state.policy)
+        return not self._path.torch_shape
 
     def state_dict(self) -> dict:
         """torch's five keys, and ``"lscore"`` (the full ``"lscore.state/1"`` state) when an
@@ -903,3 +898,21 @@ class GradScaler(torch.amp.GradScaler):
             f"GradScaler(device={self._device!r}, scale={self.get_scale()!r}, "
             f"policy={self._state.policy.name!r}, skipped_steps={self.skipped_steps})"
         )
+
+
+# the defaults of the arguments that policy= replaces (passing another value beside it
+# is refused)
+_DEFAULTS = {
+    k: p.default
+    for k, p in inspect.signature(GradScaler.__init__).parameters.items()
+    if k
+    in (
+        "init_scale",
+        "growth_factor",
+        "backoff_factor",
+        "growth_interval",
+        "min_scale",
+        "max_scale",
+        "hysteresis",
+    )
+}

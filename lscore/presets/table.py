@@ -51,12 +51,30 @@ TF_DYNAMIC = dict(
     guard_finite=True,
     refill=("backoff",),
 )
+# torch.amp.GradScaler's policy, its one definition: every Policy field except the four
+# numbers its constructor takes (the "torch" row's args), hysteresis, floor and cap as in
+# torch (none).  The "nemo" row and lscore.adapters.torch.GradScaler build on it, and that
+# GradScaler runs torch's own update kernel exactly for policies with these values.  At
+# hysteresis 1 every refill rule gives torch's scales; "finite" is NeMo's, the rule the
+# GradScaler's hysteresis follows.
 TORCH = dict(
+    hysteresis=1,
+    min_scale=None,
+    max_scale=None,
     precision="float32_float64",
     growth_mode="eq",
+    growth_offset=0,
     backoff_mode="multiply",
+    min_action="clamp",
     guard_finite=True,
-    refill=("backoff",),
+    refill=("finite",),
+    hysteresis_saturate=False,
+    apply_nonfinite=False,
+    flush_subnormal=False,
+    apply_next=False,
+    tolerance=0.0,
+    floor_scale=None,
+    growth_factor_after_overflow=None,
 )
 
 
@@ -101,7 +119,7 @@ def _nemo(a: Any) -> Any:
         return dict(FIXED_SCALE, init_scale=1.0)
     # hysteresis 0 acts as 1: NeMo's tracker starts at 0 and the first overflow takes it
     # below 0, so every overflow backs off (lscore.migrate keeps NeMo's tracker values)
-    return dict(TORCH, refill=("finite",), hysteresis=max(a["hysteresis"], 1))
+    return dict(TORCH, hysteresis=max(a["hysteresis"], 1))
 
 
 def _apex(a: Any) -> Any:

@@ -686,7 +686,7 @@ def test_torch_kernel_path_matches(opts):
     kw = dict(init_scale=64.0, growth_interval=2)
     reference = GradScaler("cpu", **kw, **opts)
     forced = GradScaler("cpu", **kw, **opts)
-    forced._force_torch_kernels = True
+    forced.torch_kernels = True
     m1, o1 = make()
     m2 = copy.deepcopy(m1)
     o2 = torch.optim.SGD(m2.parameters(), lr=0.1)

@@ -20,7 +20,7 @@ import json
 import numpy as np
 
 from lscore import kernels
-from lscore.cli.bench import _gpu, _static, _tune
+from lscore.cli.bench import _gpu, _scaler, _static, _tune
 from lscore.cli.bench._harness import DTYPES, FULL_SIZES, SIZES, TINY_SIZES, Rows, import_torch
 from lscore.cli.bench._report import add_ratios, format_table, machine, targets
 from lscore.cli.bench._sections import AF_METHODS, GRAD_HARNESS, SECTIONS, UN_METHODS
@@ -80,6 +80,7 @@ def run(opts: Options) -> dict:
         + 6
         + 6
         + 4
+        + 2 * len(_scaler.COUNTS) * (len(_scaler.CALLS) + 1) * len(_scaler.METHODS)
         + 3 * len(opts.contention_sizes)
         + 2 * len(opts.isa_sizes) * (len(kernels.isa_levels()) + 1)
     )
