@@ -11,7 +11,7 @@ step, which drift from the closed form by a few float64 ulps).
 On the CPU torch 2.13 runs SGD and AdamW fused with a tensor learning rate;
 ``capturable=True`` asserts CUDA (or XLA, XPU, HPU) parameters, so the capturable
 mode runs in the ``gpu`` test only.  The device path (torch's kernels, as on
-CUDA) runs on CPU tensors through ``GradScaler._force_torch_kernels``.
+CUDA) runs on CPU tensors through ``GradScaler.torch_kernels``.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ class Loop:
         lr = (lambda v: torch.tensor(v, device=device)) if sync_free else float
         self.opt = optimizer(_groups(self.params, lr))
         self.scaler = GradScaler(device, init_scale=2.0**8, growth_interval=3)
-        self.scaler._force_torch_kernels = device_path
+        self.scaler.torch_kernels = device_path
         self.torch_sched = scheduler(self.opt)
         self.sched = SkipAwareLR(self.torch_sched, self.scaler) if sync_free else None
 
