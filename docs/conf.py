@@ -31,8 +31,24 @@ numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
 numpydoc_xref_param_type = False
 autodoc_member_order = "bysource"
+# a class's entry lists every public member a user can reach on it: those without a
+# docstring (a dataclass's fields, an enum's members) and those it inherits from lscore's
+# private bases; not those of torch's Optimizer, int or the built-in exceptions
+autodoc_default_options = {
+    "undoc-members": True,
+    "inherited-members": "object, Optimizer, int, Exception",
+}
+# the page's table of contents names a member without its class
+toc_object_entries_show_parents = "hide"
+# a signature too long for one line of the page lists one parameter a line
+maximum_signature_line_length = 72
 autodoc_typehints = "signature"
 autosummary_generate = False
+# a cross-reference to lscore's public names must resolve (`{py:class}` in a guide, a
+# type in a signature); one to another project's names or to a private module's (which
+# have no entry) is left as text
+nitpicky = True
+nitpick_ignore_regex = [(r"py:.*", r"(?!lscore\b).*"), (r"py:.*", r"lscore(\.\w+)*\._.*")]
 
 html_theme = "pydata_sphinx_theme"
 html_title = "lscore"
