@@ -19,6 +19,7 @@ extensions = [
     "numpydoc",
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
+    "sphinx_copybutton",
     "lscore_docs",
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
@@ -49,6 +50,10 @@ autosummary_generate = False
 # have no entry) is left as text
 nitpicky = True
 nitpick_ignore_regex = [(r"py:.*", r"(?!lscore\b).*"), (r"py:.*", r"lscore(\.\w+)*\._.*")]
+
+# the copy button copies what a reader can paste: the code of a `>>>` / `$` example
+# without its prompts and without the output the page shows (Pygments' .gp and .go)
+copybutton_exclude = ".linenos, .gp, .go"
 
 html_theme = "pydata_sphinx_theme"
 html_title = "lscore"
