@@ -13,9 +13,11 @@ The built site (``make docs`` runs these with ``LSCORE_DOCS_HTML=docs/_build/htm
 without it they skip): a name is rendered when an element whose id is a dotted name
 of the same object sits inside a ``dl.py`` (the entry autodoc writes, with its
 signature and docstring sections), and listed when ``objects.inv`` names that object;
-no page shows a directive as text (autodoc's output parsed as Markdown, as MyST does
-inside an ``{autoclass}`` fence: executablebooks/MyST-Parser#587), and the general
-index links every Python entry of ``objects.inv``.
+a class's entry holds every public member lscore defines for it; no page shows a
+directive as text (autodoc's output parsed as Markdown, as MyST does inside an
+``{autoclass}`` fence: executablebooks/MyST-Parser#587); the general index links
+every Python entry of ``objects.inv``; the copy button copies code blocks without
+their prompts.
 """
 
 from __future__ import annotations
@@ -164,14 +166,18 @@ RAW_DIRECTIVE = (".. py:", "!! processed by numpydoc !!", ".. rubric::", ":modul
 
 
 class Page(HTMLParser):
-    """A built page: its visible text, its links, and the ids inside ``dl.py`` elements."""
+    """A built page: its visible text, links and scripts, the ids inside ``dl.py``
+    elements, and its code blocks as (text, classes of the spans around it) pieces."""
 
     def __init__(self, html: str) -> None:
         super().__init__(convert_charrefs=True)
         self.entries: set[str] = set()
         self.hrefs: set[str] = set()
+        self.scripts: set[str] = set()
         self.text: list[str] = []
+        self.blocks: list[list[tuple[str, frozenset[str]]]] = []
         self._dl: list[bool] = []  # the open <dl>s: whether each is a Python entry
+        self._spans: list[frozenset[str]] | None = None  # inside a <pre>: its open spans
         self._hidden = 0
         self.feed(html)
         self.close()
@@ -182,8 +188,14 @@ class Page(HTMLParser):
             self._dl.append("py" in attr.get("class", "").split())
         elif tag in ("script", "style"):
             self._hidden += 1
+            self.scripts.add(attr.get("src", "").partition("?")[0])
         elif tag == "a" and attr.get("href"):
             self.hrefs.add(attr["href"])
+        elif tag == "pre":
+            self._spans = []
+            self.blocks.append([])
+        elif tag == "span" and self._spans is not None:
+            self._spans.append(frozenset(attr.get("class", "").split()))
         if any(self._dl) and attr.get("id"):
             self.entries.add(attr["id"])
 
@@ -192,10 +204,16 @@ class Page(HTMLParser):
             self._dl.pop()
         elif tag in ("script", "style") and self._hidden:
             self._hidden -= 1
+        elif tag == "pre":
+            self._spans = None
+        elif tag == "span" and self._spans:
+            self._spans.pop()
 
     def handle_data(self, data: str) -> None:
         if not self._hidden:
             self.text.append(data)
+        if self._spans is not None:
+            self.blocks[-1].append((data, frozenset().union(*self._spans)))
 
 
 @pytest.fixture(scope="module")
@@ -298,20 +316,53 @@ def test_inventory_lists_public_names(module_name: str, listed: list[tuple[Any, 
     assert not missing, f"not in objects.inv: {missing}"
 
 
+def owner(cls: type, name: str) -> str:
+    """The module of the class in `cls`'s MRO that defines attribute `name`."""
+    return next((k for k in cls.__mro__ if name in vars(k)), object).__module__
+
+
 def test_site_renders_class_members(pages: dict[str, Page]) -> None:
-    """A class's entry lists every public member lscore defines on it or on a base."""
+    """A class's entry lists every public member lscore defines on it or on a base, and
+    none that another library defines (torch's Optimizer, int, BaseException)."""
     entries = set().union(*(p.entries for p in pages.values()))
-    missing = []
+    missing, foreign = [], []
     for dotted in sorted(entries):
         found, cls = lookup(dotted)
         if not (found and inspect.isclass(cls) and cls.__module__.startswith("lscore")):
             continue
         for name in dir(cls):
-            owner = next((k for k in cls.__mro__ if name in vars(k)), object)
-            public = not name.startswith("_") and owner.__module__.startswith("lscore")
-            if public and f"{dotted}.{name}" not in entries:
+            ours = owner(cls, name).startswith("lscore")
+            if not name.startswith("_") and ours and f"{dotted}.{name}" not in entries:
                 missing.append(f"{dotted}.{name}")
+        for entry in entries:
+            name = entry.removeprefix(dotted + ".")
+            member = name != entry and "." not in name and hasattr(cls, name)
+            if member and not owner(cls, name).startswith("lscore"):
+                foreign.append(entry)
     assert not missing, f"class entries without these members: {missing}"
+    assert not foreign, f"class entries with another library's members: {sorted(foreign)}"
+
+
+def test_copy_button_leaves_out_prompts_and_output(site: Path, pages: dict[str, Page]) -> None:
+    """Every page with a code block loads the copy button, which leaves out Pygments'
+    prompts (.gp) and shown output (.go); what it copies of a block, the text outside
+    those, has no ``>>>`` or ``...`` prompt (one a lexer did not mark)."""
+    script = site / "_static" / "copybutton.js"
+    assert script.is_file(), "the site has no copy button (sphinx-copybutton)"
+    found = re.search(r"let exclude = '([^']*)'", script.read_text())
+    assert found, "copybutton.js names no excluded elements"
+    excluded = {c.strip().lstrip(".") for c in found.group(1).split(",")}
+    assert {"gp", "go"} <= excluded, excluded
+    unloaded, pasted = [], []
+    for name, page in pages.items():
+        if page.blocks and not any(s.endswith("_static/copybutton.js") for s in page.scripts):
+            unloaded.append(name)
+        for block in page.blocks:
+            copied = "".join(text for text, classes in block if not classes & excluded)
+            if re.search(r"^(>>>|\.\.\.) ", copied, re.M):
+                pasted.append(f"{name}: {copied[:80]!r}")
+    assert not unloaded, f"pages with code blocks and no copy button: {unloaded}"
+    assert not pasted, "copied with prompts:\n" + "\n".join(pasted)
 
 
 def test_pages_show_no_directive_text(pages: dict[str, Page]) -> None:
