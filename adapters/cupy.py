@@ -32,8 +32,9 @@ clipped steps, take the elementwise path (CuPy array expressions).
   to the host unless you read ``loss_scale``, ``dynamic_counter`` or call
   ``sync_state()``.  After one eager step such a step can be captured in a
   CUDA graph (``stream.begin_capture()`` / ``end_capture()``) and replayed;
-  see the README's CuPy section.  While the current stream is capturing,
-  calls that would synchronise or upload raise RuntimeError.  The state
+  CuPy cannot capture cuBLAS calls, so the backward pass stays eager (the
+  NumPy and CuPy guide's CUDA-graph recipe).  While the current stream is
+  capturing, calls that would synchronise or upload raise RuntimeError.  The state
   lives on the device that was current when the optimizer was made; a step
   taken while another device is current raises RuntimeError before anything
   runs (make one optimizer per device).

@@ -145,7 +145,7 @@ class GradScaler(torch.amp.GradScaler):
     ----------
     last_step_skipped : bool
         Whether the iteration closed by the last ``update()`` skipped the
-        optimizer step.
+        optimizer step (on CUDA, reading it synchronises with the device).
     skipped_steps : int
         How many iterations skipped the optimizer step.
     overflow_monitor : lscore.diagnostics.OverflowMonitor or None
@@ -636,6 +636,8 @@ class GradScaler(torch.amp.GradScaler):
         """Grow or back off the scale from this iteration's NaN/inf checks, or set it to
         `new_scale` (a float, or a one-element tensor on the scaler's device)."""
         if not self._enabled:
+            for schedule in self._schedules:  # a disabled scaler applies every step
+                schedule.advance(())
             return
         self._check_scale_growth_tracker("update")
         path = self._path
@@ -664,7 +666,13 @@ class GradScaler(torch.amp.GradScaler):
             self._skipped = self._skipped + count
             if path.observes_always or self.overflow_monitor is not None:
                 self._observe(step, bool(skipped), before)
+        for schedule in self._schedules:  # SkipAwareLR: count and rate, on the device
+            schedule.advance(found_infs)
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+
+    #: the SkipAwareLR schedules (adapters/torch/schedule.py) that update() advances from
+    #: the step's found-inf flags, on the device; each adds itself when built on this scaler
+    _schedules: tuple = ()
 
     # ---- overflow diagnostics (lscore.diagnostics) ---------------------------------
 
@@ -760,7 +768,11 @@ class GradScaler(torch.amp.GradScaler):
 
     @property
     def last_step_skipped(self) -> bool:
-        """Whether the iteration closed by the last update() skipped an optimizer step."""
+        """Whether the iteration closed by the last update() skipped an optimizer step.
+
+        Exact; off the CPU (CUDA) the flag is a device tensor, so reading it waits for
+        the device: a host synchronisation.  ``SkipAwareLR`` keeps a learning-rate
+        schedule in step with the applied steps without one."""
         return bool(self._last_skipped)
 
     @property
@@ -843,6 +855,9 @@ class GradScaler(torch.amp.GradScaler):
                 "iteration, or at the end after scaler.update()."
             )
         state = self.__dict__.copy()
+        # a schedule holds its optimizer: it is not the scaler's to pickle (torch's
+        # schedulers are saved on their own, and a rebuilt SkipAwareLR attaches itself)
+        state.pop("_schedules", None)
         state.update(state.pop("_path").pickled())
         if self._enabled:
             state["_last_skipped"] = self.last_step_skipped

@@ -9,6 +9,8 @@ pythonpath``), so a test imports ``from helpers import FLOAT_DTYPES`` or
     helpers/peer_models.py  each peer's update rule as a plain-Python model
     helpers/backends.py   the array/framework backends behind conftest's fixtures
     helpers/cuda_host/    lscore's CUDA kernels compiled with g++ and run on the CPU
+      cuda_host/cupy_standin.py  a cupy module over NumPy and the harness (the docs' GPU
+                          examples on the CPU: captures recorded and replayed)
     helpers/standin.py    CuPy-shaped arrays on stand-in devices, host memory as device memory
     helpers/dist/         launcher, scenarios and checks of the multi-process tests
 """
