@@ -145,6 +145,18 @@ def test_public_names_documented(module_name: str) -> None:
     assert not missing_entry, f"{module_name}: not in docs/reference/ {missing_entry}"
 
 
+def test_reference_directives_in_eval_rst() -> None:
+    """An autodoc directive sits in an ``{eval-rst}`` block: in a MyST ``{autoclass}``
+    fence autodoc's output is read as Markdown and the page shows it as text."""
+    fenced = [
+        f"{page.name}: {line}"
+        for page in sorted(REFERENCE.glob("*.md"))
+        for line in page.read_text().splitlines()
+        if re.match(r"`{3,}\{auto", line)
+    ]
+    assert not fenced, "write these as `.. autoclass:: name` in an {eval-rst} block: " + str(fenced)
+
+
 def test_reference_entries_resolve() -> None:
     """Every entry of the reference names an object that exists (no stale entries)."""
     for dotted in reference_entries():
@@ -323,7 +335,7 @@ def owner(cls: type, name: str) -> str:
 
 def test_site_renders_class_members(pages: dict[str, Page]) -> None:
     """A class's entry lists every public member lscore defines on it or on a base, and
-    none that another library defines (torch's Optimizer, int, BaseException)."""
+    none that another library defines (torch's Optimizer, int, BaseException, ...)."""
     entries = set().union(*(p.entries for p in pages.values()))
     missing, foreign = [], []
     for dotted in sorted(entries):
