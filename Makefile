@@ -64,9 +64,13 @@ test: venv-test
 demo: venv-demo
 	.venv-demo/bin/lscore demo --out out
 
+# then the checks of the built reference: a rendered entry and an objects.inv line for
+# every public name, no directive shown as text
 docs: venv-docs
 	rm -rf docs/_build
 	.venv-docs/bin/python -m sphinx -W --keep-going -b html docs docs/_build/html
+	LSCORE_DOCS_HTML=docs/_build/html .venv-docs/bin/python -m pytest -q -p no:cacheprovider \
+		tests/packaging/test_api_reference.py
 
 # the compiled core under ASan + UBSan, in its own venv (.venv-asan)
 sanitize:
