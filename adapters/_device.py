@@ -564,6 +564,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         loss_scale_manager: Any = None,
         sync_free: Any = False,
         reducer: Any = None,
+        allow_fp16_params: Any = False,
     ) -> None:
         if not isinstance(sync_free, (bool, np.bool_)):
             raise TypeError(f"sync_free must be a bool, got {sync_free!r}")
@@ -580,6 +581,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
             dynamic_growth_steps=dynamic_growth_steps,
             loss_scale_manager=loss_scale_manager,
             reducer=reducer,
+            allow_fp16_params=allow_fp16_params,
         )
         self._dev = None
         self._device_id: int | None = None
@@ -865,6 +867,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         plan = self._fused_plan(*_optim.unzip(pairs))
         if plan is not None:
             return self._sync_free_fused(plan, advance, scaled=False)
+        _optim.check_variable_dtypes([v for _, v in pairs], self._allow_fp16)
         self._refuse_in_capture(
             "a step on the elementwise path (it copies the variables)",
             "capture only dense float32 variables with float16, bfloat16 "

@@ -42,8 +42,16 @@ def check_inner_optimizer(
     """tf-keras's checks on the wrapped optimizer, in its order.
 
     `is_optimizer(optimizer)` says whether the framework's protocol is met;
-    `expected` describes that protocol in the TypeError.
+    `expected` describes that protocol in the TypeError.  A class is refused
+    first: its ``apply_gradients`` is a function, so it would pass the
+    protocol check, and marking it as wrapped would mark every instance.
     """
+    if isinstance(optimizer, type):
+        name = optimizer.__qualname__
+        raise TypeError(
+            f"optimizer must be an optimizer instance, got the class {name}: "
+            f"pass an instance, e.g. LossScaleOptimizer({name}(...), ...)"
+        )
     if not is_optimizer(optimizer):
         raise TypeError(
             f'"inner_optimizer" must be an instance of {expected}, but got: {optimizer}.'
@@ -174,6 +182,35 @@ def unzip(pairs: list) -> tuple[list, list]:
     return [g for g, _ in pairs], [v for _, v in pairs]
 
 
+def variable_list(var_list: Any) -> list:
+    """``list(var_list)``; a single array (anything with a ``shape``) is a TypeError, as
+    iterating it would give its rows, not one variable."""
+    if hasattr(var_list, "shape"):
+        raise TypeError(
+            f"var_list must be a list of arrays, got a single {type_name(var_list)}: "
+            "pass [w] for one variable"
+        )
+    return list(var_list)
+
+
+FP16_VARIABLES = (
+    "Attempting to apply gradients to float16 variables. The variables themselves are "
+    "float16: keep float32 master weights (keep the variables in float32 and compute in "
+    "float16 from a float16 copy), since float16 weights lose small updates.  To update "
+    "float16 variables anyway, pass LossScaleOptimizer(..., allow_fp16_params=True)."
+)
+
+
+def check_variable_dtypes(variables: Any, allow_fp16: bool) -> None:
+    """The torch GradScaler's refusal of float16 parameters, for array variables: a
+    ValueError with the same advice unless `allow_fp16` (``allow_fp16_params=True``)."""
+    if allow_fp16:
+        return
+    for v in variables:
+        if str(getattr(v, "dtype", "")) == "float16":
+            raise ValueError(FP16_VARIABLES)
+
+
 def check_op_name(name: Any) -> None:
     """TF1's ``name`` names the op that ``apply_gradients`` returns; nothing here is
     an op, so the name is only checked."""
@@ -246,8 +283,9 @@ class LossScaleOptimizerBase:
     """Wraps an optimizer with loss scaling; the adapters bind it to an array module.
 
     ``LossScaleOptimizer(optimizer, loss_scale=None, *, dynamic=True,
-    initial_scale=None, dynamic_growth_steps=None, loss_scale_manager=None)``
-    takes the Keras 2, TF <= 2.3 or TF1 shape (see this module's docstring).
+    initial_scale=None, dynamic_growth_steps=None, loss_scale_manager=None,
+    reducer=None, allow_fp16_params=False)`` takes the Keras 2, TF <= 2.3 or
+    TF1 shape (see this module's docstring).
 
     The wrapped optimizer needs one method, ``apply_gradients(grads_and_vars)``,
     that updates the variables in place; if it has an ``iterations`` attribute
@@ -263,6 +301,10 @@ class LossScaleOptimizerBase:
       returns ``(loss, grads)``, where ``grads`` are the gradients of
       ``loss * scale`` with respect to ``var_list`` (your backprop, seeded with
       ``scale`` cast to the loss dtype instead of 1).
+
+    float16 variables are refused with advice (keep float32 master weights), as
+    the torch ``GradScaler`` refuses float16 parameters, unless
+    ``allow_fp16_params=True``.
 
     ``reducer`` (an ``lscore.distributed`` reducer, or any object with
     ``reduce(found_inf, stats=None) -> (found_inf, stats)``) makes the
@@ -287,7 +329,10 @@ class LossScaleOptimizerBase:
         dynamic_growth_steps: Any = None,
         loss_scale_manager: Any = None,
         reducer: Any = None,
+        allow_fp16_params: Any = False,
     ) -> None:
+        if not isinstance(allow_fp16_params, (bool, np.bool_)):
+            raise TypeError(f"allow_fp16_params must be a bool, got {allow_fp16_params!r}")
         check_inner_optimizer(
             optimizer,
             LossScaleOptimizerBase,
@@ -304,6 +349,7 @@ class LossScaleOptimizerBase:
         self._reducer = check_reducer(reducer)  # lscore.distributed: one verdict for all ranks
         self._optimizer = optimizer
         self._own_iterations = 0
+        self._allow_fp16 = bool(allow_fp16_params)
         with contextlib.suppress(AttributeError):  # an optimizer with __slots__
             optimizer._is_wrapped_by_loss_scale_optimizer = True
 
@@ -423,6 +469,7 @@ class LossScaleOptimizerBase:
         pairs = grad_var_pairs(grads_and_vars)
         if pairs:
             pairs = drop_none_gradients(pairs, warn=self._scaling.shape != "tf1")
+        check_variable_dtypes([v for _, v in pairs], self._allow_fp16)
         grads = [g for g, _ in pairs]
         finite = not reduce_found_inf(self._reducer, not self._all_finite(grads))
         applied, _ = run_step(
@@ -480,7 +527,7 @@ class LossScaleOptimizerBase:
                 "fn(scale) -> (loss, grads) that runs your backward pass seeded "
                 f"with scale, got {type_name(loss_and_grads_fn)}"
             )
-        var_list = list(var_list)
+        var_list = variable_list(var_list)
         out = loss_and_grads_fn(scale)
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise TypeError(

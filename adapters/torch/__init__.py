@@ -1,6 +1,14 @@
 """lscore's PyTorch adapter: ``GradScaler`` (a drop-in for ``torch.amp.GradScaler``)
 and ``LossScaleOptimizer`` (TF/Keras-shaped loss scaling as a torch optimizer)."""
 
+try:
+    import torch as _torch
+except ImportError as e:  # the extra is missing: name it, not only the module
+    raise ImportError(
+        f'lscore.adapters.torch needs PyTorch ({e}); install it with pip install "lscore[torch]"'
+    ) from e
+del _torch
+
 from lscore.adapters.torch._paths import GradUnscaler, ScalerAssertionError, torch_policy
 from lscore.adapters.torch.optimizer import LossScaleOptimizer
 from lscore.adapters.torch.scaler import GradScaler, ScalerConfigError

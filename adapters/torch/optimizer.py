@@ -273,7 +273,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         optimizer's groups that requires grad."""
         if var_list is None:
             var_list = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
-        var_list = list(var_list)
+        var_list = _optim.variable_list(var_list)
         if not var_list:
             raise ValueError("No variables to optimize.")
         for i, v in enumerate(var_list):
