@@ -251,6 +251,7 @@ class Gated(_arrays.ArrayOptimizer):
             return hit[1]
         columns = None
         if self._fusable_variables(vs, vplan):
+            self._bind(vs)  # a loaded state's slots, checked before any is bound
             ptr = self.fused_launcher().backend.ptr
             names = self._slot_names()
             capturing = self._backend.capturing()
@@ -660,6 +661,15 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
             backend = self._optimizer.fused_launcher().backend
             self._count_host = int(backend.get(self._count)[0])
             self._optimizer.iterations = self._count_host
+
+    def _before_checkpoint(self) -> None:
+        if self._sync_free:
+            self.sync_state()
+
+    def _after_load(self) -> None:
+        if self._dev is not None:
+            self._dev.put(self._host_state().to_bytes())
+        self._count_host = None  # Adam's device step counter is set from iterations
 
     @property
     def loss_scale(self) -> Any:

@@ -34,6 +34,20 @@ import numpy as np
 
 from lscore.adapters._scaling import LossScaling, resolve_loss_scaling, scaling_kwargs_from_config
 from lscore.distributed import check_reducer, reduce_found_inf
+from lscore.policy import integer
+from lscore.state import LossScaleState
+
+
+OPTIMIZER_FORMAT = "lscore.optimizer/1"
+_OPTIMIZER_KEYS = (
+    "format",
+    "shape",
+    "iterations",
+    "last_step_skipped",
+    "monitor_steps",
+    "loss_scale",
+    "optimizer",
+)
 
 
 def check_inner_optimizer(
@@ -557,6 +571,110 @@ class LossScaleOptimizerBase:
         loss, pairs = self._scaled_gradients(loss_and_grads_fn, var_list)
         self.apply_gradients(pairs, global_step=global_step, name=name)
         return loss
+
+    # -- checkpoints --------------------------------------------------------------
+    def _scale_holder(self) -> Any:
+        """The object whose state_dict() holds the scale state, or None (Keras's fixed
+        scale, or a user-defined LossScale without state_dict)."""
+        s = self._scaling
+        obj = s.dynamic_loss_scale if s.shape == "keras" else s.loss_scale_object
+        return obj if callable(getattr(obj, "state_dict", None)) else None
+
+    def _before_checkpoint(self) -> None:
+        """Bring state kept elsewhere (a device) to the host before state_dict()."""
+
+    def _after_load(self) -> None:
+        """Send the loaded host state where the steps read it (a device)."""
+
+    def state_dict(self) -> dict:
+        """The optimizer's state, ``"lscore.optimizer/1"``: JSON-safe scalars, the inner
+        optimizer's slots as arrays.
+
+        Keys: ``format``, ``shape`` (keras, experimental or tf1), ``iterations``,
+        ``last_step_skipped``, ``monitor_steps`` (the overflow monitor's step count),
+        ``loss_scale`` (the scale's v1 state, None for a fixed Keras scale) and
+        ``optimizer`` (the inner optimizer's ``state_dict()``, None when it has none).
+        Save it with pickle or ``numpy.savez``-style tools; ``load_state_dict`` on a
+        LossScaleOptimizer built the same way resumes the run exactly.
+        """
+        self._before_checkpoint()
+        holder = self._scale_holder()
+        inner = self._optimizer
+        last = self.last_step_skipped
+        return {
+            "format": OPTIMIZER_FORMAT,
+            "shape": self._scaling.shape,
+            "iterations": int(self.iterations),
+            "last_step_skipped": bool(last),
+            "monitor_steps": self._monitor_steps,
+            "loss_scale": None if holder is None else holder.state_dict(),
+            "optimizer": inner.state_dict() if callable(getattr(inner, "state_dict", None)) else None,
+        }
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Take a ``state_dict()`` of a LossScaleOptimizer of the same shape around the same
+        kind of optimizer; everything is checked before anything changes.  The inner
+        optimizer's slots are bound to the variables in the order of the saving run's
+        first step (see the inner optimizer's ``load_state_dict``)."""
+        d = state_dict
+        if not isinstance(d, dict):
+            raise TypeError(f"state_dict must be a dict, got {type_name(d)}")
+        fmt = d.get("format")
+        if fmt != OPTIMIZER_FORMAT:
+            hint = ""
+            if fmt == "lscore.state/1":
+                hint = ": that is a loss scale's state (load it into the LossScale or manager)"
+            elif "param_groups" in d:
+                hint = ": that is a torch optimizer's state dict"
+            raise ValueError(
+                f"unknown optimizer state format {fmt!r}; this LossScaleOptimizer "
+                f"understands {OPTIMIZER_FORMAT!r}{hint}"
+            )
+        unknown = sorted(set(d) - set(_OPTIMIZER_KEYS))
+        missing = [k for k in _OPTIMIZER_KEYS if k not in d]
+        if unknown or missing:
+            raise ValueError(
+                f"a {OPTIMIZER_FORMAT} state has the keys {list(_OPTIMIZER_KEYS)}; "
+                f"got unknown {unknown} and missing {missing}"
+            )
+        if d["shape"] != self._scaling.shape:
+            raise ValueError(
+                f"the state's loss scaling has the {d['shape']!r} shape; this optimizer "
+                f"has {self._scaling.shape!r}"
+            )
+        holder, inner = self._scale_holder(), self._optimizer
+        if (d["loss_scale"] is None) != (holder is None):
+            raise ValueError(
+                "the state's loss scale and this optimizer's differ in kind (fixed vs dynamic)"
+            )
+        load_inner = getattr(inner, "load_state_dict", None)
+        if d["optimizer"] is not None and not callable(load_inner):
+            raise TypeError(
+                f"the state holds an optimizer state, but the inner optimizer "
+                f"{type_name(inner)} has no load_state_dict()"
+            )
+        iterations = integer("iterations", d["iterations"], minimum=0)
+        monitor_steps = integer("monitor_steps", d["monitor_steps"], minimum=0)
+        last = d["last_step_skipped"]
+        if not isinstance(last, bool):
+            raise TypeError(f"last_step_skipped must be a bool, got {last!r}")
+        if holder is not None:
+            LossScaleState.from_state_dict(d["loss_scale"])  # validate first
+        if d["optimizer"] is not None:
+            spec = d["optimizer"]
+            name = spec.get("class_name") if isinstance(spec, dict) else None
+            if name is not None and name != type(inner).__name__:
+                raise ValueError(
+                    f"the state was saved around {name!r}; this LossScaleOptimizer wraps "
+                    f"{type(inner).__name__!r}"
+                )
+            load_inner(spec)
+        if holder is not None:
+            holder.load_state_dict(d["loss_scale"])
+        self.iterations = iterations
+        self._monitor_steps = monitor_steps
+        self._last_applied = not last
+        self._after_load()
 
     # -- configuration ------------------------------------------------------------
     def get_config(self) -> dict:
