@@ -236,8 +236,7 @@ class ArrayOptimizer:
             for i, (have, got) in enumerate(zip(mine, loaded, strict=True)):
                 if set(have) != set(got):
                     raise ValueError(
-                        f"variable {i}'s slots are {sorted(got)} in the state, "
-                        f"{sorted(have)} here"
+                        f"variable {i}'s slots are {sorted(got)} in the state, {sorted(have)} here"
                     )
                 for k, a in have.items():
                     _check_slot(got[k], a.shape, a.dtype, i, k)

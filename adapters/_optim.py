@@ -37,7 +37,6 @@ from lscore.distributed import check_reducer, reduce_found_inf
 from lscore.policy import integer
 from lscore.state import LossScaleState
 
-
 OPTIMIZER_FORMAT = "lscore.optimizer/1"
 _OPTIMIZER_KEYS = (
     "format",
@@ -573,7 +572,7 @@ class LossScaleOptimizerBase:
         return loss
 
     # -- checkpoints --------------------------------------------------------------
-    def _scale_holder(self) -> Any:
+    def _scale_holder(self: _Wrapping) -> Any:
         """The object whose state_dict() holds the scale state, or None (Keras's fixed
         scale, or a user-defined LossScale without state_dict)."""
         s = self._scaling
@@ -608,7 +607,9 @@ class LossScaleOptimizerBase:
             "last_step_skipped": bool(last),
             "monitor_steps": self._monitor_steps,
             "loss_scale": None if holder is None else holder.state_dict(),
-            "optimizer": inner.state_dict() if callable(getattr(inner, "state_dict", None)) else None,
+            "optimizer": (
+                inner.state_dict() if callable(getattr(inner, "state_dict", None)) else None
+            ),
         }
 
     def load_state_dict(self, state_dict: Any) -> None:
@@ -668,7 +669,7 @@ class LossScaleOptimizerBase:
                     f"the state was saved around {name!r}; this LossScaleOptimizer wraps "
                     f"{type(inner).__name__!r}"
                 )
-            load_inner(spec)
+            inner.load_state_dict(spec)
         if holder is not None:
             holder.load_state_dict(d["loss_scale"])
         self.iterations = iterations

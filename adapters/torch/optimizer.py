@@ -441,10 +441,8 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         holder = self._scale_holder()
         if ls is not None:
             # the two counts are optional: a dict saved before they were written lacks them
-            if (
-                not isinstance(ls, dict)
-                or not {"shape", "iterations", "state"} <= set(ls) <= set(_LOSS_SCALE_KEYS)
-            ):
+            keys = set(ls) if isinstance(ls, dict) else set()
+            if not {"shape", "iterations", "state"} <= keys <= set(_LOSS_SCALE_KEYS):
                 raise ValueError(
                     "loss_scale must be a dict with keys 'shape', 'iterations' "
                     f"and 'state' (and 'last_step_skipped', 'monitor_steps'), got {ls!r}"

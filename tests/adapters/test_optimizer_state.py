@@ -47,10 +47,7 @@ def _make(b, kind, scaling, sync_free=False):
 
 def _step(b, opt, vs, i, finite):
     def loss_and_grads(scale):
-        g = [
-            (np.sin(b.to_numpy(v) + i) + 0.1).astype(np.float32) * np.float32(scale)
-            for v in vs
-        ]
+        g = [(np.sin(b.to_numpy(v) + i) + 0.1).astype(np.float32) * np.float32(scale) for v in vs]
         if not finite:
             g[1][i % 4] = np.inf
         return 0.0, [b.asarray(x) for x in g]
@@ -160,7 +157,7 @@ def _trained(b, kind="adam", scaling="keras"):
 )
 def test_a_state_of_another_kind_is_refused_and_changes_nothing(change, exc, msg):
     b = make("numpy")
-    opt, vs = _trained(b)
+    opt, _ = _trained(b)
     d = opt.state_dict()
     with pytest.raises(exc, match=msg):
         opt.load_state_dict(change(d))
@@ -177,9 +174,13 @@ def test_slots_that_do_not_fit_the_variables_are_refused_at_the_first_step():
     fresh.load_state_dict(d)
     wrong = [np.zeros(4, np.float32), np.zeros((3, 4), np.float32)]  # the order swapped
     with pytest.raises(ValueError, match="pass the variables in the order"):
-        fresh.apply_gradients(zip([np.ones(4, np.float32), np.ones((3, 4), np.float32)], wrong))
+        fresh.apply_gradients(
+            zip([np.ones(4, np.float32), np.ones((3, 4), np.float32)], wrong, strict=True)
+        )
     assert all(np.all(w == 0) for w in wrong)  # nothing was updated
-    fresh.apply_gradients(zip([np.ones((3, 4), np.float32), np.ones(4, np.float32)], vs))
+    fresh.apply_gradients(
+        zip([np.ones((3, 4), np.float32), np.ones(4, np.float32)], vs, strict=True)
+    )
 
 
 def test_a_state_without_format_is_refused():

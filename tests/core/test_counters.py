@@ -1,5 +1,7 @@
 """What the counters count, under the names they are read by, and how far the next growth is."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -52,10 +54,8 @@ def test_steps_to_growth_is_when_the_policy_grows(seed):
     policy = random_policy(rng)
     state = LossScaleState(policy)
     for finite in event_sequence(rng, int(rng.integers(0, 30))):
-        try:
+        with contextlib.suppress(LossScaleFloorError):
             state.update(finite)
-        except LossScaleFloorError:
-            pass
     n = state.steps_to_growth()
     if n is None:
         if policy.growth_mode != "never":  # never counts since_rescale: nothing to watch
