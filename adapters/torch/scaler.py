@@ -828,8 +828,9 @@ class GradScaler(torch.amp.GradScaler):
                     "cannot, so loaded into it this state grows and backs off the scale "
                     "(lscore's GradScaler loads the whole policy from the 'lscore' key)"
                 )
-            else:  # torch grows when its tracker, counting up, reaches growth_interval; it
-                # is negative where the policy waits longer (DeepSpeed's offset after an overflow)
+            else:
+                # torch grows when its tracker, counting up, reaches growth_interval; it is
+                # negative where the policy waits longer (DeepSpeed's offset after an overflow)
                 d["_growth_tracker"] = p.growth_interval - n
             d["lscore"] = state.state_dict()
         d[_COUNTERS] = {
