@@ -35,7 +35,6 @@ import numpy as np
 from lscore.adapters._scaling import LossScaling, resolve_loss_scaling, scaling_kwargs_from_config
 from lscore.distributed import check_reducer, reduce_found_inf
 from lscore.policy import integer
-from lscore.state import LossScaleState
 
 OPTIMIZER_FORMAT = "lscore.optimizer/1"
 _OPTIMIZER_KEYS = (
@@ -47,6 +46,21 @@ _OPTIMIZER_KEYS = (
     "loss_scale",
     "optimizer",
 )
+
+
+def load_checked(holder: Any, scale_state: Any, load_rest: Any) -> None:
+    """Load `scale_state` into `holder` (the loss scale, or None), then ``load_rest()``
+    (the inner optimizer's state); if that raises, the scale state is put back, so a
+    refused state changes neither.  The scale goes first: its load checks the policy."""
+    before = None if holder is None else holder.state_dict()
+    if holder is not None:
+        holder.load_state_dict(scale_state)
+    try:
+        load_rest()
+    except BaseException:
+        if holder is not None:
+            holder.load_state_dict(before)
+        raise
 
 
 def check_inner_optimizer(
@@ -659,19 +673,14 @@ class LossScaleOptimizerBase:
         last = d["last_step_skipped"]
         if not isinstance(last, bool):
             raise TypeError(f"last_step_skipped must be a bool, got {last!r}")
-        if holder is not None:
-            LossScaleState.from_state_dict(d["loss_scale"])  # validate first
-        if d["optimizer"] is not None:
-            spec = d["optimizer"]
-            name = spec.get("class_name") if isinstance(spec, dict) else None
-            if name is not None and name != type(inner).__name__:
-                raise ValueError(
-                    f"the state was saved around {name!r}; this LossScaleOptimizer wraps "
-                    f"{type(inner).__name__!r}"
-                )
-            inner.load_state_dict(spec)
-        if holder is not None:
-            holder.load_state_dict(d["loss_scale"])
+        spec = d["optimizer"]
+        name = spec.get("class_name") if isinstance(spec, dict) else None
+        if name is not None and name != type(inner).__name__:
+            raise ValueError(
+                f"the state was saved around {name!r}; this LossScaleOptimizer wraps "
+                f"{type(inner).__name__!r}"
+            )
+        load_checked(holder, d["loss_scale"], lambda: spec is None or inner.load_state_dict(spec))
         self.iterations = iterations
         self._monitor_steps = monitor_steps
         self._last_applied = not last

@@ -12,7 +12,6 @@ from lscore.adapters import _optim, _scaling
 from lscore.adapters.torch._paths import GradUnscaler, named_grads
 from lscore.distributed import check_reducer, reduce_found_inf
 from lscore.policy import integer
-from lscore.state import LossScaleState
 
 # the keys of state_dict()["loss_scale"]
 _LOSS_SCALE_KEYS = ("shape", "iterations", "last_step_skipped", "monitor_steps", "state")
@@ -448,8 +447,10 @@ class LossScaleOptimizer(torch.optim.Optimizer):
                     f"and 'state' (and 'last_step_skipped', 'monitor_steps'), got {ls!r}"
                 )
             iterations = integer("iterations", ls["iterations"], minimum=0)
-            monitor_steps = integer("monitor_steps", ls.get("monitor_steps", 0), minimum=0)
-            last = ls.get("last_step_skipped", False)
+            monitor_steps = integer(
+                "monitor_steps", ls.get("monitor_steps", self._monitor_steps), minimum=0
+            )
+            last = ls.get("last_step_skipped", self._last_step_skipped)
             if not isinstance(last, bool):
                 raise TypeError(f"last_step_skipped must be a bool, got {last!r}")
             if ls["shape"] != self._scaling.shape:
@@ -462,12 +463,10 @@ class LossScaleOptimizer(torch.optim.Optimizer):
                     "the checkpoint's loss scale and this optimizer's differ in "
                     "kind (fixed vs dynamic)"
                 )
-            if holder is not None:
-                LossScaleState.from_state_dict(ls["state"])  # validate first
-        self._optimizer.load_state_dict(d)
-        if ls is not None:
-            if holder is not None:
-                holder.load_state_dict(ls["state"])
+        if ls is None:
+            self._optimizer.load_state_dict(d)
+        else:
+            _optim.load_checked(holder, ls["state"], lambda: self._optimizer.load_state_dict(d))
             self._iterations, self._monitor_steps = iterations, monitor_steps
             self._last_step_skipped = last
         self._found = None

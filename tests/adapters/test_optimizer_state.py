@@ -140,6 +140,22 @@ def _trained(b, kind="adam", scaling="keras"):
         (lambda d: {**d, "loss_scale": None}, ValueError, "fixed vs dynamic"),
         (lambda d: {**d, "extra": 1}, ValueError, "unknown \\['extra'\\]"),
         (lambda d: {**d, "iterations": -1}, ValueError, "iterations must be >= 0"),
+        (  # another growth interval: the loss scale's load refuses it, the slots stay
+            lambda d: {
+                **d,
+                "loss_scale": {
+                    **d["loss_scale"],
+                    "policy": {**d["loss_scale"]["policy"], "growth_interval": 9},
+                },
+            },
+            ValueError,
+            "saved by a different policy",
+        ),
+        (  # the slots refused after the scale was loaded: the scale is put back
+            lambda d: {**d, "optimizer": {**d["optimizer"], "slots": []}},
+            ValueError,
+            "the slots of 0 variables",
+        ),
         (
             lambda d: {**d, "optimizer": {**d["optimizer"], "class_name": "SGD"}},
             ValueError,

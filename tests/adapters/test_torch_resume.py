@@ -191,3 +191,14 @@ def test_a_loss_scale_optimizer_state_without_the_counts_loads():
     model, fresh = _lso()
     fresh.load_state_dict(d)
     assert fresh.iterations == 6 and fresh.loss_scale == opt.loss_scale
+
+
+def test_a_loss_scale_optimizer_state_of_another_policy_changes_nothing():
+    """The scale's policy is checked before the inner optimizer takes its state."""
+    _, opt = _lso()
+    other = LossScaleOptimizer(
+        torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=0.5), dynamic_growth_steps=7
+    )
+    with pytest.raises(ValueError, match="saved by a different policy"):
+        opt.load_state_dict(other.state_dict())
+    assert opt.param_groups[0]["lr"] == 0.01 and opt.loss_scale == 2.0**10
