@@ -2,6 +2,13 @@
 ``LossScaleOptimizer`` (TF/Keras-shaped loss scaling as a torch optimizer) and
 ``SkipAwareLR`` (a learning-rate schedule that advances only on applied steps)."""
 
+try:
+    import torch as _torch  # noqa: F401 - only whether torch imports matters here
+except ImportError as e:  # the extra is missing: name it, not only the module
+    raise ImportError(
+        f'lscore.adapters.torch needs PyTorch ({e}); install it with pip install "lscore[torch]"'
+    ) from e
+
 from lscore.adapters.torch._paths import GradUnscaler, ScalerAssertionError, torch_policy
 from lscore.adapters.torch.optimizer import LossScaleOptimizer
 from lscore.adapters.torch.scaler import GradScaler, ScalerConfigError

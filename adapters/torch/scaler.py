@@ -77,6 +77,27 @@ _PICKLED = (
 _PICKLED_PATH = ("_state", "_init_scale", "_scale", "_tracker_t", "_scale_value", "_unscaler")
 
 
+# the state dict's key for what the scaler counts beside torch's state (torch ignores it)
+_COUNTERS = "lscore_counters"
+
+
+def _read_counters(d: Any) -> tuple[int, bool, int] | None:
+    """(skipped_steps, last_step_skipped, monitor_steps) of a state dict's counters, checked."""
+    if d is None:
+        return None
+    keys = {"skipped_steps", "last_step_skipped", "monitor_steps"}
+    if not isinstance(d, dict) or set(d) != keys:
+        raise ValueError(f"{_COUNTERS} must be a dict with the keys {sorted(keys)}, got {d!r}")
+    last = d["last_step_skipped"]
+    if not isinstance(last, bool):
+        raise TypeError(f"{_COUNTERS}['last_step_skipped'] must be a bool, got {last!r}")
+    return (
+        integer("skipped_steps", d["skipped_steps"], minimum=0),
+        last,
+        integer("monitor_steps", d["monitor_steps"], minimum=0),
+    )
+
+
 class GradScaler(torch.amp.GradScaler):
     """A drop-in for ``torch.amp.GradScaler``: the same methods, errors, state dicts and scales.
 
@@ -159,9 +180,10 @@ class GradScaler(torch.amp.GradScaler):
 
     Notes
     -----
-    ``state_dict()`` holds torch's five keys, and also ``"lscore"`` (the full
-    state) when ``min_scale``, ``max_scale``, ``hysteresis`` or ``policy`` is
-    in use; torch's ``load_state_dict`` ignores that key, and this class loads
+    ``state_dict()`` holds torch's five keys (in torch's meaning), the counts
+    under ``"lscore_counters"`` and, when ``min_scale``, ``max_scale``,
+    ``hysteresis`` or ``policy`` is in use, ``"lscore"`` (the full state);
+    torch's ``load_state_dict`` ignores both keys, and this class loads
     torch's dicts.  Misuse raises torch's errors; where torch raises
     AssertionError this raises ``ScalerAssertionError``, a RuntimeError and an
     AssertionError.  The PyTorch details guide (docs/guides/pytorch-details.md)
@@ -657,9 +679,10 @@ class GradScaler(torch.amp.GradScaler):
             skipped, before = outcome  # skipped: a bool, or a device tensor (above 0)
             self._last_skipped = skipped
             skips = self._skipped
-            if type(skips) is not SkipCount:  # an int (a new or unpickled scaler)
+            if type(skips) is not SkipCount:  # an int (a new, loaded or unpickled scaler)
                 skips = self._skipped = SkipCount(int(skips))
             skips.add(skipped)
+            self._steps_seen = step + 1  # on every path: a state dict carries it
             if path.observes_always or self.overflow_monitor is not None:
                 self._observe(step, bool(skipped), before)
         for schedule in self._schedules:  # SkipAwareLR: count and rate, on the device
@@ -678,7 +701,6 @@ class GradScaler(torch.amp.GradScaler):
     _steps_seen = 0
 
     def _observe(self, step: int, skipped: bool, before: Any) -> None:
-        self._steps_seen = step + 1
         groups, self._monitor_groups = self._monitor_groups, []
         m = self.overflow_monitor
         if m is None:
@@ -781,8 +803,17 @@ class GradScaler(torch.amp.GradScaler):
         return not self._path.torch_shape
 
     def state_dict(self) -> dict:
-        """torch's five keys, and ``"lscore"`` (the full ``"lscore.state/1"`` state) when an
-        lscore-only argument is in use; ``{}`` when disabled."""
+        """torch's five keys, ``"lscore_counters"`` (``skipped_steps``, ``last_step_skipped``
+        and the overflow monitor's step count), and ``"lscore"`` (the full
+        ``"lscore.state/1"`` state) when an lscore-only argument is in use; ``{}`` when
+        disabled.
+
+        torch's keys are in torch's meaning, so that ``torch.amp.GradScaler`` can load
+        them: with an lscore policy, ``_growth_tracker`` counts toward the policy's next
+        growth as torch's tracker counts toward ``growth_interval``.  A policy that never
+        grows (a fixed scale) has no such meaning: it warns, since torch's scaler would
+        grow and back off the scale it loads.
+        """
         if not self._enabled:
             return {}
         d = {
@@ -793,7 +824,27 @@ class GradScaler(torch.amp.GradScaler):
             "_growth_tracker": self._get_growth_tracker(),
         }
         if self._uses_lscore_options():
-            d["lscore"] = self._state.state_dict()
+            state = self._state
+            p = state.policy
+            if p.backoff_mode == "divide":
+                d["backoff_factor"] = 1.0 / p.growth_factor
+            n = state.steps_to_growth()
+            if n is None:
+                warn_at_caller(
+                    f"the {p.name!r} policy keeps its scale fixed; torch.amp.GradScaler "
+                    "cannot, so loaded into it this state grows and backs off the scale "
+                    "(lscore's GradScaler loads the whole policy from the 'lscore' key)"
+                )
+            else:
+                # torch grows when its tracker, counting up, reaches growth_interval; it is
+                # negative where the policy waits longer (DeepSpeed's offset after an overflow)
+                d["_growth_tracker"] = p.growth_interval - n
+            d["lscore"] = state.state_dict()
+        d[_COUNTERS] = {
+            "skipped_steps": self.skipped_steps,
+            "last_step_skipped": self.last_step_skipped,
+            "monitor_steps": self._steps_seen,
+        }
         return d
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -813,14 +864,16 @@ class GradScaler(torch.amp.GradScaler):
                 "The source state dict is empty, possibly because it was saved "
                 "from a disabled instance of GradScaler."
             )
+        counters = _read_counters(state_dict.get(_COUNTERS))  # checked before any change
         # torch fill_()s its tensors with these: 0-d tensors (older checkpoints) work too
         scale = zero_d(state_dict["scale"])
         gf, bf = state_dict["growth_factor"], state_dict["backoff_factor"]
         gi, tracker = state_dict["growth_interval"], zero_d(state_dict["_growth_tracker"])
         # torch's fill_() would refuse these too; fail before anything changes
         real("scale", scale)
-        integer("_growth_tracker", tracker, minimum=0)
         v1 = state_dict.get("lscore")
+        # with "lscore" the tracker is only torch's reading of the policy's (it may be < 0)
+        integer("_growth_tracker", tracker, minimum=0 if v1 is None else None)
         if v1 is not None:
             self._path.load(v1, None)
             self._init_values = (self._path.get_scale(), self._path.good_steps())
@@ -841,6 +894,8 @@ class GradScaler(torch.amp.GradScaler):
             self._path.load(d, scale)
             self._init_values = (scale, int(tracker))
             self._growth_factor, self._backoff_factor, self._growth_interval = gf, bf, gi
+        if counters is not None:  # torch's own dicts have none: the counts stay as they are
+            self._skipped, self._last_skipped, self._steps_seen = counters
 
     def __getstate__(self) -> dict:
         """The pickled attributes: those of _PICKLED, in that order, then any others."""

@@ -51,3 +51,9 @@ def bits_equal_or_both_nan(a: np.ndarray, b: np.ndarray) -> bool:
     ub = np.ascontiguousarray(b.astype(a.dtype)).view(f"u{a.dtype.itemsize}")[~nan.reshape(a.shape)]
     sw_a = a.dtype.byteorder == ">"
     return np.array_equal(ua, ub) if not sw_a else np.array_equal(fa[~nan], fb[~nan])
+
+
+def torch_keys(state_dict: dict) -> dict:
+    """A GradScaler state dict without the counts lscore adds (``"lscore_counters"``, which
+    torch's scaler ignores): what ``torch.amp.GradScaler.state_dict()`` holds."""
+    return {k: v for k, v in state_dict.items() if k != "lscore_counters"}
