@@ -113,7 +113,8 @@ def test_update_and_get_scale_build_no_policy(monkeypatch):
 
 def test_policy_torch_is_torchs_policy():
     """lscore.preset("torch") and the GradScaler's torch policy are one definition: a
-    GradScaler given it runs torch's update kernel and writes torch's five keys."""
+    GradScaler given it runs torch's update kernel and writes torch's five keys, in torch's
+    order, and the counts a resume restores (no "lscore" state)."""
     assert lscore.preset("torch").policy == torch_policy()
     assert lscore.preset("torch", growth_interval=7).policy == torch_policy(growth_interval=7)
     for policy in ("torch", lscore.preset("torch"), torch_policy(), torch_policy().to_dict()):
@@ -126,6 +127,7 @@ def test_policy_torch_is_torchs_policy():
             "backoff_factor",
             "growth_interval",
             "_growth_tracker",
+            "lscore_counters",
         ]
     assert "lscore" in device_path(hysteresis=2).state_dict()
 
