@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+import tempfile
 import textwrap
 from typing import NoReturn
 
@@ -60,20 +62,18 @@ def _number(kind: type, minimum: float, strict: bool = False) -> argparse._Actio
 
 def json_path(path: str) -> str:
     """--json PATH: a file that can be written, checked before the run (not created)."""
-    import os
-
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise argparse.ArgumentTypeError(f"{path} is a folder; expected a file name")
     if not os.path.isdir(folder):
         raise argparse.ArgumentTypeError(f"{path}: folder {folder} does not exist")
     try:
-        import tempfile
-
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as e:
-        raise argparse.ArgumentTypeError(f"{path}: cannot write in {folder}: {e.strerror}")
+        raise argparse.ArgumentTypeError(
+            f"{path}: cannot write in {folder}: {e.strerror or e}"
+        ) from None
     return path
 
 
@@ -88,9 +88,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = (" ".join(p.split()) for p in text.strip().split("\n\n"))
         return "\n\n".join(
-            textwrap.fill(" ".join(p.split()), width, initial_indent=indent, subsequent_indent=indent)
-            for p in text.strip().split("\n\n")
+            textwrap.fill(p, width, initial_indent=indent, subsequent_indent=indent)
+            for p in paragraphs
         )
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
@@ -146,9 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
     )
-    sub = parser.add_subparsers(
-        title="commands", dest="command", required=True, metavar="COMMAND"
-    )
+    sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
     full, tiny = config(), config(tiny=True)
     demo = sub.add_parser(
         "demo",
@@ -221,9 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"{bench_cmd.TINY_MIN_TIME:g} with --tiny)",
     )
     bench.add_argument("--no-torch", action="store_true", help="skip the torch rows")
-    bench.add_argument(
-        "--sizes", type=counts, help="comma-separated element counts, e.g. 1e6,1e8"
-    )
+    bench.add_argument("--sizes", type=counts, help="comma-separated element counts, e.g. 1e6,1e8")
     bench.add_argument(
         "--only",
         action="append",

@@ -268,7 +268,9 @@ class DeepSpeedPeer(PeerBase):
         args.update(table.TABLE["deepspeed"].args)
         args["loss_scale"] = zero_or_scale("cur_scale", scale)
         if not args["loss_scale"]:
-            raise ValueError(f"cur_scale of a static DeepSpeed loss scaler must be > 0, got {scale!r}")
+            raise ValueError(
+                f"cur_scale of a static DeepSpeed loss scaler must be > 0, got {scale!r}"
+            )
         return Loaded()
 
     def _check_factor(self, st: Any) -> None:

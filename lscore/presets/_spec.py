@@ -95,8 +95,7 @@ def zero_or_scale(name: Any, v: Any) -> Any:
         return 0.0
     if not math.isfinite(x) or x < 0:
         raise ValueError(
-            f"{name} must be 0 (dynamic scaling) or a finite number > 0 (a static scale), "
-            f"got {v!r}"
+            f"{name} must be 0 (dynamic scaling) or a finite number > 0 (a static scale), got {v!r}"
         )
     return x
 
