@@ -23,7 +23,6 @@ from lscore.migrate._base import (
     walk_path,
 )
 from lscore.presets import table
-from lscore.presets._spec import zero_or_scale
 
 # DeepSpeedFP16Config (deepspeed/runtime/precision_config.py): the fp16 section's keys and
 # defaults.  Its model forbids any other key (DeepSpeedConfigModel: extra="forbid") and
@@ -40,6 +39,10 @@ DS_FP16_DEFAULTS = {
     "min_loss_scale": 1,
     "fp16_master_weights_and_grads": False,
 }
+
+
+# the preset's check of loss_scale: 0 (dynamic scaling) or a static scale > 0
+zero_or_scale = table.TABLE["deepspeed"].checks["loss_scale"]
 
 
 def _json(v: object) -> str:
