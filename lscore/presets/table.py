@@ -37,6 +37,7 @@ from lscore.presets._spec import (
     optional,
     optional_truthy,
     string,
+    zero_or_scale,
 )
 
 FIXED_SCALE = {"growth_mode": "never", "apply_nonfinite": True}
@@ -134,6 +135,10 @@ def _apex(a: Any) -> Any:
 
 
 def _deepspeed(a: Any) -> Any:
+    if a["loss_scale"]:
+        # DeepSpeed's static LossScaler: the scale never changes, and the optimizers
+        # still check every step and skip one that overflowed
+        return dict(FIXED_SCALE_SKIPPING, init_scale=a["loss_scale"])
     return {
         "refill": ("finite",) if a["consecutive_hysteresis"] else ("growth",),
         "min_action": "raise_at" if a["raise_error_at_min_scale"] else "clamp",
@@ -495,6 +500,7 @@ TABLE: dict[str, Spec] = {
             "delayed_shift": 2,
             "consecutive_hysteresis": False,
             "raise_error_at_min_scale": True,
+            "loss_scale": 0.0,
         },
         checks={
             "init_scale": f64,
@@ -503,6 +509,7 @@ TABLE: dict[str, Spec] = {
             "delayed_shift": int_ge1,
             "consecutive_hysteresis": boolean,
             "raise_error_at_min_scale": boolean,
+            "loss_scale": zero_or_scale,
         },
         rename={
             "init_scale": "init_scale",
@@ -522,7 +529,9 @@ TABLE: dict[str, Spec] = {
         ),
         derive=_deepspeed,
         doc="""DeepSpeed's DynamicLossScaler, in Python floats (factor fixed at 2; the class
-        has no defaults, these are ds_config's)::
+        has no defaults, these are ds_config's); ``loss_scale`` > 0 is a ds_config's static
+        fp16.loss_scale instead (DeepSpeed's LossScaler: that scale forever, a step that
+        overflowed skipped)::
 
         if not finite:
             if delayed_shift == 1 or cur_hysteresis == 1:
