@@ -24,10 +24,9 @@ EXPECTED = sorted(
 )
 def test_build_list(archs: list[str]) -> None:
     pytest.importorskip("cibuildwheel", reason="cibuildwheel comes with the test extra")
+    command = [sys.executable, "-m", "cibuildwheel", "--print-build-identifiers"]
     r = subprocess.run(
-        [sys.executable, "-m", "cibuildwheel", "--print-build-identifiers", "--platform", "linux"]
-        + archs
-        + [str(ROOT)],
+        [*command, "--platform", "linux", *archs, str(ROOT)],
         cwd=ROOT,
         capture_output=True,
         text=True,
