@@ -238,7 +238,9 @@ def test_stray_lscore_folder_is_named(tmp_path):
     r = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
-    last = r.stderr.strip().splitlines()[-1]
+    # a regular package installed in site-packages comes before a namespace folder on the
+    # path (the folder shadows only an editable install's finder), and then the call succeeds
+    last = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
     if "does not define" not in last and "is the folder" not in last:
         pytest.skip(f"the stray folder does not shadow lscore here: {last}")
     assert last.startswith(
