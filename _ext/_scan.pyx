@@ -512,9 +512,9 @@ def all_finite_raw(const uint64_t[::1] ptrs, const int64_t[::1] counts,
 def unscale_raw(const uint64_t[::1] ptrs, const int64_t[::1] counts,
                 const int64_t[::1] strides, const int[::1] codes, double inv_scale,
                 bint stats=False, int threads=0):
-    """unscale_ over a table of raw buffers; True when every input element was finite.
+    """``unscale_`` over a table of raw buffers; True when every input element was finite.
 
-    With stats, returns (all_finite, l2_norm, max_abs) as unscale_ does.
+    With stats, returns (all_finite, l2_norm, max_abs) as ``unscale_`` does.
     """
     r = _raw(ptrs, counts, strides, codes, _write_op(inv_scale, stats), inv_scale, threads)
     return _unscale_result(r, stats)

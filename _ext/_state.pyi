@@ -12,7 +12,7 @@ class CyState:
     hysteresis_left: int
     steps: int
     skipped: int
-    overflows: int
+    overflows_since_backoff: int
     since_rescale: int
     overflow_seen: int
     def update(self, finite: bool) -> int: ...

@@ -11,8 +11,9 @@ from _lsc_state cimport lsc_state, lsc_update
 PARAMS = ("growth_factor", "backoff_factor", "min_scale", "max_scale", "growth_interval",
           "growth_offset", "hysteresis", "precision", "growth_mode", "backoff_mode",
           "min_action", "flags", "tolerance", "floor_scale", "growth_factor_after_overflow")
-COUNTERS = ("good_steps", "hysteresis_left", "steps", "skipped", "overflows", "since_rescale",
-            "overflow_seen")
+# overflows_since_backoff is the struct's `overflows` (the fairseq tolerance's numerator)
+COUNTERS = ("good_steps", "hysteresis_left", "steps", "skipped", "overflows_since_backoff",
+            "since_rescale", "overflow_seen")
 
 
 cdef class CyState:
@@ -88,7 +89,7 @@ cdef class CyState:
         def __get__(self): return self.s.skipped
         def __set__(self, long long v): self.s.skipped = v
 
-    property overflows:
+    property overflows_since_backoff:
         def __get__(self): return self.s.overflows
         def __set__(self, long long v): self.s.overflows = v
 

@@ -106,7 +106,7 @@ cdef class DevicePlan:
     leaf_codes, leaf_devices, leaf_c_contiguous, leaf_writable: every array's,
     in flattened order (for callers that pair arrays, such as the fused
     optimizers' gradients and variables); leaf_type: the type every array
-    has, or None when they have several; write_error: why unscale_ must
+    has, or None when they have several; write_error: why ``unscale_`` must
     refuse these arrays (read-only, sharing memory), or None; payload: a
     dict the launcher keeps its device tables in, freed with the plan.
     """

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from lscore.adapters._optim import drop_none_gradients, grad_var_pairs, quiet, type_name
-from lscore.policy import real
+from lscore.policy import integer, real
 
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
@@ -27,6 +27,19 @@ def _clip_arg(name: str, value: Any) -> float | None:
             f"{name} must be None or a finite number >= 0 (0 disables it), got {value!r}"
         )
     return v
+
+
+def _describe(x: Any) -> str:
+    return repr(x) if not isinstance(x, dict) else f"a dict with the keys {sorted(map(str, x))}"
+
+
+def _check_slot(a: Any, shape: tuple, dtype: Any, i: int, name: str) -> None:
+    if a.shape != shape or a.dtype != dtype:
+        raise ValueError(
+            f"variable {i}'s slot {name!r} in the state has shape {a.shape} and dtype "
+            f"{a.dtype}; the variable has shape {shape} and dtype {dtype}: pass the "
+            "variables in the order of the run that saved the state"
+        )
 
 
 class ArrayOptimizer:
@@ -139,11 +152,39 @@ class ArrayOptimizer:
             raise ValueError(f"gradient shape {g.shape} does not match variable shape {v.shape}")
         return g
 
-    def _slot(self, v: Any, name: str) -> Any:
+    # slots of a loaded state (load_state_dict), each list bound to the next variable
+    # that gets slots, in the order the saving optimizer's variables got theirs
+    _pending: tuple = ()
+
+    def _bind(self, variables: list) -> None:
+        """Give the variables without slots yet the next loaded slots, in order; all are
+        checked before any is bound (a mismatch is a ValueError that changes nothing)."""
+        if not self._pending:
+            return
+        new, seen = [], set()
+        for v in variables:
+            entry = self._slots.get(id(v))
+            if (entry is None or entry[0] is not v) and id(v) not in seen:
+                new.append(v)
+                seen.add(id(v))
+        n = min(len(new), len(self._pending))
+        for i, (v, slots) in enumerate(zip(new[:n], self._pending[:n], strict=True)):
+            for name, a in slots.items():
+                _check_slot(a, v.shape, v.dtype, len(self._slots) + i, name)
+        for v, slots in zip(new[:n], self._pending[:n], strict=True):
+            self._slots[id(v)] = (v, slots)
+        self._pending = self._pending[n:]
+
+    def _slots_of(self, v: Any) -> dict:
+        """`v`'s slots by name, created empty (or from a loaded state) on first use."""
+        self._bind([v])
         entry = self._slots.get(id(v))
         if entry is None or entry[0] is not v:
             entry = self._slots[id(v)] = (v, {})
-        slots = entry[1]
+        return entry[1]
+
+    def _slot(self, v: Any, name: str) -> Any:
+        slots = self._slots_of(v)
         if name not in slots:
             slots[name] = self._xp.zeros_like(v)
         return slots[name]
@@ -152,6 +193,60 @@ class ArrayOptimizer:
         # slots are keyed by id(variable): ids change when a checkpoint is unpickled
         self.__dict__.update(state)
         self._slots = {id(v): (v, slots) for v, slots in self._slots.values()}
+
+    def state_dict(self) -> dict:
+        """``{"class_name", "iterations", "slots"}``: the step count and, per variable in
+        the order the variables first got slots (the order of the first step's
+        variables), a dict of slot copies (``momentum``; Adam's ``m``, ``v``, ``vhat``)."""
+        return {
+            "class_name": type(self).__name__,
+            "iterations": self.iterations,
+            "slots": [{k: a.copy() for k, a in slots.items()} for _, slots in self._slots.values()],
+        }
+
+    def load_state_dict(self, d: Any) -> None:
+        """Take a ``state_dict()`` of the same class.  An optimizer that already has slots
+        gets the values copied into them (same arrays); a new one binds them to its
+        variables as they come, in the order of the saving run's first step: pass the
+        variables in that order (a shape or dtype that differs is a ValueError)."""
+        if not isinstance(d, dict) or set(d) != {"class_name", "iterations", "slots"}:
+            raise ValueError(
+                "an optimizer state must be a dict with the keys 'class_name', 'iterations' "
+                f"and 'slots' (from state_dict()), got {_describe(d)}"
+            )
+        if d["class_name"] != type(self).__name__:
+            raise ValueError(
+                f"the state was saved by {d['class_name']!r}; this optimizer is "
+                f"{type(self).__name__!r}"
+            )
+        iterations = integer("iterations", d["iterations"], minimum=0)
+        xp = self._xp
+        if not isinstance(d["slots"], (list, tuple)) or not all(
+            isinstance(x, dict) for x in d["slots"]
+        ):
+            raise TypeError(f"slots must be a list of dicts, got {_describe(d['slots'])}")
+        loaded = tuple({k: xp.array(a) for k, a in x.items()} for x in d["slots"])
+        mine = [slots for _, slots in self._slots.values()]
+        if mine:
+            if len(mine) != len(loaded):
+                raise ValueError(
+                    f"the state holds the slots of {len(loaded)} variables; this "
+                    f"optimizer has slots for {len(mine)}"
+                )
+            for i, (have, got) in enumerate(zip(mine, loaded, strict=True)):
+                if set(have) != set(got):
+                    raise ValueError(
+                        f"variable {i}'s slots are {sorted(got)} in the state, {sorted(have)} here"
+                    )
+                for k, a in have.items():
+                    _check_slot(got[k], a.shape, a.dtype, i, k)
+            for have, got in zip(mine, loaded, strict=True):
+                for k, a in have.items():  # in place: the fused kernels keep their addresses
+                    a[...] = got[k]
+            self._pending = ()
+        else:
+            self._pending = loaded
+        self.iterations = iterations
 
     def _clip(self, grads: list) -> list:
         xp = self._xp
@@ -178,6 +273,7 @@ class ArrayOptimizer:
             return self.iterations
         pairs = drop_none_gradients(pairs, warn=True)
         grads = [self._as_grad(g, v) for g, v in pairs]  # all checked before any update
+        self._bind([v for _, v in pairs])
         for g, (_, v) in zip(self._clip(grads), pairs, strict=True):
             self._update_step(g, v)
         self.iterations += 1

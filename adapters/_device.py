@@ -251,6 +251,7 @@ class Gated(_arrays.ArrayOptimizer):
             return hit[1]
         columns = None
         if self._fusable_variables(vs, vplan):
+            self._bind(vs)  # a loaded state's slots, checked before any is bound
             ptr = self.fused_launcher().backend.ptr
             names = self._slot_names()
             capturing = self._backend.capturing()
@@ -564,6 +565,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         loss_scale_manager: Any = None,
         sync_free: Any = False,
         reducer: Any = None,
+        allow_fp16_params: Any = False,
     ) -> None:
         if not isinstance(sync_free, (bool, np.bool_)):
             raise TypeError(f"sync_free must be a bool, got {sync_free!r}")
@@ -580,6 +582,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
             dynamic_growth_steps=dynamic_growth_steps,
             loss_scale_manager=loss_scale_manager,
             reducer=reducer,
+            allow_fp16_params=allow_fp16_params,
         )
         self._dev = None
         self._device_id: int | None = None
@@ -658,6 +661,15 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
             backend = self._optimizer.fused_launcher().backend
             self._count_host = int(backend.get(self._count)[0])
             self._optimizer.iterations = self._count_host
+
+    def _before_checkpoint(self) -> None:
+        if self._sync_free:
+            self.sync_state()
+
+    def _after_load(self) -> None:
+        if self._dev is not None:
+            self._dev.put(self._host_state().to_bytes())
+        self._count_host = None  # Adam's device step counter is set from iterations
 
     @property
     def loss_scale(self) -> Any:
@@ -865,6 +877,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         plan = self._fused_plan(*_optim.unzip(pairs))
         if plan is not None:
             return self._sync_free_fused(plan, advance, scaled=False)
+        _optim.check_variable_dtypes([v for _, v in pairs], self._allow_fp16)
         self._refuse_in_capture(
             "a step on the elementwise path (it copies the variables)",
             "capture only dense float32 variables with float16, bfloat16 "

@@ -34,6 +34,33 @@ import numpy as np
 
 from lscore.adapters._scaling import LossScaling, resolve_loss_scaling, scaling_kwargs_from_config
 from lscore.distributed import check_reducer, reduce_found_inf
+from lscore.policy import integer
+
+OPTIMIZER_FORMAT = "lscore.optimizer/1"
+_OPTIMIZER_KEYS = (
+    "format",
+    "shape",
+    "iterations",
+    "last_step_skipped",
+    "monitor_steps",
+    "loss_scale",
+    "optimizer",
+)
+
+
+def load_checked(holder: Any, scale_state: Any, load_rest: Any) -> None:
+    """Load `scale_state` into `holder` (the loss scale, or None), then ``load_rest()``
+    (the inner optimizer's state); if that raises, the scale state is put back, so a
+    refused state changes neither.  The scale goes first: its load checks the policy."""
+    before = None if holder is None else holder.state_dict()
+    if holder is not None:
+        holder.load_state_dict(scale_state)
+    try:
+        load_rest()
+    except BaseException:
+        if holder is not None:
+            holder.load_state_dict(before)
+        raise
 
 
 def check_inner_optimizer(
@@ -42,8 +69,16 @@ def check_inner_optimizer(
     """tf-keras's checks on the wrapped optimizer, in its order.
 
     `is_optimizer(optimizer)` says whether the framework's protocol is met;
-    `expected` describes that protocol in the TypeError.
+    `expected` describes that protocol in the TypeError.  A class is refused
+    first: its ``apply_gradients`` is a function, so it would pass the
+    protocol check, and marking it as wrapped would mark every instance.
     """
+    if isinstance(optimizer, type):
+        name = optimizer.__qualname__
+        raise TypeError(
+            f"optimizer must be an optimizer instance, got the class {name}: "
+            f"pass an instance, e.g. LossScaleOptimizer({name}(...), ...)"
+        )
     if not is_optimizer(optimizer):
         raise TypeError(
             f'"inner_optimizer" must be an instance of {expected}, but got: {optimizer}.'
@@ -174,6 +209,37 @@ def unzip(pairs: list) -> tuple[list, list]:
     return [g for g, _ in pairs], [v for _, v in pairs]
 
 
+def variable_list(var_list: Any) -> list:
+    """``list(var_list)``; a single array (anything with a ``shape``) is a TypeError, as
+    iterating it would give its rows, not one variable."""
+    if hasattr(var_list, "shape"):
+        raise TypeError(
+            f"var_list must be a list of arrays, got a single {type_name(var_list)}: "
+            "pass [w] for one variable"
+        )
+    return list(var_list)
+
+
+FP16_VARIABLES = (
+    "Attempting to apply gradients to float16 variables. The variables themselves are "
+    "float16: keep float32 master weights (keep the variables in float32 and compute in "
+    "float16 from a float16 copy), since float16 weights lose small updates.  To update "
+    "float16 variables anyway, pass LossScaleOptimizer(..., allow_fp16_params=True)."
+)
+
+
+def check_variable_dtypes(variables: Any, allow_fp16: bool) -> None:
+    """The torch GradScaler's refusal of float16 parameters, for array variables: a
+    ValueError with the same advice unless `allow_fp16` (``allow_fp16_params=True``)."""
+    if allow_fp16:
+        return
+    # the distinct dtypes in one pass (a set), then one test per dtype: a step's cost
+    # stays about one attribute read per variable
+    for dt in {getattr(v, "dtype", None) for v in variables}:
+        if getattr(dt, "kind", None) == "f" and getattr(dt, "itemsize", None) == 2:
+            raise ValueError(FP16_VARIABLES)
+
+
 def check_op_name(name: Any) -> None:
     """TF1's ``name`` names the op that ``apply_gradients`` returns; nothing here is
     an op, so the name is only checked."""
@@ -246,8 +312,9 @@ class LossScaleOptimizerBase:
     """Wraps an optimizer with loss scaling; the adapters bind it to an array module.
 
     ``LossScaleOptimizer(optimizer, loss_scale=None, *, dynamic=True,
-    initial_scale=None, dynamic_growth_steps=None, loss_scale_manager=None)``
-    takes the Keras 2, TF <= 2.3 or TF1 shape (see this module's docstring).
+    initial_scale=None, dynamic_growth_steps=None, loss_scale_manager=None,
+    reducer=None, allow_fp16_params=False)`` takes the Keras 2, TF <= 2.3 or
+    TF1 shape (see this module's docstring).
 
     The wrapped optimizer needs one method, ``apply_gradients(grads_and_vars)``,
     that updates the variables in place; if it has an ``iterations`` attribute
@@ -263,6 +330,10 @@ class LossScaleOptimizerBase:
       returns ``(loss, grads)``, where ``grads`` are the gradients of
       ``loss * scale`` with respect to ``var_list`` (your backprop, seeded with
       ``scale`` cast to the loss dtype instead of 1).
+
+    float16 variables are refused with advice (keep float32 master weights), as
+    the torch ``GradScaler`` refuses float16 parameters, unless
+    ``allow_fp16_params=True``.
 
     ``reducer`` (an ``lscore.distributed`` reducer, or any object with
     ``reduce(found_inf, stats=None) -> (found_inf, stats)``) makes the
@@ -287,7 +358,10 @@ class LossScaleOptimizerBase:
         dynamic_growth_steps: Any = None,
         loss_scale_manager: Any = None,
         reducer: Any = None,
+        allow_fp16_params: Any = False,
     ) -> None:
+        if not isinstance(allow_fp16_params, (bool, np.bool_)):
+            raise TypeError(f"allow_fp16_params must be a bool, got {allow_fp16_params!r}")
         check_inner_optimizer(
             optimizer,
             LossScaleOptimizerBase,
@@ -304,6 +378,7 @@ class LossScaleOptimizerBase:
         self._reducer = check_reducer(reducer)  # lscore.distributed: one verdict for all ranks
         self._optimizer = optimizer
         self._own_iterations = 0
+        self._allow_fp16 = bool(allow_fp16_params)
         with contextlib.suppress(AttributeError):  # an optimizer with __slots__
             optimizer._is_wrapped_by_loss_scale_optimizer = True
 
@@ -423,6 +498,7 @@ class LossScaleOptimizerBase:
         pairs = grad_var_pairs(grads_and_vars)
         if pairs:
             pairs = drop_none_gradients(pairs, warn=self._scaling.shape != "tf1")
+        check_variable_dtypes([v for _, v in pairs], self._allow_fp16)
         grads = [g for g, _ in pairs]
         finite = not reduce_found_inf(self._reducer, not self._all_finite(grads))
         applied, _ = run_step(
@@ -480,7 +556,7 @@ class LossScaleOptimizerBase:
                 "fn(scale) -> (loss, grads) that runs your backward pass seeded "
                 f"with scale, got {type_name(loss_and_grads_fn)}"
             )
-        var_list = list(var_list)
+        var_list = variable_list(var_list)
         out = loss_and_grads_fn(scale)
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise TypeError(
@@ -510,6 +586,107 @@ class LossScaleOptimizerBase:
         loss, pairs = self._scaled_gradients(loss_and_grads_fn, var_list)
         self.apply_gradients(pairs, global_step=global_step, name=name)
         return loss
+
+    # -- checkpoints --------------------------------------------------------------
+    def _scale_holder(self: _Wrapping) -> Any:
+        """The object whose state_dict() holds the scale state, or None (Keras's fixed
+        scale, or a user-defined LossScale without state_dict)."""
+        s = self._scaling
+        obj = s.dynamic_loss_scale if s.shape == "keras" else s.loss_scale_object
+        return obj if callable(getattr(obj, "state_dict", None)) else None
+
+    def _before_checkpoint(self) -> None:
+        """Bring state kept elsewhere (a device) to the host before state_dict()."""
+
+    def _after_load(self) -> None:
+        """Send the loaded host state where the steps read it (a device)."""
+
+    def state_dict(self) -> dict:
+        """The optimizer's state, ``"lscore.optimizer/1"``: JSON-safe scalars, the inner
+        optimizer's slots as arrays.
+
+        Keys: ``format``, ``shape`` (keras, experimental or tf1), ``iterations``,
+        ``last_step_skipped``, ``monitor_steps`` (the overflow monitor's step count),
+        ``loss_scale`` (the scale's v1 state, None for a fixed Keras scale) and
+        ``optimizer`` (the inner optimizer's ``state_dict()``, None when it has none).
+        Save it with pickle or ``numpy.savez``-style tools; ``load_state_dict`` on a
+        LossScaleOptimizer built the same way resumes the run exactly.
+        """
+        self._before_checkpoint()
+        holder = self._scale_holder()
+        inner = self._optimizer
+        last = self.last_step_skipped
+        return {
+            "format": OPTIMIZER_FORMAT,
+            "shape": self._scaling.shape,
+            "iterations": int(self.iterations),
+            "last_step_skipped": bool(last),
+            "monitor_steps": self._monitor_steps,
+            "loss_scale": None if holder is None else holder.state_dict(),
+            "optimizer": (
+                inner.state_dict() if callable(getattr(inner, "state_dict", None)) else None
+            ),
+        }
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Take a ``state_dict()`` of a LossScaleOptimizer of the same shape around the same
+        kind of optimizer; everything is checked before anything changes.  The inner
+        optimizer's slots are bound to the variables in the order of the saving run's
+        first step (see the inner optimizer's ``load_state_dict``)."""
+        d = state_dict
+        if not isinstance(d, dict):
+            raise TypeError(f"state_dict must be a dict, got {type_name(d)}")
+        fmt = d.get("format")
+        if fmt != OPTIMIZER_FORMAT:
+            hint = ""
+            if fmt == "lscore.state/1":
+                hint = ": that is a loss scale's state (load it into the LossScale or manager)"
+            elif "param_groups" in d:
+                hint = ": that is a torch optimizer's state dict"
+            raise ValueError(
+                f"unknown optimizer state format {fmt!r}; this LossScaleOptimizer "
+                f"understands {OPTIMIZER_FORMAT!r}{hint}"
+            )
+        unknown = sorted(set(d) - set(_OPTIMIZER_KEYS))
+        missing = [k for k in _OPTIMIZER_KEYS if k not in d]
+        if unknown or missing:
+            raise ValueError(
+                f"a {OPTIMIZER_FORMAT} state has the keys {list(_OPTIMIZER_KEYS)}; "
+                f"got unknown {unknown} and missing {missing}"
+            )
+        if d["shape"] != self._scaling.shape:
+            raise ValueError(
+                f"the state's loss scaling has the {d['shape']!r} shape; this optimizer "
+                f"has {self._scaling.shape!r}"
+            )
+        holder, inner = self._scale_holder(), self._optimizer
+        if (d["loss_scale"] is None) != (holder is None):
+            raise ValueError(
+                "the state's loss scale and this optimizer's differ in kind (fixed vs dynamic)"
+            )
+        load_inner = getattr(inner, "load_state_dict", None)
+        if d["optimizer"] is not None and not callable(load_inner):
+            raise TypeError(
+                f"the state holds an optimizer state, but the inner optimizer "
+                f"{type_name(inner)} has no load_state_dict()"
+            )
+        iterations = integer("iterations", d["iterations"], minimum=0)
+        monitor_steps = integer("monitor_steps", d["monitor_steps"], minimum=0)
+        last = d["last_step_skipped"]
+        if not isinstance(last, bool):
+            raise TypeError(f"last_step_skipped must be a bool, got {last!r}")
+        spec = d["optimizer"]
+        name = spec.get("class_name") if isinstance(spec, dict) else None
+        if name is not None and name != type(inner).__name__:
+            raise ValueError(
+                f"the state was saved around {name!r}; this LossScaleOptimizer wraps "
+                f"{type(inner).__name__!r}"
+            )
+        load_checked(holder, d["loss_scale"], lambda: spec is None or inner.load_state_dict(spec))
+        self.iterations = iterations
+        self._monitor_steps = monitor_steps
+        self._last_applied = not last
+        self._after_load()
 
     # -- configuration ------------------------------------------------------------
     def get_config(self) -> dict:

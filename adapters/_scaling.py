@@ -20,7 +20,7 @@ from lscore.managers import (
     FixedLossScaleManager,
     LossScaleManager,
 )
-from lscore.policy import positive_scale, tf_int
+from lscore.policy import integer, positive_scale
 from lscore.presets import ManagerPreset
 
 SHAPES = ("keras", "experimental", "tf1")
@@ -274,7 +274,9 @@ def _keras_scaling(dynamic: Any, initial_scale: Any, dynamic_growth_steps: Any) 
         initial = KERAS_DEFAULT_INITIAL_SCALE if initial_scale is None else initial_scale
         steps = KERAS_DEFAULT_GROWTH_STEPS if dynamic_growth_steps is None else dynamic_growth_steps
         initial = positive_scale("initial_scale", initial)
-        steps = tf_int("dynamic_growth_steps", steps)
+        # stricter than tf-keras, where 0 or a negative count doubles the scale every
+        # step and 2.5 is truncated: a count of steps is an integer >= 1
+        steps = integer("dynamic_growth_steps", steps, minimum=1)
         return LossScaling(
             "keras",
             dynamic_ls=DynamicLossScale(initial, steps, 2.0),

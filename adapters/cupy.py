@@ -32,8 +32,9 @@ clipped steps, take the elementwise path (CuPy array expressions).
   to the host unless you read ``loss_scale``, ``dynamic_counter`` or call
   ``sync_state()``.  After one eager step such a step can be captured in a
   CUDA graph (``stream.begin_capture()`` / ``end_capture()``) and replayed;
-  see the README's CuPy section.  While the current stream is capturing,
-  calls that would synchronise or upload raise RuntimeError.  The state
+  CuPy cannot capture cuBLAS calls, so the backward pass stays eager (the
+  NumPy and CuPy guide's CUDA-graph recipe).  While the current stream is
+  capturing, calls that would synchronise or upload raise RuntimeError.  The state
   lives on the device that was current when the optimizer was made; a step
   taken while another device is current raises RuntimeError before anything
   runs (make one optimizer per device).
@@ -57,7 +58,13 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import cupy
+try:
+    import cupy
+except ImportError as e:  # the extra is missing: name it, not only the module
+    raise ImportError(
+        f"lscore.adapters.cupy needs CuPy ({e}); install it with "
+        'pip install "lscore[cuda12]" (or "lscore[cuda13]" for a CUDA 13 driver)'
+    ) from e
 
 from lscore import cuda
 from lscore.adapters import _device
@@ -146,9 +153,9 @@ class LossScaleOptimizer(_device.LossScaleOptimizer):
 
     ``LossScaleOptimizer(optimizer, loss_scale=None, *, dynamic=True,
     initial_scale=None, dynamic_growth_steps=None, loss_scale_manager=None,
-    sync_free=False, reducer=None)`` takes the Keras 2, TF <= 2.3 or TF1 shape,
-    as ``lscore.adapters.numpy.LossScaleOptimizer`` does, with the same
-    results.  Gradients come from your own backward pass, seeded with the loss
+    sync_free=False, reducer=None, allow_fp16_params=False)`` takes the Keras 2,
+    TF <= 2.3 or TF1 shape, as ``lscore.adapters.numpy.LossScaleOptimizer``
+    does, with the same results.  Gradients come from your own backward pass, seeded with the loss
     scale: ``get_scaled_loss``, ``get_unscaled_gradients`` and
     ``apply_gradients``, or ``minimize(loss_and_grads_fn, var_list)``.
 

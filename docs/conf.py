@@ -19,6 +19,7 @@ extensions = [
     "numpydoc",
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
+    "sphinx_copybutton",
     "lscore_docs",
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
@@ -31,8 +32,30 @@ numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
 numpydoc_xref_param_type = False
 autodoc_member_order = "bysource"
+# a class's entry lists every public member a user can reach on it: those without a
+# docstring (a dataclass's fields, an enum's members) and those it inherits from lscore's
+# private bases; not those of torch's Optimizer and LRScheduler, int, tuple or the
+# built-in exceptions
+autodoc_default_options = {
+    "undoc-members": True,
+    "inherited-members": "object, Optimizer, LRScheduler, int, tuple, BaseException",
+}
+# the page's table of contents names a member without its class
+toc_object_entries_show_parents = "hide"
+# a signature too long for a line of the page lists one parameter a line (Sphinx counts
+# the directive's text, where `Any` is `~typing.Any`: 90 of it fit one line of the page)
+maximum_signature_line_length = 90
 autodoc_typehints = "signature"
 autosummary_generate = False
+# a cross-reference to lscore's public names must resolve (`{py:class}` in a guide, a
+# type in a signature); one to another project's names or to a private module's (which
+# have no entry) is left as text
+nitpicky = True
+nitpick_ignore_regex = [(r"py:.*", r"(?!lscore\b).*"), (r"py:.*", r"lscore(\.\w+)*\._.*")]
+
+# the copy button copies what a reader can paste: the code of a `>>>` / `$` example
+# without its prompts and without the output the page shows (Pygments' .gp and .go)
+copybutton_exclude = ".linenos, .gp, .go"
 
 html_theme = "pydata_sphinx_theme"
 html_title = "lscore"

@@ -15,8 +15,7 @@ except ImportError as e:  # pragma: no cover - exercised only on a broken instal
         "(needs a C compiler, Cython >= 3 and numpy)"
     ) from e
 
-import types
-from typing import TYPE_CHECKING
+import typing as _typing
 
 from lscore.loss_scale import DynamicLossScale, FixedLossScale, LossScale, get
 from lscore.managers import (
@@ -29,7 +28,9 @@ from lscore.presets import preset
 from lscore.scan import all_finite, unscale_
 from lscore.state import LossScaleFloorError, LossScaleState
 
-if TYPE_CHECKING:  # loaded on first use at run time (__getattr__ below)
+if _typing.TYPE_CHECKING:  # loaded on first use at run time (__getattr__ below)
+    import types
+
     from lscore import migrate
 
 __version__ = "0.1.0"
@@ -51,10 +52,11 @@ __all__ = [
     "unscale_",
 ]
 
-del _codes, _grads, _scan, _state, _walk
+# dir(lscore) shows the API and the submodules, not the names this file works with
+del _codes, _grads, _scan, _state, _walk, _typing
 
 
-def __getattr__(name: str) -> types.ModuleType:
+def __getattr__(name: str) -> "types.ModuleType":
     # lscore.migrate (sixteen peers' readers) loads on first use: `import lscore` stays fast
     if name == "migrate":
         import importlib

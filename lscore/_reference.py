@@ -29,7 +29,7 @@ class RefState:
     hysteresis_left: int = 1
     steps: int = 0
     skipped: int = 0
-    overflows: int = 0
+    overflows_since_backoff: int = 0
     since_rescale: int = 0
     overflow_seen: int = 0
 
@@ -120,7 +120,7 @@ def update(state: RefState, finite: bool) -> tuple[RefState, int]:
     scale, nxt = s.scale, s.next_scale
     work = nxt if p.apply_next else scale
     good, left = s.good_steps, s.hysteresis_left
-    overflows, since, seen = s.overflows, s.since_rescale + 1, s.overflow_seen
+    overflows, since, seen = s.overflows_since_backoff, s.since_rescale + 1, s.overflow_seen
     floor = p.give_up_scale
     if finite:
         if "finite" in p.refill:
@@ -171,7 +171,7 @@ def update(state: RefState, finite: bool) -> tuple[RefState, int]:
                 state,
                 good_steps=good,
                 hysteresis_left=left,
-                overflows=overflows,
+                overflows_since_backoff=overflows,
                 since_rescale=since,
                 overflow_seen=seen,
             ), FLOOR_ERROR

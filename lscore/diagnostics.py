@@ -292,6 +292,9 @@ class OverflowMonitor:
             self.logger.log(self.level, line)
 
     def state_dict(self) -> dict:
+        """The monitor's own counts (``total_skipped``, ``consecutive_skipped``,
+        ``last_skipped_step``); the step numbers it is given come from the adapter, whose
+        state dict carries them."""
         with self._lock:
             return {
                 "total_skipped": self.total_skipped,
@@ -300,6 +303,7 @@ class OverflowMonitor:
             }
 
     def load_state_dict(self, d: dict) -> None:
+        """Take a ``state_dict()``; checked before anything changes."""
         keys = {"total_skipped", "consecutive_skipped", "last_skipped_step"}
         if not isinstance(d, dict) or set(d) != keys:
             raise ValueError(f"an OverflowMonitor state has the keys {sorted(keys)}, got {d!r}")

@@ -19,6 +19,8 @@ KEYS = ("format", "policy", "scale", "counters", "next_scale", "config")
 _APPLY, _FLOOR_ERROR = _codes.APPLY, _codes.FLOOR_ERROR
 # a loaded counter must leave the core room to count in int64 without overflow
 COUNTER_LIMIT = 2**62
+# earlier names of counters, still read from a v1 state (lscore 0.1 wrote "overflows")
+_LEGACY_COUNTERS = {"overflows": "overflows_since_backoff"}
 
 
 class LossScaleFloorError(FloatingPointError):
@@ -86,7 +88,34 @@ class LossScaleState:
         """Overflows left before the next backoff (DeepSpeed/Megatron hysteresis)."""
         return self._cy.hysteresis_left
 
+    def steps_to_growth(self) -> int | None:
+        """How many finite steps in a row from now the policy next grows the scale; None
+        when it never grows (a fixed scale, or a count already past an exact interval)."""
+        p, good = self._policy, self._cy.good_steps
+        interval = p.growth_interval
+        if p.growth_mode == "never":
+            return None
+        if p.growth_mode == "modulo":  # grows when good - offset is a positive multiple
+            k = good - p.growth_offset
+            return interval - k % interval if k >= 0 else interval - k
+        if p.growth_mode == "ge":
+            return max(interval - good, 1)
+        return interval - good if good < interval else None
+
     def counters(self) -> dict:
+        """The counters, by name, as one snapshot:
+
+        - ``good_steps``: the growth counter, in the policy's meaning (finite steps
+          since the last growth or overflow; DeepSpeed's and fairseq's count
+          since the last overflow only);
+        - ``hysteresis_left``: overflows still absorbed before the next backoff;
+        - ``steps``: updates taken; ``skipped``: those whose step was skipped;
+        - ``overflows_since_backoff``: non-finite steps since the last backoff
+          (what fairseq's ``tolerance`` compares with ``since_rescale``), not a
+          count of all overflows: that is ``skipped`` where non-finite steps skip;
+        - ``since_rescale``: steps since the last growth or backoff;
+        - ``overflow_seen``: 1 once any non-finite step was seen, else 0.
+        """
         cy = self._cy.copy()  # one snapshot, whatever other threads do meanwhile
         return {k: getattr(cy, k) for k in COUNTERS}
 
@@ -252,6 +281,11 @@ def parse_state(d: Any) -> tuple[Policy, CyState, dict | None]:
     counters = d["counters"]
     if not isinstance(counters, dict):
         raise TypeError(f"counters must be a dict, got {type(counters).__name__}")
+    for old, new in _LEGACY_COUNTERS.items():
+        if old in counters:
+            if new in counters:
+                raise ValueError(f"counters holds {old!r} and its new name {new!r}; keep one")
+            counters = {new if k == old else k: v for k, v in counters.items()}
     unknown = sorted(set(counters) - set(COUNTERS))
     if unknown:
         raise ValueError(f"unknown counters: {', '.join(map(repr, unknown))}")

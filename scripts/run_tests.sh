@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
-# Run the test suite in the given virtualenv.  pytest's exit code 5 ("no
-# tests collected") is an error here: a suite that ran nothing proves nothing.
+# Run the test suite with the lscore that the given virtualenv has installed:
+#   run_tests.sh VENV [PATH...]   PATHs relative to the checkout; default: tests docs README.md
+# (README.md and docs/ are named so that conftest.py, Sybil, runs their examples).
+# pytest runs from an empty folder outside the checkout and imports test modules with
+# --import-mode=importlib, which puts no test folder on sys.path: the only checkout folder
+# there is tests/ itself (pyproject's pythonpath, for `helpers`), so `import lscore` finds the
+# installed package, never the checkout's lscore/, which lacks the compiled lscore._ext.
+# LSCORE_TEST_INSTALLED=1 (make test, cibuildwheel) turns on the tests that check this
+# (tests/packaging/test_installed.py).  pytest's exit code 5 ("no tests collected") is an
+# error here: a suite that ran nothing proves nothing.
 set -euo pipefail
-venv="$1"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+venv="$(cd "$1" && pwd)"
+shift
+paths=("$@")
+[ "${#paths[@]}" -gt 0 ] || paths=(tests docs README.md)
 export PYTHONDONTWRITEBYTECODE=1
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+cd "$work"
 set +e
-# README.md and docs/ are named so that conftest.py (Sybil) runs their examples.
-"$venv/bin/python" -m pytest -ra -v tests docs README.md
+"$venv/bin/python" -m pytest -ra -v --import-mode=importlib "${paths[@]/#/$root/}"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -12,8 +12,8 @@ trap 'rm -rf "$src"' EXIT
 PYTHON="${PYTHON:-python3}"
 
 [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check "setuptools>=69" "cython>=3.0" "numpy>=2.0" \
-    wheel pytest hypothesis ml_dtypes
+"$venv/bin/pip" install -q --disable-pip-version-check "setuptools>=77" "cython>=3.0" "numpy>=2.0" \
+    "tomli>=1.1; python_version < '3.11'" wheel pytest hypothesis ml_dtypes
 
 # copy the tracked sources only (no in-place .so or generated .c)
 (cd "$root" && git ls-files -z --cached --others --exclude-standard | \

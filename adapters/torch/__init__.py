@@ -1,15 +1,25 @@
-"""lscore's PyTorch adapter: ``GradScaler`` (a drop-in for ``torch.amp.GradScaler``)
-and ``LossScaleOptimizer`` (TF/Keras-shaped loss scaling as a torch optimizer)."""
+"""lscore's PyTorch adapter: ``GradScaler`` (a drop-in for ``torch.amp.GradScaler``),
+``LossScaleOptimizer`` (TF/Keras-shaped loss scaling as a torch optimizer) and
+``SkipAwareLR`` (a learning-rate schedule that advances only on applied steps)."""
+
+try:
+    import torch as _torch  # noqa: F401 - only whether torch imports matters here
+except ImportError as e:  # the extra is missing: name it, not only the module
+    raise ImportError(
+        f'lscore.adapters.torch needs PyTorch ({e}); install it with pip install "lscore[torch]"'
+    ) from e
 
 from lscore.adapters.torch._paths import GradUnscaler, ScalerAssertionError, torch_policy
 from lscore.adapters.torch.optimizer import LossScaleOptimizer
 from lscore.adapters.torch.scaler import GradScaler, ScalerConfigError
+from lscore.adapters.torch.schedule import SkipAwareLR
 
 __all__ = [
     "GradScaler",
     "LossScaleOptimizer",
     "ScalerAssertionError",
     "ScalerConfigError",
+    "SkipAwareLR",
     "torch_policy",
 ]
 
@@ -21,6 +31,7 @@ for _obj in (
     LossScaleOptimizer,
     ScalerAssertionError,
     ScalerConfigError,
+    SkipAwareLR,
     GradUnscaler,
     torch_policy,
 ):

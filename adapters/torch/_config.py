@@ -75,11 +75,12 @@ def outside_graph(method: Any) -> Any:
     traced call, not at import; eager calls take the plain method.
     """
     disabled = None
+    is_compiling = torch.compiler.is_compiling
 
     @functools.wraps(method)
     def run(*args: Any, **kwargs: Any) -> Any:
         nonlocal disabled
-        if not torch.compiler.is_compiling():
+        if not is_compiling():
             return method(*args, **kwargs)
         if disabled is None:
             disabled = torch.compiler.disable(method)

@@ -22,6 +22,7 @@ here too: it decides whether torch's update kernel can run.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ import torch
 from lscore import kernels
 from lscore.dtypes import Code
 from lscore.policy import Policy, scale_bounds
+from lscore.presets import table as preset_table
 from lscore.state import LossScaleState
 from lscore.state import json_float as _json_scale
 
@@ -48,22 +50,6 @@ def clip_coefficient(max_norm: float, total: torch.Tensor) -> torch.Tensor:
     return torch.clamp(max_norm / (total + 1e-6), max=1.0)
 
 
-# the parameters that make a Policy torch's, besides the four torch exposes
-_TORCH_SHAPE: dict[str, Any] = dict(
-    precision="float32_float64",
-    growth_mode="eq",
-    growth_offset=0,
-    backoff_mode="multiply",
-    min_action="clamp",
-    guard_finite=True,
-    refill=("finite",),
-    hysteresis_saturate=False,
-    apply_nonfinite=False,
-    flush_subnormal=False,
-    apply_next=False,
-)
-
-
 class ScalerAssertionError(RuntimeError, AssertionError):
     """Raised where torch's GradScaler raises AssertionError for call-order misuse.
 
@@ -72,11 +58,15 @@ class ScalerAssertionError(RuntimeError, AssertionError):
     """
 
 
+# torch.amp.GradScaler's defaults for its four numbers (the "torch" row of the preset table)
+TORCH_ARGS = preset_table.TABLE["torch"].args
+
+
 def torch_policy(
-    init_scale: Any = 2.0**16,
-    growth_factor: Any = 2.0,
-    backoff_factor: Any = 0.5,
-    growth_interval: Any = 2000,
+    init_scale: Any = TORCH_ARGS["init_scale"],
+    growth_factor: Any = TORCH_ARGS["growth_factor"],
+    backoff_factor: Any = TORCH_ARGS["backoff_factor"],
+    growth_interval: Any = TORCH_ARGS["growth_interval"],
     *,
     min_scale: Any = None,
     max_scale: Any = None,
@@ -87,27 +77,34 @@ def torch_policy(
     ``hysteresis`` overflows in a row are needed for one backoff; every finite
     step refills the count (NeMo's rule); 1 is torch's behaviour.  A
     ``min_scale`` above or a ``max_scale`` below ``init_scale`` is refused.
+    With the defaults of the keyword arguments it is ``lscore.preset("torch")``'s
+    policy.
     """
     p = Policy(
         name="torch",
-        init_scale=init_scale,
-        growth_factor=growth_factor,
-        backoff_factor=backoff_factor,
-        growth_interval=growth_interval,
-        hysteresis=hysteresis,
-        min_scale=min_scale,
-        max_scale=max_scale,
-        **_TORCH_SHAPE,
+        **{
+            **preset_table.TORCH,
+            "init_scale": init_scale,
+            "growth_factor": growth_factor,
+            "backoff_factor": backoff_factor,
+            "growth_interval": growth_interval,
+            "hysteresis": hysteresis,
+            "min_scale": min_scale,
+            "max_scale": max_scale,
+        },
     )
     scale_bounds(p.init_scale, p.min_scale, p.max_scale)
     return p
 
 
+# torch's fields as a validated Policy holds them (the table's, normalised once)
+_TORCH_SHAPE = {k: getattr(torch_policy(), k) for k in preset_table.TORCH}
+
+
 def is_torch_shape(p: Policy) -> bool:
-    """True when `p` behaves exactly as torch.amp.GradScaler with p's four numbers."""
-    return p.replace(name="torch") == torch_policy(
-        p.init_scale, p.growth_factor, p.backoff_factor, p.growth_interval
-    )
+    """True when `p` behaves exactly as torch.amp.GradScaler with p's four numbers (then
+    torch's own update kernel can run).  Reads p's fields; builds nothing."""
+    return all(getattr(p, k) == v for k, v in _TORCH_SHAPE.items())
 
 
 def _reciprocal(scale: float) -> float:
@@ -146,8 +143,9 @@ def _sparse_values(param: Any) -> torch.Tensor:
 
 def unscale_with_kernel(optimizer: Any, inv_scale: Any, found_inf: Any, allow_fp16: Any) -> dict:
     """torch's algorithm (``GradScaler._unscale_grads_``): group by device and dtype, run
-    torch's kernel per group; {device: found-inf tensor}."""
-    groups: dict = {}
+    torch's kernel per group; {device: found-inf tensor}.  The loop is torch's, inline (a
+    helper call per gradient would cost more than torch's whole loop body)."""
+    groups: defaultdict = defaultdict(lambda: defaultdict(list))
     with torch.no_grad():
         for group in optimizer.param_groups:
             for param in group["params"]:
@@ -155,11 +153,14 @@ def unscale_with_kernel(optimizer: Any, inv_scale: Any, found_inf: Any, allow_fp
                     raise ScalerAssertionError(
                         f"expected param to be torch.Tensor, got {type(param).__name__}"
                     )
-                if param.grad is None:
+                g = param.grad
+                if g is None:
                     continue
-                if not allow_fp16 and param.grad.dtype == torch.float16:
+                if not allow_fp16 and g.dtype == torch.float16:
                     raise ValueError("Attempting to unscale FP16 gradients.")
-                _group(groups, _sparse_values(param))
+                if g.is_sparse:
+                    g = _sparse_values(param)
+                groups[g.device][g.dtype].append(g)
         found: dict = {}
         _kernel_unscale(groups, inv_scale, found_inf, found)
     return found
@@ -310,9 +311,21 @@ class _Path:
     def __init__(self, state: LossScaleState, unscaler: GradUnscaler | None = None):
         self.state = state
         self.unscaler = GradUnscaler() if unscaler is None else unscaler
+        # whether the policy is torch's (decided here and when the policy changes, never
+        # per call): then torch's update kernel runs on a device and the state dict is
+        # torch's five keys
+        self.torch_shape = is_torch_shape(state.policy)
 
     def get_scale(self) -> float:
         raise NotImplementedError
+
+    def set_policy(self, policy: Policy) -> None:
+        """Give the state machine `policy`, keeping the scale and growth tracker."""
+        if self.torch_shape and not is_torch_shape(policy):
+            self.pull()  # the host state machine takes over from torch's kernel
+        state = self.state
+        replace_state(state, state.scale, state.counters()["good_steps"], policy)
+        self.torch_shape = is_torch_shape(policy)
 
     def good_steps(self) -> int:
         return self.state.counters()["good_steps"]
@@ -352,6 +365,7 @@ class Unplaced(_Path):
 
     def load(self, d: dict, reported: float | None) -> None:
         self.state.load_state_dict(d)
+        self.torch_shape = is_torch_shape(self.state.policy)
         self.reported = self.state.scale if reported is None else reported
 
     def place(self, device: torch.device, torch_kernels: bool) -> _Placed:
@@ -389,6 +403,10 @@ class Disabled:
 
     def pickled(self) -> dict:
         return {} if self.held is None else self.held.pickled()
+
+    def set_policy(self, policy: Policy) -> None:
+        if self.held is not None:  # enabled="auto" disabled it: the held path keeps it
+            self.held.set_policy(policy)
 
 
 class _Placed(_Path):
@@ -430,6 +448,7 @@ class _Placed(_Path):
 
     def load(self, d: dict, reported: float | None) -> None:
         self.state.load_state_dict(d)
+        self.torch_shape = is_torch_shape(self.state.policy)
         self.written = None  # write the scale even when unchanged
         self._write()
 
@@ -453,23 +472,25 @@ class _CorePath(_Placed):
     def check(self, optimizer: Any) -> dict:
         return self.unscaler(optimizer.param_groups, 1.0, True)
 
-    def flags(self, found_infs: list) -> list:
-        return found_infs
+    def flags(self, states: Any) -> list:
+        """The found-inf flags of every optimizer's `states` (torch's per-optimizer dicts)."""
+        return [f for st in states.values() for f in st["found_inf_per_device"].values()]
 
     def update(self, found_infs: list, advance: bool, factors: Any) -> tuple:
-        """(skipped, how many skipped, scale before); `advance`: step the state machine."""
+        """(skipped, scale before); `advance`: step the state machine."""
         # torch backs off when the sum of the flags (each 0 or 1) is nonzero
         skipped = any(f.item() for f in found_infs)
         before = self.state.scale
         if advance:
             self.state.update(not skipped)
             self._write()
-        return skipped, skipped, before
+        return skipped, before
 
 
 class _DevicePath(_Placed):
     """Off the CPU: torch's kernels unscale, check and, under torch's policy, update the
-    scale and tracker tensors on the device; otherwise the host state machine does."""
+    scale and tracker tensors on the device; otherwise the host state machine does.
+    Under torch's policy each call issues the tensor ops torch's GradScaler issues."""
 
     on_device = True
     observes_always = False  # reading the flag on the host is a sync
@@ -477,20 +498,17 @@ class _DevicePath(_Placed):
 
     def __init__(self, state: Any, device: Any, unscaler: Any) -> None:
         super().__init__(state, device, unscaler, tracked=True)
-
-    @property
-    def _kernel(self) -> bool:
-        """True when torch's _amp_update_scale_ runs: the tensors hold the scale."""
-        return is_torch_shape(self.state.policy)
+        # FP32 division can be imprecise; torch takes the reciprocal in FP64 (not on MPS)
+        self._fp64_reciprocal = self.scale.device != torch.device("mps:0")
 
     def get_scale(self) -> float:
-        return self.scale.item() if self._kernel else self.state.scale
+        return self.scale.item() if self.torch_shape else self.state.scale
 
     def good_steps(self) -> int:
-        return int(self.tracker.item()) if self._kernel else super().good_steps()
+        return int(self.tracker.item()) if self.torch_shape else super().good_steps()
 
     def set_scale(self, new_scale: Any) -> None:
-        if not self._kernel:
+        if not self.torch_shape:
             super().set_scale(new_scale)
         elif isinstance(new_scale, torch.Tensor):
             self.scale.copy_(new_scale)
@@ -498,18 +516,13 @@ class _DevicePath(_Placed):
             self.scale.fill_(new_scale)
 
     def pull(self) -> None:
-        if self._kernel:
+        if self.torch_shape:
             replace_state(self.state, self.scale.item(), int(self.tracker.item()))
             self.written = self.state.scale
 
     def unscale(self, optimizer: Any, allow_fp16: bool, stats: list | None = None) -> dict:
         scale = self.scale
-        # FP32 division can be imprecise; torch takes the reciprocal in FP64
-        inv = (
-            scale.double().reciprocal().float()
-            if scale.device != torch.device("mps:0")
-            else scale.reciprocal()
-        )
+        inv = scale.double().reciprocal().float() if self._fp64_reciprocal else scale.reciprocal()
         found = torch.full((), 0.0, dtype=torch.float32, device=scale.device)
         return unscale_with_kernel(optimizer, inv, found, allow_fp16)
 
@@ -518,25 +531,72 @@ class _DevicePath(_Placed):
         found = torch.full((), 0.0, dtype=torch.float32, device=self.scale.device)
         return unscale_with_kernel(optimizer, one, found, True)
 
-    def flags(self, found_infs: list) -> list:
-        return [f.to(device=self.scale.device, non_blocking=True) for f in found_infs]
+    def flags(self, states: Any) -> list:
+        device = self.scale.device
+        return [
+            f.to(device=device, non_blocking=True)
+            for st in states.values()
+            for f in st["found_inf_per_device"].values()
+        ]
 
     def update(self, found_infs: list, advance: bool, factors: Any) -> tuple | None:
-        """(skipped, how many skipped, scale before) as device tensors and the last value
-        written from the host; None when nothing was recorded.  `factors`: torch's
-        growth factor, backoff factor and interval as the scaler was given them."""
+        """(skipped, scale before): skipped is the sum of the found-inf flags, a device
+        tensor (above 0: skipped), and "before" the scale the host last wrote; None when
+        nothing was recorded.  `factors`: torch's growth factor, backoff factor and
+        interval as the scaler was given them."""
         if not found_infs:
             return None
         combined = found_infs[0]
         for f in found_infs[1:]:
-            combined = combined + f
+            combined += f  # in place, as torch sums them (each flag is 0 or 1)
         if advance:
-            if self._kernel:
+            if self.torch_shape:
                 torch._amp_update_scale_(self.scale, self.tracker, combined, *factors)
             else:
                 self.state.update(not combined.item())
                 self._write()
-        skipped = combined > 0
         # "before" is what the host last wrote, as it always was here: under torch's
         # kernel that is older than the scale the kernel just replaced
-        return skipped, skipped.to(torch.int64), self.written
+        return combined, self.written
+
+
+class SkipCount:
+    """How many steps were skipped, counted without a host sync.
+
+    A step of the device path leaves its verdict on the device (the sum of its
+    found-inf flags, skipped when above 0): those are kept and counted in one
+    reduction when the count is read, or on the device every `FOLD` steps so that
+    at most that many are held.
+    """
+
+    FOLD = 1024
+    __slots__ = ("counted", "folded", "pending")
+
+    def __init__(self, counted: int = 0) -> None:
+        self.counted = counted  # steps counted on the host
+        self.folded: torch.Tensor | None = None  # a device count of earlier verdicts
+        self.pending: list = []  # verdicts not yet counted
+
+    def add(self, skipped: Any) -> None:
+        """Count one step: `skipped` a bool, or a device verdict (counted later)."""
+        if isinstance(skipped, torch.Tensor):
+            pending = self.pending
+            pending.append(skipped)
+            if len(pending) >= self.FOLD:
+                self._fold()
+        elif skipped:
+            self.counted += 1
+
+    def _fold(self) -> None:
+        n = torch.stack(self.pending).gt(0).sum()
+        self.folded = n if self.folded is None else self.folded + n
+        self.pending = []
+
+    def __int__(self) -> int:
+        """The count (waits for the device when verdicts are pending there)."""
+        if self.pending:
+            self._fold()
+        if self.folded is not None:
+            self.counted += int(self.folded.item())
+            self.folded = None
+        return self.counted

@@ -11,7 +11,10 @@ import torch
 from lscore.adapters import _optim, _scaling
 from lscore.adapters.torch._paths import GradUnscaler, named_grads
 from lscore.distributed import check_reducer, reduce_found_inf
-from lscore.state import LossScaleState
+from lscore.policy import integer
+
+# the keys of state_dict()["loss_scale"]
+_LOSS_SCALE_KEYS = ("shape", "iterations", "last_step_skipped", "monitor_steps", "state")
 
 _HOOK_DICTS = (
     "_optimizer_step_pre_hooks",
@@ -273,7 +276,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         optimizer's groups that requires grad."""
         if var_list is None:
             var_list = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
-        var_list = list(var_list)
+        var_list = _optim.variable_list(var_list)
         if not var_list:
             raise ValueError("No variables to optimize.")
         for i, v in enumerate(var_list):
@@ -412,20 +415,19 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._found = None
 
     # -- checkpoints --------------------------------------------------------------
-    def _scale_holder(self) -> Any:
-        """The object whose state_dict() holds the scale state, or None (fixed scales)."""
-        s = self._scaling
-        obj = s.dynamic_loss_scale if s.shape == "keras" else s.loss_scale_object
-        return obj if callable(getattr(obj, "state_dict", None)) else None
+    _scale_holder = _optim.LossScaleOptimizerBase._scale_holder
 
     def state_dict(self) -> dict:
         """The inner optimizer's state dict plus ``"loss_scale"``: the shape, the
-        iteration count and the v1 scale state (None for a fixed scale)."""
+        iteration count, ``last_step_skipped``, the overflow monitor's step count
+        (``monitor_steps``) and the v1 scale state (None for a fixed scale)."""
         d = self._optimizer.state_dict()
         holder = self._scale_holder()
         d["loss_scale"] = {
             "shape": self._scaling.shape,
             "iterations": self._iterations,
+            "last_step_skipped": self._last_step_skipped,
+            "monitor_steps": self._monitor_steps,
             "state": None if holder is None else holder.state_dict(),
         }
         return d
@@ -437,11 +439,20 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         ls = d.pop("loss_scale", None)
         holder = self._scale_holder()
         if ls is not None:
-            if not isinstance(ls, dict) or set(ls) != {"shape", "iterations", "state"}:
+            # the two counts are optional: a dict saved before they were written lacks them
+            keys = set(ls) if isinstance(ls, dict) else set()
+            if not {"shape", "iterations", "state"} <= keys <= set(_LOSS_SCALE_KEYS):
                 raise ValueError(
                     "loss_scale must be a dict with keys 'shape', 'iterations' "
-                    f"and 'state', got {ls!r}"
+                    f"and 'state' (and 'last_step_skipped', 'monitor_steps'), got {ls!r}"
                 )
+            iterations = integer("iterations", ls["iterations"], minimum=0)
+            monitor_steps = integer(
+                "monitor_steps", ls.get("monitor_steps", self._monitor_steps), minimum=0
+            )
+            last = ls.get("last_step_skipped", self._last_step_skipped)
+            if not isinstance(last, bool):
+                raise TypeError(f"last_step_skipped must be a bool, got {last!r}")
             if ls["shape"] != self._scaling.shape:
                 raise ValueError(
                     f"the checkpoint's loss scaling has the {ls['shape']!r} shape; "
@@ -452,13 +463,12 @@ class LossScaleOptimizer(torch.optim.Optimizer):
                     "the checkpoint's loss scale and this optimizer's differ in "
                     "kind (fixed vs dynamic)"
                 )
-            if holder is not None:
-                LossScaleState.from_state_dict(ls["state"])  # validate first
-        self._optimizer.load_state_dict(d)
-        if ls is not None:
-            if holder is not None:
-                holder.load_state_dict(ls["state"])
-            self._iterations = int(ls["iterations"])
+        if ls is None:
+            self._optimizer.load_state_dict(d)
+        else:
+            _optim.load_checked(holder, ls["state"], lambda: self._optimizer.load_state_dict(d))
+            self._iterations, self._monitor_steps = iterations, monitor_steps
+            self._last_step_skipped = last
         self._found = None
 
     def __getstate__(self) -> dict:
@@ -467,6 +477,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             "_scaling": self._scaling,
             "_iterations": self._iterations,
             "_last_step_skipped": self._last_step_skipped,
+            "_monitor_steps": self._monitor_steps,
         }
 
     def __setstate__(self, state: dict) -> None:

@@ -30,13 +30,13 @@ from lscore.adapters.torch._config import (
     zero_d,
 )
 from lscore.adapters.torch._paths import (
+    TORCH_ARGS,
     Disabled,
     ScalerAssertionError,
+    SkipCount,
     Unplaced,
     clip_coefficient,
-    is_torch_shape,
     named_grads,
-    replace_state,
     state_dict_with,
     torch_policy,
     unscale_with_kernel,
@@ -50,15 +50,6 @@ __all__ = ["GradScaler", "ScalerConfigError"]
 _FIX = (
     "This may indicate your script did not use scaler.scale(loss or outputs) "
     "earlier in the iteration."
-)
-_DEFAULTS = dict(
-    init_scale=2.0**16,
-    growth_factor=2.0,
-    backoff_factor=0.5,
-    growth_interval=2000,
-    min_scale=None,
-    max_scale=None,
-    hysteresis=1,
 )
 # the keys of a pickled GradScaler, in this order: __getstate__ writes the path's part
 # (_PICKLED_PATH: the state machine, the scale and the CPU unscaler) beside the scaler's
@@ -84,6 +75,27 @@ _PICKLED = (
     "_reducer",
 )
 _PICKLED_PATH = ("_state", "_init_scale", "_scale", "_tracker_t", "_scale_value", "_unscaler")
+
+
+# the state dict's key for what the scaler counts beside torch's state (torch ignores it)
+_COUNTERS = "lscore_counters"
+
+
+def _read_counters(d: Any) -> tuple[int, bool, int] | None:
+    """(skipped_steps, last_step_skipped, monitor_steps) of a state dict's counters, checked."""
+    if d is None:
+        return None
+    keys = {"skipped_steps", "last_step_skipped", "monitor_steps"}
+    if not isinstance(d, dict) or set(d) != keys:
+        raise ValueError(f"{_COUNTERS} must be a dict with the keys {sorted(keys)}, got {d!r}")
+    last = d["last_step_skipped"]
+    if not isinstance(last, bool):
+        raise TypeError(f"{_COUNTERS}['last_step_skipped'] must be a bool, got {last!r}")
+    return (
+        integer("skipped_steps", d["skipped_steps"], minimum=0),
+        last,
+        integer("monitor_steps", d["monitor_steps"], minimum=0),
+    )
 
 
 class GradScaler(torch.amp.GradScaler):
@@ -145,12 +157,17 @@ class GradScaler(torch.amp.GradScaler):
     ----------
     last_step_skipped : bool
         Whether the iteration closed by the last ``update()`` skipped the
-        optimizer step.
+        optimizer step (on CUDA, reading it synchronises with the device).
     skipped_steps : int
         How many iterations skipped the optimizer step.
     overflow_monitor : lscore.diagnostics.OverflowMonitor or None
         Set it to get a report naming the gradients that held NaN/inf on every
         skipped step.
+    torch_kernels : bool
+        False by default.  Set it True before the first ``scale()`` to run
+        torch's own kernels for CPU tensors too, the path tensors of every
+        other device take (as ``torch.amp.GradScaler("cpu")`` does), e.g. to
+        compare that path with torch's on a machine without a GPU.
 
     Raises
     ------
@@ -163,9 +180,10 @@ class GradScaler(torch.amp.GradScaler):
 
     Notes
     -----
-    ``state_dict()`` holds torch's five keys, and also ``"lscore"`` (the full
-    state) when ``min_scale``, ``max_scale``, ``hysteresis`` or ``policy`` is
-    in use; torch's ``load_state_dict`` ignores that key, and this class loads
+    ``state_dict()`` holds torch's five keys (in torch's meaning), the counts
+    under ``"lscore_counters"`` and, when ``min_scale``, ``max_scale``,
+    ``hysteresis`` or ``policy`` is in use, ``"lscore"`` (the full state);
+    torch's ``load_state_dict`` ignores both keys, and this class loads
     torch's dicts.  Misuse raises torch's errors; where torch raises
     AssertionError this raises ``ScalerAssertionError``, a RuntimeError and an
     AssertionError.  The PyTorch details guide (docs/guides/pytorch-details.md)
@@ -197,12 +215,12 @@ class GradScaler(torch.amp.GradScaler):
 
     def __init__(
         self,
-        device: str = "cuda",
-        init_scale: float = 2.0**16,
-        growth_factor: float = 2.0,
-        backoff_factor: float = 0.5,
-        growth_interval: int = 2000,
-        enabled: bool | str = True,
+        device: str = TORCH_ARGS["device"],
+        init_scale: float = TORCH_ARGS["init_scale"],
+        growth_factor: float = TORCH_ARGS["growth_factor"],
+        backoff_factor: float = TORCH_ARGS["backoff_factor"],
+        growth_interval: int = TORCH_ARGS["growth_interval"],
+        enabled: bool | str = TORCH_ARGS["enabled"],
         *,
         min_scale: float | None = None,
         max_scale: float | None = None,
@@ -274,8 +292,9 @@ class GradScaler(torch.amp.GradScaler):
 
     # ---- the path (torch's private names read through it) ---------------------------
 
-    # tests set this to run torch's kernel path on CPU tensors
-    _force_torch_kernels = False
+    #: True: torch's own kernels check, unscale and update even for CPU tensors (the path
+    #: every other device takes); set it before the first ``scale()``
+    torch_kernels = False
 
     def _path_has(self, name: str) -> None:
         """A scaler disabled from the start has no state, scale or tracker (torch's neither)."""
@@ -382,7 +401,7 @@ class GradScaler(torch.amp.GradScaler):
         """The scale tensor; the first call picks the path from `device` (torch's lazy init)."""
         if self._path.scale is None:
             self._init_values = (self._path.get_scale(), self._path.good_steps())
-            self._path = self._path.place(device, self._force_torch_kernels)
+            self._path = self._path.place(device, self.torch_kernels)
         return self._path.scale
 
     # ---- scale -------------------------------------------------------------------
@@ -399,9 +418,10 @@ class GradScaler(torch.amp.GradScaler):
         if not self._enabled:
             return outputs
         if isinstance(outputs, torch.Tensor):
-            return outputs * self._placed_scale(outputs.device).to(
-                device=outputs.device, non_blocking=True
-            )
+            scale = self._path.scale
+            if scale is None:
+                scale = self._placed_scale(outputs.device)
+            return outputs * scale.to(device=outputs.device, non_blocking=True)
 
         per_device: dict = {}
 
@@ -636,16 +656,13 @@ class GradScaler(torch.amp.GradScaler):
         """Grow or back off the scale from this iteration's NaN/inf checks, or set it to
         `new_scale` (a float, or a one-element tensor on the scaler's device)."""
         if not self._enabled:
+            for schedule in self._schedules:  # a disabled scaler applies every step
+                schedule.advance(())
             return
-        self._check_scale_growth_tracker("update")
         path = self._path
-        found_infs = path.flags(
-            [
-                f
-                for st in self._per_optimizer_states.values()
-                for f in st["found_inf_per_device"].values()
-            ]
-        )
+        if path.scale is None:
+            self._check_scale_growth_tracker("update")  # raises torch's assertion
+        found_infs = path.flags(self._per_optimizer_states)
         if new_scale is not None:
             self._set_new_scale(new_scale)
         elif not found_infs:
@@ -659,12 +676,22 @@ class GradScaler(torch.amp.GradScaler):
         if outcome is None:  # the device path, new_scale and no inf checks
             self._last_skipped = False
         else:
-            skipped, count, before = outcome
+            skipped, before = outcome  # skipped: a bool, or a device tensor (above 0)
             self._last_skipped = skipped
-            self._skipped = self._skipped + count
+            skips = self._skipped
+            if type(skips) is not SkipCount:  # an int (a new, loaded or unpickled scaler)
+                skips = self._skipped = SkipCount(int(skips))
+            skips.add(skipped)
+            self._steps_seen = step + 1  # on every path: a state dict carries it
             if path.observes_always or self.overflow_monitor is not None:
                 self._observe(step, bool(skipped), before)
+        for schedule in self._schedules:  # SkipAwareLR: count and rate, on the device
+            schedule.advance(found_infs)
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+
+    #: the SkipAwareLR schedules (adapters/torch/schedule.py) that update() advances from
+    #: the step's found-inf flags, on the device; each adds itself when built on this scaler
+    _schedules: tuple = ()
 
     # ---- overflow diagnostics (lscore.diagnostics) ---------------------------------
 
@@ -674,7 +701,6 @@ class GradScaler(torch.amp.GradScaler):
     _steps_seen = 0
 
     def _observe(self, step: int, skipped: bool, before: Any) -> None:
-        self._steps_seen = step + 1
         groups, self._monitor_groups = self._monitor_groups, []
         m = self.overflow_monitor
         if m is None:
@@ -746,11 +772,10 @@ class GradScaler(torch.amp.GradScaler):
         self._growth_interval = new_interval
 
     def _set_policy(self, **changes: Any) -> None:
-        state = self._state
-        policy = state.policy.replace(**changes)  # validates
+        policy = self._state.policy.replace(**changes)  # validates
         # (on torch's device path the tensors hold scale and tracker; the host copy
         # keeps the policy for pickling and state dicts)
-        replace_state(state, state.scale, state.counters()["good_steps"], policy)
+        self._path.set_policy(policy)
 
     def is_enabled(self) -> bool:
         """Whether this scaler scales.  With ``enabled="auto"`` it is True until the first
@@ -760,7 +785,11 @@ class GradScaler(torch.amp.GradScaler):
 
     @property
     def last_step_skipped(self) -> bool:
-        """Whether the iteration closed by the last update() skipped an optimizer step."""
+        """Whether the iteration closed by the last update() skipped an optimizer step.
+
+        Exact; off the CPU (CUDA) the flag is a device tensor, so reading it waits for
+        the device: a host synchronisation.  ``SkipAwareLR`` keeps a learning-rate
+        schedule in step with the applied steps without one."""
         return bool(self._last_skipped)
 
     @property
@@ -771,11 +800,20 @@ class GradScaler(torch.amp.GradScaler):
     # ---- state -------------------------------------------------------------------
 
     def _uses_lscore_options(self) -> bool:
-        return not is_torch_shape(self._state.policy)
+        return not self._path.torch_shape
 
     def state_dict(self) -> dict:
-        """torch's five keys, and ``"lscore"`` (the full ``"lscore.state/1"`` state) when an
-        lscore-only argument is in use; ``{}`` when disabled."""
+        """torch's five keys, ``"lscore_counters"`` (``skipped_steps``, ``last_step_skipped``
+        and the overflow monitor's step count), and ``"lscore"`` (the full
+        ``"lscore.state/1"`` state) when an lscore-only argument is in use; ``{}`` when
+        disabled.
+
+        torch's keys are in torch's meaning, so that ``torch.amp.GradScaler`` can load
+        them: with an lscore policy, ``_growth_tracker`` counts toward the policy's next
+        growth as torch's tracker counts toward ``growth_interval``.  A policy that never
+        grows (a fixed scale) has no such meaning: it warns, since torch's scaler would
+        grow and back off the scale it loads.
+        """
         if not self._enabled:
             return {}
         d = {
@@ -786,7 +824,27 @@ class GradScaler(torch.amp.GradScaler):
             "_growth_tracker": self._get_growth_tracker(),
         }
         if self._uses_lscore_options():
-            d["lscore"] = self._state.state_dict()
+            state = self._state
+            p = state.policy
+            if p.backoff_mode == "divide":
+                d["backoff_factor"] = 1.0 / p.growth_factor
+            n = state.steps_to_growth()
+            if n is None:
+                warn_at_caller(
+                    f"the {p.name!r} policy keeps its scale fixed; torch.amp.GradScaler "
+                    "cannot, so loaded into it this state grows and backs off the scale "
+                    "(lscore's GradScaler loads the whole policy from the 'lscore' key)"
+                )
+            else:
+                # torch grows when its tracker, counting up, reaches growth_interval; it is
+                # negative where the policy waits longer (DeepSpeed's offset after an overflow)
+                d["_growth_tracker"] = p.growth_interval - n
+            d["lscore"] = state.state_dict()
+        d[_COUNTERS] = {
+            "skipped_steps": self.skipped_steps,
+            "last_step_skipped": self.last_step_skipped,
+            "monitor_steps": self._steps_seen,
+        }
         return d
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -806,14 +864,16 @@ class GradScaler(torch.amp.GradScaler):
                 "The source state dict is empty, possibly because it was saved "
                 "from a disabled instance of GradScaler."
             )
+        counters = _read_counters(state_dict.get(_COUNTERS))  # checked before any change
         # torch fill_()s its tensors with these: 0-d tensors (older checkpoints) work too
         scale = zero_d(state_dict["scale"])
         gf, bf = state_dict["growth_factor"], state_dict["backoff_factor"]
         gi, tracker = state_dict["growth_interval"], zero_d(state_dict["_growth_tracker"])
         # torch's fill_() would refuse these too; fail before anything changes
         real("scale", scale)
-        integer("_growth_tracker", tracker, minimum=0)
         v1 = state_dict.get("lscore")
+        # with "lscore" the tracker is only torch's reading of the policy's (it may be < 0)
+        integer("_growth_tracker", tracker, minimum=0 if v1 is None else None)
         if v1 is not None:
             self._path.load(v1, None)
             self._init_values = (self._path.get_scale(), self._path.good_steps())
@@ -834,6 +894,8 @@ class GradScaler(torch.amp.GradScaler):
             self._path.load(d, scale)
             self._init_values = (scale, int(tracker))
             self._growth_factor, self._backoff_factor, self._growth_interval = gf, bf, gi
+        if counters is not None:  # torch's own dicts have none: the counts stay as they are
+            self._skipped, self._last_skipped, self._steps_seen = counters
 
     def __getstate__(self) -> dict:
         """The pickled attributes: those of _PICKLED, in that order, then any others."""
@@ -843,6 +905,9 @@ class GradScaler(torch.amp.GradScaler):
                 "iteration, or at the end after scaler.update()."
             )
         state = self.__dict__.copy()
+        # a schedule holds its optimizer: it is not the scaler's to pickle (torch's
+        # schedulers are saved on their own, and a rebuilt SkipAwareLR attaches itself)
+        state.pop("_schedules", None)
         state.update(state.pop("_path").pickled())
         if self._enabled:
             state["_last_skipped"] = self.last_step_skipped
@@ -888,3 +953,21 @@ class GradScaler(torch.amp.GradScaler):
             f"GradScaler(device={self._device!r}, scale={self.get_scale()!r}, "
             f"policy={self._state.policy.name!r}, skipped_steps={self.skipped_steps})"
         )
+
+
+# the defaults of the arguments that policy= replaces (passing another value beside it
+# is refused)
+_DEFAULTS = {
+    k: p.default
+    for k, p in inspect.signature(GradScaler.__init__).parameters.items()
+    if k
+    in (
+        "init_scale",
+        "growth_factor",
+        "backoff_factor",
+        "growth_interval",
+        "min_scale",
+        "max_scale",
+        "hysteresis",
+    )
+}

@@ -4,7 +4,8 @@
   with overflows, drawn from lscore's own state machine (``lscore.preset``), so
   the picture is what the code does.
 - Signatures of the compiled modules (``lscore._ext``) come from their ``.pyi``
-  stubs, which Cython objects lack at run time.
+  stubs, which Cython objects lack at run time, and so do the types of their
+  classes' attributes.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def draw_scale_path(app: Sphinx) -> None:
 
 @cache
 def _stub_signatures(module: str) -> dict[str, str]:
-    """``name`` / ``Class.method`` -> ``(args) -> ret`` from the module's ``.pyi``."""
+    """``name`` / ``Class.method`` -> ``(args) -> ret``, and ``Class.attribute`` -> its
+    type, from the module's ``.pyi``."""
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         return {}
@@ -76,6 +78,8 @@ def _stub_signatures(module: str) -> dict[str, str]:
                 out[prefix + node.name] = f"({args}){ret}"
             elif isinstance(node, ast.ClassDef):
                 visit(node.body, prefix + node.name + ".")
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                out[prefix + node.target.id] = ast.unparse(node.annotation)
 
     visit(ast.parse(stub.read_text()).body, "")
     return out
@@ -126,8 +130,24 @@ def stub_class_signature(
         lines[:0] = [f"``{name.rsplit('.', 1)[-1]}{stub[0]}``", ""]
 
 
+def stub_attribute_type(
+    app: Sphinx, what: str, name: str, obj: Any, options: Any, lines: list[str]
+) -> None:
+    """A compiled class's attribute has no type and no docstring: state the stub's type
+    as its text (before numpydoc reads the docstring)."""
+    owner = getattr(obj, "__objclass__", None)  # a getset or member descriptor's class
+    module = getattr(owner, "__module__", None) or ""
+    if what != "attribute" or not module.startswith("lscore._ext.") or any(lines):
+        return
+    found = _stub_signatures(module).get(f"{owner.__qualname__}.{obj.__name__}")
+    if found is not None:
+        lines[:] = [f"``{found}``"]
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("builder-inited", draw_scale_path)
     app.connect("autodoc-process-signature", stub_signature)
     app.connect("autodoc-process-docstring", stub_class_signature)
+    # before numpydoc's handler (priority 500), which marks even an empty docstring
+    app.connect("autodoc-process-docstring", stub_attribute_type, priority=400)
     return {"parallel_read_safe": True}

@@ -1,10 +1,5 @@
 """lscore: loss scaling for mixed-precision training.
 
-commands:
-  demo      train a small model in float16 with and without loss scaling
-  bench     time lscore against NumPy, torch and the memory bandwidth
-  migrate   convert a peer's loss-scale config or checkpoint to lscore's, or back
-
 'lscore COMMAND --help' shows a command's options; 'python -m lscore' is the
 same program.
 """
@@ -12,20 +7,92 @@ same program.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+import tempfile
+import textwrap
+from typing import NoReturn
 
 from lscore import __version__
 
 _DEMO_NEEDS = ("threadpoolctl", "matplotlib", "tqdm")
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Descriptions as written; each option's default after its help, unless it has none.
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are one line ("lscore bench: error: ...")
+    and exit with status 2, as every other user error of the command line does."""
 
-    argparse's ArgumentDefaultsHelpFormatter also prints "(default: None)" for an
-    option that is unset by default and "(default: False)" for a flag; those say
-    nothing, so they are left out.
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def counts(text: str) -> tuple[int, ...]:
+    """--sizes: comma-separated element counts, each a whole number >= 1 (1e6 allowed)."""
+    out = []
+    for part in text.split(","):
+        try:
+            n = float(part)
+        except ValueError:
+            n = math.nan
+        if not (math.isfinite(n) and n.is_integer() and n >= 1):
+            raise argparse.ArgumentTypeError(
+                f"must be comma-separated element counts >= 1 (e.g. 1e6,1e8), got {text!r}"
+            )
+        out.append(int(n))
+    return tuple(out)
+
+
+def _number(kind: type, minimum: float, strict: bool = False) -> argparse._ActionType:
+    """An argparse type: a `kind` (int or float) >= `minimum` (> with `strict`), finite."""
+    rule = f"{'an integer' if kind is int else 'a number'} {'>' if strict else '>='} {minimum:g}"
+
+    def parse(text: str) -> float:
+        try:
+            v = kind(text)
+        except ValueError:
+            v = math.nan
+        if not math.isfinite(v) or v < minimum or (strict and v == minimum):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+        return v
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def json_path(path: str) -> str:
+    """--json PATH: a file that can be written, checked before the run (not created)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{path} is a folder; expected a file name")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"{path}: folder {folder} does not exist")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise argparse.ArgumentTypeError(
+            f"{path}: cannot write in {folder}: {e.strerror or e}"
+        ) from None
+    return path
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions filled paragraph by paragraph; each option's default after its help,
+    unless it has none.
+
+    argparse's own formatter fills a description as one paragraph; and its
+    ArgumentDefaultsHelpFormatter also prints "(default: None)" for an option that is
+    unset by default and "(default: False)" for a flag, which say nothing, so they are
+    left out.
     """
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = (" ".join(p.split()) for p in text.strip().split("\n\n"))
+        return "\n\n".join(
+            textwrap.fill(p, width, initial_indent=indent, subsequent_indent=indent)
+            for p in paragraphs
+        )
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.default is None or action.default is False:
@@ -52,11 +119,13 @@ def _demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.steps is not None and args.steps < 1:
-        print(f"--steps must be >= 1, got {args.steps}", file=sys.stderr)
-        return 2
     from lscore.cli import demo
 
+    try:
+        demo.check_out(args.out)
+    except ValueError as e:
+        print(f"lscore demo: error: argument --out: {e}", file=sys.stderr)
+        return 2
     return demo.run(
         steps=args.steps, seed=args.seed, out=args.out, backend=args.backend, tiny=args.tiny
     )
@@ -71,18 +140,22 @@ def _bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `lscore` command line: its options and the demo, bench and migrate commands."""
-    parser = argparse.ArgumentParser(
-        prog="lscore", description=__doc__, formatter_class=HelpFormatter
-    )
+    from lscore.cli import bench as bench_cmd
+    from lscore.cli.demo import config
+
+    parser = Parser(prog="lscore", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
+    full, tiny = config(), config(tiny=True)
     demo = sub.add_parser(
         "demo",
         help="train a small model in float16 with and without loss scaling",
-        description="Train a small model in float32, in float16 without loss scaling and "
-        "in float16 with lscore's dynamic loss scale; write a figure and a JSON summary.",
+        description="Train a small language model in float32, in float16 without loss "
+        "scaling and in float16 with lscore's dynamic loss scale (vocabulary "
+        f"{full['vocab']}, {full['batch_size']} windows a batch); print a table and "
+        "write a figure and a JSON summary.",
         formatter_class=HelpFormatter,
     )
     demo.add_argument(
@@ -94,15 +167,30 @@ def build_parser() -> argparse.ArgumentParser:
         "optimizer, or the CPU demo when there is no GPU)",
     )
     demo.add_argument(
-        "--steps", type=int, default=None, help="training steps per mode (300; 40 with --tiny)"
+        "--steps",
+        type=_number(int, 1),
+        default=None,
+        help=f"training steps per mode (default {full['steps']}; {tiny['steps']} with --tiny)",
     )
     demo.add_argument(
-        "--tiny", action="store_true", help="a small vocabulary and batch (a quick check)"
+        "--tiny",
+        action="store_true",
+        help=f"a quick check: {tiny['steps']} steps per mode at the same vocabulary and "
+        f"batch, the dynamic scale starting at 2**{math.log2(tiny['initial_scale']):g} and "
+        f"doubling after {tiny['growth_steps']} finite steps (the full run: "
+        f"2**{math.log2(full['initial_scale']):g} and {full['growth_steps']})",
     )
     demo.add_argument(
-        "--seed", type=int, default=0, help="random seed (data split and initial weights)"
+        "--seed",
+        type=_number(int, 0),
+        default=0,
+        help="random seed (data split and initial weights)",
     )
-    demo.add_argument("--out", default=".", help="folder for lscore_demo.png and .json")
+    demo.add_argument(
+        "--out",
+        default=".",
+        help="folder for lscore_demo.png and lscore_demo.json (made if missing)",
+    )
     demo.set_defaults(func=_demo)
     bench = sub.add_parser(
         "bench",
@@ -115,13 +203,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--tiny", action="store_true", help="tiny sizes and few repeats (a smoke test)"
     )
-    bench.add_argument("--json", metavar="PATH", help="also write every row as JSON")
-    bench.add_argument("--repeat", type=int, default=None, help="timings per row (default 9)")
     bench.add_argument(
-        "--min-time", type=float, default=None, help="seconds per timing (default 0.02)"
+        "--json", metavar="PATH", type=json_path, help="also write every row as JSON"
+    )
+    bench.add_argument(
+        "--repeat",
+        type=_number(int, 1),
+        default=None,
+        help=f"timings per row (default {bench_cmd.REPEAT}; {bench_cmd.TINY_REPEAT} with --tiny)",
+    )
+    bench.add_argument(
+        "--min-time",
+        type=_number(float, 0, strict=True),
+        default=None,
+        help=f"seconds per timing (default {bench_cmd.MIN_TIME:g}; "
+        f"{bench_cmd.TINY_MIN_TIME:g} with --tiny)",
     )
     bench.add_argument("--no-torch", action="store_true", help="skip the torch rows")
-    bench.add_argument("--sizes", help="comma-separated element counts, e.g. 1e6,1e8")
+    bench.add_argument("--sizes", type=counts, help="comma-separated element counts, e.g. 1e6,1e8")
     bench.add_argument(
         "--only",
         action="append",
@@ -131,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     bench.add_argument(
         "--suite",
-        choices=("cpu", "gpu", "gpu-host", "gpu-tune", "gpu-static"),
+        choices=bench_cmd.SUITES,
         default="cpu",
         help="cpu: the CPU core; gpu: the CuPy path against torch's "
         "foreach kernel on a CUDA device (skipped without one); gpu-host: "
@@ -152,7 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line on `argv` (sys.argv[1:] when None); the exit status."""
     args = build_parser().parse_args(argv)
-    status: int = args.func(args)
+    try:
+        status: int = args.func(args)
+    except KeyboardInterrupt:
+        print(f"lscore {args.command}: interrupted", file=sys.stderr)
+        return 130
     return status
 
 

@@ -33,6 +33,7 @@ import math
 import os
 import re
 import sysconfig
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -337,7 +338,7 @@ def _plot(records: list[dict], path: str, cfg: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax0, ax1, ax2, ax3) = plt.subplots(1, 4, figsize=(20, 4.6))
+    fig, ((ax0, ax1), (ax2, ax3)) = plt.subplots(2, 2, figsize=(12, 8.4))
     k = max(1, cfg["curve_every"])  # moving-average window of the loss
     for rec in records:
         loss = np.asarray(rec["loss"])
@@ -358,7 +359,7 @@ def _plot(records: list[dict], path: str, cfg: dict) -> None:
         ylabel=f"accuracy on {cfg['curve_tokens']} held-out windows (%)",
         title="Top word among the next tokens",
     )
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=9)
     dyn = records[2]
     scale = np.asarray(dyn["scale"])
     ax2.plot(scale, color=COLORS[dyn["mode"]], lw=1.4, label=dyn["mode"])
@@ -367,28 +368,33 @@ def _plot(records: list[dict], path: str, cfg: dict) -> None:
         ax2.plot(s, scale[s], "x", color="tab:orange", ms=8, mew=2, label="overflow: step skipped")
     ax2.set(xlabel="step", ylabel="loss scale", title="Dynamic loss scale")
     ax2.set_yscale("log", base=2)
-    ax2.legend(fontsize=8, loc="lower right")
+    ax2.legend(fontsize=9, loc="best")
     names = list(records[1]["underflow_by_layer"])
     x = np.arange(len(names))
     for off, rec in ((-0.2, records[1]), (0.2, records[2])):
         frac = [100 * rec["underflow_by_layer"][n] for n in names]
-        ax3.bar(x + off, frac, 0.4, color=COLORS[rec["mode"]], label=rec["mode"])
-    ax3.set_xticks(x, names, rotation=45, fontsize=8)
+        bars = ax3.bar(x + off, frac, 0.4, color=COLORS[rec["mode"]], label=rec["mode"])
+        ax3.bar_label(bars, [f"{f:.1f}" for f in frac], fontsize=8, padding=2)
+    ax3.set_xticks(x, names)
+    # the legend sits above the tallest bars (100%), in the band the axis adds for it
+    ax3.set_ylim(0, 128)
+    ax3.set_yticks(range(0, 101, 20))
     ax3.set(
         ylabel="% of gradient elements",
-        title="float16 gradients flushed to zero\n(nonzero in float32, zero in float16)",
+        title="float16 gradients flushed to zero (nonzero in float32, zero in float16)",
     )
-    ax3.legend(fontsize=8)
+    ax3.title.set_fontsize(10)
+    ax3.legend(fontsize=9, ncol=2, loc="upper center")
     fig.suptitle(
-        f"lscore demo: which words come next in the Python standard library's code "
+        f"lscore demo: which words come next in the Python standard library's code\n"
         f"(sigmoid per word, vocabulary {cfg['vocab']}, {cfg['batch_size']} windows a batch, "
-        "BCE averaged over batch x vocabulary),\n"
+        "BCE averaged over batch x vocabulary;\n"
         f"float16 {_HOW_HALF.get(cfg.get('backend', ''), 'emulated')}, "
-        f"{cfg['steps']} steps per mode",
+        f"{cfg['steps']} steps per mode)",
         fontsize=11,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -457,9 +463,10 @@ def _summary(records: list[dict]) -> str:
 
 
 def config(steps: int | None = None, seed: int = 0, tiny: bool = False) -> dict:
-    """The demo's settings; `tiny`: a quick check of the
-    whole run: 2**25 logits a step as in the full run, 8 steps, the scale doubling after
-    every finite step, so that it grows and overflows within them)."""
+    """The demo's settings; `tiny`: a quick check of the whole run (2**25 logits a step
+    as in the full run, 8 steps, the scale starting near its working range and doubling
+    after 2 finite steps, so that it grows, overflows once and the float16 modes still
+    learn apart within them)."""
     cfg = {
         "steps": 120,
         "seed": seed,
@@ -482,8 +489,8 @@ def config(steps: int | None = None, seed: int = 0, tiny: bool = False) -> dict:
     if tiny:
         cfg.update(
             steps=8,
-            initial_scale=2.0**24,
-            growth_steps=1,
+            initial_scale=2.0**22,
+            growth_steps=2,
             measure_every=3,
             curve_every=3,
             curve_tokens=500,
@@ -492,6 +499,28 @@ def config(steps: int | None = None, seed: int = 0, tiny: bool = False) -> dict:
     if steps is not None:
         cfg["steps"] = steps
     return cfg
+
+
+def check_out(out: str) -> None:
+    """Make folder `out` if missing and check that the demo's files can be written there,
+    before any training; ValueError saying why not."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"{out} is a file; expected a folder")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot make folder {out}: {e.strerror or e}") from None
+    for name in OUTPUTS:
+        if os.path.isdir(os.path.join(out, name)):
+            raise ValueError(f"{os.path.join(out, name)} is a folder; the demo writes a file there")
+    try:
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write in {out}: {e.strerror or e}") from None
+
+
+OUTPUTS = ("lscore_demo.png", "lscore_demo.json")
 
 
 def run(
@@ -504,6 +533,7 @@ def run(
     """Train the three modes, print the table, write the PNG and the JSON; returns an exit code."""
     if backend not in ("numpy", "torch", "cupy"):
         raise ValueError(f"unknown backend {backend!r}; expected numpy, torch or cupy")
+    check_out(out)
     from threadpoolctl import threadpool_limits
     from tqdm import tqdm
 
@@ -544,9 +574,7 @@ def run(
     print()
     print(_table(records))
     print(_summary(records))
-    os.makedirs(out, exist_ok=True)
-    png = os.path.join(out, "lscore_demo.png")
-    js = os.path.join(out, "lscore_demo.json")
+    png, js = (os.path.join(out, name) for name in OUTPUTS)
     _plot(records, png, cfg)
     with open(js, "w") as f:
         json.dump(

@@ -71,6 +71,15 @@ def load_checkpoint(path: str, unsafe_pickle: bool = False):
         return torch.load(path, map_location="cpu", weights_only=True), names
 
 
+_JSON_TYPES = {
+    type(None): "null",
+    bool: "boolean",
+    int: "number",
+    float: "number",
+    str: "string",
+    list: "array",
+}
+
 # the first bytes of a torch.save file: a zip archive, or (torch < 1.6) a pickle
 _TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
 
@@ -108,6 +117,11 @@ class _Input:
                 raise ValueError(
                     f"{path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}"
                 ) from None
+            if not isinstance(data, dict):
+                raise ValueError(
+                    f"{path} holds a JSON {_JSON_TYPES.get(type(data), type(data).__name__)}; "
+                    "expected a JSON object"
+                )
             self.kinds.append("json")
             return data
         self.kinds.append("torch")
@@ -136,6 +150,8 @@ class _Input:
                 f"{path} is neither JSON nor a readable torch.save file: "
                 f"{type(e).__name__}: {e}{hint}"
             ) from None
+        if data is None:
+            raise ValueError(f"{path} holds None; expected a config, a state or a checkpoint")
         if inert:
             self.notes.append(
                 f"{path}: objects of {', '.join(inert)} were read as plain data "
@@ -172,18 +188,21 @@ def _write(path: str, data: dict) -> None:
 
 def _to_peer(args: argparse.Namespace, read: _Input) -> tuple[dict, list[str]]:
     """--to: (the JSON result, the report lines for people)."""
-    if args.source is None:
+    if (args.source is None) == (args.state is None):
         raise ValueError(
-            "--to needs a FILE: an lscore state (lscore.state/1) or an "
-            'lscore config ({"preset": ...})'
+            "--to needs one FILE: an lscore state (lscore.state/1), as FILE or --state "
+            'FILE, or an lscore config ({"preset": ...}) as FILE'
         )
-    data = read.read(args.source)
+    source = args.source if args.source is not None else args.state
+    data = read.read(source)
     has_state = isinstance(data, dict) and "format" in data
+    if args.state is not None and not has_state:
+        raise ValueError(f"--state {source} is not an lscore state (lscore.state/1)")
     if has_state:
         config = parse_state(data)[2]
         if not config or "preset" not in config:
             raise ValueError(
-                f"{args.source} holds an lscore state without a preset "
+                f"{source} holds an lscore state without a preset "
                 f"config; save it from an lscore.preset object"
             )
         ls = preset(**unjson_config(config))
@@ -191,7 +210,7 @@ def _to_peer(args: argparse.Namespace, read: _Input) -> tuple[dict, list[str]]:
     elif isinstance(data, dict) and "preset" in data:
         ls = preset(**unjson_config(data))
     else:
-        raise ValueError(f"{args.source} is neither an lscore state nor an lscore config")
+        raise ValueError(f"{source} is neither an lscore state nor an lscore config")
     state = to_peer(args.to_peer, ls)  # fails first if the peer cannot hold it
     try:
         config_out: dict | None = peer_config(args.to_peer, ls)
@@ -204,7 +223,7 @@ def _to_peer(args: argparse.Namespace, read: _Input) -> tuple[dict, list[str]]:
             read.notes.append(f"the {args.to_peer} state was written to {args.out}")
         elif config_out is None:
             raise ValueError(
-                f"--out: {args.source} is an lscore config, and a {args.to_peer} config "
+                f"--out: {source} is an lscore config, and a {args.to_peer} config "
                 f"cannot express it ({why}); nothing was written"
             )
         else:
@@ -320,10 +339,10 @@ def add_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
     p.add_argument(
         "--state",
         metavar="FILE",
-        help="the peer's scaler state, or a whole checkpoint holding it (Megatron, "
+        help="--from: the peer's scaler state, or a whole checkpoint holding it (Megatron, "
         "DeepSpeed, Lightning, accelerate's scaler.pt, fairseq, a torch "
         "{'model', 'optimizer', 'scaler'} dict): JSON, or a torch.save file if "
-        "torch is installed (read with weights_only=True)",
+        "torch is installed (read with weights_only=True); --to: an lscore state (JSON)",
     )
     p.add_argument(
         "--out",

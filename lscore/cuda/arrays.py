@@ -56,7 +56,7 @@ def norm_kind(norm_type: Any) -> bool:
 
 
 def clip_coefficient(norm: float, max_norm: float, found: bool) -> float:
-    """torch's clip_grad_norm_ coefficient, max_norm / (norm + 1e-6) clamped to 1, in
+    """torch's ``clip_grad_norm_`` coefficient, max_norm / (norm + 1e-6) clamped to 1, in
     float64; 1 when the check saw NaN/Inf or the norm is not finite (scan.cu's lsc_norm_end)."""
     if found or not math.isfinite(norm):
         return 1.0

@@ -87,7 +87,7 @@ class LaunchConfig:
     (1024 threads, where torch and apex take 512) is what ``lscore bench --suite
     gpu-tune`` chose on an H200: over its grid of 3 chunks x 4 blocks and six
     workloads it had the smallest geometric mean of time over each workload's best
-    (1.05, against 1.06 for block 512), and unscale_ over arrays of 1e8 float32
+    (1.05, against 1.06 for block 512), and ``unscale_`` over arrays of 1e8 float32
     and 2e8 float16 or bfloat16 elements ran 1-7% faster with it than with 512.
     Over small arrays the same grid preferred 128 or 256 threads, so a scan launch
     whose blocks hold less than 64 bytes a thread runs fewer threads: enough for 64

@@ -41,6 +41,10 @@ DS_FP16_DEFAULTS = {
 }
 
 
+# the preset's check of loss_scale: 0 (dynamic scaling) or a static scale > 0
+zero_or_scale = table.TABLE["deepspeed"].checks["loss_scale"]
+
+
 def _json(v: object) -> str:
     """A ds_config value as JSON spells it (false, not False)."""
     return json.dumps(v)
@@ -99,7 +103,7 @@ class DeepSpeedPeer(PeerBase):
         if not isinstance(config, dict):
             raise TypeError(f"ds_config must be a dict, got {type(config).__name__}")
         if config and set(config) <= set(table.TABLE["deepspeed"].args):
-            return dict(config)  # DynamicLossScaler's own arguments
+            return {"loss_scale": 0.0, **config}  # DynamicLossScaler's own arguments
         whole = "fp16" in config or "bf16" in config or "bfloat16" in config
         fp16 = config.get("fp16", {}) if whole else config
         fp16 = check_keys("ds_config fp16 section", fp16, self.fp16_keys)
@@ -142,11 +146,10 @@ class DeepSpeedPeer(PeerBase):
                 )
             )
             fp16 = {k: v for k, v in fp16.items() if not is_auto(v)}
-        if fp16.get("loss_scale", 0) != 0:
-            raise ValueError(
-                f"fp16.loss_scale {fp16['loss_scale']!r} is a static scale; "
-                f"use lscore.FixedLossScale({fp16['loss_scale']!r})"
-            )
+        static = zero_or_scale("fp16.loss_scale", fp16.get("loss_scale", 0))
+        if static:
+            # DeepSpeed's LossScaler: the other keys configure the dynamic scaler only
+            return {**table.TABLE["deepspeed"].args, "loss_scale": static}
         unset = [
             k
             for k in (
@@ -180,6 +183,7 @@ class DeepSpeedPeer(PeerBase):
             "consecutive_hysteresis": fp16.get("consecutive_hysteresis", False),
             # DynamicLossScaler's default: the engine never passes it
             "raise_error_at_min_scale": fp16.get("raise_error_at_min_scale", True),
+            "loss_scale": 0.0,
         }
 
     def locate(self, checkpoint: Any) -> Any:
@@ -208,13 +212,10 @@ class DeepSpeedPeer(PeerBase):
             return self._load_fp16_optimizer(d, args, notes)
         st = check_keys(self.what, state, self.scaler_keys, ("cur_scale",))
         if st.get("dynamic", True) is False or "cur_iter" not in st:
-            scale = read_value("cur_scale", st["cur_scale"])
-            raise ValueError(
-                f"this DeepSpeed loss scaler is static (LossScaler, scale "
-                f"{scale!r}): DeepSpeed uses it for a static fp16.loss_scale, and "
-                f"a scale of 1.0 for bf16 and fp32; use lscore.FixedLossScale for "
-                f"a static scale"
-            )
+            # LossScaler, for a static fp16.loss_scale (and a scale of 1.0 for bf16 and
+            # fp32): the scaler DeepSpeed restores, whatever the ds_config says
+            return self._load_static(read_value("cur_scale", st["cur_scale"]), args)
+        args["loss_scale"] = 0.0
         check_keys(self.what, st, self.scaler_keys, ("cur_scale", "cur_iter", "last_overflow_iter"))
         self._check_factor(st)
         for key in (
@@ -238,11 +239,8 @@ class DeepSpeedPeer(PeerBase):
             "DeepSpeed FP16_Optimizer state", d, self.fp16_optimizer_keys, ("cur_scale", "cur_iter")
         )
         if not read_value("dynamic_loss_scale", st.get("dynamic_loss_scale", True)):
-            raise ValueError(
-                f"this DeepSpeed FP16_Optimizer state has a static loss scale "
-                f"({read_value('cur_scale', st['cur_scale'])!r}); use "
-                f"lscore.FixedLossScale"
-            )
+            return self._load_static(read_value("cur_scale", st["cur_scale"]), args)
+        args["loss_scale"] = 0.0
         check_keys(
             "DeepSpeed FP16_Optimizer state",
             d,
@@ -268,6 +266,16 @@ class DeepSpeedPeer(PeerBase):
             )
         return iteration_counters(st)
 
+    def _load_static(self, scale: Any, args: Any) -> Loaded:
+        """A static scaler's state: its scale is the whole of it."""
+        args.update(table.TABLE["deepspeed"].args)
+        args["loss_scale"] = zero_or_scale("cur_scale", scale)
+        if not args["loss_scale"]:
+            raise ValueError(
+                f"cur_scale of a static DeepSpeed loss scaler must be > 0, got {scale!r}"
+            )
+        return Loaded()
+
     def _check_factor(self, st: Any) -> None:
         if read_value("scale_factor", st.get("scale_factor", 2.0)) != 2.0:
             raise ValueError(
@@ -275,6 +283,8 @@ class DeepSpeedPeer(PeerBase):
             )
 
     def dump(self, ls: Any, args: Any) -> Any:
+        if args["loss_scale"]:
+            return {"cur_scale": ls.state.scale, "dynamic": False}  # LossScaler's attributes
         c = ls.state.counters()
         return {
             "cur_scale": ls.state.scale,
@@ -292,6 +302,8 @@ class DeepSpeedPeer(PeerBase):
 
     def config(self, args: Any) -> Any:
         """A ds_config "fp16" section with only the keys DeepSpeedFP16Config accepts."""
+        if args["loss_scale"]:
+            return {"fp16": {"enabled": True, "loss_scale": args["loss_scale"]}}
         power = math.log2(args["init_scale"])
         if not power.is_integer():
             raise ValueError(

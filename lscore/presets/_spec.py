@@ -86,6 +86,20 @@ def string(name: Any, v: Any) -> Any:
     return v
 
 
+def zero_or_scale(name: Any, v: Any) -> Any:
+    """DeepSpeed's fp16.loss_scale: 0 (dynamic scaling) or a static scale, finite and > 0."""
+    if isinstance(v, bool):  # DeepSpeedFP16Config refuses a bool here too
+        raise TypeError(f"{name} must be a real number, got {v!r} (bool)")
+    x = real(name, v)
+    if x == 0:
+        return 0.0
+    if not math.isfinite(x) or x < 0:
+        raise ValueError(
+            f"{name} must be 0 (dynamic scaling) or a finite number > 0 (a static scale), got {v!r}"
+        )
+    return x
+
+
 def dynamic_or_number(name: Any, v: Any) -> Any:
     if isinstance(v, str):
         if v != "dynamic":

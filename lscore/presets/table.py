@@ -37,6 +37,7 @@ from lscore.presets._spec import (
     optional,
     optional_truthy,
     string,
+    zero_or_scale,
 )
 
 FIXED_SCALE = {"growth_mode": "never", "apply_nonfinite": True}
@@ -51,12 +52,30 @@ TF_DYNAMIC = dict(
     guard_finite=True,
     refill=("backoff",),
 )
+# torch.amp.GradScaler's policy, its one definition: every Policy field except the four
+# numbers its constructor takes (the "torch" row's args), hysteresis, floor and cap as in
+# torch (none).  The "nemo" row and lscore.adapters.torch.GradScaler build on it, and that
+# GradScaler runs torch's own update kernel exactly for policies with these values.  At
+# hysteresis 1 every refill rule gives torch's scales; "finite" is NeMo's, the rule the
+# GradScaler's hysteresis follows.
 TORCH = dict(
+    hysteresis=1,
+    min_scale=None,
+    max_scale=None,
     precision="float32_float64",
     growth_mode="eq",
+    growth_offset=0,
     backoff_mode="multiply",
+    min_action="clamp",
     guard_finite=True,
-    refill=("backoff",),
+    refill=("finite",),
+    hysteresis_saturate=False,
+    apply_nonfinite=False,
+    flush_subnormal=False,
+    apply_next=False,
+    tolerance=0.0,
+    floor_scale=None,
+    growth_factor_after_overflow=None,
 )
 
 
@@ -101,7 +120,7 @@ def _nemo(a: Any) -> Any:
         return dict(FIXED_SCALE, init_scale=1.0)
     # hysteresis 0 acts as 1: NeMo's tracker starts at 0 and the first overflow takes it
     # below 0, so every overflow backs off (lscore.migrate keeps NeMo's tracker values)
-    return dict(TORCH, refill=("finite",), hysteresis=max(a["hysteresis"], 1))
+    return dict(TORCH, hysteresis=max(a["hysteresis"], 1))
 
 
 def _apex(a: Any) -> Any:
@@ -116,6 +135,10 @@ def _apex(a: Any) -> Any:
 
 
 def _deepspeed(a: Any) -> Any:
+    if a["loss_scale"]:
+        # DeepSpeed's static LossScaler: the scale never changes, and the optimizers
+        # still check every step and skip one that overflowed
+        return dict(FIXED_SCALE_SKIPPING, init_scale=a["loss_scale"])
     return {
         "refill": ("finite",) if a["consecutive_hysteresis"] else ("growth",),
         "min_action": "raise_at" if a["raise_error_at_min_scale"] else "clamp",
@@ -477,6 +500,7 @@ TABLE: dict[str, Spec] = {
             "delayed_shift": 2,
             "consecutive_hysteresis": False,
             "raise_error_at_min_scale": True,
+            "loss_scale": 0.0,
         },
         checks={
             "init_scale": f64,
@@ -485,6 +509,7 @@ TABLE: dict[str, Spec] = {
             "delayed_shift": int_ge1,
             "consecutive_hysteresis": boolean,
             "raise_error_at_min_scale": boolean,
+            "loss_scale": zero_or_scale,
         },
         rename={
             "init_scale": "init_scale",
@@ -504,7 +529,9 @@ TABLE: dict[str, Spec] = {
         ),
         derive=_deepspeed,
         doc="""DeepSpeed's DynamicLossScaler, in Python floats (factor fixed at 2; the class
-        has no defaults, these are ds_config's)::
+        has no defaults, these are ds_config's); ``loss_scale`` > 0 is a ds_config's static
+        fp16.loss_scale instead (DeepSpeed's LossScaler: that scale forever, a step that
+        overflowed skipped)::
 
         if not finite:
             if delayed_shift == 1 or cur_hysteresis == 1:

@@ -534,8 +534,9 @@ def _run_pair(backend, shape, make_opt, steps, seed, sync_free=False, dtype=np.f
     w0 = [rng.standard_normal(n).astype(dtype) for n in (3, 40, 1)]
     ours, theirs = backend.variables(w0), [w.copy() for w in w0]
     inner_o, inner_t = make_opt(backend.module), make_opt(lnp)
-    opt_o = backend.LossScaleOptimizer(inner_o, **_kwargs(shape), sync_free=sync_free)
-    opt_t = lnp.LossScaleOptimizer(inner_t, **_kwargs(shape))
+    f16 = {"allow_fp16_params": True}  # float16 variables: the elementwise path
+    opt_o = backend.LossScaleOptimizer(inner_o, **_kwargs(shape), sync_free=sync_free, **f16)
+    opt_t = lnp.LossScaleOptimizer(inner_t, **_kwargs(shape), **f16)
     xp = backend.xp
     for step in range(steps):
         coef = [rng.standard_normal(w.shape).astype(dtype) for w in w0]
@@ -579,7 +580,7 @@ def test_default_mode_matches_numpy_adapter(device_backend, shape, make):
 @harness
 def test_default_mode_syncs_once_per_step():
     w = [np.ones(5, np.float32), np.ones(3, np.float16)]
-    opt = LossScaleOptimizer(SGD(0.1))
+    opt = LossScaleOptimizer(SGD(0.1), allow_fp16_params=True)
     before = CountingBackend.syncs
     for _ in range(4):
         opt.apply_gradients(zip([np.ones(5, np.float32), np.ones(3, np.float16)], w, strict=True))

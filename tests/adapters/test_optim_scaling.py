@@ -30,7 +30,7 @@ def test_keras_defaults():
     "args, kwargs", [((True,), {}), ((), {"dynamic": True})], ids=["positional-bool", "keyword"]
 )
 def test_keras_bool_positional_is_dynamic(args, kwargs):
-    s = resolve_loss_scaling(*args, initial_scale=4, dynamic_growth_steps=2.7, **kwargs)
+    s = resolve_loss_scaling(*args, initial_scale=4, dynamic_growth_steps=2.0, **kwargs)
     assert (s.shape, s.dynamic, s.scale, s.dynamic_growth_steps) == ("keras", True, 4.0, 2)
 
 
@@ -74,7 +74,12 @@ def test_keras_dynamic_rule_is_tf_with_multiplier_2():
         ({"initial_scale": math.nan}, ValueError, "initial_scale must be finite and > 0"),
         ({"dynamic": False, "initial_scale": -1.0}, ValueError, "initial_scale must be finite"),
         ({"initial_scale": "x"}, TypeError, "initial_scale must be a real number"),
-        ({"dynamic_growth_steps": "x"}, ValueError, "dynamic_growth_steps must be convertible"),
+        ({"dynamic_growth_steps": "x"}, TypeError, "dynamic_growth_steps must be an integer"),
+        # tf-keras takes these: 0 and -5 double the scale on every finite step, 2.5 is 2
+        ({"dynamic_growth_steps": 0}, ValueError, "dynamic_growth_steps must be >= 1, got 0"),
+        ({"dynamic_growth_steps": -5}, ValueError, "dynamic_growth_steps must be >= 1, got -5"),
+        ({"dynamic_growth_steps": 2.5}, TypeError, "dynamic_growth_steps must be an integer"),
+        ({"dynamic_growth_steps": True}, TypeError, "dynamic_growth_steps must be an integer"),
     ],
 )
 def test_keras_errors(kwargs, exc, msg):

@@ -55,7 +55,7 @@ def _model(seed, device, dtype):
 def _scaler(cls, device):
     s = cls(device.type, init_scale=2.0**10)
     if cls is GradScaler and device.type == "cpu":
-        s._force_torch_kernels = True  # the device path, on CPU tensors
+        s.torch_kernels = True  # the device path, on CPU tensors
     return s
 
 

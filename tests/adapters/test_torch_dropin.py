@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
+from helpers import torch_keys
 from lscore.adapters.torch import GradScaler
 
 TorchScaler = torch.amp.GradScaler
@@ -41,7 +42,7 @@ def test_load_state_dict_takes_0d_tensors_as_torch_does(placed):
     t, ls = scalers
     assert ls.get_scale() == float(t.get_scale()) == 1024.0
     assert ls._get_growth_tracker() == t._get_growth_tracker() == 3
-    assert ls.state_dict() == t.state_dict()
+    assert torch_keys(ls.state_dict()) == t.state_dict()
 
 
 def test_load_state_dict_refuses_a_tensor_torch_cannot_fill():
@@ -237,7 +238,9 @@ def test_stray_lscore_folder_is_named(tmp_path):
     r = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
-    last = r.stderr.strip().splitlines()[-1]
+    # a regular package installed in site-packages comes before a namespace folder on the
+    # path (the folder shadows only an editable install's finder), and then the call succeeds
+    last = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
     if "does not define" not in last and "is the folder" not in last:
         pytest.skip(f"the stray folder does not shadow lscore here: {last}")
     assert last.startswith(
@@ -529,7 +532,7 @@ def test_torchs_attributes_mean_what_they_mean_in_torch():
     assert s2._scale is None and t2._scale is None
     m1, _ = _train(t2, seed=4)
     m2, _ = _train(s2, seed=4)
-    assert s2.state_dict() == t2.state_dict()
+    assert torch_keys(s2.state_dict()) == t2.state_dict()
     for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
         assert torch.equal(a, b)
     d = GradScaler("cpu", enabled=False)

@@ -69,6 +69,11 @@ def expected_rows():
     ):
         for count in (300, 1):
             rows.add((f"GradScaler.unscale_ + update, {count} x 64", m))
+    for device in ("cpu", "cuda"):
+        for count in (300, 2000):
+            for call in ("scale", "unscale_", "step", "update", "whole step"):
+                for m in ("torch.amp.GradScaler", "lscore.adapters.torch.GradScaler"):
+                    rows.add((f"GradScaler device path {device}, {count} x 64 float32: {call}", m))
     rows.add(("NaN at index 0 of 4096 float32", "lscore all_finite"))
     rows.add(("NaN at index 0 of 4096 float32", "np.isfinite(a).all()"))
     rows.add(("DynamicLossScale.update([1 element])", "lscore"))
@@ -129,6 +134,40 @@ def test_ratios_and_targets_present(tiny_run):
     ]
     assert clip and all("torch" in r["ratios"] for r in clip), clip
     assert tiny_run["machine"]["isa"] == _scan.isa()
+
+
+def test_gradscaler_device_path_rows(tiny_run):
+    """Each call of a step of lscore's GradScaler on torch's kernel path, timed against
+    torch.amp.GradScaler's on the CPU (on CUDA too when there is one), with the ratio and
+    the step's target at 300 and 2000 tensors."""
+    import torch
+
+    from lscore.cli.bench import _scaler
+
+    rows = [r for r in tiny_run["rows"] if r["group"].startswith(_scaler.GROUP)]
+    assert len(rows) == 2 * 2 * 5 * 2
+    for r in rows:
+        count = int(r["group"].split(", ")[1].split(" x ")[0])
+        if " cuda, " in r["group"] and not torch.cuda.is_available():
+            assert r["skipped"] == "no CUDA device", r
+            continue
+        assert r["per"] == count and r["per_unit"] == "tensor", r
+        assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"], r
+        if r["method"] == _scaler.LSCORE_METHOD:
+            assert r["ratios"]["torch"] > 0, r
+        else:
+            assert "ratios" not in r, r
+    step = {(r["group"], r["method"]): r for r in rows if r["group"].endswith("whole step")}
+    for (g, m), r in step.items():
+        if "median_s" in r:  # a whole step is at least its slowest call
+            calls = [x for x in rows if x["method"] == m and x["group"].startswith(g[:-10])]
+            assert r["max_s"] >= max(x["min_s"] for x in calls if x is not r), r
+    targets = [t for t in tiny_run["targets"] if t["target"].startswith(_scaler.GROUP)]
+    assert [t["target"].split(", ")[2] for t in targets] == [
+        "300 tensors: lscore step host time / torch's",
+        "2000 tensors: lscore step host time / torch's",
+    ]
+    assert all(t["met"] == (t["measured"] <= 1.0) for t in targets), targets
 
 
 def test_table_prints_every_row(tiny_run):

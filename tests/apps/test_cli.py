@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from pathlib import Path
 
@@ -45,7 +46,7 @@ def test_help_is_plain_text_naming_every_command(capsys: pytest.CaptureFixture[s
     assert "``" not in text
     description = text.split("commands:", 1)[1]
     for command in _commands():
-        assert re.search(rf"^  {command}\s", description, re.M), command
+        assert re.search(rf"^\s+{command}\s", description, re.M), command
     assert set(_commands()) >= {"demo", "bench", "migrate"}
 
 
@@ -69,10 +70,110 @@ def test_demo_help_shows_its_defaults(capsys: pytest.CaptureFixture[str]) -> Non
         main(["demo", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: numpy)" in text and "(default: 0)" in text
-    assert (
-        "training steps per mode (300; 40 with --tiny)" in text
-    )  # a default that depends on --tiny
     assert re.search(r"--seed SEED \w", text)  # --seed has help
+
+
+def test_demo_help_is_the_codes_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    """The steps, the vocabulary, the batch and --tiny's scale are read from demo.config,
+    so the help says what a run does."""
+    from lscore.cli.demo import config
+
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    full, tiny = config(), config(tiny=True)
+    assert f"(default {full['steps']}; {tiny['steps']} with --tiny)" in text
+    assert f"vocabulary {full['vocab']}, {full['batch_size']} windows a batch" in text
+    assert f"{tiny['steps']} steps per mode at the same vocabulary and batch" in text
+    assert f"starting at 2**{math.log2(tiny['initial_scale']):g}" in text
+    assert "small vocabulary" not in text
+
+
+def test_bench_help_is_the_codes_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    from lscore.cli import bench as bench_cmd
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    opts, tiny = bench_cmd.Options(), bench_cmd.Options(tiny=True)
+    assert f"timings per row (default {opts.repeat}; {tiny.repeat} with --tiny)" in text
+    assert f"seconds per timing (default {opts.min_time:g}; {tiny.min_time:g} with" in text
+
+
+def test_help_lists_the_commands_once(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for command in _commands():
+        assert len(re.findall(rf"^\s+{command}\s", text, re.M)) == 1, (command, text)
+
+
+# ---- user errors: one line, exit status 2, before any work -----------------------------------
+
+
+def _user_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """What `lscore argv` prints for a user error: one line on stderr, status 2."""
+    try:
+        status = main(argv)
+    except SystemExit as e:  # argparse's own checks
+        status = e.code
+    got = capsys.readouterr()
+    assert status == 2, (argv, got)
+    assert got.out == "", argv
+    lines = got.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"lscore {argv[0]}: error: "), (argv, got.err)
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["bench", "--sizes", "abc"], "argument --sizes: must be comma-separated element counts"),
+        (["bench", "--sizes", "1e6,0"], "got '1e6,0'"),
+        (["bench", "--sizes", "1.5"], "got '1.5'"),
+        (["bench", "--repeat", "0"], "argument --repeat: must be an integer >= 1, got '0'"),
+        (["bench", "--min-time", "-1"], "argument --min-time: must be a number > 0, got '-1'"),
+        (["bench", "--min-time", "nan"], "got 'nan'"),
+        (["bench", "--json", "/nonexistent-lscore/rows.json"], "does not exist"),
+        (["bench", "--suite", "tpu"], "argument --suite: invalid choice: 'tpu'"),
+        (["demo", "--steps", "0"], "argument --steps: must be an integer >= 1, got '0'"),
+        (["demo", "--steps", "many"], "got 'many'"),
+        (["demo", "--seed", "-1"], "argument --seed: must be an integer >= 0, got '-1'"),
+        (["demo", "--backend", "jax"], "argument --backend: invalid choice: 'jax'"),
+        (["migrate", "--from", "deepspeed", "--to", "torch"], "not allowed with argument"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else "",
+)
+def test_user_errors_are_one_line_and_exit_2(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert says in _user_error(argv, capsys)
+
+
+def test_bench_json_folder_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lscore.cli import bench as bench_cmd
+
+    monkeypatch.setattr(bench_cmd, "run", lambda opts: pytest.fail("the benchmark ran"))
+    assert "is a folder" in _user_error(["bench", "--json", str(tmp_path)], capsys)
+
+
+def test_an_interrupted_command_ends_without_a_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lscore.cli import bench as bench_cmd
+
+    def interrupted(args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench_cmd, "main", interrupted)
+    try:
+        status = main(["bench", "--tiny"])
+    except KeyboardInterrupt:  # caught here, so that a failure does not stop pytest itself
+        pytest.fail("the interrupt left lscore.cli.main: the user sees a traceback")
+    assert status == 130
+    assert capsys.readouterr().err == "lscore bench: interrupted\n"
 
 
 # ---- migrate: what --out and --json give ----------------------------------------------------

@@ -190,3 +190,38 @@ def test_tiny_run_tells_the_story(tmp_path, capsys, monkeypatch):
     assert res["config"]["steps"] == 8 and res["config"]["seed"] == 1
     check_story(res)
     check_scale_path(records[2]["scale"], records[2]["skipped_at"])
+    # the table makes the case: float16 learns with the dynamic scale and not without
+    f32, raw, dyn = res["results"]
+    assert dyn["test_accuracy"] > raw["test_accuracy"] + 0.05
+    assert dyn["test_accuracy"] > f32["test_accuracy"] / 2
+    table = out.split("\n\n")[1].splitlines()
+    row = {line[:24].strip(): line[24:].split() for line in table[2:]}
+    assert row[_demo.MODES[2]][0] == f"{100 * dyn['test_accuracy']:.1f}%"
+    assert row[_demo.MODES[1]][0] == f"{100 * raw['test_accuracy']:.1f}%"
+
+
+def _no_training(monkeypatch):
+    monkeypatch.setattr(_demo, "_data", lambda cfg: pytest.fail("the demo started its work"))
+
+
+@pytest.mark.parametrize("where", ["/proc/lscore-nope", "a regular file"])
+def test_demo_refuses_an_out_it_cannot_write_before_any_work(tmp_path, capsys, monkeypatch, where):
+    for m in ("threadpoolctl", "matplotlib", "tqdm"):
+        pytest.importorskip(m)
+    _no_training(monkeypatch)
+    if where == "a regular file":
+        where = str(tmp_path / "results")
+        (tmp_path / "results").write_text("mine")
+    assert _cli.main(["demo", "--tiny", "--out", where]) == 2
+    got = capsys.readouterr()
+    assert got.out == ""
+    lines = got.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lscore demo: error: argument --out: ")
+    assert where in lines[0]
+
+
+def test_demo_refuses_an_output_name_taken_by_a_folder(tmp_path, monkeypatch):
+    _no_training(monkeypatch)
+    (tmp_path / "lscore_demo.json").mkdir()
+    with pytest.raises(ValueError, match=r"lscore_demo\.json is a folder"):
+        _demo.run(tiny=True, out=str(tmp_path))

@@ -325,7 +325,13 @@ def test_config_conversions():
             None,
             "unknown keys in ds_config fp16 section: 'loss_scale_windw'",
         ),
-        ("deepspeed", {"fp16": {"enabled": True, "loss_scale": 128}}, None, "static scale"),
+        (
+            "deepspeed",
+            {"fp16": {"enabled": True, "loss_scale": -5}},
+            None,
+            r"fp16.loss_scale must be 0 \(dynamic scaling\) or a finite number > 0 "
+            r"\(a static scale\), got -5",
+        ),
         ("deepspeed", {"fp16": {"enabled": False}}, None, "not enabled"),
         (
             "apex",
@@ -429,7 +435,8 @@ def test_deepspeed_raise_error_at_min_scale_takes_deepspeeds_default():
         },
     )
     assert ls.args["raise_error_at_min_scale"] is True
-    model = MODELS["deepspeed"](**ls.args)
+    dynamic_args = {k: v for k, v in ls.args.items() if k != "loss_scale"}
+    model = MODELS["deepspeed"](**dynamic_args)
     continue_both(ls, model, [False] * 4, "deepspeed to the minimum")
     with pytest.raises(lscore.LossScaleFloorError):
         ls.state.update(False)
@@ -470,6 +477,7 @@ def test_deepspeed_hf_auto_config_takes_deepspeeds_defaults_and_says_so(tmp_path
         "delayed_shift": 2,
         "consecutive_hysteresis": False,
         "raise_error_at_min_scale": True,
+        "loss_scale": 0.0,
     }
     assert any('fp16.enabled is "auto"' in n for n in m.notes)
     auto = {
@@ -1079,3 +1087,108 @@ def test_new_peers_state_round_trip_and_continue(name):
     }[name].items():
         setattr(model, attr, value)
     continue_both(ls, model, _events(23, 40), name)
+
+
+# ---- DeepSpeed's static scale, bad values, and files that hold no object -------------------
+
+
+def test_deepspeed_static_loss_scale_converts_to_a_fixed_scale_that_skips_overflows():
+    """fp16.loss_scale > 0 selects DeepSpeed's LossScaler: the scale never changes, and
+    FP16_Optimizer and ZeRO still check every step and skip one that overflowed."""
+    ls = migrate.from_peer("deepspeed", {"fp16": {"enabled": True, "loss_scale": 128}})
+    assert ls() == 128.0
+    for finite in (False, True, False, True, True):
+        _, applied = ls.update([1.0 if finite else float("inf")])
+        assert applied is finite and ls() == 128.0
+    assert ls.counters()["skipped"] == 2
+    assert migrate.to_peer("deepspeed", ls) == {"cur_scale": 128.0, "dynamic": False}
+    assert migrate.peer_config("deepspeed", ls) == {"fp16": {"enabled": True, "loss_scale": 128.0}}
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"cur_scale": 64.0, "dynamic": False},  # ZeRO's pickled LossScaler
+        {"cur_scale": 64.0, "dynamic_loss_scale": False, "cur_iter": 9, "optimizer_state_dict": {}},
+    ],
+    ids=["LossScaler", "FP16_Optimizer"],
+)
+def test_deepspeed_static_scaler_state_converts(state):
+    ls = migrate.from_peer("deepspeed", state=state)
+    assert ls() == 64.0 and ls.args["loss_scale"] == 64.0
+    ls.update([float("inf")])
+    assert ls() == 64.0
+
+
+def test_deepspeed_loss_scale_0_is_dynamic_and_half_a_static_scale():
+    """DeepSpeedFP16Config: 0 means dynamic scaling; any finite value > 0 is a static scale,
+    0.5 included (FixedLossScale's TF rule, >= 1, is not DeepSpeed's)."""
+    dynamic = migrate.from_peer("deepspeed", {"fp16": {"enabled": True, "loss_scale": 0}})
+    assert dynamic() == 65536.0 and dynamic.policy.growth_mode == "modulo"
+    half = migrate.from_peer("deepspeed", {"fp16": {"enabled": True, "loss_scale": 0.5}})
+    assert half() == 0.5 and half.policy.growth_mode == "never"
+
+
+@pytest.mark.parametrize(
+    "value,error",
+    [
+        (-5, ValueError),
+        (-0.5, ValueError),
+        (float("inf"), ValueError),
+        (float("nan"), ValueError),
+        ("abc", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+        ([128], TypeError),
+    ],
+    ids=repr,
+)
+def test_deepspeed_bad_loss_scale_is_refused_with_the_rule(value, error):
+    """Each message states what DeepSpeed accepts, never an lscore call that would raise."""
+    with pytest.raises(error, match=r"^fp16\.loss_scale must be ") as e:
+        migrate.from_peer("deepspeed", {"fp16": {"enabled": True, "loss_scale": value}})
+    assert "FixedLossScale" not in str(e.value)
+
+
+def test_cli_converts_a_static_ds_config(tmp_path, capsys):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"fp16": {"enabled": True, "loss_scale": 128}}))
+    assert cli(["migrate", "--from", "deepspeed", str(cfg), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["loss_scale"] == 128.0
+
+
+@pytest.mark.parametrize(
+    "text,kind",
+    [("null", "null"), ("[1, 2]", "array"), ('"fp16"', "string"), ("3", "number")],
+)
+@pytest.mark.parametrize("where", ["config", "state"])
+def test_cli_refuses_a_file_that_holds_no_json_object(tmp_path, capsys, text, kind, where):
+    path = tmp_path / "in.json"
+    path.write_text(text)
+    argv = ["migrate", "--from", "deepspeed"]
+    argv += [str(path)] if where == "config" else ["--state", str(path)]
+    assert cli(argv) == 2
+    got = capsys.readouterr()
+    assert got.out == ""
+    assert got.err == f"lscore migrate: error: {path} holds a JSON {kind}; expected a JSON object\n"
+
+
+def test_cli_to_peer_takes_the_lscore_state_as_file_or_state(tmp_path, capsys):
+    ls = lscore.preset("deepspeed", init_scale=2.0**10)
+    ls.update([float("inf")])
+    ls.update([float("inf")])
+    path = tmp_path / "lscore_state.json"
+    path.write_text(json.dumps(ls.state_dict()))
+    outs = []
+    for argv in (["--state", str(path)], [str(path)]):
+        assert cli(["migrate", "--to", "deepspeed", *argv, "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0] == outs[1] and outs[0]["state"]["cur_scale"] == 512.0
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(ls.get_config()))
+    for argv, message in (
+        ([str(path), "--state", str(path)], "--to needs one FILE"),
+        (["--state", str(config)], "is not an lscore state"),
+    ):
+        assert cli(["migrate", "--to", "deepspeed", *argv]) == 2
+        assert message in capsys.readouterr().err

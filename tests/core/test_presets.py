@@ -426,3 +426,15 @@ def test_update_takes_gradients():
     assert ls.update([np.ones(3, np.float16), None]) == (None, True)
     assert ls.update({"w": np.array([1.0, np.nan])}) == (None, False)
     assert ls() == 4.0
+
+
+def test_torch_is_nemo_without_hysteresis():
+    """torch's policy is one definition: NeMo's GradScaler at hysteresis 1 is torch's, field
+    for field, and its counters after an overflow are NeMo's tracker values."""
+    torch, nemo = lscore.preset("torch", init_scale=8.0), lscore.preset("nemo", init_scale=8.0)
+    assert torch.policy == nemo.policy.replace(name="torch")
+    for finite in [True, False, True, False, False, True]:
+        torch.state.update(finite)
+        nemo.state.update(finite)
+        assert torch.counters() == nemo.counters()
+    assert torch.counters()["hysteresis_left"] == 1 and torch() == 1.0

@@ -9,6 +9,8 @@ pythonpath``), so a test imports ``from helpers import FLOAT_DTYPES`` or
     helpers/peer_models.py  each peer's update rule as a plain-Python model
     helpers/backends.py   the array/framework backends behind conftest's fixtures
     helpers/cuda_host/    lscore's CUDA kernels compiled with g++ and run on the CPU
+      cuda_host/cupy_standin.py  a cupy module over NumPy and the harness (the docs' GPU
+                          examples on the CPU: captures recorded and replayed)
     helpers/standin.py    CuPy-shaped arrays on stand-in devices, host memory as device memory
     helpers/dist/         launcher, scenarios and checks of the multi-process tests
 """
@@ -49,3 +51,9 @@ def bits_equal_or_both_nan(a: np.ndarray, b: np.ndarray) -> bool:
     ub = np.ascontiguousarray(b.astype(a.dtype)).view(f"u{a.dtype.itemsize}")[~nan.reshape(a.shape)]
     sw_a = a.dtype.byteorder == ">"
     return np.array_equal(ua, ub) if not sw_a else np.array_equal(fa[~nan], fb[~nan])
+
+
+def torch_keys(state_dict: dict) -> dict:
+    """A GradScaler state dict without the counts lscore adds (``"lscore_counters"``, which
+    torch's scaler ignores): what ``torch.amp.GradScaler.state_dict()`` holds."""
+    return {k: v for k, v in state_dict.items() if k != "lscore_counters"}

@@ -93,7 +93,7 @@ class TFScenario(PresetScenario):
 class NumpyScenario:
     """The NumPy adapter: Keras-shaped LossScaleOptimizer around Adam, variables in place."""
 
-    formats = ("pickle",)
+    formats = ("pickle", "state")
     name = "numpy-adam"
 
     def make(self):
@@ -115,12 +115,18 @@ class NumpyScenario:
             return 0.0, g
 
         opt.minimize(loss_and_grads, vs)
-        return [opt.loss_scale.hex(), opt.iterations, _digest(*vs)]
+        return [opt.loss_scale.hex(), opt.iterations, opt.last_step_skipped, _digest(*vs)]
 
     def save(self, obj, fmt):
+        if fmt == "state":  # the optimizer's state_dict and the variables
+            return pickle.dumps({"opt": obj["opt"].state_dict(), "vars": obj["vars"]})
         return pickle.dumps(obj)
 
     def load(self, data, fmt):
+        if fmt == "state":
+            saved, obj = pickle.loads(data), self.make()
+            obj["opt"].load_state_dict(saved["opt"])
+            return {"opt": obj["opt"], "vars": saved["vars"]}
         return pickle.loads(data)
 
 
@@ -148,6 +154,9 @@ class TorchScenario:
                 "model": model,
                 "opt": LossScaleOptimizer(opt, initial_scale=2.0**10, dynamic_growth_steps=3),
             }
+        if self.kind == "scaler-preset":  # hysteresis 2: two overflows in a row back off
+            preset = lscore.preset("deepspeed", init_scale=2.0**10, scale_window=3)
+            return {"model": model, "opt": opt, "scaler": GradScaler("cpu", policy=preset)}
         extra = {"hysteresis": 2, "min_scale": 4.0} if self.kind == "scaler-options" else {}
         scaler = GradScaler("cpu", init_scale=2.0**10, growth_interval=3, **extra)
         return {"model": model, "opt": opt, "scaler": scaler}
@@ -163,14 +172,15 @@ class TorchScenario:
         if self.kind == "lso":
             opt.get_scaled_loss(loss).backward()
             opt.step()
-            scale = opt.loss_scale
+            scale, counts = opt.loss_scale, [opt.iterations, opt.last_step_skipped]
         else:
             s = obj["scaler"]
             s.scale(loss).backward()
             s.step(opt)
             s.update()
-            scale = s.get_scale()
-        return [float(scale).hex(), _digest(*[p.detach().numpy() for p in model.parameters()])]
+            scale, counts = s.get_scale(), [s.skipped_steps, s.last_step_skipped]
+        digest = _digest(*[p.detach().numpy() for p in model.parameters()])
+        return [float(scale).hex(), digest, *counts]
 
     def save(self, obj, fmt):
         import torch
@@ -238,7 +248,7 @@ def scenarios():
     out = [PresetScenario(n) for n in lscore.presets.NAMES]
     out += [TFScenario("tf2-class"), TFScenario("tf1-class"), NumpyScenario()]
     if have_torch():
-        out += [TorchScenario("scaler"), TorchScenario("scaler-options"), TorchScenario("lso")]
+        out += [TorchScenario(k) for k in ("scaler", "scaler-options", "scaler-preset", "lso")]
     else:
         for sc in out:
             sc.formats = tuple(f for f in sc.formats if f != "torch")

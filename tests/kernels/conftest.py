@@ -1,5 +1,6 @@
 """The kernel folder's fixtures: CuPy's NVRTC path without a GPU."""
 
+import importlib.resources
 import os
 
 import pytest
@@ -7,10 +8,9 @@ import pytest
 
 @pytest.fixture
 def ext_dir():
-    """The repository's _ext/ (the kernels' own include directory)."""
-    return os.path.join(
-        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "_ext"
-    )
+    """The kernels' own include directory: lscore._ext of the package under test, where
+    lscore.cuda reads the kernel sources (the checkout's _ext/ in an editable install)."""
+    return str(importlib.resources.files("lscore._ext"))
 
 
 @pytest.fixture

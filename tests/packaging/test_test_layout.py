@@ -7,6 +7,8 @@ sys.path: shared code is the ``helpers`` package (pyproject's pytest
 
 import ast
 
+import pytest
+
 from helpers import TESTS
 
 LAYERS = {"core", "kernels", "adapters", "distributed", "apps", "packaging"}
@@ -34,6 +36,7 @@ def test_no_module_imports_a_test_module_or_edits_sys_path():
     offenders = []
     for rel, path in _python_files():
         tree = ast.parse(path.read_text(), filename=str(path))
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
         for node in ast.walk(tree):
             names = []
             if isinstance(node, ast.Import):
@@ -44,11 +47,42 @@ def test_no_module_imports_a_test_module_or_edits_sys_path():
                 top = name.split(".")[0]
                 if top.startswith("test_") or top == "conftest":
                     offenders.append((str(rel), node.lineno, name))
-            if (
-                isinstance(node, ast.Attribute)
-                and node.attr == "path"
-                and isinstance(node.value, ast.Name)
-                and node.value.id == "sys"
-            ):
+            if _edits_sys_path(node, parents):
                 offenders.append((str(rel), node.lineno, "sys.path"))
     assert offenders == []
+
+
+def _edits_sys_path(node, parents):
+    """``sys.path`` assigned, deleted, or reached through a method or an assigned item
+    (``sys.path.insert(...)``, ``sys.path[0] = ...``); reading it is no edit."""
+    if not (
+        isinstance(node, ast.Attribute)
+        and node.attr == "path"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "sys"
+    ):
+        return False
+    parent = parents.get(node)
+    return (
+        isinstance(node.ctx, ast.Store | ast.Del)
+        or isinstance(parent, ast.Attribute)
+        or (isinstance(parent, ast.Subscript) and isinstance(parent.ctx, ast.Store | ast.Del))
+    )
+
+
+@pytest.mark.parametrize(
+    "code,edits",
+    [
+        ("sys.path.insert(0, 'x')", True),
+        ("sys.path[0] = 'x'", True),
+        ("sys.path = []", True),
+        ("sys.path += ['x']", True),
+        ("del sys.path[0]", True),
+        ("entries = list(sys.path)", False),
+        ("first = sys.path[0]", False),
+    ],
+)
+def test_a_sys_path_edit_is_told_from_a_read(code, edits):
+    tree = ast.parse(code)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    assert any(_edits_sys_path(node, parents) for node in ast.walk(tree)) == edits

@@ -20,7 +20,7 @@ import json
 import numpy as np
 
 from lscore import kernels
-from lscore.cli.bench import _gpu, _static, _tune
+from lscore.cli.bench import _gpu, _scaler, _static, _tune
 from lscore.cli.bench._harness import DTYPES, FULL_SIZES, SIZES, TINY_SIZES, Rows, import_torch
 from lscore.cli.bench._report import add_ratios, format_table, machine, targets
 from lscore.cli.bench._sections import AF_METHODS, GRAD_HARNESS, SECTIONS, UN_METHODS
@@ -28,6 +28,8 @@ from lscore.cli.bench._sections import AF_METHODS, GRAD_HARNESS, SECTIONS, UN_ME
 __all__ = ["GRAD_HARNESS", "SUITES", "Options", "format_table", "main", "run"]
 
 SUITES = ("cpu", "gpu", "gpu-host", "gpu-tune", "gpu-static")
+REPEAT, TINY_REPEAT = 9, 2  # timings per row
+MIN_TIME, TINY_MIN_TIME = 0.02, 1e-4  # seconds per timing
 
 
 class Options:
@@ -55,8 +57,8 @@ class Options:
             tuple(sizes) if sizes else (TINY_SIZES if tiny else (FULL_SIZES if full else SIZES))
         )
         self.only = tuple(only)
-        self.repeat = repeat or (2 if tiny else 9)
-        self.min_time = min_time if min_time is not None else (1e-4 if tiny else 0.02)
+        self.repeat = repeat or (TINY_REPEAT if tiny else REPEAT)
+        self.min_time = min_time if min_time is not None else (TINY_MIN_TIME if tiny else MIN_TIME)
         self.use_torch = use_torch
         self.progress = progress
         self.gs_max = 1e3 if tiny else 1e5
@@ -80,6 +82,7 @@ def run(opts: Options) -> dict:
         + 6
         + 6
         + 4
+        + 2 * len(_scaler.COUNTS) * (len(_scaler.CALLS) + 1) * len(_scaler.METHODS)
         + 3 * len(opts.contention_sizes)
         + 2 * len(opts.isa_sizes) * (len(kernels.isa_levels()) + 1)
     )
@@ -133,7 +136,6 @@ def _run_gpu_suite(opts: Options) -> dict:
 
 def main(args) -> int:
     """Entry point of `lscore bench` (argparse namespace from lscore.cli)."""
-    sizes = [int(float(x)) for x in args.sizes.split(",")] if args.sizes else None
     opts = Options(
         full=args.full,
         tiny=args.tiny,
@@ -141,7 +143,7 @@ def main(args) -> int:
         min_time=args.min_time,
         use_torch=not args.no_torch,
         progress=not args.no_progress,
-        sizes=sizes,
+        sizes=args.sizes,
         only=args.only or (),
         suite=getattr(args, "suite", "cpu"),
     )

@@ -10,6 +10,7 @@ import numpy as np
 
 import lscore
 from lscore import kernels
+from lscore.cli.bench import _scaler
 from lscore.cli.bench._harness import DTYPES, N_SMALL, size_label
 from lscore.cli.bench._sections import CLIP_DTYPES, CLIP_METHODS, GRAD_HARNESS, log_list
 
@@ -26,6 +27,7 @@ BASELINES = {
         "memcpy": "C memcpy",
     },
     f"{N_SMALL} x 64": {"numpy": "numpy loop a *= inv; isfinite", "torch": "torch foreach"},
+    _scaler.GROUP: {"torch": _scaler.TORCH_METHOD},  # before "GradScaler", its prefix
     "GradScaler": {"torch": "torch.amp.GradScaler('cpu')"},
     "NaN at": {"numpy": "np.isfinite(a).all()"},
     "unscale_ float32": {"serial": "lscore 1 thread"},
@@ -226,6 +228,7 @@ def targets(rows: list[dict], opts) -> list[dict]:
         N_SMALL,
         minus=GRAD_HARNESS,
     )
+    _scaler.targets(ratio)
     absolute(
         f"NaN at index 0 of {big}", f"NaN at index 0 of {big} float32", "lscore all_finite", 5e-6
     )

@@ -28,6 +28,7 @@ from lscore.cli.bench._harness import (
     torch_unscale,
     wanted,
 )
+from lscore.cli.bench._scaler import bench_scaler_calls
 
 
 def _bench_arrays(rows: Rows, opts, torch, rng) -> None:
@@ -522,6 +523,7 @@ SECTIONS = (
     _bench_clip,
     _bench_gradscaler,
     _bench_torch_small,
+    bench_scaler_calls,
     _bench_latency,
     _bench_contention,
     _bench_isa,

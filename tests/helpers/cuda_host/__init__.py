@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import functools
+import importlib.resources
 import os
 import shutil
 import subprocess
@@ -22,11 +23,12 @@ import tempfile
 
 import numpy as np
 
-from .. import ROOT
 from ..standin import HostMemory
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-EXT = str(ROOT / "_ext")
+# the kernel sources lscore loads at run time: those of the package under test (in a wheel
+# install, its lscore/_ext/; in an editable one, the checkout's _ext/)
+EXT = str(importlib.resources.files("lscore._ext"))
 CXXFLAGS = [
     "-std=c++17",
     "-O2",
