@@ -30,10 +30,10 @@ cdef extern from "lsc_fp8.h" nogil:
     ctypedef int64_t lsc_fp8_n
     ctypedef struct lsc_fp8_isa:
         const char *name
-    const lsc_fp8_isa *lsc_fp8_isas[]
     enum:
-        LSC_FP8_NISAS
-    int lsc_fp8_isa_supported(int level)
+        LSC_NISAS
+    int lsc_isa_supported(int level)
+    const char *lsc_isa_names[]
     int lsc_fp8_isa_select(const char *name)
     const lsc_fp8_isa *lsc_fp8_isa_get()
     uint32_t lsc_fp8_cast_run(const char *x, lsc_fp8_n n, lsc_fp8_n stride, int code,
@@ -172,8 +172,7 @@ def isa():
 
 def isa_levels():
     """The ISA levels this CPU can run, slowest first."""
-    return [lsc_fp8_isas[k].name.decode() for k in range(LSC_FP8_NISAS)
-            if lsc_fp8_isa_supported(k)]
+    return [lsc_isa_names[k].decode() for k in range(LSC_NISAS) if lsc_isa_supported(k)]
 
 
 def set_isa(name):

@@ -178,6 +178,8 @@ static __device__ __forceinline__ lsc_u32 lsc_dev_fp8x2(float a, float b, int fm
 #include <stdint.h>
 #include <string.h>
 
+#include "lsc_isa.h"
+
 typedef int64_t lsc_fp8_n;
 
 #define LSC_FP8_INL static inline __attribute__((always_inline))
@@ -285,11 +287,10 @@ typedef struct {
          {0, lsc_fp8_de5_f16_##SFX, lsc_fp8_de5_bf16_##SFX, lsc_fp8_de5_f32_##SFX, 0, 0, 0}}, \
     };
 
-/* The levels and their CPU checks are lsc_scan.h's: the x86-64-v2 baseline
+/* The levels and their CPU checks are lsc_isa.h's: the x86-64-v2 baseline
  * the extension is built for, and -v3 / -v4 copies under `#pragma GCC
- * target`, picked by __builtin_cpu_supports. */
-#if (defined(__x86_64__) || defined(_M_X64)) && defined(__GNUC__) && !defined(__clang__) \
-        && __GNUC__ >= 12 && !defined(LSC_NO_DISPATCH)
+ * target`. */
+#ifdef LSC_X86_DISPATCH
 LSC_FP8_LEVEL(v2)
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v3")
@@ -299,46 +300,25 @@ LSC_FP8_LEVEL(v3)
 #pragma GCC target("arch=x86-64-v4", "prefer-vector-width=512")
 LSC_FP8_LEVEL(v4)
 #pragma GCC pop_options
-static const lsc_fp8_isa *const lsc_fp8_isas[] = {&lsc_fp8_isa_v2, &lsc_fp8_isa_v3,
-                                                  &lsc_fp8_isa_v4};
-#define LSC_FP8_NISAS 3
-static inline int lsc_fp8_isa_supported(int level)
-{
-    __builtin_cpu_init();
-    if (level == 2)
-        return __builtin_cpu_supports("x86-64-v4");
-    if (level == 1)
-        return __builtin_cpu_supports("x86-64-v3");
-    return 1;
-}
+static const lsc_fp8_isa *const lsc_fp8_isas[LSC_NISAS] = {&lsc_fp8_isa_v2, &lsc_fp8_isa_v3,
+                                                           &lsc_fp8_isa_v4};
 #else
 LSC_FP8_LEVEL(baseline)
-static const lsc_fp8_isa *const lsc_fp8_isas[] = {&lsc_fp8_isa_baseline};
-#define LSC_FP8_NISAS 1
-static inline int lsc_fp8_isa_supported(int level) { return level == 0; }
+static const lsc_fp8_isa *const lsc_fp8_isas[LSC_NISAS] = {&lsc_fp8_isa_baseline};
 #endif
 
 /* Read by every call and written by lsc_fp8_isa_select: an atomic pointer,
  * relaxed (it only ever points at constant tables). */
 static _Atomic(const lsc_fp8_isa *) lsc_fp8_isa_active;
 
-/* Pick the level by name ("v2", "v3", "v4"; "" or NULL = the best this CPU
- * runs).  Returns 0, or -1 when the name is unknown or unsupported. */
+/* Pick the level by name (lsc_isa_find's names).  Returns 0, or -1 when the
+ * name is unknown or unsupported. */
 static int lsc_fp8_isa_select(const char *name)
 {
-    int best = 0;
-    for (int k = 0; k < LSC_FP8_NISAS; k++) {
-        if (!lsc_fp8_isa_supported(k))
-            continue;
-        best = k;
-        if (name && *name && strcmp(name, lsc_fp8_isas[k]->name) == 0) {
-            atomic_store_explicit(&lsc_fp8_isa_active, lsc_fp8_isas[k], memory_order_relaxed);
-            return 0;
-        }
-    }
-    if (name && *name)
+    int k = lsc_isa_find(name);
+    if (k < 0)
         return -1;
-    atomic_store_explicit(&lsc_fp8_isa_active, lsc_fp8_isas[best], memory_order_relaxed);
+    atomic_store_explicit(&lsc_fp8_isa_active, lsc_fp8_isas[k], memory_order_relaxed);
     return 0;
 }
 

@@ -24,6 +24,7 @@
 
 #include "lsc_codes.h"
 #include "lsc_half.h"
+#include "lsc_isa.h"
 
 typedef int64_t lsc_n;
 
@@ -160,12 +161,7 @@ typedef struct {
     lsc_stats_fn stats;                 /* f16, bf16, f32, f64 */
 } lsc_isa;
 
-#if (defined(__x86_64__) || defined(_M_X64)) && defined(__GNUC__) && !defined(__clang__) \
-        && __GNUC__ >= 12 && !defined(LSC_NO_DISPATCH)
-#define LSC_X86_DISPATCH 1
-#endif
-
-#ifdef LSC_X86_DISPATCH
+#ifdef LSC_X86_DISPATCH   /* lsc_isa.h: the levels and their CPU checks */
 #include <immintrin.h>
 
 #define LSC_SFX v2
@@ -226,18 +222,7 @@ typedef struct {
 #include "lsc_kernels.h"
 #pragma GCC pop_options
 
-static const lsc_isa *const lsc_isas[] = {&lsc_isa_v2, &lsc_isa_v3, &lsc_isa_v4};
-#define LSC_NISAS 3
-
-static inline int lsc_isa_supported(int level)
-{
-    __builtin_cpu_init();
-    if (level == 2)
-        return __builtin_cpu_supports("x86-64-v4");
-    if (level == 1)
-        return __builtin_cpu_supports("x86-64-v3");
-    return 1;   /* the build baseline */
-}
+static const lsc_isa *const lsc_isas[LSC_NISAS] = {&lsc_isa_v2, &lsc_isa_v3, &lsc_isa_v4};
 #else
 /* one set, at whatever the compiler flags allow */
 #define LSC_SFX baseline
@@ -263,32 +248,21 @@ static inline int lsc_isa_supported(int level)
 #endif
 #endif
 #include "lsc_kernels.h"
-static const lsc_isa *const lsc_isas[] = {&lsc_isa_baseline};
-#define LSC_NISAS 1
-static inline int lsc_isa_supported(int level) { return level == 0; }
+static const lsc_isa *const lsc_isas[LSC_NISAS] = {&lsc_isa_baseline};
 #endif
 
 /* Read by every call and written by lsc_isa_select (tests, the bench): an
  * atomic pointer, relaxed (it only ever points at constant tables). */
 static _Atomic(const lsc_isa *) lsc_isa_active;
 
-/* Pick the ISA level by name ("v2", "v3", "v4"; "" or NULL = the best this
- * CPU runs).  Returns 0, or -1 when the name is unknown or unsupported. */
+/* Pick the ISA level by name (lsc_isa_find's names).  Returns 0, or -1 when
+ * the name is unknown or unsupported. */
 static int lsc_isa_select(const char *name)
 {
-    int best = 0;
-    for (int k = 0; k < LSC_NISAS; k++) {
-        if (!lsc_isa_supported(k))
-            continue;
-        best = k;
-        if (name && *name && strcmp(name, lsc_isas[k]->name) == 0) {
-            atomic_store_explicit(&lsc_isa_active, lsc_isas[k], memory_order_relaxed);
-            return 0;
-        }
-    }
-    if (name && *name)
+    int k = lsc_isa_find(name);
+    if (k < 0)
         return -1;
-    atomic_store_explicit(&lsc_isa_active, lsc_isas[best], memory_order_relaxed);
+    atomic_store_explicit(&lsc_isa_active, lsc_isas[k], memory_order_relaxed);
     return 0;
 }
 
