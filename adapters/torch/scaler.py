@@ -657,7 +657,7 @@ class GradScaler(torch.amp.GradScaler):
         `new_scale` (a float, or a one-element tensor on the scaler's device)."""
         if not self._enabled:
             for schedule in self._schedules:  # a disabled scaler applies every step
-                schedule.advance(())
+                schedule.advance(False)
             return
         path = self._path
         if path.scale is None:
@@ -674,7 +674,7 @@ class GradScaler(torch.amp.GradScaler):
             (self._growth_factor, self._backoff_factor, self._growth_interval),
         )
         if outcome is None:  # the device path, new_scale and no inf checks
-            self._last_skipped = False
+            skipped = self._last_skipped = False
         else:
             skipped, before = outcome  # skipped: a bool, or a device tensor (above 0)
             self._last_skipped = skipped
@@ -686,11 +686,11 @@ class GradScaler(torch.amp.GradScaler):
             if path.observes_always or self.overflow_monitor is not None:
                 self._observe(step, bool(skipped), before)
         for schedule in self._schedules:  # SkipAwareLR: count and rate, on the device
-            schedule.advance(found_infs)
+            schedule.advance(skipped)
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
     #: the SkipAwareLR schedules (adapters/torch/schedule.py) that update() advances from
-    #: the step's found-inf flags, on the device; each adds itself when built on this scaler
+    #: the step's verdict, on the device; each adds itself when built on this scaler
     _schedules: tuple = ()
 
     # ---- overflow diagnostics (lscore.diagnostics) ---------------------------------

@@ -369,15 +369,13 @@ class SkipAwareLR(sch.LRScheduler):
         counts = torch.arange(start + lo, start + hi, dtype=self._dtype, device=self._device)
         return self._rate(counts.unsqueeze(1))
 
-    def advance(self, found_infs: Sequence[torch.Tensor]) -> None:
-        """Count the iteration ``GradScaler.update()`` closes as applied unless one of
-        its `found_infs` flags is nonzero (none: applied), and set the rates."""
+    def advance(self, skipped: bool | torch.Tensor) -> None:
+        """Count the iteration ``GradScaler.update()`` closes as applied unless `skipped`
+        (its verdict: a bool, or a device tensor above 0 when skipped), and set the rates."""
         index = self._index
-        if found_infs:
-            flags = [f.to(index.device, non_blocking=True) for f in found_infs]
-            total = flags[0] if len(flags) == 1 else torch.stack(flags).sum()
-            index.add_(total.eq(0))
-        else:
+        if isinstance(skipped, torch.Tensor):
+            index.add_(skipped.to(index.device, non_blocking=True).eq(0))
+        elif not skipped:
             index.add_(1)
         self._reach += 1
         rows = len(self._table)
