@@ -26,7 +26,13 @@ measures the kernels themselves (``lscore bench``).
   amax_nan=False)``: the scaled float8 cast ``out = fp8(float32(x) * scale)``
   of a float32 / float16 / bfloat16 array (strided read in place) into
   uint8 codes of format ``fmt`` (a name of ``FP8_FORMATS``), returning the
-  input's amax; ``fp8_decode(q, out, fmt)``: the codes widened back, exactly.
+  input's amax; ``fp8_cast_rows(x, out, scales, amaxes, fmt, ...)``: the
+  same per row (along the last axis) with one float32 scale per row, each
+  row's amax written to ``amaxes``; ``fp8_amax(x, amax_nan=False)`` and
+  ``fp8_amax_rows(x, amaxes, amax_nan=False)``: the amax pass alone;
+  ``fp8_decode(q, out, fmt, scale=1.0)``: the codes widened back, divided
+  by ``scale`` in float32 (exact with scale 1), ``fp8_decode_rows(q, out,
+  scales, fmt)`` with one scale per row.
 - ``isa()``, ``isa_levels()``, ``set_isa(name)``, ``pool_size()``: the CPU
   kernel level in use, the levels this CPU runs, a switch of every CPU
   kernel (the scan's and the float8 casts'; returns the previous level) and
@@ -53,8 +59,12 @@ from lscore._ext._codes import (
     OPTIM_FLAGS,
 )
 from lscore._ext._fp8 import FORMATS as FP8_FORMATS
+from lscore._ext._fp8 import amax as fp8_amax
+from lscore._ext._fp8 import amax_rows as fp8_amax_rows
 from lscore._ext._fp8 import cast as fp8_cast
+from lscore._ext._fp8 import cast_rows as fp8_cast_rows
 from lscore._ext._fp8 import decode as fp8_decode
+from lscore._ext._fp8 import decode_rows as fp8_decode_rows
 from lscore._ext._grads import GradTable
 from lscore._ext._scan import (
     all_finite,
@@ -135,8 +145,12 @@ __all__ = [
     "all_finite",
     "all_finite_raw",
     "copy_bandwidth",
+    "fp8_amax",
+    "fp8_amax_rows",
     "fp8_cast",
+    "fp8_cast_rows",
     "fp8_decode",
+    "fp8_decode_rows",
     "isa",
     "isa_levels",
     "launch_params",
