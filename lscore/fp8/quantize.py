@@ -89,11 +89,14 @@ def row_shape(x: np.ndarray) -> tuple[int, ...]:
 def check_scale(scale: Any, rows: int | None) -> Any:
     """The scale as float32: a positive finite scalar (rows None) or a vector of one per row."""
     if rows is None:
-        try:
-            s = np.float32(scale) if np.ndim(scale) == 0 else None
-        except (TypeError, ValueError):
-            s = None
-        if s is None or isinstance(scale, (bool, np.bool_)) or not (math.isfinite(s) and s > 0):
+        s = None
+        if not isinstance(scale, (str, bytes, bool, np.bool_)) and np.ndim(scale) == 0:
+            try:
+                with np.errstate(over="ignore"):
+                    s = np.float32(scale)
+            except (TypeError, ValueError):
+                s = None
+        if s is None or not (math.isfinite(s) and s > 0):
             raise ValueError(f"scale must be a positive finite float32, got {scale!r}")
         return s
     a = np.asarray(scale)
