@@ -59,6 +59,19 @@ cdef int _fmt_code(str fmt) except -1:
     return code
 
 
+# dtype -> name of the user-defined dtypes seen (ml_dtypes'): NumPy computes
+# dtype.name in Python, microseconds on every call
+_names = {}
+
+
+cdef bint _is_named(cnp.ndarray a, str name) except -1:
+    dt = a.dtype
+    got = _names.get(dt)
+    if got is None:
+        got = _names[dt] = dt.name
+    return got == name
+
+
 cdef int _float_code(cnp.ndarray a, str what) except -1:
     cdef int t = cnp.PyArray_TYPE(a)
     if cnp.PyArray_ISBYTESWAPPED(a):
@@ -67,14 +80,15 @@ cdef int _float_code(cnp.ndarray a, str what) except -1:
         return LSC_CODE_F32
     if t == NPY_HALF:
         return LSC_CODE_F16
-    if t >= NPY_USERDEF and a.dtype.name == "bfloat16":
+    if t >= NPY_USERDEF and _is_named(a, "bfloat16"):
         return LSC_CODE_BF16
     raise TypeError(f"{what} must be float32, float16 or bfloat16, got {a.dtype}")
 
 
 cdef int _check_codes(cnp.ndarray q, int fmt, str what) except -1:
-    name = q.dtype.name
-    if name != "uint8" and FORMATS.get(name) != fmt:
+    if cnp.PyArray_TYPE(q) == cnp.NPY_UINT8:
+        return 0
+    if cnp.PyArray_TYPE(q) < NPY_USERDEF or FORMATS.get(_names.get(q.dtype) or q.dtype.name) != fmt:
         raise TypeError(f"{what} must be uint8 or the format's float8 dtype, got {q.dtype}")
     return 0
 

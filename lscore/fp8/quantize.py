@@ -35,11 +35,23 @@ FORMATS = {
 }
 _FLOATS = ("float32", "float16", "bfloat16")
 _NAN = ("ignore", "propagate")
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def dtype_name(dt: np.dtype) -> str:
+    """dt.name, cached: NumPy computes the name in Python on every access (microseconds)."""
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = dt.name
+    return name
 
 
 def format_name(fmt: Any) -> str:
     """The dtype name ("float8_e4m3fn" / "float8_e5m2") of a format name or float8 dtype."""
-    name = FORMATS.get(str(fmt)) if isinstance(fmt, str) else FORMATS.get(np.dtype(fmt).name)
+    name = FORMATS.get(fmt) if isinstance(fmt, str) else FORMATS.get(dtype_name(np.dtype(fmt)))
     if name is None:
         raise ValueError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}")
     return name
@@ -49,7 +61,7 @@ def float_input(x: Any, what: str = "x") -> np.ndarray:
     """x as a NumPy array of float32, float16 or bfloat16 (read in place, never copied)."""
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{what} must be a NumPy array, got {type(x).__name__}")
-    if x.dtype.name not in _FLOATS:
+    if dtype_name(x.dtype) not in _FLOATS:
         raise TypeError(f"{what} must be float32, float16 or bfloat16, got {x.dtype}")
     if not x.dtype.isnative:
         raise ValueError(f"{what} must be in native byte order, got {x.dtype.str}")
@@ -89,6 +101,12 @@ def row_shape(x: np.ndarray) -> tuple[int, ...]:
 def check_scale(scale: Any, rows: int | None) -> Any:
     """The scale as float32: a positive finite scalar (rows None) or a vector of one per row."""
     if rows is None:
+        if type(scale) is float and 0 < scale <= _FLT_MAX:  # the common case, without NumPy
+            s = np.float32(scale)
+            if s > 0:
+                return s
+        if type(scale) is np.float32 and 0 < scale < np.inf:
+            return scale
         s = None
         if not isinstance(scale, (str, bytes, bool, np.bool_)) and np.ndim(scale) == 0:
             try:
@@ -126,7 +144,7 @@ def _out(x: np.ndarray, out: Any, name: str) -> np.ndarray:
         return np.empty(x.shape, np.uint8)
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a NumPy array, got {type(out).__name__}")
-    if out.dtype.name not in ("uint8", name):
+    if dtype_name(out.dtype) not in ("uint8", name):
         raise TypeError(f"out must be uint8 or {name}, got {out.dtype}")
     if out.shape != x.shape:
         raise ValueError(f"out must have the input's shape {x.shape}, got {out.shape}")
@@ -206,20 +224,21 @@ def dequantize(
     """
     if not isinstance(q, np.ndarray):
         raise TypeError(f"q must be a NumPy array, got {type(q).__name__}")
-    if q.dtype.name == "uint8":
+    qname = dtype_name(q.dtype)
+    if qname == "uint8":
         if fmt is None:
             raise ValueError("fmt must name the format of uint8 codes, got None")
         name = format_name(fmt)
     else:
-        if q.dtype.name not in ("float8_e4m3fn", "float8_e5m2"):
+        if qname not in ("float8_e4m3fn", "float8_e5m2"):
             raise TypeError(f"q must be float8_e4m3fn, float8_e5m2 or uint8, got {q.dtype}")
-        name = q.dtype.name
+        name = qname
         if fmt is not None and format_name(fmt) != name:
             raise ValueError(f"fmt must be q's format {name}, got {fmt!r}")
     dname = "bfloat16" if isinstance(dtype, str) and dtype == "bfloat16" else None
     if dname is None:
         try:
-            dname = np.dtype(dtype).name
+            dname = dtype_name(np.dtype(dtype))
         except TypeError:
             dname = repr(dtype)
     if dname not in _FLOATS:
