@@ -26,7 +26,8 @@ measures the kernels themselves (``lscore bench``).
   amax_nan=False)``: the scaled float8 cast ``out = fp8(float32(x) * scale)``
   of a float32 / float16 / bfloat16 array (strided read in place) into
   uint8 codes of format ``fmt`` (a name of ``FP8_FORMATS``), returning the
-  input's amax; ``fp8_cast_rows(x, out, scales, amaxes, fmt, ...)``: the
+  input's amax (``FP8_FLAGS``: the flag bits of the device kernels);
+  ``fp8_cast_rows(x, out, scales, amaxes, fmt, ...)``: the
   same per row (along the last axis) with one float32 scale per row, each
   row's amax written to ``amaxes``; ``fp8_amax(x, amax_nan=False)`` and
   ``fp8_amax_rows(x, amaxes, amax_nan=False)``: the amax pass alone;
@@ -108,6 +109,8 @@ READ_DLPACK = READ_DLPACK
 DLPACK_DEVICES = DLPACK_DEVICES
 #: float8 format name -> dtype code, the formats of ``fp8_cast`` / ``fp8_decode``
 FP8_FORMATS = FP8_FORMATS
+#: the float8 kernels' flag bits (lsc_fp8.h) by name: SAT, NAN_SIGN, AMAX_NAN
+FP8_FLAGS = {"SAT": _fp8.SAT, "NAN_SIGN": _fp8.NAN_SIGN, "AMAX_NAN": _fp8.AMAX_NAN}
 #: the CUDA kernels' shared device flags: slot name -> index
 DEVICE_FLAGS = DEVICE_FLAGS
 #: the CUDA kernels' shared device values: slot name -> index
@@ -129,6 +132,7 @@ __all__ = [
     "DEVICE_FLAGS",
     "DEVICE_VALS",
     "DLPACK_DEVICES",
+    "FP8_FLAGS",
     "FP8_FORMATS",
     "META",
     "NDEVICE_FLAGS",
