@@ -6,8 +6,9 @@ copy) and the codes come back as a ``torch.float8_e4m3fn`` /
 ``torch.float8_e5m2`` view of a uint8 tensor the kernel wrote; every check
 is ``lscore.fp8.quantize``'s, made before anything is written.  Scales and
 amaxes are float32 tensors: a 0-d one per tensor, shape ``x.shape[:-1] +
-(1,)`` per row (torchao's axiswise ``keepdim=True``).  A CUDA tensor raises
-a TypeError naming the CPU as the device these functions take.
+(1,)`` per row (torchao's axiswise ``keepdim=True``).  A CUDA tensor goes
+to lscore.cuda's float8 kernels (CuPy launches them, on torch's current
+stream), read in place when its leading axes merge into one stride.
 """
 
 from __future__ import annotations
@@ -29,8 +30,52 @@ def _cpu(t: Any, what: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
-        raise TypeError(f"{what} must be a CPU tensor, got one on {t.device}")
+        raise TypeError(f"{what} must be a CPU or CUDA tensor, got one on {t.device}")
     return t
+
+
+def _on_cuda(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "cuda"
+
+
+_cuda_arrays: Any = None
+
+
+def _cuda() -> Any:
+    """lscore.cuda's Float8Arrays bound to CUDA tensors."""
+    global _cuda_arrays
+    if _cuda_arrays is None:
+        from lscore.cuda.fp8 import DeviceView, Float8Arrays, Float8Launcher
+        from lscore.cuda.loader import CupyBackend
+
+        launchers: dict[int, Any] = {}
+
+        def view(t: torch.Tensor) -> Any:
+            w = t.element_size()
+            name = str(t.dtype).removeprefix("torch.")
+            return DeviceView(t.data_ptr(), tuple(t.shape), tuple(s * w for s in t.stride()),
+                              "uint32" if name == "int32" else name, w)
+
+        def launcher(t: torch.Tensor) -> Any:
+            dev = t.device.index if t.device.index is not None else torch.cuda.current_device()
+            if dev not in launchers:
+                launchers[dev] = Float8Launcher(CupyBackend(dev))
+            return launchers[dev]
+
+        def dtype(name: str) -> torch.dtype:
+            return torch.int32 if name == "uint32" else getattr(torch, name)
+
+        _cuda_arrays = Float8Arrays(
+            view=view,
+            empty=lambda like, shape, dt: torch.empty(shape, dtype=dtype(dt), device=like.device),
+            zeros=lambda like, n, dt: torch.zeros(n, dtype=dtype(dt), device=like.device),
+            upload=lambda like, host: torch.from_numpy(host).to(like.device),
+            as_float32=lambda w: w.view(torch.float32),
+            all_positive_finite=lambda a: bool(((a > 0) & a.isfinite()).all()),
+            launcher=launcher,
+            stream=lambda t: torch.cuda.current_stream(t.device).cuda_stream,
+        )
+    return _cuda_arrays
 
 
 def _view(x: Any, what: str = "x") -> np.ndarray:
@@ -45,17 +90,22 @@ def _view(x: Any, what: str = "x") -> np.ndarray:
 
 
 def _scale(scale: Any) -> Any:
-    """A tensor scale as NumPy (float32 values); anything else as it is."""
-    if isinstance(scale, torch.Tensor):
-        s = _cpu(scale, "scale").detach()
-        if not s.is_floating_point():
-            raise ValueError(f"scale must be a positive finite float32, got a {s.dtype} tensor")
-        return s.float().numpy() if s.dim() else np.float32(s.item())
-    return scale
+    """A scale as lscore.fp8 takes it: a number (a 0-d tensor read once), a NumPy vector (a
+    CPU tensor), or a contiguous float32 CUDA tensor, read on the device (per row)."""
+    if not isinstance(scale, torch.Tensor):
+        return scale
+    if not scale.is_floating_point():
+        raise ValueError(f"scale must be a positive finite float32, got a {scale.dtype} tensor")
+    s = scale.detach().float()
+    if s.dim() == 0:
+        return np.float32(s.item())
+    return s.contiguous() if _on_cuda(s) else s.numpy()
 
 
 def amax(x: torch.Tensor, axis: int | None = None, nan: str = "ignore") -> torch.Tensor:
-    """``lscore.fp8.amax`` of a CPU tensor: a float32 tensor (0-d, or ``x.shape[:-1] + (1,)``)."""
+    """``lscore.fp8.amax`` of a tensor: a float32 tensor (0-d, or ``x.shape[:-1] + (1,)``)."""
+    if _on_cuda(x):
+        return _cuda().amax(x.detach(), axis, nan)  # type: ignore[no-any-return]
     return torch.as_tensor(_q.amax(_view(x), axis, nan))
 
 
@@ -78,6 +128,14 @@ def quantize(
     ``axis=-1``); the amax a float32 tensor.
     """
     name = _q.format_name(fmt)
+    if _on_cuda(x):
+        if out is not None and not _on_cuda(out):
+            raise TypeError(f"out must be on x's device {x.device}, got {out.device}")
+        q, a = _cuda().quantize(
+            x.detach(), _scale(scale), name, axis=axis, saturate=saturate, nan_sign=nan_sign,
+            amax_nan=amax_nan, out=None if out is None else out.view(torch.uint8),
+        )
+        return (out if out is not None else q.view(_TORCH_FP8[name])), a
     xv = _view(x)
     if out is None:
         q = torch.empty(tuple(xv.shape), dtype=torch.uint8)
@@ -111,6 +169,12 @@ def dequantize(
 ) -> torch.Tensor:
     """``lscore.fp8.dequantize`` of a CPU float8 tensor: ``float32(q) / scale`` rounded once
     to `dtype` (torch.float32, float16 or bfloat16); uint8 codes need `fmt`."""
+    if _on_cuda(q):
+        if dtype not in _FLOATS:
+            raise TypeError(f"dtype must be torch.float32, float16 or bfloat16, got {dtype!r}")
+        return _cuda().dequantize(  # type: ignore[no-any-return]
+            q.detach(), _scale(scale), _FLOATS[dtype], axis=axis, fmt=fmt
+        )
     q = _cpu(q, "q")
     names = {v: k for k, v in _TORCH_FP8.items()}
     if q.dtype in names:

@@ -155,13 +155,26 @@ def _out(x: np.ndarray, out: Any, name: str) -> np.ndarray:
     return out
 
 
+def _device(x: Any) -> Any:
+    """lscore.cuda's float8 kernels over CuPy arrays when x is a device array, else None."""
+    if isinstance(x, np.ndarray) or not hasattr(x, "__cuda_array_interface__"):
+        return None
+    from lscore.cuda.fp8 import cupy_arrays
+
+    return cupy_arrays()
+
+
 def amax(x: np.ndarray, axis: int | None = None, nan: str = "ignore") -> Any:
     """The largest |x| (float32), per tensor or per row (``axis=-1``, shape ``x.shape[:-1] + (1,)``).
 
     `nan`: "ignore" leaves NaN elements out (TransformerEngine's ``fmaxf``
     reduction), "propagate" makes the amax NaN where there is one
-    (``torch.max``).  ±Inf gives Inf; an empty input or row gives 0.
+    (``torch.max``).  ±Inf gives Inf; an empty input or row gives 0.  A
+    CuPy array gives a CuPy float32 array (0-d per tensor).
     """
+    dev = _device(x)
+    if dev is not None:
+        return dev.amax(x, axis, nan)
     x = float_input(x)
     rows, propagate = row_axis(x, axis), nan_rule(nan)
     if not rows:
@@ -192,8 +205,17 @@ def quantize(
     NaN keeps its sign (torch: 0xFF when negative), else it is always 0x7F
     (TransformerEngine); amax_nan as `amax`'s `nan`.  Returns the codes
     (ml_dtypes' float8 dtype, or `out` itself, uint8 or float8, written in
-    place) and the input's amax as `amax` returns it.
+    place) and the input's amax as `amax` returns it.  A CuPy array (float32
+    or float16, any layout whose leading axes merge into one stride) gives
+    CuPy uint8 codes and amax; its scale may also be a CuPy float32 array
+    (per row), read on the device.
     """
+    dev = _device(x)
+    if dev is not None:
+        return dev.quantize(  # type: ignore[no-any-return]
+            x, scale, fmt, axis=axis, saturate=saturate, nan_sign=nan_sign,
+            amax_nan=amax_nan, out=out,
+        )
     x = float_input(x)
     name = format_name(fmt)
     rows, propagate = row_axis(x, axis), nan_rule(amax_nan, "amax_nan")
@@ -220,8 +242,12 @@ def dequantize(
 
     torchao's dequantize (``data.to(float32) / scale``).  `q` holds float8
     codes: an ml_dtypes float8 array, or uint8 with `fmt` naming the
-    format.  `scale` as `quantize` takes it (per row with ``axis=-1``).
+    format.  `scale` as `quantize` takes it (per row with ``axis=-1``).  CuPy
+    uint8 codes give a CuPy array (float32 or float16).
     """
+    dev = _device(q)
+    if dev is not None:
+        return dev.dequantize(q, scale, np.dtype(dtype).name, axis=axis, fmt=fmt)
     if not isinstance(q, np.ndarray):
         raise TypeError(f"q must be a NumPy array, got {type(q).__name__}")
     qname = dtype_name(q.dtype)

@@ -244,3 +244,59 @@ def test_leading_axes_that_do_not_merge_are_refused():
         cuda_fp8.view2d(view(x), True)
     assert cuda_fp8.view2d(view(np.zeros((3, 5), np.float32)), False) == (1, 15, 15, 1)
     assert cuda_fp8.view2d(view(np.zeros((3, 5), np.float32)), True) == (3, 5, 5, 1)
+
+
+def harness_arrays(backend):
+    """lscore.cuda.fp8.Float8Arrays bound to NumPy arrays as device memory and the harness."""
+    launcher = cuda_fp8.Float8Launcher(backend, block=32, max_blocks=4)
+    return cuda_fp8.Float8Arrays(
+        view=view,
+        empty=lambda like, shape, dt: np.empty(
+            shape, ml_dtypes.bfloat16 if dt == "bfloat16" else dt
+        ),
+        zeros=lambda like, n, dt: np.zeros(n, dt),
+        upload=lambda like, host: np.array(host, np.float32),
+        as_float32=lambda w: w.view(np.float32),
+        all_positive_finite=lambda a: bool(((a > 0) & np.isfinite(a)).all()),
+        launcher=lambda a: launcher,
+        stream=lambda a: None,
+    )
+
+
+def test_device_arrays_quantize_like_lscore_fp8(backend):
+    """The device path's amax / quantize / dequantize (checks, outputs, launches) give
+    lscore.fp8.quantize's NumPy results."""
+    from lscore.fp8 import quantize as Q
+
+    dev = harness_arrays(backend)
+    x = layouts(ml_dtypes.bfloat16)["strided"]
+    rows = np.arange(1, 4, dtype=np.float32).reshape(3, 1) * np.float32(0.25)
+    for kw in (dict(scale=3.0), dict(scale=rows, axis=-1), dict(scale=0.5, fmt="e5m2",
+                                                                 saturate=False)):
+        q, a = dev.quantize(x, amax_nan="propagate", **kw)
+        wq, wa = Q.quantize(x, amax_nan="propagate", **kw)
+        np.testing.assert_array_equal(q, wq.view(np.uint8))
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(wa))
+        np.testing.assert_array_equal(a[~np.isnan(a)], wa[~np.isnan(wa)])
+        axis = kw.get("axis")
+        fmt = kw.get("fmt", "e4m3fn")
+        for dt in ("float32", "bfloat16"):
+            d = dev.dequantize(q, kw["scale"], dt, axis=axis, fmt=fmt)
+            wd = Q.dequantize(wq, kw["scale"], dt, axis=axis)
+            # NaN by value: a narrowed NaN is the device's canonical word (DEVICE_NAN16)
+            nan = np.isnan(wd.astype(np.float32))
+            assert np.isnan(d.astype(np.float32)[nan]).all()
+            np.testing.assert_array_equal(d.view(np.uint8).reshape(d.shape + (-1,))[~nan],
+                                          wd.view(np.uint8).reshape(d.shape + (-1,))[~nan])
+    np.testing.assert_array_equal(dev.amax(x, -1), Q.amax(x, -1))
+    out = np.full(x.shape, 0xAA, np.uint8)
+    assert dev.quantize(x, 2.0, out=out)[0] is out
+    with pytest.raises(ValueError, match="positive finite float32"):
+        dev.quantize(x, 0.0, out=out)
+    with pytest.raises(ValueError, match="per row"):
+        dev.quantize(x, np.ones(4, np.float32), axis=-1, out=out)
+    with pytest.raises(ValueError, match="input's shape"):
+        dev.quantize(x, 1.0, out=np.zeros(3, np.uint8))
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        dev.quantize(np.zeros(3, np.float64), 1.0)
+    assert (out[0] != 0xAA).all()
