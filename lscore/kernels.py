@@ -34,6 +34,16 @@ measures the kernels themselves (``lscore bench``).
   ``fp8_decode(q, out, fmt, scale=1.0)``: the codes widened back, divided
   by ``scale`` in float32 (exact with scale 1), ``fp8_decode_rows(q, out,
   scales, fmt)`` with one scale per row.
+- ``fp8_scale_te(amax, out, fp8_max, pow2, eps)``,
+  ``fp8_scale_torchao(amax, out, fp8_max, pow2, eps)``: the float8 scale of
+  each amax (float32, C-contiguous) by TransformerEngine's
+  ``compute_scale_from_amax`` or torchao's ``amax_to_scale``, into ``out``;
+  ``fp8_scaled_max(fp8_max, margin)``: TransformerEngine's ``fp8_max *
+  2**-margin`` in float32; ``Fp8Delayed(n, length, algo, amax_nan,
+  scaled_max)``: the delayed-scaling state of n tensors (history, scale,
+  scale_inv) with ``record(amax)`` (max-accumulate into the current row),
+  ``set_current(amax)``, ``update()`` (TransformerEngine's roll and scale
+  rule for all n) and ``load(history, scale, scale_inv)``.
 - ``isa()``, ``isa_levels()``, ``set_isa(name)``, ``pool_size()``: the CPU
   kernel level in use, the levels this CPU runs, a switch of every CPU
   kernel (the scan's and the float8 casts'; returns the previous level) and
@@ -66,6 +76,10 @@ from lscore._ext._fp8 import cast as fp8_cast
 from lscore._ext._fp8 import cast_rows as fp8_cast_rows
 from lscore._ext._fp8 import decode as fp8_decode
 from lscore._ext._fp8 import decode_rows as fp8_decode_rows
+from lscore._ext._fp8_scale import CyDelayed as Fp8Delayed
+from lscore._ext._fp8_scale import scale_te as fp8_scale_te
+from lscore._ext._fp8_scale import scale_torchao as fp8_scale_torchao
+from lscore._ext._fp8_scale import scaled_max as fp8_scaled_max
 from lscore._ext._grads import GradTable
 from lscore._ext._scan import (
     all_finite,
@@ -145,6 +159,7 @@ __all__ = [
     "READ_NUMPY",
     "DevicePlan",
     "DeviceTable",
+    "Fp8Delayed",
     "GradTable",
     "all_finite",
     "all_finite_raw",
@@ -155,6 +170,9 @@ __all__ = [
     "fp8_cast_rows",
     "fp8_decode",
     "fp8_decode_rows",
+    "fp8_scale_te",
+    "fp8_scale_torchao",
+    "fp8_scaled_max",
     "isa",
     "isa_levels",
     "launch_params",
