@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from lscore import kernels
+from lscore.cuda.fp8 import FP8_KERNELS
 from lscore.dtypes import Code
 
 __all__ = [
@@ -130,6 +131,8 @@ KERNELS = {
         for m in OPT_METAS[kind]
         for c in OPT_GRADS
     ),
+    # the float8 quantize kernels (lscore.cuda.fp8)
+    "fp8.cu": FP8_KERNELS,
 }
 _FILE_OF = {k: f for f, names in KERNELS.items() for k in names}
 _INCLUDE = re.compile(r'^#include "([A-Za-z0-9_.]+)"[ \t]*$', re.M)
