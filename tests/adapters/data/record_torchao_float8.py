@@ -74,6 +74,19 @@ def special_input(rng, shape, dtype, kind):
     return torch.tensor(x, dtype=torch.float64).to(dtype)
 
 
+CASE_FIELDS = ("dtype", "fmt", "kind", "granularity", "axis", "power_2_scales", "given_scale")
+
+
+def store(arrays, meta, n, x, scale, q, case):
+    """Add quantize case ``n``: its bits under ``quant/<n>/`` and its description in meta."""
+    key = f"quant/{n}"
+    arrays[f"{key}/x"] = bits(x)
+    arrays[f"{key}/scale"] = bits(scale)
+    arrays[f"{key}/q"] = bits(q)
+    meta["quant"].append({"key": key, **dict(zip(CASE_FIELDS, case))})
+    return n + 1
+
+
 def record_quant(rng, arrays, meta):
     """torchao's scale and cast on generated tensors."""
     n = 0
@@ -102,46 +115,16 @@ def record_quant(rng, arrays, meta):
                     q = hp_tensor_and_scale_to_float8(
                         x, scale, fmt, None, GemmInputRole.INPUT, axis
                     )._data
-                    key = f"quant/{n}"
-                    arrays[f"{key}/x"] = bits(x)
-                    arrays[f"{key}/scale"] = bits(scale)
-                    arrays[f"{key}/q"] = bits(q)
-                    meta["quant"].append(
-                        {
-                            "key": key,
-                            "dtype": hp_name,
-                            "fmt": fmt_name,
-                            "kind": kind,
-                            "granularity": gran,
-                            "axis": axis,
-                            "power_2_scales": pow2,
-                            "given_scale": False,
-                        }
-                    )
-                    n += 1
+                    case = (hp_name, fmt_name, kind, gran, axis, pow2, False)
+                    n = store(arrays, meta, n, x, scale, q, case)
             # the delayed-style cast: a given scale, so that values overflow the format
             for kind in ("plain", "nan_neg", "inf"):
                 for s in (1.0, 2.0**20, 0.37, 3.0e5):
                     x = special_input(rng, (8, 24), hp, kind)
                     scale = torch.tensor(s, dtype=torch.float32)
                     q = hp_tensor_and_scale_to_float8(x, scale, fmt)._data
-                    key = f"quant/{n}"
-                    arrays[f"{key}/x"] = bits(x)
-                    arrays[f"{key}/scale"] = bits(scale)
-                    arrays[f"{key}/q"] = bits(q)
-                    meta["quant"].append(
-                        {
-                            "key": key,
-                            "dtype": hp_name,
-                            "fmt": fmt_name,
-                            "kind": kind,
-                            "granularity": "tensor",
-                            "axis": None,
-                            "power_2_scales": False,
-                            "given_scale": True,
-                        }
-                    )
-                    n += 1
+                    case = (hp_name, fmt_name, kind, "tensor", None, False, True)
+                    n = store(arrays, meta, n, x, scale, q, case)
 
 
 def record_linear(arrays, meta):
