@@ -29,7 +29,7 @@ __all__ = ["DelayedFloat8Linear", "Float8Linear", "convert_to_float8", "fp8_upda
 # the input dtypes a layer quantizes (the casts read these three)
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 # the three tensors a layer casts, in the order of a delayed layer's state
-INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
+_INPUT, _WEIGHT, _GRAD_OUTPUT = 0, 1, 2
 
 
 def _recipe(recipe: str | lscore.fp8.Recipe) -> lscore.fp8.Recipe:
@@ -62,8 +62,8 @@ class _Float8MatMul(torch.autograd.Function):
         rows = layer.recipe.granularity == "row"
         fwd = layer.recipe.forward_format
         # torchao scales the input per row and the weight per output feature (a row of weight)
-        xq = layer.cast(x, INPUT, fwd)
-        wq = layer.cast(weight, WEIGHT, fwd)
+        xq = layer._cast(x, _INPUT, fwd)
+        wq = layer._cast(weight, _WEIGHT, fwd)
         if rows:
             # the backward casts these along the other axis, so it needs them unquantized
             ctx.save_for_backward(x, weight)
@@ -80,16 +80,16 @@ class _Float8MatMul(torch.autograd.Function):
         fwd = layer.recipe.forward_format
         if layer.recipe.granularity == "row":
             x, weight = ctx.saved_tensors
-            g_rows = _dequant(layer.cast(grad, GRAD_OUTPUT, bwd))
+            g_rows = _dequant(layer._cast(grad, _GRAD_OUTPUT, bwd))
             # weight scaled per input feature, grad_output and input per column
-            w_cols = _layout(_dequant(layer.cast(weight.t(), WEIGHT, fwd)).t(), False)
-            g_cols = _layout(_dequant(layer.cast(grad.t(), GRAD_OUTPUT, bwd)), True)
-            x_cols = _layout(_dequant(layer.cast(x.t(), INPUT, fwd)).t(), False)
+            w_cols = _layout(_dequant(layer._cast(weight.t(), _WEIGHT, fwd)).t(), False)
+            g_cols = _layout(_dequant(layer._cast(grad.t(), _GRAD_OUTPUT, bwd)), True)
+            x_cols = _layout(_dequant(layer._cast(x.t(), _INPUT, fwd)).t(), False)
             grad_x = torch.mm(g_rows, w_cols)
             grad_w = torch.mm(g_cols, x_cols)
         else:
             xd, xs, wd, ws = ctx.saved_tensors
-            g = _dequant(layer.cast(grad, GRAD_OUTPUT, bwd))
+            g = _dequant(layer._cast(grad, _GRAD_OUTPUT, bwd))
             grad_x = torch.mm(g, _dequant((wd, ws)))
             grad_w = torch.mm(g.t(), _dequant((xd, xs)))
         return grad_x.to(grad.dtype), grad_w.to(grad.dtype), None
@@ -145,13 +145,15 @@ class Float8Linear(nn.Linear):
         new.bias = linear.bias
         return new
 
-    def cast(self, x: torch.Tensor, role: int, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cast(self, x: torch.Tensor, role: int, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` quantized to ``fmt`` for the tensor ``role`` (input, weight, grad_output):
         the float8 data and its float32 scale (one per row under a row-wise recipe)."""
         q = quantize_current(x, self.recipe, fmt)
         return q.data, q.scale
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """``input @ weight.T + bias`` on float8 operands; under autocast the input is first
+        cast to the autocast dtype, as ``nn.Linear`` and torchao do."""
         if torch.is_autocast_enabled(input.device.type):
             input = input.to(torch.get_autocast_dtype(input.device.type))
         if input.dtype not in _FLOATS:
@@ -176,6 +178,7 @@ class Float8Linear(nn.Linear):
         return out
 
     def extra_repr(self) -> str:
+        """``nn.Linear``'s description and the recipe's name."""
         return f"{super().extra_repr()}, recipe={self.recipe.name!r}"
 
 
@@ -202,7 +205,7 @@ class DelayedFloat8Linear(Float8Linear):
         formats = (r.forward_format, r.forward_format, r.backward_format)
         self.fp8_state = lscore.fp8.DelayedScaling(r, 3, formats)
 
-    def cast(self, x: torch.Tensor, role: int, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cast(self, x: torch.Tensor, role: int, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
         r = self.recipe
         scale = torch.tensor(self.fp8_state.scale[role], dtype=torch.float32, device=x.device)
         q, amax = quantize(
@@ -222,9 +225,11 @@ class DelayedFloat8Linear(Float8Linear):
         self.fp8_state.update(reducer)
 
     def get_extra_state(self) -> dict[str, Any]:
+        """The delayed state (``fp8_state.state_dict()``), saved as ``_extra_state``."""
         return self.fp8_state.state_dict()
 
     def set_extra_state(self, state: Any) -> None:
+        """Load a delayed state saved by :meth:`get_extra_state` (same recipe, or ValueError)."""
         self.fp8_state.load_state_dict(state)
 
 
