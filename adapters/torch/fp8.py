@@ -15,7 +15,7 @@ recipe keeps TransformerEngine's per-layer state and is updated once per step by
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -55,7 +55,7 @@ class _Float8MatMul(torch.autograd.Function):
     """``x @ weight.T`` with float8 operands in the forward and the backward."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, x: torch.Tensor, weight: torch.Tensor, layer: Float8Linear
     ) -> torch.Tensor:
         ctx.layer = layer
@@ -250,7 +250,7 @@ def convert_to_float8(
     r = _recipe(recipe)
     cls = DelayedFloat8Linear if r.scaling == "delayed" else Float8Linear
 
-    def wanted(module: nn.Module, fqn: str) -> bool:
+    def wanted(module: nn.Module, fqn: str) -> TypeGuard[nn.Linear]:
         return (
             isinstance(module, nn.Linear)
             and not isinstance(module, Float8Linear)
@@ -262,12 +262,12 @@ def convert_to_float8(
             raise ValueError(
                 f"convert_to_float8 cannot swap a root nn.Linear with children, got {model!r}"
             )
-        return cls.from_linear(model, r)  # type: ignore[arg-type]
+        return cls.from_linear(model, r)
     for fqn, module in list(model.named_modules()):
         for name, child in list(module.named_children()):
             child_fqn = f"{fqn}.{name}" if fqn else name
             if wanted(child, child_fqn):
-                setattr(module, name, cls.from_linear(child, r))  # type: ignore[arg-type]
+                setattr(module, name, cls.from_linear(child, r))
     return model
 
 

@@ -117,7 +117,9 @@ def test_current_scaling_multiplies_the_dequantized_operands(name, dtype):
 
     def deq(t):
         q = quantize_current(t, recipe, recipe.forward_format)
-        return dequantize(q.data, q.scale, torch.float32, axis=-1 if recipe.granularity == "row" else None)
+        return dequantize(
+            q.data, q.scale, torch.float32, axis=-1 if recipe.granularity == "row" else None
+        )
 
     want = torch.mm(deq(x), deq(linear.weight.detach()).t()).to(dtype) + linear.bias.detach()
     np.testing.assert_array_equal(_bits(layer(x)), _bits(want))
@@ -156,7 +158,7 @@ def test_delayed_scales_follow_delayed_scaling_over_steps():
             twin.record(np.array([seen[i, "x"], weights[i], seen[i, "g"]], np.float32))
             twin.update()
         fp8_update(model)
-        for layer, twin in zip(layers, twins):
+        for layer, twin in zip(layers, twins, strict=True):
             np.testing.assert_array_equal(layer.fp8_state.scale, twin.scale)
             np.testing.assert_array_equal(layer.fp8_state.scale_inv, twin.scale_inv)
             np.testing.assert_array_equal(layer.fp8_state.amax_history, twin.amax_history)
@@ -210,14 +212,16 @@ def test_resume_takes_the_same_next_step_bitwise():
     ropt.load_state_dict(ckpt["opt"])
     for a, b in ((model, opt), (resumed, ropt)):
         _train_delayed(a, b, 2, seed=2)
-    for (name, p), q in zip(model.named_parameters(), resumed.parameters()):
+    for (name, p), q in zip(model.named_parameters(), resumed.parameters(), strict=True):
         np.testing.assert_array_equal(_bits(p), _bits(q), err_msg=name)
     for a, b in ((model[0], resumed[0]), (model[2], resumed[2])):
         np.testing.assert_array_equal(a.fp8_state.scale, b.fp8_state.scale)
         np.testing.assert_array_equal(a.fp8_state.amax_history, b.fp8_state.amax_history)
     # a fresh model that was not loaded takes another step: the state dict carried something
     fresh = convert_to_float8(_two_layers(), "te-delayed")
-    fresh.load_state_dict({k: v for k, v in ckpt["model"].items() if "extra" not in k}, strict=False)
+    fresh.load_state_dict(
+        {k: v for k, v in ckpt["model"].items() if "extra" not in k}, strict=False
+    )
     assert not np.array_equal(fresh[0].fp8_state.scale, model[0].fp8_state.scale)
 
 
@@ -263,7 +267,7 @@ def test_grad_scaler_and_fp8_train_together(name):
         scaler.step(opt)
         scaler.update()
         fp8_update(model)
-        moved = [not torch.equal(a, b) for a, b in zip(before, model.parameters())]
+        moved = [not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)]
         assert scaler.last_step_skipped == (step == 3)
         assert not any(moved) if step == 3 else all(moved)
         assert all(torch.isfinite(p).all() for p in model.parameters())
@@ -294,21 +298,23 @@ def test_convert_swaps_nn_linear_layers_in_place():
 
 def test_bad_input_errors():
     layer = Float8Linear(16, 8)
-    with pytest.raises(ValueError, match=r"last dimension must be in_features=16, got shape \(3, 15\)"):
+    with pytest.raises(
+        ValueError, match=r"last dimension must be in_features=16, got shape \(3, 15\)"
+    ):
         layer(torch.randn(3, 15))
     with pytest.raises(ValueError, match=r"at least one element .* got shape \(0, 16\)"):
         layer(torch.randn(0, 16))
-    with pytest.raises(TypeError, match="must be float32, bfloat16 or float16, got torch.int64"):
+    with pytest.raises(TypeError, match=r"must be float32, bfloat16 or float16, got torch\.int64"):
         layer(torch.ones(2, 16, dtype=torch.int64))
     with pytest.raises(ValueError, match="unknown"):
         convert_to_float8(_two_layers(), "torchao-columnwise")
-    with pytest.raises(TypeError, match="recipe must be a recipe name or an lscore.fp8.Recipe"):
+    with pytest.raises(TypeError, match=r"recipe must be a recipe name or an lscore\.fp8\.Recipe"):
         convert_to_float8(_two_layers(), 3)
     with pytest.raises(ValueError, match="Float8Linear takes a current-scaling recipe"):
         Float8Linear(16, 8, recipe="te-delayed")
     with pytest.raises(ValueError, match="DelayedFloat8Linear takes a per-tensor delayed"):
         DelayedFloat8Linear(16, 8, recipe="torchao-rowwise")
-    with pytest.raises(ValueError, match="root nn.Linear with children"):
+    with pytest.raises(ValueError, match=r"root nn\.Linear with children"):
         root = torch.nn.Linear(4, 4)
         root.extra = torch.nn.ReLU()
         convert_to_float8(root)

@@ -1,7 +1,8 @@
 """Record torchao 0.18 float8 training outputs into tests/adapters/data/torchao_float8.npz.
 
 Run in a throwaway virtualenv (torchao is never a dependency of lscore):
-    python3.11 -m venv /tmp/ao && /tmp/ao/bin/pip install torch==2.13.0 numpy ml_dtypes torchao==0.18.0
+    python3.11 -m venv /tmp/ao
+    /tmp/ao/bin/pip install torch==2.13.0 numpy ml_dtypes torchao==0.18.0
     /tmp/ao/bin/python tests/adapters/data/record_torchao_float8.py
 Two parts, all on the CPU:
 - ``quant/<case>/...``: torchao's own cast path (``tensor_to_scale`` then
@@ -83,7 +84,7 @@ def store(arrays, meta, n, x, scale, q, case):
     arrays[f"{key}/x"] = bits(x)
     arrays[f"{key}/scale"] = bits(scale)
     arrays[f"{key}/q"] = bits(q)
-    meta["quant"].append({"key": key, **dict(zip(CASE_FIELDS, case))})
+    meta["quant"].append({"key": key, **dict(zip(CASE_FIELDS, case, strict=True))})
     return n + 1
 
 
