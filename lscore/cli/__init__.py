@@ -101,7 +101,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _demo(args: argparse.Namespace) -> int:
-    """Train a small language model in float16 with and without loss scaling (cli/demo.py)."""
+    """Train a small language model in float16 with and without loss scaling (lscore.cli.demo)."""
     import importlib.util
 
     missing = [m for m in _DEMO_NEEDS if importlib.util.find_spec(m) is None]

@@ -11,6 +11,7 @@ import pytest
 from helpers.demo_story import check_scale_path, check_story
 from lscore import cli as _cli
 from lscore.cli import demo as _demo
+from lscore.cli.demo import model, numpy_backend
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given
@@ -37,20 +38,20 @@ def test_half_matches_numpy_cast_across_float32_bit_patterns():
     rounds to the value NumPy's float16 cast gives (zero's sign aside)."""
     bits = np.arange(0, 2**32, 9973, dtype=np.uint64).astype(np.uint32)
     x = bits.view(np.float32)
-    got, want = _demo._half(x), _cast(x)
+    got, want = model._half(x), _cast(x)
     assert np.array_equal(got, want, equal_nan=True)
     # ties around the float16 boundaries, overflow and the smallest subnormal
     edges = np.array(
         [65504, 65519.99, 65520, -65520, 2**-14, 2**-25, 2**-25 * 1.0001, 3 * 2**-25, 1 + 2**-11],
         np.float32,
     )
-    assert np.array_equal(_demo._half(edges), _cast(edges))
+    assert np.array_equal(model._half(edges), _cast(edges))
 
 
 @given(st.lists(st.floats(width=32, allow_nan=True), min_size=1, max_size=64))
 def test_half_matches_numpy_cast_on_generated_values(values):
     x = np.array(values, np.float32)
-    assert np.array_equal(_demo._half(x), _cast(x), equal_nan=True)
+    assert np.array_equal(model._half(x), _cast(x), equal_nan=True)
 
 
 def small_cfg(layers=2):
@@ -61,7 +62,7 @@ def small_cfg(layers=2):
 
 def test_backprop_matches_finite_differences():
     rng = np.random.default_rng(1)
-    m = _demo.LM(small_cfg(), rng)
+    m = model.LM(small_cfg(), rng)
     m.params = [p.astype(np.float64) for p in m.params]  # float64: clean differences
     ids = rng.integers(0, 7, (8, 3))
     y = rng.integers(0, 7, (8, 2))
@@ -80,7 +81,7 @@ def test_backprop_matches_finite_differences():
 
 def test_scaled_gradients_are_scale_times_unscaled_in_float32():
     rng = np.random.default_rng(2)
-    m = _demo.LM(small_cfg(), rng)
+    m = model.LM(small_cfg(), rng)
     ids, y = rng.integers(0, 7, (8, 3)), rng.integers(0, 7, (8, 2))
     _, g1, d1 = m.loss_and_grads(ids, y, 1.0, False)
     _, g8, d8 = m.loss_and_grads(ids, y, 8.0, False)
@@ -91,7 +92,7 @@ def test_scaled_gradients_are_scale_times_unscaled_in_float32():
 
 def test_the_loss_is_binary_cross_entropy_over_batch_and_vocabulary():
     rng = np.random.default_rng(4)
-    m = _demo.LM(small_cfg(), rng)
+    m = model.LM(small_cfg(), rng)
     ids, y = rng.integers(0, 7, (5, 3)), rng.integers(0, 7, (5, 2))
     loss, _, _ = m.loss_and_grads(ids, y, 1.0, False)
     z = m.forward(ids, False)[0].astype(np.float64)
@@ -108,7 +109,7 @@ def test_float16_flushes_the_logits_gradient_and_scaling_keeps_it():
     2**16 keeps nearly all."""
     cfg = _demo.config(tiny=True)
     rng = np.random.default_rng(3)
-    m = _demo.LM(cfg, rng)
+    m = model.LM(cfg, rng)
     n = 2**25 // cfg["vocab"]
     ids = rng.integers(0, cfg["vocab"], (n, cfg["context"]))
     y = rng.integers(0, cfg["vocab"], (n, cfg["ahead"]))
@@ -116,26 +117,26 @@ def test_float16_flushes_the_logits_gradient_and_scaling_keeps_it():
     _, g16, d16 = m.loss_and_grads(ids, y, 1.0, True)
     _, g32s, d32s = m.loss_and_grads(ids, y, 2.0**16, False)
     _, g16s, d16s = m.loss_and_grads(ids, y, 2.0**16, True)
-    raw = _demo.flushed(d16, g16, d32, g32)
-    scaled = _demo.flushed(d16s, g16s, d32s, g32s)
-    assert raw.shape == (len(_demo.layer_names(len(m.params))), 2)
+    raw = model.flushed(d16, g16, d32, g32)
+    scaled = model.flushed(d16s, g16s, d32s, g32s)
+    assert raw.shape == (len(model.layer_names(len(m.params))), 2)
     assert (raw[:, 0] == raw[:, 1]).all() and raw[0, 1] == d32.size  # all flushed
     assert scaled[0, 0] < raw[0, 0] // 100
     assert (raw[:, 1] == scaled[:, 1]).all()
 
 
 def test_the_test_text_is_other_modules():
-    train, test = _demo.tokens()
+    train, test = model.tokens()
     assert len(train) > 9 * len(test) / 2 > 0
     assert "def" in train and "def" in test
-    w = _demo.windows(np.arange(10, dtype=np.int32), 4)
+    w = model.windows(np.arange(10, dtype=np.int32), 4)
     assert w.shape == (6, 5) and (w[:, -1] == np.arange(4, 10)).all()
-    w = _demo.windows(np.arange(10, dtype=np.int32), 4, 3)
+    w = model.windows(np.arange(10, dtype=np.int32), 4, 3)
     assert w.shape == (4, 7) and (w[:, 4:] == np.arange(4, 8)[:, None] + np.arange(3)).all()
 
 
 def test_accuracy_counts_the_top_word_among_the_next_tokens():
-    m = _demo.LM(small_cfg(layers=1), np.random.default_rng(5))
+    m = model.LM(small_cfg(layers=1), np.random.default_rng(5))
     w = np.random.default_rng(6).integers(0, 7, (40, 5))
     top = np.argmax(m.forward(w[:, :3], False)[0], axis=1)
     want = np.mean([t in row for t, row in zip(top, w[:, 3:], strict=True)])
@@ -143,9 +144,9 @@ def test_accuracy_counts_the_top_word_among_the_next_tokens():
 
 
 def test_without_the_standard_library_source_it_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(_demo.sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    monkeypatch.setattr(model.sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
     with pytest.raises(RuntimeError, match=r"too few \.py files"):
-        _demo.tokens()
+        model.tokens()
 
 
 def test_cli_without_the_demo_extra(monkeypatch, capsys):
@@ -177,8 +178,8 @@ def test_tiny_run_tells_the_story(tmp_path, capsys, monkeypatch):
     pytest.importorskip("matplotlib")
     pytest.importorskip("tqdm")
     records = []
-    real = _demo.train_mode
-    monkeypatch.setattr(_demo, "train_mode", lambda *a: records.append(real(*a)) or records[-1])
+    real = numpy_backend.train
+    monkeypatch.setattr(numpy_backend, "train", lambda *a: records.append(real(*a)) or records[-1])
     assert _cli.main(["demo", "--tiny", "--seed", "1", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     for mode in _demo.MODES:
@@ -201,7 +202,7 @@ def test_tiny_run_tells_the_story(tmp_path, capsys, monkeypatch):
 
 
 def _no_training(monkeypatch):
-    monkeypatch.setattr(_demo, "_data", lambda cfg: pytest.fail("the demo started its work"))
+    monkeypatch.setattr(model, "load_data", lambda cfg: pytest.fail("the demo started its work"))
 
 
 @pytest.mark.parametrize("where", ["/proc/lscore-nope", "a regular file"])

@@ -10,14 +10,15 @@ from helpers.cuda_host.adapter import CountingBackend
 from helpers.demo_story import check_scale_path
 from lscore import cli as _cli
 from lscore.cli import demo as _demo
-from lscore.cli import demo_cupy
+from lscore.cli.demo import cupy_backend as demo_cupy
+from lscore.cli.demo import model, report
 
 
 def _data(rng, vocab, context, n=3000):
     """Token windows whose next token depends on the ones before it."""
     ids = rng.integers(0, vocab, n).astype(np.int32)
     ids[1::2] = (ids[0::2] * 7 + 3) % vocab
-    w = _demo.windows(ids, context)
+    w = model.windows(ids, context)
     return w[:2500], w[2500:]
 
 
@@ -28,7 +29,7 @@ def _train(mode, steps=15, **changes):
     small = dict(vocab=100, embed=8, hidden=32, batch_size=64, curve_tokens=200)
     cfg.update({**small, "initial_scale": 2.0**15, "growth_steps": 5, **changes})
     rng = np.random.default_rng(0)
-    model0 = _demo.LM(cfg, rng)
+    model0 = model.LM(cfg, rng)
     model0.params[-2] *= 30
     seen = []
 
@@ -38,7 +39,7 @@ def _train(mode, steps=15, **changes):
             yield i
 
     data = _data(rng, cfg["vocab"], cfg["context"])
-    rec = demo_cupy.train_mode(mode, model0, data, cfg, np, adapter, progress, _demo.MODES)
+    rec = demo_cupy.train_on(np, adapter, mode, model0, data, cfg, progress)
     return rec, seen
 
 
@@ -72,7 +73,7 @@ def test_every_mode_trains_and_float16_without_scaling_loses_gradients():
     f32, raw, dyn = (recs[m] for m in _demo.MODES)
     assert f32["underflow_fraction"] is None and raw["final_scale"] is None
     assert raw["underflow_by_layer"]["logits"] > dyn["underflow_by_layer"]["logits"]
-    table = _demo._table(list(recs.values()))
+    table = report.table(list(recs.values()))
     assert all(m in table for m in _demo.MODES)
 
 

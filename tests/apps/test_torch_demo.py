@@ -12,15 +12,13 @@ pytest.importorskip("tqdm")
 from helpers.demo_story import check_scale_path, check_story
 from lscore import cli as _cli
 from lscore.cli import demo as _demo
-from lscore.cli import demo_torch
+from lscore.cli.demo import torch_backend as demo_torch
 
 
 def test_tiny_torch_run(tmp_path, capsys, monkeypatch):
     records = []
-    real = demo_torch.train_mode
-    monkeypatch.setattr(
-        demo_torch, "train_mode", lambda *a: records.append(real(*a)) or records[-1]
-    )
+    real = demo_torch.train
+    monkeypatch.setattr(demo_torch, "train", lambda *a: records.append(real(*a)) or records[-1])
     assert (
         _cli.main(["demo", "--backend", "torch", "--tiny", "--steps", "4", "--out", str(tmp_path)])
         == 0

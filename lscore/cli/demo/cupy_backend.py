@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from lscore import cuda
-from lscore.cli.demo import LM, Progress, finish_record, new_record
+from lscore.cli.demo.model import LM, MODES, Progress, finish_record, new_record
 
 DESCRIPTION = (
     "The data is the Python standard library's source code, split into tokens; the model "
@@ -119,9 +119,9 @@ class DeviceLM:
         return (w[:, k:] == logits.argmax(axis=1)[:, None]).any(axis=1).mean()
 
 
-def _optimizer(mode: str, cfg: dict, adapter: Any, modes: tuple) -> Any:
+def _optimizer(mode: str, cfg: dict, adapter: Any) -> Any:
     adam = adapter.Adam(cfg["learning_rate"], epsilon=cfg["epsilon"])
-    if mode == modes[2]:
+    if mode == MODES[2]:
         return adapter.LossScaleOptimizer(
             adam,
             initial_scale=cfg["initial_scale"],
@@ -131,23 +131,26 @@ def _optimizer(mode: str, cfg: dict, adapter: Any, modes: tuple) -> Any:
     return adam
 
 
-def train_mode(
-    mode: str,
-    model0: LM,
-    data: tuple,
-    cfg: dict,
-    xp: Any,
-    adapter: Any,
-    progress: Progress,
-    modes: tuple,
+def train(mode: str, model0: LM, data: tuple, cfg: dict, progress: Progress) -> dict:
+    """Train one of :data:`MODES` on the GPU; returns its record (the NumPy backend's keys)."""
+    import cupy
+
+    from lscore.adapters import cupy as cupy_adapter
+
+    return train_on(cupy, cupy_adapter, mode, model0, data, cfg, progress)
+
+
+def train_on(
+    xp: Any, adapter: Any, mode: str, model0: LM, data: tuple, cfg: dict, progress: Progress
 ) -> dict:
-    """Train one mode on the device; returns its record (the NumPy demo's shape)."""
+    """:func:`train` on `xp`'s arrays with `adapter`'s optimizers (the tests run it on NumPy
+    with the CPU host harness standing in for the GPU)."""
     wtr, wte = (xp.asarray(a) for a in data)
     ctx = cfg["context"]
     probe = wte[: cfg["curve_tokens"]]
     model = DeviceLM(xp, model0)
-    half = mode != modes[0]
-    opt = _optimizer(mode, cfg, adapter, modes)
+    half = mode != MODES[0]
+    opt = _optimizer(mode, cfg, adapter)
     scaled = isinstance(opt, adapter.LossScaleOptimizer)
     rng = np.random.default_rng(cfg["seed"] + 1)  # same batches in every mode
     steps, every = cfg["steps"], cfg["measure_every"]
@@ -207,22 +210,3 @@ def train_mode(
 
 def _host(xp: Any, a: Any) -> np.ndarray:
     return a.get() if hasattr(a, "get") else np.asarray(a)
-
-
-def train_all(
-    model0: LM,
-    data: tuple,
-    cfg: dict,
-    progress: Progress,
-    modes: tuple,
-    xp: Any = None,
-    adapter: Any = None,
-) -> list[dict]:
-    """The three modes on the GPU (or on `xp` with `adapter`, for tests)."""
-    if xp is None:
-        import cupy
-
-        from lscore.adapters import cupy as cupy_adapter
-
-        xp, adapter = cupy, cupy_adapter
-    return [train_mode(m, model0, data, cfg, xp, adapter, progress, modes) for m in modes]

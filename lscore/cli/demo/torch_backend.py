@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from lscore.cli.demo import LM, Progress, finish_record, flushed, new_record
+from lscore.cli.demo.model import LM, MODES, Progress, finish_record, flushed, new_record
 
 DESCRIPTION = (
     "The data is the Python standard library's source code, split into tokens; the model "
@@ -95,23 +95,19 @@ def _accuracy(model: Any, w: Any, k: int, half: bool) -> float:
     return float((w[:, k:] == top[:, None]).any(dim=1).float().mean())
 
 
-def train_mode(
-    mode: str, model0: LM, data: tuple, cfg: dict, progress: Progress, modes: tuple
-) -> dict:
-    """Train one of `modes` (the NumPy demo's MODES); returns its record (same keys)."""
+def train(mode: str, model0: LM, data: tuple, cfg: dict, progress: Progress) -> dict:
+    """Train one of :data:`MODES` with torch; returns its record (the NumPy backend's keys)."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the matrices are small: more threads only add overhead
     try:
-        return _train(torch, mode, model0, data, cfg, progress, modes)
+        return _train(torch, mode, model0, data, cfg, progress)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(
-    torch: Any, mode: str, model0: LM, data: tuple, cfg: dict, progress: Progress, modes: tuple
-) -> dict:
+def _train(torch: Any, mode: str, model0: LM, data: tuple, cfg: dict, progress: Progress) -> dict:
     from lscore.adapters.torch import GradScaler
 
     wtr, wte = (torch.from_numpy(a.astype(np.int64)) for a in data)
@@ -119,10 +115,10 @@ def _train(
     probe = wte[: cfg["curve_tokens"]]
     model = _model(model0)
     model32 = _model(model0)
-    half = mode != modes[0]
+    half = mode != MODES[0]
     adam = torch.optim.Adam(model.parameters(), lr=cfg["learning_rate"], eps=cfg["epsilon"])
     scaler = None
-    if mode == modes[2]:
+    if mode == MODES[2]:
         scaler = GradScaler(
             "cpu", init_scale=cfg["initial_scale"], growth_interval=cfg["growth_steps"]
         )
