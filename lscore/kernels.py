@@ -27,6 +27,16 @@ measures the kernels themselves (``lscore bench``).
   of a float32 / float16 / bfloat16 array (strided read in place) into
   uint8 codes of format ``fmt`` (a name of ``FP8_FORMATS``), returning the
   input's amax; ``fp8_decode(q, out, fmt)``: the codes widened back, exactly.
+- ``fp8_scale_te(amax, out, fp8_max, pow2, eps)``,
+  ``fp8_scale_torchao(amax, out, fp8_max, pow2, eps)``: the float8 scale of
+  each amax (float32, C-contiguous) by TransformerEngine's
+  ``compute_scale_from_amax`` or torchao's ``amax_to_scale``, into ``out``;
+  ``fp8_scaled_max(fp8_max, margin)``: TransformerEngine's ``fp8_max *
+  2**-margin`` in float32; ``Fp8Delayed(n, length, algo, amax_nan,
+  scaled_max)``: the delayed-scaling state of n tensors (history, scale,
+  scale_inv) with ``record(amax)`` (max-accumulate into the current row),
+  ``set_current(amax)``, ``update()`` (TransformerEngine's roll and scale
+  rule for all n) and ``load(history, scale, scale_inv)``.
 - ``isa()``, ``isa_levels()``, ``set_isa(name)``, ``pool_size()``: the CPU
   kernel level in use, the levels this CPU runs, a switch of every CPU
   kernel (the scan's and the float8 casts'; returns the previous level) and
@@ -55,6 +65,10 @@ from lscore._ext._codes import (
 from lscore._ext._fp8 import FORMATS as FP8_FORMATS
 from lscore._ext._fp8 import cast as fp8_cast
 from lscore._ext._fp8 import decode as fp8_decode
+from lscore._ext._fp8_scale import CyDelayed as Fp8Delayed
+from lscore._ext._fp8_scale import scale_te as fp8_scale_te
+from lscore._ext._fp8_scale import scale_torchao as fp8_scale_torchao
+from lscore._ext._fp8_scale import scaled_max as fp8_scaled_max
 from lscore._ext._grads import GradTable
 from lscore._ext._scan import (
     all_finite,
@@ -131,12 +145,16 @@ __all__ = [
     "READ_NUMPY",
     "DevicePlan",
     "DeviceTable",
+    "Fp8Delayed",
     "GradTable",
     "all_finite",
     "all_finite_raw",
     "copy_bandwidth",
     "fp8_cast",
     "fp8_decode",
+    "fp8_scale_te",
+    "fp8_scale_torchao",
+    "fp8_scaled_max",
     "isa",
     "isa_levels",
     "launch_params",

@@ -1,0 +1,16 @@
+"""FP8 scaling: TransformerEngine's and torchao's recipes as exact parameter sets.
+
+``recipe(name, **overrides)`` gives a ``Recipe`` (one of ``RECIPES``, or a
+custom parameter set); ``Recipe.scale_from_amax`` is its compiled
+current-scaling rule.  Only NumPy is imported.
+"""
+
+from lscore.fp8.recipes import FP8_MAX, RECIPES, Recipe, recipe
+
+# re-bound so that their doc comments reach the API reference
+#: the preset recipe names: "te-delayed", "te-current", "torchao-tensorwise", "torchao-rowwise"
+RECIPES = RECIPES
+#: the largest finite value of each float8 format: {"e4m3fn": 448.0, "e5m2": 57344.0}
+FP8_MAX = FP8_MAX
+
+__all__ = ["FP8_MAX", "RECIPES", "Recipe", "recipe"]
