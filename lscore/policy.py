@@ -35,6 +35,25 @@ def overflows_f32(v: float) -> bool:
         return bool(np.isinf(np.float32(v)))
 
 
+#: the strings that stand for the non-finite floats in lscore's JSON (JSON has no literal)
+JSON_NONFINITE = ("inf", "-inf", "nan")
+
+
+def json_float(x: float) -> float | str:
+    """`x` for JSON: non-finite values as the strings "inf", "-inf", "nan"."""
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def unjson_float(x: Any) -> Any:
+    """The inverse of `json_float`: one of the strings "inf", "-inf", "nan" as its float;
+    any other value unchanged (the caller validates it)."""
+    return float(x) if isinstance(x, str) and x in JSON_NONFINITE else x
+
+
 def _is_real(value: Any) -> bool:
     return isinstance(value, (numbers.Real, np.bool_)) and not isinstance(value, np.datetime64)
 
@@ -256,8 +275,8 @@ class Policy:
         """Every field, JSON-safe (an infinite max_scale is written as "inf")."""
         d = dataclasses.asdict(self)
         d["refill"] = list(self.refill)
-        if d["max_scale"] is not None and math.isinf(d["max_scale"]):
-            d["max_scale"] = "inf"
+        if d["max_scale"] is not None:
+            d["max_scale"] = json_float(d["max_scale"])
         return d
 
     @classmethod
@@ -273,8 +292,8 @@ class Policy:
             if not isinstance(d["refill"], (list, tuple)):
                 raise TypeError(f"refill must be a list, got {d['refill']!r}")
             d["refill"] = tuple(d["refill"])
-        if d.get("max_scale") == "inf":
-            d["max_scale"] = math.inf
+        if "max_scale" in d:
+            d["max_scale"] = unjson_float(d["max_scale"])
         return cls(**d)
 
     def c_params(self) -> dict:
