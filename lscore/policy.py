@@ -265,8 +265,7 @@ class Policy:
             "flush_subnormal",
             "apply_next",
         ):
-            if not isinstance(getattr(self, key), (bool, np.bool_)):
-                raise TypeError(f"{key} must be a bool, got {getattr(self, key)!r}")
+            object.__setattr__(self, key, boolean(key, getattr(self, key)))
 
     def replace(self, **changes: Any) -> Policy:
         return dataclasses.replace(self, **changes)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, overload
 
-import numpy as np
-
 from lscore._ext import _scan
-from lscore.policy import integer, positive_scale
+from lscore.policy import boolean, integer, positive_scale
 
 __all__ = ["all_finite", "unscale_"]
 
@@ -66,6 +64,4 @@ def unscale_(
     """
     # float32 and half arrays multiply by float32(inv_scale): it must be finite there too
     inv = positive_scale("inv_scale", inv_scale)
-    if not isinstance(stats, (bool, np.bool_)):
-        raise TypeError(f"stats must be a bool, got {stats!r}")
-    return _scan.unscale_(arrays, inv, bool(stats), _threads(threads))
+    return _scan.unscale_(arrays, inv, boolean("stats", stats), _threads(threads))
