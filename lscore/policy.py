@@ -349,6 +349,21 @@ class Policy:
         return v if self.precision == "float64" else float(np.float32(v))
 
 
+def inverse_scale(scale: float, precision: str = "float32") -> float:
+    """The factor that unscales gradients: ``1 / scale``, taken in float64 and rounded to
+    float32 unless `precision` is "float64" (lsc_device_update's rule in _ext/update.cu).
+
+    That is torch's inv_scale and TF's and Keras's ``float32(1) / float32(scale)`` alike:
+    for a float32 scale, the float64 quotient rounded to float32 is the correctly
+    rounded float32 quotient (53 >= 2 * 24 + 2 bits, so the double rounding is
+    innocuous).  A zero scale gives an infinity of its sign, NaN gives NaN.
+    """
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        if precision == "float64":
+            return float(np.float64(1.0) / np.float64(scale))
+        return float(np.float32(np.float64(1.0) / np.float64(np.float32(scale))))
+
+
 def boolean(name: str, value: Any) -> bool:
     """A bool (NumPy bools included); TypeError naming `name` otherwise."""
     if not isinstance(value, (bool, np.bool_)):

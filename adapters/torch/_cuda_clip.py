@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from lscore import kernels
-from lscore.adapters.torch._paths import TORCH_CODES, clip_coefficient
+from lscore.adapters.torch._paths import TORCH_CODES, clip_coefficient, inverse_tensor
 from lscore.cuda import CupyBackend
 from lscore.cuda.launch import MultiTensor
 from lscore.dtypes import Code
@@ -173,8 +173,7 @@ class OnePass:
     def __call__(self, optimizer: Any, allow_fp16: bool, stats: Any = None) -> dict:
         if not allow_fp16 and Code.F16 in self.codes:
             raise ValueError("Attempting to unscale FP16 gradients.")
-        # FP32 division can be imprecise; torch takes the reciprocal in FP64
-        inv = self.scale.double().reciprocal().float().double()
+        inv = inverse_tensor(self.scale).double()
         found = {}
         for device, runner, prepared in self.calls:
             here = inv.to(device, copy=True)

@@ -21,7 +21,6 @@ here too: it decides whether torch's update kernel can run.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from typing import Any
 
@@ -30,7 +29,7 @@ import torch
 
 from lscore import kernels
 from lscore.dtypes import Code
-from lscore.policy import Policy, scale_bounds
+from lscore.policy import Policy, inverse_scale, scale_bounds
 from lscore.presets import table as preset_table
 from lscore.state import LossScaleState
 from lscore.state import json_float as _json_scale
@@ -107,11 +106,13 @@ def is_torch_shape(p: Policy) -> bool:
     return all(getattr(p, k) == v for k, v in _TORCH_SHAPE.items())
 
 
-def _reciprocal(scale: float) -> float:
-    """torch's inv_scale: the float64 reciprocal of the float32 scale, rounded to float32."""
-    if scale == 0.0:
-        return math.copysign(math.inf, scale)
-    return float(np.float32(1.0 / scale))
+def inverse_tensor(scale: torch.Tensor) -> torch.Tensor:
+    """``lscore.policy.inverse_scale`` of a float32 scale tensor, on its device (no host
+    sync), as torch's GradScaler takes it: the float64 reciprocal rounded to float32
+    (float32 division can be imprecise), except on MPS, which has no float64."""
+    if scale.device.type == "mps":
+        return scale.reciprocal()
+    return scale.double().reciprocal().float()
 
 
 def _kernel_unscale(groups: Any, inv_scale: Any, found_inf: Any, found_per_device: Any) -> None:
@@ -466,7 +467,7 @@ class _CorePath(_Placed):
 
     def unscale(self, optimizer: Any, allow_fp16: bool, stats: list | None = None) -> dict:
         return self.unscaler(
-            optimizer.param_groups, _reciprocal(self.state.scale), allow_fp16, stats
+            optimizer.param_groups, inverse_scale(self.state.scale), allow_fp16, stats
         )
 
     def check(self, optimizer: Any) -> dict:
@@ -498,8 +499,6 @@ class _DevicePath(_Placed):
 
     def __init__(self, state: Any, device: Any, unscaler: Any) -> None:
         super().__init__(state, device, unscaler, tracked=True)
-        # FP32 division can be imprecise; torch takes the reciprocal in FP64 (not on MPS)
-        self._fp64_reciprocal = self.scale.device != torch.device("mps:0")
 
     def get_scale(self) -> float:
         return self.scale.item() if self.torch_shape else self.state.scale
@@ -521,10 +520,8 @@ class _DevicePath(_Placed):
             self.written = self.state.scale
 
     def unscale(self, optimizer: Any, allow_fp16: bool, stats: list | None = None) -> dict:
-        scale = self.scale
-        inv = scale.double().reciprocal().float() if self._fp64_reciprocal else scale.reciprocal()
-        found = torch.full((), 0.0, dtype=torch.float32, device=scale.device)
-        return unscale_with_kernel(optimizer, inv, found, allow_fp16)
+        found = torch.full((), 0.0, dtype=torch.float32, device=self.scale.device)
+        return unscale_with_kernel(optimizer, inverse_tensor(self.scale), found, allow_fp16)
 
     def check(self, optimizer: Any) -> dict:
         one = torch.full((), 1.0, dtype=torch.float32, device=self.scale.device)
