@@ -26,7 +26,6 @@ class LossScaleFloorError(FloatingPointError):
     """The policy gives up: the scale cannot go lower (DeepSpeed, fairseq)."""
 
 
-
 def _fromjson_float(name: str, x: Any) -> float:
     x = unjson_float(x)
     if isinstance(x, str):
