@@ -41,10 +41,11 @@ import numpy as np
 import torch
 
 from lscore import kernels
-from lscore.adapters.torch._paths import TORCH_CODES, clip_coefficient, inverse_tensor
+from lscore.adapters.torch._paths import TORCH_CODES, inverse_tensor
 from lscore.cuda import CupyBackend
 from lscore.cuda.launch import MultiTensor
 from lscore.dtypes import Code
+from lscore.scan import clip_coefficient
 
 __all__ = ["KERNELS", "Kernels", "OnePass", "TorchCudaBackend"]
 
@@ -194,7 +195,7 @@ class OnePass:
         total norm as a 0-d tensor of `dtype` (the first gradient's, as torch's)."""
         with torch.no_grad():
             total = self.norm().to(dtype)
-            coef = clip_coefficient(max_norm, total)
+            coef = clip_coefficient(total, max_norm)
             flags = [f.to(total.device) for f in found.values()]
             if flags:
                 # the step will be skipped: leave its gradients as they are

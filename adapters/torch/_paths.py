@@ -44,11 +44,6 @@ TORCH_CODES = {
 }
 
 
-def clip_coefficient(max_norm: float, total: torch.Tensor) -> torch.Tensor:
-    """torch's ``clip_grad_norm_`` coefficient: ``max_norm / (total + 1e-6)``, at most 1."""
-    return torch.clamp(max_norm / (total + 1e-6), max=1.0)
-
-
 class ScalerAssertionError(RuntimeError, AssertionError):
     """Raised where torch's GradScaler raises AssertionError for call-order misuse.
 
