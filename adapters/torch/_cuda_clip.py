@@ -24,7 +24,7 @@ differs: lscore sums squares in float64 where torch sums per tensor in
 float32, so the norm is torch's within torch's own float32 rounding (and
 exact for ``norm_type=inf``).  When a gradient is NaN/Inf nothing is clipped.
 
-``KERNELS`` is the one binding (CUDA tensors, ``TorchCudaBackend``: the
+``CUDA`` is the one binding (CUDA tensors, ``TorchCudaBackend``: the
 kernels are loaded and launched through CuPy, so this path needs CuPy
 installed, ``lscore[cuda12]`` or ``lscore[cuda13]``; without it torch's
 path is taken); the tests rebind it to CPU tensors and the host harness
@@ -47,7 +47,7 @@ from lscore.cuda.launch import MultiTensor
 from lscore.dtypes import Code
 from lscore.scan import clip_coefficient
 
-__all__ = ["KERNELS", "Kernels", "OnePass", "TorchCudaBackend"]
+__all__ = ["CUDA", "Kernels", "OnePass", "TorchCudaBackend"]
 
 # NumPy host tables -> torch: the unsigned words travel as their signed twins
 _SIGNED = {np.dtype(np.uint64): np.int64, np.dtype(np.uint32): np.int32}
@@ -127,7 +127,7 @@ class Kernels:
 
 
 # the kernels load through CuPy: without it, torch's own path (two reads) is taken
-KERNELS = Kernels(
+CUDA = Kernels(
     "cuda", TorchCudaBackend, available=lambda: importlib.util.find_spec("cupy") is not None
 )
 
@@ -163,7 +163,7 @@ class OnePass:
         gradient is sparse, strided, not floating or not on the kernels' device type
         (or there is none, or `p` is neither 2 nor inf, or CuPy, which loads the kernels,
         is not installed): torch's path then."""
-        kernels = KERNELS if kernels is None else kernels
+        kernels = CUDA if kernels is None else kernels
         if not kernels.available() or not params or p not in (2.0, math.inf):
             return None
         plan = kernels.plan(params)
