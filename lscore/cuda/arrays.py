@@ -16,7 +16,7 @@ from typing import Any
 
 from lscore import kernels
 from lscore.cuda.launch import LaunchConfig, MultiTensor
-from lscore.cuda.loader import TRAITS
+from lscore.cuda.sources import TRAITS
 from lscore.dtypes import BY_NAME, Code
 from lscore.policy import real
 from lscore.scan import clip_coefficient, norm_order

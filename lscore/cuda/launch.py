@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from lscore import kernels
-from lscore.cuda.loader import METAS, OPS, TRAITS, kernel_name
+from lscore.cuda.backend import Backend
+from lscore.cuda.sources import METAS, OPS, TRAITS, kernel_name
 from lscore.dtypes import Code
 
 CHUNK = 65536  #: elements per block
@@ -263,7 +264,7 @@ class MultiTensor:
 
     def __init__(
         self,
-        backend: Any,
+        backend: Backend,
         *,
         config: LaunchConfig | None = None,
         chunk: int | None = None,
