@@ -515,8 +515,9 @@ class _DevicePath(_Placed):
             self.written = self.state.scale
 
     def unscale(self, optimizer: Any, allow_fp16: bool, stats: list | None = None) -> dict:
+        inv = inverse_tensor(self.scale)  # first, as torch issues its ops
         found = torch.full((), 0.0, dtype=torch.float32, device=self.scale.device)
-        return unscale_with_kernel(optimizer, inverse_tensor(self.scale), found, allow_fp16)
+        return unscale_with_kernel(optimizer, inv, found, allow_fp16)
 
     def check(self, optimizer: Any) -> dict:
         one = torch.full((), 1.0, dtype=torch.float32, device=self.scale.device)
