@@ -15,8 +15,8 @@ A GradScaler picks one path once, when the device becomes known (its first
 
 Each answers the same calls: ``unscale`` / ``check`` (an optimizer's gradients ->
 {device: found-inf tensor}), ``update``, ``get_scale`` / ``good_steps``,
-``set_scale``, ``load`` and ``pickled``.  torch's policy, as an lscore Policy, is
-here too: it decides whether torch's update kernel can run.
+``set_scale``, ``load`` and ``pickled``.  Whether the policy is torch's
+(``_config.is_torch_shape``) decides whether torch's update kernel can run.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from lscore import kernels
+from lscore.adapters.torch._config import is_torch_shape
 from lscore.dtypes import Code
-from lscore.policy import Policy, inverse_scale, scale_bounds
-from lscore.presets import table as preset_table
+from lscore.policy import Policy, inverse_scale
 from lscore.state import LossScaleState
 from lscore.state import json_float as _json_scale
 
@@ -50,55 +50,6 @@ class ScalerAssertionError(RuntimeError, AssertionError):
     A RuntimeError, as lscore's contract says, and still an AssertionError so
     code written against torch keeps catching it.
     """
-
-
-# torch.amp.GradScaler's defaults for its four numbers (the "torch" row of the preset table)
-TORCH_ARGS = preset_table.TABLE["torch"].args
-
-
-def torch_policy(
-    init_scale: Any = TORCH_ARGS["init_scale"],
-    growth_factor: Any = TORCH_ARGS["growth_factor"],
-    backoff_factor: Any = TORCH_ARGS["backoff_factor"],
-    growth_interval: Any = TORCH_ARGS["growth_interval"],
-    *,
-    min_scale: Any = None,
-    max_scale: Any = None,
-    hysteresis: Any = 1,
-) -> Policy:
-    """The Policy of ``torch.amp.GradScaler``, plus lscore's clamps and hysteresis.
-
-    ``hysteresis`` overflows in a row are needed for one backoff; every finite
-    step refills the count (NeMo's rule); 1 is torch's behaviour.  A
-    ``min_scale`` above or a ``max_scale`` below ``init_scale`` is refused.
-    With the defaults of the keyword arguments it is ``lscore.preset("torch")``'s
-    policy.
-    """
-    p = Policy(
-        name="torch",
-        **{
-            **preset_table.TORCH,
-            "init_scale": init_scale,
-            "growth_factor": growth_factor,
-            "backoff_factor": backoff_factor,
-            "growth_interval": growth_interval,
-            "hysteresis": hysteresis,
-            "min_scale": min_scale,
-            "max_scale": max_scale,
-        },
-    )
-    scale_bounds(p.init_scale, p.min_scale, p.max_scale)
-    return p
-
-
-# torch's fields as a validated Policy holds them (the table's, normalised once)
-_TORCH_SHAPE = {k: getattr(torch_policy(), k) for k in preset_table.TORCH}
-
-
-def is_torch_shape(p: Policy) -> bool:
-    """True when `p` behaves exactly as torch.amp.GradScaler with p's four numbers (then
-    torch's own update kernel can run).  Reads p's fields; builds nothing."""
-    return all(getattr(p, k) == v for k, v in _TORCH_SHAPE.items())
 
 
 def inverse_tensor(scale: torch.Tensor) -> torch.Tensor:

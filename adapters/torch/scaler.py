@@ -20,21 +20,21 @@ import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
 from lscore.adapters.torch._config import (
+    TORCH_ARGS,
     ScalerConfigError,
     graph_dtypes,
     outside_graph,
     policy_clash,
     resolve_policy,
+    torch_policy,
     warn_at_caller,
 )
 from lscore.adapters.torch._paths import (
-    TORCH_ARGS,
     Disabled,
     ScalerAssertionError,
     SkipCount,
     Unplaced,
     named_grads,
-    torch_policy,
 )
 from lscore.adapters.torch._scaler_state import StateScaler
 from lscore.adapters.torch._scaler_unscale import UnscaleScaler
