@@ -20,6 +20,7 @@ the NVRTC compile itself (``compile_kernels``, ``source``, ``KERNELS``,
 - ``backend``: ``Backend``, the interface every backend provides
 - ``cupy_backend``: ``CupyBackend``, modules loaded once per device
 - ``loader``: every name of the four above, from one import
+- ``config``: ``LaunchConfig``, its defaults and ``LSCORE_CUDA_LAUNCH``
 - ``launch``: ``MultiTensor`` (chunked launches per dtype group, the tensors in the kernel
   arguments, packed once)
 - ``device_state``: ``DeviceState``, one ``lsc_state`` and its flags on a device
@@ -30,8 +31,8 @@ the NVRTC compile itself (``compile_kernels``, ``source``, ``KERNELS``,
 from lscore.cuda.arrays import ArrayKernels
 from lscore.cuda.backend import Backend
 from lscore.cuda.cache import CACHE_DIR_ENV, CACHE_ENV, kernel_cache_dir, kernel_image
+from lscore.cuda.config import LaunchConfig, launch_config
 from lscore.cuda.cupy_backend import CupyBackend, device_missing
-from lscore.cuda.launch import LaunchConfig, launch_config
 from lscore.cuda.nvrtc import NVRTC_OPTIONS, compile_kernels
 from lscore.cuda.sources import KERNELS, source
 

@@ -15,7 +15,8 @@ import math
 from typing import Any
 
 from lscore import kernels
-from lscore.cuda.launch import LaunchConfig, MultiTensor
+from lscore.cuda.config import LaunchConfig
+from lscore.cuda.launch import MultiTensor
 from lscore.cuda.sources import TRAITS
 from lscore.dtypes import BY_NAME, Code
 from lscore.policy import real
