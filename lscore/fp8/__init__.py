@@ -2,9 +2,13 @@
 
 ``recipe(name, **overrides)`` gives a ``Recipe`` (one of ``RECIPES``, or a
 custom parameter set); ``Recipe.scale_from_amax`` is its compiled
-current-scaling rule.  Only NumPy is imported.
+current-scaling rule.  ``amax``, ``quantize`` (one pass: the cast with a
+given scale and the input's amax), ``quantize_current`` (amax, the recipe's
+scale, the cast; a ``Float8``) and ``dequantize``, per tensor or per row,
+for NumPy and CuPy arrays.  Only NumPy is imported.
 """
 
+from lscore.fp8.quantize import Float8, amax, dequantize, quantize, quantize_current
 from lscore.fp8.recipes import FP8_MAX, RECIPES, Recipe, recipe
 
 # re-bound so that their doc comments reach the API reference
@@ -13,4 +17,14 @@ RECIPES = RECIPES
 #: the largest finite value of each float8 format: {"e4m3fn": 448.0, "e5m2": 57344.0}
 FP8_MAX = FP8_MAX
 
-__all__ = ["FP8_MAX", "RECIPES", "Recipe", "recipe"]
+__all__ = [
+    "FP8_MAX",
+    "RECIPES",
+    "Float8",
+    "Recipe",
+    "amax",
+    "dequantize",
+    "quantize",
+    "quantize_current",
+    "recipe",
+]
