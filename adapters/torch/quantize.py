@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import importlib
+
 import numpy as np
 import torch
 
-from lscore.fp8 import quantize as _q
+# the module, not lscore.fp8.quantize the function, which the package binds to that name
+_q = importlib.import_module("lscore.fp8.quantize")
 
-__all__ = ["amax", "dequantize", "quantize"]
+__all__ = ["amax", "dequantize", "quantize", "quantize_current"]
 
 _TORCH_FP8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
 _FLOATS = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -71,6 +74,7 @@ def _cuda() -> Any:
             zeros=lambda like, n, dt: torch.zeros(n, dtype=dtype(dt), device=like.device),
             upload=lambda like, host: torch.from_numpy(host).to(like.device),
             as_float32=lambda w: w.view(torch.float32),
+            to_host=lambda t: t.cpu().numpy(),
             all_positive_finite=lambda a: bool(((a > 0) & a.isfinite()).all()),
             launcher=launcher,
             stream=lambda t: torch.cuda.current_stream(t.device).cuda_stream,
@@ -195,3 +199,25 @@ def dequantize(
     s = _q.check_scale(_scale(scale), _q.rows_of(codes) if _q.row_axis(codes, axis) else None)
     _q.decode_into(codes, ov, s, name, axis is not None)
     return out
+
+
+def quantize_current(x: torch.Tensor, recipe: Any, fmt: str | None = None) -> _q.Float8:
+    """``lscore.fp8.quantize_current`` of a tensor: a ``lscore.fp8.Float8`` of tensors (the
+    codes as torch's float8 dtype, the scale, scale_inv and amax float32 on x's device)."""
+    from lscore.fp8.recipes import Recipe
+
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe must be an lscore.fp8.Recipe, got {type(recipe).__name__}")
+    name = _q.format_name(recipe.forward_format if fmt is None else fmt)
+    if _on_cuda(x):
+        r = _q.current_on(_cuda(), x.detach(), recipe, name)
+        data = r.data.view(_TORCH_FP8[name])
+        return _q.Float8(data, r.scale, r.scale_inv, r.amax, r.fmt)
+    r = _q.quantize_current(_view(x), recipe, name)
+    return _q.Float8(
+        torch.from_numpy(r.data.view(np.uint8)).view(_TORCH_FP8[name]),
+        torch.as_tensor(r.scale),
+        torch.as_tensor(r.scale_inv),
+        torch.as_tensor(r.amax),
+        r.fmt,
+    )

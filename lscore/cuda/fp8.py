@@ -19,8 +19,19 @@ from typing import Any, NamedTuple
 
 from lscore import kernels
 from lscore.dtypes import BY_NAME, Code
+from lscore.fp8.quantize import check_scale, format_name, nan_rule, row_axis
 
-__all__ = ["FP8_KERNELS", "DeviceView", "Float8Launcher", "amax_name", "cast_name", "view2d"]
+__all__ = [
+    "FP8_KERNELS",
+    "DeviceView",
+    "Float8Arrays",
+    "Float8Launcher",
+    "amax_name",
+    "cast_name",
+    "cupy_arrays",
+    "dequant_name",
+    "view2d",
+]
 
 _FLOATS = (Code.F16, Code.BF16, Code.F32)
 _FMTS = (Code.E4M3FN, Code.E5M2)
@@ -162,6 +173,7 @@ class Float8Arrays:
     arrays beside `like`; dtype a name: "uint8", "uint32", "float32", ...),
     ``upload(like, host)`` (a float32 NumPy vector onto `like`'s device),
     ``as_float32(words)`` (uint32 words reinterpreted as float32),
+    ``to_host(a)`` (a device array copied into NumPy),
     ``all_positive_finite(a)`` (one device reduction and read),
     ``launcher(a)`` (a ``Float8Launcher`` for `a`'s device) and ``stream(a)``
     (what to launch on; None: the backend's current stream).  The checks are
@@ -183,8 +195,6 @@ class Float8Arrays:
 
     def _scale(self, like: Any, scale: Any, rows: int | None) -> tuple[float, Any]:
         """(scale by value, device words or None) after lscore.fp8's check."""
-        from lscore.fp8 import quantize as Q
-
         if rows is not None and hasattr(scale, "shape") and not _is_host(scale):
             v = self.h["view"](scale)
             if v.dtype != "float32" or math.prod(v.shape) != rows or not _contiguous(v):
@@ -195,17 +205,15 @@ class Float8Arrays:
             if not self.h["all_positive_finite"](scale):
                 raise ValueError("scale must hold positive finite float32s")
             return 0.0, scale
-        s = Q.check_scale(scale, rows)
+        s = check_scale(scale, rows)
         if rows is None:
             return float(s), None
         return 0.0, self.h["upload"](like, s)
 
     def amax(self, x: Any, axis: int | None = None, nan: str = "ignore") -> Any:
-        from lscore.fp8 import quantize as Q
-
         v = self.h["view"](x)
         self._check_float(v)
-        per_row, propagate = Q.row_axis(_Shape(v.shape), axis), Q.nan_rule(nan)
+        per_row, propagate = row_axis(_Shape(v.shape), axis), nan_rule(nan)
         rows = math.prod(v.shape[:-1]) if per_row else 1
         words = self.h["zeros"](x, rows, "uint32")
         self.h["launcher"](x).amax(
@@ -218,16 +226,15 @@ class Float8Arrays:
     def quantize(
         self, x: Any, scale: Any, fmt: str = "e4m3fn", *, axis: int | None = None,
         saturate: bool = True, nan_sign: bool = True, amax_nan: str = "ignore",
-        out: Any = None,
+        out: Any = None, check: bool = True,
     ) -> tuple[Any, Any]:
         """(uint8 codes, amax) of x; `out` (a C-contiguous uint8 device array) is written in
-        place when given."""
-        from lscore.fp8 import quantize as Q
-
+        place when given.  check=False takes a host scale as it is (a recipe's computed
+        scale, which may be 0 or NaN) instead of refusing what is not positive and finite."""
         v = self.h["view"](x)
         self._check_float(v)
-        name = Q.format_name(fmt)
-        per_row, propagate = Q.row_axis(_Shape(v.shape), axis), Q.nan_rule(amax_nan, "amax_nan")
+        name = format_name(fmt)
+        per_row, propagate = row_axis(_Shape(v.shape), axis), nan_rule(amax_nan, "amax_nan")
         rows = math.prod(v.shape[:-1]) if per_row else None
         if out is not None:
             o = self.h["view"](out)
@@ -237,7 +244,14 @@ class Float8Arrays:
                 raise ValueError(f"out must have the input's shape {tuple(v.shape)}, got {o.shape}")
             if not _contiguous(o):
                 raise ValueError("out must be a writable C-contiguous array")
-        by_value, words = self._scale(x, scale, rows)
+        if check:
+            by_value, words = self._scale(x, scale, rows)
+        else:
+            import numpy as np
+
+            s = np.asarray(scale, np.float32)
+            by_value, words = (float(s), None) if rows is None else (0.0, self.h["upload"](
+                x, np.ascontiguousarray(s).reshape(rows)))
         q = out if out is not None else self.h["empty"](x, tuple(v.shape), "uint8")
         amaxes = self.h["zeros"](x, rows or 1, "uint32")
         self.h["launcher"](x).cast(
@@ -254,22 +268,20 @@ class Float8Arrays:
     ) -> Any:
         """float32(q) / scale rounded once to `dtype` (a name), from uint8 codes (`fmt` names
         their format) or float8 ones."""
-        from lscore.fp8 import quantize as Q
-
         v = self.h["view"](q)
         if v.dtype == "uint8":
             if fmt is None:
                 raise ValueError("fmt must name the format of uint8 codes, got None")
-            name = Q.format_name(fmt)
+            name = format_name(fmt)
         elif v.dtype in ("float8_e4m3fn", "float8_e5m2"):
             name = v.dtype
-            if fmt is not None and Q.format_name(fmt) != name:
+            if fmt is not None and format_name(fmt) != name:
                 raise ValueError(f"fmt must be q's format {name}, got {fmt!r}")
         else:
             raise TypeError(f"q must be float8_e4m3fn, float8_e5m2 or uint8, got {v.dtype}")
         if dtype not in ("float32", "float16", "bfloat16"):
             raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
-        per_row = Q.row_axis(_Shape(v.shape), axis)
+        per_row = row_axis(_Shape(v.shape), axis)
         by_value, words = self._scale(q, scale, math.prod(v.shape[:-1]) if per_row else None)
         out = self.h["empty"](q, tuple(v.shape), dtype)
         self.h["launcher"](q).dequantize(
@@ -339,6 +351,7 @@ def cupy_arrays() -> Float8Arrays:
             zeros=lambda like, n, dtype: on(like, lambda: cupy.zeros(n, dtype)),
             upload=lambda like, host: on(like, lambda: cupy.asarray(host)),
             as_float32=lambda w: w.view(cupy.float32),
+            to_host=lambda a: a.get(),
             all_positive_finite=lambda a: bool(((a > 0) & cupy.isfinite(a)).all()),
             launcher=launcher,
             stream=lambda a: None,

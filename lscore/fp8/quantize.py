@@ -18,13 +18,14 @@ Arguments are checked before anything is written.
 from __future__ import annotations
 
 import math
+import dataclasses
 from typing import Any
 
 import numpy as np
 
 from lscore import kernels
 
-__all__ = ["FORMATS", "amax", "dequantize", "quantize"]
+__all__ = ["FORMATS", "Float8", "amax", "dequantize", "quantize", "quantize_current"]
 
 #: float8 format names: the short ones (TransformerEngine's, torchao's recipes) and the dtype names
 FORMATS = {
@@ -228,6 +229,86 @@ def quantize(
     else:
         a = np.float32(kernels.fp8_cast(x, q, float(s), name, saturate, nan_sign, propagate))
     return (q if out is not None else q.view(fp8_dtype(name))), a
+
+
+@dataclasses.dataclass(frozen=True)
+class Float8:
+    """A quantized tensor: `data` (float8 codes), `scale` and `scale_inv` (float32, 0-d or
+    one per row with the input's shape and last axis 1: ``data = fp8(x * scale)``,
+    ``scale_inv = 1 / scale`` rounded to float32), the input's `amax` (same shape) and
+    `fmt` ("e4m3fn" or "e5m2").  Arrays of the input's framework."""
+
+    data: Any
+    scale: Any
+    scale_inv: Any
+    amax: Any
+    fmt: str
+
+
+def _short(name: str) -> str:
+    return name.removeprefix("float8_")
+
+
+def cast_flags(recipe: Any, name: str) -> tuple[bool, bool]:
+    """(saturate, nan_sign) of a recipe's cast to format `name`: e4m3fn always saturates."""
+    return (name == "float8_e4m3fn" or bool(recipe.saturate)), bool(recipe.nan_sign)
+
+
+def quantize_current(x: np.ndarray, recipe: Any, fmt: str | None = None) -> Float8:
+    """Current scaling of x in two passes: the amax, the recipe's scale, the cast.
+
+    `recipe` is an ``lscore.fp8.Recipe`` (its granularity picks per tensor or
+    per row, its ``amax_nan`` the amax's NaN rule, ``scale_from_amax`` the
+    scale, ``saturate`` and ``nan_sign`` the cast); `fmt` defaults to its
+    forward format.  The scale is the recipe's even where it is 0 or NaN
+    (torchao's rule for an Inf or NaN amax), and the cast then gives what
+    torchao's does.  A CuPy array reads its amax back to the host once.
+    """
+    from lscore.fp8.recipes import Recipe
+
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe must be an lscore.fp8.Recipe, got {type(recipe).__name__}")
+    name = format_name(recipe.forward_format if fmt is None else fmt)
+    dev = _device(x)
+    if dev is not None:
+        return current_on(dev, x, recipe, name)
+    axis = -1 if recipe.granularity == "row" else None
+    saturate, nan_sign = cast_flags(recipe, name)
+    x = float_input(x)
+    rows = row_axis(x, axis)
+    a = amax(x, axis, recipe.amax_nan)
+    s = recipe.scale_from_amax(a, _short(name)).reshape(np.shape(a))
+    q = np.empty(x.shape, np.uint8)
+    if rows:
+        kernels.fp8_cast_rows(x, q, np.ascontiguousarray(s).reshape(rows_of(x)),
+                              np.empty(rows_of(x), np.float32), name, saturate, nan_sign)
+    else:
+        kernels.fp8_cast(x, q, float(s), name, saturate, nan_sign)
+        s = s[()]  # a float32 scalar, as amax returns it
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.float32(1) / s
+    return Float8(q.view(fp8_dtype(name)), s, inv, a, _short(name))
+
+
+def current_on(dev: Any, x: Any, recipe: Any, name: str) -> Float8:
+    """quantize_current of a device array through `dev` (an ``lscore.cuda.fp8.Float8Arrays``):
+    the amax on the device, read back once, the recipe's scale on the host, the cast."""
+    axis = -1 if recipe.granularity == "row" else None
+    saturate, nan_sign = cast_flags(recipe, name)
+    a = dev.amax(x, axis, recipe.amax_nan)
+    a_host = np.asarray(dev.h["to_host"](a), np.float32)
+    s = recipe.scale_from_amax(a_host, _short(name)).reshape(a_host.shape)
+    q, _ = dev.quantize(x, s, name, axis=axis, saturate=saturate, nan_sign=nan_sign, check=False)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.float32(1) / s
+    up = dev.h["upload"]
+    return Float8(
+        q,
+        up(x, np.ascontiguousarray(s).ravel()).reshape(s.shape),
+        up(x, np.ascontiguousarray(inv).ravel()).reshape(s.shape),
+        a,
+        _short(name),
+    )
 
 
 def dequantize(

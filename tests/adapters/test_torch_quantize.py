@@ -143,3 +143,74 @@ def test_dequantize_bad_input():
         TQ.dequantize(torch.zeros(3), 1.0)
     with pytest.raises(TypeError, match="dtype must be torch.float32"):
         TQ.dequantize(q, 1.0, torch.float64)
+
+
+# ---- quantize_current against torchao's recipe in torch ops -----------------------------------
+
+
+def torchao_current(x, fmt, rowwise, pow2):
+    """torchao/float8 v0.18.0 in torch ops: tensor_to_amax (torch.max / torch.amax keepdim),
+    amax_to_scale (float64 division by the amax clamped to EPS 1e-12, float32; rowwise:
+    exp2(floor(log2(s)))), then to_fp8_saturated(x.float() * scale)."""
+    dt = FP8[fmt]
+    a = torch.amax(x.abs(), -1, keepdim=True) if rowwise else torch.max(x.abs())
+    a = a.float()
+    scale = (torch.finfo(dt).max / torch.clamp(a.double(), min=1e-12)).float()
+    if pow2:
+        scale = torch.exp2(torch.floor(torch.log2(scale)))
+    return torch_quantize(x, scale, fmt), scale, a
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    shape=st.sampled_from([(7,), (3, 5), (2, 3, 4)]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    how=st.sampled_from(["contiguous", "step", "transpose"]),
+    name=st.sampled_from(["torchao-tensorwise", "torchao-rowwise"]),
+    fmt=st.sampled_from([None, "e5m2"]),
+    clean=st.booleans(),
+)
+def test_quantize_current_equals_torchao(seed, shape, dtype, how, name, fmt, clean):
+    import lscore.fp8
+
+    x = inputs(seed, shape, dtype, how)
+    if clean:  # no NaN or Inf: the scales are finite and the bytes are numbers
+        x = torch.where(x.isfinite(), x, torch.zeros((), dtype=dtype))
+    r = lscore.fp8.recipe(name)
+    got = TQ.quantize_current(x, r, fmt)
+    f = fmt or r.forward_format
+    q, scale, a = torchao_current(x, f, r.granularity == "row", r.power_2_scales)
+    assert got.fmt == f and got.scale.shape == scale.shape
+    # the scale's float32 bits; a NaN scale (a NaN amax) by value
+    nan = scale.isnan()
+    np.testing.assert_array_equal(got.scale.isnan().numpy(), nan.numpy())
+    np.testing.assert_array_equal(got.scale[~nan].view(torch.int32).numpy(),
+                                  scale[~nan].view(torch.int32).numpy())
+    np.testing.assert_array_equal(got.amax.numpy(), a.numpy())
+    # bytes, NaN by value (a NaN scale makes every code NaN; the sign follows the product)
+    gq, wq = got.data.float(), q.float()
+    np.testing.assert_array_equal(gq.isnan().numpy(), wq.isnan().numpy())
+    np.testing.assert_array_equal(gq[~gq.isnan()].numpy(), wq[~wq.isnan()].numpy())
+    if clean:
+        same_bytes(got.data, q)
+    np.testing.assert_array_equal(
+        got.scale_inv.numpy(), (torch.ones((), dtype=torch.float32) / scale).numpy()
+    )
+
+
+def test_quantize_current_te_rule():
+    """TE's current scaling: NaN elements do not enter the amax, an Inf amax gives scale 1,
+    NaN is 0x7F whatever its sign, e5m2 saturates."""
+    import lscore.fp8
+
+    x = torch.tensor([-float("nan"), 3.0, -1e6, 0.5])
+    r = lscore.fp8.recipe("te-current")
+    got = TQ.quantize_current(x, r, "e5m2")
+    assert got.amax.item() == 1e6
+    assert got.scale.item() == np.float32(57344 / np.float32(1e6))
+    assert got.data.view(torch.uint8)[0].item() == 0x7F and got.data.view(torch.uint8)[2] == 0xFB
+    inf = TQ.quantize_current(torch.tensor([float("inf"), 2.0]), r)
+    assert inf.scale.item() == 1.0 and inf.data.view(torch.uint8).tolist() == [0x7E, 0x40]
+    with pytest.raises(TypeError, match="recipe must be an lscore.fp8.Recipe"):
+        TQ.quantize_current(x, "te-current")

@@ -257,6 +257,7 @@ def harness_arrays(backend):
         zeros=lambda like, n, dt: np.zeros(n, dt),
         upload=lambda like, host: np.array(host, np.float32),
         as_float32=lambda w: w.view(np.float32),
+        to_host=np.asarray,
         all_positive_finite=lambda a: bool(((a > 0) & np.isfinite(a)).all()),
         launcher=lambda a: launcher,
         stream=lambda a: None,
@@ -266,7 +267,7 @@ def harness_arrays(backend):
 def test_device_arrays_quantize_like_lscore_fp8(backend):
     """The device path's amax / quantize / dequantize (checks, outputs, launches) give
     lscore.fp8.quantize's NumPy results."""
-    from lscore.fp8 import quantize as Q
+    import lscore.fp8 as Q
 
     dev = harness_arrays(backend)
     x = layouts(ml_dtypes.bfloat16)["strided"]
@@ -300,3 +301,27 @@ def test_device_arrays_quantize_like_lscore_fp8(backend):
     with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
         dev.quantize(np.zeros(3, np.float64), 1.0)
     assert (out[0] != 0xAA).all()
+
+
+@pytest.mark.parametrize("name", ["te-current", "torchao-tensorwise", "torchao-rowwise"])
+def test_device_quantize_current_like_numpy(backend, name):
+    """quantize_current on device arrays (the amax on the device, the recipe's scale on the
+    host, the cast) gives lscore.fp8.quantize_current's NumPy result."""
+    import importlib
+
+    import lscore.fp8
+
+    q_mod = importlib.import_module("lscore.fp8.quantize")
+    r = lscore.fp8.recipe(name)
+    for what, x in layouts(np.float32).items():
+        if what == "3-d" and r.granularity == "row":
+            x = np.ascontiguousarray(x)
+        got = q_mod.current_on(harness_arrays(backend), x, r, "float8_e4m3fn")
+        want = lscore.fp8.quantize_current(x, r)
+        for g, w in ((got.scale, want.scale), (got.scale_inv, want.scale_inv),
+                     (got.amax, want.amax)):
+            g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+            assert g.shape == w.shape
+            np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+            np.testing.assert_array_equal(g[~np.isnan(g)], w[~np.isnan(w)])
+        np.testing.assert_array_equal(got.data, want.data.view(np.uint8), err_msg=what)

@@ -42,7 +42,7 @@ def _scale_from_amax(a: float) -> np.float32:
 
 def lscore_fns(x: np.ndarray):
     """(delayed, current) quantize of x with lscore's public functions, into one buffer."""
-    from lscore.fp8 import quantize as Q
+    import lscore.fp8 as Q
 
     q = np.empty(x.shape, np.uint8)
 
