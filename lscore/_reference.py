@@ -484,12 +484,13 @@ def fp8_delayed_update(
             amax = 0.0
         else:
             if algo == "max":
-                amax = max([0.0] + [v for v in [c] + col[1:] if not math.isnan(v)])
+                amax = max([0.0] + [v for v in [c, *col[1:]] if not math.isnan(v)])
             else:
                 amax = c
-            h[:, j] = [0.0] if length == 1 else [0.0] + col[2:] + [c]
+            h[:, j] = [0.0] if length == 1 else [0.0, *col[2:], c]
         if 0 < amax < math.inf:
             s = _f32(float(scaled_max[j]) / amax)
             new_scale[j] = _F32_MAX if math.isinf(s) else s
-    inv = np.array([_f32(1.0 / float(s)) for s in new_scale], np.float32)
+    with np.errstate(divide="ignore", over="ignore"):  # a subnormal scale: Inf
+        inv = np.float32(1) / new_scale
     return h, new_scale, inv
