@@ -31,14 +31,16 @@
 enum { LSC_FP8_AMAX_MAX = 0, LSC_FP8_AMAX_MOST_RECENT = 1 };
 
 /* CUDA's fmaxf: a NaN argument yields the other one (both NaN: NaN), so a
- * reduction that starts from 0 skips NaN elements. */
+ * reduction that starts from 0 skips NaN elements.  Of two equal values
+ * (+0 and -0) it keeps the first, the running maximum, as TE's integer
+ * atomic max on the bits keeps +0 over -0. */
 LSC_FN float lsc_fp8_fmaxf(float a, float b)
 {
     if (a != a)
         return b;
     if (b != b)
         return a;
-    return a > b ? a : b;
+    return b > a ? b : a;
 }
 
 /* TE's current-scaling rule, compute_scale_from_amax
