@@ -421,6 +421,6 @@ def fp8_dequantize(q: np.ndarray, scale: Any, fmt: str, dtype: Any, rows: bool =
     v = fp8_decode(q, fmt).astype(np.float32)
     s = np.asarray(scale, np.float32)
     if rows:
-        s = s.reshape(v.shape[:-1] + (1,))
+        s = s.reshape((*v.shape[:-1], 1))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         return (v / s).astype(dtype)
