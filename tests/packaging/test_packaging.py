@@ -21,6 +21,21 @@ def run(code: str, cwd) -> subprocess.CompletedProcess:
     )
 
 
+def test_every_package_of_the_tree_is_listed():
+    """pyproject's packages list every folder with an __init__.py (a missing one is left out
+    of the wheel and of a strict editable install)."""
+    import tomllib
+
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(conf["packages"])
+    found = set()
+    for name, folder in conf["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((name, *rel)))
+    assert found <= listed, sorted(found - listed)
+
+
 def test_subpackages_import_from_elsewhere(tmp_path):
     r = run(
         "import lscore, lscore._ext._scan, lscore._ext._state, lscore.adapters; "
