@@ -2,9 +2,11 @@
 
 ``recipe(name, **overrides)`` gives a ``Recipe`` (one of ``RECIPES``, or a
 custom parameter set); ``Recipe.scale_from_amax`` is its compiled
-current-scaling rule.  Only NumPy is imported.
+current-scaling rule; ``DelayedScaling`` is TransformerEngine's
+delayed-scaling state of n tensors.  Only NumPy is imported.
 """
 
+from lscore.fp8.delayed import DelayedScaling
 from lscore.fp8.recipes import FP8_MAX, RECIPES, Recipe, recipe
 
 # re-bound so that their doc comments reach the API reference
@@ -13,4 +15,4 @@ RECIPES = RECIPES
 #: the largest finite value of each float8 format: {"e4m3fn": 448.0, "e5m2": 57344.0}
 FP8_MAX = FP8_MAX
 
-__all__ = ["FP8_MAX", "RECIPES", "Recipe", "recipe"]
+__all__ = ["FP8_MAX", "RECIPES", "DelayedScaling", "Recipe", "recipe"]
