@@ -484,12 +484,64 @@ def fp8_delayed_update(
             amax = 0.0
         else:
             if algo == "max":
-                amax = max([0.0] + [v for v in [c] + col[1:] if not math.isnan(v)])
+                amax = max([0.0] + [v for v in [c, *col[1:]] if not math.isnan(v)])
             else:
                 amax = c
-            h[:, j] = [0.0] if length == 1 else [0.0] + col[2:] + [c]
+            h[:, j] = [0.0] if length == 1 else [0.0, *col[2:], c]
         if 0 < amax < math.inf:
             s = _f32(float(scaled_max[j]) / amax)
             new_scale[j] = _F32_MAX if math.isinf(s) else s
     inv = np.array([_f32(1.0 / float(s)) for s in new_scale], np.float32)
     return h, new_scale, inv
+
+
+def _lines(x: np.ndarray) -> np.ndarray:
+    """x as a 2-D array of its rows along the last axis (empty rows included)."""
+    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+
+
+def fp8_amax(x: np.ndarray, amax_nan: bool = False, rows: bool = False) -> Any:
+    """Reference for lscore._ext._fp8.amax / amax_rows; slow, used only by tests: max |x|
+    of the float32 widening (per row along the last axis with `rows`, as float32), NaN
+    elements skipped (or, amax_nan, the result NaN where there is one); 0 when empty."""
+    wide = np.abs(np.asarray(x).astype(np.float32))
+    wide = _lines(wide) if rows else wide.reshape(1, -1)
+    out = np.zeros(wide.shape[0], np.float32)
+    for r, row in enumerate(wide):
+        nan = np.isnan(row)
+        if amax_nan and nan.any():
+            out[r] = np.nan
+        elif (~nan).any():
+            out[r] = row[~nan].max()
+    return out if rows else float(out[0])
+
+
+def fp8_cast_rows(
+    x: np.ndarray,
+    scales: np.ndarray,
+    fmt: str,
+    saturate: bool = True,
+    nan_sign: bool = True,
+    amax_nan: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Reference for lscore._ext._fp8.cast_rows; slow, used only by tests: fp8_cast of each
+    row (along the last axis, C order over the others) with its own scale; (codes, amaxes)."""
+    x = np.asarray(x)
+    lines = _lines(x)
+    codes = np.empty(lines.shape, np.uint8)
+    amaxes = np.empty(len(lines), np.float32)
+    for r, line in enumerate(lines):
+        codes[r], amaxes[r] = fp8_cast(line, float(scales[r]), fmt, saturate, nan_sign, amax_nan)
+    return codes.reshape(x.shape), amaxes
+
+
+def fp8_dequantize(q: np.ndarray, scale: Any, fmt: str, dtype: Any, rows: bool = False) -> Any:
+    """Reference for lscore._ext._fp8.decode / decode_rows with a scale; slow, used only by
+    tests: the code's value in float32 divided by float32 `scale` (per row along the last
+    axis with `rows`) in float32, then one rounding to `dtype`."""
+    v = fp8_decode(q, fmt).astype(np.float32)
+    s = np.asarray(scale, np.float32)
+    if rows:
+        s = s.reshape((*v.shape[:-1], 1))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return (v / s).astype(dtype)

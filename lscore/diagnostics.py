@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,7 +35,14 @@ import numpy as np
 from lscore._ext import _codes
 from lscore.dtypes import Code
 
-__all__ = ["OverflowMonitor", "OverflowReport", "TensorReport", "count_nonfinite", "named_arrays"]
+__all__ = [
+    "OverflowMonitor",
+    "OverflowReport",
+    "TensorReport",
+    "count_nonfinite",
+    "format_table",
+    "named_arrays",
+]
 
 _WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _FORMAT_CODES = {
@@ -134,6 +141,21 @@ def named_arrays(arrays: Any, prefix: str = "") -> list[tuple[str, object]]:
     for i, v in enumerate(items):
         out += named_arrays(v, f"{prefix}{i}." if not _is_leaf(v) else f"{prefix}{i}")
     return out
+
+
+def format_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A plain-text table: the header, a rule, then the rows; the first column aligned
+    left, the others right, each as wide as its widest cell."""
+    rows = [tuple(r) for r in rows]
+    widths = [max(len(r[i]) for r in [*rows, tuple(head)]) for i in range(len(head))]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+
+    return "\n".join([line(head), "  ".join("-" * w for w in widths), *map(line, rows)])
 
 
 def _is_leaf(x: Any) -> bool:

@@ -11,7 +11,8 @@ except ImportError as e:  # the extra is missing: name it, not only the module
         f'lscore.adapters.torch needs PyTorch ({e}); install it with pip install "lscore[torch]"'
     ) from e
 
-from lscore.adapters.torch._paths import GradUnscaler, ScalerAssertionError, torch_policy
+from lscore.adapters.torch._config import torch_policy
+from lscore.adapters.torch._paths import GradUnscaler, ScalerAssertionError
 from lscore.adapters.torch.fp8 import (
     DelayedFloat8Linear,
     Float8Linear,

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 from lscore.cli.demo.model import MODES
+from lscore.diagnostics import format_table
 
 COLORS = dict(zip(MODES, ("black", "tab:red", "tab:blue"), strict=True))
 
@@ -95,15 +94,7 @@ def table(records: list[dict]) -> str:
                 f"{r['wall_time']:.1f}",
             )
         )
-    widths = [max(len(x[i]) for x in [*rows, head]) for i in range(len(head))]
-
-    def fmt(row: Sequence[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        )
-
-    return "\n".join([fmt(head), "  ".join("-" * w for w in widths), *map(fmt, rows)])
+    return format_table(head, rows)
 
 
 def summary(records: list[dict]) -> str:
