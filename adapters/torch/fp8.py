@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import lscore.fp8
-from lscore.adapters.torch.quantize import dequantize, quantize, quantize_current
+from lscore.adapters.torch.quantize import quantize, quantize_current
 
 __all__ = ["DelayedFloat8Linear", "Float8Linear", "convert_to_float8", "fp8_update"]
 
@@ -96,8 +96,15 @@ class _Float8MatMul(torch.autograd.Function):
 
 
 def _dequant(q: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The float32 GEMM operand ``float32(data) / scale`` (a scale per row broadcasts).
+
+    The rule is ``dequantize``'s and the expression torchao's emulation evaluates; it is
+    written in torch ops because current scaling makes scales that ``dequantize`` refuses as
+    bad input: under torchao's rule an Inf in the tensor gives scale 0 and a NaN scale NaN,
+    and the step must still yield the Inf and NaN gradients that a GradScaler then skips.
+    """
     data, scale = q
-    return dequantize(data, scale, torch.float32, axis=-1 if scale.ndim else None)
+    return data.to(torch.float32) / scale
 
 
 class Float8Linear(nn.Linear):
