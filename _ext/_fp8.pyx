@@ -38,8 +38,9 @@ cdef extern from "lsc_fp8.h" nogil:
     const lsc_fp8_isa *lsc_fp8_isa_get()
     uint32_t lsc_fp8_cast_run(const char *x, lsc_fp8_n n, lsc_fp8_n stride, int code,
                               unsigned char *q, float scale, int fmt, int flags)
+    uint32_t lsc_fp8_amax_run(const char *x, lsc_fp8_n n, lsc_fp8_n stride, int code, int flags)
     void lsc_fp8_decode_run(const unsigned char *q, lsc_fp8_n n, lsc_fp8_n stride, int fmt,
-                            char *out, int code)
+                            char *out, int code, float scale)
     float lsc_fp8_amax(uint32_t m)
 
 #: float8 format name -> its dtype code (lsc_codes.h)
@@ -58,6 +59,19 @@ cdef int _fmt_code(str fmt) except -1:
     return code
 
 
+# dtype -> name of the user-defined dtypes seen (ml_dtypes'): NumPy computes
+# dtype.name in Python, microseconds on every call
+_names = {}
+
+
+cdef bint _is_named(cnp.ndarray a, str name) except -1:
+    dt = a.dtype
+    got = _names.get(dt)
+    if got is None:
+        got = _names[dt] = dt.name
+    return got == name
+
+
 cdef int _float_code(cnp.ndarray a, str what) except -1:
     cdef int t = cnp.PyArray_TYPE(a)
     if cnp.PyArray_ISBYTESWAPPED(a):
@@ -66,14 +80,15 @@ cdef int _float_code(cnp.ndarray a, str what) except -1:
         return LSC_CODE_F32
     if t == NPY_HALF:
         return LSC_CODE_F16
-    if t >= NPY_USERDEF and a.dtype.name == "bfloat16":
+    if t >= NPY_USERDEF and _is_named(a, "bfloat16"):
         return LSC_CODE_BF16
     raise TypeError(f"{what} must be float32, float16 or bfloat16, got {a.dtype}")
 
 
 cdef int _check_codes(cnp.ndarray q, int fmt, str what) except -1:
-    name = q.dtype.name
-    if name != "uint8" and FORMATS.get(name) != fmt:
+    if cnp.PyArray_TYPE(q) == cnp.NPY_UINT8:
+        return 0
+    if cnp.PyArray_TYPE(q) < NPY_USERDEF or FORMATS.get(_names.get(q.dtype) or q.dtype.name) != fmt:
         raise TypeError(f"{what} must be uint8 or the format's float8 dtype, got {q.dtype}")
     return 0
 
@@ -87,31 +102,57 @@ cdef int _check_out(cnp.ndarray src, cnp.ndarray out) except -1:
     return 0
 
 
-cdef inline void _lines(cnp.ndarray a, lsc_fp8_n *n, lsc_fp8_n *stride, lsc_fp8_n *lines) noexcept:
-    """How `a` is read: `lines` runs of `n` elements `stride` bytes apart."""
-    cdef int nd = cnp.PyArray_NDIM(a)
-    if cnp.PyArray_IS_C_CONTIGUOUS(a) or nd == 0:
+cdef inline void _lines(cnp.ndarray a, bint rows, lsc_fp8_n *n, lsc_fp8_n *stride,
+                        lsc_fp8_n *lines) noexcept:
+    """How `a` is read: `lines` runs of `n` elements `stride` bytes apart; with `rows`
+    one run per row (along the last axis), else a C-contiguous array is one run."""
+    cdef int nd = cnp.PyArray_NDIM(a), k
+    if nd == 0 or (cnp.PyArray_IS_C_CONTIGUOUS(a) and not rows):
         n[0] = cnp.PyArray_SIZE(a)
         stride[0] = cnp.PyArray_ITEMSIZE(a)
         lines[0] = 1
     else:
         n[0] = cnp.PyArray_DIMS(a)[nd - 1]
         stride[0] = cnp.PyArray_STRIDES(a)[nd - 1]
-        lines[0] = cnp.PyArray_SIZE(a) // n[0] if n[0] else 0
+        lines[0] = 1
+        for k in range(nd - 1):
+            lines[0] *= cnp.PyArray_DIMS(a)[k]
 
 
-cdef inline const char *_line_start(cnp.ndarray a, lsc_fp8_n line) noexcept:
+cdef inline const char *_line_start(cnp.ndarray a, bint rows, lsc_fp8_n line) noexcept:
     """The first element of line `line` (C order over every axis but the last)."""
     cdef int nd = cnp.PyArray_NDIM(a), k
     cdef const char *p = <const char *>cnp.PyArray_DATA(a)
     cdef cnp.npy_intp *shape = cnp.PyArray_DIMS(a)
     cdef cnp.npy_intp *strides = cnp.PyArray_STRIDES(a)
-    if cnp.PyArray_IS_C_CONTIGUOUS(a) or nd == 0:
+    if nd == 0 or (cnp.PyArray_IS_C_CONTIGUOUS(a) and not rows):
         return p
     for k in range(nd - 2, -1, -1):
         p += (line % shape[k]) * strides[k]
         line //= shape[k]
     return p
+
+
+cdef inline int _flags(bint saturate, bint nan_sign, bint amax_nan) noexcept:
+    return ((LSC_FP8_SAT if saturate else 0) | (LSC_FP8_NAN_SIGN if nan_sign else 0)
+            | (LSC_FP8_AMAX_NAN if amax_nan else 0))
+
+
+cdef lsc_fp8_n _check_rows(cnp.ndarray x, cnp.ndarray v, str what, bint write) except -1:
+    """v must be a C-contiguous float32 vector of one value per row of x."""
+    cdef int nd = cnp.PyArray_NDIM(x), k
+    cdef lsc_fp8_n rows = 1
+    if nd == 0:
+        raise ValueError("a row-wise call needs an array of at least one dimension, got a scalar")
+    for k in range(nd - 1):
+        rows *= cnp.PyArray_DIMS(x)[k]
+    if cnp.PyArray_TYPE(v) != cnp.NPY_FLOAT or not cnp.PyArray_IS_C_CONTIGUOUS(v):
+        raise TypeError(f"{what} must be a C-contiguous float32 array, got {v.dtype}")
+    if cnp.PyArray_SIZE(v) != rows:
+        raise ValueError(f"{what} must hold one value per row ({rows}), got {v.size}")
+    if write and not cnp.PyArray_ISWRITEABLE(v):
+        raise ValueError(f"{what} must be writable")
+    return rows
 
 
 def cast(cnp.ndarray x, cnp.ndarray out, float scale, str fmt, bint saturate=True,
@@ -125,29 +166,88 @@ def cast(cnp.ndarray x, cnp.ndarray out, float scale, str fmt, bint saturate=Tru
     amax NaN, else NaN elements do not enter it.
     """
     cdef int f = _fmt_code(fmt), code = _float_code(x, "x")
-    cdef int flags = ((LSC_FP8_SAT if saturate else 0) | (LSC_FP8_NAN_SIGN if nan_sign else 0)
-                      | (LSC_FP8_AMAX_NAN if amax_nan else 0))
+    cdef int flags = _flags(saturate, nan_sign, amax_nan)
     cdef lsc_fp8_n n, stride, lines, i
     cdef unsigned char *q = <unsigned char *>cnp.PyArray_DATA(out)
     cdef const char *p
     cdef uint32_t m = 0, r
     _check_codes(out, f, "out")
     _check_out(x, out)
-    _lines(x, &n, &stride, &lines)
+    _lines(x, False, &n, &stride, &lines)
     for i in range(lines):
-        p = _line_start(x, i)
+        p = _line_start(x, False, i)
         with nogil:
             r = lsc_fp8_cast_run(p, n, stride, code, q + i * n, scale, f, flags)
         m = r if r > m else m
     return lsc_fp8_amax(m)
 
 
-def decode(cnp.ndarray q, cnp.ndarray out, str fmt):
-    """Widen the float8 codes `q` (uint8 or the format's dtype) into `out`, exactly.
+def cast_rows(cnp.ndarray x, cnp.ndarray out, cnp.ndarray scales, cnp.ndarray amaxes, str fmt,
+              bint saturate=True, bint nan_sign=True, bint amax_nan=False):
+    """The scaled cast of each row (along the last axis) with its own float32 scale.
 
-    `out` is float32, float16 or bfloat16 (a NaN code: float32 0x7FF00000
-    (e4m3fn) or the float16 word code << 8, quieted (e5m2), with its sign;
-    float16 0x7E00 with the sign, bfloat16 0x7FC0).
+    Row r of `x` (in C order over the other axes) is cast with `scales[r]`
+    into the same row of `out` (uint8 codes, C-contiguous) and its amax is
+    written to `amaxes[r]`; `scales` and `amaxes` are C-contiguous float32
+    with one value per row.  The flags are `cast`'s.
+    """
+    cdef int f = _fmt_code(fmt), code = _float_code(x, "x")
+    cdef int flags = _flags(saturate, nan_sign, amax_nan)
+    cdef lsc_fp8_n n, stride, lines, i
+    cdef unsigned char *q = <unsigned char *>cnp.PyArray_DATA(out)
+    cdef const float *sc = <const float *>cnp.PyArray_DATA(scales)
+    cdef float *am = <float *>cnp.PyArray_DATA(amaxes)
+    cdef const char *p
+    _check_codes(out, f, "out")
+    _check_out(x, out)
+    _check_rows(x, scales, "scales", False)
+    _check_rows(x, amaxes, "amaxes", True)
+    _lines(x, True, &n, &stride, &lines)
+    for i in range(lines):
+        p = _line_start(x, True, i)
+        with nogil:
+            am[i] = lsc_fp8_amax(lsc_fp8_cast_run(p, n, stride, code, q + i * n, sc[i], f, flags))
+
+
+def amax(cnp.ndarray x, bint amax_nan=False):
+    """max |x| of a float32 / float16 / bfloat16 array as a float (0 when empty); NaN
+    elements do not enter it, or, amax_nan, make it NaN."""
+    cdef int code = _float_code(x, "x"), flags = LSC_FP8_AMAX_NAN if amax_nan else 0
+    cdef lsc_fp8_n n, stride, lines, i
+    cdef uint32_t m = 0, r
+    cdef const char *p
+    _lines(x, False, &n, &stride, &lines)
+    for i in range(lines):
+        p = _line_start(x, False, i)
+        with nogil:
+            r = lsc_fp8_amax_run(p, n, stride, code, flags)
+        m = r if r > m else m
+    return lsc_fp8_amax(m)
+
+
+def amax_rows(cnp.ndarray x, cnp.ndarray amaxes, bint amax_nan=False):
+    """The amax of each row (along the last axis) into `amaxes` (C-contiguous float32,
+    one per row in C order); NaN as `amax`."""
+    cdef int code = _float_code(x, "x"), flags = LSC_FP8_AMAX_NAN if amax_nan else 0
+    cdef lsc_fp8_n n, stride, lines, i
+    cdef float *am = <float *>cnp.PyArray_DATA(amaxes)
+    cdef const char *p
+    _check_rows(x, amaxes, "amaxes", True)
+    _lines(x, True, &n, &stride, &lines)
+    for i in range(lines):
+        p = _line_start(x, True, i)
+        with nogil:
+            am[i] = lsc_fp8_amax(lsc_fp8_amax_run(p, n, stride, code, flags))
+
+
+def decode(cnp.ndarray q, cnp.ndarray out, str fmt, float scale=1.0):
+    """Widen the float8 codes `q` (uint8 or the format's dtype) into `out`, divided by `scale`.
+
+    Each code widens to float32 exactly, is divided by float32 `scale` in
+    float32 and rounds once to `out`'s dtype (float32, float16 or bfloat16).
+    With scale 1 the values are exact and a NaN code gives float32
+    0x7FF00000 (e4m3fn) or the float16 word code << 8, quieted (e5m2), with
+    its sign; float16 0x7E00 with the sign, bfloat16 0x7FC0.
     """
     cdef int f = _fmt_code(fmt), code = _float_code(out, "out")
     cdef lsc_fp8_n n, stride, lines, i
@@ -155,12 +255,31 @@ def decode(cnp.ndarray q, cnp.ndarray out, str fmt):
     cdef int width = 4 if code == LSC_CODE_F32 else 2
     _check_codes(q, f, "q")
     _check_out(q, out)
-    _lines(q, &n, &stride, &lines)
+    _lines(q, False, &n, &stride, &lines)
     cdef const unsigned char *p
     for i in range(lines):
-        p = <const unsigned char *>_line_start(q, i)
+        p = <const unsigned char *>_line_start(q, False, i)
         with nogil:
-            lsc_fp8_decode_run(p, n, stride, f, o + i * n * width, code)
+            lsc_fp8_decode_run(p, n, stride, f, o + i * n * width, code, scale)
+
+
+def decode_rows(cnp.ndarray q, cnp.ndarray out, cnp.ndarray scales, str fmt):
+    """`decode` with one float32 scale per row (along the last axis; `scales`
+    C-contiguous float32, one per row in C order)."""
+    cdef int f = _fmt_code(fmt), code = _float_code(out, "out")
+    cdef lsc_fp8_n n, stride, lines, i
+    cdef char *o = <char *>cnp.PyArray_DATA(out)
+    cdef const float *sc = <const float *>cnp.PyArray_DATA(scales)
+    cdef int width = 4 if code == LSC_CODE_F32 else 2
+    cdef const unsigned char *p
+    _check_codes(q, f, "q")
+    _check_out(q, out)
+    _check_rows(q, scales, "scales", False)
+    _lines(q, True, &n, &stride, &lines)
+    for i in range(lines):
+        p = <const unsigned char *>_line_start(q, True, i)
+        with nogil:
+            lsc_fp8_decode_run(p, n, stride, f, o + i * n * width, code, sc[i])
 
 
 # ---- ISA level, for tests and `lscore bench` --------------------------------

@@ -56,26 +56,30 @@ cdef int _check_pair(cnp.ndarray amax, cnp.ndarray out) except -1:
     return 0
 
 
-def scale_te(cnp.ndarray amax, cnp.ndarray out, float fp8_max, bint pow2, float eps):
-    """out[i] = TransformerEngine's current-scaling scale of amax[i] (float32, C-contiguous)."""
+cdef int _scales(cnp.ndarray amax, cnp.ndarray out, bint torchao, double fp8_max, bint pow2,
+                 double eps) except -1:
     _check_pair(amax, out)
     cdef const float *a = <const float *>cnp.PyArray_DATA(amax)
     cdef float *o = <float *>cnp.PyArray_DATA(out)
     cdef Py_ssize_t i, n = cnp.PyArray_SIZE(amax)
+    cdef float fmax = <float>fp8_max, feps = <float>eps
     with nogil:
         for i in range(n):
-            o[i] = lsc_fp8_scale_te(a[i], fp8_max, pow2, eps)
+            o[i] = (lsc_fp8_scale_torchao(a[i], fp8_max, pow2, eps) if torchao
+                    else lsc_fp8_scale_te(a[i], fmax, pow2, feps))
+    return 0
+
+
+def scale_te(cnp.ndarray amax, cnp.ndarray out, double fp8_max, bint pow2, double eps):
+    """out[i] = TransformerEngine's current-scaling scale of amax[i] (float32, C-contiguous);
+    fp8_max and eps are taken as float32, as TransformerEngine's rule takes them."""
+    _scales(amax, out, False, fp8_max, pow2, eps)
 
 
 def scale_torchao(cnp.ndarray amax, cnp.ndarray out, double fp8_max, bint pow2, double eps):
-    """out[i] = torchao's amax_to_scale of amax[i] (float32, C-contiguous)."""
-    _check_pair(amax, out)
-    cdef const float *a = <const float *>cnp.PyArray_DATA(amax)
-    cdef float *o = <float *>cnp.PyArray_DATA(out)
-    cdef Py_ssize_t i, n = cnp.PyArray_SIZE(amax)
-    with nogil:
-        for i in range(n):
-            o[i] = lsc_fp8_scale_torchao(a[i], fp8_max, pow2, eps)
+    """out[i] = torchao's amax_to_scale of amax[i] (float32, C-contiguous); fp8_max and eps
+    are float64, as torchao divides."""
+    _scales(amax, out, True, fp8_max, pow2, eps)
 
 
 def scaled_max(float fp8_max, int margin):

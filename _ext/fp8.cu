@@ -69,3 +69,101 @@ __global__ void lsc_fp8_decode(const unsigned char *q, long long n, void *out)
             static_cast<lsc_u16 *>(out)[i] = lsc_dev_f32_to_bf16(f);
     }
 }
+
+/* ---- quantize: the amax pass, and the cast and dequantize of a 2-D view -----
+ *
+ * An input is read as a 2-D view of rows x cols elements whose element
+ * strides are rs (between rows) and cs (within a row), in elements, so any
+ * layout whose leading axes merge into one stride is read in place; element
+ * i of the logical C order is (i / cols, i % cols).  per_row = 0: one amax
+ * word (amax_bits[0]) and one scale; per_row = 1: amax_bits[r] and the scale
+ * of row r.  A scale comes from `scales` (a device array: a scale computed on
+ * the device needs no round trip) when it is not null, else from `scale`.
+ * Each thread keeps its running max for the row it is in and folds it into
+ * that row's word with atomicMax when it moves to another row. */
+
+/* (row, col) of logical element i */
+static __device__ __forceinline__ void lsc_fp8_rc(long long i, long long rows, long long cols,
+                                                  long long *r, long long *c)
+{
+    *r = rows == 1 ? 0 : i / cols;
+    *c = i - *r * cols;
+}
+
+/* Fold amax bits a of an element of row `row` into the thread's running max m of row *cur. */
+static __device__ __forceinline__ void lsc_fp8_fold(unsigned int *amax_bits, long long row,
+                                                    long long *cur, lsc_u32 *m, lsc_u32 a)
+{
+    if (row != *cur) {
+        if (*cur >= 0)
+            atomicMax(amax_bits + *cur, *m);
+        *cur = row;
+        *m = 0;
+    }
+    *m = a > *m ? a : *m;
+}
+
+template <int CODE>
+__global__ void lsc_fp8_amax2d(const void *x, long long rows, long long cols, long long rs,
+                               long long cs, int flags, int per_row, unsigned int *amax_bits)
+{
+    long long n = rows * cols, step = (long long)gridDim.x * blockDim.x, cur = -1, r, c;
+    lsc_u32 m = 0;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += step) {
+        lsc_fp8_rc(i, rows, cols, &r, &c);
+        lsc_fp8_fold(amax_bits, per_row ? r : 0, &cur, &m,
+                     lsc_fp8_amax_bits(lsc_fp8_in<CODE>(x, r * rs + c * cs), flags));
+    }
+    if (cur >= 0)
+        atomicMax(amax_bits + cur, m);
+}
+
+/* q[i] = fp8(float32(x[i]) * the scale of its row), q contiguous (C order), and the amax
+ * of the inputs before the scale; two neighbouring elements a turn as lsc_fp8_cast does */
+template <int CODE, int FMT, int HW>
+__global__ void lsc_fp8_cast2d(const void *x, long long rows, long long cols, long long rs,
+                               long long cs, float scale, const float *scales, int per_row,
+                               unsigned char *q, int flags, unsigned int *amax_bits)
+{
+    long long n = rows * cols, step = 2LL * gridDim.x * blockDim.x, cur = -1, ra, ca, rb, cb;
+    lsc_u32 m = 0;
+    for (long long i = 2LL * (blockIdx.x * (long long)blockDim.x + threadIdx.x); i < n; i += step) {
+        int two = i + 1 < n;
+        lsc_fp8_rc(i, rows, cols, &ra, &ca);
+        rb = ca + 1 < cols ? ra : ra + 1;
+        cb = ca + 1 < cols ? ca + 1 : 0;
+        float xa = lsc_fp8_in<CODE>(x, ra * rs + ca * cs);
+        float xb = two ? lsc_fp8_in<CODE>(x, rb * rs + cb * cs) : 0.0f;
+        float sa = scales ? scales[per_row ? ra : 0] : scale;
+        float sb = scales ? (two ? scales[per_row ? rb : 0] : 0.0f) : scale;
+        lsc_u32 d = lsc_dev_fp8x2(xa * sa, xb * sb, FMT, flags, HW);
+        lsc_fp8_fold(amax_bits, per_row ? ra : 0, &cur, &m, lsc_fp8_amax_bits(xa, flags));
+        if (two)
+            lsc_fp8_fold(amax_bits, per_row ? rb : 0, &cur, &m, lsc_fp8_amax_bits(xb, flags));
+        q[i] = (unsigned char)(d >> 8);
+        if (two)
+            q[i + 1] = (unsigned char)d;
+    }
+    if (cur >= 0)
+        atomicMax(amax_bits + cur, m);
+}
+
+/* out[i] = float32(code at (r, c)) / the scale of row r, rounded once to CODE; out contiguous */
+template <int CODE, int FMT>
+__global__ void lsc_fp8_dequant2d(const unsigned char *q, long long rows, long long cols,
+                                  long long rs, long long cs, float scale, const float *scales,
+                                  int per_row, void *out)
+{
+    long long n = rows * cols, step = (long long)gridDim.x * blockDim.x, r, c;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += step) {
+        lsc_fp8_rc(i, rows, cols, &r, &c);
+        float s = scales ? scales[per_row ? r : 0] : scale;
+        float f = lsc_fp8_to_f32(q[r * rs + c * cs], FMT) / s;
+        if (CODE == LSC_CODE_F32)
+            static_cast<float *>(out)[i] = f;
+        else if (CODE == LSC_CODE_F16)
+            static_cast<lsc_u16 *>(out)[i] = lsc_dev_f32_to_f16(f);
+        else
+            static_cast<lsc_u16 *>(out)[i] = lsc_dev_f32_to_bf16(f);
+    }
+}

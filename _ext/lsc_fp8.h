@@ -226,12 +226,29 @@ LSC_FP8_INL uint32_t lsc_fp8_cast_body(const char *x, lsc_fp8_n n, lsc_fp8_n str
     return m;
 }
 
-/* Widening of a run of codes into float32 / float16 / bfloat16 words. */
+/* The amax pass alone (current scaling's first pass): the largest
+ * lsc_fp8_amax_bits of a run.  A plain max reduction, which vectorises
+ * without the cast's buffer. */
+LSC_FP8_INL uint32_t lsc_fp8_amax_body(const char *x, lsc_fp8_n n, lsc_fp8_n stride, int code,
+                                       int flags)
+{
+    uint32_t m = 0;
+    for (lsc_fp8_n i = 0; i < n; i++) {
+        uint32_t a = lsc_fp8_amax_bits(lsc_fp8_load(x, i, stride, code), flags);
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+/* Widening of a run of codes into float32 / float16 / bfloat16 words,
+ * divided by `scale` in float32 first (dequantize: torchao's
+ * `data.to(float32) / scale`; scale 1 leaves every word as it is, NaN
+ * words included, since they are quiet). */
 LSC_FP8_INL void lsc_fp8_decode_body(const unsigned char *q, lsc_fp8_n n, lsc_fp8_n stride,
-                                     int fmt, char *out, int code)
+                                     int fmt, char *out, int code, float scale)
 {
     for (lsc_fp8_n i = 0; i < n; i++) {
-        float f = lsc_fp8_to_f32(q[i * stride], fmt);
+        float f = lsc_fp8_to_f32(q[i * stride], fmt) / scale;
         if (code == LSC_CODE_F32) {
             memcpy(out + 4 * i, &f, 4);
         } else {
@@ -243,13 +260,15 @@ LSC_FP8_INL void lsc_fp8_decode_body(const unsigned char *q, lsc_fp8_n n, lsc_fp
 
 typedef uint32_t (*lsc_fp8_cast_fn)(const char *x, lsc_fp8_n n, unsigned char *q, float scale,
                                     int flags);
-typedef void (*lsc_fp8_decode_fn)(const unsigned char *q, lsc_fp8_n n, char *out);
+typedef void (*lsc_fp8_decode_fn)(const unsigned char *q, lsc_fp8_n n, char *out, float scale);
+typedef uint32_t (*lsc_fp8_amax_fn)(const char *x, lsc_fp8_n n, int flags);
 
 /* One ISA level's contiguous kernels: [fmt - LSC_CODE_E4M3FN][input code]. */
 typedef struct {
     const char *name;
     lsc_fp8_cast_fn cast[2][LSC_NCODES];
     lsc_fp8_decode_fn decode[2][LSC_NCODES];
+    lsc_fp8_amax_fn amax[LSC_NCODES];
 } lsc_fp8_isa;
 
 /* The kernels of one level: each a copy of the bodies with its code and
@@ -262,9 +281,15 @@ typedef struct {
                                  (FMT), flags);                                         \
     }
 #define LSC_FP8_DECODE_FN(SFX, NAME, CODE, FMT)                                              \
-    static void lsc_fp8_##NAME##_##SFX(const unsigned char *q, lsc_fp8_n n, char *out)      \
+    static void lsc_fp8_##NAME##_##SFX(const unsigned char *q, lsc_fp8_n n, char *out,      \
+                                       float scale)                                          \
     {                                                                                        \
-        lsc_fp8_decode_body(q, n, 1, (FMT), out, (CODE));                                    \
+        lsc_fp8_decode_body(q, n, 1, (FMT), out, (CODE), scale);                             \
+    }
+#define LSC_FP8_AMAX_FN(SFX, NAME, CODE)                                                     \
+    static uint32_t lsc_fp8_##NAME##_##SFX(const char *x, lsc_fp8_n n, int flags)           \
+    {                                                                                        \
+        return lsc_fp8_amax_body(x, n, (CODE) == LSC_CODE_F32 ? 4 : 2, (CODE), flags);      \
     }
 #define LSC_FP8_LEVEL(SFX)                                                              \
     LSC_FP8_CAST_FN(SFX, e4_f32, LSC_CODE_F32, LSC_CODE_E4M3FN)                         \
@@ -279,12 +304,16 @@ typedef struct {
     LSC_FP8_DECODE_FN(SFX, de5_f32, LSC_CODE_F32, LSC_CODE_E5M2)                        \
     LSC_FP8_DECODE_FN(SFX, de5_f16, LSC_CODE_F16, LSC_CODE_E5M2)                        \
     LSC_FP8_DECODE_FN(SFX, de5_bf16, LSC_CODE_BF16, LSC_CODE_E5M2)                      \
+    LSC_FP8_AMAX_FN(SFX, am_f32, LSC_CODE_F32)                                          \
+    LSC_FP8_AMAX_FN(SFX, am_f16, LSC_CODE_F16)                                          \
+    LSC_FP8_AMAX_FN(SFX, am_bf16, LSC_CODE_BF16)                                        \
     static const lsc_fp8_isa lsc_fp8_isa_##SFX = {                                      \
         #SFX,                                                                           \
         {{0, lsc_fp8_e4_f16_##SFX, lsc_fp8_e4_bf16_##SFX, lsc_fp8_e4_f32_##SFX, 0, 0, 0}, \
          {0, lsc_fp8_e5_f16_##SFX, lsc_fp8_e5_bf16_##SFX, lsc_fp8_e5_f32_##SFX, 0, 0, 0}}, \
         {{0, lsc_fp8_de4_f16_##SFX, lsc_fp8_de4_bf16_##SFX, lsc_fp8_de4_f32_##SFX, 0, 0, 0}, \
          {0, lsc_fp8_de5_f16_##SFX, lsc_fp8_de5_bf16_##SFX, lsc_fp8_de5_f32_##SFX, 0, 0, 0}}, \
+        {0, lsc_fp8_am_f16_##SFX, lsc_fp8_am_bf16_##SFX, lsc_fp8_am_f32_##SFX, 0, 0, 0},   \
     };
 
 /* The levels and their CPU checks are lsc_isa.h's: the x86-64-v2 baseline
@@ -350,27 +379,45 @@ static uint32_t lsc_fp8_cast_run(const char *x, lsc_fp8_n n, lsc_fp8_n stride, i
     return lsc_fp8_cast_body(x, n, stride, LSC_CODE_BF16, q, scale, fmt, flags);
 }
 
-/* n codes `stride` bytes apart widened into n contiguous words of `code`. */
+/* The amax bits of one 1-D run (lsc_fp8_cast_run's, without the cast). */
+static uint32_t lsc_fp8_amax_run(const char *x, lsc_fp8_n n, lsc_fp8_n stride, int code,
+                                 int flags)
+{
+    int width = code == LSC_CODE_F32 ? 4 : 2;
+    if (n <= 0)
+        return 0;
+    if (stride == width)
+        return lsc_fp8_isa_get()->amax[code](x, n, flags);
+    if (code == LSC_CODE_F32)
+        return lsc_fp8_amax_body(x, n, stride, LSC_CODE_F32, flags);
+    if (code == LSC_CODE_F16)
+        return lsc_fp8_amax_body(x, n, stride, LSC_CODE_F16, flags);
+    return lsc_fp8_amax_body(x, n, stride, LSC_CODE_BF16, flags);
+}
+
+/* n codes `stride` bytes apart widened into n contiguous words of `code`,
+ * each divided by `scale` in float32 before it narrows. */
 static void lsc_fp8_decode_run(const unsigned char *q, lsc_fp8_n n, lsc_fp8_n stride, int fmt,
-                               char *out, int code)
+                               char *out, int code, float scale)
 {
     if (n <= 0)
         return;
     if (stride == 1) {
-        lsc_fp8_isa_get()->decode[fmt - LSC_CODE_E4M3FN][code](q, n, out);
+        lsc_fp8_isa_get()->decode[fmt - LSC_CODE_E4M3FN][code](q, n, out, scale);
         return;
     }
     if (code == LSC_CODE_F32)
-        lsc_fp8_decode_body(q, n, stride, fmt, out, LSC_CODE_F32);
+        lsc_fp8_decode_body(q, n, stride, fmt, out, LSC_CODE_F32, scale);
     else if (code == LSC_CODE_F16)
-        lsc_fp8_decode_body(q, n, stride, fmt, out, LSC_CODE_F16);
+        lsc_fp8_decode_body(q, n, stride, fmt, out, LSC_CODE_F16, scale);
     else
-        lsc_fp8_decode_body(q, n, stride, fmt, out, LSC_CODE_BF16);
+        lsc_fp8_decode_body(q, n, stride, fmt, out, LSC_CODE_BF16, scale);
 }
 
 #undef LSC_FP8_LEVEL
 #undef LSC_FP8_CAST_FN
 #undef LSC_FP8_DECODE_FN
+#undef LSC_FP8_AMAX_FN
 #endif /* the CPU kernels */
 
 #endif /* LSC_FP8_H */

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from lscore.adapters._optim import drop_none_gradients, grad_var_pairs, quiet, type_name
-from lscore.policy import integer, real
+from lscore.policy import boolean, integer, real
 
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
@@ -333,8 +333,7 @@ class SGD(ArrayOptimizer):
         m = real("momentum", momentum)
         if not 0 <= m <= 1:
             raise ValueError(f"momentum must be in [0, 1], got {momentum!r}")
-        if not isinstance(nesterov, (bool, np.bool_)):
-            raise TypeError(f"nesterov must be a bool, got {nesterov!r}")
+        nesterov = boolean("nesterov", nesterov)
         super().__init__(
             learning_rate,
             weight_decay=weight_decay,
@@ -343,7 +342,7 @@ class SGD(ArrayOptimizer):
             global_clipnorm=global_clipnorm,
             name=name,
         )
-        self.momentum, self.nesterov = m, bool(nesterov)
+        self.momentum, self.nesterov = m, nesterov
 
     def _update_step(self, g: Any, v: Any) -> None:
         self._decay(v)
@@ -400,8 +399,7 @@ class Adam(ArrayOptimizer):
         eps = real("epsilon", epsilon)
         if not (math.isfinite(eps) and eps >= 0):
             raise ValueError(f"epsilon must be finite and >= 0, got {epsilon!r}")
-        if not isinstance(amsgrad, (bool, np.bool_)):
-            raise TypeError(f"amsgrad must be a bool, got {amsgrad!r}")
+        amsgrad = boolean("amsgrad", amsgrad)
         super().__init__(
             learning_rate,
             weight_decay=weight_decay,
@@ -411,7 +409,7 @@ class Adam(ArrayOptimizer):
             name=name,
         )
         self.beta_1, self.beta_2, self.epsilon = betas["beta_1"], betas["beta_2"], eps
-        self.amsgrad = bool(amsgrad)
+        self.amsgrad = amsgrad
 
     def _bias_terms(self, t: Any, step: int) -> Any:
         """(sqrt(1 - beta_2**step), 1 - beta_1**step) in scalar type `t` (the fused

@@ -38,7 +38,7 @@ import numpy as np
 
 from lscore.policy import real
 
-__all__ = ["MPIReducer", "TorchReducer", "check_reducer", "reduce_found_inf"]
+__all__ = ["MPIReducer", "TorchReducer", "check_reducer", "reduce_found_inf", "reduce_max"]
 
 
 def check_reducer(reducer: Any) -> Any:
@@ -56,6 +56,21 @@ def reduce_found_inf(reducer: Any, found_inf: bool) -> bool:
     if reducer is None:
         return bool(found_inf)
     return bool(reducer.reduce(bool(found_inf))[0])
+
+
+def reduce_max(reducer: Any, values: Any) -> np.ndarray:
+    """The elementwise maximum of `values` (a 1-d float array) over the reducer's group, in
+    one ``reduce`` call (a NaN on any worker wins); `values` itself when `reducer` is None.
+
+    The values travel as the statistics ``{"max0": ..., "max1": ...}`` (float64 holds every
+    float32 exactly); the result has the dtype of `values`.
+    """
+    values = np.asarray(values)
+    if reducer is None:
+        return values
+    keys = [f"max{i}" for i in range(values.size)]
+    _, stats = reducer.reduce(False, dict(zip(keys, values.ravel().tolist(), strict=True)))
+    return np.array([stats[k] for k in keys], dtype=values.dtype).reshape(values.shape)
 
 
 class _Layout:

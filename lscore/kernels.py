@@ -26,7 +26,14 @@ measures the kernels themselves (``lscore bench``).
   amax_nan=False)``: the scaled float8 cast ``out = fp8(float32(x) * scale)``
   of a float32 / float16 / bfloat16 array (strided read in place) into
   uint8 codes of format ``fmt`` (a name of ``FP8_FORMATS``), returning the
-  input's amax; ``fp8_decode(q, out, fmt)``: the codes widened back, exactly.
+  input's amax (``FP8_FLAGS``: the flag bits of the device kernels);
+  ``fp8_cast_rows(x, out, scales, amaxes, fmt, ...)``: the
+  same per row (along the last axis) with one float32 scale per row, each
+  row's amax written to ``amaxes``; ``fp8_amax(x, amax_nan=False)`` and
+  ``fp8_amax_rows(x, amaxes, amax_nan=False)``: the amax pass alone;
+  ``fp8_decode(q, out, fmt, scale=1.0)``: the codes widened back, divided
+  by ``scale`` in float32 (exact with scale 1), ``fp8_decode_rows(q, out,
+  scales, fmt)`` with one scale per row.
 - ``fp8_scale_te(amax, out, fp8_max, pow2, eps)``,
   ``fp8_scale_torchao(amax, out, fp8_max, pow2, eps)``: the float8 scale of
   each amax (float32, C-contiguous) by TransformerEngine's
@@ -63,8 +70,12 @@ from lscore._ext._codes import (
     OPTIM_FLAGS,
 )
 from lscore._ext._fp8 import FORMATS as FP8_FORMATS
+from lscore._ext._fp8 import amax as fp8_amax
+from lscore._ext._fp8 import amax_rows as fp8_amax_rows
 from lscore._ext._fp8 import cast as fp8_cast
+from lscore._ext._fp8 import cast_rows as fp8_cast_rows
 from lscore._ext._fp8 import decode as fp8_decode
+from lscore._ext._fp8 import decode_rows as fp8_decode_rows
 from lscore._ext._fp8_scale import CyDelayed as Fp8Delayed
 from lscore._ext._fp8_scale import scale_te as fp8_scale_te
 from lscore._ext._fp8_scale import scale_torchao as fp8_scale_torchao
@@ -112,6 +123,8 @@ READ_DLPACK = READ_DLPACK
 DLPACK_DEVICES = DLPACK_DEVICES
 #: float8 format name -> dtype code, the formats of ``fp8_cast`` / ``fp8_decode``
 FP8_FORMATS = FP8_FORMATS
+#: the float8 kernels' flag bits (lsc_fp8.h) by name: SAT, NAN_SIGN, AMAX_NAN
+FP8_FLAGS = {"SAT": _fp8.SAT, "NAN_SIGN": _fp8.NAN_SIGN, "AMAX_NAN": _fp8.AMAX_NAN}
 #: the CUDA kernels' shared device flags: slot name -> index
 DEVICE_FLAGS = DEVICE_FLAGS
 #: the CUDA kernels' shared device values: slot name -> index
@@ -133,6 +146,7 @@ __all__ = [
     "DEVICE_FLAGS",
     "DEVICE_VALS",
     "DLPACK_DEVICES",
+    "FP8_FLAGS",
     "FP8_FORMATS",
     "META",
     "NDEVICE_FLAGS",
@@ -150,8 +164,12 @@ __all__ = [
     "all_finite",
     "all_finite_raw",
     "copy_bandwidth",
+    "fp8_amax",
+    "fp8_amax_rows",
     "fp8_cast",
+    "fp8_cast_rows",
     "fp8_decode",
+    "fp8_decode_rows",
     "fp8_scale_te",
     "fp8_scale_torchao",
     "fp8_scaled_max",

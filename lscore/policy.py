@@ -35,6 +35,25 @@ def overflows_f32(v: float) -> bool:
         return bool(np.isinf(np.float32(v)))
 
 
+#: the strings that stand for the non-finite floats in lscore's JSON (JSON has no literal)
+JSON_NONFINITE = ("inf", "-inf", "nan")
+
+
+def json_float(x: float) -> float | str:
+    """`x` for JSON: non-finite values as the strings "inf", "-inf", "nan"."""
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def unjson_float(x: Any) -> Any:
+    """The inverse of `json_float`: one of the strings "inf", "-inf", "nan" as its float;
+    any other value unchanged (the caller validates it)."""
+    return float(x) if isinstance(x, str) and x in JSON_NONFINITE else x
+
+
 def _is_real(value: Any) -> bool:
     return isinstance(value, (numbers.Real, np.bool_)) and not isinstance(value, np.datetime64)
 
@@ -246,8 +265,7 @@ class Policy:
             "flush_subnormal",
             "apply_next",
         ):
-            if not isinstance(getattr(self, key), (bool, np.bool_)):
-                raise TypeError(f"{key} must be a bool, got {getattr(self, key)!r}")
+            object.__setattr__(self, key, boolean(key, getattr(self, key)))
 
     def replace(self, **changes: Any) -> Policy:
         return dataclasses.replace(self, **changes)
@@ -256,8 +274,8 @@ class Policy:
         """Every field, JSON-safe (an infinite max_scale is written as "inf")."""
         d = dataclasses.asdict(self)
         d["refill"] = list(self.refill)
-        if d["max_scale"] is not None and math.isinf(d["max_scale"]):
-            d["max_scale"] = "inf"
+        if d["max_scale"] is not None:
+            d["max_scale"] = json_float(d["max_scale"])
         return d
 
     @classmethod
@@ -273,8 +291,8 @@ class Policy:
             if not isinstance(d["refill"], (list, tuple)):
                 raise TypeError(f"refill must be a list, got {d['refill']!r}")
             d["refill"] = tuple(d["refill"])
-        if d.get("max_scale") == "inf":
-            d["max_scale"] = math.inf
+        if "max_scale" in d:
+            d["max_scale"] = unjson_float(d["max_scale"])
         return cls(**d)
 
     def c_params(self) -> dict:
@@ -329,6 +347,21 @@ class Policy:
     def round_scale(self, v: float) -> float:
         """A scale value as the policy stores it (float32 unless float64)."""
         return v if self.precision == "float64" else float(np.float32(v))
+
+
+def inverse_scale(scale: float, precision: str = "float32") -> float:
+    """The factor that unscales gradients: ``1 / scale``, taken in float64 and rounded to
+    float32 unless `precision` is "float64" (lsc_device_update's rule in _ext/update.cu).
+
+    That is torch's inv_scale and TF's and Keras's ``float32(1) / float32(scale)`` alike:
+    for a float32 scale, the float64 quotient rounded to float32 is the correctly
+    rounded float32 quotient (53 >= 2 * 24 + 2 bits, so the double rounding is
+    innocuous).  A zero scale gives an infinity of its sign, NaN gives NaN.
+    """
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        if precision == "float64":
+            return float(np.float64(1.0) / np.float64(scale))
+        return float(np.float32(np.float64(1.0) / np.float64(np.float32(scale))))
 
 
 def boolean(name: str, value: Any) -> bool:

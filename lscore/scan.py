@@ -2,14 +2,43 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, overload
 
-import numpy as np
-
 from lscore._ext import _scan
-from lscore.policy import integer, positive_scale
+from lscore.policy import boolean, integer, positive_scale
 
 __all__ = ["all_finite", "unscale_"]
+
+#: what clip_grad_norm_ adds to the norm before dividing max_norm by it
+CLIP_EPS = 1e-6
+
+
+def norm_order(norm_type: Any) -> float | None:
+    """The p of a p-norm as ``torch.nn.utils.clip_grad_norm_`` converts `norm_type`
+    (``float(norm_type)``: a number, or a string such as ``"inf"``); None when it is not a
+    number (NaN included)."""
+    try:
+        p = float(norm_type)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(p) else p
+
+
+def clip_coefficient(norm: Any, max_norm: float, found: bool = False) -> Any:
+    """``clip_grad_norm_``'s coefficient, ``max_norm / (norm + 1e-6)`` clamped to 1.
+
+    `norm` a float: the coefficient in float64, and 1 when `found` (the check saw
+    NaN/Inf) or the norm is not finite (scan.cu's lsc_norm_end, its device twin).
+    `norm` a torch tensor: the coefficient as torch computes it, a tensor of the
+    norm's dtype on its device (no host sync); a skipped step is the caller's to mask
+    there, `found` is not read.
+    """
+    if isinstance(norm, (int, float)):
+        if found or not math.isfinite(norm):
+            return 1.0
+        return min(1.0, max_norm / (norm + CLIP_EPS))
+    return (max_norm / (norm + CLIP_EPS)).clamp(max=1.0)
 
 
 def _threads(threads: int | None) -> int:
@@ -66,6 +95,4 @@ def unscale_(
     """
     # float32 and half arrays multiply by float32(inv_scale): it must be finite there too
     inv = positive_scale("inv_scale", inv_scale)
-    if not isinstance(stats, (bool, np.bool_)):
-        raise TypeError(f"stats must be a bool, got {stats!r}")
-    return _scan.unscale_(arrays, inv, bool(stats), _threads(threads))
+    return _scan.unscale_(arrays, inv, boolean("stats", stats), _threads(threads))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Any
 
@@ -10,7 +9,7 @@ import numpy as np
 
 from lscore._ext import _codes
 from lscore._ext._state import CyState
-from lscore.policy import Policy, positive_scale
+from lscore.policy import JSON_NONFINITE, Policy, json_float, positive_scale, unjson_float
 
 FORMAT = "lscore.state/1"
 FORMATS = (FORMAT,)
@@ -27,20 +26,12 @@ class LossScaleFloorError(FloatingPointError):
     """The policy gives up: the scale cannot go lower (DeepSpeed, fairseq)."""
 
 
-def json_float(x: float) -> float | str:
-    """`x` for JSON: non-finite values as the strings "inf", "-inf", "nan"."""
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
-
-
 def _fromjson_float(name: str, x: Any) -> float:
+    x = unjson_float(x)
     if isinstance(x, str):
-        if x in ("nan", "inf", "-inf"):
-            return float(x)
-        raise ValueError(f"{name} must be a number or one of 'inf', '-inf', 'nan', got {x!r}")
+        raise ValueError(
+            f"{name} must be a number or one of {', '.join(map(repr, JSON_NONFINITE))}, got {x!r}"
+        )
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise TypeError(f"{name} must be a number, got {x!r}")
     return float(x)

@@ -1,6 +1,8 @@
 """lscore's PyTorch adapter: ``GradScaler`` (a drop-in for ``torch.amp.GradScaler``),
-``LossScaleOptimizer`` (TF/Keras-shaped loss scaling as a torch optimizer) and
-``SkipAwareLR`` (a learning-rate schedule that advances only on applied steps)."""
+``LossScaleOptimizer`` (TF/Keras-shaped loss scaling as a torch optimizer),
+``SkipAwareLR`` (a learning-rate schedule that advances only on applied steps) and FP8 training
+emulated on any machine (``convert_to_float8``, ``Float8Linear``, ``DelayedFloat8Linear``,
+``fp8_update``)."""
 
 try:
     import torch as _torch  # noqa: F401 - only whether torch imports matters here
@@ -9,17 +11,28 @@ except ImportError as e:  # the extra is missing: name it, not only the module
         f'lscore.adapters.torch needs PyTorch ({e}); install it with pip install "lscore[torch]"'
     ) from e
 
-from lscore.adapters.torch._paths import GradUnscaler, ScalerAssertionError, torch_policy
+from lscore.adapters.torch._config import torch_policy
+from lscore.adapters.torch._paths import GradUnscaler, ScalerAssertionError
+from lscore.adapters.torch.fp8 import (
+    DelayedFloat8Linear,
+    Float8Linear,
+    convert_to_float8,
+    fp8_update,
+)
 from lscore.adapters.torch.optimizer import LossScaleOptimizer
 from lscore.adapters.torch.scaler import GradScaler, ScalerConfigError
 from lscore.adapters.torch.schedule import SkipAwareLR
 
 __all__ = [
+    "DelayedFloat8Linear",
+    "Float8Linear",
     "GradScaler",
     "LossScaleOptimizer",
     "ScalerAssertionError",
     "ScalerConfigError",
     "SkipAwareLR",
+    "convert_to_float8",
+    "fp8_update",
     "torch_policy",
 ]
 
@@ -27,11 +40,15 @@ __all__ = [
 # modules that define them, so a pickle does not depend on how the package is laid out; a
 # GradScaler's pickle also names its GradUnscaler here.
 for _obj in (
+    DelayedFloat8Linear,
+    Float8Linear,
     GradScaler,
     LossScaleOptimizer,
     ScalerAssertionError,
     ScalerConfigError,
     SkipAwareLR,
+    convert_to_float8,
+    fp8_update,
     GradUnscaler,
     torch_policy,
 ):

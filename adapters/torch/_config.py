@@ -1,9 +1,11 @@
-"""The GradScaler front's helpers: its ``policy=`` argument, float16 advice, autograd dtypes,
-and how its methods run inside ``torch.compile``.
+"""The GradScaler front's helpers: torch's policy, the ``policy=`` argument, float16
+advice, autograd dtypes, and how its methods run inside ``torch.compile``.
 
-``resolve_policy`` turns what ``GradScaler(policy=...)`` accepts (a preset
-name, a Policy, a config or state dict, an lscore loss scale) into a Policy
-and an optional starting state; ``policy_clash`` words the refusal of
+``torch_policy`` is torch.amp.GradScaler's policy (the "torch" row of the preset
+table) with its four numbers and lscore's clamps; ``is_torch_shape`` says whether a
+policy behaves as torch's.  ``resolve_policy`` turns what ``GradScaler(policy=...)``
+accepts (a preset name, a Policy, a config or state dict, an lscore loss scale) into
+a Policy and an optional starting state; ``policy_clash`` words the refusal of
 torch-named arguments passed beside it, showing the call to use.
 """
 
@@ -20,9 +22,58 @@ import torch
 
 import lscore
 import lscore.adapters
-from lscore.policy import Policy
+from lscore.policy import Policy, scale_bounds
 from lscore.presets import table as preset_table
 from lscore.state import FORMAT, LossScaleState
+
+# torch.amp.GradScaler's defaults for its four numbers (the "torch" row of the preset table)
+TORCH_ARGS = preset_table.TABLE["torch"].args
+
+
+def torch_policy(
+    init_scale: Any = TORCH_ARGS["init_scale"],
+    growth_factor: Any = TORCH_ARGS["growth_factor"],
+    backoff_factor: Any = TORCH_ARGS["backoff_factor"],
+    growth_interval: Any = TORCH_ARGS["growth_interval"],
+    *,
+    min_scale: Any = None,
+    max_scale: Any = None,
+    hysteresis: Any = 1,
+) -> Policy:
+    """The Policy of ``torch.amp.GradScaler``, plus lscore's clamps and hysteresis.
+
+    ``hysteresis`` overflows in a row are needed for one backoff; every finite
+    step refills the count (NeMo's rule); 1 is torch's behaviour.  A
+    ``min_scale`` above or a ``max_scale`` below ``init_scale`` is refused.
+    With the defaults of the keyword arguments it is ``lscore.preset("torch")``'s
+    policy.
+    """
+    p = Policy(
+        name="torch",
+        **{
+            **preset_table.TORCH,
+            "init_scale": init_scale,
+            "growth_factor": growth_factor,
+            "backoff_factor": backoff_factor,
+            "growth_interval": growth_interval,
+            "hysteresis": hysteresis,
+            "min_scale": min_scale,
+            "max_scale": max_scale,
+        },
+    )
+    scale_bounds(p.init_scale, p.min_scale, p.max_scale)
+    return p
+
+
+# torch's fields as a validated Policy holds them (the table's, normalised once)
+_TORCH_SHAPE = {k: getattr(torch_policy(), k) for k in preset_table.TORCH}
+
+
+def is_torch_shape(p: Policy) -> bool:
+    """True when `p` behaves exactly as torch.amp.GradScaler with p's four numbers (then
+    torch's own update kernel can run).  Reads p's fields; builds nothing."""
+    return all(getattr(p, k) == v for k, v in _TORCH_SHAPE.items())
+
 
 FP16_HELP = (
     "The parameters themselves are float16: keep float32 master weights (leave the "

@@ -24,7 +24,7 @@ differs: lscore sums squares in float64 where torch sums per tensor in
 float32, so the norm is torch's within torch's own float32 rounding (and
 exact for ``norm_type=inf``).  When a gradient is NaN/Inf nothing is clipped.
 
-``KERNELS`` is the one binding (CUDA tensors, ``TorchCudaBackend``: the
+``CUDA`` is the one binding (CUDA tensors, ``TorchCudaBackend``: the
 kernels are loaded and launched through CuPy, so this path needs CuPy
 installed, ``lscore[cuda12]`` or ``lscore[cuda13]``; without it torch's
 path is taken); the tests rebind it to CPU tensors and the host harness
@@ -37,57 +37,16 @@ import importlib.util
 import math
 from typing import Any
 
-import numpy as np
 import torch
 
 from lscore import kernels
-from lscore.adapters.torch._paths import TORCH_CODES, clip_coefficient
-from lscore.cuda import CupyBackend
+from lscore.adapters.torch._cuda_backend import TorchCudaBackend
+from lscore.adapters.torch._paths import TORCH_CODES, inverse_tensor
 from lscore.cuda.launch import MultiTensor
 from lscore.dtypes import Code
+from lscore.scan import clip_coefficient
 
-__all__ = ["KERNELS", "Kernels", "OnePass", "TorchCudaBackend"]
-
-# NumPy host tables -> torch: the unsigned words travel as their signed twins
-_SIGNED = {np.dtype(np.uint64): np.int64, np.dtype(np.uint32): np.int32}
-
-
-class TorchCudaBackend(CupyBackend):
-    """lscore.cuda backend for one CUDA device holding torch tensors.
-
-    The kernels are CuPy's (NVRTC's cubin of _ext/scan.cu, loaded once per
-    device into the primary context that torch uses too, see
-    lscore.cuda.loader); memory is torch tensors and the launches go to
-    torch's current stream of the device.
-    """
-
-    def ptr(self, a: torch.Tensor) -> int:
-        return a.data_ptr()
-
-    def get(self, a: torch.Tensor) -> np.ndarray:
-        return a.cpu().numpy()
-
-    def to_device(self, host: np.ndarray) -> torch.Tensor:
-        """A device copy of `host` for the launches on torch's current stream.
-
-        The launcher's only device buffers (its flag, the norm's buffer: the
-        tensors of a call travel in the kernel arguments) start as zeros: they are
-        allocated and cleared on the current stream, which orders them before the
-        launches, with no synchronisation.  Other contents are copied by torch
-        (a blocking copy, complete on return).
-        """
-        signed = _SIGNED.get(host.dtype)
-        flat = host.view(signed) if signed else host
-        if not host.any():
-            dtype = torch.from_numpy(flat[:0]).dtype
-            return torch.zeros(host.shape, dtype=dtype, device=f"cuda:{self.device}")
-        return torch.from_numpy(flat).to(f"cuda:{self.device}")
-
-    def stream(self) -> int:
-        return torch.cuda.current_stream(self.device).cuda_stream
-
-    def read_word(self, a: torch.Tensor) -> int:
-        return int(a[0].item()) & 0xFFFFFFFF
+__all__ = ["CUDA", "Kernels", "OnePass", "TorchCudaBackend"]
 
 
 class Kernels:
@@ -126,7 +85,7 @@ class Kernels:
 
 
 # the kernels load through CuPy: without it, torch's own path (two reads) is taken
-KERNELS = Kernels(
+CUDA = Kernels(
     "cuda", TorchCudaBackend, available=lambda: importlib.util.find_spec("cupy") is not None
 )
 
@@ -162,7 +121,7 @@ class OnePass:
         gradient is sparse, strided, not floating or not on the kernels' device type
         (or there is none, or `p` is neither 2 nor inf, or CuPy, which loads the kernels,
         is not installed): torch's path then."""
-        kernels = KERNELS if kernels is None else kernels
+        kernels = CUDA if kernels is None else kernels
         if not kernels.available() or not params or p not in (2.0, math.inf):
             return None
         plan = kernels.plan(params)
@@ -173,8 +132,7 @@ class OnePass:
     def __call__(self, optimizer: Any, allow_fp16: bool, stats: Any = None) -> dict:
         if not allow_fp16 and Code.F16 in self.codes:
             raise ValueError("Attempting to unscale FP16 gradients.")
-        # FP32 division can be imprecise; torch takes the reciprocal in FP64
-        inv = self.scale.double().reciprocal().float().double()
+        inv = inverse_tensor(self.scale).double()
         found = {}
         for device, runner, prepared in self.calls:
             here = inv.to(device, copy=True)
@@ -195,7 +153,7 @@ class OnePass:
         total norm as a 0-d tensor of `dtype` (the first gradient's, as torch's)."""
         with torch.no_grad():
             total = self.norm().to(dtype)
-            coef = clip_coefficient(max_norm, total)
+            coef = clip_coefficient(total, max_norm)
             flags = [f.to(total.device) for f in found.values()]
             if flags:
                 # the step will be skipped: leave its gradients as they are

@@ -15,13 +15,12 @@ A GradScaler picks one path once, when the device becomes known (its first
 
 Each answers the same calls: ``unscale`` / ``check`` (an optimizer's gradients ->
 {device: found-inf tensor}), ``update``, ``get_scale`` / ``good_steps``,
-``set_scale``, ``load`` and ``pickled``.  torch's policy, as an lscore Policy, is
-here too: it decides whether torch's update kernel can run.
+``set_scale``, ``load`` and ``pickled``.  Whether the policy is torch's
+(``_config.is_torch_shape``) decides whether torch's update kernel can run.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from typing import Any
 
@@ -29,9 +28,9 @@ import numpy as np
 import torch
 
 from lscore import kernels
+from lscore.adapters.torch._config import is_torch_shape
 from lscore.dtypes import Code
-from lscore.policy import Policy, scale_bounds
-from lscore.presets import table as preset_table
+from lscore.policy import Policy, inverse_scale
 from lscore.state import LossScaleState
 from lscore.state import json_float as _json_scale
 
@@ -45,11 +44,6 @@ TORCH_CODES = {
 }
 
 
-def clip_coefficient(max_norm: float, total: torch.Tensor) -> torch.Tensor:
-    """torch's ``clip_grad_norm_`` coefficient: ``max_norm / (total + 1e-6)``, at most 1."""
-    return torch.clamp(max_norm / (total + 1e-6), max=1.0)
-
-
 class ScalerAssertionError(RuntimeError, AssertionError):
     """Raised where torch's GradScaler raises AssertionError for call-order misuse.
 
@@ -58,60 +52,13 @@ class ScalerAssertionError(RuntimeError, AssertionError):
     """
 
 
-# torch.amp.GradScaler's defaults for its four numbers (the "torch" row of the preset table)
-TORCH_ARGS = preset_table.TABLE["torch"].args
-
-
-def torch_policy(
-    init_scale: Any = TORCH_ARGS["init_scale"],
-    growth_factor: Any = TORCH_ARGS["growth_factor"],
-    backoff_factor: Any = TORCH_ARGS["backoff_factor"],
-    growth_interval: Any = TORCH_ARGS["growth_interval"],
-    *,
-    min_scale: Any = None,
-    max_scale: Any = None,
-    hysteresis: Any = 1,
-) -> Policy:
-    """The Policy of ``torch.amp.GradScaler``, plus lscore's clamps and hysteresis.
-
-    ``hysteresis`` overflows in a row are needed for one backoff; every finite
-    step refills the count (NeMo's rule); 1 is torch's behaviour.  A
-    ``min_scale`` above or a ``max_scale`` below ``init_scale`` is refused.
-    With the defaults of the keyword arguments it is ``lscore.preset("torch")``'s
-    policy.
-    """
-    p = Policy(
-        name="torch",
-        **{
-            **preset_table.TORCH,
-            "init_scale": init_scale,
-            "growth_factor": growth_factor,
-            "backoff_factor": backoff_factor,
-            "growth_interval": growth_interval,
-            "hysteresis": hysteresis,
-            "min_scale": min_scale,
-            "max_scale": max_scale,
-        },
-    )
-    scale_bounds(p.init_scale, p.min_scale, p.max_scale)
-    return p
-
-
-# torch's fields as a validated Policy holds them (the table's, normalised once)
-_TORCH_SHAPE = {k: getattr(torch_policy(), k) for k in preset_table.TORCH}
-
-
-def is_torch_shape(p: Policy) -> bool:
-    """True when `p` behaves exactly as torch.amp.GradScaler with p's four numbers (then
-    torch's own update kernel can run).  Reads p's fields; builds nothing."""
-    return all(getattr(p, k) == v for k, v in _TORCH_SHAPE.items())
-
-
-def _reciprocal(scale: float) -> float:
-    """torch's inv_scale: the float64 reciprocal of the float32 scale, rounded to float32."""
-    if scale == 0.0:
-        return math.copysign(math.inf, scale)
-    return float(np.float32(1.0 / scale))
+def inverse_tensor(scale: torch.Tensor) -> torch.Tensor:
+    """``lscore.policy.inverse_scale`` of a float32 scale tensor, on its device (no host
+    sync), as torch's GradScaler takes it: the float64 reciprocal rounded to float32
+    (float32 division can be imprecise), except on MPS, which has no float64."""
+    if scale.device.type == "mps":
+        return scale.reciprocal()
+    return scale.double().reciprocal().float()
 
 
 def _kernel_unscale(groups: Any, inv_scale: Any, found_inf: Any, found_per_device: Any) -> None:
@@ -466,7 +413,7 @@ class _CorePath(_Placed):
 
     def unscale(self, optimizer: Any, allow_fp16: bool, stats: list | None = None) -> dict:
         return self.unscaler(
-            optimizer.param_groups, _reciprocal(self.state.scale), allow_fp16, stats
+            optimizer.param_groups, inverse_scale(self.state.scale), allow_fp16, stats
         )
 
     def check(self, optimizer: Any) -> dict:
@@ -498,8 +445,6 @@ class _DevicePath(_Placed):
 
     def __init__(self, state: Any, device: Any, unscaler: Any) -> None:
         super().__init__(state, device, unscaler, tracked=True)
-        # FP32 division can be imprecise; torch takes the reciprocal in FP64 (not on MPS)
-        self._fp64_reciprocal = self.scale.device != torch.device("mps:0")
 
     def get_scale(self) -> float:
         return self.scale.item() if self.torch_shape else self.state.scale
@@ -521,9 +466,8 @@ class _DevicePath(_Placed):
             self.written = self.state.scale
 
     def unscale(self, optimizer: Any, allow_fp16: bool, stats: list | None = None) -> dict:
-        scale = self.scale
-        inv = scale.double().reciprocal().float() if self._fp64_reciprocal else scale.reciprocal()
-        found = torch.full((), 0.0, dtype=torch.float32, device=scale.device)
+        inv = inverse_tensor(self.scale)  # first, as torch issues its ops
+        found = torch.full((), 0.0, dtype=torch.float32, device=self.scale.device)
         return unscale_with_kernel(optimizer, inv, found, allow_fp16)
 
     def check(self, optimizer: Any) -> dict:

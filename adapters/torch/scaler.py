@@ -3,102 +3,48 @@
 The class keeps torch's surface (methods, call order, errors, state dicts) and
 hands the scale to a path picked at the first ``scale()``, from the loss's
 device (adapters/torch/_paths.py): lscore's compiled core for CPU tensors,
-torch's own kernels elsewhere.
+torch's own kernels elsewhere.  Its parts: torch's private attributes read through
+the path (_scaler_path.py), the unscale and clip (_scaler_unscale.py), the state dicts
+and pickles (_scaler_state.py); here the constructor, ``scale``, ``step``, ``update``
+and the queries.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
-import math
 from collections import abc, defaultdict
 from typing import Any
 
-import numpy as np
 import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
-from lscore.adapters.torch import _cuda_clip
 from lscore.adapters.torch._config import (
+    TORCH_ARGS,
     ScalerConfigError,
-    fp16_help,
     graph_dtypes,
     outside_graph,
     policy_clash,
     resolve_policy,
+    torch_policy,
     warn_at_caller,
-    zero_d,
 )
 from lscore.adapters.torch._paths import (
-    TORCH_ARGS,
     Disabled,
     ScalerAssertionError,
     SkipCount,
     Unplaced,
-    clip_coefficient,
     named_grads,
-    state_dict_with,
-    torch_policy,
-    unscale_with_kernel,
 )
-from lscore.distributed import TorchReducer, reduce_found_inf
-from lscore.policy import integer, real
+from lscore.adapters.torch._scaler_state import StateScaler
+from lscore.adapters.torch._scaler_unscale import UnscaleScaler
+from lscore.distributed import TorchReducer
 from lscore.state import LossScaleState
 
 __all__ = ["GradScaler", "ScalerConfigError"]
 
-_FIX = (
-    "This may indicate your script did not use scaler.scale(loss or outputs) "
-    "earlier in the iteration."
-)
-# the keys of a pickled GradScaler, in this order: __getstate__ writes the path's part
-# (_PICKLED_PATH: the state machine, the scale and the CPU unscaler) beside the scaler's
-# own, and __setstate__ rebuilds an unplaced path from it
-_PICKLED = (
-    "_device",
-    "_auto",
-    "_enabled",
-    "_allow_fp16",
-    "_monitor_groups",
-    "_last_skipped",
-    "_skipped",
-    "_state",
-    "_init_scale",
-    "_growth_factor",
-    "_backoff_factor",
-    "_growth_interval",
-    "_scale",
-    "_tracker_t",
-    "_scale_value",
-    "_unscaler",
-    "_per_optimizer_states",
-    "_reducer",
-)
-_PICKLED_PATH = ("_state", "_init_scale", "_scale", "_tracker_t", "_scale_value", "_unscaler")
 
-
-# the state dict's key for what the scaler counts beside torch's state (torch ignores it)
-_COUNTERS = "lscore_counters"
-
-
-def _read_counters(d: Any) -> tuple[int, bool, int] | None:
-    """(skipped_steps, last_step_skipped, monitor_steps) of a state dict's counters, checked."""
-    if d is None:
-        return None
-    keys = {"skipped_steps", "last_step_skipped", "monitor_steps"}
-    if not isinstance(d, dict) or set(d) != keys:
-        raise ValueError(f"{_COUNTERS} must be a dict with the keys {sorted(keys)}, got {d!r}")
-    last = d["last_step_skipped"]
-    if not isinstance(last, bool):
-        raise TypeError(f"{_COUNTERS}['last_step_skipped'] must be a bool, got {last!r}")
-    return (
-        integer("skipped_steps", d["skipped_steps"], minimum=0),
-        last,
-        integer("monitor_steps", d["monitor_steps"], minimum=0),
-    )
-
-
-class GradScaler(torch.amp.GradScaler):
+class GradScaler(UnscaleScaler, StateScaler):
     """A drop-in for ``torch.amp.GradScaler``: the same methods, errors, state dicts and scales.
 
     ``scale(loss)`` multiplies the loss by the scale, so that small float16
@@ -290,120 +236,6 @@ class GradScaler(torch.amp.GradScaler):
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         self._reducer = None if process_group is None else TorchReducer(process_group)
 
-    # ---- the path (torch's private names read through it) ---------------------------
-
-    #: True: torch's own kernels check, unscale and update even for CPU tensors (the path
-    #: every other device takes); set it before the first ``scale()``
-    torch_kernels = False
-
-    def _path_has(self, name: str) -> None:
-        """A scaler disabled from the start has no state, scale or tracker (torch's neither)."""
-        if self._path.state is None:
-            raise AttributeError(f"'GradScaler' object has no attribute {name!r}")
-
-    @property
-    def _state(self) -> LossScaleState:
-        """The host state machine (policy and counters; the scale on the CPU path)."""
-        state = self._path.state
-        if state is None:
-            self._path_has("_state")
-        return state
-
-    @property  # torch's attribute, read-only here: the path owns the tensor
-    def _scale(self) -> torch.Tensor | None:  # type: ignore[override]
-        """torch's scale tensor, None before scale()."""
-        scale = self._path.scale
-        if scale is None:
-            self._path_has("_scale")
-        return scale
-
-    @property  # torch's attribute, read-only here: the path owns the tensor
-    def _growth_tracker(self) -> torch.Tensor | None:  # type: ignore[override]
-        """torch's growth-tracker tensor (a copy on the CPU path), None before scale()."""
-        self._path_has("_growth_tracker")
-        return self._path.growth_tracker()
-
-    @property
-    def _on_device(self) -> bool:
-        """True when torch's kernels do the work (the scale lives off the CPU)."""
-        return self._path.on_device
-
-    # (scale, growth tracker) the tensors were created with, or last loaded after that
-    _init_values: tuple | None = None
-
-    @property  # torch's attribute, read-only here: the path owns the value
-    def _init_scale(self) -> float:
-        """torch's: the value the scale tensor is (or was) created with, or the scale last
-        loaded by load_state_dict.  Assigned before the first scale(), it is the scale the
-        tensor will be created with, as in torch."""
-        self._path_has("_init_scale")
-        if self._path.scale is None or self._init_values is None:
-            return self._path.get_scale()
-        return self._init_values[0]
-
-    @_init_scale.setter
-    def _init_scale(self, value: float) -> None:
-        self._set_init(real("_init_scale", value), None)
-
-    @property
-    def _init_growth_tracker(self) -> int:
-        """torch's: the value the growth tracker is (or was) created with, or last loaded.
-        Assigned before the first scale(), it is the count the tracker will start from,
-        as in torch (whose load_state_dict overwrites it, as here)."""
-        self._path_has("_init_growth_tracker")
-        if self._path.scale is None or self._init_values is None:
-            return self._path.good_steps()
-        return self._init_values[1]
-
-    @_init_growth_tracker.setter
-    def _init_growth_tracker(self, value: int) -> None:
-        self._set_init(None, integer("_init_growth_tracker", value, minimum=0))
-
-    def _set_init(self, scale: float | None, tracker: int | None) -> None:
-        """Assign torch's _init_scale or _init_growth_tracker (None: keep the other)."""
-        self._path_has("_init_scale" if tracker is None else "_init_growth_tracker")
-        path = self._path
-        if isinstance(path, Unplaced):  # the tensors do not exist yet: they start from these
-            state = path.state
-            new_scale = path.get_scale() if scale is None else scale
-            new_tracker = path.good_steps() if tracker is None else tracker
-            d = state_dict_with(state, float(np.float32(new_scale)), good_steps=new_tracker)
-            path.load(d, new_scale)
-        else:  # torch keeps the attribute only: the tensors hold the scale and tracker
-            old = self._init_values or (path.get_scale(), path.good_steps())
-            self._init_values = (
-                old[0] if scale is None else scale,
-                old[1] if tracker is None else tracker,
-            )
-
-    def _lazy_init_scale_growth_tracker(self, dev: Any) -> None:
-        """Create the scale (and pick the path) on `dev`, a torch.device or a string, as
-        torch's scale() does on its first call; torch's assertion if already created."""
-        if self._growth_tracker is not None or self._path.scale is not None:
-            raise ScalerAssertionError("_growth_tracker initialized before _scale")
-        self._placed_scale(torch.device(dev))
-
-    def _unscale_grads_(
-        self, optimizer: Any, inv_scale: torch.Tensor, found_inf: torch.Tensor, allow_fp16: bool
-    ) -> dict:
-        """torch's hook: multiply `optimizer`'s gradients by `inv_scale` with torch's kernel,
-        per device and dtype; {device: found-inf tensor} (as ShardedGradScaler uses it)."""
-        return unscale_with_kernel(optimizer, inv_scale, found_inf, allow_fp16)
-
-    def _check_scale_growth_tracker(self, funcname: str) -> Any:
-        """(scale tensor, tracker tensor or None on the CPU path); raises before scale()."""
-        scale = self._scale
-        if scale is None:
-            raise ScalerAssertionError(f"Attempted {funcname} but _scale is None.  " + _FIX)
-        return scale, self._path.tracker
-
-    def _placed_scale(self, device: torch.device) -> torch.Tensor:
-        """The scale tensor; the first call picks the path from `device` (torch's lazy init)."""
-        if self._path.scale is None:
-            self._init_values = (self._path.get_scale(), self._path.good_steps())
-            self._path = self._path.place(device, self.torch_kernels)
-        return self._path.scale
-
     # ---- scale -------------------------------------------------------------------
 
     @outside_graph
@@ -457,131 +289,6 @@ class GradScaler(torch.amp.GradScaler):
             f"(dtypes seen: {kinds}); bfloat16 and float32 training need no loss "
             f"scaling, so this scaler is disabled."
         )
-
-    # ---- unscale -----------------------------------------------------------------
-
-    @outside_graph
-    def unscale_and_clip_(self, optimizer: Any, max_norm: float, norm_type: float = 2.0) -> Any:
-        """``unscale_(optimizer)``, then clip the gradients as ``clip_grad_norm_`` does.
-
-        An lscore extra: for ``norm_type`` 2 or inf the norm is gathered by the
-        pass that unscales the gradients (on the CPU core, and by lscore's
-        kernels for dense CUDA gradients), so clipping costs one multiply
-        instead of two more reads.  When a gradient is NaN/inf the step will be
-        skipped, and nothing is clipped.
-
-        Parameters
-        ----------
-        optimizer : torch.optim.Optimizer
-            The optimizer whose gradients to unscale and clip.
-        max_norm : float
-            The largest total norm the gradients keep (> 0).
-        norm_type : float or "inf", default 2.0
-            The p of the p-norm, as ``clip_grad_norm_`` takes it.
-
-        Returns
-        -------
-        torch.Tensor
-            The total norm before clipping, in the gradients' dtype.
-        """
-        max_norm = real("max_norm", max_norm)
-        if not max_norm > 0:
-            raise ValueError(f"max_norm must be > 0, got {max_norm!r}")
-        try:
-            p = float(norm_type)  # as clip_grad_norm_ converts it ("inf" too)
-        except (TypeError, ValueError):
-            raise ValueError(f"norm_type must be a number or 'inf', got {norm_type!r}") from None
-        if math.isnan(p):
-            raise ValueError(f"norm_type must be a number or 'inf', got {norm_type!r}")
-        params = [q for g in optimizer.param_groups for q in g["params"] if q.grad is not None]
-        if self._enabled and self._path.on_device:
-            # CUDA gradients, p 2 or inf: lscore's one-pass kernels (adapters/torch/_cuda_clip.py)
-            one = _cuda_clip.OnePass.of(params, self._path.scale, p)
-            if one is not None:
-                self._unscale_with(optimizer, unscale=one)
-                return one.clip(
-                    max_norm, self._found_inf_per_device(optimizer), params[0].grad.dtype
-                )
-        if not self._enabled or self._path.on_device or p not in (2.0, math.inf):
-            if self._enabled:
-                self.unscale_(optimizer)
-            if p in (2.0, math.inf) or not self._enabled or self._path.on_device:
-                return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
-            return self._clip(optimizer, params, max_norm, None, p)
-        stats: list = []
-        self._unscale_with(optimizer, stats=stats)
-        if p == 2.0:
-            total = math.sqrt(math.fsum(sq for sq, _ in stats))
-        else:
-            total = max((m for _, m in stats), default=0.0)
-        return self._clip(optimizer, params, max_norm, total, p)
-
-    def _clip(
-        self, optimizer: Any, params: Any, max_norm: float, total: Any, p: float
-    ) -> torch.Tensor:
-        """Scale the unscaled gradients down to `max_norm` (torch's arithmetic: a
-        coefficient in the norm's dtype, clamped to 1) unless this step will be skipped;
-        returns the norm.  `total` None: the p-norm taken as clip_grad_norm_ takes it.
-        Only after the CPU core unscaled the gradients (its table is then theirs): the
-        multiply is its one pass where every gradient is bfloat16, torch's
-        ``_foreach_mul_`` otherwise."""
-        dtype = params[0].grad.dtype if params else torch.float32
-        groups: dict = {}
-        for q in params:
-            groups.setdefault((q.grad.device, q.grad.dtype), []).append(q.grad)
-        with torch.no_grad():
-            if total is None:
-                if not params:
-                    return torch.tensor(0.0)
-                norms = [n for grads in groups.values() for n in torch._foreach_norm(grads, p)]
-                total = torch.linalg.vector_norm(torch.stack(norms), p)
-            else:
-                total = torch.tensor(total, dtype=dtype)
-            found = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
-            if params and not any(v.item() for v in found.values()):
-                coef = clip_coefficient(max_norm, total)
-                # bfloat16: the core's pass (1e7 elements: 0.73 ms, torch's 1.34 ms on a
-                # Zen 3 core); torch's multiply is the faster one for the other dtypes
-                core = coef.dtype == torch.bfloat16
-                if not (core and self._path.unscaler.multiply(float(coef), coef.dtype)):
-                    for (device, _), grads in groups.items():
-                        torch._foreach_mul_(grads, coef.to(device))
-        return total
-
-    @outside_graph
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        """Divide ("unscale") `optimizer`'s gradients by the scale and check them for NaN/inf.
-
-        Call it before working on the gradients (e.g. clipping them); ``step()``
-        calls it otherwise.  Calling it twice in an iteration, or after ``step()``,
-        is a RuntimeError; float16 gradients without ``allow_fp16_params`` a
-        ValueError.
-        """
-        self._unscale_with(optimizer)
-
-    def _unscale_with(self, optimizer: Any, stats: list | None = None, unscale: Any = None) -> None:
-        """``unscale_``, also appending each array's (sum of squares, largest magnitude) to
-        `stats` on the CPU core path, or unscaling with `unscale` (the one-pass CUDA clip's)."""
-        if not self._enabled:
-            return
-        self._check_scale_growth_tracker("unscale_")
-        state = self._per_optimizer_states[id(optimizer)]
-        if state["stage"] is OptState.UNSCALED:
-            raise RuntimeError(
-                "unscale_() has already been called on this optimizer since the last update()."
-            )
-        if state["stage"] is OptState.STEPPED:
-            raise RuntimeError("unscale_() is being called after step().")
-        try:
-            found = (unscale or self._path.unscale)(optimizer, self._allow_fp16, stats)
-        except ValueError as e:
-            if str(e) == "Attempting to unscale FP16 gradients.":
-                raise fp16_help(e) from None
-            raise
-        state["found_inf_per_device"] = self._agree(found)
-        if self.overflow_monitor is not None:
-            self._monitor_groups.append(optimizer.param_groups)
-        state["stage"] = OptState.UNSCALED
 
     # ---- step --------------------------------------------------------------------
 
@@ -782,169 +489,6 @@ class GradScaler(torch.amp.GradScaler):
         ``scale()`` has looked at the loss (the scaler is ready to scale until then), and
         False from then on if no float16 tensor was behind that loss."""
         return self._enabled
-
-    @property
-    def last_step_skipped(self) -> bool:
-        """Whether the iteration closed by the last update() skipped an optimizer step.
-
-        Exact; off the CPU (CUDA) the flag is a device tensor, so reading it waits for
-        the device: a host synchronisation.  ``SkipAwareLR`` keeps a learning-rate
-        schedule in step with the applied steps without one."""
-        return bool(self._last_skipped)
-
-    @property
-    def skipped_steps(self) -> int:
-        """How many iterations, closed by update(), skipped an optimizer step."""
-        return int(self._skipped)
-
-    # ---- state -------------------------------------------------------------------
-
-    def _uses_lscore_options(self) -> bool:
-        return not self._path.torch_shape
-
-    def state_dict(self) -> dict:
-        """torch's five keys, ``"lscore_counters"`` (``skipped_steps``, ``last_step_skipped``
-        and the overflow monitor's step count), and ``"lscore"`` (the full
-        ``"lscore.state/1"`` state) when an lscore-only argument is in use; ``{}`` when
-        disabled.
-
-        torch's keys are in torch's meaning, so that ``torch.amp.GradScaler`` can load
-        them: with an lscore policy, ``_growth_tracker`` counts toward the policy's next
-        growth as torch's tracker counts toward ``growth_interval``.  A policy that never
-        grows (a fixed scale) has no such meaning: it warns, since torch's scaler would
-        grow and back off the scale it loads.
-        """
-        if not self._enabled:
-            return {}
-        d = {
-            "scale": self.get_scale(),
-            "growth_factor": self._growth_factor,
-            "backoff_factor": self._backoff_factor,
-            "growth_interval": self._growth_interval,
-            "_growth_tracker": self._get_growth_tracker(),
-        }
-        if self._uses_lscore_options():
-            state = self._state
-            p = state.policy
-            if p.backoff_mode == "divide":
-                d["backoff_factor"] = 1.0 / p.growth_factor
-            n = state.steps_to_growth()
-            if n is None:
-                warn_at_caller(
-                    f"the {p.name!r} policy keeps its scale fixed; torch.amp.GradScaler "
-                    "cannot, so loaded into it this state grows and backs off the scale "
-                    "(lscore's GradScaler loads the whole policy from the 'lscore' key)"
-                )
-            else:
-                # torch grows when its tracker, counting up, reaches growth_interval; it is
-                # negative where the policy waits longer (DeepSpeed's offset after an overflow)
-                d["_growth_tracker"] = p.growth_interval - n
-            d["lscore"] = state.state_dict()
-        d[_COUNTERS] = {
-            "skipped_steps": self.skipped_steps,
-            "last_step_skipped": self.last_step_skipped,
-            "monitor_steps": self._steps_seen,
-        }
-        return d
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Load `state_dict`, saved by this class or by ``torch.amp.GradScaler``.
-
-        An empty one (saved from a disabled scaler) is a RuntimeError, as in torch,
-        unless this scaler is ``enabled="auto"`` and still undecided.
-        """
-        if not self._enabled:
-            return
-        if len(state_dict) == 0 and self._auto:
-            # enabled="auto", undecided: the scaler that saved this disabled itself (no
-            # float16 behind its loss); this one decides again at its first scale()
-            return
-        if len(state_dict) == 0:
-            raise RuntimeError(
-                "The source state dict is empty, possibly because it was saved "
-                "from a disabled instance of GradScaler."
-            )
-        counters = _read_counters(state_dict.get(_COUNTERS))  # checked before any change
-        # torch fill_()s its tensors with these: 0-d tensors (older checkpoints) work too
-        scale = zero_d(state_dict["scale"])
-        gf, bf = state_dict["growth_factor"], state_dict["backoff_factor"]
-        gi, tracker = state_dict["growth_interval"], zero_d(state_dict["_growth_tracker"])
-        # torch's fill_() would refuse these too; fail before anything changes
-        real("scale", scale)
-        v1 = state_dict.get("lscore")
-        # with "lscore" the tracker is only torch's reading of the policy's (it may be < 0)
-        integer("_growth_tracker", tracker, minimum=0 if v1 is None else None)
-        if v1 is not None:
-            self._path.load(v1, None)
-            self._init_values = (self._path.get_scale(), self._path.good_steps())
-            p = self._state.policy
-            self._growth_factor, self._backoff_factor = p.growth_factor, p.backoff_factor
-            self._growth_interval = p.growth_interval
-        else:
-            state = self._state
-            policy = state.policy.replace(growth_factor=gf, backoff_factor=bf, growth_interval=gi)
-            # a torch dict has no hysteresis count: start full, as NeMo does
-            d = state_dict_with(
-                state,
-                float(np.float32(scale)),
-                policy,
-                good_steps=int(tracker),
-                hysteresis_left=policy.hysteresis,
-            )
-            self._path.load(d, scale)
-            self._init_values = (scale, int(tracker))
-            self._growth_factor, self._backoff_factor, self._growth_interval = gf, bf, gi
-        if counters is not None:  # torch's own dicts have none: the counts stay as they are
-            self._skipped, self._last_skipped, self._steps_seen = counters
-
-    def __getstate__(self) -> dict:
-        """The pickled attributes: those of _PICKLED, in that order, then any others."""
-        if self._enabled and len(self._per_optimizer_states) != 0:
-            raise ScalerAssertionError(
-                "A GradScaler instance may only be pickled at the beginning of an "
-                "iteration, or at the end after scaler.update()."
-            )
-        state = self.__dict__.copy()
-        # a schedule holds its optimizer: it is not the scaler's to pickle (torch's
-        # schedulers are saved on their own, and a rebuilt SkipAwareLR attaches itself)
-        state.pop("_schedules", None)
-        state.update(state.pop("_path").pickled())
-        if self._enabled:
-            state["_last_skipped"] = self.last_step_skipped
-            state["_skipped"] = self.skipped_steps
-        return {**{k: state.pop(k) for k in _PICKLED if k in state}, **state}
-
-    def __setstate__(self, state: dict) -> None:
-        state = dict(state)
-        held = {k: state.pop(k) for k in _PICKLED_PATH if k in state}
-        self.__dict__.update(state)
-        # a pickled scaler is unplaced (as after torch's own unpickling: _scale is None)
-        path = (
-            Unplaced(held["_state"], held["_init_scale"], held.get("_unscaler"))
-            if "_state" in held
-            else None
-        )
-        self._path = path if self._enabled else Disabled(path)
-
-    def _check_inf_per_device(self, optimizer: Any) -> dict:
-        self._check_scale_growth_tracker("_check_inf_per_device")
-        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = self._agree(
-            self._path.check(optimizer)
-        )
-        return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
-
-    def _agree(self, found: dict) -> dict:
-        """With a process_group: one flag on the scale's device, the OR over every rank
-        (lscore.distributed; read on the host, as step() reads it anyway)."""
-        if self._reducer is None:
-            return found
-        local = any(bool(f.item()) for f in found.values())
-        flag = reduce_found_inf(self._reducer, local)
-        device = self._path.scale.device  # placed: the flags came from its unscale or check
-        return {device: torch.full((), float(flag), dtype=torch.float32, device=device)}
-
-    def _found_inf_per_device(self, optimizer: Any) -> dict:
-        return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
 
     def __repr__(self) -> str:
         if not self._enabled:

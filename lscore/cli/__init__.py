@@ -239,7 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
         "of chunk and block sizes on a CUDA device, and the one to set "
         "with LSCORE_CUDA_LAUNCH (skipped without one); gpu-static: the "
         "kernels' sm_90 machine code read on the CPU (NVRTC, cuobjdump): "
-        "instructions per byte of each hottest loop",
+        "instructions per byte of each hottest loop; fp8: float8 quantize "
+        "(delayed and current scaling) against torch eager, torch.compile "
+        "and the byte floor, on the CPU and a CUDA device (where there is one)",
     )
     bench.set_defaults(func=_bench)
     from lscore.cli.migrate_cmd import add_parser as add_migrate

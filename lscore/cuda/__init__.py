@@ -7,14 +7,20 @@ imported when a kernel is first compiled or launched.
 
 What a user needs is here: ``ArrayKernels`` (all_finite / unscale_ /
 unscale_and_norm / unscale_and_clip_ over nested device arrays of an array
-module, launched by a backend such as ``CupyBackend``), ``LaunchConfig`` and
+module, launched by a ``Backend`` such as ``CupyBackend``), ``LaunchConfig`` and
 ``launch_config`` (chunk, block and launch limits; ``LSCORE_CUDA_LAUNCH``),
 ``device_missing``, the compiled-kernel cache (``kernel_image``,
 ``kernel_cache_dir``, ``LSCORE_KERNEL_CACHE_DIR``, ``LSCORE_KERNEL_CACHE``) and
 the NVRTC compile itself (``compile_kernels``, ``source``, ``KERNELS``,
 ``NVRTC_OPTIONS``).  The machinery lives in the submodules:
 
-- ``loader``: the ``.cu`` sources, NVRTC, the disk cache, modules per device
+- ``sources``: the ``.cu`` files, their kernel names and the text NVRTC compiles
+- ``nvrtc``: the compile, with exact IEEE float32 options
+- ``cache``: the disk cache of compiled kernels
+- ``backend``: ``Backend``, the interface every backend provides
+- ``cupy_backend``: ``CupyBackend``, modules loaded once per device
+- ``loader``: every name of the four above, from one import
+- ``config``: ``LaunchConfig``, its defaults and ``LSCORE_CUDA_LAUNCH``
 - ``launch``: ``MultiTensor`` (chunked launches per dtype group, the tensors in the kernel
   arguments, packed once)
 - ``device_state``: ``DeviceState``, one ``lsc_state`` and its flags on a device
@@ -23,19 +29,12 @@ the NVRTC compile itself (``compile_kernels``, ``source``, ``KERNELS``,
 """
 
 from lscore.cuda.arrays import ArrayKernels
-from lscore.cuda.launch import LaunchConfig, launch_config
-from lscore.cuda.loader import (
-    CACHE_DIR_ENV,
-    CACHE_ENV,
-    KERNELS,
-    NVRTC_OPTIONS,
-    CupyBackend,
-    compile_kernels,
-    device_missing,
-    kernel_cache_dir,
-    kernel_image,
-    source,
-)
+from lscore.cuda.backend import Backend
+from lscore.cuda.cache import CACHE_DIR_ENV, CACHE_ENV, kernel_cache_dir, kernel_image
+from lscore.cuda.config import LaunchConfig, launch_config
+from lscore.cuda.cupy_backend import CupyBackend, device_missing
+from lscore.cuda.nvrtc import NVRTC_OPTIONS, compile_kernels
+from lscore.cuda.sources import KERNELS, source
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -43,6 +42,7 @@ __all__ = [
     "KERNELS",
     "NVRTC_OPTIONS",
     "ArrayKernels",
+    "Backend",
     "CupyBackend",
     "LaunchConfig",
     "compile_kernels",

@@ -15,10 +15,12 @@ import math
 from typing import Any
 
 from lscore import kernels
-from lscore.cuda.launch import LaunchConfig, MultiTensor
-from lscore.cuda.loader import TRAITS
+from lscore.cuda.config import LaunchConfig
+from lscore.cuda.launch import MultiTensor
+from lscore.cuda.sources import TRAITS
 from lscore.dtypes import BY_NAME, Code
 from lscore.policy import real
+from lscore.scan import clip_coefficient, norm_order
 
 __all__ = ["ArrayKernels", "clip_coefficient", "norm_kind"]
 
@@ -44,23 +46,12 @@ def norm_kind(norm_type: Any) -> bool:
     `norm_type` as ``torch.nn.utils.clip_grad_norm_`` takes it (a number, or
     ``"inf"``); any other p is refused rather than computed in another pass.
     """
-    try:
-        p = float(norm_type)
-    except (TypeError, ValueError):
-        p = None
+    p = norm_order(norm_type)
     if p not in (2.0, math.inf):
         raise ValueError(
             f"norm_type must be 2 or inf (the norms the one-pass kernels gather), got {norm_type!r}"
         )
     return p == math.inf
-
-
-def clip_coefficient(norm: float, max_norm: float, found: bool) -> float:
-    """torch's ``clip_grad_norm_`` coefficient, max_norm / (norm + 1e-6) clamped to 1, in
-    float64; 1 when the check saw NaN/Inf or the norm is not finite (scan.cu's lsc_norm_end)."""
-    if found or not math.isfinite(norm):
-        return 1.0
-    return min(1.0, max_norm / (norm + 1e-6))
 
 
 class ArrayKernels:

@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from lscore import kernels
-from lscore.cuda.loader import UPDATE_KERNEL
+from lscore.cuda.backend import Backend
+from lscore.cuda.sources import UPDATE_KERNEL
 
 # slots of the flags (uint32) and values (float64) that follow the struct (lsc_codes.h)
 FOUND, FLOOR, APPLY = (kernels.DEVICE_FLAGS[k] for k in ("found", "floor", "apply"))
@@ -26,7 +27,7 @@ class DeviceState:
     class never reads its fields.
     """
 
-    def __init__(self, backend: Any, nbytes: int) -> None:
+    def __init__(self, backend: Backend, nbytes: int) -> None:
         if nbytes % 8:
             raise ValueError(f"lsc_state size must be a multiple of 8, got {nbytes}")
         self.backend = backend

@@ -2,12 +2,18 @@
 
 ``recipe(name, **overrides)`` gives a ``Recipe`` (one of ``RECIPES``, or a
 custom parameter set); ``Recipe.scale_from_amax`` is its compiled
-current-scaling rule.  ``tensor_stats`` and ``Float8Monitor`` report what a
-scaled float8 cast does to each tensor (amax, scale, saturated and flushed
-elements).  Only NumPy is imported.
+current-scaling rule; ``DelayedScaling`` is TransformerEngine's
+delayed-scaling state of n tensors.  ``amax``, ``quantize`` (one pass: the
+cast with a given scale and the input's amax), ``quantize_current`` (amax,
+the recipe's scale, the cast; a ``Float8``) and ``dequantize``, per tensor or
+per row, for NumPy and CuPy arrays.  ``tensor_stats`` and ``Float8Monitor``
+report what a scaled float8 cast does to each tensor (amax, scale, saturated
+and flushed elements).  Only NumPy is imported.
 """
 
+from lscore.fp8.delayed import DelayedScaling
 from lscore.fp8.diagnostics import Float8Monitor, Float8Stats, tensor_stats
+from lscore.fp8.quantize import Float8, amax, dequantize, quantize, quantize_current
 from lscore.fp8.recipes import FP8_MAX, RECIPES, Recipe, recipe
 
 # re-bound so that their doc comments reach the API reference
@@ -19,9 +25,15 @@ FP8_MAX = FP8_MAX
 __all__ = [
     "FP8_MAX",
     "RECIPES",
+    "DelayedScaling",
+    "Float8",
     "Float8Monitor",
     "Float8Stats",
     "Recipe",
+    "amax",
+    "dequantize",
+    "quantize",
+    "quantize_current",
     "recipe",
     "tensor_stats",
 ]

@@ -29,83 +29,55 @@ FP8_MAX = {"e4m3fn": 448.0, "e5m2": 57344.0}
 # (TE:transformer_engine/common/recipe/__init__.py:29-50)
 _TE_FORMATS = {"E4M3": ("e4m3fn", "e4m3fn"), "HYBRID": ("e4m3fn", "e5m2")}
 
-#: every preset: name -> the Recipe fields it fixes (its docstring line cites the source)
+# What the current-scaling presets of each library share (margin, history and amax
+# selection are delayed scaling's, unused by current scaling).  TE: casts saturate both
+# formats with NaN 0x7F (CUDA's __NV_SATFINITE types, TE:transformer_engine/common/
+# common.h:645) and the amax skips NaN elements (fmaxf: TE:transformer_engine/common/
+# util/vectorized_pointwise.h:184-219).  torchao: amax torch.max(|x|) (NaN propagates),
+# scale amax_to_scale with EPS 1e-12 (ao:torchao/float8/float8_utils.py:18-53), cast
+# to_fp8_saturated (ao:torchao/float8/float8_utils.py:118-139; torch keeps a NaN's sign).
+_CURRENT = dict(
+    scaling="current",
+    granularity="tensor",
+    margin=0,
+    amax_history_len=1,
+    amax_compute_algo="most_recent",
+    power_2_scales=False,
+    saturate=True,
+)
+_TE = dict(_CURRENT, rule="te", amax_epsilon=0.0, amax_nan="ignore", nan_sign=False)
+_TORCHAO = dict(_CURRENT, rule="torchao", amax_epsilon=1e-12, amax_nan="propagate", nan_sign=True)
+
+#: every preset: name -> the Recipe fields it fixes (the comment above each cites its source)
 TABLE: dict[str, dict[str, Any]] = {
     # TE DelayedScaling defaults: margin 0, fp8_format HYBRID, amax_history_len 1024,
     # amax_compute_algo "max" (TE:transformer_engine/common/recipe/__init__.py:172-282);
     # the update is the fused bulk kernel (TE:transformer_engine/common/recipe/
-    # delayed_scaling.cu:162-253); casts saturate both formats with NaN 0x7F and their
-    # amax skips NaN elements (fmaxf: TE:transformer_engine/common/util/
-    # vectorized_pointwise.h:184-219, TE:transformer_engine/common/common.h:645)
+    # delayed_scaling.cu:162-253)
     "te-delayed": dict(
+        _TE,
         scaling="delayed",
-        granularity="tensor",
         forward_format="e4m3fn",
         backward_format="e5m2",
-        margin=0,
         amax_history_len=1024,
         amax_compute_algo="max",
-        power_2_scales=False,
-        amax_epsilon=0.0,
-        rule="te",
-        amax_nan="ignore",
-        saturate=True,
-        nan_sign=False,
     ),
     # TE Float8CurrentScaling: HYBRID, use_power_2_scales False, amax_epsilon 0
     # (TE:transformer_engine/common/recipe/__init__.py:285-333); the scale is
     # compute_scale_from_amax (TE:transformer_engine/common/recipe/recipe_common.cuh:14-49)
     # of an fmaxf amax (TE:transformer_engine/common/recipe/current_scaling.cu:24-70)
-    "te-current": dict(
-        scaling="current",
-        granularity="tensor",
-        forward_format="e4m3fn",
-        backward_format="e5m2",
-        margin=0,
-        amax_history_len=1,
-        amax_compute_algo="most_recent",
-        power_2_scales=False,
-        amax_epsilon=0.0,
-        rule="te",
-        amax_nan="ignore",
-        saturate=True,
-        nan_sign=False,
-    ),
+    "te-current": dict(_TE, forward_format="e4m3fn", backward_format="e5m2"),
     # torchao's "tensorwise" recipe: dynamic, e4m3fn input and weight, e5m2 grad_output
-    # (ao:torchao/float8/config.py:297-309, 331-333), amax torch.max(|x|) (NaN propagates),
-    # scale amax_to_scale with EPS 1e-12 (ao:torchao/float8/float8_utils.py:18-53), cast
-    # to_fp8_saturated (ao:torchao/float8/float8_utils.py:118-139; torch keeps a NaN's sign)
-    "torchao-tensorwise": dict(
-        scaling="current",
-        granularity="tensor",
-        forward_format="e4m3fn",
-        backward_format="e5m2",
-        margin=0,
-        amax_history_len=1,
-        amax_compute_algo="most_recent",
-        power_2_scales=False,
-        amax_epsilon=1e-12,
-        rule="torchao",
-        amax_nan="propagate",
-        saturate=True,
-        nan_sign=True,
-    ),
+    # (ao:torchao/float8/config.py:297-309, 331-333)
+    "torchao-tensorwise": dict(_TORCHAO, forward_format="e4m3fn", backward_format="e5m2"),
     # torchao's "rowwise" recipe: AXISWISE, e4m3fn for input, weight and grad_output,
     # round_scales_to_power_of_2=True (ao:torchao/float8/config.py:334-352)
     "torchao-rowwise": dict(
-        scaling="current",
+        _TORCHAO,
         granularity="row",
         forward_format="e4m3fn",
         backward_format="e4m3fn",
-        margin=0,
-        amax_history_len=1,
-        amax_compute_algo="most_recent",
         power_2_scales=True,
-        amax_epsilon=1e-12,
-        rule="torchao",
-        amax_nan="propagate",
-        saturate=True,
-        nan_sign=True,
     ),
 }
 
@@ -259,7 +231,7 @@ class Recipe:
         a = np.asarray(amax)
         if a.dtype.kind not in "fiu" or a.dtype == np.bool_:
             raise TypeError(f"amax must be real numbers, got dtype {a.dtype}")
-        a = np.ascontiguousarray(a, dtype=np.float32)
+        a = np.asarray(a, dtype=np.float32, order="C")
         out = np.empty(a.shape, np.float32)
         if self.rule == "te":
             kernels.fp8_scale_te(a, out, top, self.power_2_scales, self.amax_epsilon)
@@ -288,7 +260,7 @@ class Recipe:
         return cls(**d)
 
 
-def recipe(name: str, **overrides: Any) -> Recipe:
+def recipe(name: str, /, **overrides: Any) -> Recipe:
     """The preset `name` (one of ``RECIPES``), with any field replaced by `overrides`.
 
     TE's presets also take ``fp8_format="HYBRID" | "E4M3"`` (forward e4m3fn,
@@ -302,7 +274,7 @@ def recipe(name: str, **overrides: Any) -> Recipe:
     """
     if name not in TABLE:
         raise ValueError(f"unknown recipe {name!r}; expected one of: {', '.join(RECIPES)}")
-    fields = {"name": name, **TABLE[name]}
+    fields: dict[str, Any] = {"name": name, **TABLE[name]}
     overrides = dict(overrides)
     if "fp8_format" in overrides:
         fmt = overrides.pop("fp8_format")
@@ -320,7 +292,7 @@ def recipe(name: str, **overrides: Any) -> Recipe:
     if unknown:
         raise ValueError(
             f"unknown recipe field {unknown[0]!r}; expected one of: "
-            + ", ".join(k for k in fields if k != "name")
+            + ", ".join(fields)
             + (", fp8_format" if fields["rule"] == "te" else "")
         )
     fields.update(overrides)

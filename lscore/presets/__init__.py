@@ -8,13 +8,12 @@ arithmetic precision); the table behind it is ``lscore/presets/table.py``.
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Any
 
 from lscore import kernels
 from lscore.loss_scale import LossScale
 from lscore.managers import LossScaleManager
-from lscore.policy import Policy
+from lscore.policy import Policy, json_float, unjson_float
 from lscore.presets import table
 from lscore.state import LossScaleState, as_finite, parse_state
 
@@ -25,20 +24,14 @@ NAMES = table.NAMES
 
 
 def json_config(config: dict) -> dict:
-    """A preset config with infinite floats as the strings "inf"/"-inf" (valid JSON)."""
-    return {
-        k: ("inf" if v == math.inf else "-inf" if v == -math.inf else v)
-        if isinstance(v, float)
-        else v
-        for k, v in config.items()
-    }
+    """A preset config with non-finite floats as the strings "inf", "-inf", "nan" (valid
+    JSON), as ``lscore.policy.json_float`` writes them."""
+    return {k: json_float(v) if isinstance(v, float) else v for k, v in config.items()}
 
 
 def unjson_config(config: dict) -> dict:
     """The inverse of `json_config`."""
-    return {
-        k: float(v) if isinstance(v, str) and v in ("inf", "-inf") else v for k, v in config.items()
-    }
+    return {k: unjson_float(v) for k, v in config.items()}
 
 
 class PresetLossScale(LossScale):

@@ -1,7 +1,7 @@
 """GradScaler.unscale_and_clip_ on the device path: lscore's one-pass kernels vs torch.
 
 adapters/torch/_cuda_clip.py is written against a kernel binding: on a GPU
-``KERNELS`` (CUDA tensors, the CUDA driver), in CI the same code bound to CPU
+``CUDA`` (CUDA tensors, the CUDA driver), in CI the same code bound to CPU
 tensors and the host harness (``harness`` below), with the scaler forced onto
 its device path.  Both are checked against ``torch.amp.GradScaler``'s
 ``unscale_`` + ``clip_grad_norm_``: the norm within torch's float32 rounding
@@ -32,11 +32,11 @@ DEVICES = [pytest.param("harness", marks=needs_gxx), pytest.param("cuda", marks=
 def where(request, monkeypatch):
     """(torch device, kernels the scaler's hook uses)."""
     if request.param == "cuda":
-        return torch.device("cuda"), _cuda_clip.KERNELS
+        return torch.device("cuda"), _cuda_clip.CUDA
     from helpers import cuda_host
 
     kernels = _cuda_clip.Kernels("cpu", lambda dev: cuda_host.HostBackend())
-    monkeypatch.setattr(_cuda_clip, "KERNELS", kernels)
+    monkeypatch.setattr(_cuda_clip, "CUDA", kernels)
     return torch.device("cpu"), kernels
 
 
@@ -228,7 +228,7 @@ def test_gradients_at_new_addresses_cost_a_walk_not_an_upload_or_a_read(monkeypa
             return super().read_word(a)
 
     kernels = _cuda_clip.Kernels("cpu", lambda dev: Counting())
-    monkeypatch.setattr(_cuda_clip, "KERNELS", kernels)
+    monkeypatch.setattr(_cuda_clip, "CUDA", kernels)
     device = torch.device("cpu")
     _step(GradScaler, device, 6, 0.5, 2.0)  # the launcher's own flag and norm buffer
     uploads, misses = Counting.uploads, kernels.table.misses

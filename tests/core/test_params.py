@@ -285,3 +285,24 @@ def test_pickle_round_trip():
     t = pickle.loads(pickle.dumps(s))
     assert t.state_dict() == s.state_dict()
     assert math.isclose(t.scale, 4.0)
+
+
+def test_inverse_scale_is_tf_float32_division_and_the_float64_reciprocal_rounded():
+    """One rule serves TF/Keras (float32 division) and torch and the device update (float64
+    reciprocal rounded to float32): over float32 bit patterns the two agree bit for bit."""
+    from lscore.policy import inverse_scale
+
+    rng = np.random.default_rng(36)
+    bits = rng.integers(0, 2**32, size=4096, dtype=np.uint64).astype(np.uint32)
+    specials = np.array([0.0, -0.0, INF, -INF, NAN, 1e-45, 3.4e38, 1.0, 3.0], np.float32)
+    scales = np.concatenate([bits.view(np.float32), specials])
+    with np.errstate(all="ignore"):
+        tf = np.float32(1.0) / scales
+    got = np.array([inverse_scale(float(s)) for s in scales], np.float32)
+    nan = np.isnan(tf)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), tf[~nan].view(np.uint32))
+    assert math.copysign(1.0, inverse_scale(-0.0)) == -1.0 and inverse_scale(0.0) == INF
+    # float64 precision keeps the float64 quotient
+    assert inverse_scale(3.0, "float64") == 1.0 / 3.0
+    assert inverse_scale(3.0, "float32_float64") == float(np.float32(1.0 / 3.0))

@@ -134,3 +134,194 @@ def test_harness_decodes_like_the_cpu(backend, dst, fmt):
     np.testing.assert_array_equal(words[~nan], want_words[~nan])
     # float32 keeps the CPU's NaN words; a narrowed NaN is the instruction's canonical one
     assert (words[nan] == (want_words[nan] if dst == "float32" else cuda_host.DEVICE_NAN16)).all()
+
+
+# ---- quantize: lscore.cuda.fp8's launches of the amax, cast and dequantize kernels ----------
+
+from lscore.cuda import fp8 as cuda_fp8  # noqa: E402
+
+
+def view(a):
+    return cuda_fp8.DeviceView(a.ctypes.data, a.shape, a.strides, a.dtype.name, a.itemsize)
+
+
+def layouts(dt):
+    """Inputs with specials, each contiguous, strided, with a reversed last axis, and a
+    3-D view whose leading axes merge."""
+    rng = np.random.default_rng(11)
+    base = (rng.standard_normal((6, 40)) * 10.0 ** rng.integers(-6, 6, (6, 40))).astype(np.float32)
+    specials = np.array([0, -0.0, np.inf, -np.inf, np.nan, 1e-42, 600, 70000], np.float32)
+    flat = base.ravel()
+    flat[::7] = np.resize(specials, flat[::7].size)
+    with np.errstate(over="ignore"):  # float16 overflows to Inf: one more special
+        x = base.astype(dt)
+    return {
+        "contiguous": x,
+        "strided": x[::2, 1::3],
+        "reversed": x[:, ::-1],
+        "3-d": x.reshape(3, 2, 40)[:, :, 5:30],
+        "1-d": x[1],
+    }
+
+
+@pytest.mark.parametrize("src", sorted(SRC))
+@pytest.mark.parametrize("per_row", [False, True], ids=["tensor", "row"])
+def test_quantize_launches_equal_the_cpu_kernels(backend, src, per_row):
+    dt = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}[src]
+    launcher = cuda_fp8.Float8Launcher(backend, block=32, max_blocks=3)
+    for what, x in layouts(dt).items():
+        rows = int(np.prod(x.shape[:-1])) if per_row else 1
+        scales = (np.arange(rows, dtype=np.float32) % 4 + 1) * np.float32(1 / 3)
+        for propagate in (False, True):
+            words = np.zeros(rows, np.uint32)
+            launcher.amax(view(x), words.ctypes.data, per_row=per_row, propagate=propagate)
+            if per_row:
+                want = np.empty(rows, np.float32)
+                kernels.fp8_amax_rows(x, want, propagate)
+            else:
+                want = np.float32(kernels.fp8_amax(x, propagate)).reshape(1)
+            got = words.view(np.float32)
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=what)
+            np.testing.assert_array_equal(got[~np.isnan(got)], want[~np.isnan(want)], err_msg=what)
+        for fmt in (E4, E5):
+            for hw in (0, 1):
+                for saturate, nan_sign, propagate in ((True, True, True), (False, False, False)):
+                    flags = (
+                        (_fp8.SAT if saturate else 0)
+                        | (_fp8.NAN_SIGN if nan_sign else 0)
+                        | (_fp8.AMAX_NAN if propagate else 0)
+                    )
+                    q = np.full(x.shape, 0xAA, np.uint8)
+                    words = np.zeros(rows, np.uint32)
+                    on_device = np.ascontiguousarray(scales)
+                    launcher.cast(
+                        view(x), q.ctypes.data, words.ctypes.data, fmt=fmt, scale=0.0,
+                        scales_ptr=on_device.ctypes.data, per_row=per_row, flags=flags, hw=hw,
+                    )
+                    want = np.empty(x.shape, np.uint8)
+                    wam = np.empty(rows, np.float32)
+                    if per_row:
+                        kernels.fp8_cast_rows(x, want, scales, wam, fmt, saturate, nan_sign,
+                                              propagate)
+                    else:
+                        wam[0] = kernels.fp8_cast(x, want, float(scales[0]), fmt, saturate,
+                                                  nan_sign, propagate)
+                    np.testing.assert_array_equal(q, want, err_msg=f"{what} {fmt} {hw} {flags}")
+                    got = words.view(np.float32)
+                    assert np.array_equal(np.isnan(got), np.isnan(wam))
+                    assert np.array_equal(got[~np.isnan(got)], wam[~np.isnan(wam)])
+                    # a scale given by value, per tensor
+                    if not per_row:
+                        q2 = np.full(x.shape, 0xAA, np.uint8)
+                        words2 = np.zeros(1, np.uint32)  # alive until the launch is done
+                        launcher.cast(
+                            view(x), q2.ctypes.data, words2.ctypes.data, fmt=fmt,
+                            scale=float(scales[0]), scales_ptr=0, per_row=False, flags=flags,
+                            hw=hw,
+                        )
+                        np.testing.assert_array_equal(q2, want)
+                qs = want[..., ::-1] if what == "reversed" else want
+                for out_dt in (np.float32, np.float16, ml_dtypes.bfloat16):
+                    out = np.zeros(qs.shape, out_dt)
+                    launcher.dequantize(
+                        view(qs), out.ctypes.data, np.dtype(out_dt).name, fmt=fmt, scale=0.0,
+                        scales_ptr=scales.ctypes.data, per_row=per_row,
+                    )
+                    ref = np.empty(qs.shape, out_dt)
+                    if per_row:
+                        kernels.fp8_decode_rows(qs, ref, scales, fmt)
+                    else:
+                        kernels.fp8_decode(qs, ref, fmt, float(scales[0]))
+                    w, rw = out.view(f"u{out.itemsize}"), ref.view(f"u{out.itemsize}")
+                    nan = np.isnan(ref.astype(np.float32))
+                    np.testing.assert_array_equal(w[~nan], rw[~nan])
+                    assert np.isnan(out.astype(np.float32)[nan]).all()
+
+
+def test_leading_axes_that_do_not_merge_are_refused():
+    x = np.zeros((4, 6, 8), np.float32)[:, ::2, :].transpose(1, 0, 2)
+    with pytest.raises(ValueError, match="leading axes must merge into one stride"):
+        cuda_fp8.view2d(view(x), True)
+    assert cuda_fp8.view2d(view(np.zeros((3, 5), np.float32)), False) == (1, 15, 15, 1)
+    assert cuda_fp8.view2d(view(np.zeros((3, 5), np.float32)), True) == (3, 5, 5, 1)
+
+
+def harness_arrays(backend):
+    """lscore.cuda.fp8.Float8Arrays bound to NumPy arrays as device memory and the harness."""
+    launcher = cuda_fp8.Float8Launcher(backend, block=32, max_blocks=4)
+    return cuda_fp8.Float8Arrays(
+        view=view,
+        empty=lambda like, shape, dt: np.empty(
+            shape, ml_dtypes.bfloat16 if dt == "bfloat16" else dt
+        ),
+        zeros=lambda like, n, dt: np.zeros(n, dt),
+        upload=lambda like, host: np.array(host, np.float32),
+        as_float32=lambda w: w.view(np.float32),
+        to_host=np.asarray,
+        all_positive_finite=lambda a: bool(((a > 0) & np.isfinite(a)).all()),
+        launcher=lambda a: launcher,
+        stream=lambda a: None,
+    )
+
+
+def test_device_arrays_quantize_like_lscore_fp8(backend):
+    """The device path's amax / quantize / dequantize (checks, outputs, launches) give
+    lscore.fp8.quantize's NumPy results."""
+    import lscore.fp8 as Q
+
+    dev = harness_arrays(backend)
+    x = layouts(ml_dtypes.bfloat16)["strided"]
+    rows = np.arange(1, 4, dtype=np.float32).reshape(3, 1) * np.float32(0.25)
+    for kw in (dict(scale=3.0), dict(scale=rows, axis=-1), dict(scale=0.5, fmt="e5m2",
+                                                                 saturate=False)):
+        q, a = dev.quantize(x, amax_nan="propagate", **kw)
+        wq, wa = Q.quantize(x, amax_nan="propagate", **kw)
+        np.testing.assert_array_equal(q, wq.view(np.uint8))
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(wa))
+        np.testing.assert_array_equal(a[~np.isnan(a)], wa[~np.isnan(wa)])
+        axis = kw.get("axis")
+        fmt = kw.get("fmt", "e4m3fn")
+        for dt in ("float32", "bfloat16"):
+            d = dev.dequantize(q, kw["scale"], dt, axis=axis, fmt=fmt)
+            wd = Q.dequantize(wq, kw["scale"], dt, axis=axis)
+            # NaN by value: a narrowed NaN is the device's canonical word (DEVICE_NAN16)
+            nan = np.isnan(wd.astype(np.float32))
+            assert np.isnan(d.astype(np.float32)[nan]).all()
+            np.testing.assert_array_equal(d.view(np.uint8).reshape(d.shape + (-1,))[~nan],
+                                          wd.view(np.uint8).reshape(d.shape + (-1,))[~nan])
+    np.testing.assert_array_equal(dev.amax(x, -1), Q.amax(x, -1))
+    out = np.full(x.shape, 0xAA, np.uint8)
+    assert dev.quantize(x, 2.0, out=out)[0] is out
+    with pytest.raises(ValueError, match="positive finite float32"):
+        dev.quantize(x, 0.0, out=out)
+    with pytest.raises(ValueError, match="per row"):
+        dev.quantize(x, np.ones(4, np.float32), axis=-1, out=out)
+    with pytest.raises(ValueError, match="input's shape"):
+        dev.quantize(x, 1.0, out=np.zeros(3, np.uint8))
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        dev.quantize(np.zeros(3, np.float64), 1.0)
+    assert (out[0] != 0xAA).all()
+
+
+@pytest.mark.parametrize("name", ["te-current", "torchao-tensorwise", "torchao-rowwise"])
+def test_device_quantize_current_like_numpy(backend, name):
+    """quantize_current on device arrays (the amax on the device, the recipe's scale on the
+    host, the cast) gives lscore.fp8.quantize_current's NumPy result."""
+    import importlib
+
+    import lscore.fp8
+
+    q_mod = importlib.import_module("lscore.fp8.quantize")
+    r = lscore.fp8.recipe(name)
+    for what, x in layouts(np.float32).items():
+        if what == "3-d" and r.granularity == "row":
+            x = np.ascontiguousarray(x)
+        got = q_mod.current_on(harness_arrays(backend), x, r, "float8_e4m3fn")
+        want = lscore.fp8.quantize_current(x, r)
+        for g, w in ((got.scale, want.scale), (got.scale_inv, want.scale_inv),
+                     (got.amax, want.amax)):
+            g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+            assert g.shape == w.shape
+            np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+            np.testing.assert_array_equal(g[~np.isnan(g)], w[~np.isnan(w)])
+        np.testing.assert_array_equal(got.data, want.data.view(np.uint8), err_msg=what)

@@ -19,7 +19,7 @@ import warnings
 import pytest
 
 from lscore import cuda
-from lscore.cuda import loader
+from lscore.cuda import cache, cupy_backend, nvrtc, sources
 
 SMALL = "update.cu"  # the quickest file to compile
 
@@ -107,12 +107,12 @@ def test_each_part_of_the_key_has_its_own_entry(compiles, cache_dir, monkeypatch
     first = cuda.kernel_image(SMALL, "90")
     arch = "90"
     if change == "source text":
-        read = loader._read
+        read = sources._read
         monkeypatch.setattr(
-            loader, "_read", lambda name: read(name) + ("\n// edited\n" if name == SMALL else "")
+            sources, "_read", lambda name: read(name) + ("\n// edited\n" if name == SMALL else "")
         )
     elif change == "options":
-        monkeypatch.setattr(loader, "NVRTC_OPTIONS", (*loader.NVRTC_OPTIONS, "-DLSC_EDITED=1"))
+        monkeypatch.setattr(nvrtc, "NVRTC_OPTIONS", (*nvrtc.NVRTC_OPTIONS, "-DLSC_EDITED=1"))
     elif change == "architecture":
         arch = "80"
     elif change == "nvrtc version":
@@ -202,7 +202,7 @@ def _fake_driver(monkeypatch, refuse) -> list:
     monkeypatch.setattr(cupy.cuda, "Device", _Device)
     monkeypatch.setattr(function, "Module", Module)
     monkeypatch.setattr(compiler, "_get_arch", lambda: "90")
-    monkeypatch.setattr(loader, "_modules", {})
+    monkeypatch.setattr(cupy_backend, "_modules", {})
     return loaded
 
 
@@ -210,17 +210,17 @@ def test_an_entry_the_driver_refuses_is_compiled_again(compiles, cache_dir, monk
     image, lowered, _ = cuda.kernel_image(SMALL, "90")
     (name,) = entries(cache_dir)
     path = os.path.join(cache_dir, name)
-    loader._write_entry(path, b"an image from a newer NVRTC", lowered)  # checksum intact
+    cache._write_entry(path, b"an image from a newer NVRTC", lowered)  # checksum intact
     loaded = _fake_driver(monkeypatch, lambda img: img == b"an image from a newer NVRTC")
-    assert loader.module(SMALL, 0)[1] == lowered
+    assert cupy_backend.module(SMALL, 0)[1] == lowered
     assert loaded == [image] and len(compiles) == 2
-    assert loader._read_entry(path) == (image, lowered)
+    assert cache._read_entry(path) == (image, lowered)
 
 
 def test_a_fresh_image_the_driver_refuses_raises(compiles, cache_dir, monkeypatch):
     _fake_driver(monkeypatch, lambda img: True)
     with pytest.raises(RuntimeError, match="INVALID_IMAGE"):
-        loader.module(SMALL, 0)
+        cupy_backend.module(SMALL, 0)
     assert len(compiles) == 1
 
 
@@ -298,9 +298,9 @@ def test_a_failed_write_leaves_no_partial_file(compiles, cache_dir, monkeypatch)
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError, match="disk full"):
-        loader._write_entry(path, b"half", lowered)
+        cache._write_entry(path, b"half", lowered)
     assert entries(cache_dir) == [name]
-    assert loader._read_entry(path) == (image, lowered)
+    assert cache._read_entry(path) == (image, lowered)
 
 
 def test_a_cache_that_cannot_be_written_warns_and_compiles(compiles, tmp_path, monkeypatch):

@@ -10,7 +10,8 @@ torch rows need torch (skipped, with the reason, otherwise).
 replaced (no GPU needed) and ``--suite gpu`` the GPU rows (skipped, with
 the reason, without a CUDA device); see _gpu.py.  ``--suite gpu-tune`` times
 a grid of launch configurations on a GPU (_tune.py); ``--suite gpu-static``
-reads the kernels' sm_90 machine code on the CPU (_static.py).
+reads the kernels' sm_90 machine code on the CPU (_static.py).  ``--suite
+fp8`` times float8 quantize against torch and the byte floor (_fp8.py).
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ import json
 import numpy as np
 
 from lscore import kernels
-from lscore.cli.bench import _gpu, _scaler, _static, _tune
+from lscore.cli.bench import _fp8, _gpu, _scaler, _static, _tune
 from lscore.cli.bench._harness import DTYPES, FULL_SIZES, SIZES, TINY_SIZES, Rows, import_torch
 from lscore.cli.bench._report import add_ratios, format_table, machine, targets
 from lscore.cli.bench._sections import AF_METHODS, GRAD_HARNESS, SECTIONS, UN_METHODS
 
 __all__ = ["GRAD_HARNESS", "SUITES", "Options", "format_table", "main", "run"]
 
-SUITES = ("cpu", "gpu", "gpu-host", "gpu-tune", "gpu-static")
+SUITES = ("cpu", "gpu", "gpu-host", "gpu-tune", "gpu-static", "fp8")
 REPEAT, TINY_REPEAT = 9, 2  # timings per row
 MIN_TIME, TINY_MIN_TIME = 0.02, 1e-4  # seconds per timing
 
@@ -53,6 +54,7 @@ class Options:
         self.suite = suite
         self.tiny = tiny
         self.first_lists = 4 if tiny else _gpu.FIRST_SIGHT_LISTS
+        self.sizes_given = bool(sizes)
         self.sizes = (
             tuple(sizes) if sizes else (TINY_SIZES if tiny else (FULL_SIZES if full else SIZES))
         )
@@ -72,6 +74,8 @@ def run(opts: Options) -> dict:
     """Every row of the benchmark, with ratios and the target check."""
     if opts.suite == "gpu-static":
         return _static.run_static()
+    if opts.suite == "fp8":
+        return _run_fp8(opts)
     if opts.suite != "cpu":
         return _run_gpu_suite(opts)
     torch = import_torch() if opts.use_torch else None
@@ -102,6 +106,26 @@ def run(opts: Options) -> dict:
         "settings": {"sizes": list(opts.sizes), "repeat": opts.repeat, "min_time_s": opts.min_time},
         "rows": rows.rows,
         "targets": found,
+    }
+
+
+def _run_fp8(opts: Options) -> dict:
+    """--suite fp8: float8 quantize on the CPU, and on a CUDA device where there is one."""
+    torch = import_torch() if opts.use_torch else None
+    rng = np.random.default_rng(0)
+    rows = Rows(0, opts.progress, opts.only)
+    try:
+        _fp8.run_cpu(opts, rows, rng)
+        _fp8.run_gpu(opts, rows, rng)
+    finally:
+        rows.close()
+    add_ratios(rows.rows)
+    return {
+        "suite": opts.suite,
+        "machine": machine(torch),
+        "settings": {"repeat": opts.repeat, "min_time_s": opts.min_time, "tiny": opts.tiny},
+        "rows": rows.rows,
+        "targets": _fp8.targets(rows.rows, opts),
     }
 
 

@@ -270,7 +270,7 @@ def run_host(opts, rows: Rows, rng) -> list[dict]:
             g, "all_finite cached, first array alone", lambda one=one: kern.all_finite(one), **kw
         )
         rows.flush()
-        backend = kern.device(0).backend
+        backend: Any = kern.device(0).backend  # NullBackend, which counts
         new_addresses = {}
         for op in ("unscale_", "all_finite"):
             call = (lambda a: kern.unscale_(a, 0.5)) if op == "unscale_" else kern.all_finite
@@ -368,7 +368,7 @@ def run_host_steps(opts, rows: Rows, rng) -> list[dict]:
     over gradients at addresses not seen before (as ``zero_grad(set_to_none=True)`` makes
     them); returns the new-address targets."""
     kern = cuda.ArrayKernels(np, NullBackend, kind=kernels.READ_NUMPY)
-    backend = kern.device(0).backend
+    backend: Any = kern.device(0).backend  # NullBackend, which counts
     dev = _gpu_step.StepDevice(np, null_adapter(kern), lambda: None, None)
     workloads = TINY_WORKLOADS if opts.tiny else WORKLOADS
     targets = []

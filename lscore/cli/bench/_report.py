@@ -32,6 +32,7 @@ BASELINES = {
     "NaN at": {"numpy": "np.isfinite(a).all()"},
     "unscale_ float32": {"serial": "lscore 1 thread"},
     "ISA levels": {"v3": "v3"},
+    "fp8 ": {"torch": "torch eager", "compile": "torch.compile", "floor": "byte floor"},
     "gpu step": {
         "torch fused": "torch fused + GradScaler",
         "torch foreach": "torch foreach + GradScaler",

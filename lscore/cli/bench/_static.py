@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass
 
 from lscore import cuda, kernels
-from lscore.cuda.loader import OPT_GRADS, OPT_METAS, TRAITS, optim_kernel_name
+from lscore.cuda.sources import OPT_GRADS, OPT_METAS, TRAITS, optim_kernel_name
 
 __all__ = [
     "ARCH",

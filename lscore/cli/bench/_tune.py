@@ -30,7 +30,7 @@ import lscore
 from lscore import cuda, kernels
 from lscore.cli.bench import _gpu
 from lscore.cli.bench._harness import alternating, workload_sizes
-from lscore.cuda.launch import ENV, LaunchConfig
+from lscore.cuda.config import ENV, LaunchConfig
 
 CHUNKS = (4096, 16384, 65536)
 BLOCKS = (128, 256, 512, 1024)

@@ -181,7 +181,10 @@ int run(void (*k)(A...), unsigned grid, unsigned block, void **params,
 #define LSCH_FP8(X, C, F)                    \
     X(lsc_fp8_cast<C, F, 0>)                 \
     X(lsc_fp8_cast<C, F, 1>)                 \
-    X(lsc_fp8_decode<C, F>)
+    X(lsc_fp8_decode<C, F>)                  \
+    X(lsc_fp8_cast2d<C, F, 0>)               \
+    X(lsc_fp8_cast2d<C, F, 1>)               \
+    X(lsc_fp8_dequant2d<C, F>)
 
 #define LSCH_FP8_ALL(X)                      \
     LSCH_FP8(X, 1, 5)                        \
@@ -189,7 +192,10 @@ int run(void (*k)(A...), unsigned grid, unsigned block, void **params,
     LSCH_FP8(X, 3, 5)                        \
     LSCH_FP8(X, 1, 6)                        \
     LSCH_FP8(X, 2, 6)                        \
-    LSCH_FP8(X, 3, 6)
+    LSCH_FP8(X, 3, 6)                        \
+    X(lsc_fp8_amax2d<1>)                     \
+    X(lsc_fp8_amax2d<2>)                     \
+    X(lsc_fp8_amax2d<3>)
 
 #define LSCH_KERNELS(X)                               \
     LSCH_SCAN(X, lsc_meta_4k)                         \

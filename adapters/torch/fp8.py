@@ -1,0 +1,282 @@
+"""FP8 training emulated on any machine: ``nn.Linear`` layers that quantize their operands.
+
+A converted layer quantizes its input and weight to the recipe's forward format and, in the
+backward, its output gradient to the backward format, then multiplies the dequantized operands in
+float32 and rounds the product to the input's dtype: the numerics of an FP8 GEMM (operands on the
+FP8 grid, a float32 accumulator) on a CPU or a GPU without FP8 units. The operands and the
+products are those of torchao's ``Float8Linear`` with ``emulate=True``
+(``torchao/float8/float8_linear.py`` and ``float8_ops.py``, v0.18.0): under the
+``torchao-tensorwise`` and ``torchao-rowwise`` recipes the outputs and gradients are bitwise
+torchao's. Current-scaling recipes take each scale from the tensor being cast; the ``te-delayed``
+recipe keeps TransformerEngine's per-layer state and is updated once per step by
+:func:`fp8_update`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeGuard
+
+import numpy as np
+import torch
+from torch import nn
+
+import lscore.fp8
+from lscore.adapters.torch.quantize import dequantize, quantize, quantize_current
+
+__all__ = ["DelayedFloat8Linear", "Float8Linear", "convert_to_float8", "fp8_update"]
+
+# the input dtypes a layer quantizes (the casts read these three)
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+# the three tensors a layer casts, in the order of a delayed layer's state
+_INPUT, _WEIGHT, _GRAD_OUTPUT = 0, 1, 2
+
+
+def _recipe(recipe: str | lscore.fp8.Recipe) -> lscore.fp8.Recipe:
+    if isinstance(recipe, lscore.fp8.Recipe):
+        return recipe
+    if not isinstance(recipe, str):
+        raise TypeError(
+            f"recipe must be a recipe name or an lscore.fp8.Recipe, got {type(recipe).__qualname__}"
+        )
+    return lscore.fp8.recipe(recipe)
+
+
+def _layout(t: torch.Tensor, transposed: bool) -> torch.Tensor:
+    """``t`` stored row-major, or column-major when ``transposed``.
+
+    The float32 GEMM's result can depend on its operands' memory order, so each operand is
+    handed over in the order torchao's emulation hands it over.
+    """
+    return t.t().contiguous().t() if transposed else t.contiguous()
+
+
+class _Float8MatMul(torch.autograd.Function):
+    """``x @ weight.T`` with float8 operands in the forward and the backward."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, layer: Float8Linear
+    ) -> torch.Tensor:
+        ctx.layer = layer
+        rows = layer.recipe.granularity == "row"
+        fwd = layer.recipe.forward_format
+        # torchao scales the input per row and the weight per output feature (a row of weight)
+        xq = layer._cast(x, _INPUT, fwd)
+        wq = layer._cast(weight, _WEIGHT, fwd)
+        if rows:
+            # the backward casts these along the other axis, so it needs them unquantized
+            ctx.save_for_backward(x, weight)
+        else:
+            # per tensor the backward's casts are the forward's: keep the float8 operands
+            ctx.save_for_backward(*xq, *wq)
+        out = torch.mm(_dequant(xq), _dequant(wq).t())
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        layer: Float8Linear = ctx.layer
+        bwd = layer.recipe.backward_format
+        fwd = layer.recipe.forward_format
+        if layer.recipe.granularity == "row":
+            x, weight = ctx.saved_tensors
+            g_rows = _dequant(layer._cast(grad, _GRAD_OUTPUT, bwd))
+            # weight scaled per input feature, grad_output and input per column
+            w_cols = _layout(_dequant(layer._cast(weight.t(), _WEIGHT, fwd)).t(), False)
+            g_cols = _layout(_dequant(layer._cast(grad.t(), _GRAD_OUTPUT, bwd)), True)
+            x_cols = _layout(_dequant(layer._cast(x.t(), _INPUT, fwd)).t(), False)
+            grad_x = torch.mm(g_rows, w_cols)
+            grad_w = torch.mm(g_cols, x_cols)
+        else:
+            xd, xs, wd, ws = ctx.saved_tensors
+            g = _dequant(layer._cast(grad, _GRAD_OUTPUT, bwd))
+            grad_x = torch.mm(g, _dequant((wd, ws)))
+            grad_w = torch.mm(g.t(), _dequant((xd, xs)))
+        return grad_x.to(grad.dtype), grad_w.to(grad.dtype), None
+
+
+def _dequant(q: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    data, scale = q
+    return dequantize(data, scale, torch.float32, axis=-1 if scale.ndim else None)
+
+
+class Float8Linear(nn.Linear):
+    """An ``nn.Linear`` whose products run on float8 operands under a current-scaling recipe.
+
+    The forward quantizes the input and the weight to ``recipe.forward_format`` with scales taken
+    from them (per tensor, or per row and per output feature under a row-wise recipe), multiplies
+    the dequantized operands in float32 and rounds to the input's dtype; the backward quantizes
+    the output gradient to ``recipe.backward_format`` and computes the input and weight gradients
+    the same way. Under ``"torchao-tensorwise"`` and ``"torchao-rowwise"`` the outputs and
+    gradients are bitwise those of torchao's ``Float8Linear`` with ``emulate=True``.
+    Parameters and state dict are ``nn.Linear``'s. Build one with :func:`convert_to_float8` or
+    :meth:`from_linear`; the delayed recipe's layer is :class:`DelayedFloat8Linear`.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+        *,
+        recipe: str | lscore.fp8.Recipe = "torchao-tensorwise",
+    ) -> None:
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.recipe = _recipe(recipe)
+        self._check_recipe()
+
+    def _check_recipe(self) -> None:
+        if self.recipe.scaling != "current":
+            raise ValueError(
+                f"Float8Linear takes a current-scaling recipe, got {self.recipe.name!r} "
+                f"(scaling {self.recipe.scaling!r}); use DelayedFloat8Linear or convert_to_float8"
+            )
+
+    @classmethod
+    def from_linear(
+        cls, linear: nn.Linear, recipe: str | lscore.fp8.Recipe = "torchao-tensorwise"
+    ) -> Float8Linear:
+        """A layer of this class that shares ``linear``'s weight and bias."""
+        with torch.device("meta"):
+            new = cls(linear.in_features, linear.out_features, False, recipe=recipe)
+        new.weight = linear.weight
+        new.bias = linear.bias
+        return new
+
+    def _cast(self, x: torch.Tensor, role: int, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` quantized to ``fmt`` for the tensor ``role`` (input, weight, grad_output):
+        the float8 data and its float32 scale (one per row under a row-wise recipe)."""
+        q = quantize_current(x, self.recipe, fmt)
+        return q.data, q.scale
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """``input @ weight.T + bias`` on float8 operands; under autocast the input is first
+        cast to the autocast dtype, as ``nn.Linear`` and torchao do."""
+        if torch.is_autocast_enabled(input.device.type):
+            input = input.to(torch.get_autocast_dtype(input.device.type))
+        if input.dtype not in _FLOATS:
+            raise TypeError(
+                f"Float8Linear input must be float32, bfloat16 or float16, got {input.dtype}"
+            )
+        if input.ndim == 0 or input.shape[-1] != self.in_features:
+            raise ValueError(
+                f"Float8Linear input's last dimension must be in_features={self.in_features}, "
+                f"got shape {tuple(input.shape)}"
+            )
+        if input.numel() == 0:
+            raise ValueError(
+                f"Float8Linear input must have at least one element (its scale comes from its "
+                f"amax), got shape {tuple(input.shape)}"
+            )
+        x = input.reshape(-1, self.in_features)
+        out = _Float8MatMul.apply(x, self.weight, self)
+        out = out.reshape(*input.shape[:-1], self.out_features)
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out
+
+    def extra_repr(self) -> str:
+        """``nn.Linear``'s description and the recipe's name."""
+        return f"{super().extra_repr()}, recipe={self.recipe.name!r}"
+
+
+class DelayedFloat8Linear(Float8Linear):
+    """A :class:`Float8Linear` under delayed scaling (``"te-delayed"``), as TransformerEngine.
+
+    The layer keeps an :class:`lscore.fp8.DelayedScaling` of three tensors (input, weight,
+    grad_output) in ``fp8_state``. Each cast uses the tensor's current scale and records its amax
+    (several casts between two updates, as with micro-batches, accumulate by max); nothing moves
+    until :meth:`update_scales` (or :func:`fp8_update` for a whole model) runs the history roll
+    and the scale rule, once per optimizer step. So step t's casts use the scales computed from
+    the amaxes of steps before t, as TransformerEngine's forward and backward do. The state goes
+    in the module's ``state_dict`` (its ``_extra_state``), so a resumed run takes the same next
+    step; loading a state of another recipe raises ``ValueError``.
+    """
+
+    def _check_recipe(self) -> None:
+        r = self.recipe
+        if r.scaling != "delayed" or r.granularity != "tensor":
+            raise ValueError(
+                f"DelayedFloat8Linear takes a per-tensor delayed-scaling recipe, got {r.name!r} "
+                f"(scaling {r.scaling!r}, granularity {r.granularity!r})"
+            )
+        formats = (r.forward_format, r.forward_format, r.backward_format)
+        self.fp8_state = lscore.fp8.DelayedScaling(r, 3, formats)
+
+    def _cast(self, x: torch.Tensor, role: int, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+        r = self.recipe
+        scale = torch.tensor(self.fp8_state.scale[role], dtype=torch.float32, device=x.device)
+        q, amax = quantize(
+            x, scale, fmt, saturate=r.saturate, nan_sign=r.nan_sign, amax_nan=r.amax_nan
+        )
+        amaxes = np.zeros(3, np.float32)
+        amaxes[role] = float(amax)
+        self.fp8_state.record(amaxes)
+        return q, scale
+
+    def update_scales(self, reducer: Any = None) -> None:
+        """Roll the amax history and set the next scales (one update of the delayed state).
+
+        Call it once per optimizer step, after ``optimizer.step()``; ``reducer`` (an
+        ``lscore.distributed`` reducer) all-reduces the step's amaxes (MAX) first.
+        """
+        self.fp8_state.update(reducer)
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """The delayed state (``fp8_state.state_dict()``), saved as ``_extra_state``."""
+        return self.fp8_state.state_dict()
+
+    def set_extra_state(self, state: Any) -> None:
+        """Load a delayed state saved by :meth:`get_extra_state` (same recipe, or ValueError)."""
+        self.fp8_state.load_state_dict(state)
+
+
+def convert_to_float8(
+    model: nn.Module,
+    recipe: str | lscore.fp8.Recipe = "torchao-tensorwise",
+    *,
+    module_filter: Callable[[nn.Module, str], bool] | None = None,
+) -> nn.Module:
+    """Swap ``model``'s ``nn.Linear`` layers for float8 ones, in place, and return ``model``.
+
+    As torchao's ``convert_to_float8_training``: each ``nn.Linear`` (``module_filter(module,
+    fqn)`` true, when given) becomes a :class:`Float8Linear` (current-scaling recipes) or a
+    :class:`DelayedFloat8Linear` (``"te-delayed"``) sharing its parameters; a root
+    ``nn.Linear`` is not changed and its replacement is returned. ``recipe`` is a name of
+    ``lscore.fp8.RECIPES`` or an ``lscore.fp8.Recipe``.
+    """
+    r = _recipe(recipe)
+    cls = DelayedFloat8Linear if r.scaling == "delayed" else Float8Linear
+
+    def wanted(module: nn.Module, fqn: str) -> TypeGuard[nn.Linear]:
+        return (
+            isinstance(module, nn.Linear)
+            and not isinstance(module, Float8Linear)
+            and (module_filter is None or module_filter(module, fqn))
+        )
+
+    if wanted(model, ""):
+        if any(True for _ in model.children()):
+            raise ValueError(
+                f"convert_to_float8 cannot swap a root nn.Linear with children, got {model!r}"
+            )
+        return cls.from_linear(model, r)
+    for fqn, module in list(model.named_modules()):
+        for name, child in list(module.named_children()):
+            child_fqn = f"{fqn}.{name}" if fqn else name
+            if wanted(child, child_fqn):
+                setattr(module, name, cls.from_linear(child, r))
+    return model
+
+
+def fp8_update(model: nn.Module, reducer: Any = None) -> None:
+    """Update the delayed scales of every :class:`DelayedFloat8Linear` in ``model``.
+
+    Call it once per step, after ``optimizer.step()`` (with a ``GradScaler``, after
+    ``scaler.update()``); current-scaling layers have nothing to update.
+    """
+    for module in model.modules():
+        if isinstance(module, DelayedFloat8Linear):
+            module.update_scales(reducer)

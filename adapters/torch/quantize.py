@@ -1,0 +1,223 @@
+"""Quantize torch tensors to float8 and back, per tensor or per row (``lscore.fp8``'s rule).
+
+Design: a CPU tensor goes to the compiled kernels as a NumPy view of its own
+memory (bfloat16 through an int16 view of the same bytes; any strides, no
+copy) and the codes come back as a ``torch.float8_e4m3fn`` /
+``torch.float8_e5m2`` view of a uint8 tensor the kernel wrote; every check
+is ``lscore.fp8.quantize``'s, made before anything is written.  Scales and
+amaxes are float32 tensors: a 0-d one per tensor, shape ``x.shape[:-1] +
+(1,)`` per row (torchao's axiswise ``keepdim=True``).  A CUDA tensor goes
+to lscore.cuda's float8 kernels (CuPy launches them, on torch's current
+stream), read in place when its leading axes merge into one stride.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import importlib
+
+import numpy as np
+import torch
+
+# the module, not lscore.fp8.quantize the function, which the package binds to that name
+_q = importlib.import_module("lscore.fp8.quantize")
+
+__all__ = ["amax", "dequantize", "quantize", "quantize_current"]
+
+_TORCH_FP8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+_FLOATS = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _cpu(t: Any, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise TypeError(f"{what} must be a CPU or CUDA tensor, got one on {t.device}")
+    return t
+
+
+def _on_cuda(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "cuda"
+
+
+_cuda_arrays: Any = None
+
+
+def _cuda() -> Any:
+    """lscore.cuda's Float8Arrays bound to CUDA tensors."""
+    global _cuda_arrays
+    if _cuda_arrays is None:
+        from lscore.cuda.fp8 import DeviceView, Float8Arrays, Float8Launcher
+        from lscore.cuda.loader import CupyBackend
+
+        launchers: dict[int, Any] = {}
+
+        def view(t: torch.Tensor) -> Any:
+            w = t.element_size()
+            name = str(t.dtype).removeprefix("torch.")
+            return DeviceView(t.data_ptr(), tuple(t.shape), tuple(s * w for s in t.stride()),
+                              "uint32" if name == "int32" else name, w)
+
+        def launcher(t: torch.Tensor) -> Any:
+            dev = t.device.index if t.device.index is not None else torch.cuda.current_device()
+            if dev not in launchers:
+                launchers[dev] = Float8Launcher(CupyBackend(dev))
+            return launchers[dev]
+
+        def dtype(name: str) -> torch.dtype:
+            return torch.int32 if name == "uint32" else getattr(torch, name)
+
+        _cuda_arrays = Float8Arrays(
+            view=view,
+            empty=lambda like, shape, dt: torch.empty(shape, dtype=dtype(dt), device=like.device),
+            zeros=lambda like, n, dt: torch.zeros(n, dtype=dtype(dt), device=like.device),
+            upload=lambda like, host: torch.from_numpy(host).to(like.device),
+            as_float32=lambda w: w.view(torch.float32),
+            to_host=lambda t: t.cpu().numpy(),
+            all_positive_finite=lambda a: bool(((a > 0) & a.isfinite()).all()),
+            launcher=launcher,
+            stream=lambda t: torch.cuda.current_stream(t.device).cuda_stream,
+        )
+    return _cuda_arrays
+
+
+def _view(x: Any, what: str = "x") -> np.ndarray:
+    """A NumPy view of the CPU float tensor x's memory (strides kept)."""
+    x = _cpu(x, what)
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"{what} must be float32, float16 or bfloat16, got {x.dtype}")
+    x = x.detach()
+    if x.dtype == torch.bfloat16:
+        return x.view(torch.int16).numpy().view(_q.fp8_dtype("bfloat16"))
+    return x.numpy()
+
+
+def _scale(scale: Any) -> Any:
+    """A scale as lscore.fp8 takes it: a number (a 0-d tensor read once), a NumPy vector (a
+    CPU tensor), or a contiguous float32 CUDA tensor, read on the device (per row)."""
+    if not isinstance(scale, torch.Tensor):
+        return scale
+    if not scale.is_floating_point():
+        raise ValueError(f"scale must be a positive finite float32, got a {scale.dtype} tensor")
+    s = scale.detach().float()
+    if s.dim() == 0:
+        return np.float32(s.item())
+    return s.contiguous() if _on_cuda(s) else s.numpy()
+
+
+def amax(x: torch.Tensor, axis: int | None = None, nan: str = "ignore") -> torch.Tensor:
+    """``lscore.fp8.amax`` of a tensor: a float32 tensor (0-d, or ``x.shape[:-1] + (1,)``)."""
+    if _on_cuda(x):
+        return _cuda().amax(x.detach(), axis, nan)  # type: ignore[no-any-return]
+    return torch.as_tensor(_q.amax(_view(x), axis, nan))
+
+
+def quantize(
+    x: torch.Tensor,
+    scale: Any,
+    fmt: str = "e4m3fn",
+    *,
+    axis: int | None = None,
+    saturate: bool = True,
+    nan_sign: bool = True,
+    amax_nan: str = "ignore",
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lscore.fp8.quantize`` of a CPU tensor: ``(codes, amax)``.
+
+    The codes are a ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` tensor
+    (or `out`, a contiguous CPU tensor of that dtype or uint8, written in
+    place); `scale` a number or a float32 tensor (0-d, or one per row with
+    ``axis=-1``); the amax a float32 tensor.
+    """
+    name = _q.format_name(fmt)
+    if _on_cuda(x):
+        if out is not None and not _on_cuda(out):
+            raise TypeError(f"out must be on x's device {x.device}, got {out.device}")
+        q, a = _cuda().quantize(
+            x.detach(), _scale(scale), name, axis=axis, saturate=saturate, nan_sign=nan_sign,
+            amax_nan=amax_nan, out=None if out is None else out.view(torch.uint8),
+        )
+        return (out if out is not None else q.view(_TORCH_FP8[name])), a
+    xv = _view(x)
+    if out is None:
+        q = torch.empty(tuple(xv.shape), dtype=torch.uint8)
+    else:
+        q = _cpu(out, "out")
+        if q.dtype not in (torch.uint8, _TORCH_FP8[name]):
+            raise TypeError(f"out must be uint8 or {_TORCH_FP8[name]}, got {q.dtype}")
+        if not q.is_contiguous():
+            raise ValueError("out must be a writable C-contiguous array")
+    qv = q.view(torch.uint8).numpy()
+    _, a = _q.quantize(
+        xv,
+        _scale(scale),
+        name,
+        axis=axis,
+        saturate=saturate,
+        nan_sign=nan_sign,
+        amax_nan=amax_nan,
+        out=qv,
+    )
+    return (q if out is not None else q.view(_TORCH_FP8[name])), torch.as_tensor(a)
+
+
+def dequantize(
+    q: torch.Tensor,
+    scale: Any,
+    dtype: torch.dtype = torch.float32,
+    *,
+    axis: int | None = None,
+    fmt: str | None = None,
+) -> torch.Tensor:
+    """``lscore.fp8.dequantize`` of a CPU float8 tensor: ``float32(q) / scale`` rounded once
+    to `dtype` (torch.float32, float16 or bfloat16); uint8 codes need `fmt`."""
+    if _on_cuda(q):
+        if dtype not in _FLOATS:
+            raise TypeError(f"dtype must be torch.float32, float16 or bfloat16, got {dtype!r}")
+        return _cuda().dequantize(  # type: ignore[no-any-return]
+            q.detach(), _scale(scale), _FLOATS[dtype], axis=axis, fmt=fmt
+        )
+    q = _cpu(q, "q")
+    names = {v: k for k, v in _TORCH_FP8.items()}
+    if q.dtype in names:
+        name = names[q.dtype]
+        if fmt is not None and _q.format_name(fmt) != name:
+            raise ValueError(f"fmt must be q's format {name}, got {fmt!r}")
+    elif q.dtype == torch.uint8:
+        if fmt is None:
+            raise ValueError("fmt must name the format of uint8 codes, got None")
+        name = _q.format_name(fmt)
+    else:
+        raise TypeError(f"q must be float8_e4m3fn, float8_e5m2 or uint8, got {q.dtype}")
+    if dtype not in _FLOATS:
+        raise TypeError(f"dtype must be torch.float32, float16 or bfloat16, got {dtype!r}")
+    codes = q.detach().view(torch.uint8).numpy()
+    out = torch.empty(tuple(q.shape), dtype=dtype)
+    ov = _view(out, "out")
+    s = _q.check_scale(_scale(scale), _q.rows_of(codes) if _q.row_axis(codes, axis) else None)
+    _q.decode_into(codes, ov, s, name, axis is not None)
+    return out
+
+
+def quantize_current(x: torch.Tensor, recipe: Any, fmt: str | None = None) -> _q.Float8:
+    """``lscore.fp8.quantize_current`` of a tensor: a ``lscore.fp8.Float8`` of tensors (the
+    codes as torch's float8 dtype, the scale, scale_inv and amax float32 on x's device)."""
+    from lscore.fp8.recipes import Recipe
+
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe must be an lscore.fp8.Recipe, got {type(recipe).__name__}")
+    name = _q.format_name(recipe.forward_format if fmt is None else fmt)
+    if _on_cuda(x):
+        r = _q.current_on(_cuda(), x.detach(), recipe, name)
+        data = r.data.view(_TORCH_FP8[name])
+        return _q.Float8(data, r.scale, r.scale_inv, r.amax, r.fmt)
+    r = _q.quantize_current(_view(x), recipe, name)
+    return _q.Float8(
+        torch.from_numpy(r.data.view(np.uint8)).view(_TORCH_FP8[name]),
+        torch.as_tensor(r.scale),
+        torch.as_tensor(r.scale_inv),
+        torch.as_tensor(r.amax),
+        r.fmt,
+    )

@@ -1,0 +1,127 @@
+"""lscore's CUDA sources: the ``.cu`` files shipped in ``lscore._ext``, their kernel names,
+and the self-contained text NVRTC compiles.
+
+The only place that knows the files' and kernels' names: the launchers ask here for
+a kernel's name expression, the compiler for a file's text and names.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import re
+from typing import Any
+
+from lscore import kernels
+from lscore.cuda.fp8 import FP8_KERNELS
+from lscore.dtypes import Code
+
+__all__ = [
+    "FILE_OF",
+    "KERNELS",
+    "METAS",
+    "OPS",
+    "OPT_GRADS",
+    "OPT_METAS",
+    "OPT_VARIANTS",
+    "TRAITS",
+    "UPDATE_KERNEL",
+    "kernel_name",
+    "optim_kernel_name",
+    "source",
+]
+
+#: dtype code -> traits struct of _ext/scan.cu
+TRAITS = {Code.F16: "lsc_f16", Code.BF16: "lsc_bf16", Code.F32: "lsc_f32", Code.F64: "lsc_f64"}
+#: the scan kernels of _ext/scan.cu, one per dtype each
+OPS = ("unscale", "all_finite")
+#: the device-side state update of _ext/update.cu
+UPDATE_KERNEL = "lsc_device_update"
+
+
+#: the scan kernels' argument structs (_ext/scan.cu's lsc_meta): 4 KB and 32 KB of parameters
+METAS = ("lsc_meta_4k", "lsc_meta_32k")
+
+
+def kernel_name(op: str, code: int, meta: str = METAS[0]) -> str:
+    """The name expression of the scan kernel `op` for dtype code `code` and argument `meta`."""
+    return f"lsc_mt_{op}<{TRAITS[Code(code)]}, {meta}>"
+
+
+#: the fused optimizers' argument structs (_ext/optim.cu's lsc_opt_meta), 4 KB and 32 KB
+OPT_METAS = {kind: tuple(f"lsc_{kind}_meta_{k}" for k in ("4k", "32k")) for kind in ("sgd", "adam")}
+_OPT = kernels.OPTIM_FLAGS
+#: each fused optimizer's kernel variants: the flag bits that pick one (optim.cu's V)
+OPT_VARIANTS = {
+    "sgd": (0, _OPT["SLOT"], _OPT["SLOT"] | _OPT["NESTEROV"]),
+    "adam": (0, _OPT["AMSGRAD"]),
+}
+#: the gradient dtypes the fused optimizers read (float32 master weights and slots)
+OPT_GRADS = (Code.F16, Code.BF16, Code.F32)
+
+
+def optim_kernel_name(kind: str, code: int, meta: str, flags: int = 0) -> str:
+    """The name expression of fused `kind` ("sgd", "adam"; "check" for the check over
+    either's argument `meta`) for gradient dtype `code`, its variant taken from `flags`."""
+    if kind == "check":
+        return f"lsc_mt_opt_check<{TRAITS[Code(code)]}, {meta}>"
+    variant = flags & OPT_VARIANTS[kind][-1]
+    if kind == "sgd" and not variant & _OPT["SLOT"]:
+        variant = 0  # nesterov needs the momentum slot
+    return f"lsc_mt_{kind}<{TRAITS[Code(code)]}, {meta}, {variant}>"
+
+
+#: .cu file -> the kernel names (NVRTC name expressions) the package launches from it
+KERNELS = {
+    # the one-pass norm (lscore.cuda.launch.MultiTensor.launch_norm) beside the scan
+    "scan.cu": tuple(
+        kernel_name(op, c, m)
+        for op in (*OPS, "unscale_norm", "clip")
+        for c in TRAITS
+        for m in METAS
+    ),
+    "update.cu": (UPDATE_KERNEL,),
+    # fused optimizers: float32 master weights, float16/bfloat16/float32 gradients, each
+    # variant and argument size, and the check over either argument
+    "optim.cu": tuple(
+        optim_kernel_name(kind, c, m, v)
+        for kind in ("sgd", "adam")
+        for m in OPT_METAS[kind]
+        for c in OPT_GRADS
+        for v in OPT_VARIANTS[kind]
+    )
+    + tuple(
+        optim_kernel_name("check", c, m)
+        for kind in ("sgd", "adam")
+        for m in OPT_METAS[kind]
+        for c in OPT_GRADS
+    ),
+    # the float8 quantize kernels (lscore.cuda.fp8)
+    "fp8.cu": FP8_KERNELS,
+}
+#: kernel name expression -> the .cu file that defines it
+FILE_OF = {k: f for f, names in KERNELS.items() for k in names}
+_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_.]+)"[ \t]*$', re.M)
+
+
+def _read(name: str) -> str:
+    return importlib.resources.files("lscore._ext").joinpath(name).read_text(encoding="utf-8")
+
+
+def source(name: str, *, inline_includes: bool = True) -> str:
+    """The text of ``_ext/<name>``; its ``#include "x.h"`` lines replaced by the headers.
+
+    Inlining (of the headers' own includes too, each header once, as their
+    include guards would) makes the text self-contained: no include path is
+    needed, and the text alone identifies the build.
+    """
+    return _inlined(name, set()) if inline_includes else _read(name)
+
+
+def _inlined(name: str, seen: set) -> str:
+    def header(m: Any) -> Any:
+        if m.group(1) in seen:
+            return ""
+        seen.add(m.group(1))
+        return _inlined(m.group(1), seen)
+
+    return _INCLUDE.sub(header, _read(name))

@@ -1,0 +1,365 @@
+"""Quantize to float8 and back, per tensor or per row, for NumPy arrays.
+
+Design: the rule is torchao's (``torchao/float8/float8_training_tensor.py``
+v0.18.0 and TransformerEngine's cast): ``q = fp8(float32(x) * scale)``,
+the product rounded to float32 and then to the format (round to nearest
+even; the saturation and NaN rules of ``lscore.kernels.fp8_cast``), and
+``dequantize(q, scale) = float32(q) / scale``.  ``quantize`` is the one
+pass of delayed scaling: the cast with a given scale, which also returns
+the input's amax from the same read.  ``amax`` is the first pass of current
+scaling.  Per row (``axis=-1``) each row along the last axis has its own
+float32 scale and amax (torchao's axiswise granularity, ``keepdim=True``:
+amaxes have the input's shape with the last axis 1).  Every pass reads the
+input where it lies (any strides, no copy) and writes only the result.
+Codes come back as ml_dtypes' float8 dtypes (views of the bytes).
+Arguments are checked before anything is written.
+"""
+
+from __future__ import annotations
+
+import math
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from lscore import kernels
+
+__all__ = ["FORMATS", "Float8", "amax", "dequantize", "quantize", "quantize_current"]
+
+#: float8 format names: the short ones (TransformerEngine's, torchao's recipes) and the dtype names
+FORMATS = {
+    "e4m3fn": "float8_e4m3fn",
+    "e5m2": "float8_e5m2",
+    "float8_e4m3fn": "float8_e4m3fn",
+    "float8_e5m2": "float8_e5m2",
+}
+_FLOATS = ("float32", "float16", "bfloat16")
+_NAN = ("ignore", "propagate")
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def dtype_name(dt: np.dtype) -> str:
+    """dt.name, cached: NumPy computes the name in Python on every access (microseconds)."""
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = dt.name
+    return name
+
+
+def format_name(fmt: Any) -> str:
+    """The dtype name ("float8_e4m3fn" / "float8_e5m2") of a format name or float8 dtype."""
+    name = FORMATS.get(fmt) if isinstance(fmt, str) else FORMATS.get(dtype_name(np.dtype(fmt)))
+    if name is None:
+        raise ValueError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    return name
+
+
+def float_input(x: Any, what: str = "x") -> np.ndarray:
+    """x as a NumPy array of float32, float16 or bfloat16 (read in place, never copied)."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{what} must be a NumPy array, got {type(x).__name__}")
+    if dtype_name(x.dtype) not in _FLOATS:
+        raise TypeError(f"{what} must be float32, float16 or bfloat16, got {x.dtype}")
+    if not x.dtype.isnative:
+        raise ValueError(f"{what} must be in native byte order, got {x.dtype.str}")
+    return x
+
+
+def row_axis(x: np.ndarray, axis: Any) -> bool:
+    """True for per-row (axis -1 or ndim - 1), False for per-tensor (None)."""
+    if axis is None:
+        return False
+    if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool) and x.ndim >= 1:
+        if axis in (-1, x.ndim - 1):
+            return True
+    raise ValueError(
+        f"axis must be None (per tensor) or -1 (per row, along the last axis) "
+        f"for an array of {x.ndim} dimensions, got {axis!r}"
+    )
+
+
+def nan_rule(nan: Any, what: str = "nan") -> bool:
+    """True when a NaN input makes the amax NaN ("propagate"), False when skipped ("ignore")."""
+    if nan not in _NAN:
+        raise ValueError(f"{what} must be 'ignore' or 'propagate', got {nan!r}")
+    return nan == "propagate"
+
+
+def rows_of(x: Any) -> int:
+    """The number of rows (along the last axis) of an array of at least one dimension."""
+    return math.prod(x.shape[:-1])
+
+
+def row_shape(x: np.ndarray) -> tuple[int, ...]:
+    """The shape of per-row amaxes and scales: the input's, with the last axis 1."""
+    return (*x.shape[:-1], 1)
+
+
+def check_scale(scale: Any, rows: int | None) -> Any:
+    """The scale as float32: a positive finite scalar (rows None) or a vector of one per row."""
+    if rows is None:
+        if type(scale) is float and 0 < scale <= _FLT_MAX:  # the common case, without NumPy
+            s = np.float32(scale)
+            if s > 0:
+                return s
+        if type(scale) is np.float32 and 0 < scale < np.inf:
+            return scale
+        s = None
+        if not isinstance(scale, (str, bytes, bool, np.bool_)) and np.ndim(scale) == 0:
+            try:
+                with np.errstate(over="ignore"):
+                    s = np.float32(scale)
+            except (TypeError, ValueError):
+                s = None
+        if s is None or not (math.isfinite(s) and s > 0):
+            raise ValueError(f"scale must be a positive finite float32, got {scale!r}")
+        return s
+    a = np.asarray(scale)
+    if a.dtype.kind not in "fiu" or a.size != rows or a.ndim == 0:
+        raise ValueError(
+            f"scale must hold one positive finite float32 per row ({rows}), "
+            f"got {a.dtype} of shape {a.shape}"
+        )
+    s = np.ascontiguousarray(a, np.float32).reshape(rows)
+    bad = ~(np.isfinite(s) & (s > 0))
+    if bad.any():
+        raise ValueError(
+            f"scale must hold positive finite float32s, got {s[bad][0]!r} at row {int(bad.argmax())}"
+        )
+    return s
+
+
+def fp8_dtype(name: str) -> Any:
+    """ml_dtypes' dtype of that name (float8_e4m3fn, float8_e5m2, bfloat16)."""
+    import ml_dtypes
+
+    return np.dtype(getattr(ml_dtypes, name))
+
+
+def _out(x: np.ndarray, out: Any, name: str) -> np.ndarray:
+    if out is None:
+        return np.empty(x.shape, np.uint8)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a NumPy array, got {type(out).__name__}")
+    if dtype_name(out.dtype) not in ("uint8", name):
+        raise TypeError(f"out must be uint8 or {name}, got {out.dtype}")
+    if out.shape != x.shape:
+        raise ValueError(f"out must have the input's shape {x.shape}, got {out.shape}")
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError("out must be a writable C-contiguous array")
+    if np.shares_memory(out, x):
+        raise ValueError("out must not overlap x")
+    return out
+
+
+def _device(x: Any) -> Any:
+    """lscore.cuda's float8 kernels over CuPy arrays when x is a device array, else None."""
+    if isinstance(x, np.ndarray) or not hasattr(x, "__cuda_array_interface__"):
+        return None
+    from lscore.cuda.fp8 import cupy_arrays
+
+    return cupy_arrays()
+
+
+def amax(x: np.ndarray, axis: int | None = None, nan: str = "ignore") -> Any:
+    """The largest |x| (float32), per tensor or per row (``axis=-1``, shape ``x.shape[:-1] + (1,)``).
+
+    `nan`: "ignore" leaves NaN elements out (TransformerEngine's ``fmaxf``
+    reduction), "propagate" makes the amax NaN where there is one
+    (``torch.max``).  ±Inf gives Inf; an empty input or row gives 0.  A
+    CuPy array gives a CuPy float32 array (0-d per tensor).
+    """
+    dev = _device(x)
+    if dev is not None:
+        return dev.amax(x, axis, nan)
+    x = float_input(x)
+    rows, propagate = row_axis(x, axis), nan_rule(nan)
+    if not rows:
+        return np.float32(kernels.fp8_amax(x, propagate))
+    result = np.empty(rows_of(x), np.float32)
+    kernels.fp8_amax_rows(x, result, propagate)
+    return result.reshape(row_shape(x))
+
+
+def quantize(
+    x: np.ndarray,
+    scale: Any,
+    fmt: str = "e4m3fn",
+    *,
+    axis: int | None = None,
+    saturate: bool = True,
+    nan_sign: bool = True,
+    amax_nan: str = "ignore",
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, Any]:
+    """``(fp8(float32(x) * scale), amax(x))`` in one pass: delayed scaling's cast.
+
+    `scale` is a positive finite float32 (per tensor) or, with ``axis=-1``,
+    one per row (any array of that many values, e.g. shape
+    ``x.shape[:-1] + (1,)``).  saturate: overflow and ±Inf give ±the
+    largest finite value (always so for e4m3fn in torch >= 2.12 and
+    TransformerEngine; without it e5m2 gives ±Inf, e4m3fn NaN); nan_sign: a
+    NaN keeps its sign (torch: 0xFF when negative), else it is always 0x7F
+    (TransformerEngine); amax_nan as `amax`'s `nan`.  Returns the codes
+    (ml_dtypes' float8 dtype, or `out` itself, uint8 or float8, written in
+    place) and the input's amax as `amax` returns it.  A CuPy array (float32
+    or float16, any layout whose leading axes merge into one stride) gives
+    CuPy uint8 codes and amax; its scale may also be a CuPy float32 array
+    (per row), read on the device.
+    """
+    dev = _device(x)
+    if dev is not None:
+        return dev.quantize(  # type: ignore[no-any-return]
+            x, scale, fmt, axis=axis, saturate=saturate, nan_sign=nan_sign,
+            amax_nan=amax_nan, out=out,
+        )
+    x = float_input(x)
+    name = format_name(fmt)
+    rows, propagate = row_axis(x, axis), nan_rule(amax_nan, "amax_nan")
+    s = check_scale(scale, rows_of(x) if rows else None)
+    q = _out(x, out, name)
+    if rows:
+        amaxes = np.empty(rows_of(x), np.float32)
+        kernels.fp8_cast_rows(x, q, s, amaxes, name, saturate, nan_sign, propagate)
+        a: Any = amaxes.reshape(row_shape(x))
+    else:
+        a = np.float32(kernels.fp8_cast(x, q, float(s), name, saturate, nan_sign, propagate))
+    return (q if out is not None else q.view(fp8_dtype(name))), a
+
+
+@dataclasses.dataclass(frozen=True)
+class Float8:
+    """A quantized tensor: `data` (float8 codes), `scale` and `scale_inv` (float32, 0-d or
+    one per row with the input's shape and last axis 1: ``data = fp8(x * scale)``,
+    ``scale_inv = 1 / scale`` rounded to float32), the input's `amax` (same shape) and
+    `fmt` ("e4m3fn" or "e5m2").  Arrays of the input's framework."""
+
+    data: Any
+    scale: Any
+    scale_inv: Any
+    amax: Any
+    fmt: str
+
+
+def _short(name: str) -> str:
+    return name.removeprefix("float8_")
+
+
+def cast_flags(recipe: Any, name: str) -> tuple[bool, bool]:
+    """(saturate, nan_sign) of a recipe's cast to format `name`: e4m3fn always saturates."""
+    return (name == "float8_e4m3fn" or bool(recipe.saturate)), bool(recipe.nan_sign)
+
+
+def quantize_current(x: np.ndarray, recipe: Any, fmt: str | None = None) -> Float8:
+    """Current scaling of x in two passes: the amax, the recipe's scale, the cast.
+
+    `recipe` is an ``lscore.fp8.Recipe`` (its granularity picks per tensor or
+    per row, its ``amax_nan`` the amax's NaN rule, ``scale_from_amax`` the
+    scale, ``saturate`` and ``nan_sign`` the cast); `fmt` defaults to its
+    forward format.  The scale is the recipe's even where it is 0 or NaN
+    (torchao's rule for an Inf or NaN amax), and the cast then gives what
+    torchao's does.  A CuPy array reads its amax back to the host once.
+    """
+    from lscore.fp8.recipes import Recipe
+
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe must be an lscore.fp8.Recipe, got {type(recipe).__name__}")
+    name = format_name(recipe.forward_format if fmt is None else fmt)
+    dev = _device(x)
+    if dev is not None:
+        return current_on(dev, x, recipe, name)
+    axis = -1 if recipe.granularity == "row" else None
+    saturate, nan_sign = cast_flags(recipe, name)
+    x = float_input(x)
+    rows = row_axis(x, axis)
+    a = amax(x, axis, recipe.amax_nan)
+    s = recipe.scale_from_amax(a, _short(name)).reshape(np.shape(a))
+    q = np.empty(x.shape, np.uint8)
+    if rows:
+        kernels.fp8_cast_rows(x, q, np.ascontiguousarray(s).reshape(rows_of(x)),
+                              np.empty(rows_of(x), np.float32), name, saturate, nan_sign)
+    else:
+        kernels.fp8_cast(x, q, float(s), name, saturate, nan_sign)
+        s = s[()]  # a float32 scalar, as amax returns it
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.float32(1) / s
+    return Float8(q.view(fp8_dtype(name)), s, inv, a, _short(name))
+
+
+def current_on(dev: Any, x: Any, recipe: Any, name: str) -> Float8:
+    """quantize_current of a device array through `dev` (an ``lscore.cuda.fp8.Float8Arrays``):
+    the amax on the device, read back once, the recipe's scale on the host, the cast."""
+    axis = -1 if recipe.granularity == "row" else None
+    saturate, nan_sign = cast_flags(recipe, name)
+    a = dev.amax(x, axis, recipe.amax_nan)
+    a_host = np.asarray(dev.h["to_host"](a), np.float32)
+    s = recipe.scale_from_amax(a_host, _short(name)).reshape(a_host.shape)
+    q, _ = dev.quantize(x, s, name, axis=axis, saturate=saturate, nan_sign=nan_sign, check=False)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.float32(1) / s
+    up = dev.h["upload"]
+    return Float8(
+        q,
+        up(x, np.ascontiguousarray(s).ravel()).reshape(s.shape),
+        up(x, np.ascontiguousarray(inv).ravel()).reshape(s.shape),
+        a,
+        _short(name),
+    )
+
+
+def dequantize(
+    q: np.ndarray,
+    scale: Any,
+    dtype: Any = np.float32,
+    *,
+    axis: int | None = None,
+    fmt: str | None = None,
+) -> np.ndarray:
+    """``float32(q) / scale``, rounded once to `dtype` (float32, float16 or bfloat16).
+
+    torchao's dequantize (``data.to(float32) / scale``).  `q` holds float8
+    codes: an ml_dtypes float8 array, or uint8 with `fmt` naming the
+    format.  `scale` as `quantize` takes it (per row with ``axis=-1``).  CuPy
+    uint8 codes give a CuPy array (float32 or float16).
+    """
+    dev = _device(q)
+    if dev is not None:
+        return dev.dequantize(q, scale, np.dtype(dtype).name, axis=axis, fmt=fmt)
+    if not isinstance(q, np.ndarray):
+        raise TypeError(f"q must be a NumPy array, got {type(q).__name__}")
+    qname = dtype_name(q.dtype)
+    if qname == "uint8":
+        if fmt is None:
+            raise ValueError("fmt must name the format of uint8 codes, got None")
+        name = format_name(fmt)
+    else:
+        if qname not in ("float8_e4m3fn", "float8_e5m2"):
+            raise TypeError(f"q must be float8_e4m3fn, float8_e5m2 or uint8, got {q.dtype}")
+        name = qname
+        if fmt is not None and format_name(fmt) != name:
+            raise ValueError(f"fmt must be q's format {name}, got {fmt!r}")
+    dname = "bfloat16" if isinstance(dtype, str) and dtype == "bfloat16" else None
+    if dname is None:
+        try:
+            dname = dtype_name(np.dtype(dtype))
+        except TypeError:
+            dname = repr(dtype)
+    if dname not in _FLOATS:
+        raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
+    rows = row_axis(q, axis)
+    s = check_scale(scale, rows_of(q) if rows else None)
+    result = np.empty(q.shape, fp8_dtype(dname) if dname == "bfloat16" else dname)
+    decode_into(q, result, s, name, rows)
+    return result
+
+
+def decode_into(q: np.ndarray, out: np.ndarray, scale: Any, name: str, rows: bool) -> None:
+    """Write float32(q) / scale into `out`: the checked arguments of `dequantize`."""
+    if rows:
+        kernels.fp8_decode_rows(q, out, scale, name)
+    else:
+        kernels.fp8_decode(q, out, name, float(scale))

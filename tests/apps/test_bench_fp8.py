@@ -1,0 +1,76 @@
+"""`lscore bench --suite fp8`: its rows, and that the torch baselines compute what lscore does."""
+
+import json
+
+import numpy as np
+import pytest
+
+from lscore import cli
+from lscore.cli.bench import _fp8
+
+
+def test_tiny_run_has_every_row(tmp_path):
+    path = tmp_path / "fp8.json"
+    argv = ["bench", "--suite", "fp8", "--tiny", "--no-torch", "--no-progress", "--json", str(path)]
+    assert cli.main(argv) == 0
+    out = json.loads(path.read_text())
+    groups = {}
+    for r in out["rows"]:
+        groups.setdefault(r["group"], {})[r["method"]] = r
+    for n in ("1e3", "4096"):
+        for dt in _fp8.DTYPES:
+            for recipe in _fp8.RECIPES:
+                g = groups[f"fp8 {recipe} {dt} {n}"]
+                assert g["lscore"]["median_s"] > 0
+                assert g["torch eager"]["skipped"] == "torch is not installed"
+                floor = g["byte floor"]
+                # the floor is the memcpy's time scaled to the bytes the recipe moves
+                copy = groups[f"fp8 memcpy {dt} {n}"]["C memcpy"]
+                width = 2 if dt == "bfloat16" else 4
+                reads = 1 if recipe == "delayed" else 2
+                want = copy["median_s"] * (reads * width + 1) / (2 * width)
+                assert floor["median_s"] == pytest.approx(want)
+                assert "floor" in g["lscore"]["ratios"]
+    gpu = groups["fp8 gpu"]["lscore"]
+    assert gpu["skipped"] in ("torch is not installed", "no CUDA device")
+
+
+def test_torch_baselines_are_lscores_quantize():
+    """The eager torch rows compute the bytes (and amax, scale) lscore's rows compute."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    from lscore.cli.bench._harness import as_tensor, dtype_of
+
+    rng = np.random.default_rng(1)
+    t_delayed, t_current = _fp8.torch_fns(torch)
+    for name in _fp8.DTYPES:
+        x = (rng.standard_normal(5000) * 300).astype(np.float32).astype(dtype_of(name))
+        x[7] = np.nan
+        l_delayed, l_current = _fp8.lscore_fns(x)
+        t = as_tensor(torch, x)
+        q, a = l_delayed()
+        tq, ta = t_delayed(t, torch.tensor(_fp8.SCALE))
+        np.testing.assert_array_equal(q, tq.view(torch.uint8).numpy())
+        assert np.isnan(a) and ta.isnan()
+        x[7] = 1.5
+        q, _ = l_current()
+        tq, ts = t_current(t)
+        np.testing.assert_array_equal(q, tq.view(torch.uint8).numpy())
+        assert _fp8._scale_from_amax(np.abs(x.astype(np.float32)).max()) == ts.item()
+
+
+def test_targets_name_the_issue_ratios():
+    class Opts:
+        tiny, sizes_given, sizes = False, True, (10**8,)
+
+    rows = [
+        {"group": "fp8 delayed float32 1e8", "method": m, "min_s": s, "median_s": s}
+        for m, s in (("lscore", 1.0), ("torch eager", 30.0), ("torch.compile", 1.2),
+                     ("byte floor", 0.8))
+    ]
+    found = {t["target"]: t for t in _fp8.targets(rows, Opts())}
+    assert found["fp8 delayed float32 1e8: torch eager / lscore"]["met"] is True
+    assert found["fp8 delayed float32 1e8: torch.compile / lscore"]["met"] is False
+    floor = found["fp8 delayed float32 1e8: lscore / byte floor"]
+    assert floor["measured"] == 1.25 and floor["met"] is True
+    assert found["fp8 current bfloat16 1e8: torch eager / lscore"]["measured"] is None
