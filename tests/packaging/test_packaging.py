@@ -45,6 +45,20 @@ def test_subpackages_import_from_elsewhere(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+def test_every_package_folder_is_listed_for_the_wheel():
+    """pyproject lists the packages setuptools puts in the wheel: a folder of lscore/ with
+    an __init__.py that the list misses would be left out of every install."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(("lscore", *p.parent.relative_to(ROOT / "lscore").parts))
+        for p in (ROOT / "lscore").rglob("__init__.py")
+    }
+    assert found - listed == set()
+
+
 @pytest.mark.parametrize("name", ["_ext", "adapters"])
 def test_no_top_level_packages(tmp_path, name):
     r = run(f"import {name}", tmp_path)
