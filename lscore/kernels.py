@@ -74,10 +74,8 @@ from lscore._ext._walk import (
     READ_NUMPY,
     DevicePlan,
     DeviceTable,
-    launch_params,
-    pack_launches,
-    plan_launches,
 )
+from lscore._ext._pack import launch_params, pack_launches, plan_launches
 
 
 def set_isa(name: str) -> str:
