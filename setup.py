@@ -57,7 +57,15 @@ def long_description():
 
 setup(
     ext_modules=cythonize(
-        [ext("_codes"), ext("_state"), ext("_scan"), ext("_walk"), ext("_pack"), ext("_grads"), ext("_fp8")],
+        [
+            ext("_codes"),
+            ext("_state"),
+            ext("_scan"),
+            ext("_walk"),
+            ext("_pack"),
+            ext("_grads"),
+            ext("_fp8"),
+        ],
         include_path=["_ext"],
         compiler_directives={"language_level": 3},
     ),

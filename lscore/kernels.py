@@ -56,6 +56,7 @@ from lscore._ext._fp8 import FORMATS as FP8_FORMATS
 from lscore._ext._fp8 import cast as fp8_cast
 from lscore._ext._fp8 import decode as fp8_decode
 from lscore._ext._grads import GradTable
+from lscore._ext._pack import launch_params, pack_launches, plan_launches
 from lscore._ext._scan import (
     all_finite,
     all_finite_raw,
@@ -75,7 +76,6 @@ from lscore._ext._walk import (
     DevicePlan,
     DeviceTable,
 )
-from lscore._ext._pack import launch_params, pack_launches, plan_launches
 
 
 def set_isa(name: str) -> str:
