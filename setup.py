@@ -62,6 +62,7 @@ setup(
             ext("_state"),
             ext("_scan"),
             ext("_walk"),
+            ext("_pack"),
             ext("_grads"),
             ext("_fp8"),
             ext("_fp8_scale"),
