@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from lscore.adapters import _optim
+from lscore.adapters import _optim, _wrapper
 from lscore.adapters._device import ONE_STEP, ArrayBackend, Gated
 from lscore.cuda.device_state import FLOOR, DeviceState
 from lscore.cuda.optim import FLAGS, FusedPlan
@@ -227,7 +227,7 @@ class Synced(LossScaleOptimizer):
             opt.fused_update(plan, flags=flags, inv=inv)
             opt.iterations += 1
 
-        applied, _ = _optim.run_step(
+        applied, _ = _wrapper.run_step(
             self, finite, apply=apply, count=self._count_step, grads=None, named_arrays=None
         )
         self._last_applied = applied
