@@ -42,9 +42,15 @@ def _mode_class(cls: type, mode: type) -> type:
             "__qualname__": adapter.__qualname__,
             "__doc__": adapter.__doc__,
             "_adapter_class": adapter,
+            "_mode": mode,
         }
         sub = made[mode] = type(adapter.__name__, (mode, adapter), attrs)
     return sub
+
+
+def _remake(adapter: type, mode: type) -> Any:
+    """An empty `mode` instance of the adapter's class `adapter` (pickle fills it)."""
+    return object.__new__(_mode_class(adapter, mode))
 
 
 class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
@@ -98,6 +104,12 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
     def __new__(cls, *args: Any, sync_free: Any = False, **kwargs: Any) -> Any:
         mode = SyncFree if isinstance(sync_free, (bool, np.bool_)) and sync_free else Synced
         return super().__new__(_mode_class(cls, mode))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickled by the adapter's class and the mode (the class itself is made)."""
+        cls = type(self)
+        made = cls.__dict__["_adapter_class"], cls.__dict__["_mode"]
+        return _remake, made, self.__getstate__()
 
     @property
     def _xp(self) -> Any:

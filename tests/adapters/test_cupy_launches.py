@@ -22,6 +22,8 @@ from lscore.adapters import numpy as lnp
 if compiler() is None:  # pragma: no cover
     pytest.skip("no C++ compiler for the host harness", allow_module_level=True)
 
+from helpers.cuda_host import adapter
+
 OPTIMIZERS = {
     "sgd": lambda m: m.SGD(0.1, momentum=0.9),
     "adam": lambda m: m.Adam(0.01),
@@ -91,3 +93,37 @@ def test_a_sync_free_step_is_three_launches_eager_and_captured(cp, monkeypatch, 
         recorded = _launches(lambda: opt.minimize(lambda s: (0.0, grads), ours))
         graph = stream.end_capture()
     assert recorded == len(graph._ops) <= 3
+
+
+# the adapter's classes on NumPy and the harness, at module level as lscore.adapters.cupy
+# defines them: pickle finds them by name
+class SGD(adapter.SGD):
+    pass
+
+
+class LossScaleOptimizer(adapter.LossScaleOptimizer):
+    pass
+
+
+def test_a_pickled_default_mode_optimizer_restores_and_steps_as_the_original():
+    """The instance's class is made per mode; a pickle names the adapter's class and the
+    mode, and the copy is of the same class, takes the same steps and skips the same."""
+    import pickle
+
+    rng = np.random.default_rng(4)
+    w = [rng.standard_normal(n).astype(np.float32) for n in (3, 40)]
+    opt = LossScaleOptimizer(SGD(0.1, momentum=0.9), initial_scale=8.0, dynamic_growth_steps=2)
+    grads = [np.ones(3, np.float16), np.ones(40, np.float32)]
+    opt.minimize(lambda s: (0.0, grads), w)
+    w2, opt2 = pickle.loads(pickle.dumps((w, opt)))
+    assert type(opt2) is type(opt) and isinstance(opt2, LossScaleOptimizer)
+    assert not opt2.sync_free and repr(opt2) == repr(opt)
+    for k in range(4):
+        gs = [rng.standard_normal(g.size).astype(g.dtype) for g in grads]
+        if k == 1:
+            gs[0][0] = np.inf
+        for o, ws in ((opt, w), (opt2, w2)):
+            o.minimize(lambda s, gs=gs: (0.0, [g.copy() for g in gs]), ws)
+        for a, b in zip(w, w2, strict=True):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), k
+    assert opt2.loss_scale == opt.loss_scale and opt2.iterations == opt.iterations == 5
