@@ -23,6 +23,7 @@ from lscore.adapters._device import ONE_STEP, ArrayBackend, Gated
 from lscore.cuda.device_state import FLOOR, DeviceState
 from lscore.cuda.optim import FLAGS, FusedPlan
 from lscore.distributed import reduce_found_inf
+from lscore.policy import inverse_scale
 from lscore.state import LossScaleFloorError
 
 
@@ -224,7 +225,7 @@ class Synced(LossScaleOptimizer):
                 zip(unscaled, var_list, strict=True), global_step=global_step, name=name
             )
         else:
-            self._fused(opt, plan, advance, _optim.inverse_scale(s.scale))
+            self._fused(opt, plan, advance, inverse_scale(s.scale))
         return loss
 
     def _fused(self, opt: Gated, plan: FusedPlan, advance: Any, inv: float) -> bool:
@@ -350,7 +351,7 @@ class SyncFree(LossScaleOptimizer):
         """The scale (`which` "scale") or its inverse as a 0-d device array of `dtype`."""
         if self._dev is None:  # a fixed scale: a host constant is exact and costs nothing
             s = self._scaling.scale
-            value = s if which == "scale" else _optim.inverse_scale(s)
+            value = s if which == "scale" else inverse_scale(s)
             return self._backend.xp.asarray(value, dtype=dtype)
         arr = self._dev.scale if which == "scale" else self._dev.inv_scale
         return arr.reshape(()).astype(dtype)
@@ -418,7 +419,7 @@ class SyncFree(LossScaleOptimizer):
         if scaled:
             flags = FLAGS["INV_AS_GRAD"]
             if dev is None:
-                inv = _optim.inverse_scale(self._scaling.scale)
+                inv = inverse_scale(self._scaling.scale)
             else:
                 inv_ptr = dev.inv_ptr
         count_ptr = self._counter(plan)

@@ -33,7 +33,7 @@ import numpy as np
 from lscore.adapters._scaling import scaling_kwargs_from_config
 from lscore.adapters._wrapper import TFShaped, inner_attribute, load_checked, run_step, type_name
 from lscore.distributed import reduce_found_inf
-from lscore.policy import integer
+from lscore.policy import integer, inverse_scale
 
 OPTIMIZER_FORMAT = "lscore.optimizer/1"
 _OPTIMIZER_KEYS = (
@@ -54,13 +54,6 @@ _OPTIMIZER_KEYS = (
 def quiet() -> Any:
     """Overflow to inf when a scale is cast to float16 is intended (TF does the same)."""
     return np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore")
-
-
-def inverse_scale(scale: float) -> float:
-    """TF's and Keras's inverse of a loss scale: the reciprocal taken in float32,
-    ``float32(1) / float32(scale)`` (torch takes it in float64, then rounds)."""
-    with quiet():
-        return float(np.float32(1.0) / np.float32(scale))
 
 
 def _times(x: Any, factor: float) -> Any:

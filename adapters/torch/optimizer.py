@@ -11,7 +11,7 @@ import torch
 from lscore.adapters import _optim, _wrapper
 from lscore.adapters.torch._paths import GradUnscaler, named_grads
 from lscore.distributed import reduce_found_inf
-from lscore.policy import integer
+from lscore.policy import integer, inverse_scale
 
 # the keys of state_dict()["loss_scale"]
 _LOSS_SCALE_KEYS = ("shape", "iterations", "last_step_skipped", "monitor_steps", "state")
@@ -184,7 +184,7 @@ class LossScaleOptimizer(_wrapper.TFShaped, torch.optim.Optimizer):
         return _times(loss, self._scaling.scale)
 
     def _inv_scale(self) -> float:
-        return _optim.inverse_scale(self._scaling.scale)
+        return inverse_scale(self._scaling.scale)
 
     def get_unscaled_gradients(self, grads: Any) -> list:
         """Each gradient times the float32 reciprocal of the scale (in its dtype); None kept."""
