@@ -69,7 +69,7 @@ def float_input(x: Any, what: str = "x") -> np.ndarray:
     return x
 
 
-def row_axis(x: np.ndarray, axis: Any) -> bool:
+def row_axis(x: Any, axis: Any) -> bool:
     """True for per-row (axis -1 or ndim - 1), False for per-tensor (None)."""
     if axis is None:
         return False
@@ -214,7 +214,7 @@ def quantize(
     """
     dev = _device(x)
     if dev is not None:
-        return dev.quantize(  # type: ignore[no-any-return]
+        return dev.quantize(
             x,
             scale,
             fmt,
