@@ -69,12 +69,15 @@ LSC_FN float lsc_fp8_scale_te(float amax, float fp8_max, int pow2, float eps)
 /* torchao's power-of-two rounding, _round_scale_down_to_power_of_2
  * (ao:torchao/float8/float8_utils.py:244-246): exp2(floor(log2(s))) in
  * float32 torch ops.  torch's float32 log2 on the CPU returns the float32
- * nearest the exact logarithm (checked on every positive float32 against
- * torch 2.13: floor(torch.log2(s)) == floor(float32(log2(double(s))))), so
- * a scale just below 2^m whose logarithm rounds up to the integer m gives
- * 2^m, not 2^(m-1): one ulp below 2^7 (and two), up to 44 ulps below
- * 2^127; exp2 of an integer is exact, and of 128 is +Inf.  Zero gives 0,
- * +Inf +Inf, NaN and negative scales NaN. */
+ * nearest the exact logarithm, so a scale just below 2^m whose logarithm
+ * rounds up to the integer m gives 2^m, not 2^(m-1): none below 2^1 or 2^2,
+ * one ulp below 2^3 and 2^4, two below 2^7, 44 below 2^127 and below 2^128
+ * (exp2 of an integer is exact, and of 128 is +Inf).  Zero gives 0, +Inf
+ * +Inf, NaN and negative scales NaN.  This function equals torch 2.13's
+ * exp2(floor(log2(s))) bit for bit on every non-negative float32 (an
+ * exhaustive sweep on the CPU);
+ * tests/core/data/torchao_scales.npz holds torchao's outputs near every
+ * power of two. */
 LSC_FN float lsc_fp8_pow2_down_torch(float s)
 {
     int e;
