@@ -170,23 +170,34 @@ LSC_FN void lsc_fp8_delayed_record(lsc_fp8_delayed *s, const float *amax)
  * A reduced amax from other workers is written into row 0 first. */
 LSC_FN void lsc_fp8_delayed_update(lsc_fp8_delayed *s)
 {
-    lsc_i64 i, j, n = s->n, len = s->len;
+    lsc_i64 i, j, n = s->n, len = s->len, rolled = 0;
     float *h = s->history, *amax = s->work, *last = s->work + n;
+    /* the amax: a running maximum from 0 that takes a value only when it is
+       larger skips NaN values as fmaxf does, and has no branch (the loops
+       over a row vectorise); a tensor that does not roll keeps amax 0 */
     for (j = 0; j < n; j++) {
         last[j] = h[j];
-        amax[j] = s->algo == LSC_FP8_AMAX_MOST_RECENT ? h[j]
-                                                      : (h[j] != 0.0f ? lsc_fp8_fmaxf(0.0f, h[j]) : 0.0f);
+        amax[j] = h[j] > 0.0f ? h[j] : 0.0f;
     }
     if (s->algo == LSC_FP8_AMAX_MAX)
         for (i = 1; i < len; i++)
             for (j = 0; j < n; j++)
-                if (last[j] != 0.0f)
-                    amax[j] = lsc_fp8_fmaxf(amax[j], h[i * n + j]);
-    /* the roll, row by row (rows are contiguous) */
-    for (i = 0; i + 1 < len; i++)
-        for (j = 0; j < n; j++)
-            if (last[j] != 0.0f)
-                h[i * n + j] = h[(i + 1) * n + j];
+                amax[j] = h[i * n + j] > amax[j] ? h[i * n + j] : amax[j];
+    for (j = 0; j < n; j++) {
+        float keep = s->algo == LSC_FP8_AMAX_MOST_RECENT ? last[j] : amax[j];
+        amax[j] = last[j] != 0.0f ? keep : 0.0f;
+        rolled += last[j] != 0.0f;
+    }
+    /* the roll: every row moves up by one, row by row (rows are contiguous),
+       in one plain copy when every tensor rolls */
+    if (rolled == n) {
+        for (i = 0; i < (len - 1) * n; i++)
+            h[i] = h[i + n];
+    } else {
+        for (i = 0; i + 1 < len; i++)
+            for (j = 0; j < n; j++)
+                h[i * n + j] = last[j] != 0.0f ? h[(i + 1) * n + j] : h[i * n + j];
+    }
     for (j = 0; j < n; j++)
         if (last[j] != 0.0f) {
             h[(len - 1) * n + j] = last[j];
