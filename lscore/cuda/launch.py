@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import collections
 import functools
-import threading
 from typing import Any
 
 import numpy as np
 
 from lscore import kernels
+from lscore.cuda._lru import LRU
 from lscore.cuda.backend import Backend
 
 # the defaults and the variable are named here too (lscore.cuda.launch.CHUNK, .ENV, ...)
@@ -46,42 +46,6 @@ MARK_LIMIT = 0xFFFFFFFF
 THREAD_BYTES = 64
 MIN_THREADS = 128
 _ITEMSIZE = {Code.F16: 2, Code.BF16: 2, Code.F32: 4, Code.F64: 8}
-
-
-class LRU:
-    """The plans of the last `size` keys, least recently used first out; thread-safe.
-
-    ``get(key)`` is the plan or None (a hit becomes the most recent), ``put(key, plan)``
-    keeps it and drops the oldest beyond `size`; iterating gives the keys, oldest first.
-    """
-
-    __slots__ = ("_entries", "_lock", "size")
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._entries: collections.OrderedDict = collections.OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Any) -> Any:
-        with self._lock:
-            hit = self._entries.get(key)
-            if hit is not None:
-                self._entries.move_to_end(key)
-            return hit
-
-    def put(self, key: Any, value: Any) -> None:
-        with self._lock:
-            self._entries[key] = value
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.size:
-                self._entries.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __iter__(self) -> Any:
-        with self._lock:
-            return iter(list(self._entries))
 
 
 Plan = collections.namedtuple("Plan", "table launches")

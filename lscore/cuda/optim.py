@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from lscore import kernels
-from lscore.cuda.launch import LRU
+from lscore.cuda._lru import LRU
 from lscore.cuda.loader import METAS, OPT_GRADS, OPT_METAS, optim_kernel_name
 from lscore.dtypes import Code
 
