@@ -235,6 +235,17 @@ class DelayedFloat8Linear(Float8Linear):
         """The delayed state (``fp8_state.state_dict()``), saved as ``_extra_state``."""
         return self.fp8_state.state_dict()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the compiled state does not pickle: copies and pickles carry its state dict
+        state = dict(self.__dict__)
+        state["fp8_state"] = self.fp8_state.state_dict()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        state["fp8_state"] = lscore.fp8.DelayedScaling.from_state_dict(state["fp8_state"])
+        super().__setstate__(state)
+
     def set_extra_state(self, state: Any) -> None:
         """Load a delayed state saved by :meth:`get_extra_state` (same recipe, or ValueError)."""
         self.fp8_state.load_state_dict(state)

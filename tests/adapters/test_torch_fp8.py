@@ -235,6 +235,23 @@ def test_resume_takes_the_same_next_step_bitwise():
     assert not np.array_equal(fresh[0].fp8_state.scale, model[0].fp8_state.scale)
 
 
+def test_delayed_layers_copy_and_pickle_with_their_state():
+    torch.manual_seed(10)
+    model = convert_to_float8(_two_layers(), "te-delayed")
+    _train_delayed(model, torch.optim.SGD(model.parameters(), lr=0.01), 2, seed=3)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    others = (copy.deepcopy(model), torch.load(buf, weights_only=False))
+    for other in others:
+        for a, b in ((model[0], other[0]), (model[2], other[2])):
+            assert type(b) is DelayedFloat8Linear and b.fp8_state is not a.fp8_state
+            assert b.fp8_state.state_dict() == a.fp8_state.state_dict()
+    x = torch.randn(3, 32)
+    for other in others:
+        np.testing.assert_array_equal(_bits(other(x)), _bits(model(x)))
+
+
 def test_state_of_another_recipe_is_refused():
     model = convert_to_float8(_two_layers(), "te-delayed")
     other = convert_to_float8(_two_layers(), lscore.fp8.recipe("te-delayed", margin=2))
