@@ -196,6 +196,32 @@ def test_delayed_casts_between_updates_accumulate_by_max_and_keep_the_scale():
         assert not torch.equal(layer(small), y1)
 
 
+class _OtherRankDoubles:
+    """A reducer whose other rank saw twice each amax: the MAX it agrees on is 2 * amax."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def reduce(self, found_inf, stats=None):
+        self.calls += 1
+        return found_inf, {k: 2 * v for k, v in stats.items()}
+
+
+def test_fp8_update_reduces_the_step_amaxes_through_a_reducer():
+    torch.manual_seed(11)
+    model = convert_to_float8(_two_layers(), "te-delayed")
+    x = torch.randn(4, 32, requires_grad=True)
+    model(x).sum().backward()
+    current = [m.fp8_state.amax_history[0].copy() for m in (model[0], model[2])]
+    reducer = _OtherRankDoubles()
+    fp8_update(model, reducer)
+    assert reducer.calls == 2  # one agreement per layer, all three tensors in it
+    for m, amax in zip((model[0], model[2]), current, strict=True):
+        want = np.float32(448) / (2 * amax[:2])
+        np.testing.assert_array_equal(m.fp8_state.scale[:2], want)
+        assert m.fp8_state.scale[2] == np.float32(57344) / (2 * amax[2])
+
+
 def _train_delayed(model, opt, steps, seed):
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
