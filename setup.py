@@ -57,8 +57,16 @@ def long_description():
 
 setup(
     ext_modules=cythonize(
-        [ext("_codes"), ext("_state"), ext("_scan"), ext("_walk"), ext("_grads"), ext("_fp8"),
-         ext("_fp8_scale")],
+        [
+            ext("_codes"),
+            ext("_state"),
+            ext("_scan"),
+            ext("_walk"),
+            ext("_pack"),
+            ext("_grads"),
+            ext("_fp8"),
+            ext("_fp8_scale"),
+        ],
         include_path=["_ext"],
         compiler_directives={"language_level": 3},
     ),

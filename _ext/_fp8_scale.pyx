@@ -88,7 +88,8 @@ def scaled_max(float fp8_max, int margin):
 
 
 cdef class CyDelayed:
-    """The delayed-scaling state of n tensors: lsc_fp8_delayed and the arrays it points to."""
+    """TransformerEngine's delayed-scaling state of n tensors in one C struct, and the arrays
+    it owns: history [length, n] (row 0 the current amaxes), scale and scale_inv [n]."""
     cdef lsc_fp8_delayed s
     cdef cnp.ndarray _history, _scale, _scale_inv, _scaled_max, _work
 
@@ -149,18 +150,22 @@ cdef class CyDelayed:
 
     @property
     def history(self):
+        """A copy of the history, float32 [length, n]."""
         return self._history.copy()
 
     @property
     def current(self):
+        """A copy of the current row, float32 [n]."""
         return self._history[0].copy()
 
     @property
     def scale(self):
+        """A copy of the scales, float32 [n]."""
         return self._scale.copy()
 
     @property
     def scale_inv(self):
+        """A copy of the scales' inverses, float32 [n]."""
         return self._scale_inv.copy()
 
     def __reduce__(self):

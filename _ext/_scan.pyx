@@ -20,6 +20,7 @@ from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
 from _dtypes cimport *
 from _lsc_pool cimport *
 from _walker cimport visitor, walk
+from _scantable cimport *
 
 import os
 
@@ -27,47 +28,8 @@ import numpy as np
 
 cnp.import_array()
 
-cdef extern from "numpy/ndarraytypes.h":
-    enum:
-        NPY_HALF
-        NPY_USERDEF
-
-# The array accessors on a borrowed PyArrayObject * (an ndarray variable
-# would take a reference to each array), for _plain_list
-cdef extern from "numpy/arrayobject.h":
-    int P_FLAGS "PyArray_FLAGS"(cnp.PyArrayObject *a) nogil
-    int P_TYPE "PyArray_TYPE"(cnp.PyArrayObject *a) nogil
-    int P_NDIM "PyArray_NDIM"(cnp.PyArrayObject *a) nogil
-    cnp.npy_intp *P_DIMS "PyArray_DIMS"(cnp.PyArrayObject *a) nogil
-    char *P_DATA "PyArray_BYTES"(cnp.PyArrayObject *a) nogil
-    bint P_ISBYTESWAPPED "PyArray_ISBYTESWAPPED"(cnp.PyArrayObject *a) nogil
-    PyTypeObject PyArray_Type
-
-cdef extern from "Python.h":
-    ctypedef struct PyListObject:
-        PyObject **ob_item
-
 # Inputs with more bytes than this release the GIL while scanning.
 DEF NOGIL_BYTES = 262144
-DEF INLINE_RUNS = 16
-
-# The table of one call: one lsc_run per non-empty floating array, and a
-# strong reference to each array so that nothing is freed while the kernels
-# run (also without the GIL).  Lives on the C stack; _table_free releases it.
-ctypedef struct table_t:
-    lsc_run *runs
-    PyObject **objs
-    Py_ssize_t size
-    Py_ssize_t cap
-    lsc_n total_bytes
-    bint write
-    bint py_nonfinite       # a Python float seen by all_finite was NaN/Inf
-    Py_ssize_t count        # leaves seen so far, for error messages
-    lsc_run inline_runs[INLINE_RUNS]
-    PyObject *inline_objs[INLINE_RUNS]
-    Py_ssize_t *idxs        # each run's position among the leaves, in flattened order
-    Py_ssize_t inline_idxs[INLINE_RUNS]
-    lsc_order order         # unscale_'s cheap disjointness proofs (lsc_layout.h)
 
 SUPPORTED = ("float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2 "
              "(integer and bool arrays count as finite)")
@@ -107,84 +69,6 @@ cdef inline int _dtype_code(cnp.ndarray a) except -1:
     raise TypeError(f"unsupported dtype {a.dtype}; expected {SUPPORTED}")
 
 
-cdef inline void _table_init(table_t *t, bint write) noexcept:
-    t.runs = t.inline_runs
-    t.objs = t.inline_objs
-    t.idxs = t.inline_idxs
-    t.size = 0
-    t.cap = INLINE_RUNS
-    t.total_bytes = 0
-    t.write = write
-    t.py_nonfinite = False
-    t.count = 0
-    lsc_order_init(&t.order)
-
-
-cdef void _table_free(table_t *t) noexcept:
-    cdef Py_ssize_t i
-    for i in range(t.size):
-        Py_DECREF(<object>t.objs[i])
-    t.size = 0
-    if t.runs != t.inline_runs:
-        PyMem_Free(t.runs)
-        PyMem_Free(t.objs)
-        PyMem_Free(t.idxs)
-        t.runs = t.inline_runs
-        t.objs = t.inline_objs
-        t.idxs = t.inline_idxs
-
-
-cdef int _table_grow(table_t *t, Py_ssize_t need) except -1:
-    """Room for `need` more runs."""
-    cdef Py_ssize_t cap = t.cap, i
-    if t.size + need <= t.cap:
-        return 0
-    while cap < t.size + need:
-        cap *= 4
-    cdef lsc_run *runs = <lsc_run *>PyMem_Malloc(cap * sizeof(lsc_run))
-    cdef PyObject **objs = <PyObject **>PyMem_Malloc(cap * sizeof(PyObject *))
-    cdef Py_ssize_t *idxs = <Py_ssize_t *>PyMem_Malloc(cap * sizeof(Py_ssize_t))
-    if runs == NULL or objs == NULL or idxs == NULL:
-        PyMem_Free(runs)
-        PyMem_Free(objs)
-        PyMem_Free(idxs)
-        raise MemoryError()
-    for i in range(t.size):
-        runs[i] = t.runs[i]
-        objs[i] = t.objs[i]
-        idxs[i] = t.idxs[i]
-    if t.runs != t.inline_runs:
-        PyMem_Free(t.runs)
-        PyMem_Free(t.objs)
-        PyMem_Free(t.idxs)
-    t.runs = runs
-    t.objs = objs
-    t.idxs = idxs
-    t.cap = cap
-    return 0
-
-
-cdef inline lsc_run *_push_run(table_t *t, cnp.ndarray a, lsc_n n, int code,
-                               int swapped) noexcept:
-    """Append `a` as one contiguous run (the caller made room and may then
-    turn it into a strided or N-d run); the table holds a reference."""
-    cdef lsc_run *e = &t.runs[t.size]
-    Py_INCREF(a)
-    t.objs[t.size] = <PyObject *>a
-    t.idxs[t.size] = t.count - 1
-    t.size += 1
-    e.data = <char *>cnp.PyArray_DATA(a)
-    e.n = n
-    e.code = code
-    e.swapped = swapped
-    e.ndim = 1
-    e.stride = cnp.PyArray_ITEMSIZE(a)
-    e.shape = NULL
-    e.strides = NULL
-    t.total_bytes += n * e.stride
-    return e
-
-
 cdef int _add_array(table_t *t, cnp.ndarray a) except -1:
     cdef int code = _dtype_code(a)
     cdef int flags = cnp.PyArray_FLAGS(a)
@@ -213,8 +97,8 @@ cdef int _add_array(table_t *t, cnp.ndarray a) except -1:
     if n == 0 or code == LSC_CODE_INT:
         return 0
     if t.size == t.cap:
-        _table_grow(t, 1)
-    e = _push_run(t, a, n, code, cnp.PyArray_ISBYTESWAPPED(a))
+        table_grow(t, 1)
+    e = push_run(t, a, n, code, cnp.PyArray_ISBYTESWAPPED(a))
     if t.write:
         _extent(a, &lo, &hi)
         lsc_order_add(&t.order, lo, hi, (flags & cnp.NPY_ARRAY_OWNDATA) != 0)
@@ -287,7 +171,7 @@ cdef inline bint _push_plain(table_t *t, object x) noexcept:
     t.count += 1
     if code == LSC_CODE_INT:
         return True
-    e = _push_run(t, <cnp.ndarray>x, n, code, 0)
+    e = push_run(t, <cnp.ndarray>x, n, code, 0)
     if t.write:
         lsc_order_add(&t.order, <size_t>e.data, <size_t>e.data + <size_t>(n * e.stride),
                       (cnp.PyArray_FLAGS(<cnp.ndarray>x) & cnp.NPY_ARRAY_OWNDATA) != 0)
@@ -296,7 +180,7 @@ cdef inline bint _push_plain(table_t *t, object x) noexcept:
 
 cdef int _scan_reserve(void *ctx, Py_ssize_t n) except -1:
     """Room for a list's items before the walk visits them (so _push_plain has it)."""
-    return _table_grow(<table_t *>ctx, n)
+    return table_grow(<table_t *>ctx, n)
 
 
 cdef int _scan_leaf(void *ctx, object obj) except -1:
@@ -461,7 +345,7 @@ def all_finite(arrays, int threads=0):
         found = _plain_list(arrays, False, LSC_OP_SCAN, 1.0, threads)
         if found >= 0:
             return not found
-    _table_init(&t, False)
+    table_init(&t, False)
     try:
         if cnp.PyArray_Check(arrays):
             _add_array(&t, <cnp.ndarray>arrays)
@@ -471,7 +355,7 @@ def all_finite(arrays, int threads=0):
             return False
         r = _run(t.runs, t.size, t.total_bytes, LSC_OP_SCAN, 1.0, threads)
     finally:
-        _table_free(&t)
+        table_free(&t)
     return not r.found
 
 
@@ -487,7 +371,7 @@ def unscale_(arrays, double inv_scale, bint stats=False, int threads=0):
         found = _plain_list(arrays, True, _write_op(inv_scale, False), inv_scale, threads)
         if found >= 0:
             return not found
-    _table_init(&t, True)
+    table_init(&t, True)
     try:
         if cnp.PyArray_Check(arrays):
             _add_array(&t, <cnp.ndarray>arrays)
@@ -496,7 +380,7 @@ def unscale_(arrays, double inv_scale, bint stats=False, int threads=0):
         _check_disjoint(&t)
         r = _run(t.runs, t.size, t.total_bytes, _write_op(inv_scale, stats), inv_scale, threads)
     finally:
-        _table_free(&t)
+        table_free(&t)
     return _unscale_result(r, stats)
 
 

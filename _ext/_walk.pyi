@@ -41,22 +41,3 @@ class DeviceTable:
     ) -> None: ...
     def clear(self) -> None: ...
     def plan(self, arrays: Any, attr: str | None = None) -> DevicePlan: ...
-
-def plan_launches(
-    ptrs: Any, sizes: Any, chunk: int, max_tensors: int, max_blocks: int
-) -> tuple[np.ndarray, list[tuple[int, int, int]]]: ...
-def pack_launches(
-    codes: Any,
-    counts: Any,
-    records: Any,
-    chunk: int,
-    max_tensors: int,
-    max_blocks: int,
-    depth: int,
-    meta_tensors: int,
-    meta_blocks: int,
-    meta_size: int,
-) -> tuple[np.ndarray, list[tuple[int, int]]]: ...
-def launch_params(
-    arguments: np.ndarray, meta_size: int, words: int, nwords: int
-) -> tuple[np.ndarray, int]: ...

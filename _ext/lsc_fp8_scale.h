@@ -31,14 +31,16 @@
 enum { LSC_FP8_AMAX_MAX = 0, LSC_FP8_AMAX_MOST_RECENT = 1 };
 
 /* CUDA's fmaxf: a NaN argument yields the other one (both NaN: NaN), so a
- * reduction that starts from 0 skips NaN elements. */
+ * reduction that starts from 0 skips NaN elements.  Of two equal values
+ * (+0 and -0) it keeps the first, the running maximum, as TE's integer
+ * atomic max on the bits keeps +0 over -0. */
 LSC_FN float lsc_fp8_fmaxf(float a, float b)
 {
     if (a != a)
         return b;
     if (b != b)
         return a;
-    return a > b ? a : b;
+    return b > a ? b : a;
 }
 
 /* TE's current-scaling rule, compute_scale_from_amax
@@ -67,12 +69,15 @@ LSC_FN float lsc_fp8_scale_te(float amax, float fp8_max, int pow2, float eps)
 /* torchao's power-of-two rounding, _round_scale_down_to_power_of_2
  * (ao:torchao/float8/float8_utils.py:244-246): exp2(floor(log2(s))) in
  * float32 torch ops.  torch's float32 log2 on the CPU returns the float32
- * nearest the exact logarithm (checked on every positive float32 against
- * torch 2.13: floor(torch.log2(s)) == floor(float32(log2(double(s))))), so
- * a scale just below 2^m whose logarithm rounds up to the integer m gives
- * 2^m, not 2^(m-1): one ulp below 2^7 (and two), up to 44 ulps below
- * 2^127; exp2 of an integer is exact, and of 128 is +Inf.  Zero gives 0,
- * +Inf +Inf, NaN and negative scales NaN. */
+ * nearest the exact logarithm, so a scale just below 2^m whose logarithm
+ * rounds up to the integer m gives 2^m, not 2^(m-1): none below 2^1 or 2^2,
+ * one ulp below 2^3 and 2^4, two below 2^7, 44 below 2^127 and below 2^128
+ * (exp2 of an integer is exact, and of 128 is +Inf).  Zero gives 0, +Inf
+ * +Inf, NaN and negative scales NaN.  This function equals torch 2.13's
+ * exp2(floor(log2(s))) bit for bit on every non-negative float32 (an
+ * exhaustive sweep on the CPU);
+ * tests/core/data/torchao_scales.npz holds torchao's outputs near every
+ * power of two. */
 LSC_FN float lsc_fp8_pow2_down_torch(float s)
 {
     int e;
@@ -165,23 +170,34 @@ LSC_FN void lsc_fp8_delayed_record(lsc_fp8_delayed *s, const float *amax)
  * A reduced amax from other workers is written into row 0 first. */
 LSC_FN void lsc_fp8_delayed_update(lsc_fp8_delayed *s)
 {
-    lsc_i64 i, j, n = s->n, len = s->len;
+    lsc_i64 i, j, n = s->n, len = s->len, rolled = 0;
     float *h = s->history, *amax = s->work, *last = s->work + n;
+    /* the amax: a running maximum from 0 that takes a value only when it is
+       larger skips NaN values as fmaxf does, and has no branch (the loops
+       over a row vectorise); a tensor that does not roll keeps amax 0 */
     for (j = 0; j < n; j++) {
         last[j] = h[j];
-        amax[j] = s->algo == LSC_FP8_AMAX_MOST_RECENT ? h[j]
-                                                      : (h[j] != 0.0f ? lsc_fp8_fmaxf(0.0f, h[j]) : 0.0f);
+        amax[j] = h[j] > 0.0f ? h[j] : 0.0f;
     }
     if (s->algo == LSC_FP8_AMAX_MAX)
         for (i = 1; i < len; i++)
             for (j = 0; j < n; j++)
-                if (last[j] != 0.0f)
-                    amax[j] = lsc_fp8_fmaxf(amax[j], h[i * n + j]);
-    /* the roll, row by row (rows are contiguous) */
-    for (i = 0; i + 1 < len; i++)
-        for (j = 0; j < n; j++)
-            if (last[j] != 0.0f)
-                h[i * n + j] = h[(i + 1) * n + j];
+                amax[j] = h[i * n + j] > amax[j] ? h[i * n + j] : amax[j];
+    for (j = 0; j < n; j++) {
+        float keep = s->algo == LSC_FP8_AMAX_MOST_RECENT ? last[j] : amax[j];
+        amax[j] = last[j] != 0.0f ? keep : 0.0f;
+        rolled += last[j] != 0.0f;
+    }
+    /* the roll: every row moves up by one, row by row (rows are contiguous),
+       in one plain copy when every tensor rolls */
+    if (rolled == n) {
+        for (i = 0; i < (len - 1) * n; i++)
+            h[i] = h[i + n];
+    } else {
+        for (i = 0; i + 1 < len; i++)
+            for (j = 0; j < n; j++)
+                h[i * n + j] = last[j] != 0.0f ? h[(i + 1) * n + j] : h[i * n + j];
+    }
     for (j = 0; j < n; j++)
         if (last[j] != 0.0f) {
             h[(len - 1) * n + j] = last[j];

@@ -42,7 +42,6 @@ typedef struct {
     lsc_i64 hysteresis_left;    /* overflows still absorbed before a backoff */
     lsc_i64 steps;              /* updates taken (a raise does not count) */
     lsc_i64 skipped;            /* updates that returned LSC_SKIP */
-    /* appended later; the fields above keep their offsets */
     double tolerance;           /* parameter: back off only if overflows / steps since the last
                                    rescale >= tolerance (fairseq; 0 = always) */
     double floor_scale;         /* parameter: where min_action gives up */

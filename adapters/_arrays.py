@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from lscore.adapters._optim import drop_none_gradients, grad_var_pairs, quiet, type_name
+from lscore.adapters._optim import drop_none_gradients, grad_var_pairs, quiet
+from lscore.adapters._wrapper import type_name
 from lscore.policy import boolean, integer, real
 
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")

@@ -16,25 +16,24 @@ three shapes, told apart by its arguments:
   finiteness itself, so even a fixed manager skips non-finite steps; a skipped
   step does not advance the step counter.
 
-``_scaling.resolve_loss_scaling`` turns the arguments into a ``LossScaling``.
-Nothing here knows an array type: the CuPy and torch adapters reuse it.
-``run_step`` is the one step loop (check -> update the scale -> apply or skip
--> count) every wrapper runs.
-The array-module-generic wrapper methods work through an ``xp`` namespace
+``_scaling.resolve_loss_scaling`` turns the arguments into a ``LossScaling``;
+``_wrapper.TFShaped``, the base every adapter's wrapper shares (torch's too),
+checks them and holds tf-keras's properties.  ``LossScaleOptimizerBase`` is the
+array-module-generic wrapper: its methods work through an ``xp`` namespace
 bound by the adapter (``numpy`` or ``cupy``); SGD and Adam are in _arrays.
 """
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 
-from lscore.adapters._scaling import LossScaling, resolve_loss_scaling, scaling_kwargs_from_config
-from lscore.distributed import check_reducer, reduce_found_inf
-from lscore.policy import integer
+from lscore.adapters._scaling import scaling_kwargs_from_config
+from lscore.adapters._wrapper import TFShaped, inner_attribute, load_checked, run_step, type_name
+from lscore.distributed import reduce_found_inf
+from lscore.policy import integer, inverse_scale
 
 OPTIMIZER_FORMAT = "lscore.optimizer/1"
 _OPTIMIZER_KEYS = (
@@ -48,114 +47,13 @@ _OPTIMIZER_KEYS = (
 )
 
 
-def load_checked(holder: Any, scale_state: Any, load_rest: Any) -> None:
-    """Load `scale_state` into `holder` (the loss scale, or None), then ``load_rest()``
-    (the inner optimizer's state); if that raises, the scale state is put back, so a
-    refused state changes neither.  The scale goes first: its load checks the policy."""
-    before = None if holder is None else holder.state_dict()
-    if holder is not None:
-        holder.load_state_dict(scale_state)
-    try:
-        load_rest()
-    except BaseException:
-        if holder is not None:
-            holder.load_state_dict(before)
-        raise
-
-
-def check_inner_optimizer(
-    optimizer: Any, wrapper_cls: Any, *, expected: str, is_optimizer: Any
-) -> None:
-    """tf-keras's checks on the wrapped optimizer, in its order.
-
-    `is_optimizer(optimizer)` says whether the framework's protocol is met;
-    `expected` describes that protocol in the TypeError.  A class is refused
-    first: its ``apply_gradients`` is a function, so it would pass the
-    protocol check, and marking it as wrapped would mark every instance.
-    """
-    if isinstance(optimizer, type):
-        name = optimizer.__qualname__
-        raise TypeError(
-            f"optimizer must be an optimizer instance, got the class {name}: "
-            f"pass an instance, e.g. LossScaleOptimizer({name}(...), ...)"
-        )
-    if not is_optimizer(optimizer):
-        raise TypeError(
-            f'"inner_optimizer" must be an instance of {expected}, but got: {optimizer}.'
-        )
-    if isinstance(optimizer, wrapper_cls):
-        raise TypeError(
-            f"LossScaleOptimizer cannot wrap another LossScaleOptimizer, but got: {optimizer}"
-        )
-    if getattr(optimizer, "_is_wrapped_by_loss_scale_optimizer", False):
-        raise ValueError(
-            '"inner_optimizer" is already wrapped by a LossScaleOptimizer. An '
-            "optimizer can only be wrapped by a single LossScaleOptimizer"
-        )
-
-
-def run_step(
-    wrapper: Any, finite: bool, *, apply: Any, count: Any, grads: Any, named_arrays: Any
-) -> Any:
-    """One step of any adapter's LossScaleOptimizer, once its gradients are checked.
-
-    `wrapper` has ``_scaling`` (a LossScaling), ``overflow_monitor`` and
-    ``_monitor_steps``.  The scale is updated from `finite` and the step is
-    applied (``apply()``, the inner optimizer's step; its result is returned) or
-    skipped; ``count(applied)`` advances the iterations right after an applied
-    step, and after a skipped one in the Keras shape.  When the answer is
-    ``predictable`` the inner step runs before the scale is updated, so a step
-    that raises leaves the scale as it was; otherwise (a user-defined LossScale,
-    whose ``update(grads())`` decides) the scale is restored when it raises.  The
-    overflow monitor, if any, sees the step; ``named_arrays(monitor)`` gives its
-    report the gradients of a skipped step.  Returns (applied, apply()'s result or None).
-    """
-    s = wrapper._scaling
-    m = wrapper.overflow_monitor
-    before = s.scale if m is not None else None
-    if s.predictable:
-        applied = s.should_apply(finite)
-        result = _apply_or_skip(s, applied, apply, count)
-        s.update(finite)
-    else:
-        restore = s.checkpoint()
-        applied = s.update(finite, grads())
-        try:
-            result = _apply_or_skip(s, applied, apply, count)
-        except BaseException:
-            restore()  # the inner optimizer failed: the scale is as before
-            raise
-    if m is not None:
-        m.observe(wrapper._monitor_steps, applied, before, s.scale, lambda: named_arrays(m))
-        wrapper._monitor_steps += 1
-    return applied, result
-
-
-def _apply_or_skip(s: LossScaling, applied: bool, apply: Any, count: Any) -> Any:
-    if applied:
-        result = apply()
-        count(True)
-        return result
-    if s.skip_advances_iterations:
-        count(False)
-    return None
-
-
-# ---------------------------------------------------------------------------
-# Array-module-generic part.  An adapter subclasses these and sets ``_xp`` (the
-# array module: numpy, cupy) and, for the wrapper, ``_all_finite``.
+# An adapter subclasses LossScaleOptimizerBase and sets ``_xp`` (the array module: numpy,
+# cupy) and ``_all_finite``.
 
 
 def quiet() -> Any:
     """Overflow to inf when a scale is cast to float16 is intended (TF does the same)."""
     return np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore")
-
-
-def inverse_scale(scale: float) -> float:
-    """TF's and Keras's inverse of a loss scale: the reciprocal taken in float32,
-    ``float32(1) / float32(scale)`` (torch takes it in float64, then rounds)."""
-    with quiet():
-        return float(np.float32(1.0) / np.float32(scale))
 
 
 def _times(x: Any, factor: float) -> Any:
@@ -171,10 +69,6 @@ def _host(a: Any) -> Any:
     """A NumPy view or copy of an array of any array module (CuPy: copied to the host)."""
     get = getattr(a, "get", None)
     return get() if callable(get) and not isinstance(a, np.ndarray) else np.asarray(a)
-
-
-def type_name(x: Any) -> str:
-    return f"{type(x).__module__}.{type(x).__qualname__}"
 
 
 def grad_var_pairs(grads_and_vars: Any) -> list:
@@ -240,81 +134,16 @@ def check_variable_dtypes(variables: Any, allow_fp16: bool) -> None:
             raise ValueError(FP16_VARIABLES)
 
 
-def check_op_name(name: Any) -> None:
-    """TF1's ``name`` names the op that ``apply_gradients`` returns; nothing here is
-    an op, so the name is only checked."""
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"name must be a str or None, got {type_name(name)}")
-
-
-def _no_advance(applied: Any) -> None:
-    return None
-
-
-def global_step_advancer(global_step: Any, in_place: Any, expected: str) -> Any:
-    """Check TF1's ``global_step`` before a step; returns ``advance(applied)`` for after it.
-
-    TF1's optimizers increment ``global_step`` inside the update they apply,
-    so a skipped step leaves it as it was.  A counter is None, any object
-    with ``assign_add`` (a TF-like variable), or what ``in_place(global_step)``
-    recognises: it returns an in-place ``add(delta)``, or None for a type the
-    adapter does not take.  `expected` names the adapter's counter in the
-    TypeError.  ``applied`` is a bool, or a 0-d device boolean (sync-free
-    CuPy), which is added as it is so that nothing waits for the device.
-    """
-    if global_step is None:
-        return _no_advance
-    assign_add = getattr(global_step, "assign_add", None)
-    add = assign_add if callable(assign_add) else in_place(global_step)
-    if add is None:
-        if isinstance(global_step, (int, np.integer)):
-            # TF1's global_step is a variable; a Python or NumPy integer is a copy
-            raise TypeError(
-                f"global_step must be a counter that can be incremented in place, "
-                f"got the integer {global_step!r}: pass {expected} or an "
-                "object with an assign_add method"
-            )
-        raise TypeError(
-            f"unsupported global_step type {type_name(global_step)}; expected "
-            f"{expected} or an object with an assign_add method"
-        )
-
-    def advance(applied: Any) -> None:
-        if not isinstance(applied, (bool, np.bool_)):
-            add(applied)
-        elif applied:
-            add(1)
-
-    return advance
-
-
-def inner_attribute(name: str, how: str = "get and set") -> property:
-    """A property that reads and writes ``self._optimizer.<name>``: the
-    wrapped optimizer's attribute, seen through the wrapper."""
-
-    def fget(self: Any) -> Any:
-        return getattr(self._optimizer, name)
-
-    def fset(self: Any, value: Any) -> None:
-        setattr(self._optimizer, name, value)
-
-    return property(fget, fset, doc=f"The inner optimizer's ``{name}`` ({how}).")
-
-
-class _Wrapping(Protocol):
-    """What the tf-keras-named properties read (the torch adapter's wrapper borrows them)."""
-
-    _optimizer: Any
-    _scaling: LossScaling
-
-
-class LossScaleOptimizerBase:
+class LossScaleOptimizerBase(TFShaped):
     """Wraps an optimizer with loss scaling; the adapters bind it to an array module.
 
     ``LossScaleOptimizer(optimizer, loss_scale=None, *, dynamic=True,
     initial_scale=None, dynamic_growth_steps=None, loss_scale_manager=None,
-    reducer=None, allow_fp16_params=False)`` takes the Keras 2, TF <= 2.3 or
-    TF1 shape (see this module's docstring).
+    reducer=None, allow_fp16_params=False)`` takes one of three shapes: Keras 2
+    (no ``loss_scale``, or a bool taken as ``dynamic``: tf-keras's LossScaleOptimizer,
+    where a skipped step still advances ``iterations``), TF <= 2.3 (``loss_scale`` a
+    number, ``"dynamic"`` or a ``LossScale``) or TF1 (a ``LossScaleManager``, passed
+    positionally or as ``loss_scale_manager=``; a skipped step does not count).
 
     The wrapped optimizer needs one method, ``apply_gradients(grads_and_vars)``,
     that updates the variables in place; if it has an ``iterations`` attribute
@@ -344,9 +173,6 @@ class LossScaleOptimizerBase:
     _xp: Any = None  # the array module, set by the adapter
     _all_finite: Any = None  # the adapter's all_finite, set as a staticmethod
     _optimizer_classes: ClassVar[dict[str, type]] = {}
-    _expected_optimizer = (
-        "an optimizer with an apply_gradients(grads_and_vars) method that updates arrays in place"
-    )
 
     def __init__(
         self,
@@ -362,58 +188,17 @@ class LossScaleOptimizerBase:
     ) -> None:
         if not isinstance(allow_fp16_params, (bool, np.bool_)):
             raise TypeError(f"allow_fp16_params must be a bool, got {allow_fp16_params!r}")
-        check_inner_optimizer(
+        self._wrap(
             optimizer,
-            LossScaleOptimizerBase,
-            expected=self._expected_optimizer,
-            is_optimizer=lambda o: callable(getattr(o, "apply_gradients", None)),
-        )
-        self._scaling = resolve_loss_scaling(
             loss_scale,
             dynamic=dynamic,
             initial_scale=initial_scale,
             dynamic_growth_steps=dynamic_growth_steps,
             loss_scale_manager=loss_scale_manager,
+            reducer=reducer,
         )
-        self._reducer = check_reducer(reducer)  # lscore.distributed: one verdict for all ranks
-        self._optimizer = optimizer
         self._own_iterations = 0
         self._allow_fp16 = bool(allow_fp16_params)
-        with contextlib.suppress(AttributeError):  # an optimizer with __slots__
-            optimizer._is_wrapped_by_loss_scale_optimizer = True
-
-    # -- properties (tf-keras names) -------------------------------------------------
-    @property
-    def inner_optimizer(self: _Wrapping) -> Any:
-        return self._optimizer
-
-    @property
-    def loss_scaling(self: _Wrapping) -> LossScaling:
-        """The loss-scale side: shape, scale, update rule (adapters/_optim.LossScaling)."""
-        return self._scaling
-
-    @property
-    def loss_scale(self: _Wrapping) -> Any:
-        """The current scale as a float; in the TF <= 2.3 shape the LossScale object, as TF."""
-        if self._scaling.shape == "experimental":
-            return self._scaling.loss_scale_object
-        return self._scaling.scale
-
-    @property
-    def dynamic(self: _Wrapping) -> bool:
-        return self._scaling.dynamic
-
-    @property
-    def dynamic_counter(self: _Wrapping) -> Any:
-        return self._scaling.dynamic_counter
-
-    @property
-    def initial_scale(self: _Wrapping) -> Any:
-        return self._scaling.initial_scale
-
-    @property
-    def dynamic_growth_steps(self: _Wrapping) -> Any:
-        return self._scaling.dynamic_growth_steps
 
     @property
     def iterations(self) -> int:
@@ -455,7 +240,7 @@ class LossScaleOptimizerBase:
         return [None if g is None else _times(g, inv) for g in grads]
 
     # -- the step -----------------------------------------------------------------
-    def _array_counter(self, global_step: Any) -> Any:
+    def _in_place_counter(self, global_step: Any) -> Any:
         """In-place ``add(delta)`` for a 0-d integer array of this adapter's array module."""
         if not isinstance(global_step, self._xp.ndarray):
             return None
@@ -473,12 +258,8 @@ class LossScaleOptimizerBase:
 
         return add
 
-    def _tf1_step_arguments(self, global_step: Any, name: Any) -> Any:
-        """Check ``apply_gradients``'s TF1 arguments; returns ``advance(applied)``."""
-        check_op_name(name)
-        return global_step_advancer(
-            global_step, self._array_counter, f"a 0-d integer {self._xp.__name__}.ndarray"
-        )
+    def _counter_description(self) -> str:
+        return f"a 0-d integer {self._xp.__name__}.ndarray"
 
     def apply_gradients(
         self, grads_and_vars: Any, global_step: Any = None, name: Any = None
@@ -528,11 +309,6 @@ class LossScaleOptimizerBase:
         if isinstance(applied, (bool, np.bool_)):
             return not applied
         return self._xp.logical_not(applied)
-
-    #: an lscore.diagnostics.OverflowMonitor, or None: names the gradients that held
-    #: NaN/Inf on every skipped step (the arrays are read only then)
-    overflow_monitor = None
-    _monitor_steps = 0
 
     def _count_step(self, applied: bool) -> None:
         """An inner optimizer with ``iterations`` counted an applied step itself."""
@@ -588,13 +364,6 @@ class LossScaleOptimizerBase:
         return loss
 
     # -- checkpoints --------------------------------------------------------------
-    def _scale_holder(self: _Wrapping) -> Any:
-        """The object whose state_dict() holds the scale state, or None (Keras's fixed
-        scale, or a user-defined LossScale without state_dict)."""
-        s = self._scaling
-        obj = s.dynamic_loss_scale if s.shape == "keras" else s.loss_scale_object
-        return obj if callable(getattr(obj, "state_dict", None)) else None
-
     def _before_checkpoint(self) -> None:
         """Bring state kept elsewhere (a device) to the host before state_dict()."""
 
@@ -730,9 +499,3 @@ class LossScaleOptimizerBase:
         make = getattr(opt_cls, "from_config", None)
         inner = make(dict(spec["config"])) if make else opt_cls(**spec["config"])
         return cls(inner, **scaling_kwargs_from_config(config))
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}({self._optimizer!r}, shape={self._scaling.shape!r}, "
-            f"loss_scale={self._scaling.scale!r}, dynamic={self.dynamic})"
-        )

@@ -67,7 +67,7 @@ except ImportError as e:  # the extra is missing: name it, not only the module
     ) from e
 
 from lscore import cuda
-from lscore.adapters import _device
+from lscore.adapters import _device, _device_wrapper
 from lscore.loss_scale import DynamicLossScale, FixedLossScale, LossScale, get
 from lscore.managers import (
     ExponentialUpdateLossScaleManager,
@@ -147,7 +147,7 @@ class Adam(_device.Adam):
     _backend = _BACKEND
 
 
-class LossScaleOptimizer(_device.LossScaleOptimizer):
+class LossScaleOptimizer(_device_wrapper.LossScaleOptimizer):
     """Wraps this module's ``SGD`` or ``Adam`` (or any optimizer with
     ``apply_gradients(grads_and_vars)``) with loss scaling, on CuPy arrays.
 

@@ -1,7 +1,7 @@
 """The CuPy adapter's classes bound to any array module and kernel backend.
 
-``lscore.adapters.cupy`` subclasses ``_device``'s classes with cupy's
-``ArrayBackend`` once, at module level.  ``bind`` makes the same classes for
+``lscore.adapters.cupy`` subclasses ``_device``'s and ``_device_wrapper``'s
+classes with cupy's ``ArrayBackend`` once, at module level.  ``bind`` makes the same classes for
 another array module and ``lscore.cuda.ArrayKernels``: the tests bind NumPy
 and the CPU host harness (the adapter's logic, kernels included, without a
 GPU), and ``lscore bench --suite gpu-host`` binds NumPy and a backend whose
@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from lscore.adapters import _device
+from lscore.adapters import _device, _device_wrapper
 from lscore.cuda.arrays import ArrayKernels
 
 __all__ = ["bind"]
@@ -43,7 +43,7 @@ def bind(
         return type(cls.__name__, (cls,), {"_backend": backend, "__module__": __name__, **attrs})
 
     sgd, adam = bound(_device.SGD), bound(_device.Adam)
-    lso = bound(_device.LossScaleOptimizer, _optimizer_classes={"SGD": sgd, "Adam": adam})
+    lso = bound(_device_wrapper.LossScaleOptimizer, _optimizer_classes={"SGD": sgd, "Adam": adam})
     return types.SimpleNamespace(
         backend=backend,
         all_finite=backend.all_finite,

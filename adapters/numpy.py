@@ -21,8 +21,8 @@ with the loss scale::
     opt = LossScaleOptimizer(SGD(learning_rate=0.1))   # Keras 2 shape, dynamic
     opt.minimize(loss_and_grads, [w])
 
-See ``lscore.adapters._optim`` for the three constructor shapes (Keras 2,
-TF <= 2.3 with a ``LossScale``, TF1 with a ``LossScaleManager``).  TF1 loops keep
+``LossScaleOptimizer`` takes three constructor shapes (Keras 2, TF <= 2.3 with a
+``LossScale``, TF1 with a ``LossScaleManager``: see its docstring).  TF1 loops keep
 ``apply_gradients(grads_and_vars, global_step=global_step)`` with a 0-d integer
 array as ``global_step`` (advanced in place when the step is applied); where TF1
 passes a loss tensor to ``compute_gradients`` or ``minimize``, pass the function.

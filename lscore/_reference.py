@@ -491,7 +491,8 @@ def fp8_delayed_update(
         if 0 < amax < math.inf:
             s = _f32(float(scaled_max[j]) / amax)
             new_scale[j] = _F32_MAX if math.isinf(s) else s
-    inv = np.array([_f32(1.0 / float(s)) for s in new_scale], np.float32)
+    with np.errstate(divide="ignore", over="ignore"):  # a subnormal scale: Inf
+        inv = np.float32(1) / new_scale
     return h, new_scale, inv
 
 

@@ -81,6 +81,7 @@ from lscore._ext._fp8_scale import scale_te as fp8_scale_te
 from lscore._ext._fp8_scale import scale_torchao as fp8_scale_torchao
 from lscore._ext._fp8_scale import scaled_max as fp8_scaled_max
 from lscore._ext._grads import GradTable
+from lscore._ext._pack import launch_params, pack_launches, plan_launches
 from lscore._ext._scan import (
     all_finite,
     all_finite_raw,
@@ -99,9 +100,6 @@ from lscore._ext._walk import (
     READ_NUMPY,
     DevicePlan,
     DeviceTable,
-    launch_params,
-    pack_launches,
-    plan_launches,
 )
 
 

@@ -18,7 +18,7 @@ KEYS = ("format", "policy", "scale", "counters", "next_scale", "config")
 _APPLY, _FLOOR_ERROR = _codes.APPLY, _codes.FLOOR_ERROR
 # a loaded counter must leave the core room to count in int64 without overflow
 COUNTER_LIMIT = 2**62
-# earlier names of counters, still read from a v1 state (lscore 0.1 wrote "overflows")
+# other names a v1 state may give a counter ("overflows": overflows_since_backoff)
 _LEGACY_COUNTERS = {"overflows": "overflows_since_backoff"}
 
 

@@ -54,5 +54,5 @@ for _obj in (
 ):
     _obj.__module__ = __name__
 del _obj
-# the name lscore 0.1's pickles of a GradScaler give its GradUnscaler
+# a pickled GradScaler may name its GradUnscaler lscore.adapters.torch._GradUnscaler
 _GradUnscaler = GradUnscaler

@@ -325,8 +325,8 @@ class Unplaced(_Path):
 class Disabled:
     """A disabled scaler: the scale is 1.0 and nothing is unscaled or updated.
 
-    One that ``enabled="auto"`` disabled keeps the path it had (its policy can
-    still be set, and pickles carry it, as before).
+    One that ``enabled="auto"`` disabled keeps the path it had: its policy can
+    still be set, and pickles carry it.
     """
 
     on_device = False
@@ -499,8 +499,8 @@ class _DevicePath(_Placed):
             else:
                 self.state.update(not combined.item())
                 self._write()
-        # "before" is what the host last wrote, as it always was here: under torch's
-        # kernel that is older than the scale the kernel just replaced
+        # "before" is what the host last wrote: under torch's kernel that is older
+        # than the scale the kernel just replaced
         return combined, self.written
 
 

@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from lscore.adapters import _optim, _scaling
+from lscore.adapters import _optim, _wrapper
 from lscore.adapters.torch._paths import GradUnscaler, named_grads
-from lscore.distributed import check_reducer, reduce_found_inf
-from lscore.policy import integer
+from lscore.distributed import reduce_found_inf
+from lscore.policy import integer, inverse_scale
 
 # the keys of state_dict()["loss_scale"]
 _LOSS_SCALE_KEYS = ("shape", "iterations", "last_step_skipped", "monitor_steps", "state")
@@ -50,12 +50,6 @@ def _tensor_counter(global_step: Any) -> Any:
     return add
 
 
-def _tf1_step_arguments(global_step: Any, name: Any) -> Any:
-    """Check ``apply_gradients``'s TF1 arguments; returns ``advance(applied)``."""
-    _optim.check_op_name(name)
-    return _optim.global_step_advancer(global_step, _tensor_counter, "a 0-d integer torch.Tensor")
-
-
 def _check_graph_options(
     gate_gradients: Any, aggregation_method: Any, colocate_gradients_with_ops: Any
 ) -> None:
@@ -79,11 +73,11 @@ def _check_graph_options(
     if not isinstance(colocate_gradients_with_ops, (bool, np.bool_)):
         raise TypeError(
             "colocate_gradients_with_ops must be a bool, got "
-            f"{_optim.type_name(colocate_gradients_with_ops)}"
+            f"{_wrapper.type_name(colocate_gradients_with_ops)}"
         )
 
 
-class LossScaleOptimizer(torch.optim.Optimizer):
+class LossScaleOptimizer(_wrapper.TFShaped, torch.optim.Optimizer):
     """Loss scaling in the shape of TF/Keras's ``LossScaleOptimizer``, as a torch optimizer.
 
     ``LossScaleOptimizer(optimizer, loss_scale=None, *, dynamic=True,
@@ -91,7 +85,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
     wraps a ``torch.optim.Optimizer`` and shares its ``param_groups``, ``state``
     and ``defaults`` (LR schedulers, ``isinstance`` checks and checkpoint code
     see an optimizer).  The arguments take one of three shapes, as in every
-    lscore adapter (``lscore.adapters._optim``): Keras 2 (the default: dynamic,
+    lscore adapter's ``LossScaleOptimizer``: Keras 2 (the default: dynamic,
     starting at 2**15, growing every 2000 finite steps; a skipped step still
     counts in ``iterations``), TF <= 2.3 (``loss_scale`` a number,
     ``"dynamic"`` or a ``LossScale``) or TF1 (a ``LossScaleManager``).
@@ -120,6 +114,10 @@ class LossScaleOptimizer(torch.optim.Optimizer):
 
     # tf.compat.v1.train.Optimizer's values, which TF1 code passes as gate_gradients
     GATE_NONE, GATE_OP, GATE_GRAPH = 0, 1, 2
+    _expected_optimizer = "torch.optim.Optimizer"
+    _in_place_counter = staticmethod(_tensor_counter)
+    # rebuilt by __setstate__: the hooks, the unscaler and a pending unscale_()'s verdict
+    _transient = (*_HOOK_DICTS, "_zero_grad_profile_name", "_unscaler", "_found")
 
     def __init__(
         self,
@@ -132,54 +130,42 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         loss_scale_manager: Any = None,
         reducer: Any = None,
     ) -> None:
-        _optim.check_inner_optimizer(
+        self._wrap(
             optimizer,
-            LossScaleOptimizer,
-            expected="torch.optim.Optimizer",
-            is_optimizer=lambda o: isinstance(o, torch.optim.Optimizer),
-        )
-        scaling = _scaling.resolve_loss_scaling(
             loss_scale,
             dynamic=dynamic,
             initial_scale=initial_scale,
             dynamic_growth_steps=dynamic_growth_steps,
             loss_scale_manager=loss_scale_manager,
+            reducer=reducer,
         )
         # not Optimizer.__init__: it would copy the groups instead of sharing them
-        for name in _HOOK_DICTS:
-            setattr(self, name, OrderedDict())
-        self._patch_step_function()
-        self._optimizer = optimizer
-        self._scaling = scaling
-        self._unscaler = GradUnscaler()
-        self._found: bool | None = None  # set by unscale_ until the step
-        self._reducer = check_reducer(reducer)  # lscore.distributed: one verdict for all ranks
+        self._rebuild()
         self._iterations = 0
         self._last_step_skipped = False
-        optimizer._is_wrapped_by_loss_scale_optimizer = True
+
+    @staticmethod
+    def _is_optimizer(optimizer: Any) -> bool:
+        return isinstance(optimizer, torch.optim.Optimizer)
+
+    def _counter_description(self) -> str:
+        return "a 0-d integer torch.Tensor"
+
+    def _rebuild(self) -> None:
+        """The attributes a pickle leaves out (``_transient``)."""
+        for name in _HOOK_DICTS:
+            setattr(self, name, OrderedDict())
+        self._unscaler = GradUnscaler()
+        self._found: bool | None = None  # set by unscale_ until the step
+        self._patch_step_function()
 
     # -- what torch code reads: the inner optimizer's groups, state and defaults --
-    param_groups = _optim.inner_attribute("param_groups", "shared")
-    state = _optim.inner_attribute("state", "shared")
-    defaults = _optim.inner_attribute("defaults", "shared")
+    param_groups = _wrapper.inner_attribute("param_groups", "shared")
+    state = _wrapper.inner_attribute("state", "shared")
+    defaults = _wrapper.inner_attribute("defaults", "shared")
 
     def add_param_group(self, param_group: dict) -> None:
         self._optimizer.add_param_group(param_group)
-
-    # -- tf-keras names, as every adapter's wrapper has them --
-    _base = _optim.LossScaleOptimizerBase
-    inner_optimizer = _base.inner_optimizer
-    loss_scaling = _base.loss_scaling
-    loss_scale = _base.loss_scale
-    dynamic = _base.dynamic
-    dynamic_counter = _base.dynamic_counter
-    initial_scale = _base.initial_scale
-    dynamic_growth_steps = _base.dynamic_growth_steps
-    del _base
-
-    #: an lscore.diagnostics.OverflowMonitor, or None (see GradScaler.overflow_monitor)
-    overflow_monitor = None
-    _monitor_steps = 0
 
     @property
     def iterations(self) -> int:
@@ -198,7 +184,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         return _times(loss, self._scaling.scale)
 
     def _inv_scale(self) -> float:
-        return _optim.inverse_scale(self._scaling.scale)
+        return inverse_scale(self._scaling.scale)
 
     def get_unscaled_gradients(self, grads: Any) -> list:
         """Each gradient times the float32 reciprocal of the scale (in its dtype); None kept."""
@@ -235,7 +221,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         if self._found is None:
             self.unscale_()
         apply = self._optimizer.step if closure is None else lambda: self._optimizer.step(closure)
-        applied, ret = _optim.run_step(
+        applied, ret = _wrapper.run_step(
             self,
             not self._found,
             apply=apply,
@@ -283,7 +269,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             if not isinstance(v, torch.Tensor) or not v.requires_grad:
                 raise ValueError(
                     f"var_list[{i}] must be a tensor that requires grad, got "
-                    f"{_optim.type_name(v)}"
+                    f"{_wrapper.type_name(v)}"
                     + ("" if not isinstance(v, torch.Tensor) else " with requires_grad=False")
                 )
         return var_list
@@ -318,7 +304,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
                 loss = loss()
         if not isinstance(loss, torch.Tensor):
             raise TypeError(
-                f"loss must be a tensor or a callable returning one, got {_optim.type_name(loss)}"
+                f"loss must be a tensor or a callable returning one, got {_wrapper.type_name(loss)}"
             )
         scaled = _times(loss, self._scaling.scale)
         seed = torch.ones_like(scaled) if grad_loss is None else grad_loss
@@ -334,7 +320,9 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         seen = set()
         for i, (g, v) in enumerate(pairs):
             if g is not None and not isinstance(g, torch.Tensor):
-                raise TypeError(f"gradient {i} must be a tensor or None, got {_optim.type_name(g)}")
+                raise TypeError(
+                    f"gradient {i} must be a tensor or None, got {_wrapper.type_name(g)}"
+                )
             if id(v) not in params:
                 # the inner optimizer keeps state and hyperparameters per parameter it holds
                 raise ValueError(f"variable {i} is not a parameter of the wrapped optimizer")
@@ -358,7 +346,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         name for the returned op) must be a str or None and has no other effect.
         Returns True when the step was applied (TF1 returns the op that applies it).
         """
-        advance = _tf1_step_arguments(global_step, name)
+        advance = self._tf1_step_arguments(global_step, name)
         pairs = self._step_pairs(grads_and_vars)
         if self._found is not None:
             raise RuntimeError(
@@ -395,7 +383,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
     ) -> bool:
         """TF1's ``minimize``: ``compute_gradients`` then ``apply_gradients``; returns whether
         the step was applied."""
-        _tf1_step_arguments(global_step, name)  # refuse before the backward pass
+        self._tf1_step_arguments(global_step, name)  # refuse before the backward pass
         pairs = self.compute_gradients(
             loss,
             var_list,
@@ -415,8 +403,6 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._found = None
 
     # -- checkpoints --------------------------------------------------------------
-    _scale_holder = _optim.LossScaleOptimizerBase._scale_holder
-
     def state_dict(self) -> dict:
         """The inner optimizer's state dict plus ``"loss_scale"``: the shape, the
         iteration count, ``last_step_skipped``, the overflow monitor's step count
@@ -439,7 +425,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         ls = d.pop("loss_scale", None)
         holder = self._scale_holder()
         if ls is not None:
-            # the two counts are optional: a dict saved before they were written lacks them
+            # the two counts are optional: a dict without them keeps this optimizer's
             keys = set(ls) if isinstance(ls, dict) else set()
             if not {"shape", "iterations", "state"} <= keys <= set(_LOSS_SCALE_KEYS):
                 raise ValueError(
@@ -466,30 +452,11 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         if ls is None:
             self._optimizer.load_state_dict(d)
         else:
-            _optim.load_checked(holder, ls["state"], lambda: self._optimizer.load_state_dict(d))
+            _wrapper.load_checked(holder, ls["state"], lambda: self._optimizer.load_state_dict(d))
             self._iterations, self._monitor_steps = iterations, monitor_steps
             self._last_step_skipped = last
         self._found = None
 
-    def __getstate__(self) -> dict:
-        return {
-            "_optimizer": self._optimizer,
-            "_scaling": self._scaling,
-            "_iterations": self._iterations,
-            "_last_step_skipped": self._last_step_skipped,
-            "_monitor_steps": self._monitor_steps,
-        }
-
     def __setstate__(self, state: dict) -> None:
-        for name in _HOOK_DICTS:
-            setattr(self, name, OrderedDict())
-        self.__dict__.update(state)
-        self._unscaler = GradUnscaler()
-        self._found = None
-        self._patch_step_function()
-
-    def __repr__(self) -> str:
-        return (
-            f"LossScaleOptimizer({self._optimizer!r}, shape={self._scaling.shape!r}, "
-            f"loss_scale={self._scaling.scale!r}, dynamic={self.dynamic})"
-        )
+        self.__dict__.update({"_reducer": None, **state})  # a state without one has none
+        self._rebuild()

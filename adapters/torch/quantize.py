@@ -13,12 +13,13 @@ stream), read in place when its leading axes merge into one stride.
 
 from __future__ import annotations
 
-from typing import Any
-
 import importlib
+from typing import Any
 
 import numpy as np
 import torch
+
+from lscore.fp8 import Float8
 
 # the module, not lscore.fp8.quantize the function, which the package binds to that name
 _q = importlib.import_module("lscore.fp8.quantize")
@@ -56,8 +57,13 @@ def _cuda() -> Any:
         def view(t: torch.Tensor) -> Any:
             w = t.element_size()
             name = str(t.dtype).removeprefix("torch.")
-            return DeviceView(t.data_ptr(), tuple(t.shape), tuple(s * w for s in t.stride()),
-                              "uint32" if name == "int32" else name, w)
+            return DeviceView(
+                t.data_ptr(),
+                tuple(t.shape),
+                tuple(s * w for s in t.stride()),
+                "uint32" if name == "int32" else name,
+                w,
+            )
 
         def launcher(t: torch.Tensor) -> Any:
             dev = t.device.index if t.device.index is not None else torch.cuda.current_device()
@@ -109,7 +115,7 @@ def _scale(scale: Any) -> Any:
 def amax(x: torch.Tensor, axis: int | None = None, nan: str = "ignore") -> torch.Tensor:
     """``lscore.fp8.amax`` of a tensor: a float32 tensor (0-d, or ``x.shape[:-1] + (1,)``)."""
     if _on_cuda(x):
-        return _cuda().amax(x.detach(), axis, nan)  # type: ignore[no-any-return]
+        return _cuda().amax(x.detach(), axis, nan)
     return torch.as_tensor(_q.amax(_view(x), axis, nan))
 
 
@@ -136,8 +142,14 @@ def quantize(
         if out is not None and not _on_cuda(out):
             raise TypeError(f"out must be on x's device {x.device}, got {out.device}")
         q, a = _cuda().quantize(
-            x.detach(), _scale(scale), name, axis=axis, saturate=saturate, nan_sign=nan_sign,
-            amax_nan=amax_nan, out=None if out is None else out.view(torch.uint8),
+            x.detach(),
+            _scale(scale),
+            name,
+            axis=axis,
+            saturate=saturate,
+            nan_sign=nan_sign,
+            amax_nan=amax_nan,
+            out=None if out is None else out.view(torch.uint8),
         )
         return (out if out is not None else q.view(_TORCH_FP8[name])), a
     xv = _view(x)
@@ -176,9 +188,7 @@ def dequantize(
     if _on_cuda(q):
         if dtype not in _FLOATS:
             raise TypeError(f"dtype must be torch.float32, float16 or bfloat16, got {dtype!r}")
-        return _cuda().dequantize(  # type: ignore[no-any-return]
-            q.detach(), _scale(scale), _FLOATS[dtype], axis=axis, fmt=fmt
-        )
+        return _cuda().dequantize(q.detach(), _scale(scale), _FLOATS[dtype], axis=axis, fmt=fmt)
     q = _cpu(q, "q")
     names = {v: k for k, v in _TORCH_FP8.items()}
     if q.dtype in names:
@@ -201,7 +211,7 @@ def dequantize(
     return out
 
 
-def quantize_current(x: torch.Tensor, recipe: Any, fmt: str | None = None) -> _q.Float8:
+def quantize_current(x: torch.Tensor, recipe: Any, fmt: str | None = None) -> Float8:
     """``lscore.fp8.quantize_current`` of a tensor: a ``lscore.fp8.Float8`` of tensors (the
     codes as torch's float8 dtype, the scale, scale_inv and amax float32 on x's device)."""
     from lscore.fp8.recipes import Recipe
@@ -212,9 +222,9 @@ def quantize_current(x: torch.Tensor, recipe: Any, fmt: str | None = None) -> _q
     if _on_cuda(x):
         r = _q.current_on(_cuda(), x.detach(), recipe, name)
         data = r.data.view(_TORCH_FP8[name])
-        return _q.Float8(data, r.scale, r.scale_inv, r.amax, r.fmt)
+        return Float8(data, r.scale, r.scale_inv, r.amax, r.fmt)
     r = _q.quantize_current(_view(x), recipe, name)
-    return _q.Float8(
+    return Float8(
         torch.from_numpy(r.data.view(np.uint8)).view(_TORCH_FP8[name]),
         torch.as_tensor(r.scale),
         torch.as_tensor(r.scale_inv),

@@ -2,11 +2,10 @@
 
 The class keeps torch's surface (methods, call order, errors, state dicts) and
 hands the scale to a path picked at the first ``scale()``, from the loss's
-device (adapters/torch/_paths.py): lscore's compiled core for CPU tensors,
-torch's own kernels elsewhere.  Its parts: torch's private attributes read through
-the path (_scaler_path.py), the unscale and clip (_scaler_unscale.py), the state dicts
-and pickles (_scaler_state.py); here the constructor, ``scale``, ``step``, ``update``
-and the queries.
+device: lscore's compiled core for CPU tensors, torch's own kernels elsewhere.
+Its base classes hold torch's private attributes read through the path, the unscale
+and clip, and the state dicts and pickles; here are the constructor, ``scale``,
+``step``, ``update`` and the queries.
 """
 
 from __future__ import annotations

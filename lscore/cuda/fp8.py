@@ -109,8 +109,9 @@ class Float8Launcher:
     def _grid(self, n: int, per_thread: int) -> int:
         return max(1, min(self.max_blocks, -(-n // (self.block * per_thread))))
 
-    def amax(self, x: DeviceView, amax_ptr: int, *, per_row: bool, propagate: bool,
-             stream: Any = None) -> None:
+    def amax(
+        self, x: DeviceView, amax_ptr: int, *, per_row: bool, propagate: bool, stream: Any = None
+    ) -> None:
         """Fold max |x| (per tensor or per row) into the zeroed uint32 words at amax_ptr."""
         import numpy as np
 
@@ -120,15 +121,31 @@ class Float8Launcher:
             return
         flags = kernels.FP8_FLAGS["AMAX_NAN"] if propagate else 0
         args = (
-            np.uint64(x.ptr), np.int64(rows), np.int64(cols), np.int64(rs), np.int64(cs),
-            np.int32(flags), np.int32(per_row), np.uint64(amax_ptr),
+            np.uint64(x.ptr),
+            np.int64(rows),
+            np.int64(cols),
+            np.int64(rs),
+            np.int64(cs),
+            np.int32(flags),
+            np.int32(per_row),
+            np.uint64(amax_ptr),
         )
-        self.backend.launch(amax_name(BY_NAME[x.dtype]), self._grid(n, 1), self.block, args,
-                            stream)
+        self.backend.launch(amax_name(BY_NAME[x.dtype]), self._grid(n, 1), self.block, args, stream)
 
-    def cast(self, x: DeviceView, q_ptr: int, amax_ptr: int, *, fmt: str, scale: float,
-             scales_ptr: int, per_row: bool, flags: int, hw: int = 1,
-             stream: Any = None) -> None:
+    def cast(
+        self,
+        x: DeviceView,
+        q_ptr: int,
+        amax_ptr: int,
+        *,
+        fmt: str,
+        scale: float,
+        scales_ptr: int,
+        per_row: bool,
+        flags: int,
+        hw: int = 1,
+        stream: Any = None,
+    ) -> None:
         """q = fp8(float32(x) * scale) (C-contiguous codes at q_ptr) and the amax words.
 
         The scale is `scale`, or when scales_ptr is not 0 the float32 device words there
@@ -141,15 +158,33 @@ class Float8Launcher:
         if n == 0:
             return
         args = (
-            np.uint64(x.ptr), np.int64(rows), np.int64(cols), np.int64(rs), np.int64(cs),
-            np.float32(scale), np.uint64(scales_ptr), np.int32(per_row), np.uint64(q_ptr),
-            np.int32(flags), np.uint64(amax_ptr),
+            np.uint64(x.ptr),
+            np.int64(rows),
+            np.int64(cols),
+            np.int64(rs),
+            np.int64(cs),
+            np.float32(scale),
+            np.uint64(scales_ptr),
+            np.int32(per_row),
+            np.uint64(q_ptr),
+            np.int32(flags),
+            np.uint64(amax_ptr),
         )
         name = cast_name(BY_NAME[x.dtype], kernels.FP8_FORMATS[fmt], hw)
         self.backend.launch(name, self._grid(n, 2), self.block, args, stream)
 
-    def dequantize(self, q: DeviceView, out_ptr: int, out_dtype: str, *, fmt: str,
-                   scale: float, scales_ptr: int, per_row: bool, stream: Any = None) -> None:
+    def dequantize(
+        self,
+        q: DeviceView,
+        out_ptr: int,
+        out_dtype: str,
+        *,
+        fmt: str,
+        scale: float,
+        scales_ptr: int,
+        per_row: bool,
+        stream: Any = None,
+    ) -> None:
         """out = float32(q) / scale rounded once to out_dtype (C-contiguous at out_ptr)."""
         import numpy as np
 
@@ -158,8 +193,15 @@ class Float8Launcher:
         if n == 0:
             return
         args = (
-            np.uint64(q.ptr), np.int64(rows), np.int64(cols), np.int64(rs), np.int64(cs),
-            np.float32(scale), np.uint64(scales_ptr), np.int32(per_row), np.uint64(out_ptr),
+            np.uint64(q.ptr),
+            np.int64(rows),
+            np.int64(cols),
+            np.int64(rs),
+            np.int64(cs),
+            np.float32(scale),
+            np.uint64(scales_ptr),
+            np.int32(per_row),
+            np.uint64(out_ptr),
         )
         name = dequant_name(BY_NAME[out_dtype], kernels.FP8_FORMATS[fmt])
         self.backend.launch(name, self._grid(n, 1), self.block, args, stream)
@@ -185,8 +227,10 @@ class Float8Arrays:
 
     def _flags(self, saturate: bool, nan_sign: bool, propagate: bool) -> int:
         f = kernels.FP8_FLAGS
-        return (f["SAT"] if saturate else 0) | (f["NAN_SIGN"] if nan_sign else 0) | (
-            f["AMAX_NAN"] if propagate else 0
+        return (
+            (f["SAT"] if saturate else 0)
+            | (f["NAN_SIGN"] if nan_sign else 0)
+            | (f["AMAX_NAN"] if propagate else 0)
         )
 
     def _check_float(self, v: DeviceView, what: str = "x") -> None:
@@ -217,16 +261,27 @@ class Float8Arrays:
         rows = math.prod(v.shape[:-1]) if per_row else 1
         words = self.h["zeros"](x, rows, "uint32")
         self.h["launcher"](x).amax(
-            v, self.h["view"](words).ptr, per_row=per_row, propagate=propagate,
+            v,
+            self.h["view"](words).ptr,
+            per_row=per_row,
+            propagate=propagate,
             stream=self.h["stream"](x),
         )
         a = self.h["as_float32"](words)
         return a.reshape((*v.shape[:-1], 1)) if per_row else a.reshape(())
 
     def quantize(
-        self, x: Any, scale: Any, fmt: str = "e4m3fn", *, axis: int | None = None,
-        saturate: bool = True, nan_sign: bool = True, amax_nan: str = "ignore",
-        out: Any = None, check: bool = True,
+        self,
+        x: Any,
+        scale: Any,
+        fmt: str = "e4m3fn",
+        *,
+        axis: int | None = None,
+        saturate: bool = True,
+        nan_sign: bool = True,
+        amax_nan: str = "ignore",
+        out: Any = None,
+        check: bool = True,
     ) -> tuple[Any, Any]:
         """(uint8 codes, amax) of x; `out` (a C-contiguous uint8 device array) is written in
         place when given.  check=False takes a host scale as it is (a recipe's computed
@@ -250,20 +305,34 @@ class Float8Arrays:
             import numpy as np
 
             s = np.asarray(scale, np.float32)
-            by_value, words = (float(s), None) if rows is None else (0.0, self.h["upload"](
-                x, np.ascontiguousarray(s).reshape(rows)))
+            by_value, words = (
+                (float(s), None)
+                if rows is None
+                else (0.0, self.h["upload"](x, np.ascontiguousarray(s).reshape(rows)))
+            )
         q = out if out is not None else self.h["empty"](x, tuple(v.shape), "uint8")
         amaxes = self.h["zeros"](x, rows or 1, "uint32")
         self.h["launcher"](x).cast(
-            v, self.h["view"](q).ptr, self.h["view"](amaxes).ptr, fmt=name, scale=by_value,
-            scales_ptr=self.h["view"](words).ptr if words is not None else 0, per_row=per_row,
-            flags=self._flags(saturate, nan_sign, propagate), stream=self.h["stream"](x),
+            v,
+            self.h["view"](q).ptr,
+            self.h["view"](amaxes).ptr,
+            fmt=name,
+            scale=by_value,
+            scales_ptr=self.h["view"](words).ptr if words is not None else 0,
+            per_row=per_row,
+            flags=self._flags(saturate, nan_sign, propagate),
+            stream=self.h["stream"](x),
         )
         a = self.h["as_float32"](amaxes)
         return q, (a.reshape((*v.shape[:-1], 1)) if per_row else a.reshape(()))
 
     def dequantize(
-        self, q: Any, scale: Any, dtype: str = "float32", *, axis: int | None = None,
+        self,
+        q: Any,
+        scale: Any,
+        dtype: str = "float32",
+        *,
+        axis: int | None = None,
         fmt: str | None = None,
     ) -> Any:
         """float32(q) / scale rounded once to `dtype` (a name), from uint8 codes (`fmt` names
@@ -285,8 +354,13 @@ class Float8Arrays:
         by_value, words = self._scale(q, scale, math.prod(v.shape[:-1]) if per_row else None)
         out = self.h["empty"](q, tuple(v.shape), dtype)
         self.h["launcher"](q).dequantize(
-            v, self.h["view"](out).ptr, dtype, fmt=name, scale=by_value,
-            scales_ptr=self.h["view"](words).ptr if words is not None else 0, per_row=per_row,
+            v,
+            self.h["view"](out).ptr,
+            dtype,
+            fmt=name,
+            scale=by_value,
+            scales_ptr=self.h["view"](words).ptr if words is not None else 0,
+            per_row=per_row,
             stream=self.h["stream"](q),
         )
         return out

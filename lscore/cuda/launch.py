@@ -48,6 +48,42 @@ MIN_THREADS = 128
 _ITEMSIZE = {Code.F16: 2, Code.BF16: 2, Code.F32: 4, Code.F64: 8}
 
 
+class LRU:
+    """The plans of the last `size` keys, least recently used first out; thread-safe.
+
+    ``get(key)`` is the plan or None (a hit becomes the most recent), ``put(key, plan)``
+    keeps it and drops the oldest beyond `size`; iterating gives the keys, oldest first.
+    """
+
+    __slots__ = ("_entries", "_lock", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None:
+                self._entries.move_to_end(key)
+            return hit
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Any:
+        with self._lock:
+            return iter(list(self._entries))
+
+
 Plan = collections.namedtuple("Plan", "table launches")
 _Norm = collections.namedtuple("_Norm", "unscale clip result coef_ptr keep")
 Plan.__doc__ = """Host tables of one dtype group: `table` (uint64) holds every launch's
@@ -196,9 +232,7 @@ class MultiTensor:
         self.meta = METAS[1] if getattr(backend, "large_kernel_params", False) else METAS[0]
         self.chunk, self.block, self.opt_block = chunk, block, opt_block
         self.max_tensors, self.max_blocks = max_tensors, max_blocks
-        self._cache: collections.OrderedDict = collections.OrderedDict()
-        self._cache_size = cache_size
-        self._lock = threading.Lock()
+        self._cache = LRU(cache_size)
         self._fn: dict = {}
         self._by_code: dict = {}
         # the word the kernels mark when they see NaN/Inf (never cleared: see scan.cu)
@@ -480,16 +514,10 @@ class MultiTensor:
         """``prepare(groups)``, cached by the groups' (code, addresses, counts) (LRU)."""
         groups = [(int(c), np.asarray(p, np.uint64), np.asarray(n, np.int64)) for c, p, n in groups]
         key = tuple((c, p.tobytes(), n.tobytes()) for c, p, n in groups)
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                return hit
-        hit = self.prepare(groups)
-        with self._lock:
-            self._cache[key] = hit
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self.prepare(groups)
+            self._cache.put(key, hit)
         return hit
 
     def run(

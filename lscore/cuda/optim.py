@@ -22,15 +22,14 @@ replays later steps correctly.  The hyperparameters go by value, or, with
 
 from __future__ import annotations
 
-import collections
 import functools
 import struct
-import threading
 from typing import Any
 
 import numpy as np
 
 from lscore import kernels
+from lscore.cuda.launch import LRU
 from lscore.cuda.loader import METAS, OPT_GRADS, OPT_METAS, optim_kernel_name
 from lscore.dtypes import Code
 
@@ -97,17 +96,25 @@ class FusedPlan:
     """The packed kernel arguments of one list (built by ``FusedLauncher.plan``).
 
     `kind` is the optimizer ("sgd" or "adam") whose argument struct `meta`
-    the records were packed into; ``specs`` lists (gradient dtype code,
+    the records were packed into, `launcher` the ``FusedLauncher`` that packed
+    them and launches them; ``specs`` lists (gradient dtype code,
     blocks) per launch and ``arguments`` holds each launch's argument bytes
     (its struct, then the chunk) as one row.  The packed launches of each
     kernel and signature (``packed``) are kept here for as long as this lives.
     """
 
-    __slots__ = ("arguments", "kind", "meta", "packed", "params", "specs")
+    __slots__ = ("arguments", "kind", "launcher", "meta", "packed", "params", "specs")
 
     def __init__(
-        self, kind: str, meta: str, specs: list, arguments: np.ndarray, params: tuple
+        self,
+        launcher: FusedLauncher,
+        kind: str,
+        meta: str,
+        specs: list,
+        arguments: np.ndarray,
+        params: tuple,
     ) -> None:
+        self.launcher = launcher
         self.kind, self.meta, self.specs, self.arguments = kind, meta, specs, arguments
         # every launch's void*[] (its struct, its chunk, then every call word: a signature
         # of k per-call parameters reads the first 2 + k), and the first one's address
@@ -131,9 +138,7 @@ class FusedLauncher:
     def __init__(self, runner: Any, *, cache_size: int = 8) -> None:
         self.runner = runner
         self.backend = runner.backend
-        self._cache: collections.OrderedDict = collections.OrderedDict()
-        self._cache_size = cache_size
-        self._lock = threading.Lock()
+        self._cache = LRU(cache_size)
         # the argument structs this runner's kernels take: 4 KB, or 32 KB of parameters
         self._size = 1 if runner.meta == METAS[1] else 0
         # the per-call parameters (optim.cu's, after `chunk`), one 8-byte word each,
@@ -146,11 +151,7 @@ class FusedLauncher:
 
     def cached(self, key: Any) -> FusedPlan | None:
         """The plan of `key` if it is still cached."""
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-            return hit
+        return self._cache.get(key)
 
     def plan(self, key: Any, kind: str, codes: Any, counts: Any, records: Any) -> FusedPlan:
         """The plan of `key` for optimizer `kind`, packed on a miss.
@@ -193,11 +194,8 @@ class FusedLauncher:
             size,
         )
         params = kernels.launch_params(arguments, size, self._call_addr, _MAX_CALL_WORDS)
-        hit = FusedPlan(kind, meta, specs, arguments, params)
-        with self._lock:
-            self._cache[key] = hit
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+        hit = FusedPlan(self, kind, meta, specs, arguments, params)
+        self._cache.put(key, hit)
         return hit
 
     def launch(

@@ -52,20 +52,20 @@ def _amaxes(name: str, values: Any, n: int) -> npt.NDArray[np.float32]:
     a = np.ascontiguousarray(a, dtype=np.float32)
     bad = np.flatnonzero(a < 0)
     if bad.size:
-        raise ValueError(
-            f"{name} must be >= 0 (an amax), got {a[bad[0]]!r} at index {int(bad[0])}"
-        )
+        raise ValueError(f"{name} must be >= 0 (an amax), got {a[bad[0]]!r} at index {int(bad[0])}")
     return a
 
 
-def _scales(name: str, values: Any, n: int) -> npt.NDArray[np.float32]:
-    """`values` (a list of n numbers) as float32 scales, each finite and > 0."""
+def _scales(name: str, values: Any, n: int, inf: bool = False) -> npt.NDArray[np.float32]:
+    """`values` (a list of n numbers) as float32 scales, each finite (or, with `inf`, +Inf:
+    the inverse of a subnormal scale) and > 0."""
     if not isinstance(values, (list, tuple)) or len(values) != n:
         raise ValueError(f"{name} must be a list of {n} numbers, got {values!r}")
     xs = [_number(f"{name}[{i}]", v) for i, v in enumerate(values)]
     for i, x in enumerate(xs):
-        if not (0 < x <= _F32_MAX) or np.float32(x) == 0:
-            raise ValueError(f"{name}[{i}] must be finite and > 0 in float32, got {x!r}")
+        if not (0 < x <= _F32_MAX or (inf and x == np.inf)) or np.float32(x) == 0:
+            rule = "> 0 (finite or +Inf)" if inf else "finite and > 0"
+            raise ValueError(f"{name}[{i}] must be {rule} in float32, got {x!r}")
     return np.array(xs, dtype=np.float32)
 
 
@@ -199,7 +199,8 @@ class DelayedScaling:
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """Take a state this recipe, n and formats saved; every value is checked before
-        anything is written (scales finite and > 0, amaxes >= 0, Inf or NaN)."""
+        anything is written (scales finite and > 0, their inverses > 0, amaxes >= 0, Inf or
+        NaN)."""
         if not isinstance(d, dict):
             raise TypeError(f"a state dict must be a dict, got {type(d).__name__}")
         if d.get("format") != FORMAT:
@@ -222,7 +223,7 @@ class DelayedScaling:
                 f"this one of {self.n} with {list(self._formats)!r}"
             )
         scale = _scales("scale", d["scale"], self.n)
-        scale_inv = _scales("scale_inv", d["scale_inv"], self.n)
+        scale_inv = _scales("scale_inv", d["scale_inv"], self.n, inf=True)
         rows = d["amax_history"]
         length = self._recipe.amax_history_len
         if not isinstance(rows, (list, tuple)) or len(rows) != length:
@@ -239,9 +240,9 @@ class DelayedScaling:
     @classmethod
     def from_state_dict(cls, d: dict[str, Any]) -> DelayedScaling:
         """The state a ``state_dict`` describes, recipe, n and formats included."""
-        if not isinstance(d, dict) or not isinstance(d.get("recipe"), dict):
-            raise ValueError("a state dict must hold the recipe it was saved with")
-        obj = cls(Recipe.from_dict(d["recipe"]), d.get("n"), d.get("formats"))
+        if not isinstance(d, dict) or not all(k in d for k in ("recipe", "n", "formats")):
+            raise ValueError("a state dict must hold the recipe, n and formats it was saved with")
+        obj = cls(Recipe.from_dict(d["recipe"]), d["n"], d["formats"])
         obj.load_state_dict(d)
         return obj
 
@@ -258,4 +259,3 @@ def _recipe(r: Any) -> Recipe:
     if isinstance(r, str):
         return recipe(r)
     raise TypeError(f"recipe must be a Recipe or a recipe name, got {type(r).__name__}")
-

@@ -17,8 +17,8 @@ Arguments are checked before anything is written.
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -69,13 +69,13 @@ def float_input(x: Any, what: str = "x") -> np.ndarray:
     return x
 
 
-def row_axis(x: np.ndarray, axis: Any) -> bool:
+def row_axis(x: Any, axis: Any) -> bool:
     """True for per-row (axis -1 or ndim - 1), False for per-tensor (None)."""
     if axis is None:
         return False
-    if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool) and x.ndim >= 1:
-        if axis in (-1, x.ndim - 1):
-            return True
+    is_int = isinstance(axis, (int, np.integer)) and not isinstance(axis, bool)
+    if is_int and x.ndim >= 1 and axis in (-1, x.ndim - 1):
+        return True
     raise ValueError(
         f"axis must be None (per tensor) or -1 (per row, along the last axis) "
         f"for an array of {x.ndim} dimensions, got {axis!r}"
@@ -128,7 +128,8 @@ def check_scale(scale: Any, rows: int | None) -> Any:
     bad = ~(np.isfinite(s) & (s > 0))
     if bad.any():
         raise ValueError(
-            f"scale must hold positive finite float32s, got {s[bad][0]!r} at row {int(bad.argmax())}"
+            f"scale must hold positive finite float32s, "
+            f"got {s[bad][0]!r} at row {int(bad.argmax())}"
         )
     return s
 
@@ -166,7 +167,7 @@ def _device(x: Any) -> Any:
 
 
 def amax(x: np.ndarray, axis: int | None = None, nan: str = "ignore") -> Any:
-    """The largest |x| (float32), per tensor or per row (``axis=-1``, shape ``x.shape[:-1] + (1,)``).
+    """The largest |x| (float32), per tensor or per row (``axis=-1``: ``x.shape[:-1] + (1,)``).
 
     `nan`: "ignore" leaves NaN elements out (TransformerEngine's ``fmaxf``
     reduction), "propagate" makes the amax NaN where there is one
@@ -213,9 +214,15 @@ def quantize(
     """
     dev = _device(x)
     if dev is not None:
-        return dev.quantize(  # type: ignore[no-any-return]
-            x, scale, fmt, axis=axis, saturate=saturate, nan_sign=nan_sign,
-            amax_nan=amax_nan, out=out,
+        return dev.quantize(
+            x,
+            scale,
+            fmt,
+            axis=axis,
+            saturate=saturate,
+            nan_sign=nan_sign,
+            amax_nan=amax_nan,
+            out=out,
         )
     x = float_input(x)
     name = format_name(fmt)
@@ -280,8 +287,15 @@ def quantize_current(x: np.ndarray, recipe: Any, fmt: str | None = None) -> Floa
     s = recipe.scale_from_amax(a, _short(name)).reshape(np.shape(a))
     q = np.empty(x.shape, np.uint8)
     if rows:
-        kernels.fp8_cast_rows(x, q, np.ascontiguousarray(s).reshape(rows_of(x)),
-                              np.empty(rows_of(x), np.float32), name, saturate, nan_sign)
+        kernels.fp8_cast_rows(
+            x,
+            q,
+            np.ascontiguousarray(s).reshape(rows_of(x)),
+            np.empty(rows_of(x), np.float32),
+            name,
+            saturate,
+            nan_sign,
+        )
     else:
         kernels.fp8_cast(x, q, float(s), name, saturate, nan_sign)
         s = s[()]  # a float32 scalar, as amax returns it

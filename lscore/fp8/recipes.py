@@ -104,7 +104,7 @@ class Recipe:
     forward_format, backward_format : "e4m3fn" | "e5m2"
         Formats of the forward tensors (inputs, weights) and of the gradients.
     margin : int
-        TE's delayed-scaling margin: the scale is divided by ``2**margin``.
+        TE's delayed-scaling margin, 0 to 30: the scale is divided by ``2**margin``.
     amax_history_len : int
         Rows of TE's amax history.
     amax_compute_algo : "max" | "most_recent"
@@ -165,6 +165,11 @@ class Recipe:
             "nan_sign": boolean("nan_sign", self.nan_sign),
             "amax_epsilon": real("amax_epsilon", self.amax_epsilon),
         }
+        if fields["margin"] > 30:
+            raise ValueError(
+                "margin must be <= 30 (beyond it fp8_max * 2**-margin / FLT_MAX can round to a "
+                f"zero scale), got {self.margin!r}"
+            )
         eps = fields["amax_epsilon"]
         if not math.isfinite(eps) or eps < 0 or eps > np.finfo(np.float32).max:
             raise ValueError(f"amax_epsilon must be finite and >= 0, got {self.amax_epsilon!r}")
@@ -189,8 +194,7 @@ class Recipe:
                 )
             if self.granularity != "tensor":
                 raise ValueError(
-                    "granularity must be 'tensor' for delayed scaling, "
-                    f"got {self.granularity!r}"
+                    f"granularity must be 'tensor' for delayed scaling, got {self.granularity!r}"
                 )
             if self.power_2_scales:
                 raise ValueError(

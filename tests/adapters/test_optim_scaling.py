@@ -9,8 +9,8 @@ import pytest
 
 import lscore
 from lscore import _reference as ref
-from lscore.adapters._optim import check_inner_optimizer
 from lscore.adapters._scaling import LossScaling, resolve_loss_scaling, scaling_kwargs_from_config
+from lscore.adapters._wrapper import check_inner_optimizer
 
 
 def test_keras_defaults():

@@ -227,6 +227,27 @@ def test_state_dict_round_trip_and_plain_torch_dicts():
     assert clone.state_dict()["loss_scale"] == opt.state_dict()["loss_scale"]
 
 
+class OneRank:
+    """A reducer over one rank (the verdict as it is), at module level so that it pickles."""
+
+    def reduce(self, found_inf, stats=None):
+        return found_inf, stats
+
+
+def test_a_pickled_optimizer_restores_and_steps_as_the_original():
+    """Pickling keeps everything a step reads (the reducer too, None or not): the restored
+    copy takes the same steps, scales and skips as the original from where it was."""
+    for reducer in (None, OneRank()):
+        model, inner = make()
+        opt = LossScaleOptimizer(inner, initial_scale=16.0, dynamic_growth_steps=2, reducer=reducer)
+        run(opt, model, EVENTS[:3])
+        model2, clone = pickle.loads(pickle.dumps((model, opt)))
+        assert clone.iterations == opt.iterations and clone.loss_scale == opt.loss_scale
+        assert run(clone, model2, EVENTS[3:]) == run(opt, model, EVENTS[3:])
+        for a, b in zip(model2.parameters(), model.parameters(), strict=True):
+            assert torch.equal(a, b)
+
+
 def test_constructor_errors():
     _model, inner = make()
     with pytest.raises(TypeError, match=r"must be an instance of torch.optim.Optimizer"):

@@ -9,14 +9,29 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("ml_dtypes")
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from lscore.adapters.torch import quantize as TQ  # noqa: E402
+from lscore.adapters.torch import quantize as TQ
 
 FP8 = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-SPECIAL = [0.0, -0.0, 1e-45, -1e-40, 2.0**-10, 1.0, -3.0, 448.0, 465.0, 6e4, 1e38,
-           float("inf"), float("-inf"), float("nan"), 65504.0]
+SPECIAL = [
+    0.0,
+    -0.0,
+    1e-45,
+    -1e-40,
+    2.0**-10,
+    1.0,
+    -3.0,
+    448.0,
+    465.0,
+    6e4,
+    1e38,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    65504.0,
+]
 
 
 def torch_quantize(x, scale, fmt):
@@ -68,9 +83,10 @@ def test_quantize_equals_torchao_ops(seed, shape, dtype, how, fmt, scale):
     mags = x.float().abs()
     assert torch.equal(TQ.amax(x), torch.where(mags.isnan(), 0.0, mags).max())
     # row-wise: one scale per row, keepdim amaxes
-    rows = torch.arange(1, 1 + x.shape[:-1].numel(), dtype=torch.float32).reshape(
-        (*x.shape[:-1], 1)
-    ) * scale
+    rows = (
+        torch.arange(1, 1 + x.shape[:-1].numel(), dtype=torch.float32).reshape((*x.shape[:-1], 1))
+        * scale
+    )
     q, a = TQ.quantize(x, rows, fmt, axis=-1, amax_nan="propagate")
     same_bytes(q, torch_quantize(x, rows, fmt))
     want = torch.amax(x.abs(), -1, keepdim=True).float()
@@ -119,12 +135,21 @@ def test_grad_requiring_input_is_read():
         (dict(x=torch.ones(3), scale=torch.tensor(1)), ValueError, "positive finite float32"),
         (dict(x=torch.ones(3), scale=float("nan")), ValueError, "positive finite float32"),
         (dict(x=torch.ones(2, 3), scale=torch.ones(3, 1), axis=-1), ValueError, "per row"),
-        (dict(x=torch.ones(2, 3), scale=1.0, out=torch.zeros(3, 2, dtype=torch.uint8)),
-         ValueError, "input's shape"),
-        (dict(x=torch.ones(2, 3), scale=1.0, out=torch.zeros(2, 3, dtype=torch.float8_e5m2)),
-         TypeError, "out must be uint8 or torch.float8_e4m3fn"),
-        (dict(x=torch.ones(2, 3), scale=1.0, out=torch.zeros(3, 2, dtype=torch.uint8).T),
-         ValueError, "C-contiguous"),
+        (
+            dict(x=torch.ones(2, 3), scale=1.0, out=torch.zeros(3, 2, dtype=torch.uint8)),
+            ValueError,
+            "input's shape",
+        ),
+        (
+            dict(x=torch.ones(2, 3), scale=1.0, out=torch.zeros(2, 3, dtype=torch.float8_e5m2)),
+            TypeError,
+            "out must be uint8 or torch.float8_e4m3fn",
+        ),
+        (
+            dict(x=torch.ones(2, 3), scale=1.0, out=torch.zeros(3, 2, dtype=torch.uint8).T),
+            ValueError,
+            "C-contiguous",
+        ),
     ],
 )
 def test_bad_input(kw, exc, msg):
@@ -141,7 +166,7 @@ def test_dequantize_bad_input():
         TQ.dequantize(q.view(torch.uint8), 1.0)
     with pytest.raises(TypeError, match="q must be float8_e4m3fn"):
         TQ.dequantize(torch.zeros(3), 1.0)
-    with pytest.raises(TypeError, match="dtype must be torch.float32"):
+    with pytest.raises(TypeError, match=r"dtype must be torch\.float32"):
         TQ.dequantize(q, 1.0, torch.float64)
 
 
@@ -185,8 +210,9 @@ def test_quantize_current_equals_torchao(seed, shape, dtype, how, name, fmt, cle
     # the scale's float32 bits; a NaN scale (a NaN amax) by value
     nan = scale.isnan()
     np.testing.assert_array_equal(got.scale.isnan().numpy(), nan.numpy())
-    np.testing.assert_array_equal(got.scale[~nan].view(torch.int32).numpy(),
-                                  scale[~nan].view(torch.int32).numpy())
+    np.testing.assert_array_equal(
+        got.scale[~nan].view(torch.int32).numpy(), scale[~nan].view(torch.int32).numpy()
+    )
     np.testing.assert_array_equal(got.amax.numpy(), a.numpy())
     # bytes, NaN by value (a NaN scale makes every code NaN; the sign follows the product)
     gq, wq = got.data.float(), q.float()
@@ -212,5 +238,5 @@ def test_quantize_current_te_rule():
     assert got.data.view(torch.uint8)[0].item() == 0x7F and got.data.view(torch.uint8)[2] == 0xFB
     inf = TQ.quantize_current(torch.tensor([float("inf"), 2.0]), r)
     assert inf.scale.item() == 1.0 and inf.data.view(torch.uint8).tolist() == [0x7E, 0x40]
-    with pytest.raises(TypeError, match="recipe must be an lscore.fp8.Recipe"):
+    with pytest.raises(TypeError, match=r"recipe must be an lscore\.fp8\.Recipe"):
         TQ.quantize_current(x, "te-current")

@@ -65,8 +65,12 @@ def test_targets_name_the_issue_ratios():
 
     rows = [
         {"group": "fp8 delayed float32 1e8", "method": m, "min_s": s, "median_s": s}
-        for m, s in (("lscore", 1.0), ("torch eager", 30.0), ("torch.compile", 1.2),
-                     ("byte floor", 0.8))
+        for m, s in (
+            ("lscore", 1.0),
+            ("torch eager", 30.0),
+            ("torch.compile", 1.2),
+            ("byte floor", 0.8),
+        )
     ]
     found = {t["target"]: t for t in _fp8.targets(rows, Opts())}
     assert found["fp8 delayed float32 1e8: torch eager / lscore"]["met"] is True

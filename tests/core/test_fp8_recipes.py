@@ -45,16 +45,17 @@ amax_value = st.one_of(
     st.sampled_from(SPECIAL),
     st.sampled_from(POW2).flatmap(
         lambda p: st.sampled_from(
-            [p, float(np.nextafter(np.float32(p), np.float32(0))),
-             float(np.nextafter(np.float32(p), np.float32(np.inf)))]
+            [
+                p,
+                float(np.nextafter(np.float32(p), np.float32(0))),
+                float(np.nextafter(np.float32(p), np.float32(np.inf))),
+            ]
         )
     ),
     st.integers(0, 2**32 - 1).map(lambda b: float(np.uint32(b).view(np.float32))),
     st.floats(width=32, allow_nan=True, allow_infinity=True),
 )
-amax_arrays = st.lists(amax_value, min_size=1, max_size=40).map(
-    lambda v: np.array(v, np.float32)
-)
+amax_arrays = st.lists(amax_value, min_size=1, max_size=40).map(lambda v: np.array(v, np.float32))
 
 
 def twin(r: Recipe, a, fmt):
@@ -179,13 +180,19 @@ def test_tensor_to_scale_equals_torchao(recorded, src, fmt, pow2):
 def test_presets_are_the_libraries_defaults():
     d = recipe("te-delayed")
     assert (d.scaling, d.margin, d.amax_history_len, d.amax_compute_algo) == (
-        "delayed", 0, 1024, "max"
+        "delayed",
+        0,
+        1024,
+        "max",
     )
     assert (d.forward_format, d.backward_format) == ("e4m3fn", "e5m2")  # HYBRID
     assert (d.rule, d.amax_nan, d.saturate, d.nan_sign) == ("te", "ignore", True, False)
     c = recipe("te-current")
     assert (c.scaling, c.power_2_scales, c.amax_epsilon, c.backward_format) == (
-        "current", False, 0.0, "e5m2"
+        "current",
+        False,
+        0.0,
+        "e5m2",
     )
     t = recipe("torchao-tensorwise")
     assert (t.forward_format, t.backward_format, t.power_2_scales) == ("e4m3fn", "e5m2", False)
@@ -193,8 +200,12 @@ def test_presets_are_the_libraries_defaults():
     w = recipe("torchao-rowwise")
     assert (w.granularity, w.backward_format, w.power_2_scales) == ("row", "e4m3fn", True)
     assert recipe("te-delayed", fp8_format="E4M3").backward_format == "e4m3fn"
-    assert lscore.fp8.RECIPES == ("te-delayed", "te-current", "torchao-tensorwise",
-                                  "torchao-rowwise")
+    assert lscore.fp8.RECIPES == (
+        "te-delayed",
+        "te-current",
+        "torchao-tensorwise",
+        "torchao-rowwise",
+    )
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -206,32 +217,61 @@ def test_to_dict_round_trips_through_json(name):
 @pytest.mark.parametrize(
     "name, kw, exc, message",
     [
-        ("nope", {}, ValueError, "unknown recipe 'nope'; expected one of: te-delayed, te-current,"
-         " torchao-tensorwise, torchao-rowwise"),
-        ("te-delayed", {"history": 3}, ValueError,
-         "unknown recipe field 'history'; expected one of: name, scaling, granularity"),
-        ("te-delayed", {"fp8_format": "E5M2"}, ValueError,
-         "pure E5M2 training is not supported"),
-        ("te-current", {"forward_format": "e5m2"}, ValueError,
-         "pure E5M2 training is not supported"),
-        ("te-current", {"forward_format": "e5m2", "backward_format": "e4m3fn"}, ValueError,
-         "forward_format must be 'e4m3fn' under rule 'te'"),
+        (
+            "nope",
+            {},
+            ValueError,
+            "unknown recipe 'nope'; expected one of: te-delayed, te-current,"
+            " torchao-tensorwise, torchao-rowwise",
+        ),
+        (
+            "te-delayed",
+            {"history": 3},
+            ValueError,
+            "unknown recipe field 'history'; expected one of: name, scaling, granularity",
+        ),
+        ("te-delayed", {"fp8_format": "E5M2"}, ValueError, "pure E5M2 training is not supported"),
+        (
+            "te-current",
+            {"forward_format": "e5m2"},
+            ValueError,
+            "pure E5M2 training is not supported",
+        ),
+        (
+            "te-current",
+            {"forward_format": "e5m2", "backward_format": "e4m3fn"},
+            ValueError,
+            "forward_format must be 'e4m3fn' under rule 'te'",
+        ),
         ("torchao-tensorwise", {"fp8_format": "HYBRID"}, ValueError, "fp8_format is a TE"),
         ("te-delayed", {"margin": -1}, ValueError, "margin must be >= 0, got -1"),
+        ("te-delayed", {"margin": 31}, ValueError, "margin must be <= 30"),
         ("te-delayed", {"margin": 1.5}, TypeError, "margin must be an integer, got 1.5"),
         ("te-delayed", {"amax_history_len": 0}, ValueError, "amax_history_len must be >= 1"),
-        ("te-delayed", {"amax_compute_algo": "mean"}, ValueError,
-         "unknown amax_compute_algo 'mean'; expected one of: max, most_recent"),
+        (
+            "te-delayed",
+            {"amax_compute_algo": "mean"},
+            ValueError,
+            "unknown amax_compute_algo 'mean'; expected one of: max, most_recent",
+        ),
         ("te-delayed", {"power_2_scales": True}, ValueError, "power_2_scales must be False"),
         ("te-delayed", {"rule": "torchao"}, ValueError, "rule must be 'te' for delayed"),
         ("te-delayed", {"granularity": "row"}, ValueError, "granularity must be 'tensor'"),
-        ("te-current", {"amax_epsilon": -1.0}, ValueError,
-         "amax_epsilon must be finite and >= 0, got -1.0"),
+        (
+            "te-current",
+            {"amax_epsilon": -1.0},
+            ValueError,
+            "amax_epsilon must be finite and >= 0, got -1.0",
+        ),
         ("te-current", {"amax_epsilon": math.nan}, ValueError, "amax_epsilon must be finite"),
         ("te-current", {"amax_epsilon": "0"}, TypeError, "amax_epsilon must be a real number"),
         ("te-current", {"saturate": 1}, TypeError, "saturate must be a bool, got 1"),
-        ("te-current", {"forward_format": "float8_e4m3fn"}, ValueError,
-         "unknown forward_format 'float8_e4m3fn'; expected one of: e4m3fn, e5m2"),
+        (
+            "te-current",
+            {"forward_format": "float8_e4m3fn"},
+            ValueError,
+            "unknown forward_format 'float8_e4m3fn'; expected one of: e4m3fn, e5m2",
+        ),
         ("torchao-rowwise", {"amax_nan": "drop"}, ValueError, "unknown amax_nan 'drop'"),
         ("te-current", {"name": ""}, ValueError, "name must be a non-empty string"),
     ],

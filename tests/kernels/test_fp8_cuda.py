@@ -138,7 +138,7 @@ def test_harness_decodes_like_the_cpu(backend, dst, fmt):
 
 # ---- quantize: lscore.cuda.fp8's launches of the amax, cast and dequantize kernels ----------
 
-from lscore.cuda import fp8 as cuda_fp8  # noqa: E402
+from lscore.cuda import fp8 as cuda_fp8
 
 
 def view(a):
@@ -195,17 +195,26 @@ def test_quantize_launches_equal_the_cpu_kernels(backend, src, per_row):
                     words = np.zeros(rows, np.uint32)
                     on_device = np.ascontiguousarray(scales)
                     launcher.cast(
-                        view(x), q.ctypes.data, words.ctypes.data, fmt=fmt, scale=0.0,
-                        scales_ptr=on_device.ctypes.data, per_row=per_row, flags=flags, hw=hw,
+                        view(x),
+                        q.ctypes.data,
+                        words.ctypes.data,
+                        fmt=fmt,
+                        scale=0.0,
+                        scales_ptr=on_device.ctypes.data,
+                        per_row=per_row,
+                        flags=flags,
+                        hw=hw,
                     )
                     want = np.empty(x.shape, np.uint8)
                     wam = np.empty(rows, np.float32)
                     if per_row:
-                        kernels.fp8_cast_rows(x, want, scales, wam, fmt, saturate, nan_sign,
-                                              propagate)
+                        kernels.fp8_cast_rows(
+                            x, want, scales, wam, fmt, saturate, nan_sign, propagate
+                        )
                     else:
-                        wam[0] = kernels.fp8_cast(x, want, float(scales[0]), fmt, saturate,
-                                                  nan_sign, propagate)
+                        wam[0] = kernels.fp8_cast(
+                            x, want, float(scales[0]), fmt, saturate, nan_sign, propagate
+                        )
                     np.testing.assert_array_equal(q, want, err_msg=f"{what} {fmt} {hw} {flags}")
                     got = words.view(np.float32)
                     assert np.array_equal(np.isnan(got), np.isnan(wam))
@@ -215,8 +224,14 @@ def test_quantize_launches_equal_the_cpu_kernels(backend, src, per_row):
                         q2 = np.full(x.shape, 0xAA, np.uint8)
                         words2 = np.zeros(1, np.uint32)  # alive until the launch is done
                         launcher.cast(
-                            view(x), q2.ctypes.data, words2.ctypes.data, fmt=fmt,
-                            scale=float(scales[0]), scales_ptr=0, per_row=False, flags=flags,
+                            view(x),
+                            q2.ctypes.data,
+                            words2.ctypes.data,
+                            fmt=fmt,
+                            scale=float(scales[0]),
+                            scales_ptr=0,
+                            per_row=False,
+                            flags=flags,
                             hw=hw,
                         )
                         np.testing.assert_array_equal(q2, want)
@@ -224,8 +239,13 @@ def test_quantize_launches_equal_the_cpu_kernels(backend, src, per_row):
                 for out_dt in (np.float32, np.float16, ml_dtypes.bfloat16):
                     out = np.zeros(qs.shape, out_dt)
                     launcher.dequantize(
-                        view(qs), out.ctypes.data, np.dtype(out_dt).name, fmt=fmt, scale=0.0,
-                        scales_ptr=scales.ctypes.data, per_row=per_row,
+                        view(qs),
+                        out.ctypes.data,
+                        np.dtype(out_dt).name,
+                        fmt=fmt,
+                        scale=0.0,
+                        scales_ptr=scales.ctypes.data,
+                        per_row=per_row,
                     )
                     ref = np.empty(qs.shape, out_dt)
                     if per_row:
@@ -272,8 +292,11 @@ def test_device_arrays_quantize_like_lscore_fp8(backend):
     dev = harness_arrays(backend)
     x = layouts(ml_dtypes.bfloat16)["strided"]
     rows = np.arange(1, 4, dtype=np.float32).reshape(3, 1) * np.float32(0.25)
-    for kw in (dict(scale=3.0), dict(scale=rows, axis=-1), dict(scale=0.5, fmt="e5m2",
-                                                                 saturate=False)):
+    for kw in (
+        dict(scale=3.0),
+        dict(scale=rows, axis=-1),
+        dict(scale=0.5, fmt="e5m2", saturate=False),
+    ):
         q, a = dev.quantize(x, amax_nan="propagate", **kw)
         wq, wa = Q.quantize(x, amax_nan="propagate", **kw)
         np.testing.assert_array_equal(q, wq.view(np.uint8))
@@ -287,8 +310,10 @@ def test_device_arrays_quantize_like_lscore_fp8(backend):
             # NaN by value: a narrowed NaN is the device's canonical word (DEVICE_NAN16)
             nan = np.isnan(wd.astype(np.float32))
             assert np.isnan(d.astype(np.float32)[nan]).all()
-            np.testing.assert_array_equal(d.view(np.uint8).reshape(d.shape + (-1,))[~nan],
-                                          wd.view(np.uint8).reshape(d.shape + (-1,))[~nan])
+            np.testing.assert_array_equal(
+                d.view(np.uint8).reshape((*d.shape, -1))[~nan],
+                wd.view(np.uint8).reshape((*d.shape, -1))[~nan],
+            )
     np.testing.assert_array_equal(dev.amax(x, -1), Q.amax(x, -1))
     out = np.full(x.shape, 0xAA, np.uint8)
     assert dev.quantize(x, 2.0, out=out)[0] is out
@@ -318,8 +343,11 @@ def test_device_quantize_current_like_numpy(backend, name):
             x = np.ascontiguousarray(x)
         got = q_mod.current_on(harness_arrays(backend), x, r, "float8_e4m3fn")
         want = lscore.fp8.quantize_current(x, r)
-        for g, w in ((got.scale, want.scale), (got.scale_inv, want.scale_inv),
-                     (got.amax, want.amax)):
+        for g, w in (
+            (got.scale, want.scale),
+            (got.scale_inv, want.scale_inv),
+            (got.amax, want.amax),
+        ):
             g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
             assert g.shape == w.shape
             np.testing.assert_array_equal(np.isnan(g), np.isnan(w))

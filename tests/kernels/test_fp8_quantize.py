@@ -8,17 +8,35 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import lscore.fp8 as Q
 from lscore import _reference as ref
 from lscore import kernels
-import lscore.fp8 as Q
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 E4, E5 = "float8_e4m3fn", "float8_e5m2"
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 SPECIAL = np.array(
-    [0.0, -0.0, 1e-45, -1e-40, 2.0**-10, 1.0, -3.0, 448.0, 464.0, 465.0, 6e4, 1e38, np.inf,
-     -np.inf, np.nan, -np.nan, 65504.0, 2.0**-20],
+    [
+        0.0,
+        -0.0,
+        1e-45,
+        -1e-40,
+        2.0**-10,
+        1.0,
+        -3.0,
+        448.0,
+        464.0,
+        465.0,
+        6e4,
+        1e38,
+        np.inf,
+        -np.inf,
+        np.nan,
+        -np.nan,
+        65504.0,
+        2.0**-20,
+    ],
     np.float32,
 )
 
@@ -43,20 +61,20 @@ def layouts(draw):
     """(x, view): a float array with specials, and a strided / transposed / reversed view of it."""
     dt = draw(st.sampled_from(sorted(DTYPES)))
     shape = tuple(draw(st.lists(st.integers(1, 9), min_size=1, max_size=3)))
-    n = int(np.prod(shape))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
-    full = tuple(s * 2 for s in shape[:-1]) + (shape[-1] * 4,)
+    full = (*(s * 2 for s in shape[:-1]), shape[-1] * 4)
     m = int(np.prod(full))
-    big = np.concatenate([rng.standard_normal(m) * 10.0 ** rng.integers(-8, 6, m),
-                          rng.choice(SPECIAL, m)])
+    big = np.concatenate(
+        [rng.standard_normal(m) * 10.0 ** rng.integers(-8, 6, m), rng.choice(SPECIAL, m)]
+    )
     with np.errstate(over="ignore"):  # float16 overflows to Inf: one more special
         base = rng.permutation(big)[:m].astype(np.float32).astype(DTYPES[dt]).reshape(full)
     how = draw(st.sampled_from(["contiguous", "step", "transpose", "reverse"]))
     if how == "contiguous":
         v = base[tuple(slice(0, s) for s in shape)]
     elif how == "step":
-        v = base[tuple(slice(0, 2 * s, 2) for s in shape[:-1]) + (slice(0, 4 * shape[-1], 4),)]
+        v = base[(*(slice(0, 2 * s, 2) for s in shape[:-1]), slice(0, 4 * shape[-1], 4))]
     elif how == "transpose":
         v = base[tuple(slice(0, s) for s in shape)].T
     else:
@@ -113,7 +131,9 @@ def test_amax_of_long_runs(isa, dt, amax_nan):
                 x = x.astype(DTYPES[dt])
                 same(kernels.fp8_amax(x, amax_nan), ref.fp8_amax(x, amax_nan))
                 q = np.empty(n, np.uint8)
-                same(kernels.fp8_cast(x, q, 1.0, E4, True, True, amax_nan), ref.fp8_amax(x, amax_nan))
+                same(
+                    kernels.fp8_cast(x, q, 1.0, E4, True, True, amax_nan), ref.fp8_amax(x, amax_nan)
+                )
 
 
 def test_amax_of_nothing():
@@ -187,14 +207,21 @@ def bad_calls():
         (dict(x=x, scale=1e-50), ValueError, "positive finite float32"),
         (dict(x=x, scale="2"), ValueError, "positive finite float32"),
         (dict(x=x, scale=np.ones(3)), ValueError, "positive finite float32"),
-        (dict(x=x, scale=np.ones(4), axis=-1), ValueError, r"one positive finite float32 per row \(3\)"),
+        (
+            dict(x=x, scale=np.ones(4), axis=-1),
+            ValueError,
+            r"one positive finite float32 per row \(3\)",
+        ),
         (dict(x=x, scale=np.array([1, 0, 1.0]), axis=-1), ValueError, "at row 1"),
         (dict(x=x, scale=1.0, axis=0), ValueError, "axis must be None"),
         (dict(x=x, scale=1.0, amax_nan="drop"), ValueError, "amax_nan must be"),
         (dict(x=x, scale=1.0, out=np.zeros((4, 3), np.uint8)), ValueError, "input's shape"),
         (dict(x=x, scale=1.0, out=np.zeros((3, 4), np.int8)), TypeError, "out must be uint8"),
-        (dict(x=x, scale=1.0, fmt="e5m2", out=np.zeros((3, 4), ml_dtypes.float8_e4m3fn)),
-         TypeError, "out must be uint8 or float8_e5m2"),
+        (
+            dict(x=x, scale=1.0, fmt="e5m2", out=np.zeros((3, 4), ml_dtypes.float8_e4m3fn)),
+            TypeError,
+            "out must be uint8 or float8_e5m2",
+        ),
         (dict(x=x, scale=1.0, out=np.zeros((4, 6), np.uint8)[:3, :4]), ValueError, "C-contiguous"),
     ]
 

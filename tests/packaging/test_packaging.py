@@ -21,6 +21,21 @@ def run(code: str, cwd) -> subprocess.CompletedProcess:
     )
 
 
+def test_every_package_of_the_tree_is_listed():
+    """pyproject's packages list every folder with an __init__.py (a missing one is left out
+    of the wheel and of a strict editable install)."""
+    import tomllib
+
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(conf["packages"])
+    found = set()
+    for name, folder in conf["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((name, *rel)))
+    assert found <= listed, sorted(found - listed)
+
+
 def test_subpackages_import_from_elsewhere(tmp_path):
     r = run(
         "import lscore, lscore._ext._scan, lscore._ext._state, lscore.adapters; "
@@ -28,6 +43,20 @@ def test_subpackages_import_from_elsewhere(tmp_path):
         tmp_path,
     )
     assert r.returncode == 0, r.stderr
+
+
+def test_every_package_folder_is_listed_for_the_wheel():
+    """pyproject lists the packages setuptools puts in the wheel: a folder of lscore/ with
+    an __init__.py that the list misses would be left out of every install."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(("lscore", *p.parent.relative_to(ROOT / "lscore").parts))
+        for p in (ROOT / "lscore").rglob("__init__.py")
+    }
+    assert found - listed == set()
 
 
 @pytest.mark.parametrize("name", ["_ext", "adapters"])

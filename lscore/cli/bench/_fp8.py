@@ -80,7 +80,7 @@ def _compiled(torch, fn, args):
         c = torch.compile(fn, dynamic=False)
         c(*args)
         return c, None
-    except Exception as e:  # noqa: BLE001 - any failure of the compiler is a skipped row
+    except Exception as e:
         return None, f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
 
 
@@ -144,8 +144,10 @@ def run_cpu(opts, rows: Rows, rng) -> None:
                 t = as_tensor(torch, x)
                 s = torch.tensor(SCALE)
                 t_delayed, t_current = torch_fns(torch)
-                rows.add(groups["delayed"], "torch eager", lambda: t_delayed(t, s), **kw)
-                rows.add(groups["current"], "torch eager", lambda: t_current(t), **kw)
+                rows.add(
+                    groups["delayed"], "torch eager", lambda f=t_delayed, t=t, s=s: f(t, s), **kw
+                )
+                rows.add(groups["current"], "torch eager", lambda f=t_current, t=t: f(t), **kw)
                 for recipe, fn, args in (
                     ("delayed", t_delayed, (t, s)),
                     ("current", t_current, (t,)),
@@ -176,8 +178,8 @@ def run_gpu(opts, rows: Rows, rng) -> None:
     """The GPU rows (torch CUDA tensors: lscore's adapter against torch), or one skipped row."""
     torch = import_torch() if opts.use_torch else None
     why = _cuda(torch)
-    if why is not None:
-        rows.add("fp8 gpu", "lscore", skip=why)
+    if torch is None or why is not None:
+        rows.add("fp8 gpu", "lscore", skip=why or "torch is not installed")
         return
     from lscore.adapters.torch import quantize as TQ
 
@@ -223,7 +225,9 @@ def run_gpu(opts, rows: Rows, rng) -> None:
                 )
             dst = torch.empty_like(x)
             g_copy = f"fp8 gpu memcpy {name} {size_label(n)}"
-            rows.add(g_copy, "C memcpy", synced(dst.copy_, x), nbytes=2 * x.element_size() * n, **kw)
+            rows.add(
+                g_copy, "C memcpy", synced(dst.copy_, x), nbytes=2 * x.element_size() * n, **kw
+            )
             rows.flush()
             copy_row = find(rows.rows, g_copy, "C memcpy")
             _add_floor(rows, groups["delayed"], copy_row, 1, x.element_size(), n)

@@ -67,8 +67,9 @@ def amaxes(rng):
 
 def neighbourhoods():
     """Every float32 within 48 ulps of each power of two (normal and subnormal), positive."""
-    p = np.concatenate([np.uint32(1) << np.arange(23, dtype=np.uint32),
-                        np.arange(1, 255, dtype=np.uint32) << 23]).astype(np.int64)
+    p = np.concatenate(
+        [np.uint32(1) << np.arange(23, dtype=np.uint32), np.arange(1, 255, dtype=np.uint32) << 23]
+    ).astype(np.int64)
     x = (p[:, None] + np.arange(-48, 49)[None, :]).ravel()
     x = np.unique(x[(x > 0) & (x < 0x7F800000)])
     return x.astype(np.uint32)
@@ -107,8 +108,9 @@ def main():
             got = amax_to_scale(ta, dt, round_scales_to_power_of_2=pow2)
             assert got.dtype == torch.float32
             got = got.numpy()
-            one = np.array([amax_to_scale(torch.tensor(v), dt, pow2).item() for v in f32(a)],
-                           np.float32)
+            one = np.array(
+                [amax_to_scale(torch.tensor(v), dt, pow2).item() for v in f32(a)], np.float32
+            )
             assert np.array_equal(got, one, equal_nan=True), (name, pow2)
             rec[f"amax_to_scale_{name}_{int(pow2)}"] = bits(got)
     s = neighbourhoods()
@@ -117,19 +119,30 @@ def main():
     t = tensors(rng)
     rec["t_f32"] = bits(t)
     rec["t_bf16"] = t.astype(ml_dtypes.bfloat16).view(np.uint16)
-    for src, x in (("f32", torch.from_numpy(t.copy())),
-                   ("bf16", torch.from_numpy(t.copy()).to(torch.bfloat16))):
+    for src, x in (
+        ("f32", torch.from_numpy(t.copy())),
+        ("bf16", torch.from_numpy(t.copy()).to(torch.bfloat16)),
+    ):
         for name, dt in FORMATS.items():
             for pow2 in (False, True):
-                tw = [tensor_to_scale(x[i], dt, round_scales_to_power_of_2=pow2)
-                      for i in range(len(t))]
-                aw = [tensor_to_scale(x[i], dt, scaling_granularity=ScalingGranularity.AXISWISE,
-                                      axiswise_dim=-1, round_scales_to_power_of_2=pow2)
-                      for i in range(len(t))]
-                rec[f"tensorwise_{src}_{name}_{int(pow2)}"] = bits(
-                    torch.stack(tw).float().numpy())
+                tw = [
+                    tensor_to_scale(x[i], dt, round_scales_to_power_of_2=pow2)
+                    for i in range(len(t))
+                ]
+                aw = [
+                    tensor_to_scale(
+                        x[i],
+                        dt,
+                        scaling_granularity=ScalingGranularity.AXISWISE,
+                        axiswise_dim=-1,
+                        round_scales_to_power_of_2=pow2,
+                    )
+                    for i in range(len(t))
+                ]
+                rec[f"tensorwise_{src}_{name}_{int(pow2)}"] = bits(torch.stack(tw).float().numpy())
                 rec[f"axiswise_{src}_{name}_{int(pow2)}"] = bits(
-                    torch.stack(aw).float().numpy()[..., 0])
+                    torch.stack(aw).float().numpy()[..., 0]
+                )
     rec["versions"] = np.array([torch.__version__, torchao.__version__, ml_dtypes.__version__])
     np.savez_compressed(OUT, **rec)
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes, {len(a)} amaxes, {len(s)} pow2 inputs)")

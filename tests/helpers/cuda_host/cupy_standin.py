@@ -13,6 +13,10 @@ here the same way: a matrix product (CuPy calls cuBLAS for floating-point produc
 raises NotImplementedError), a host-to-device or device-to-host copy, a
 synchronisation.  Any other NumPy function is refused while capturing, so that a page
 never relies on something this stand-in would run at once where a GPU records it.
+
+``LAUNCHES.count`` counts what CuPy would launch on the device, run or recorded: each
+ufunc, ``copyto``, ``astype``/``copy``, device-side item assignment (a fill or a copy)
+and lscore kernel launch.  Allocations (``empty``) and views launch nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ CUBLAS_IN_CAPTURE = "calling cuBLAS API during stream capture is currently unsup
 # the functions CuPy runs through cuBLAS for floating-point operands
 _CUBLAS = {np.dot, np.vdot, np.inner, np.tensordot, np.einsum}
 _ptrs = itertools.count(0x1000)
+#: the device operations launched so far (see the module docstring)
+LAUNCHES = types.SimpleNamespace(count=0)
 
 
 class Stream:
@@ -196,6 +202,7 @@ class ndarray(np.ndarray):  # cupy.ndarray's name
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         if ufunc is np.matmul and capturing() and _floating(inputs):
             raise NotImplementedError(CUBLAS_IN_CAPTURE)
+        LAUNCHES.count += 1
         out = kwargs.get("out")
         fn, args = getattr(ufunc, method), _plain(inputs)
         kwargs = _plain_kwargs(kwargs)
@@ -205,6 +212,8 @@ class ndarray(np.ndarray):  # cupy.ndarray's name
         return result
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        if func is np.copyto:
+            LAUNCHES.count += 1
         if not capturing():
             return _wrap(super().__array_function__(func, types, args, kwargs))
         args, kw = _plain(tuple(args)), _plain_kwargs(kwargs)
@@ -216,6 +225,7 @@ class ndarray(np.ndarray):  # cupy.ndarray's name
         return None
 
     def astype(self, dtype: Any, *args: Any, **kwargs: Any) -> Any:
+        LAUNCHES.count += 1
         plain = self.view(np.ndarray)
         if capturing():
             return _copied(plain.astype(dtype), plain)
@@ -237,6 +247,7 @@ class ndarray(np.ndarray):  # cupy.ndarray's name
         """A fill or a copy on the device; from a host array, an upload."""
         if capturing() and _on_host(value):
             raise RuntimeError("the current stream is capturing, so H2D transfers are disallowed")
+        LAUNCHES.count += not _on_host(value)
         plain, value = self.view(np.ndarray), _plain(value)
         if capturing():  # a scalar goes by value, as a fill kernel's argument
             get_current_stream().record(lambda: plain.__setitem__(key, value))
@@ -308,6 +319,7 @@ class CaptureBackend(HostBackend):
     def launch_packed(
         self, fn: str, grid: int, block: int, params: int, widths: int, nparams: int, stream: int
     ) -> None:
+        LAUNCHES.count += 1
         if not capturing():
             return super().launch_packed(fn, grid, block, params, widths, nparams, stream)
         sizes = np.frombuffer((ctypes.c_int64 * nparams).from_address(widths), np.int64).copy()
@@ -327,6 +339,7 @@ class CaptureBackend(HostBackend):
         return None
 
     def launch(self, name: str, grid: int, block: int, args: tuple, stream: Any = None) -> None:
+        LAUNCHES.count += 1
         if not capturing():
             return super().launch(name, grid, block, args, stream)
         copied = tuple(np.array(a)[()] for a in args)  # by value, as cuLaunchKernel takes them
