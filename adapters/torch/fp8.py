@@ -263,7 +263,9 @@ def convert_to_float8(
     fqn)`` true, when given) becomes a :class:`Float8Linear` (current-scaling recipes) or a
     :class:`DelayedFloat8Linear` (``"te-delayed"``) sharing its parameters; a root
     ``nn.Linear`` is not changed and its replacement is returned. ``recipe`` is a name of
-    ``lscore.fp8.RECIPES`` or an ``lscore.fp8.Recipe``.
+    ``lscore.fp8.RECIPES`` or an ``lscore.fp8.Recipe``. Any feature sizes are taken: the
+    emulated product needs no multiple of 16 (neither does torchao's ``emulate=True``; its
+    ``torch._scaled_mm`` path on a GPU does); an empty input is refused, as torchao refuses it.
     """
     r = _recipe(recipe)
     cls = DelayedFloat8Linear if r.scaling == "delayed" else Float8Linear
