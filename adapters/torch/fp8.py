@@ -235,6 +235,17 @@ class DelayedFloat8Linear(Float8Linear):
         """The delayed state (``fp8_state.state_dict()``), saved as ``_extra_state``."""
         return self.fp8_state.state_dict()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the compiled state does not pickle: copies and pickles carry its state dict
+        state = dict(self.__dict__)
+        state["fp8_state"] = self.fp8_state.state_dict()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        state["fp8_state"] = lscore.fp8.DelayedScaling.from_state_dict(state["fp8_state"])
+        super().__setstate__(state)
+
     def set_extra_state(self, state: Any) -> None:
         """Load a delayed state saved by :meth:`get_extra_state` (same recipe, or ValueError)."""
         self.fp8_state.load_state_dict(state)
@@ -252,7 +263,9 @@ def convert_to_float8(
     fqn)`` true, when given) becomes a :class:`Float8Linear` (current-scaling recipes) or a
     :class:`DelayedFloat8Linear` (``"te-delayed"``) sharing its parameters; a root
     ``nn.Linear`` is not changed and its replacement is returned. ``recipe`` is a name of
-    ``lscore.fp8.RECIPES`` or an ``lscore.fp8.Recipe``.
+    ``lscore.fp8.RECIPES`` or an ``lscore.fp8.Recipe``. Any feature sizes are taken: the
+    emulated product needs no multiple of 16 (neither does torchao's ``emulate=True``; its
+    ``torch._scaled_mm`` path on a GPU does); an empty input is refused, as torchao refuses it.
     """
     r = _recipe(recipe)
     cls = DelayedFloat8Linear if r.scaling == "delayed" else Float8Linear

@@ -196,6 +196,32 @@ def test_delayed_casts_between_updates_accumulate_by_max_and_keep_the_scale():
         assert not torch.equal(layer(small), y1)
 
 
+class _OtherRankDoubles:
+    """A reducer whose other rank saw twice each amax: the MAX it agrees on is 2 * amax."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def reduce(self, found_inf, stats=None):
+        self.calls += 1
+        return found_inf, {k: 2 * v for k, v in stats.items()}
+
+
+def test_fp8_update_reduces_the_step_amaxes_through_a_reducer():
+    torch.manual_seed(11)
+    model = convert_to_float8(_two_layers(), "te-delayed")
+    x = torch.randn(4, 32, requires_grad=True)
+    model(x).sum().backward()
+    current = [m.fp8_state.amax_history[0].copy() for m in (model[0], model[2])]
+    reducer = _OtherRankDoubles()
+    fp8_update(model, reducer)
+    assert reducer.calls == 2  # one agreement per layer, all three tensors in it
+    for m, amax in zip((model[0], model[2]), current, strict=True):
+        want = np.float32(448) / (2 * amax[:2])
+        np.testing.assert_array_equal(m.fp8_state.scale[:2], want)
+        assert m.fp8_state.scale[2] == np.float32(57344) / (2 * amax[2])
+
+
 def _train_delayed(model, opt, steps, seed):
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
@@ -233,6 +259,23 @@ def test_resume_takes_the_same_next_step_bitwise():
         {k: v for k, v in ckpt["model"].items() if "extra" not in k}, strict=False
     )
     assert not np.array_equal(fresh[0].fp8_state.scale, model[0].fp8_state.scale)
+
+
+def test_delayed_layers_copy_and_pickle_with_their_state():
+    torch.manual_seed(10)
+    model = convert_to_float8(_two_layers(), "te-delayed")
+    _train_delayed(model, torch.optim.SGD(model.parameters(), lr=0.01), 2, seed=3)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    others = (copy.deepcopy(model), torch.load(buf, weights_only=False))
+    for other in others:
+        for a, b in ((model[0], other[0]), (model[2], other[2])):
+            assert type(b) is DelayedFloat8Linear and b.fp8_state is not a.fp8_state
+            assert b.fp8_state.state_dict() == a.fp8_state.state_dict()
+    x = torch.randn(3, 32)
+    for other in others:
+        np.testing.assert_array_equal(_bits(other(x)), _bits(model(x)))
 
 
 def test_state_of_another_recipe_is_refused():
