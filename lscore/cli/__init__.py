@@ -119,15 +119,34 @@ def _demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.fp8 and args.backend != "numpy":
+        print(
+            "lscore demo: error: argument --fp8: runs on the numpy backend, got "
+            f"--backend {args.backend}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.fp8 and importlib.util.find_spec("ml_dtypes") is None:
+        print(
+            "lscore demo --fp8 needs ml_dtypes (NumPy's float8 types): install it with "
+            "`pip install 'lscore[bfloat16]'`",
+            file=sys.stderr,
+        )
+        return 2
     from lscore.cli import demo
 
     try:
-        demo.check_out(args.out)
+        demo.check_out(args.out, demo.FP8_OUTPUTS if args.fp8 else demo.OUTPUTS)
     except ValueError as e:
         print(f"lscore demo: error: argument --out: {e}", file=sys.stderr)
         return 2
     return demo.run(
-        steps=args.steps, seed=args.seed, out=args.out, backend=args.backend, tiny=args.tiny
+        steps=args.steps,
+        seed=args.seed,
+        out=args.out,
+        backend=args.backend,
+        tiny=args.tiny,
+        fp8=args.fp8,
     )
 
 
@@ -190,6 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         default=".",
         help="folder for lscore_demo.png and lscore_demo.json (made if missing)",
+    )
+    demo.add_argument(
+        "--fp8",
+        action="store_true",
+        help="train in bfloat16 and with FP8 linear layers under delayed (te-delayed) and "
+        "current (torchao-tensorwise) scaling instead of the float16 modes, and show the "
+        "casts' amax, scale and saturated elements (lscore_demo_fp8.png and .json; numpy "
+        "backend)",
     )
     demo.set_defaults(func=_demo)
     bench = sub.add_parser(

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from lscore.diagnostics import count_nonfinite, format_table
+from lscore.fp8.quantize import float_input, format_name, nan_rule
 
 __all__ = ["FLUSH_BELOW", "SATURATE_FROM", "Float8Monitor", "Float8Stats", "tensor_stats"]
 
@@ -48,8 +49,6 @@ SATURATE_FROM = {
 #: (half the smallest subnormal; the tie rounds to the even code, zero)
 FLUSH_BELOW = {"e4m3fn": 2.0**-10, "e5m2": 2.0**-17}
 
-_NAMES = {"float8_e4m3fn": "e4m3fn", "float8_e5m2": "e5m2"}
-_INPUTS = ("float32", "float16", "bfloat16")
 _CHUNK = 1 << 20  # elements per pass: bounds the float32 temporaries on huge tensors
 
 
@@ -90,10 +89,8 @@ class Float8Stats:
 
 
 def _format(fmt: Any) -> str:
-    name = _NAMES.get(fmt, fmt) if isinstance(fmt, str) else None
-    if name not in SATURATE_FROM:
-        raise ValueError(f"fmt must be one of e4m3fn, e5m2, {', '.join(_NAMES)}, got {fmt!r}")
-    return str(name)
+    """The short name ("e4m3fn" / "e5m2") of a format name or float8 dtype."""
+    return format_name(fmt).removeprefix("float8_")
 
 
 def _scale(scale: Any) -> np.float32:
@@ -116,7 +113,8 @@ def tensor_stats(
     step: int = 0,
     amax_nan: str = "ignore",
 ) -> Float8Stats:
-    """The statistics of casting `x` (a float32, float16 or bfloat16 NumPy array) to
+    """The statistics of casting `x` (a float32, float16 or bfloat16 NumPy array, as
+    ``quantize`` takes it) to
     `fmt` with `scale` (one positive finite number): see :class:`Float8Stats`.
 
     `amax_nan` is the recipe's rule for NaN elements in the amax: "ignore"
@@ -125,11 +123,8 @@ def tensor_stats(
     """
     form = _format(fmt)
     s = _scale(scale)
-    if amax_nan not in ("ignore", "propagate"):
-        raise ValueError(f"amax_nan must be 'ignore' or 'propagate', got {amax_nan!r}")
-    a = np.asarray(x)
-    if a.dtype.name not in _INPUTS:
-        raise ValueError(f"x must be a {', '.join(_INPUTS)} array, got {a.dtype}")
+    nan_rule(amax_nan, "amax_nan")
+    a = float_input(x)
     nan, posinf, neginf = count_nonfinite(a)
     flat = a.reshape(-1)
     top = np.float32(0)
@@ -169,8 +164,7 @@ class Float8Monitor:
 
     def __init__(self, fmt: str = "e4m3fn", *, amax_nan: str = "ignore") -> None:
         self.fmt = _format(fmt)
-        if amax_nan not in ("ignore", "propagate"):
-            raise ValueError(f"amax_nan must be 'ignore' or 'propagate', got {amax_nan!r}")
+        nan_rule(amax_nan, "amax_nan")
         self.amax_nan = amax_nan
         self.records: list[Float8Stats] = []
 

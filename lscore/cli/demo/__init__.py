@@ -4,10 +4,12 @@
 backend fills; ``numpy_backend``, ``torch_backend`` and ``cupy_backend`` each
 train one mode with ``train(mode, model0, data, cfg, progress)``;
 :mod:`~lscore.cli.demo.main` picks the backend and runs the modes, and
-:mod:`~lscore.cli.demo.report` prints the table and draws the figure.
+:mod:`~lscore.cli.demo.report` prints the table and draws the figure;
+:mod:`~lscore.cli.demo.fp8` trains the ``--fp8`` modes (bfloat16, FP8 linear
+layers under delayed and current scaling) and shows them.
 """
 
-from lscore.cli.demo.main import OUTPUTS, check_out, run
+from lscore.cli.demo.main import FP8_OUTPUTS, OUTPUTS, check_out, run
 from lscore.cli.demo.model import MODES, config
 
-__all__ = ["MODES", "OUTPUTS", "check_out", "config", "run"]
+__all__ = ["FP8_OUTPUTS", "MODES", "OUTPUTS", "check_out", "config", "run"]

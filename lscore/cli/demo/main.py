@@ -8,6 +8,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -21,16 +22,17 @@ BACKENDS = {
 }
 
 
-def check_out(out: str) -> None:
+def check_out(out: str, names: tuple[str, ...] = ()) -> None:
     """Make folder `out` if missing and check that the demo's files can be written there,
-    before any training; ValueError saying why not."""
+    before any training (`names`: the files it writes, the float16 demo's by default);
+    ValueError saying why not."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"{out} is a file; expected a folder")
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
         raise ValueError(f"cannot make folder {out}: {e.strerror or e}") from None
-    for name in OUTPUTS:
+    for name in names or OUTPUTS:
         if os.path.isdir(os.path.join(out, name)):
             raise ValueError(f"{os.path.join(out, name)} is a folder; the demo writes a file there")
     try:
@@ -41,6 +43,7 @@ def check_out(out: str) -> None:
 
 
 OUTPUTS = ("lscore_demo.png", "lscore_demo.json")
+FP8_OUTPUTS = ("lscore_demo_fp8.png", "lscore_demo_fp8.json")  # with --fp8
 
 
 def run(
@@ -49,11 +52,16 @@ def run(
     out: str = ".",
     backend: str = "numpy",
     tiny: bool = False,
+    fp8: bool = False,
 ) -> int:
-    """Train the three modes, print the table, write the PNG and the JSON; returns an exit code."""
+    """Train the three modes (with `fp8`, bfloat16 and the two FP8 ones), print the table,
+    write the PNG and the JSON; returns an exit code."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected numpy, torch or cupy")
-    check_out(out)
+    if fp8 and backend != "numpy":
+        raise ValueError(f"--fp8 runs on the numpy backend, got backend {backend!r}")
+    names = FP8_OUTPUTS if fp8 else OUTPUTS
+    check_out(out, names)
     from threadpoolctl import threadpool_limits
     from tqdm import tqdm
 
@@ -76,22 +84,34 @@ def run(
                 "running the CPU demo instead.\n"
             )
             backend = "numpy"
-    module = importlib.import_module(BACKENDS[backend])
+    module: Any = importlib.import_module(BACKENDS[backend])
+    modes = model.MODES
+    if fp8:
+        from lscore.cli.demo import fp8 as module
+
+        modes = module.FP8_MODES
     print(module.DESCRIPTION + "\n")
     if backend != "numpy":
         cfg["backend"] = backend
-    records = [module.train(m, model0, data, cfg, progress) for m in model.MODES]
+    records = [module.train(m, model0, data, cfg, progress) for m in modes]
     print()
-    print(report.table(records))
-    print(report.summary(records))
-    png, js = (os.path.join(out, name) for name in OUTPUTS)
-    report.plot(records, png, cfg)
+    png, js = (os.path.join(out, name) for name in names)
+    if fp8:
+        print(module.table(records))
+        for r in records[1:]:
+            print(f"\n{r['mode']} ({r['recipe']}), the casts at the last step:\n{r['last_table']}")
+        module.plot(records, png, cfg)
+    else:
+        print(report.table(records))
+        print(report.summary(records))
+        report.plot(records, png, cfg)
     with open(js, "w") as f:
         json.dump(
             {
                 "config": cfg,
                 "results": [
-                    {k: v for k, v in r.items() if k not in ("loss", "scale")} for r in records
+                    {k: v for k, v in r.items() if k not in ("loss", "scale", "last_table")}
+                    for r in records
                 ],
             },
             f,

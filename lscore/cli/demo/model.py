@@ -81,6 +81,14 @@ def _keep(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def _precision(half: Any) -> tuple[Callable[[np.ndarray], np.ndarray], Any]:
+    """(the rounding of every result, the cast of each layer's input and weight or None)
+    of `half`: a bool (float16 or float32) or a precision object (round, cast)."""
+    if isinstance(half, bool):
+        return (_half if half else _keep), None
+    return half.round, half.cast
+
+
 def tokens() -> tuple[list[str], list[str]]:
     """(training tokens, held-out tokens) of the standard library's top-level modules.
 
@@ -161,21 +169,28 @@ class LM:
         other.params = [p.copy() for p in self.params]
         return other
 
-    def forward(self, ids: np.ndarray, half: bool) -> tuple[np.ndarray, list]:
-        r = _half if half else _keep
+    def forward(self, ids: np.ndarray, half: Any) -> tuple[np.ndarray, list]:
+        """(the logits, each layer's (input, weight) as its product used them).
+
+        `half`: True for float16, False for float32, or a precision (the FP8 modes:
+        its ``round`` rounds every result, its ``cast(i, a, w)`` gives the input and
+        weight layer `i` multiplies)."""
+        r, cast = _precision(half)
         p = [r(q) for q in self.params]
         a = p[0][ids].reshape(len(ids), -1)
         acts = []
         n = len(p) // 2
         for i in range(n):
             w, b = p[1 + 2 * i], p[2 + 2 * i]
+            if cast is not None:
+                a, w = cast(i, a, w)
             acts.append((a, w))
             z = r(a @ w + b)
             a = z if i == n - 1 else np.maximum(z, 0)
         return a, acts
 
     def loss_and_grads(
-        self, ids: np.ndarray, y: np.ndarray, scale: float, half: bool
+        self, ids: np.ndarray, y: np.ndarray, scale: float, half: Any
     ) -> tuple[float, list[np.ndarray], np.ndarray]:
         """Mean binary cross-entropy (`y`: each row's next tokens), the gradients of
         loss * scale (float16 values if `half`) and the gradient of loss * scale with
@@ -183,7 +198,7 @@ class LM:
 
         The embedding's gradient is summed in float32 from the float16 gradients
         of its rows, as under torch.autocast (an embedding runs in float32 there)."""
-        r = _half if half else _keep
+        r = _precision(half)[0]
         logits, acts = self.forward(ids, half)
         n, v = logits.shape
         rows, cols = target_cells(y, v)
@@ -209,7 +224,7 @@ class LM:
         grads[0] = emb
         return loss, grads, dlogits
 
-    def accuracy(self, w: np.ndarray, half: bool) -> float:
+    def accuracy(self, w: np.ndarray, half: Any) -> float:
         """Share of windows `w` whose top-scored word is among their next tokens."""
         hits = 0
         k = self.context
