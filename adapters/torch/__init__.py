@@ -10,7 +10,7 @@ except ImportError as e:  # the extra is missing: name it, not only the module
     ) from e
 
 from lscore.adapters.torch._config import torch_policy
-from lscore.adapters.torch._paths import GradUnscaler, ScalerAssertionError
+from lscore.adapters.torch._unscaler import GradUnscaler, ScalerAssertionError
 from lscore.adapters.torch.optimizer import LossScaleOptimizer
 from lscore.adapters.torch.scaler import GradScaler, ScalerConfigError
 from lscore.adapters.torch.schedule import SkipAwareLR
