@@ -161,7 +161,7 @@ def choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """Every parameter of the core state machine (see lscore/_reference.py:update).
+    """Every parameter of the core state machine (the compiled core's ``lsc_state``).
 
     Names follow torch's GradScaler; the TF, Keras and peer-specific names are
     mapped onto these by the classes that imitate those APIs.

@@ -12,7 +12,7 @@ except ImportError as e:  # the extra is missing: name it, not only the module
     ) from e
 
 from lscore.adapters.torch._config import torch_policy
-from lscore.adapters.torch._paths import GradUnscaler, ScalerAssertionError
+from lscore.adapters.torch._unscaler import GradUnscaler, ScalerAssertionError
 from lscore.adapters.torch.fp8 import (
     DelayedFloat8Linear,
     Float8Linear,

@@ -9,12 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lscore.adapters.torch._paths import (
-    ScalerAssertionError,
-    Unplaced,
-    state_dict_with,
-    unscale_with_kernel,
-)
+from lscore.adapters.torch._paths import Unplaced, state_dict_with
+from lscore.adapters.torch._unscaler import ScalerAssertionError, unscale_with_kernel
 from lscore.policy import integer, real
 from lscore.state import LossScaleState
 

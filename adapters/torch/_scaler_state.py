@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 
 from lscore.adapters.torch._config import warn_at_caller, zero_d
-from lscore.adapters.torch._paths import Disabled, ScalerAssertionError, Unplaced, state_dict_with
+from lscore.adapters.torch._paths import Disabled, Unplaced, state_dict_with
 from lscore.adapters.torch._scaler_path import PathScaler
+from lscore.adapters.torch._unscaler import ScalerAssertionError
 from lscore.policy import integer, real
 
 __all__ = ["StateScaler"]

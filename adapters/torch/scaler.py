@@ -28,15 +28,10 @@ from lscore.adapters.torch._config import (
     torch_policy,
     warn_at_caller,
 )
-from lscore.adapters.torch._paths import (
-    Disabled,
-    ScalerAssertionError,
-    SkipCount,
-    Unplaced,
-    named_grads,
-)
+from lscore.adapters.torch._paths import Disabled, SkipCount, Unplaced
 from lscore.adapters.torch._scaler_state import StateScaler
 from lscore.adapters.torch._scaler_unscale import UnscaleScaler
+from lscore.adapters.torch._unscaler import ScalerAssertionError, named_grads
 from lscore.distributed import TorchReducer
 from lscore.state import LossScaleState
 

@@ -9,18 +9,20 @@ gpu-host``'s stand-in implement the same calls on host memory.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 __all__ = ["Backend"]
 
 
+@runtime_checkable
 class Backend(Protocol):
     """The calls ``MultiTensor``, ``FusedLauncher`` and ``DeviceState`` make on a backend.
 
     ``device`` is the device's index; ``large_kernel_params`` (optional, False when
     absent) says the launches may carry 32 KB of arguments instead of 4 KB.
+    ``isinstance(b, Backend)`` checks that `b` has every call (not their signatures).
     """
 
     device: int

@@ -249,3 +249,17 @@ def test_launches_on_torchs_current_stream():
     side.synchronize()
     n2, g2, _ = _step(GradScaler, device, 5, 0.5, 2.0)
     assert torch.equal(n1, n2) and all(torch.equal(a, b) for a, b in zip(g1, g2, strict=True))
+
+
+def test_the_torch_cuda_backend_takes_the_backend_protocols_parameters():
+    import inspect
+
+    from lscore.cuda import Backend
+
+    for name, want in vars(Backend).items():
+        if callable(want) and not name.startswith("_"):
+            ours = getattr(_cuda_clip.TorchCudaBackend, name)
+            assert (
+                inspect.signature(ours).parameters.keys()
+                == inspect.signature(want).parameters.keys()
+            ), name

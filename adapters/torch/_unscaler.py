@@ -1,0 +1,200 @@
+"""How the torch adapter unscales and checks gradients: torch's own kernel per device and
+dtype (``unscale_with_kernel``), and ``GradUnscaler``, lscore's one pass over every dense
+CPU gradient (zero-copy buffers through the DLPack C exchange API of ``torch.Tensor``)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from lscore import kernels
+from lscore.dtypes import Code
+
+_CPU = torch.device("cpu")
+# torch dtype -> the core's dtype code, for every dtype the kernels read
+TORCH_CODES = {
+    torch.float16: int(Code.F16),
+    torch.bfloat16: int(Code.BF16),
+    torch.float32: int(Code.F32),
+    torch.float64: int(Code.F64),
+}
+
+
+class ScalerAssertionError(RuntimeError, AssertionError):
+    """Raised where torch's GradScaler raises AssertionError for call-order misuse.
+
+    A RuntimeError, as lscore's contract says, and still an AssertionError so
+    code written against torch keeps catching it.
+    """
+
+
+def _kernel_unscale(groups: Any, inv_scale: Any, found_inf: Any, found_per_device: Any) -> None:
+    """torch's own check-and-unscale over {device: {dtype: [tensors]}}."""
+    for device, per_dtype in groups.items():
+        found = found_per_device.get(device)
+        if found is None:
+            found = found_inf.to(device=device, non_blocking=True, copy=True)
+            found_per_device[device] = found
+        inv = inv_scale.to(device=device, non_blocking=True, copy=True)
+        for grads in per_dtype.values():
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+
+
+def _group(groups: Any, t: Any) -> None:
+    groups.setdefault(t.device, {}).setdefault(t.dtype, []).append(t)
+
+
+def _sparse_values(param: Any) -> torch.Tensor:
+    """What torch unscales for `param`: its grad, or a sparse grad's values
+    (a float16 sparse grad is coalesced first, replacing ``.grad``)."""
+    g = param.grad
+    if not g.is_sparse:
+        return g
+    if g.dtype is torch.float16:
+        param.grad = g = g.coalesce()
+    return g._values()
+
+
+def unscale_with_kernel(optimizer: Any, inv_scale: Any, found_inf: Any, allow_fp16: Any) -> dict:
+    """torch's algorithm (``GradScaler._unscale_grads_``): group by device and dtype, run
+    torch's kernel per group; {device: found-inf tensor}.  The loop is torch's, inline (a
+    helper call per gradient would cost more than torch's whole loop body)."""
+    groups: defaultdict = defaultdict(lambda: defaultdict(list))
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if not isinstance(param, torch.Tensor):
+                    raise ScalerAssertionError(
+                        f"expected param to be torch.Tensor, got {type(param).__name__}"
+                    )
+                g = param.grad
+                if g is None:
+                    continue
+                if not allow_fp16 and g.dtype == torch.float16:
+                    raise ValueError("Attempting to unscale FP16 gradients.")
+                if g.is_sparse:
+                    g = _sparse_values(param)
+                groups[g.device][g.dtype].append(g)
+        found: dict = {}
+        _kernel_unscale(groups, inv_scale, found_inf, found)
+    return found
+
+
+class GradUnscaler:
+    """lscore's path for the gradients of some parameter groups: every dense CPU
+    gradient in one zero-copy table (reused from call to call) and one fused
+    unscale-and-check pass in the compiled core; the rest through torch's kernel."""
+
+    __slots__ = ("_table", "_whole")
+
+    def __init__(self) -> None:
+        self._table: kernels.GradTable | None = None
+        self._whole = False  # the last call's table held every gradient
+
+    def __reduce__(self) -> tuple:
+        return (GradUnscaler, ())
+
+    def __call__(
+        self, param_groups: Any, inv: float, allow_fp16: bool, stats: list | None = None
+    ) -> dict:
+        """Multiply every gradient by `inv` in place; {device: found_inf tensor} (1.0 where a
+        gradient held NaN/Inf before the multiply), for the devices that had gradients.
+
+        With a list `stats`, appends (sum of squares, largest magnitude) pairs of the
+        unscaled gradients (gathered in the same memory pass for the tabled ones)."""
+        table = self._table
+        if table is None:
+            table = self._table = kernels.GradTable(
+                torch.Tensor, TORCH_CODES, torch.strided, torch.Tensor, ScalerAssertionError, 256
+            )
+        table.clear()
+        self._whole = False
+        written: list = []
+        others: list = []
+        table.collect_grads(param_groups, allow_fp16, written, others)
+        self._whole = not others
+        found: dict = {}
+        if others:
+            groups: dict = {}
+            with torch.no_grad():
+                for param in others:
+                    t = _sparse_values(param)
+                    code = TORCH_CODES.get(t.dtype)
+                    if code is not None and table.add_tensor(t, code):
+                        written.append(t)
+                    else:
+                        _group(groups, t)
+                if groups:
+                    _kernel_unscale(
+                        groups,
+                        torch.full((), inv, dtype=torch.float32),
+                        torch.zeros((), dtype=torch.float32),
+                        found,
+                    )
+                    if stats is not None:
+                        stats.extend(
+                            _stats(t)
+                            for per_dtype in groups.values()
+                            for ts in per_dtype.values()
+                            for t in ts
+                        )
+        if written:
+            # like torch's kernel, this leaves the autograd version counters alone
+            if stats is None:
+                finite = kernels.unscale_raw(*table.views(), inv)
+            else:
+                finite, norm, maxabs = kernels.unscale_raw(*table.views(), inv, True)
+                stats.append((norm * norm, maxabs))
+            cpu = found.get(_CPU)
+            if cpu is None:
+                found[_CPU] = torch.full((), 0.0 if finite else 1.0, dtype=torch.float32)
+            elif not finite:
+                cpu.fill_(1.0)
+        return found
+
+    def multiply(self, factor: float, dtype: torch.dtype) -> bool:
+        """Multiply the gradients of the last call by `factor` in place, in one pass of
+        the compiled core, as ``torch._foreach_mul_`` by a 0-dim tensor of `dtype`
+        holding `factor` does (float16 and bfloat16 widened, times float32(factor),
+        rounded to nearest even); False, touching nothing, unless the last call's
+        table held every gradient and all of `dtype`.  Call it right after that call,
+        while its gradients are still the parameters' ``.grad``."""
+        code = TORCH_CODES.get(dtype)
+        table = self._table
+        if table is None or not self._whole or code is None:
+            return False
+        ptrs, counts, strides, codes = table.views()
+        if not (codes == code).all():
+            return False
+        if len(codes):
+            kernels.unscale_raw(ptrs, counts, strides, codes, factor)
+        return True
+
+
+def _stats(t: torch.Tensor) -> tuple:
+    """(sum of squares, largest magnitude) of one tensor, in float64."""
+    if t.numel() == 0:
+        return 0.0, 0.0
+    t = t.detach().to(torch.float64)
+    return float(torch.linalg.vector_norm(t)) ** 2, float(t.abs().max())
+
+
+def named_grads(monitor: Any, groups: Any) -> list:
+    """(name, NumPy view) of every gradient, for the overflow report (skipped steps only)."""
+    out = []
+    for gi, param_groups in enumerate(groups):
+        for k, group in enumerate(param_groups):
+            for i, p in enumerate(group["params"]):
+                g = getattr(p, "grad", None)
+                if g is None:
+                    continue
+                g = g.detach()
+                g = (g.coalesce()._values() if g.is_sparse else g).cpu()
+                fmt = None
+                if g.dtype is torch.bfloat16:
+                    g, fmt = g.view(torch.int16), "bfloat16"
+                name = monitor.name_of(p, f"optimizer{gi}.param_groups[{k}][{i}]")
+                out.append((name, (g.numpy(), fmt) if fmt else g.numpy()))
+    return out
