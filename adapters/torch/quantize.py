@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lscore.fp8 import Float8
+from lscore.fp8 import Float8, checks
 
 # the module, not lscore.fp8.quantize the function, which the package binds to that name
 _q = importlib.import_module("lscore.fp8.quantize")
@@ -49,8 +49,8 @@ def _cuda() -> Any:
     """lscore.cuda's Float8Arrays bound to CUDA tensors."""
     global _cuda_arrays
     if _cuda_arrays is None:
+        from lscore.cuda.cupy_backend import CupyBackend
         from lscore.cuda.fp8 import DeviceView, Float8Arrays, Float8Launcher
-        from lscore.cuda.loader import CupyBackend
 
         launchers: dict[int, Any] = {}
 
@@ -95,7 +95,7 @@ def _view(x: Any, what: str = "x") -> np.ndarray:
         raise TypeError(f"{what} must be float32, float16 or bfloat16, got {x.dtype}")
     x = x.detach()
     if x.dtype == torch.bfloat16:
-        return x.view(torch.int16).numpy().view(_q.fp8_dtype("bfloat16"))
+        return x.view(torch.int16).numpy().view(checks.fp8_dtype("bfloat16"))
     return x.numpy()
 
 
@@ -137,7 +137,7 @@ def quantize(
     place); `scale` a number or a float32 tensor (0-d, or one per row with
     ``axis=-1``); the amax a float32 tensor.
     """
-    name = _q.format_name(fmt)
+    name = checks.format_name(fmt)
     if _on_cuda(x):
         if out is not None and not _on_cuda(out):
             raise TypeError(f"out must be on x's device {x.device}, got {out.device}")
@@ -193,12 +193,12 @@ def dequantize(
     names = {v: k for k, v in _TORCH_FP8.items()}
     if q.dtype in names:
         name = names[q.dtype]
-        if fmt is not None and _q.format_name(fmt) != name:
+        if fmt is not None and checks.format_name(fmt) != name:
             raise ValueError(f"fmt must be q's format {name}, got {fmt!r}")
     elif q.dtype == torch.uint8:
         if fmt is None:
             raise ValueError("fmt must name the format of uint8 codes, got None")
-        name = _q.format_name(fmt)
+        name = checks.format_name(fmt)
     else:
         raise TypeError(f"q must be float8_e4m3fn, float8_e5m2 or uint8, got {q.dtype}")
     if dtype not in _FLOATS:
@@ -206,7 +206,8 @@ def dequantize(
     codes = q.detach().view(torch.uint8).numpy()
     out = torch.empty(tuple(q.shape), dtype=dtype)
     ov = _view(out, "out")
-    s = _q.check_scale(_scale(scale), _q.rows_of(codes) if _q.row_axis(codes, axis) else None)
+    rows = checks.rows_of(codes) if checks.row_axis(codes, axis) else None
+    s = checks.check_scale(_scale(scale), rows)
     _q.decode_into(codes, ov, s, name, axis is not None)
     return out
 
@@ -218,7 +219,7 @@ def quantize_current(x: torch.Tensor, recipe: Any, fmt: str | None = None) -> Fl
 
     if not isinstance(recipe, Recipe):
         raise TypeError(f"recipe must be an lscore.fp8.Recipe, got {type(recipe).__name__}")
-    name = _q.format_name(recipe.forward_format if fmt is None else fmt)
+    name = checks.format_name(recipe.forward_format if fmt is None else fmt)
     if _on_cuda(x):
         r = _q.current_on(_cuda(), x.detach(), recipe, name)
         data = r.data.view(_TORCH_FP8[name])

@@ -18,46 +18,17 @@ import math
 from typing import Any, NamedTuple
 
 from lscore import kernels
-from lscore.dtypes import BY_NAME, Code
-from lscore.fp8.quantize import check_scale, format_name, nan_rule, row_axis
+from lscore.cuda.sources import amax_name, cast_name, dequant_name
+from lscore.dtypes import BY_NAME
+from lscore.fp8.checks import check_scale, format_name, nan_rule, row_axis
 
 __all__ = [
-    "FP8_KERNELS",
     "DeviceView",
     "Float8Arrays",
     "Float8Launcher",
-    "amax_name",
-    "cast_name",
     "cupy_arrays",
-    "dequant_name",
     "view2d",
 ]
-
-_FLOATS = (Code.F16, Code.BF16, Code.F32)
-_FMTS = (Code.E4M3FN, Code.E5M2)
-
-
-def amax_name(code: int) -> str:
-    """The amax kernel of an input dtype code."""
-    return f"lsc_fp8_amax2d<{int(code)}>"
-
-
-def cast_name(code: int, fmt: int, hw: int = 1) -> str:
-    """The cast kernel of an input dtype code and float8 format code (hw: the instruction)."""
-    return f"lsc_fp8_cast2d<{int(code)}, {int(fmt)}, {hw}>"
-
-
-def dequant_name(code: int, fmt: int) -> str:
-    """The dequantize kernel of an output dtype code and float8 format code."""
-    return f"lsc_fp8_dequant2d<{int(code)}, {int(fmt)}>"
-
-
-#: the kernel names (NVRTC name expressions) of fp8.cu that lscore.cuda launches
-FP8_KERNELS = (
-    tuple(amax_name(c) for c in _FLOATS)
-    + tuple(cast_name(c, f, hw) for c in _FLOATS for f in _FMTS for hw in (0, 1))
-    + tuple(dequant_name(c, f) for c in _FLOATS for f in _FMTS)
-)
 
 
 class DeviceView(NamedTuple):
@@ -400,7 +371,7 @@ def cupy_arrays() -> Float8Arrays:
     if _cupy_arrays is None:
         import cupy
 
-        from lscore.cuda.loader import CupyBackend
+        from lscore.cuda.cupy_backend import CupyBackend
 
         launchers: dict[int, Float8Launcher] = {}
 

@@ -12,11 +12,11 @@ import re
 from typing import Any
 
 from lscore import kernels
-from lscore.cuda.fp8 import FP8_KERNELS
 from lscore.dtypes import Code
 
 __all__ = [
     "FILE_OF",
+    "FP8_KERNELS",
     "KERNELS",
     "METAS",
     "OPS",
@@ -25,6 +25,9 @@ __all__ = [
     "OPT_VARIANTS",
     "TRAITS",
     "UPDATE_KERNEL",
+    "amax_name",
+    "cast_name",
+    "dequant_name",
     "kernel_name",
     "optim_kernel_name",
     "source",
@@ -70,6 +73,33 @@ def optim_kernel_name(kind: str, code: int, meta: str, flags: int = 0) -> str:
     return f"lsc_mt_{kind}<{TRAITS[Code(code)]}, {meta}, {variant}>"
 
 
+_FP8_INPUTS = (Code.F16, Code.BF16, Code.F32)
+_FP8_FORMATS = (Code.E4M3FN, Code.E5M2)
+
+
+def amax_name(code: int) -> str:
+    """The amax kernel of an input dtype code."""
+    return f"lsc_fp8_amax2d<{int(code)}>"
+
+
+def cast_name(code: int, fmt: int, hw: int = 1) -> str:
+    """The cast kernel of an input dtype code and float8 format code (hw: the instruction)."""
+    return f"lsc_fp8_cast2d<{int(code)}, {int(fmt)}, {hw}>"
+
+
+def dequant_name(code: int, fmt: int) -> str:
+    """The dequantize kernel of an output dtype code and float8 format code."""
+    return f"lsc_fp8_dequant2d<{int(code)}, {int(fmt)}>"
+
+
+#: the kernel names (NVRTC name expressions) of fp8.cu that lscore.cuda.fp8 launches
+FP8_KERNELS = (
+    tuple(amax_name(c) for c in _FP8_INPUTS)
+    + tuple(cast_name(c, f, hw) for c in _FP8_INPUTS for f in _FP8_FORMATS for hw in (0, 1))
+    + tuple(dequant_name(c, f) for c in _FP8_INPUTS for f in _FP8_FORMATS)
+)
+
+
 #: .cu file -> the kernel names (NVRTC name expressions) the package launches from it
 KERNELS = {
     # the one-pass norm (lscore.cuda.launch.MultiTensor.launch_norm) beside the scan
@@ -95,7 +125,7 @@ KERNELS = {
         for m in OPT_METAS[kind]
         for c in OPT_GRADS
     ),
-    # the float8 quantize kernels (lscore.cuda.fp8)
+    # the float8 amax, cast and dequantize kernels (lscore.cuda.fp8)
     "fp8.cu": FP8_KERNELS,
 }
 #: kernel name expression -> the .cu file that defines it

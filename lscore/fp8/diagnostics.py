@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from lscore.diagnostics import count_nonfinite, format_table
-from lscore.fp8.quantize import float_input, format_name, nan_rule
+from lscore.fp8.checks import float_input, format_name, nan_rule
 
 __all__ = ["FLUSH_BELOW", "SATURATE_FROM", "Float8Monitor", "Float8Stats", "tensor_stats"]
 

@@ -92,3 +92,19 @@ def test_fp8_refuses_another_backend(capsys):
     assert "argument --fp8: runs on the numpy backend" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--fp8 runs on the numpy backend, got backend 'cupy'"):
         run(fp8=True, backend="cupy", tiny=True)
+
+
+def test_a_run_leaves_the_callers_blas_threads_as_they_were(tmp_path, capsys):
+    """The demo limits BLAS to one thread while it trains and lifts the limit on return, so
+    code run after it in the same process (a test of bitwise GEMM results) keeps its
+    thread counts."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    for m in ("matplotlib", "tqdm"):
+        pytest.importorskip(m)
+    before = [p["num_threads"] for p in threadpoolctl.threadpool_info()]
+    with threadpoolctl.threadpool_limits(2):
+        inside = [p["num_threads"] for p in threadpoolctl.threadpool_info()]
+        assert run(steps=2, out=str(tmp_path), tiny=True) == 0
+        assert [p["num_threads"] for p in threadpoolctl.threadpool_info()] == inside
+    assert [p["num_threads"] for p in threadpoolctl.threadpool_info()] == before
+    capsys.readouterr()

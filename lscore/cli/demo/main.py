@@ -63,9 +63,24 @@ def run(
     names = FP8_OUTPUTS if fp8 else OUTPUTS
     check_out(out, names)
     from threadpoolctl import threadpool_limits
-    from tqdm import tqdm
 
-    threadpool_limits(1)  # more BLAS threads than this small model needs only add overhead
+    # more BLAS threads than this small model needs only add overhead; the limit is
+    # lifted on return, so a caller in the same process keeps its own thread counts
+    with threadpool_limits(1):
+        return _train(steps, seed, out, backend, tiny, fp8, names)
+
+
+def _train(
+    steps: int | None,
+    seed: int,
+    out: str,
+    backend: str,
+    tiny: bool,
+    fp8: bool,
+    names: tuple[str, str],
+) -> int:
+    """run's work under its thread limit: train the modes, print, write the outputs."""
+    from tqdm import tqdm
 
     cfg = model.config(steps, seed, tiny)
     data = model.load_data(cfg)
