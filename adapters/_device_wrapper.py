@@ -23,7 +23,7 @@ from lscore.adapters._device import ONE_STEP, ArrayBackend, Gated
 from lscore.cuda.device_state import FLOOR, DeviceState
 from lscore.cuda.optim import FLAGS, FusedPlan
 from lscore.distributed import reduce_found_inf
-from lscore.policy import inverse_scale
+from lscore.policy import boolean, inverse_scale
 from lscore.state import LossScaleFloorError
 
 
@@ -133,9 +133,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         reducer: Any = None,
         allow_fp16_params: Any = False,
     ) -> None:
-        if not isinstance(sync_free, (bool, np.bool_)):
-            raise TypeError(f"sync_free must be a bool, got {sync_free!r}")
-        if sync_free and reducer is not None:
+        if boolean("sync_free", sync_free) and reducer is not None:
             raise ValueError(
                 "sync_free=True cannot take a reducer: a reducer agrees on the "
                 "found-inf flag on the host, and sync_free keeps it on the device"

@@ -33,7 +33,7 @@ import numpy as np
 from lscore.adapters._scaling import scaling_kwargs_from_config
 from lscore.adapters._wrapper import TFShaped, inner_attribute, load_checked, run_step, type_name
 from lscore.distributed import reduce_found_inf
-from lscore.policy import integer, inverse_scale
+from lscore.policy import boolean, integer, inverse_scale
 
 OPTIMIZER_FORMAT = "lscore.optimizer/1"
 _OPTIMIZER_KEYS = (
@@ -186,8 +186,7 @@ class LossScaleOptimizerBase(TFShaped):
         reducer: Any = None,
         allow_fp16_params: Any = False,
     ) -> None:
-        if not isinstance(allow_fp16_params, (bool, np.bool_)):
-            raise TypeError(f"allow_fp16_params must be a bool, got {allow_fp16_params!r}")
+        boolean("allow_fp16_params", allow_fp16_params)
         self._wrap(
             optimizer,
             loss_scale,
