@@ -192,3 +192,35 @@ def test_bad_input():
         kernels.mx_scale(x, "float8_e4m3fn", "nearest")
     with pytest.raises(ValueError, match="elem must be one of"):
         kernels.mx_quantize(x[:32], "int8", "floor")
+
+
+MX_KERNEL = r"""
+#include "lsc_mx.h"
+extern "C" __global__ void mx_probe(const float *x, unsigned char *q, unsigned char *s, float *f)
+{
+    s[0] = (unsigned char)lsc_mx_block(x, 32, LSC_CODE_E4M3FN, LSC_MX_RCEIL, q);
+    s[1] = (unsigned char)lsc_mx_block(x, 32, LSC_MX_E2M1, LSC_MX_TE, q + 32);
+    s[2] = (unsigned char)lsc_nvfp4_block(x, 16, 1, lsc_nvfp4_tensor_scale(x[0]), q + 48);
+    f[0] = lsc_e8m0_to_f32(lsc_e8m0_from_f32(x[1])) + lsc_e2m1_to_f32(lsc_e2m1_from_f32(x[2]));
+}
+"""
+
+
+@pytest.mark.parametrize("arch", ["75", "90"])
+def test_header_compiles_with_nvrtc(cupy_compiler, arch):
+    """lsc_mx.h is CUDA as well as C: NVRTC compiles its functions without a diagnostic."""
+    import io
+
+    from lscore.cuda import nvrtc
+
+    log = io.StringIO()
+    include = str(pathlib.Path(__file__).parents[2] / "_ext")
+    cupy_compiler.compile_using_nvrtc(
+        MX_KERNEL,
+        options=(*nvrtc.NVRTC_OPTIONS, f"--include-path={include}"),
+        arch=arch,
+        filename="mx_probe.cu",
+        name_expressions=["mx_probe"],
+        log_stream=log,
+    )
+    assert log.getvalue().rstrip("\x00 \n") == ""
