@@ -224,3 +224,26 @@ def test_header_compiles_with_nvrtc(cupy_compiler, arch):
         log_stream=log,
     )
     assert log.getvalue().rstrip("\x00 \n") == ""
+
+
+@settings(max_examples=60, deadline=None)
+@given(f32s(64))
+def test_te_rule_rounds_the_float32_descale_up(x):
+    """TransformerEngine's rule, from its source (ptx.cuh float_to_e8m0): the descale
+    amax * float32(1 / max), a float32 product, rounded up to a power of two 2**(c - 127),
+    c at most 0xFE and at least 0 (a descale <= 2**-127 gives 0); NaN 0xFF, Inf 0xFE."""
+    amax = np.abs(x)
+    for elem, top in MAX.items():
+        got = kernels.mx_scale(amax, elem, "te")
+        with np.errstate(over="ignore", invalid="ignore"):
+            descale = amax * np.float32(1 / top)
+        for d, c in zip(descale.tolist(), got.tolist(), strict=True):
+            if math.isnan(d):
+                assert c == 0xFF
+            elif math.isinf(d):
+                assert c == 0xFE
+            else:
+                k = -127
+                while k < 127 and Fraction(2) ** k < Fraction(d):
+                    k += 1
+                assert c == k + 127, (d, c)
