@@ -622,9 +622,7 @@ def mx_scale(amax: Any, elem: str, mode: str) -> np.ndarray:
             d = _f32(a * _f32(1.0 / top))
             if math.isinf(d):
                 out.append(254)
-            elif d == 0:
-                out.append(0)
-            elif d <= 2.0**-127:
+            elif d == 0 or d <= 2.0**-127:
                 out.append(0)
             elif d < 2.0**-126:
                 out.append(1)
@@ -647,7 +645,12 @@ def mx_scale(amax: Any, elem: str, mode: str) -> np.ndarray:
         else:
             e = math.frexp(a)[1] - 1
         e -= emax
-        if mode == "ceil" and a != 0 and not math.isinf(a) and (a < 2.0**-126 or a != 2.0**(e + emax)):
+        if (
+            mode == "ceil"
+            and a != 0
+            and not math.isinf(a)
+            and (a < 2.0**-126 or a != 2.0 ** (e + emax))
+        ):
             e += 1
         out.append(min(max(e, -127), 128) + 127)
     return np.array(out, np.uint8).reshape(np.shape(amax))
@@ -684,7 +687,7 @@ def mx_quantize(x: Any, elem: str, mode: str, block: int = 32) -> tuple[np.ndarr
     (0xFF: the NaN descale, 0xFE: 2**-127, 0: 1, else 2**(127 - code)) and clamps; te by
     TransformerEngine's (0: 1, else the float32 bits (254 - code) << 23).
     """
-    emax, top, _ = _MX_ELEMS[elem]
+    top = _MX_ELEMS[elem][1]
     v = np.asarray(x, np.float32)
     b = v.reshape(*v.shape[:-1], v.shape[-1] // block, block)
     amax = _mx_amax(b)
@@ -721,7 +724,8 @@ def nvfp4_quantize(x: Any, pts: float | None = None) -> tuple[np.ndarray, np.nda
     """Reference for lscore._ext._mx.nvfp4_quantize: (E4M3 block scale codes, packed E2M1
     codes) of the blocks of 16 along the last axis.  Block scale amax / 6 (over pts when
     given) clamped to [2**-6, 448] and narrowed to E4M3; the elements times 1 / that scale
-    ((1 / pts) / scale), a NaN scale read as torch's word 0x7FF00000 with its sign, clamped to +-6."""
+    ((1 / pts) / scale), a NaN scale read as torch's word 0x7FF00000 with its sign, clamped
+    to +-6."""
     f32 = np.float32
     v = np.asarray(x, f32)
     b = v.reshape(*v.shape[:-1], v.shape[-1] // 16, 16)

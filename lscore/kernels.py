@@ -95,8 +95,14 @@ from lscore._ext._fp8_scale import scaled_max as fp8_scaled_max
 from lscore._ext._grads import GradTable
 from lscore._ext._mx import ELEMS as MX_ELEMS
 from lscore._ext._mx import MODES as MX_MODES
-from lscore._ext._mx import e2m1_decode, e2m1_encode, e8m0_decode, e8m0_encode
-from lscore._ext._mx import nvfp4_quantize, nvfp4_tensor_scale
+from lscore._ext._mx import (
+    e2m1_decode,
+    e2m1_encode,
+    e8m0_decode,
+    e8m0_encode,
+    nvfp4_quantize,
+    nvfp4_tensor_scale,
+)
 from lscore._ext._mx import quantize as mx_quantize
 from lscore._ext._mx import scale as mx_scale
 from lscore._ext._pack import launch_params, pack_launches, plan_launches

@@ -58,8 +58,10 @@ def test_nvfp4_blocks_equal_torchao(dtype):
     pts = DATA[f"{dtype}_nvfp4_pts"].view(np.float32)
     for g, p in enumerate(pts):
         xs = x[g * 8 : (g + 1) * 8]
-        want = (DATA[f"{dtype}_nvfp4_pts_scale"][g * 8 : (g + 1) * 8, 0],
-                DATA[f"{dtype}_nvfp4_pts_data"][g * 8 : (g + 1) * 8])
+        want = (
+            DATA[f"{dtype}_nvfp4_pts_scale"][g * 8 : (g + 1) * 8, 0],
+            DATA[f"{dtype}_nvfp4_pts_data"][g * 8 : (g + 1) * 8],
+        )
         amax = np.float32(np.max(np.abs(xs.astype(np.float32))))
         for tensor_scale in (kernels.nvfp4_tensor_scale, ref.nvfp4_tensor_scale):
             np.testing.assert_array_equal(np.float32(tensor_scale(amax)), p)
@@ -86,12 +88,18 @@ def test_rceil_log2_quirk_is_torchao_only(elem):
     amax = np.max(np.abs(x), axis=1)
     rec = DATA[f"f32_{elem}_rceil_scale"][:, 0]
     finite = np.isfinite(amax) & (amax > 0)
-    exact = np.array([exact_rceil(a, MAX[ELEMS[elem]]) if f else 0 for a, f in zip(amax, finite)])
+    exact = np.array(
+        [exact_rceil(a, MAX[ELEMS[elem]]) if f else 0 for a, f in zip(amax, finite, strict=True)]
+    )
     departs = finite & (exact != rec)
     assert departs.sum() >= 10  # the recorded neighbours of max * 2**k
     assert np.all(rec[departs] == exact[departs] - 1)
-    np.testing.assert_array_equal(kernels.mx_scale(amax[departs], ELEMS[elem], "rceil"), rec[departs])
-    np.testing.assert_array_equal(kernels.mx_scale(amax[departs], ELEMS[elem], "te"), exact[departs])
+    np.testing.assert_array_equal(
+        kernels.mx_scale(amax[departs], ELEMS[elem], "rceil"), rec[departs]
+    )
+    np.testing.assert_array_equal(
+        kernels.mx_scale(amax[departs], ELEMS[elem], "te"), exact[departs]
+    )
 
 
 def test_torchao_departures_from_ocp_rule():
@@ -107,7 +115,12 @@ def test_torchao_departures_from_ocp_rule():
     for mode, count in (("floor", 1), ("rceil", 32)):
         q = DATA[f"f32_e4m3fn_{mode}_data"][one_nan]
         assert np.isin(q, list(nan_codes)).sum() == count
-        assert np.isin(kernels.mx_quantize(x[one_nan], "float8_e4m3fn", mode)[1], list(nan_codes)).sum() == count
+        assert (
+            np.isin(
+                kernels.mx_quantize(x[one_nan], "float8_e4m3fn", mode)[1], list(nan_codes)
+            ).sum()
+            == count
+        )
     tiny = np.full(32, 2.0**-130, np.float32)
     s, q = kernels.mx_quantize(tiny, "float8_e4m3fn", "floor")
     assert s[0] == 0

@@ -64,17 +64,15 @@ def blocks(rng, k):
     nan_inf[:2] = (np.nan, np.inf)
     rows.append(nan_inf)
     # subnormal maxima, and exponents near +-127
-    for b in (1, 2, 0x400000, 0x7FFFFF, 0x800000, 0x800001, 0x1000000):
-        rows.append(with_max(f32(b)[()], below=False))
-    for e in sorted({*range(-127, 128, 4), -126, 126, 127}):
-        for d in (-1, 0, 1):
-            rows.append(with_max(f32(int(np.float32(2.0**e).view(np.uint32)) + d)[()]))
+    subnormal = (1, 2, 0x400000, 0x7FFFFF, 0x800000, 0x800001, 0x1000000)
+    rows.extend(with_max(f32(b)[()], below=False) for b in subnormal)
+    pow2 = [int(np.float32(2.0**e).view(np.uint32)) for e in range(-127, 128, 4)]
+    pow2 += [int(np.float32(2.0**e).view(np.uint32)) for e in (-126, 126, 127)]
+    centres = [p + d for p in sorted(pow2) for d in (-1, 0, 1)]
     for top in TOPS:
-        for kk in range(-140, 125, 9):
-            centre = int(np.float32(top * 2.0**kk).view(np.uint32))
-            if 0 < centre < 0x7F800000:
-                for d in (-1, 0, 1):
-                    rows.append(with_max(f32(min(centre + d, 0x7F7FFFFF))[()]))
+        near = (int(np.float32(top * 2.0**kk).view(np.uint32)) for kk in range(-140, 125, 9))
+        centres += [min(c + d, 0x7F7FFFFF) for c in near if 0 < c < 0x7F800000 for d in (-1, 0, 1)]
+    rows.extend(with_max(f32(c)[()]) for c in centres)
     rows.append(with_max(np.float32(np.finfo(np.float32).max)))
     for _ in range(30):  # random log-uniform blocks
         e = rng.uniform(-140, 127, k)
@@ -133,8 +131,10 @@ def main():
         )
         arrays.update({f"{dname}_{k}": v for k, v in record_nvfp4(x).items()})
     np.savez_compressed(OUT, **arrays)
-    print(f"torch {torch.__version__}, torchao {torchao.__version__}, "
-          f"ml_dtypes {ml_dtypes.__version__}, numpy {np.__version__}")
+    print(
+        f"torch {torch.__version__}, torchao {torchao.__version__}, "
+        f"ml_dtypes {ml_dtypes.__version__}, numpy {np.__version__}"
+    )
     for k, v in arrays.items():
         print(f"{k}: {v.dtype} {v.shape}")
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
