@@ -66,6 +66,7 @@ setup(
             ext("_grads"),
             ext("_fp8"),
             ext("_fp8_scale"),
+            ext("_mx"),
         ],
         include_path=["_ext"],
         compiler_directives={"language_level": 3},

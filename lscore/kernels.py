@@ -44,6 +44,18 @@ measures the kernels themselves (``lscore bench``).
   scale_inv) with ``record(amax)`` (max-accumulate into the current row),
   ``set_current(amax)``, ``update()`` (TransformerEngine's roll and scale
   rule for all n) and ``load(history, scale, scale_inv)``.
+- ``mx_scale(amax, elem, mode)``: the E8M0 block scale code of each float32
+  amax for MX element format ``elem`` (a name of ``MX_ELEMS``) by the rule
+  ``mode`` (a name of ``MX_MODES``: ``floor`` the OCP rule, ``ceil``,
+  ``even``, ``rceil`` torchao's, ``te`` TransformerEngine's);
+  ``mx_quantize(x, elem, mode, block=32)``: the blocks along the last axis
+  of a float32 / bfloat16 / float16 array quantized by that rule, returning
+  (scale codes, element codes; E2M1 packed two per byte, the first in the
+  low nibble); ``nvfp4_quantize(x, pts=None)``: NVFP4's blocks of 16
+  (E4M3 block scale codes, packed E2M1 codes), with the per-tensor scale
+  ``pts`` that ``nvfp4_tensor_scale(amax)`` gives; ``e8m0_decode(q)``,
+  ``e8m0_encode(x)`` (powers of two), ``e2m1_encode(x)`` and
+  ``e2m1_decode(q)`` (one code per byte): the two formats' codes.
 - ``isa()``, ``isa_levels()``, ``set_isa(name)``, ``pool_size()``: the CPU
   kernel level in use, the levels this CPU runs, a switch of every CPU
   kernel (the scan's and the float8 casts'; returns the previous level) and
@@ -81,6 +93,18 @@ from lscore._ext._fp8_scale import scale_te as fp8_scale_te
 from lscore._ext._fp8_scale import scale_torchao as fp8_scale_torchao
 from lscore._ext._fp8_scale import scaled_max as fp8_scaled_max
 from lscore._ext._grads import GradTable
+from lscore._ext._mx import ELEMS as MX_ELEMS
+from lscore._ext._mx import MODES as MX_MODES
+from lscore._ext._mx import (
+    e2m1_decode,
+    e2m1_encode,
+    e8m0_decode,
+    e8m0_encode,
+    nvfp4_quantize,
+    nvfp4_tensor_scale,
+)
+from lscore._ext._mx import quantize as mx_quantize
+from lscore._ext._mx import scale as mx_scale
 from lscore._ext._pack import launch_params, pack_launches, plan_launches
 from lscore._ext._scan import (
     all_finite,
@@ -123,6 +147,10 @@ DLPACK_DEVICES = DLPACK_DEVICES
 FP8_FORMATS = FP8_FORMATS
 #: the float8 kernels' flag bits (lsc_fp8.h) by name: SAT, NAN_SIGN, AMAX_NAN
 FP8_FLAGS = {"SAT": _fp8.SAT, "NAN_SIGN": _fp8.NAN_SIGN, "AMAX_NAN": _fp8.AMAX_NAN}
+#: block scale rule name -> code, the modes of ``mx_scale`` / ``mx_quantize``
+MX_MODES = MX_MODES
+#: MX element format name -> code, the formats of ``mx_scale`` / ``mx_quantize``
+MX_ELEMS = MX_ELEMS
 #: the CUDA kernels' shared device flags: slot name -> index
 DEVICE_FLAGS = DEVICE_FLAGS
 #: the CUDA kernels' shared device values: slot name -> index
@@ -147,6 +175,8 @@ __all__ = [
     "FP8_FLAGS",
     "FP8_FORMATS",
     "META",
+    "MX_ELEMS",
+    "MX_MODES",
     "NDEVICE_FLAGS",
     "NDEVICE_VALS",
     "NORM_FLAGS",
@@ -162,6 +192,10 @@ __all__ = [
     "all_finite",
     "all_finite_raw",
     "copy_bandwidth",
+    "e2m1_decode",
+    "e2m1_encode",
+    "e8m0_decode",
+    "e8m0_encode",
     "fp8_amax",
     "fp8_amax_rows",
     "fp8_cast",
@@ -174,6 +208,10 @@ __all__ = [
     "isa",
     "isa_levels",
     "launch_params",
+    "mx_quantize",
+    "mx_scale",
+    "nvfp4_quantize",
+    "nvfp4_tensor_scale",
     "pack_launches",
     "plan_launches",
     "pool_size",

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 SITE = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")}
 MODULES = ["lscore", "lscore.adapters", "lscore.adapters.torch", "lscore._ext"] + [
     f"lscore._ext.{name}"
-    for name in ("_codes", "_state", "_scan", "_walk", "_grads", "_fp8", "_fp8_scale")
+    for name in ("_codes", "_state", "_scan", "_walk", "_grads", "_fp8", "_fp8_scale", "_mx")
 ]
 
 
