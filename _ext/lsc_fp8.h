@@ -51,7 +51,7 @@ LSC_FN lsc_u32 lsc_fp8_from_f32(float f, int fmt, int flags)
     const lsc_u32 shift = e4 ? 20u : 21u;                   /* 23 - mantissa bits */
     const lsc_u32 rebias = (e4 ? 127u - 7u : 127u - 15u) << 23;
     const lsc_i32 minnorm = e4 ? 0x3C800000 : 0x38800000;   /* 2**-6, 2**-14 */
-    const float tosub = e4 ? 0x1p9f : 0x1p16f;              /* 1 / the smallest subnormal */
+    const float subgrid = e4 ? 0x1p14f : 0x1p7f;            /* ulp: the smallest subnormal */
     const lsc_u32 limit = (flags & LSC_FP8_SAT) ? (e4 ? 0x7Eu : 0x7Bu) : (e4 ? 0x7Fu : 0x7Cu);
     const lsc_u32 drop = (flags & LSC_FP8_NAN_SIGN) ? 0u : ~0u;
     lsc_u32 x = lsc_f32_bits(f);
@@ -62,16 +62,18 @@ LSC_FN lsc_u32 lsc_fp8_from_f32(float f, int fmt, int flags)
        overflowing value rounds past the limit, which caps it; Inf too) */
     lsc_u32 r = a - rebias;
     lsc_u32 normal = (r + ((1u << (shift - 1u)) - 1u) + ((r >> shift) & 1u)) >> shift;
-    /* subnormal range: a float add rounds |f| / smallest subnormal (exact)
-       to an integer (RNE); the count of steps that reaches the smallest
-       normal is its code */
-    float y = lsc_f32_from_bits(a) * tosub + 0x1p23f;
-    lsc_u32 sub = lsc_f32_bits(y) - 0x4B000000u;
+    /* subnormal range: one float add onto a power of two whose ulp is the
+       smallest subnormal rounds |f| to a multiple of it (RNE); the count of
+       steps, the low bits of the sum, is the code (the smallest normal's
+       count included) */
+    lsc_u32 sub = lsc_f32_bits(lsc_f32_from_bits(a) + subgrid) - lsc_f32_bits(subgrid);
     lsc_u32 is_nan = -(lsc_u32)(ai > 0x7F800000);
     lsc_u32 is_normal = -(lsc_u32)(ai >= minnorm);
     lsc_u32 capped = normal < limit ? normal : limit;
     lsc_u32 mag = (capped & is_normal) | (sub & ~is_normal);
-    return (0x7Fu & is_nan) | (mag & ~is_nan) | (sign & ~(is_nan & drop));
+    /* a NaN is in the normal range and caps at the limit (0x7E, 0x7B, 0x7F
+       or 0x7C), all of whose bits 0x7F sets */
+    return mag | (0x7Fu & is_nan) | (sign & ~(is_nan & drop));
 }
 
 /* fp8 code of format fmt -> float32, exact (NaN: torch's word, see above). */
@@ -211,11 +213,16 @@ LSC_FP8_INL uint32_t lsc_fp8_cast_body(const char *x, lsc_fp8_n n, lsc_fp8_n str
 {
     uint32_t m = 0;
     uint32_t words[LSC_FP8_CHUNK];
+    float wide[LSC_FP8_CHUNK];
     for (lsc_fp8_n at = 0; at < n; at += LSC_FP8_CHUNK) {
         const char *xs = x + at * stride;
         int k = n - at < LSC_FP8_CHUNK ? (int)(n - at) : LSC_FP8_CHUNK;
+        if (code != LSC_CODE_F32) {
+            for (int i = 0; i < k; i++)
+                wide[i] = lsc_fp8_load(xs, i, stride, code);
+        }
         for (int i = 0; i < k; i++) {
-            float f = lsc_fp8_load(xs, i, stride, code);
+            float f = code == LSC_CODE_F32 ? lsc_fp8_load(xs, i, stride, code) : wide[i];
             uint32_t a = lsc_fp8_amax_bits(f, flags);
             m = a > m ? a : m;
             words[i] = lsc_fp8_from_f32(f * scale, fmt, flags);
