@@ -210,7 +210,7 @@ def cast_rows(cnp.ndarray x, cnp.ndarray out, cnp.ndarray scales, cnp.ndarray am
 
 
 def amax(cnp.ndarray x, bint amax_nan=False):
-    """max |x| of a float32 / float16 / bfloat16 array as a float (0 when empty); NaN
+    """``max |x|`` of a float32 / float16 / bfloat16 array as a float (0 when empty); NaN
     elements do not enter it, or, amax_nan, make it NaN."""
     cdef int code = _float_code(x, "x"), flags = LSC_FP8_AMAX_NAN if amax_nan else 0
     cdef lsc_fp8_n n, stride, lines, i

@@ -6,7 +6,7 @@ adapters build from their own arrays, and the launches go through a kernel
 backend (``CupyBackend`` on a GPU, the host harness in the tests).  An input
 is read in place as a 2-D view (rows along the last axis, the leading axes
 merged into one stride); outputs are C-contiguous and the caller allocates
-them: the amax words (uint32, zeroed, one per tensor or per row: |x| as
+them: the amax words (uint32, zeroed, one per tensor or per row: ``|x|`` as
 bits, a NaN above every number, read as float32) and the codes.  Results
 are bitwise those of the CPU kernels (``lscore.kernels.fp8_cast``); the
 GPU narrows with ``cvt.rn.satfinite`` on sm_89 and newer (fp8.cu).
@@ -83,7 +83,7 @@ class Float8Launcher:
     def amax(
         self, x: DeviceView, amax_ptr: int, *, per_row: bool, propagate: bool, stream: Any = None
     ) -> None:
-        """Fold max |x| (per tensor or per row) into the zeroed uint32 words at amax_ptr."""
+        """Fold ``max |x|`` (per tensor or per row) into the zeroed uint32 words at amax_ptr."""
         import numpy as np
 
         rows, cols, rs, cs = view2d(x, per_row)

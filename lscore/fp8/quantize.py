@@ -65,7 +65,7 @@ def _device(x: Any) -> Any:
 
 
 def amax(x: np.ndarray, axis: int | None = None, nan: str = "ignore") -> Any:
-    """The largest |x| (float32), per tensor or per row (``axis=-1``: ``x.shape[:-1] + (1,)``).
+    """The largest ``|x|`` (float32), per tensor or per row (``axis=-1``: ``x.shape[:-1] + (1,)``).
 
     `nan`: "ignore" leaves NaN elements out (TransformerEngine's ``fmaxf``
     reduction), "propagate" makes the amax NaN where there is one
