@@ -7,7 +7,7 @@
 # the output is a C-contiguous array of the same shape.  It checks only
 # what keeps memory safe (dtypes, shapes, a writable output); the
 # parameters' meaning is lsc_fp8.h's, and the slow twin of both functions
-# is lscore/_reference.py (fp8_cast, fp8_decode).
+# is lscore/_reference_fp8.py (fp8_cast, fp8_decode).
 cimport numpy as cnp
 from libc.stdint cimport int64_t, uint32_t
 

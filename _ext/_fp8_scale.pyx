@@ -5,7 +5,7 @@
 # scale, scale_inv, the per-tensor scaled maxima, the update's scratch).  It
 # checks only what keeps memory safe (dtypes, shapes, contiguity); the
 # parameters' meaning and their validation are lscore/fp8/recipes.py's and
-# lscore/fp8/delayed.py's, and the slow twin is lscore/_reference.py.
+# lscore/fp8/delayed.py's, and the slow twin is lscore/_reference_fp8.py.
 cimport numpy as cnp
 from libc.stdint cimport int64_t
 

@@ -5,7 +5,7 @@
 # axis, one block at a time through the header's scalar block functions
 # (not yet a vectorised pass).  It checks only what keeps memory safe and
 # names the formats and modes; the rules are lsc_mx.h's and the slow twin
-# is lscore/_reference.py (mx_*, nvfp4_*).
+# is lscore/_reference_mx.py (mx_*, nvfp4_*).
 cimport numpy as cnp
 from libc.stdint cimport uint32_t
 

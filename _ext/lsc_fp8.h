@@ -34,7 +34,7 @@
  * gives the same bits.  On the GPU (fp8.cu) sm_89 and newer narrow with
  * cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32, older devices with the scalar
  * function; see lsc_dev_fp8x2 for how the two agree.
- * The reference for every result is lscore/_reference.py.
+ * The reference for every result is lscore/_reference_fp8.py.
  */
 #ifndef LSC_FP8_H
 #define LSC_FP8_H

@@ -7,7 +7,7 @@
  * NVIDIA/TransformerEngine at tag v2.18 ("TE") and pytorch/ao at tag
  * v0.18.0 ("ao").  lscore/fp8/recipes.py names the parameter sets,
  * lscore/fp8/delayed.py validates and drives the state, and the slow twin of
- * every function is lscore/_reference.py (fp8_scale_te, fp8_scale_torchao,
+ * every function is lscore/_reference_fp8.py (fp8_scale_te, fp8_scale_torchao,
  * fp8_delayed_record, fp8_delayed_update).
  *
  * Like lsc_fp8.h the header is plain C99 that also compiles as CUDA (LSC_FN),

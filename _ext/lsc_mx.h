@@ -51,7 +51,7 @@
  * to +-6, narrowed to E2M1.  The per-tensor scale is amax / (448 * 6)
  * (ao nvfp4_tensor.py per_tensor_amax_to_scale).  The amax of a block is
  * NaN when an element is, the positive quiet NaN 0x7FC00000 (torch.amax).
- * The reference for every result is lscore/_reference.py (mx_*).
+ * The reference for every result is lscore/_reference_mx.py (mx_*).
  */
 #ifndef LSC_MX_H
 #define LSC_MX_H

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from lscore import _reference as ref
+from lscore import _reference_fp8 as ref
 from lscore.distributed import MPIReducer, reduce_max
 from lscore.fp8 import DelayedScaling, recipe
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import lscore.fp8
-from lscore import _reference as ref
+from lscore import _reference_fp8 as ref
 from lscore import kernels
 from lscore.fp8 import RECIPES, Recipe, recipe
 

@@ -1,5 +1,5 @@
 """The float8 casts of lsc_fp8.h (lscore.kernels.fp8_cast / fp8_decode) against torch 2.13's
-float8 conversions, ml_dtypes and lscore._reference, at every ISA level.
+float8 conversions, ml_dtypes and lscore._reference_fp8, at every ISA level.
 
 torch's casts are the references where they exist: its e4m3fn cast saturates
 (overflow and +-Inf give +-448, torch >= 2.12), its e5m2 cast does not (+-Inf);
@@ -15,7 +15,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from lscore import _reference as ref
+from lscore import _reference_fp8 as ref
 from lscore import kernels
 
 torch = pytest.importorskip("torch")

@@ -1,5 +1,5 @@
 """The quantize kernels of lsc_fp8.h (the amax pass, the row-wise cast, dequantize with a
-scale) and lscore.fp8.quantize over them: equal to the slow twins of lscore._reference at
+scale) and lscore.fp8.quantize over them: equal to the slow twins of lscore._reference_fp8 at
 every ISA level, on strided and non-contiguous inputs with zeros, subnormals, NaN, +-Inf and
 overflowing values; and the bad-input checks, made before anything is written."""
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lscore.fp8 as Q
-from lscore import _reference as ref
+from lscore import _reference_fp8 as ref
 from lscore import kernels
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
