@@ -21,7 +21,7 @@ def scale_torchao(
 ) -> None: ...
 def scaled_max(fp8_max: float, margin: int) -> float: ...
 
-class CyDelayed:
+class Fp8Delayed:
     def __init__(
         self,
         n: int,

@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # Design: this module hands NumPy arrays to lsc_fp8_scale.h: the two
-# current-scaling rules over a float32 array of amaxes, and CyDelayed, which
+# current-scaling rules over a float32 array of amaxes, and Fp8Delayed, which
 # owns one lsc_fp8_delayed struct and the arrays it points to (history,
 # scale, scale_inv, the per-tensor scaled maxima, the update's scratch).  It
 # checks only what keeps memory safe (dtypes, shapes, contiguity); the
@@ -87,7 +87,7 @@ def scaled_max(float fp8_max, int margin):
     return lsc_fp8_scaled_max(fp8_max, margin)
 
 
-cdef class CyDelayed:
+cdef class Fp8Delayed:
     """TransformerEngine's delayed-scaling state of n tensors in one C struct, and the arrays
     it owns: history [length, n] (row 0 the current amaxes), scale and scale_inv [n]."""
     cdef lsc_fp8_delayed s
@@ -169,4 +169,4 @@ cdef class CyDelayed:
         return self._scale_inv.copy()
 
     def __reduce__(self):
-        raise TypeError("CyDelayed is not picklable; pickle the lscore object that owns it")
+        raise TypeError("Fp8Delayed is not picklable; pickle the lscore object that owns it")

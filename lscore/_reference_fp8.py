@@ -161,7 +161,7 @@ def fp8_scaled_max(fp8_max: float, margin: int) -> float:
 
 
 def fp8_delayed_record(history: np.ndarray, amax: Any, amax_nan: bool) -> np.ndarray:
-    """Reference for CyDelayed.record; slow: a new history whose row 0 is the maximum of
+    """Reference for Fp8Delayed.record; slow: a new history whose row 0 is the maximum of
     row 0 and `amax` (a NaN amax skipped, or with amax_nan making the slot NaN)."""
     h = np.array(history, np.float32)
     for j, a in enumerate(np.asarray(amax, np.float32).tolist()):
@@ -178,7 +178,7 @@ def fp8_delayed_record(history: np.ndarray, amax: Any, amax_nan: bool) -> np.nda
 def fp8_delayed_update(
     history: np.ndarray, scale: np.ndarray, scaled_max: np.ndarray, algo: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Reference for CyDelayed.update; slow, used only by tests.
+    """Reference for Fp8Delayed.update; slow, used only by tests.
 
     TransformerEngine's fused update, tensor by tensor (column j), current
     amax c = history[0, j]: c == 0 leaves the column and the scale as they

@@ -88,7 +88,7 @@ from lscore._ext._fp8 import cast as fp8_cast
 from lscore._ext._fp8 import cast_rows as fp8_cast_rows
 from lscore._ext._fp8 import decode as fp8_decode
 from lscore._ext._fp8 import decode_rows as fp8_decode_rows
-from lscore._ext._fp8_scale import CyDelayed as Fp8Delayed
+from lscore._ext._fp8_scale import Fp8Delayed
 from lscore._ext._fp8_scale import scale_te as fp8_scale_te
 from lscore._ext._fp8_scale import scale_torchao as fp8_scale_torchao
 from lscore._ext._fp8_scale import scaled_max as fp8_scaled_max

@@ -13,16 +13,12 @@ stream), read in place when its leading axes merge into one stride.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import numpy as np
 import torch
 
-from lscore.fp8 import Float8, checks
-
-# the module, not lscore.fp8.quantize the function, which the package binds to that name
-_q = importlib.import_module("lscore.fp8.quantize")
+from lscore.fp8 import Float8, casting, checks
 
 __all__ = ["amax", "dequantize", "quantize", "quantize_current"]
 
@@ -116,7 +112,7 @@ def amax(x: torch.Tensor, axis: int | None = None, nan: str = "ignore") -> torch
     """``lscore.fp8.amax`` of a tensor: a float32 tensor (0-d, or ``x.shape[:-1] + (1,)``)."""
     if _on_cuda(x):
         return _cuda().amax(x.detach(), axis, nan)
-    return torch.as_tensor(_q.amax(_view(x), axis, nan))
+    return torch.as_tensor(casting.amax(_view(x), axis, nan))
 
 
 def quantize(
@@ -162,7 +158,7 @@ def quantize(
         if not q.is_contiguous():
             raise ValueError("out must be a writable C-contiguous array")
     qv = q.view(torch.uint8).numpy()
-    _, a = _q.quantize(
+    _, a = casting.quantize(
         xv,
         _scale(scale),
         name,
@@ -208,7 +204,7 @@ def dequantize(
     ov = _view(out, "out")
     rows = checks.rows_of(codes) if checks.row_axis(codes, axis) else None
     s = checks.check_scale(_scale(scale), rows)
-    _q.decode_into(codes, ov, s, name, axis is not None)
+    casting.decode_into(codes, ov, s, name, axis is not None)
     return out
 
 
@@ -221,10 +217,10 @@ def quantize_current(x: torch.Tensor, recipe: Any, fmt: str | None = None) -> Fl
         raise TypeError(f"recipe must be an lscore.fp8.Recipe, got {type(recipe).__name__}")
     name = checks.format_name(recipe.forward_format if fmt is None else fmt)
     if _on_cuda(x):
-        r = _q.current_on(_cuda(), x.detach(), recipe, name)
+        r = casting.current_on(_cuda(), x.detach(), recipe, name)
         data = r.data.view(_TORCH_FP8[name])
         return Float8(data, r.scale, r.scale_inv, r.amax, r.fmt)
-    r = _q.quantize_current(_view(x), recipe, name)
+    r = casting.quantize_current(_view(x), recipe, name)
     return Float8(
         torch.from_numpy(r.data.view(np.uint8)).view(_TORCH_FP8[name]),
         torch.as_tensor(r.scale),

@@ -11,9 +11,9 @@ report what a scaled float8 cast does to each tensor (amax, scale, saturated
 and flushed elements).  Only NumPy is imported.
 """
 
+from lscore.fp8.casting import Float8, amax, dequantize, quantize, quantize_current
 from lscore.fp8.delayed import DelayedScaling
 from lscore.fp8.diagnostics import Float8Monitor, Float8Stats, tensor_stats
-from lscore.fp8.quantize import Float8, amax, dequantize, quantize, quantize_current
 from lscore.fp8.recipes import FP8_MAX, RECIPES, Recipe, recipe
 
 # re-bound so that their doc comments reach the API reference

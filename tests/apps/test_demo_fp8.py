@@ -27,7 +27,7 @@ def test_a_layer_multiplies_what_the_recipe_casts(mode):
     """Each layer's input and weight are the e4m3fn values of the recipe's cast, widened
     back; the delayed scales take the step's amaxes after it."""
     from lscore import fp8
-    from lscore.fp8.quantize import dequantize, quantize
+    from lscore.fp8.casting import dequantize, quantize
 
     layers = demo_fp8.Float8Layers(demo_fp8.RECIPES[mode], 1)
     rng = np.random.default_rng(0)

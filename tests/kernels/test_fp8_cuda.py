@@ -286,7 +286,7 @@ def harness_arrays(backend):
 
 def test_device_arrays_quantize_like_lscore_fp8(backend):
     """The device path's amax / quantize / dequantize (checks, outputs, launches) give
-    lscore.fp8.quantize's NumPy results."""
+    lscore.fp8.casting's NumPy results."""
     import lscore.fp8 as Q
 
     dev = harness_arrays(backend)
@@ -332,11 +332,9 @@ def test_device_arrays_quantize_like_lscore_fp8(backend):
 def test_device_quantize_current_like_numpy(backend, name):
     """quantize_current on device arrays (the amax on the device, the recipe's scale on the
     host, the cast) gives lscore.fp8.quantize_current's NumPy result."""
-    import importlib
-
     import lscore.fp8
+    from lscore.fp8 import casting as q_mod
 
-    q_mod = importlib.import_module("lscore.fp8.quantize")
     r = lscore.fp8.recipe(name)
     for what, x in layouts(np.float32).items():
         if what == "3-d" and r.granularity == "row":

@@ -3,7 +3,7 @@
 The same language model, data and batches as the float16 demo, trained with
 Adam on float32 master weights in three modes: bfloat16 (every result rounded
 to bfloat16); and the same with FP8 linear layers, whose input and weight are
-cast to float8_e4m3fn with a per-tensor scale (lscore.fp8.quantize) and
+cast to float8_e4m3fn with a per-tensor scale (lscore.fp8.casting) and
 widened back (dequantize) before a float32 product, under TransformerEngine's
 delayed scaling (te-delayed: the scale comes from the amax history of the steps
 before) and torchao's current scaling (torchao-tensorwise: the scale comes from
@@ -71,7 +71,7 @@ class Float8Layers:
     round = staticmethod(bfloat16)
 
     def cast(self, i: int, a: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        from lscore.fp8.quantize import dequantize, quantize, quantize_current
+        from lscore.fp8.casting import dequantize, quantize, quantize_current
 
         r = self.recipe
         out = []
