@@ -34,11 +34,13 @@ numpydoc_xref_param_type = False
 autodoc_member_order = "bysource"
 # a class's entry lists every public member a user can reach on it: those without a
 # docstring (a dataclass's fields, an enum's members) and those it inherits from lscore's
-# private bases; not those of torch's Optimizer, LRScheduler and Module, int, tuple or the
+# private bases; not those of torch's Optimizer, LRScheduler, Module and Linear, int, tuple or the
 # built-in exceptions
 autodoc_default_options = {
     "undoc-members": True,
-    "inherited-members": "object, Optimizer, LRScheduler, Module, int, tuple, BaseException",
+    "inherited-members": (
+        "object, Optimizer, LRScheduler, Module, Linear, int, tuple, BaseException"
+    ),
 }
 # the page's table of contents names a member without its class
 toc_object_entries_show_parents = "hide"
