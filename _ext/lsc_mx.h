@@ -103,7 +103,7 @@ LSC_FN lsc_u32 lsc_e2m1_from_f32(float f)
     } else {
         /* NaN lands here too, as in torchao (its comparisons are false) */
         lsc_u32 odd = (a >> 22) & 1u;
-        code = ((a + (lsc_u32)((1 - 127) << 23) + 0x1FFFFFu + odd) >> 22) & 0xFFu;
+        code = ((a - (126u << 23) + 0x1FFFFFu + odd) >> 22) & 0xFFu;
     }
     return (code | sign) & 0xFFu;
 }
