@@ -67,6 +67,17 @@ def view2d(v: DeviceView, per_row: bool) -> tuple[int, int, int, int]:
     return rows, cols, (lead[-1][1] if lead else cols * cs), cs
 
 
+def _view_args(v: DeviceView, per_row: bool) -> tuple[int, tuple]:
+    """(element count, the kernel arguments that describe `v`: address, rows, cols, row
+    stride, col stride as uint64 / int64), read as ``view2d`` reads it: the head every
+    float8 kernel of fp8.cu takes."""
+    import numpy as np
+
+    rows, cols, rs, cs = view2d(v, per_row)
+    head = (np.uint64(v.ptr), np.int64(rows), np.int64(cols), np.int64(rs), np.int64(cs))
+    return rows * cols, head
+
+
 class Float8Launcher:
     """Launches fp8.cu's quantize kernels through `backend` (``launch(name, grid, block, args,
     stream)``), `block` threads a block and at most `max_blocks` blocks (a grid-stride loop
@@ -86,17 +97,12 @@ class Float8Launcher:
         """Fold ``max |x|`` (per tensor or per row) into the zeroed uint32 words at amax_ptr."""
         import numpy as np
 
-        rows, cols, rs, cs = view2d(x, per_row)
-        n = rows * cols
+        n, head = _view_args(x, per_row)
         if n == 0:
             return
         flags = kernels.FP8_FLAGS["AMAX_NAN"] if propagate else 0
         args = (
-            np.uint64(x.ptr),
-            np.int64(rows),
-            np.int64(cols),
-            np.int64(rs),
-            np.int64(cs),
+            *head,
             np.int32(flags),
             np.int32(per_row),
             np.uint64(amax_ptr),
@@ -124,16 +130,11 @@ class Float8Launcher:
         """
         import numpy as np
 
-        rows, cols, rs, cs = view2d(x, per_row)
-        n = rows * cols
+        n, head = _view_args(x, per_row)
         if n == 0:
             return
         args = (
-            np.uint64(x.ptr),
-            np.int64(rows),
-            np.int64(cols),
-            np.int64(rs),
-            np.int64(cs),
+            *head,
             np.float32(scale),
             np.uint64(scales_ptr),
             np.int32(per_row),
@@ -159,16 +160,11 @@ class Float8Launcher:
         """out = float32(q) / scale rounded once to out_dtype (C-contiguous at out_ptr)."""
         import numpy as np
 
-        rows, cols, rs, cs = view2d(q, per_row)
-        n = rows * cols
+        n, head = _view_args(q, per_row)
         if n == 0:
             return
         args = (
-            np.uint64(q.ptr),
-            np.int64(rows),
-            np.int64(cols),
-            np.int64(rs),
-            np.int64(cs),
+            *head,
             np.float32(scale),
             np.uint64(scales_ptr),
             np.int32(per_row),
