@@ -8,12 +8,14 @@ cast with a given scale and the input's amax), ``quantize_current`` (amax,
 the recipe's scale, the cast; a ``Float8``) and ``dequantize``, per tensor or
 per row, for NumPy and CuPy arrays.  ``tensor_stats`` and ``Float8Monitor``
 report what a scaled float8 cast does to each tensor (amax, scale, saturated
-and flushed elements).  Only NumPy is imported.
+and flushed elements); ``block_stats`` the same of a block-scaled quantize
+(MXFP8, MXFP4, NVFP4: the scale exponents' histogram, saturated and flushed
+elements, NaN scales).  Only NumPy is imported.
 """
 
 from lscore.fp8.casting import Float8, amax, dequantize, quantize, quantize_current
 from lscore.fp8.delayed import DelayedScaling
-from lscore.fp8.diagnostics import Float8Monitor, Float8Stats, tensor_stats
+from lscore.fp8.diagnostics import BlockStats, Float8Monitor, Float8Stats, block_stats, tensor_stats
 from lscore.fp8.recipes import FP8_MAX, RECIPES, Recipe, recipe
 
 # re-bound so that their doc comments reach the API reference
@@ -25,12 +27,14 @@ FP8_MAX = FP8_MAX
 __all__ = [
     "FP8_MAX",
     "RECIPES",
+    "BlockStats",
     "DelayedScaling",
     "Float8",
     "Float8Monitor",
     "Float8Stats",
     "Recipe",
     "amax",
+    "block_stats",
     "dequantize",
     "quantize",
     "quantize_current",

@@ -23,6 +23,10 @@ skipped steps::
             monitor.observe(step, {"fc1.input": (x, x_scale), "fc1.weight": (w, w_scale)})
     print(monitor.table())
     monitor.plot("fp8_history.png")
+
+:func:`block_stats` does the same for a block-scaled recipe (MXFP8, MXFP4,
+NVFP4): one quantize pass, then what its output holds: the histogram of the
+block scales' exponents, the saturated and flushed elements, the NaN scales.
 """
 
 from __future__ import annotations
@@ -30,14 +34,23 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from lscore import kernels
 from lscore.diagnostics import count_nonfinite, format_table
 from lscore.fp8.checks import float_input, format_name, nan_rule
 
-__all__ = ["FLUSH_BELOW", "SATURATE_FROM", "Float8Monitor", "Float8Stats", "tensor_stats"]
+__all__ = [
+    "FLUSH_BELOW",
+    "SATURATE_FROM",
+    "BlockStats",
+    "Float8Monitor",
+    "Float8Stats",
+    "block_stats",
+    "tensor_stats",
+]
 
 #: per float8 format, the smallest float32 magnitude of ``x * scale`` that the cast
 #: clamps (its round-to-nearest-even result would lie above the largest finite value)
@@ -52,8 +65,27 @@ FLUSH_BELOW = {"e4m3fn": 2.0**-10, "e5m2": 2.0**-17}
 _CHUNK = 1 << 20  # elements per pass: bounds the float32 temporaries on huge tensors
 
 
+class _Fractions:
+    """The saturated and flushed fractions of a statistics record's counts."""
+
+    size: int
+    saturated: int
+    flushed: int
+    nonzero: int
+
+    @property
+    def saturated_fraction(self) -> float:
+        """Saturated elements over all elements (0 for an empty tensor)."""
+        return self.saturated / self.size if self.size else 0.0
+
+    @property
+    def flushed_fraction(self) -> float:
+        """Flushed elements over the non-zero finite ones (0 when there are none)."""
+        return self.flushed / self.nonzero if self.nonzero else 0.0
+
+
 @dataclasses.dataclass(frozen=True)
-class Float8Stats:
+class Float8Stats(_Fractions):
     """What the cast of one tensor at one step produces.
 
     ``amax`` is the input's largest magnitude (NaN elements left out, or NaN when
@@ -76,16 +108,6 @@ class Float8Stats:
     nan: int
     posinf: int
     neginf: int
-
-    @property
-    def saturated_fraction(self) -> float:
-        """Saturated elements over all elements (0 for an empty tensor)."""
-        return self.saturated / self.size if self.size else 0.0
-
-    @property
-    def flushed_fraction(self) -> float:
-        """Flushed elements over the non-zero finite ones (0 when there are none)."""
-        return self.flushed / self.nonzero if self.nonzero else 0.0
 
 
 def _format(fmt: Any) -> str:
@@ -255,3 +277,175 @@ class Float8Monitor:
             fig.savefig(path, dpi=100)
             plt.close(fig)
         return fig
+
+
+# ---- block-scaled formats ----------------------------------------------------------------------
+
+# element format -> (kernels' name, code of the largest magnitude, mask of a code's magnitude,
+# smallest |x / scale| that rounds above the largest value: e4m3fn's 448 wins the tie at 464,
+# e5m2's tie at 61440 rounds to Inf, E2M1's 6 loses the tie at 7 to the even 8)
+_BLOCK_ELEMENTS = {
+    "e4m3fn": ("float8_e4m3fn", 0x7E, 0x7F, SATURATE_FROM["e4m3fn"]),
+    "e5m2": ("float8_e5m2", 0x7B, 0x7F, SATURATE_FROM["e5m2"]),
+    "e2m1": ("float4_e2m1", 0x7, 0x7, 7.0),
+}
+
+
+class _Blocks(NamedTuple):
+    """What block_stats needs of a block recipe."""
+
+    name: str
+    element: str
+    mode: str
+    block: int
+    tensor_scale: bool
+
+    @property
+    def scale_format(self) -> str:
+        return "e4m3fn" if self.mode == "nvfp4" else "e8m0"
+
+
+def _block_recipe(recipe: Any) -> _Blocks:
+    """The (element, mode, block) of `recipe`: a tuple of those three ("e2m1", "nvfp4", 16 is
+    NVFP4 with its per-tensor scale) or an object with those attributes and ``name`` and
+    ``tensor_scale``."""
+    if isinstance(recipe, tuple) and len(recipe) == 3:
+        element, mode, block = recipe
+        name, tensor_scale = f"{element} {mode} {block}", mode == "nvfp4"
+    elif all(hasattr(recipe, k) for k in ("element", "mode", "block", "tensor_scale")):
+        element, mode, block = recipe.element, recipe.mode, recipe.block
+        name, tensor_scale = str(getattr(recipe, "name", mode)), bool(recipe.tensor_scale)
+    else:
+        raise ValueError(f"recipe must be a block recipe or (element, mode, block), got {recipe!r}")
+    if element not in _BLOCK_ELEMENTS:
+        raise ValueError(f"element must be one of {', '.join(_BLOCK_ELEMENTS)}, got {element!r}")
+    modes = (*kernels.MX_MODES, "nvfp4")
+    if mode not in modes:
+        raise ValueError(f"mode must be one of {', '.join(modes)}, got {mode!r}")
+    is_int = isinstance(block, (int, np.integer)) and not isinstance(block, bool)
+    if not is_int or block < 2 or block % 2:
+        raise ValueError(f"block must be an even integer >= 2, got {block!r}")
+    if mode == "nvfp4" and (element, block) != ("e2m1", 16):
+        raise ValueError(f"nvfp4 must have element e2m1 and block 16, got {element!r}, {block!r}")
+    return _Blocks(name, element, mode, int(block), tensor_scale)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockStats(_Fractions):
+    """What a block-scaled quantize of one tensor produces.
+
+    ``recipe`` names the recipe, ``element`` its element format ("e4m3fn", "e5m2",
+    "e2m1"), ``scale_format`` its block scales' ("e8m0", or "e4m3fn" for NVFP4),
+    ``block`` the elements per block and ``axis`` the axis the blocks run along.
+    ``size`` is the input's number of elements, ``nan``, ``posinf`` and ``neginf`` its
+    non-finite ones.  ``blocks`` is the number of blocks; ``exponents`` maps each block
+    scale's exponent (the unbiased E8M0 exponent; for NVFP4 the exponent of the E4M3
+    scale, floor(log2(scale))) to the number of blocks that have it, NaN scales left out
+    and counted in ``nan_scales``; ``tensor_scale`` is NVFP4's float32 per-tensor scale
+    (None without one), by which each block's E4M3 scale is multiplied.  ``saturated``
+    counts the finite elements clamped to the element format's largest value (written as
+    that value, and |x| / scale rounds above it), ``flushed`` the non-zero finite
+    elements written as zero, ``nonzero`` the non-zero finite elements, all three in
+    blocks with a finite scale (a NaN scale loses its whole block).
+    """
+
+    recipe: str
+    element: str
+    scale_format: str
+    block: int
+    axis: int
+    size: int
+    nan: int
+    posinf: int
+    neginf: int
+    blocks: int
+    exponents: dict[int, int]
+    nan_scales: int
+    tensor_scale: float | None
+    saturated: int
+    flushed: int
+    nonzero: int
+
+    def table(self) -> str:
+        """A summary line, then the histogram of the scale exponents, a row per exponent."""
+        pts = "" if self.tensor_scale is None else f", tensor scale {self.tensor_scale:.4g}"
+        head = (
+            f"{self.recipe}: {self.blocks} blocks of {self.block} {self.element}, "
+            f"{self.scale_format} scales{pts}\n"
+            f"saturated {100 * self.saturated_fraction:.2f}% ({self.saturated}), "
+            f"flushed {100 * self.flushed_fraction:.2f}% ({self.flushed}), "
+            f"NaN {self.nan}, Inf {self.posinf + self.neginf}, NaN scales {self.nan_scales}"
+        )
+        share = self.blocks or 1
+        rows = (
+            (str(e), str(n), f"{100 * n / share:.2f}%") for e, n in sorted(self.exponents.items())
+        )
+        return head + "\n" + format_table(("exponent", "blocks", "share"), rows)
+
+
+def _scale_values(codes: np.ndarray, scale_format: str) -> np.ndarray:
+    """The float32 value of each block scale code (NaN for a NaN code)."""
+    if scale_format == "e8m0":
+        return np.asarray(kernels.e8m0_decode(codes), np.float32)
+    out = np.empty(codes.shape, np.float32)
+    kernels.fp8_decode(codes, out, "float8_e4m3fn")
+    return out
+
+
+def block_stats(x: Any, recipe: Any, *, axis: int = -1) -> BlockStats:
+    """The statistics of quantizing `x` (a float32, float16 or bfloat16 NumPy array) with
+    the block recipe `recipe`, blocks along `axis` (-1, or 0 for a 2-D `x`): see
+    :class:`BlockStats`.
+
+    One quantize pass with the recipe's kernel; the counts are read from its output (the
+    scale codes and the element codes) beside the input, in chunks of whole blocks.
+    NVFP4's per-tensor scale is amax / (448 * 6) of the whole tensor, as torchao's
+    ``per_tensor_amax_to_scale`` computes it.  A last axis that is not a whole number of
+    blocks is refused, as the kernels refuse it.
+    """
+    r = _block_recipe(recipe)
+    a = float_input(x)
+    along = 0 if axis == 0 and a.ndim == 2 else -1
+    if along == 0:
+        a = np.ascontiguousarray(a.T)  # blocks along the first axis: the transpose's rows
+    elif a.ndim == 0 or isinstance(axis, bool) or axis not in (-1, a.ndim - 1):
+        raise ValueError(f"axis must be -1, or 0 for a 2-D x, got {axis!r} for shape {a.shape}")
+    kname, top_code, mag, sat_from = _BLOCK_ELEMENTS[r.element]
+    pts = None
+    with np.errstate(invalid="ignore"):
+        if r.mode == "nvfp4":
+            if r.tensor_scale and a.size:
+                pts = np.float32(kernels.nvfp4_tensor_scale(np.max(np.abs(a)).astype(np.float32)))
+            codes_s, codes_q = kernels.nvfp4_quantize(a, pts)
+        else:
+            codes_s, codes_q = kernels.mx_quantize(a, kname, r.mode, r.block)
+    scales = np.asarray(codes_s).reshape(-1)
+    q = np.asarray(codes_q).reshape(-1)
+    if r.element == "e2m1":  # two codes per byte, the first element in the low nibble
+        q = np.stack([q & 0xF, q >> 4], axis=-1).reshape(-1)
+    values = _scale_values(scales, r.scale_format).astype(np.float64)
+    nan_blocks = np.isnan(values)
+    exps = np.frexp(values[~nan_blocks & (values != 0)])[1] - 1
+    found = np.unique(exps, return_counts=True) if exps.size else ((), ())
+    if pts is not None:
+        values = values * np.float64(pts)  # exact: a 4-bit by a 24-bit significand
+    nan, posinf, neginf = count_nonfinite(a)
+    flat = a.reshape(-1)
+    step = max(_CHUNK // r.block, 1) * r.block
+    saturated = flushed = nonzero = 0
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for i in range(0, flat.size, step):
+            v = np.abs(flat[i : i + step].astype(np.float64))
+            c = q[i : i + step] & mag
+            s = np.repeat(values[i // r.block : (i + v.size) // r.block], r.block)
+            ok = np.isfinite(v) & ~np.isnan(s)
+            saturated += int(np.count_nonzero(ok & (c == top_code) & (v / s >= sat_from)))
+            live = ok & (v != 0)
+            nonzero += int(np.count_nonzero(live))
+            flushed += int(np.count_nonzero(live & (c == 0)))
+    return BlockStats(
+        r.name, r.element, r.scale_format, r.block, along, int(a.size), nan, posinf, neginf,
+        int(scales.size), {int(e): int(n) for e, n in zip(*found, strict=True)},
+        int(np.count_nonzero(nan_blocks)), None if pts is None else float(pts), saturated,
+        flushed, nonzero,
+    )  # fmt: skip
