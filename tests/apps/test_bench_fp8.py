@@ -1,4 +1,5 @@
-"""`lscore bench --suite fp8`: its rows, and that the torch baselines compute what lscore does."""
+"""`lscore bench --suite fp8`: its rows (per tensor and block-scaled), and that the torch
+baselines compute what lscore does."""
 
 import json
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 
 from lscore import cli
-from lscore.cli.bench import _fp8
+from lscore.cli.bench import _fp8, _mx
 
 
 def test_tiny_run_has_every_row(tmp_path):
@@ -31,6 +32,22 @@ def test_tiny_run_has_every_row(tmp_path):
                 want = copy["median_s"] * (reads * width + 1) / (2 * width)
                 assert floor["median_s"] == pytest.approx(want)
                 assert "floor" in g["lscore"]["ratios"]
+        for dt in _mx.DTYPES:  # the block-scaled rows (no 1e3: not a whole number of blocks)
+            width = 2 if dt == "bfloat16" else 4
+            if n == "1e3":
+                assert "not a whole number" in groups[f"fp8 nvfp4 {dt} 1e3"]["lscore"]["skipped"]
+                continue
+            copy = groups[f"fp8 mx memcpy {dt} {n}"]["C memcpy"]
+            for recipe in _mx.RECIPES:
+                g = groups[f"fp8 {recipe} {dt} {n}"]
+                assert g["lscore"]["median_s"] > 0
+                assert g["torch eager"]["skipped"] == "torch is not installed"
+                reads, written = _mx.TRAFFIC[recipe]
+                assert g["byte floor"]["bytes"] == round((reads * width + written) * int(n))
+                want = copy["median_s"] * g["byte floor"]["bytes"] / (2 * width * int(n))
+                assert g["byte floor"]["median_s"] == pytest.approx(want)
+                assert "floor" in g["lscore"]["ratios"]
+            assert groups[f"fp8 mxfp8-rceil {dt} {n}"]["lscore te"]["median_s"] > 0
     gpu = groups["fp8 gpu"]["lscore"]
     assert gpu["skipped"] in ("torch is not installed", "no CUDA device")
 

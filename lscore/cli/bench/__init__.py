@@ -11,7 +11,8 @@ replaced (no GPU needed) and ``--suite gpu`` the GPU rows (skipped, with
 the reason, without a CUDA device); see _gpu.py.  ``--suite gpu-tune`` times
 a grid of launch configurations on a GPU (_tune.py); ``--suite gpu-static``
 reads the kernels' sm_90 machine code on the CPU (_static.py).  ``--suite
-fp8`` times float8 quantize against torch and the byte floor (_fp8.py).
+fp8`` times float8 quantize, per tensor and block-scaled (MXFP8, NVFP4), against
+torch and the byte floor (_fp8.py, _mx.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import json
 import numpy as np
 
 from lscore import kernels
-from lscore.cli.bench import _fp8, _gpu, _scaler, _static, _tune
+from lscore.cli.bench import _fp8, _gpu, _mx, _scaler, _static, _tune
 from lscore.cli.bench._harness import DTYPES, FULL_SIZES, SIZES, TINY_SIZES, Rows, import_torch
 from lscore.cli.bench._report import add_ratios, format_table, machine, targets
 from lscore.cli.bench._sections import AF_METHODS, GRAD_HARNESS, SECTIONS, UN_METHODS
@@ -116,6 +117,7 @@ def _run_fp8(opts: Options) -> dict:
     rows = Rows(0, opts.progress, opts.only)
     try:
         _fp8.run_cpu(opts, rows, rng)
+        _mx.run_cpu(opts, rows, rng)
         _fp8.run_gpu(opts, rows, rng)
     finally:
         rows.close()
@@ -125,7 +127,7 @@ def _run_fp8(opts: Options) -> dict:
         "machine": machine(torch),
         "settings": {"repeat": opts.repeat, "min_time_s": opts.min_time, "tiny": opts.tiny},
         "rows": rows.rows,
-        "targets": _fp8.targets(rows.rows, opts),
+        "targets": _fp8.targets(rows.rows, opts) + _mx.targets(rows.rows, opts),
     }
 
 

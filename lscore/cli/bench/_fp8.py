@@ -99,12 +99,21 @@ def _sizes(opts) -> tuple:
     return tuple(opts.sizes) if opts.sizes_given else SIZES
 
 
-def _add_floor(rows: Rows, group: str, copy_row: dict | None, reads: int, width: int, n: int):
-    """The byte floor of a group: its bytes at the memcpy's bandwidth (derived, not timed)."""
+def add_floor(
+    rows: Rows,
+    group: str,
+    copy_row: dict | None,
+    reads: int,
+    width: int,
+    n: int,
+    written: float = 1.0,
+):
+    """The byte floor of a group: its bytes (`reads` reads of the input, `written` bytes per
+    element written) at the memcpy's bandwidth (derived, not timed)."""
     if copy_row is None or "median_s" not in copy_row:
         rows.append({"group": group, "method": "byte floor", "skipped": "no memcpy timing"})
         return
-    moved = (reads * width + 1) * n
+    moved = round((reads * width + written) * n)
     f = moved / (2 * width * n)  # the memcpy moved 2 * width bytes per element
     rows.append(
         {
@@ -112,7 +121,7 @@ def _add_floor(rows: Rows, group: str, copy_row: dict | None, reads: int, width:
             "method": "byte floor",
             "bytes": moved,
             "per": 1,
-            "note": f"{reads} read(s) + 1 byte/element at the memcpy's GB/s",
+            "note": f"{reads} read(s) + {written:.4g} byte/element at the memcpy's GB/s",
             **{k: copy_row[k] * f for k in ("median_s", "min_s", "max_s")},
             "gbps": copy_row["gbps"],
         }
@@ -169,8 +178,8 @@ def run_cpu(opts, rows: Rows, rng) -> None:
             )
             rows.flush()
             copy_row = find(rows.rows, f"fp8 memcpy {name} {size_label(n)}", "C memcpy")
-            _add_floor(rows, groups["delayed"], copy_row, 1, width, n)
-            _add_floor(rows, groups["current"], copy_row, 2, width, n)
+            add_floor(rows, groups["delayed"], copy_row, 1, width, n)
+            add_floor(rows, groups["current"], copy_row, 2, width, n)
             del x, dst
 
 
@@ -230,9 +239,20 @@ def run_gpu(opts, rows: Rows, rng) -> None:
             )
             rows.flush()
             copy_row = find(rows.rows, g_copy, "C memcpy")
-            _add_floor(rows, groups["delayed"], copy_row, 1, x.element_size(), n)
-            _add_floor(rows, groups["current"], copy_row, 2, x.element_size(), n)
+            add_floor(rows, groups["delayed"], copy_row, 1, x.element_size(), n)
+            add_floor(rows, groups["current"], copy_row, 2, x.element_size(), n)
             del x, dst, q
+
+
+def ratio_target(rows: list[dict], name: str, group: str, base: str, need: float, lower: bool):
+    """One ratio target of a group's lscore row: its time over the `base` row's (`lower`:
+    at most `need`), or the base's over its own (at least `need`); best times."""
+    r, b = find(rows, group, "lscore"), find(rows, group, base)
+    if r is None or b is None:
+        return {"target": name, "measured": None, "required": need, "met": None}
+    m = r["min_s"] / b["min_s"] if lower else b["min_s"] / r["min_s"]
+    met = m <= need if lower else m >= need
+    return {"target": name, "measured": m, "required": need, "met": met, "unit": "ratio"}
 
 
 def targets(rows: list[dict], opts) -> list[dict]:
@@ -241,20 +261,7 @@ def targets(rows: list[dict], opts) -> list[dict]:
     out = []
 
     def add(name, group, base, need, lower):
-        r, b = find(rows, group, "lscore"), find(rows, group, base)
-        if r is None or b is None:
-            out.append({"target": name, "measured": None, "required": need, "met": None})
-            return
-        m = r["min_s"] / b["min_s"] if lower else b["min_s"] / r["min_s"]
-        out.append(
-            {
-                "target": name,
-                "measured": m,
-                "required": need,
-                "met": m <= need if lower else m >= need,
-                "unit": "ratio",
-            }
-        )
+        out.append(ratio_target(rows, name, group, base, need, lower))
 
     for n in _sizes(opts):
         if n < 10**6:
