@@ -285,5 +285,8 @@ def _recipe(r: Any) -> Recipe:
     if isinstance(r, Recipe):
         return r
     if isinstance(r, str):
-        return recipe(r)
+        r = recipe(r)
+        if isinstance(r, Recipe):
+            return r
+        raise ValueError(f"recipe must be a per-tensor recipe, got the block recipe {r.name!r}")
     raise TypeError(f"recipe must be a Recipe or a recipe name, got {type(r).__name__}")
