@@ -65,7 +65,9 @@ _MODES: dict[str, dict[str, Any]] = {
 }
 
 # an MXFP8 recipe: e4m3fn in both directions, E8M0 scales of 32 elements
-_MXFP8 = dict(element="e4m3fn", grad_element="e4m3fn", block=32, scale_format="e8m0", tensor_scale=False)
+_MXFP8 = dict(
+    element="e4m3fn", grad_element="e4m3fn", block=32, scale_format="e8m0", tensor_scale=False
+)
 _TORCHAO_MX = dict(_MXFP8, behaviour="torchao", tail="refuse")
 
 #: every preset: name -> the BlockRecipe fields it fixes (the comment above each cites its source)
@@ -212,7 +214,9 @@ def block_recipe(name: str, /, **overrides: Any) -> BlockRecipe:
     ``lscore.fp8.recipe`` gives the same for these names.
     """
     if name not in BLOCK_TABLE:
-        raise ValueError(f"unknown block recipe {name!r}; expected one of: {', '.join(BLOCK_RECIPES)}")
+        raise ValueError(
+            f"unknown block recipe {name!r}; expected one of: {', '.join(BLOCK_RECIPES)}"
+        )
     te = BLOCK_TABLE[name]["behaviour"] == "te"
     fields = preset_fields(name, BLOCK_TABLE, overrides, te, ("element", "grad_element"))
     return BlockRecipe(**fields)
@@ -386,7 +390,9 @@ def _check_codes(b: BlockScaled) -> None:
         if not isinstance(a, np.ndarray):
             raise TypeError(f"b.{name} must be a NumPy array, got {type(a).__name__}")
         if dtype_name(a.dtype) not in ("uint8", dt) or a.shape != sh:
-            raise ValueError(f"b.{name} must be {dt} or uint8 of shape {sh}, got {a.dtype} {a.shape}")
+            raise ValueError(
+                f"b.{name} must be {dt} or uint8 of shape {sh}, got {a.dtype} {a.shape}"
+            )
     if r.tensor_scale != (b.tensor_scale is not None):
         raise ValueError(
             f"b.tensor_scale must be {'a float32' if r.tensor_scale else 'None'} under recipe "
@@ -464,4 +470,3 @@ def dequantize_blocks(b: BlockScaled, dtype: Any = np.float32) -> np.ndarray:
         return np.ascontiguousarray(y)
     with np.errstate(over="ignore"):  # beyond the format's largest value: Inf, as a cast gives
         return np.ascontiguousarray(y.astype(fp8_dtype(dname) if dname == "bfloat16" else dname))
-

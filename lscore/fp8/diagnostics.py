@@ -34,12 +34,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from lscore import kernels
 from lscore.diagnostics import count_nonfinite, format_table
+from lscore.fp8.blocks import quantize_blocks
 from lscore.fp8.checks import float_input, format_name, nan_rule
 
 __all__ = [
@@ -281,53 +282,14 @@ class Float8Monitor:
 
 # ---- block-scaled formats ----------------------------------------------------------------------
 
-# element format -> (kernels' name, code of the largest magnitude, mask of a code's magnitude,
-# smallest |x / scale| that rounds above the largest value: e4m3fn's 448 wins the tie at 464,
-# e5m2's tie at 61440 rounds to Inf, E2M1's 6 loses the tie at 7 to the even 8)
+# element format -> (code of the largest magnitude, mask of a code's magnitude, smallest
+# |x / scale| that rounds above the largest value: e4m3fn's 448 wins the tie at 464, e5m2's
+# tie at 61440 rounds to Inf, E2M1's 6 loses the tie at 7 to the even 8)
 _BLOCK_ELEMENTS = {
-    "e4m3fn": ("float8_e4m3fn", 0x7E, 0x7F, SATURATE_FROM["e4m3fn"]),
-    "e5m2": ("float8_e5m2", 0x7B, 0x7F, SATURATE_FROM["e5m2"]),
-    "e2m1": ("float4_e2m1", 0x7, 0x7, 7.0),
+    "e4m3fn": (0x7E, 0x7F, SATURATE_FROM["e4m3fn"]),
+    "e5m2": (0x7B, 0x7F, SATURATE_FROM["e5m2"]),
+    "e2m1": (0x7, 0x7, 7.0),
 }
-
-
-class _Blocks(NamedTuple):
-    """What block_stats needs of a block recipe."""
-
-    name: str
-    element: str
-    mode: str
-    block: int
-    tensor_scale: bool
-
-    @property
-    def scale_format(self) -> str:
-        return "e4m3fn" if self.mode == "nvfp4" else "e8m0"
-
-
-def _block_recipe(recipe: Any) -> _Blocks:
-    """The (element, mode, block) of `recipe`: a tuple of those three ("e2m1", "nvfp4", 16 is
-    NVFP4 with its per-tensor scale) or an object with those attributes and ``name`` and
-    ``tensor_scale``."""
-    if isinstance(recipe, tuple) and len(recipe) == 3:
-        element, mode, block = recipe
-        name, tensor_scale = f"{element} {mode} {block}", mode == "nvfp4"
-    elif all(hasattr(recipe, k) for k in ("element", "mode", "block", "tensor_scale")):
-        element, mode, block = recipe.element, recipe.mode, recipe.block
-        name, tensor_scale = str(getattr(recipe, "name", mode)), bool(recipe.tensor_scale)
-    else:
-        raise ValueError(f"recipe must be a block recipe or (element, mode, block), got {recipe!r}")
-    if element not in _BLOCK_ELEMENTS:
-        raise ValueError(f"element must be one of {', '.join(_BLOCK_ELEMENTS)}, got {element!r}")
-    modes = (*kernels.MX_MODES, "nvfp4")
-    if mode not in modes:
-        raise ValueError(f"mode must be one of {', '.join(modes)}, got {mode!r}")
-    is_int = isinstance(block, (int, np.integer)) and not isinstance(block, bool)
-    if not is_int or block < 2 or block % 2:
-        raise ValueError(f"block must be an even integer >= 2, got {block!r}")
-    if mode == "nvfp4" and (element, block) != ("e2m1", 16):
-        raise ValueError(f"nvfp4 must have element e2m1 and block 16, got {element!r}, {block!r}")
-    return _Blocks(name, element, mode, int(block), tensor_scale)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -392,60 +354,58 @@ def _scale_values(codes: np.ndarray, scale_format: str) -> np.ndarray:
     return out
 
 
-def block_stats(x: Any, recipe: Any, *, axis: int = -1) -> BlockStats:
+def block_stats(x: Any, recipe: Any, *, axis: int = -1, element: str | None = None) -> BlockStats:
     """The statistics of quantizing `x` (a float32, float16 or bfloat16 NumPy array) with
-    the block recipe `recipe`, blocks along `axis` (-1, or 0 for a 2-D `x`): see
-    :class:`BlockStats`.
+    the block recipe `recipe` (a ``BlockRecipe`` or a preset name), blocks along `axis` (-1,
+    or 0 for a 2-D `x`), to `element` (default the recipe's): see :class:`BlockStats`.
 
-    One quantize pass with the recipe's kernel; the counts are read from its output (the
-    scale codes and the element codes) beside the input, in chunks of whole blocks.
-    NVFP4's per-tensor scale is amax / (448 * 6) of the whole tensor, as torchao's
-    ``per_tensor_amax_to_scale`` computes it.  A last axis that is not a whole number of
-    blocks is refused, as the kernels refuse it.
+    One ``quantize_blocks`` pass; the counts are read from its output (the scale codes and
+    the element codes) beside the input, in chunks of whole blocks.  What the recipe refuses
+    (a partial block, an element it does not allow) is refused here.
     """
-    r = _block_recipe(recipe)
+    b = quantize_blocks(x, recipe, axis=axis, element=element)
+    r = b.recipe
     a = float_input(x)
-    along = 0 if axis == 0 and a.ndim == 2 else -1
-    if along == 0:
-        a = np.ascontiguousarray(a.T)  # blocks along the first axis: the transpose's rows
-    elif a.ndim == 0 or isinstance(axis, bool) or axis not in (-1, a.ndim - 1):
-        raise ValueError(f"axis must be -1, or 0 for a 2-D x, got {axis!r} for shape {a.shape}")
-    kname, top_code, mag, sat_from = _BLOCK_ELEMENTS[r.element]
-    pts = None
-    with np.errstate(invalid="ignore"):
-        if r.mode == "nvfp4":
-            if r.tensor_scale and a.size:
-                pts = np.float32(kernels.nvfp4_tensor_scale(np.max(np.abs(a)).astype(np.float32)))
-            codes_s, codes_q = kernels.nvfp4_quantize(a, pts)
-        else:
-            codes_s, codes_q = kernels.mx_quantize(a, kname, r.mode, r.block)
-    scales = np.asarray(codes_s).reshape(-1)
-    q = np.asarray(codes_q).reshape(-1)
-    if r.element == "e2m1":  # two codes per byte, the first element in the low nibble
-        q = np.stack([q & 0xF, q >> 4], axis=-1).reshape(-1)
-    values = _scale_values(scales, r.scale_format).astype(np.float64)
+    scales = b.scales.view(np.uint8)
+    q = b.data.view(np.uint8)
+    if b.axis == 0:  # blocks along the first axis: along the last of the transposes
+        a, scales, q = a.T, scales.T, q.T
+    top_code, mag, sat_from = _BLOCK_ELEMENTS[b.element]
+    values = _scale_values(np.ascontiguousarray(scales), r.scale_format).astype(np.float64)
     nan_blocks = np.isnan(values)
     exps = np.frexp(values[~nan_blocks & (values != 0)])[1] - 1
     found = np.unique(exps, return_counts=True) if exps.size else ((), ())
-    if pts is not None:
-        values = values * np.float64(pts)  # exact: a 4-bit by a 24-bit significand
-    nan, posinf, neginf = count_nonfinite(a)
-    flat = a.reshape(-1)
-    step = max(_CHUNK // r.block, 1) * r.block
+    if b.tensor_scale is not None:
+        values = values * np.float64(b.tensor_scale)  # exact: 4-bit by 24-bit significands
+    n = a.shape[-1] if a.ndim else 0
+    a2 = a.reshape(-1, n) if n else a.reshape(0, 0)
+    q2, s2 = q.reshape(a2.shape[0], -1), values.reshape(a2.shape[0], -1)
+    cols = max(_CHUNK // r.block, 1) * r.block
+    rows = max(_CHUNK // max(min(n, cols), 1), 1)
     saturated = flushed = nonzero = 0
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        for i in range(0, flat.size, step):
-            v = np.abs(flat[i : i + step].astype(np.float64))
-            c = q[i : i + step] & mag
-            s = np.repeat(values[i // r.block : (i + v.size) // r.block], r.block)
-            ok = np.isfinite(v) & ~np.isnan(s)
-            saturated += int(np.count_nonzero(ok & (c == top_code) & (v / s >= sat_from)))
-            live = ok & (v != 0)
-            nonzero += int(np.count_nonzero(live))
-            flushed += int(np.count_nonzero(live & (c == 0)))
+        for i in range(0, a2.shape[0], rows):
+            for c in range(0, n, cols):
+                v = np.abs(a2[i : i + rows, c : c + cols].astype(np.float64))
+                w = v.shape[1]
+                if b.element == "e2m1":  # two codes a byte, the first in the low nibble
+                    byte = q2[i : i + rows, c // 2 : (c + w + 1) // 2]
+                    codes = np.stack([byte & 0xF, byte >> 4], axis=-1).reshape(len(v), -1)
+                else:
+                    codes = q2[i : i + rows, c : c + w]
+                codes = codes[:, :w] & mag
+                blk = s2[i : i + rows, c // r.block : -(-(c + w) // r.block)]
+                sc = np.repeat(blk, r.block, axis=1)[:, :w]
+                ok = np.isfinite(v) & ~np.isnan(sc)
+                saturated += int(np.count_nonzero(ok & (codes == top_code) & (v / sc >= sat_from)))
+                live = ok & (v != 0)
+                nonzero += int(np.count_nonzero(live))
+                flushed += int(np.count_nonzero(live & (codes == 0)))
+    nan, posinf, neginf = count_nonfinite(a)
+    pts = b.tensor_scale
     return BlockStats(
-        r.name, r.element, r.scale_format, r.block, along, int(a.size), nan, posinf, neginf,
-        int(scales.size), {int(e): int(n) for e, n in zip(*found, strict=True)},
+        r.name, b.element, r.scale_format, r.block, b.axis, int(a.size), nan, posinf, neginf,
+        int(scales.size), {int(e): int(k) for e, k in zip(*found, strict=True)},
         int(np.count_nonzero(nan_blocks)), None if pts is None else float(pts), saturated,
         flushed, nonzero,
     )  # fmt: skip

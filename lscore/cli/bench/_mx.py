@@ -15,7 +15,9 @@ out in torch ops without importing torchao: ``to_mx`` and ``_to_mx_rceil``
 torchao costs; a test checks that it writes the bytes lscore's torchao presets
 write.  The byte floor is the bytes the quantize must move (the input read once, or
 twice for NVFP4's amax; the elements and the scales written) at the bandwidth of a C
-memcpy of the input timed in the same turns.
+memcpy of the input timed in the same turns.  The lscore rows are
+``lscore.fp8.quantize_blocks`` with the presets torchao-mx-floor, torchao-mx-rceil,
+te-mxfp8 and nvfp4.
 """
 
 from __future__ import annotations
@@ -23,8 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from lscore import kernels
-from lscore.cli.bench._fp8 import _sizes as _fp8_sizes
-from lscore.cli.bench._fp8 import add_floor, ratio_target
+from lscore.cli.bench._fp8 import TINY_SIZES, add_floor, ratio_target
 from lscore.cli.bench._harness import Rows, as_tensor, dtype_of, import_torch, size_label
 from lscore.cli.bench._report import find
 
@@ -52,18 +53,22 @@ def shape_of(n: int) -> tuple[int, int]:
 
 
 def lscore_fns(x: np.ndarray) -> dict:
-    """recipe -> the quantize of x with lscore's kernels (the scale and element codes)."""
-    import lscore.fp8 as Q
+    """recipe -> lscore's quantize of x by its preset (``quantize_blocks``): the scale and
+    element codes."""
+    from lscore.fp8 import quantize_blocks
 
-    def nvfp4():
-        pts = kernels.nvfp4_tensor_scale(Q.amax(x, nan="propagate"))
-        return kernels.nvfp4_quantize(x, pts)
+    def by(preset):
+        def quantize():
+            b = quantize_blocks(x, preset)
+            return b.scales.view(np.uint8), b.data.view(np.uint8)
+
+        return quantize
 
     return {
-        "mxfp8-floor": lambda: kernels.mx_quantize(x, "float8_e4m3fn", "floor"),
-        "mxfp8-rceil": lambda: kernels.mx_quantize(x, "float8_e4m3fn", "rceil"),
-        "te": lambda: kernels.mx_quantize(x, "float8_e4m3fn", "te"),
-        "nvfp4": nvfp4,
+        "mxfp8-floor": by("torchao-mx-floor"),
+        "mxfp8-rceil": by("torchao-mx-rceil"),
+        "te": by("te-mxfp8"),
+        "nvfp4": by("nvfp4"),
     }
 
 
@@ -178,7 +183,9 @@ def torch_fns(torch) -> dict:
 
 def _sizes(opts) -> tuple:
     """The per-tensor rows' sizes where --tiny or --sizes picks them, else 1e6-1e8."""
-    return _fp8_sizes(opts) if opts.tiny or opts.sizes_given else SIZES
+    if opts.tiny:
+        return TINY_SIZES
+    return tuple(opts.sizes) if opts.sizes_given else SIZES
 
 
 def run_cpu(opts, rows: Rows, rng) -> None:
