@@ -46,8 +46,9 @@ measures the kernels themselves (``lscore bench``).
   rule for all n) and ``load(history, scale, scale_inv)``.
 - ``mx_scale(amax, elem, mode)``: the E8M0 block scale code of each float32
   amax for MX element format ``elem`` (a name of ``MX_ELEMS``) by the rule
-  ``mode`` (a name of ``MX_MODES``: ``floor`` the OCP rule, ``ceil``,
-  ``even``, ``rceil`` torchao's, ``te`` TransformerEngine's);
+  ``mode`` (a name of ``MX_MODES``: ``ocp`` the OCP rule as its reference
+  implementation computes it, ``floor`` (the OCP rule as torchao runs it),
+  ``ceil``, ``even``, ``rceil`` torchao's, ``te`` TransformerEngine's);
   ``mx_quantize(x, elem, mode, block=32)``: the blocks along the last axis
   of a float32 / bfloat16 / float16 array quantized by that rule, returning
   (scale codes, element codes; E2M1 packed two per byte, the first in the
