@@ -19,17 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 import lscore.fp8
-from lscore import kernels
 from lscore.adapters.torch._linear import EmulatedLinear
+from lscore.adapters.torch.quantize import dequantize_blocks, quantize_blocks
 
 __all__ = ["MXLinear"]
-
-_TORCH_FP8 = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-_KERNEL_ELEM = {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2", "e2m1": "float4_e2m1"}
 
 
 def _block_recipe(recipe: str | lscore.fp8.BlockRecipe) -> lscore.fp8.BlockRecipe:
@@ -44,39 +40,9 @@ def _block_recipe(recipe: str | lscore.fp8.BlockRecipe) -> lscore.fp8.BlockRecip
 
 
 def _qdq(t: torch.Tensor, recipe: lscore.fp8.BlockRecipe, element: str) -> torch.Tensor:
-    """The 2-D ``t`` quantized in blocks along its last axis and dequantized to its dtype
-    (row-major, the GEMM operand)."""
-    a = t.detach().to(torch.float32).contiguous().numpy()
-    rows, k = a.shape
-    tail = -k % recipe.block
-    if tail:
-        # a last partial block is scaled from its own elements, as if zero-padded
-        out = _qdq(torch.nn.functional.pad(t, (0, tail)), recipe, element)
-        return out[:, :k].contiguous()
-    if recipe.mode == "nvfp4":
-        amax = np.float32(np.max(np.abs(a))) if recipe.tensor_scale else None
-        pts = None if amax is None else kernels.nvfp4_tensor_scale(float(amax))
-        scales, codes = kernels.nvfp4_quantize(a, pts)
-        elems = torch.from_numpy(kernels.e2m1_decode(_unpack(codes)))
-        block = torch.from_numpy(scales.view(np.uint8).copy()).view(torch.float8_e4m3fn)
-        block_f = block.to(torch.float32)
-        if pts is not None:
-            block_f = torch.tensor(pts, dtype=torch.float32) * block_f
-        out = elems.view(rows, -1, 16) * block_f.view(rows, -1, 1)
-        return out.view(rows, k).to(t.dtype)
-    scales, codes = kernels.mx_quantize(a, _KERNEL_ELEM[element], recipe.mode, recipe.block)
-    if element == "e2m1":
-        values = torch.from_numpy(kernels.e2m1_decode(_unpack(codes))).to(t.dtype)
-    else:
-        values = torch.from_numpy(codes).view(_TORCH_FP8[element]).to(t.dtype)
-    scale = torch.from_numpy(kernels.e8m0_decode(scales)).to(t.dtype)
-    out = values.view(-1, recipe.block) * scale.view(-1, 1)
-    return out.view(rows, k)
-
-
-def _unpack(codes: np.ndarray) -> np.ndarray:
-    """Packed E2M1 codes (two a byte, the first in the low nibble) one a byte."""
-    return np.stack((codes & 0xF, codes >> 4), axis=-1).reshape(codes.shape[0], -1)
+    """The 2-D ``t`` quantized in blocks along its last axis and dequantized to its dtype, as the
+    implementation the recipe reproduces reads the blocks back (the GEMM operand)."""
+    return dequantize_blocks(quantize_blocks(t, recipe, element=element), t.dtype)
 
 
 def _t(t: torch.Tensor) -> torch.Tensor:
@@ -118,14 +84,18 @@ class MXLinear(EmulatedLinear):
     ``lscore.fp8.BlockRecipe``). The forward quantizes the input and the weight to
     ``recipe.element`` in blocks along the input features; the backward quantizes the output
     gradient to ``recipe.grad_element``, and the weight and input to ``recipe.element``, in
-    blocks along each GEMM's reduction dimension, each from the high-precision tensor. The
-    dequantized operands are multiplied in the input's dtype (under autocast, the autocast
-    dtype). Under the ``torchao-mx-*`` recipes the outputs and gradients are bitwise those of
-    torchao's ``MXFP8Linear`` emulated on the CPU. Block scales are taken from the tensors being
-    cast, so the layer has no scaling state: parameters and state dict are ``nn.Linear``'s.
+    blocks along each GEMM's reduction dimension, each from the high-precision tensor (NVFP4's
+    per-tensor scale from each operand's amax). The casts are
+    ``lscore.adapters.torch.quantize.quantize_blocks`` and ``dequantize_blocks`` (the recipe's
+    implementation's read-back), and the dequantized operands are multiplied in the input's
+    dtype (under autocast, the autocast dtype). Under the ``torchao-mx-*`` recipes the outputs
+    and gradients are bitwise those of torchao's ``MXFP8Linear`` emulated on the CPU. Block
+    scales are taken from the tensors being cast, so the layer has no scaling state: parameters
+    and state dict are ``nn.Linear``'s.
     ``recipe`` None is ``"te-mxfp8"``. A recipe that refuses partial blocks needs
     ``in_features``, ``out_features`` and the input's rows (the product of its leading
-    dimensions) to be multiples of ``recipe.block``. Build one with :func:`convert_to_float8` or
+    dimensions) to be multiples of ``recipe.block``; a recipe that pads scales a last partial
+    block from its own elements. Build one with :func:`convert_to_float8` or
     :meth:`from_linear`.
     """
 
@@ -146,8 +116,6 @@ class MXLinear(EmulatedLinear):
             )
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu":
-            raise TypeError(f"MXLinear runs on the CPU, got an input on {x.device}")
         # the weight gradient's blocks run along the rows: refuse before anything runs
         self._check_blocks(self.recipe, "input rows", x.shape[0])
         out: torch.Tensor = _BlockMatMul.apply(x, self.weight, self)
