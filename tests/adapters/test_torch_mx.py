@@ -221,3 +221,18 @@ def test_bad_recipes_and_inputs_error():
         layer(torch.zeros(32, 32, dtype=torch.float64))
     with pytest.raises(ValueError, match="last dimension must be in_features=32"):
         layer(torch.zeros(32, 16))
+
+
+def test_autocast_multiplies_in_the_autocast_dtype():
+    """Under CPU autocast the operands are quantized from bfloat16 and multiplied there; the
+    float32 parameters get float32 gradients."""
+    torch.manual_seed(6)
+    layer = MXLinear(32, 32, recipe="te-mxfp8")
+    x = torch.randn(32, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    want = MXLinear.from_linear(copy.deepcopy(layer).to(torch.bfloat16), "te-mxfp8")
+    np.testing.assert_array_equal(_bits(y), _bits(want(x.to(torch.bfloat16))))
+    y.float().sum().backward()
+    assert layer.weight.grad.dtype == torch.float32 and layer.bias.grad.dtype == torch.float32
