@@ -91,16 +91,18 @@ BLOCK_TABLE: dict[str, dict[str, Any]] = {
     "te-mxfp8": dict(_MXFP8, mode="te", behaviour="te", tail="pad"),
     # torchao 0.18 MXTensor.to_mx (mx_formats/mx_tensor.py:214-411, QuantizeTensorToMXKwargs
     # elem_dtype float8_e4m3fn, block_size 32: mx_tensor.py:99-106) in each
-    # ScaleCalculationMode (mx_formats/config.py:41-66); it asserts that the last dimension
-    # is a multiple of the block (mx_tensor.py:229-231), so a partial block is refused.
+    # ScaleCalculationMode (mx_formats/config.py:41-66), read back by to_dtype
+    # (mx_tensor.py:414-479); it asserts that the last dimension is a multiple of the block
+    # (mx_tensor.py:230-232), so a partial block is refused.
     "torchao-mx-floor": dict(_TORCHAO_MX, mode="floor"),
     "torchao-mx-ceil": dict(_TORCHAO_MX, mode="ceil"),
     "torchao-mx-even": dict(_TORCHAO_MX, mode="even"),
     "torchao-mx-rceil": dict(_TORCHAO_MX, mode="rceil"),
     # torchao 0.18 NVFP4Tensor.to_nvfp4 with the per-tensor scale per_tensor_amax_to_scale
-    # gives (amax / (448 * 6)) (mx_formats/nvfp4_tensor.py:128-190, 756-851): E4M3 scales
-    # of blocks of 16, clamped to [2**-6, 448]; a last dimension that is not a multiple of
-    # 16 is refused ("K dim must be divisible by block_size").
+    # gives (amax / (448 * 6)) (mx_formats/nvfp4_tensor.py:131-196, 756-851): E4M3 scales
+    # of blocks of 16, clamped to [2**-6, 448], read back by NVFP4Tensor.dequantize and
+    # get_hp_scales (nvfp4_tensor.py:199-258); a last dimension that is not a multiple of
+    # 16 is refused ("K dim must be divisible by block_size", nvfp4_tensor.py:801).
     "nvfp4": dict(
         element="e2m1",
         grad_element="e2m1",
@@ -428,6 +430,10 @@ def _block_values(b: BlockScaled, dtype: str) -> np.ndarray:
         if b.tensor_scale is not None:
             s = (np.float32(b.tensor_scale) * s).astype(np.float32)
         return s
+    # 2**(c - 127), 0xFF NaN: the format's reading, torchao's get_fp_scale and TE's
+    # ptx::exp2f as NVIDIA/TransformerEngine#3262 corrected it (v2.18's shifted the byte into
+    # the exponent field: code 0 read as 0, 0xFF as Inf); TE's dequantize_mxfp8.cuh then
+    # rounds the float32 product once to the output dtype, as the OCP rule does
     s = kernels.e8m0_decode(codes)
     if r.behaviour == "torchao" and dtype == "float16":
         # torchao's to_dtype multiplies in the target dtype: 2**k overflows float16 above
