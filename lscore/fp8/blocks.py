@@ -472,9 +472,13 @@ def dequantize_blocks(b: BlockScaled, dtype: Any = np.float32) -> np.ndarray:
         )
     _check_codes(b)
     elems = _decode_elements(b)
-    scales = np.repeat(_block_values(b, dname), b.recipe.block, axis=-1)[..., : elems.shape[-1]]
+    scales = _block_values(b, dname)
+    n, k = elems.shape[-1], b.recipe.block
     with np.errstate(over="ignore", invalid="ignore"):
-        y = (elems * scales).astype(np.float32)
+        if n % k:  # a padded partial block: its scale repeated over the elements it has
+            y = elems * np.repeat(scales, k, axis=-1)[..., :n]
+        else:
+            y = (elems.reshape(*scales.shape, k) * scales[..., None]).reshape(elems.shape)
     if b.axis == 0:
         y = y.T
     if dname == "float32":
