@@ -51,7 +51,12 @@ def test_same_bytes_and_values_as_numpy(name, elem, axis):
     np.testing.assert_array_equal(b.data.view(torch.uint8).numpy(), t.data.view(np.uint8))
     np.testing.assert_array_equal(b.scales.view(torch.uint8).numpy(), t.scales.view(np.uint8))
     assert (b.tensor_scale is None) == (t.tensor_scale is None)
-    for dtype, ndt in ((torch.float32, np.float32), (torch.bfloat16, ml_dtypes.bfloat16)):
+    targets = (
+        (torch.float32, np.float32),
+        (torch.bfloat16, ml_dtypes.bfloat16),
+        (torch.float16, np.float16),
+    )
+    for dtype, ndt in targets:
         y = TQ.dequantize_blocks(b, dtype)
         assert y.dtype == dtype and tuple(y.shape) == x.shape
         want = fp8.dequantize_blocks(t, ndt).astype(np.float32)
