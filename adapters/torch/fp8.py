@@ -22,22 +22,35 @@ import torch
 from torch import nn
 
 import lscore.fp8
+from lscore.adapters.torch._linear import EmulatedLinear
+from lscore.adapters.torch.mx import MXLinear
 from lscore.adapters.torch.quantize import quantize, quantize_current
 
 __all__ = ["DelayedFloat8Linear", "Float8Linear", "convert_to_float8", "fp8_update"]
 
-# the input dtypes a layer quantizes (the casts read these three)
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 # the three tensors a layer casts, in the order of a delayed layer's state
 _INPUT, _WEIGHT, _GRAD_OUTPUT = 0, 1, 2
 
 
 def _recipe(recipe: str | lscore.fp8.Recipe) -> lscore.fp8.Recipe:
-    if isinstance(recipe, lscore.fp8.Recipe):
+    r = _any_recipe(recipe)
+    if not isinstance(r, lscore.fp8.Recipe):
+        raise ValueError(
+            f"Float8Linear takes a per-tensor recipe, got the block recipe {r.name!r}; "
+            f"use MXLinear or convert_to_float8"
+        )
+    return r
+
+
+def _any_recipe(
+    recipe: str | lscore.fp8.Recipe | lscore.fp8.BlockRecipe,
+) -> lscore.fp8.Recipe | lscore.fp8.BlockRecipe:
+    if isinstance(recipe, lscore.fp8.Recipe | lscore.fp8.BlockRecipe):
         return recipe
     if not isinstance(recipe, str):
         raise TypeError(
-            f"recipe must be a recipe name or an lscore.fp8.Recipe, got {type(recipe).__qualname__}"
+            f"recipe must be a recipe name or an lscore.fp8.Recipe or lscore.fp8.BlockRecipe, "
+            f"got {type(recipe).__qualname__}"
         )
     return lscore.fp8.recipe(recipe)
 
@@ -107,7 +120,7 @@ def _dequant(q: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     return data.to(torch.float32) / scale
 
 
-class Float8Linear(nn.Linear):
+class Float8Linear(EmulatedLinear):
     """An ``nn.Linear`` whose products run on float8 operands under a current-scaling recipe.
 
     The forward quantizes the input and the weight to ``recipe.forward_format`` with scales taken
@@ -115,24 +128,18 @@ class Float8Linear(nn.Linear):
     the dequantized operands in float32 and rounds to the input's dtype; the backward quantizes
     the output gradient to ``recipe.backward_format`` and computes the input and weight gradients
     the same way. Under ``"torchao-tensorwise"`` and ``"torchao-rowwise"`` the outputs and
-    gradients are bitwise those of torchao's ``Float8Linear`` with ``emulate=True``.
-    Parameters and state dict are ``nn.Linear``'s. Build one with :func:`convert_to_float8` or
-    :meth:`from_linear`; the delayed recipe's layer is :class:`DelayedFloat8Linear`.
+    gradients are bitwise those of torchao's ``Float8Linear`` with ``emulate=True``. ``recipe``
+    None is ``"torchao-tensorwise"``. Parameters and state dict are ``nn.Linear``'s. Build one
+    with :func:`convert_to_float8` or :meth:`from_linear`; the delayed recipe's layer is
+    :class:`DelayedFloat8Linear`.
     """
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = True,
-        device: Any = None,
-        dtype: Any = None,
-        *,
-        recipe: str | lscore.fp8.Recipe = "torchao-tensorwise",
-    ) -> None:
-        super().__init__(in_features, out_features, bias, device, dtype)
+    DEFAULT_RECIPE = "torchao-tensorwise"
+
+    def _take_recipe(self, recipe: Any) -> lscore.fp8.Recipe:
         self.recipe = _recipe(recipe)
         self._check_recipe()
+        return self.recipe
 
     def _check_recipe(self) -> None:
         if self.recipe.scaling != "current":
@@ -141,52 +148,15 @@ class Float8Linear(nn.Linear):
                 f"(scaling {self.recipe.scaling!r}); use DelayedFloat8Linear or convert_to_float8"
             )
 
-    @classmethod
-    def from_linear(
-        cls, linear: nn.Linear, recipe: str | lscore.fp8.Recipe = "torchao-tensorwise"
-    ) -> Float8Linear:
-        """A layer of this class that shares ``linear``'s weight and bias."""
-        with torch.device("meta"):
-            new = cls(linear.in_features, linear.out_features, False, recipe=recipe)
-        new.weight = linear.weight
-        new.bias = linear.bias
-        return new
-
     def _cast(self, x: torch.Tensor, role: int, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` quantized to ``fmt`` for the tensor ``role`` (input, weight, grad_output):
         the float8 data and its float32 scale (one per row under a row-wise recipe)."""
         q = quantize_current(x, self.recipe, fmt)
         return q.data, q.scale
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        """``input @ weight.T + bias`` on float8 operands; under autocast the input is first
-        cast to the autocast dtype, as ``nn.Linear`` and torchao do."""
-        if torch.is_autocast_enabled(input.device.type):
-            input = input.to(torch.get_autocast_dtype(input.device.type))
-        if input.dtype not in _FLOATS:
-            raise TypeError(
-                f"Float8Linear input must be float32, bfloat16 or float16, got {input.dtype}"
-            )
-        if input.ndim == 0 or input.shape[-1] != self.in_features:
-            raise ValueError(
-                f"Float8Linear input's last dimension must be in_features={self.in_features}, "
-                f"got shape {tuple(input.shape)}"
-            )
-        if input.numel() == 0:
-            raise ValueError(
-                f"Float8Linear input must have at least one element (its scale comes from its "
-                f"amax), got shape {tuple(input.shape)}"
-            )
-        x = input.reshape(-1, self.in_features)
-        out = _Float8MatMul.apply(x, self.weight, self)
-        out = out.reshape(*input.shape[:-1], self.out_features)
-        if self.bias is not None:
-            out = out + self.bias.to(out.dtype)
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = _Float8MatMul.apply(x, self.weight, self)
         return out
-
-    def extra_repr(self) -> str:
-        """``nn.Linear``'s description and the recipe's name."""
-        return f"{super().extra_repr()}, recipe={self.recipe.name!r}"
 
 
 class DelayedFloat8Linear(Float8Linear):
@@ -254,27 +224,35 @@ class DelayedFloat8Linear(Float8Linear):
 
 def convert_to_float8(
     model: nn.Module,
-    recipe: str | lscore.fp8.Recipe = "torchao-tensorwise",
+    recipe: str | lscore.fp8.Recipe | lscore.fp8.BlockRecipe = "torchao-tensorwise",
     *,
     module_filter: Callable[[nn.Module, str], bool] | None = None,
 ) -> nn.Module:
     """Swap ``model``'s ``nn.Linear`` layers for float8 ones, in place, and return ``model``.
 
     As torchao's ``convert_to_float8_training``: each ``nn.Linear`` (``module_filter(module,
-    fqn)`` true, when given) becomes a :class:`Float8Linear` (current-scaling recipes) or a
-    :class:`DelayedFloat8Linear` (``"te-delayed"``) sharing its parameters; a root
-    ``nn.Linear`` is not changed and its replacement is returned. ``recipe`` is a name of
-    ``lscore.fp8.RECIPES`` or an ``lscore.fp8.Recipe``. Any feature sizes are taken: the
-    emulated product needs no multiple of 16 (neither does torchao's ``emulate=True``; its
-    ``torch._scaled_mm`` path on a GPU does); an empty input is refused, as torchao refuses it.
+    fqn)`` true, when given) becomes a :class:`Float8Linear` (current-scaling recipes), a
+    :class:`DelayedFloat8Linear` (``"te-delayed"``) or an :class:`MXLinear` (block recipes,
+    such as ``"te-mxfp8"`` and ``"nvfp4"``) sharing its parameters; a root ``nn.Linear`` is not
+    changed and its replacement is returned. ``recipe`` is a name of ``lscore.fp8.RECIPES`` or
+    ``lscore.fp8.BLOCK_RECIPES``, an ``lscore.fp8.Recipe`` or an ``lscore.fp8.BlockRecipe``.
+    Under a per-tensor recipe any feature sizes are taken: the emulated product needs no
+    multiple of 16 (neither does torchao's ``emulate=True``; its ``torch._scaled_mm`` path on a
+    GPU does); an empty input is refused, as torchao refuses it. Under a block recipe that
+    refuses partial blocks, a layer whose feature sizes are not multiples of the block raises
+    ``ValueError`` here, before any layer is swapped.
     """
-    r = _recipe(recipe)
-    cls = DelayedFloat8Linear if r.scaling == "delayed" else Float8Linear
+    r = _any_recipe(recipe)
+    cls: type[Float8Linear] | type[MXLinear]
+    if isinstance(r, lscore.fp8.BlockRecipe):
+        cls = MXLinear
+    else:
+        cls = DelayedFloat8Linear if r.scaling == "delayed" else Float8Linear
 
     def wanted(module: nn.Module, fqn: str) -> TypeGuard[nn.Linear]:
         return (
             isinstance(module, nn.Linear)
-            and not isinstance(module, Float8Linear)
+            and not isinstance(module, Float8Linear | MXLinear)
             and (module_filter is None or module_filter(module, fqn))
         )
 
@@ -284,11 +262,16 @@ def convert_to_float8(
                 f"convert_to_float8 cannot swap a root nn.Linear with children, got {model!r}"
             )
         return cls.from_linear(model, r)
-    for fqn, module in list(model.named_modules()):
-        for name, child in list(module.named_children()):
-            child_fqn = f"{fqn}.{name}" if fqn else name
-            if wanted(child, child_fqn):
-                setattr(module, name, cls.from_linear(child, r))
+    swaps = [
+        (module, name, child)
+        for fqn, module in list(model.named_modules())
+        for name, child in list(module.named_children())
+        if wanted(child, f"{fqn}.{name}" if fqn else name)
+    ]
+    # every replacement is built (and its sizes checked) before the first one is set
+    new = [cls.from_linear(child, r) for _, _, child in swaps]
+    for (module, name, _), layer in zip(swaps, new, strict=True):
+        setattr(module, name, layer)
     return model
 
 

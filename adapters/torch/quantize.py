@@ -17,6 +17,7 @@ tensors (torch's float8 dtypes, ``torch.float8_e8m0fnu`` scales).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any
 
 import numpy as np
@@ -244,8 +245,8 @@ def quantize_current(x: torch.Tensor, recipe: Any, fmt: str | None = None) -> Fl
 
 def _require_cuda_blocks(t: torch.Tensor) -> None:
     """A TypeError naming what is missing where lscore.cuda.mx's block kernels are not built."""
-    try:
-        import lscore.cuda.mx  # noqa: F401
+    try:  # by name: the CUDA block kernels are an optional part of the build
+        importlib.import_module("lscore.cuda.mx")
     except ImportError as e:
         raise TypeError(
             f"block-scaled quantization of a tensor on {t.device} needs lscore.cuda.mx's "
@@ -300,7 +301,9 @@ def dequantize_blocks(b: BlockScaled, dtype: torch.dtype = torch.float32) -> tor
         raise TypeError(f"dtype must be torch.float32, float16 or bfloat16, got {dtype!r}")
     for name in ("data", "scales"):
         if not isinstance(getattr(b, name), torch.Tensor):
-            raise TypeError(f"b.{name} must be a torch.Tensor, got {type(getattr(b, name)).__name__}")
+            raise TypeError(
+                f"b.{name} must be a torch.Tensor, got {type(getattr(b, name)).__name__}"
+            )
     if _on_cuda(b.data):
         _require_cuda_blocks(b.data)
         import cupy

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import functools
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -132,6 +133,35 @@ def _kernel_code(code: Any) -> int:
     return code
 
 
+def argument_widths(struct_size: int, call_widths: Iterable[int]) -> np.ndarray:
+    """The byte widths (int64) of a packed launch's parameters, the array ``launch_packed``
+    reads: the argument struct passed by value (`struct_size` bytes), the chunk (an int64),
+    then each per-call parameter (`call_widths`), as the kernels of scan.cu and optim.cu
+    declare them.  Their ``void*[]`` is a row of ``kernels.launch_params`` (one per packed
+    launch) or, for one launch, ``MultiTensor.pack``'s."""
+    return np.array([struct_size, 8, *call_widths], np.int64)
+
+
+def launch_entries(
+    rows: tuple[np.ndarray, int],
+    specs: Iterable[tuple[int, int]],
+    kernel: Callable[[int], Any],
+    threads: Callable[[int], int],
+    widths: np.ndarray,
+) -> list[tuple]:
+    """The entries ``MultiTensor.enqueue`` launches over the ``void*[]`` rows of
+    ``kernels.launch_params`` (`rows`: the rows and the first one's address): launch k of
+    `specs` (dtype code, blocks) runs ``kernel(code)`` with ``threads(code)`` threads per
+    block and the first ``len(widths)`` words of row k."""
+    params, base = rows
+    step = 8 * params.shape[1]
+    waddr, count = widths.ctypes.data, len(widths)
+    return [
+        (kernel(code), nb, threads(code), base + k * step, waddr, count)
+        for k, (code, nb) in enumerate(specs)
+    ]
+
+
 class Launches:
     """The packed launches of one device's groups (built by ``MultiTensor.prepare``).
 
@@ -213,8 +243,7 @@ class MultiTensor:
         self._call_addr = self._call.ctypes.data
         # the byte widths of each scan op's parameters: its struct, the chunk, the call's
         size = _meta_dtype(self.meta).itemsize
-        widths = {op: np.array((size, 8, *_CALL_SIZES[op]), np.int64) for op in OPS}
-        self._widths = {op: (w, w.ctypes.data) for op, w in widths.items()}
+        self._widths = {op: argument_widths(size, _CALL_SIZES[op]) for op in OPS}
 
     def kernel(self, name: str) -> Any:
         """The backend's handle of kernel `name` on this device, looked up once."""
@@ -261,16 +290,16 @@ class MultiTensor:
             # each launch's void*[] is a row of `params`: its struct, its chunk, then the
             # op's words of the shared call block (consecutive slots)
             slots = _CALL_SLOTS[op]
-            params, base = kernels.launch_params(
-                args, size, self._call_addr + 8 * slots[0], len(slots)
+            rows = kernels.launch_params(args, size, self._call_addr + 8 * slots[0], len(slots))
+            params = rows[0]
+            out._keep += [params, self._widths[op]]
+            out.ops[op] = launch_entries(
+                rows,
+                specs,
+                functools.partial(self._scan_kernel, op),
+                threads.__getitem__,
+                self._widths[op],
             )
-            widths, waddr = self._widths[op]
-            out._keep += [params, widths]
-            step = 8 * params.shape[1]
-            entries = out.ops[op]
-            for k, (code, nb) in enumerate(specs):
-                fn = self._scan_kernel(op, code)
-                entries.append((fn, nb, threads[code], base + k * step, waddr, len(widths)))
         # (code, address of its struct, blocks, threads) per launch: the first column of
         # any op's rows
         structs = params[:, 0].tolist()
@@ -337,11 +366,14 @@ class MultiTensor:
         finally:
             b.leave(prev)
 
-    def pack(self, keep: list, name: str, grid: int, block: int, args: Any) -> tuple:
-        """One packed launch of `name` (the entry ``enqueue`` launches); `args` are (address,
-        byte width) of its parameters, and the arrays packed are appended to `keep`."""
-        params = np.array([a for a, _ in args], np.uint64)
-        widths = np.array([w for _, w in args], np.int64)
+    def pack(self, keep: list, name: str, grid: int, block: int, struct: int, call: Any) -> tuple:
+        """One packed launch of `name` (the entry ``enqueue`` launches) over the argument
+        struct at `struct` (this runner's, the chunk right after it); `call` are (address,
+        byte width) of its per-call parameters.  The arrays packed are appended to `keep`."""
+        size = _meta_dtype(self.meta).itemsize
+        # the row kernels.launch_params writes for a launch whose call words are these
+        params = np.array([struct, struct + size, *(a for a, _ in call)], np.uint64)
+        widths = argument_widths(size, [w for _, w in call])
         keep += [params, widths]
         return (
             self._function(name),
@@ -379,17 +411,15 @@ class MultiTensor:
         unscale, clip = [], []
         nflags = np.zeros(len(prepared._specs), np.uint64)  # each launch's, set per call
         keep.append(nflags)
-        size = _meta_dtype(self.meta).itemsize
         for k, (code, own, nb, nthreads) in enumerate(prepared._specs):
-            table = (own, size), (own + size, 8)
             unscale.append(
                 self.pack(
                     keep,
                     kernel_name("unscale_norm", code, self.meta),
                     nb,
                     nthreads,
+                    own,
                     (
-                        *table,
                         arg(_INV, 8),
                         arg(_INV_DEV, 8),
                         arg(_FOUND, 8),
@@ -408,7 +438,8 @@ class MultiTensor:
                     kernel_name("clip", code, self.meta),
                     nb,
                     nthreads,
-                    (*table, arg(_COEF, 8), arg(_COEF_DEV, 8)),
+                    own,
+                    (arg(_COEF, 8), arg(_COEF_DEV, 8)),
                 )
             )
         if not unscale:  # nothing to measure: the empty norm's constant result

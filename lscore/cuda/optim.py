@@ -30,6 +30,7 @@ import numpy as np
 
 from lscore import kernels
 from lscore.cuda._lru import LRU
+from lscore.cuda.launch import argument_widths, launch_entries
 from lscore.cuda.loader import METAS, OPT_GRADS, OPT_METAS, optim_kernel_name
 from lscore.dtypes import Code
 
@@ -252,30 +253,29 @@ class FusedLauncher:
         launches, over the plan's void*[] rows; the widths and the format are the
         signature's, shared by every plan."""
         r = self.runner
-        fmt, widths, waddr = self._signature(args, _opt_meta_dtype(plan.meta).itemsize)
-        rows, base = plan.params
-        step, count = rows.shape[1] * 8, len(widths)
-        out = []
-        for k, (code, nb) in enumerate(plan.specs):
+        fmt, widths = self._signature(args, _opt_meta_dtype(plan.meta).itemsize)
+
+        def kernel(code: int) -> Any:
             fn = self._kernels.get((name, code, plan.meta, flags))
             if fn is None:
                 fn = self._kernels[name, code, plan.meta, flags] = r.kernel(
                     optim_kernel_name(name, code, plan.meta, flags)
                 )
-            out.append((fn, nb, r.opt_block, base + k * step, waddr, count))
+            return fn
+
+        out = launch_entries(plan.params, plan.specs, kernel, lambda code: r.opt_block, widths)
         return out, fmt
 
     def _signature(self, args: tuple, size: int) -> tuple:
-        """(struct format, int64 byte widths, their address) of a launch whose struct is
-        `size` bytes and whose per-call scalars are `args`."""
+        """(struct format, int64 byte widths) of a launch whose struct is `size` bytes and
+        whose per-call scalars are `args`."""
         key = (size, tuple(map(type, args)))
         sig = self._signatures.get(key)
         if sig is None:
             if len(args) > _MAX_CALL_WORDS:
                 raise ValueError(f"at most {_MAX_CALL_WORDS} per-call parameters, got {len(args)}")
             fmt = "<" + "".join(_WORD[a.dtype.kind, a.itemsize] for a in args)
-            widths = np.array([size, 8, *(a.itemsize for a in args)], np.int64)
-            sig = self._signatures[key] = (fmt, widths, widths.ctypes.data)
+            sig = self._signatures[key] = (fmt, argument_widths(size, [a.itemsize for a in args]))
         return sig
 
 

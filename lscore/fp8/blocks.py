@@ -18,6 +18,7 @@ sends float8 casts to ``lscore.cuda.fp8``.  Only NumPy is imported.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any
 
 import numpy as np
@@ -90,16 +91,18 @@ BLOCK_TABLE: dict[str, dict[str, Any]] = {
     "te-mxfp8": dict(_MXFP8, mode="te", behaviour="te", tail="pad"),
     # torchao 0.18 MXTensor.to_mx (mx_formats/mx_tensor.py:214-411, QuantizeTensorToMXKwargs
     # elem_dtype float8_e4m3fn, block_size 32: mx_tensor.py:99-106) in each
-    # ScaleCalculationMode (mx_formats/config.py:41-66); it asserts that the last dimension
-    # is a multiple of the block (mx_tensor.py:229-231), so a partial block is refused.
+    # ScaleCalculationMode (mx_formats/config.py:41-66), read back by to_dtype
+    # (mx_tensor.py:414-479); it asserts that the last dimension is a multiple of the block
+    # (mx_tensor.py:230-232), so a partial block is refused.
     "torchao-mx-floor": dict(_TORCHAO_MX, mode="floor"),
     "torchao-mx-ceil": dict(_TORCHAO_MX, mode="ceil"),
     "torchao-mx-even": dict(_TORCHAO_MX, mode="even"),
     "torchao-mx-rceil": dict(_TORCHAO_MX, mode="rceil"),
     # torchao 0.18 NVFP4Tensor.to_nvfp4 with the per-tensor scale per_tensor_amax_to_scale
-    # gives (amax / (448 * 6)) (mx_formats/nvfp4_tensor.py:128-190, 756-851): E4M3 scales
-    # of blocks of 16, clamped to [2**-6, 448]; a last dimension that is not a multiple of
-    # 16 is refused ("K dim must be divisible by block_size").
+    # gives (amax / (448 * 6)) (mx_formats/nvfp4_tensor.py:131-196, 756-851): E4M3 scales
+    # of blocks of 16, clamped to [2**-6, 448], read back by NVFP4Tensor.dequantize and
+    # get_hp_scales (nvfp4_tensor.py:199-258); a last dimension that is not a multiple of
+    # 16 is refused ("K dim must be divisible by block_size", nvfp4_tensor.py:801).
     "nvfp4": dict(
         element="e2m1",
         grad_element="e2m1",
@@ -187,7 +190,7 @@ class BlockRecipe:
             )
 
     def allows(self, element: Any, what: str = "element") -> str:
-        """`element` if the recipe's mode quantizes to it, else a ValueError listing those it does."""
+        """`element` if the recipe's mode quantizes to it, else a ValueError listing those."""
         allowed = _MODES[self.mode]["elements"]
         if element not in allowed:
             raise ValueError(
@@ -251,7 +254,8 @@ def as_block_recipe(recipe: Any) -> BlockRecipe:
         return block_recipe(recipe)
     if not isinstance(recipe, BlockRecipe):
         raise TypeError(
-            f"recipe must be an lscore.fp8.BlockRecipe or a preset name, got {type(recipe).__name__}"
+            "recipe must be an lscore.fp8.BlockRecipe or a preset name, "
+            f"got {type(recipe).__name__}"
         )
     return recipe
 
@@ -265,14 +269,14 @@ def _device(x: Any) -> Any:
     """lscore.cuda's block kernels over CuPy arrays when x is a device array, else None."""
     if isinstance(x, np.ndarray) or not hasattr(x, "__cuda_array_interface__"):
         return None
-    try:
-        from lscore.cuda.mx import cupy_blocks
+    try:  # by name: the CUDA block kernels are an optional part of the build
+        mx = importlib.import_module("lscore.cuda.mx")
     except ImportError as e:
         raise TypeError(
             "block-scaled quantization of CuPy arrays needs lscore.cuda.mx's kernels, "
             f"which this build lacks ({e})"
         ) from None
-    return cupy_blocks()
+    return mx.cupy_blocks()
 
 
 def _width(n: int, element: str) -> int:
@@ -301,9 +305,12 @@ def quantize_blocks(
     anything is computed.  A CuPy array gives CuPy uint8 codes.
 
     >>> import numpy as np
-    >>> from lscore.fp8 import quantize_blocks
+    >>> from lscore.fp8 import dequantize_blocks, quantize_blocks
     >>> b = quantize_blocks(np.linspace(-3, 3, 32, dtype=np.float32), "ocp-mx")
-    >>> b.scales, b.data[:4]
+    >>> b.scales.view(np.uint8), b.data[:4]
+    (array([120], dtype=uint8), array([-384, -352, -320, -320], dtype='float8_e4m3fn'))
+    >>> dequantize_blocks(b)[:4]
+    array([-3.  , -2.75, -2.5 , -2.5 ], dtype=float32)
     """
     r = as_block_recipe(recipe)
     elem = r.element if element is None else r.allows(element)
@@ -423,6 +430,10 @@ def _block_values(b: BlockScaled, dtype: str) -> np.ndarray:
         if b.tensor_scale is not None:
             s = (np.float32(b.tensor_scale) * s).astype(np.float32)
         return s
+    # 2**(c - 127), 0xFF NaN: the format's reading, torchao's get_fp_scale and TE's
+    # ptx::exp2f as NVIDIA/TransformerEngine#3262 corrected it (v2.18's shifted the byte into
+    # the exponent field: code 0 read as 0, 0xFF as Inf); TE's dequantize_mxfp8.cuh then
+    # rounds the float32 product once to the output dtype, as the OCP rule does
     s = kernels.e8m0_decode(codes)
     if r.behaviour == "torchao" and dtype == "float16":
         # torchao's to_dtype multiplies in the target dtype: 2**k overflows float16 above
@@ -461,9 +472,13 @@ def dequantize_blocks(b: BlockScaled, dtype: Any = np.float32) -> np.ndarray:
         )
     _check_codes(b)
     elems = _decode_elements(b)
-    scales = np.repeat(_block_values(b, dname), b.recipe.block, axis=-1)[..., : elems.shape[-1]]
+    scales = _block_values(b, dname)
+    n, k = elems.shape[-1], b.recipe.block
     with np.errstate(over="ignore", invalid="ignore"):
-        y = (elems * scales).astype(np.float32)
+        if n % k:  # a padded partial block: its scale repeated over the elements it has
+            y = elems * np.repeat(scales, k, axis=-1)[..., :n]
+        else:
+            y = (elems.reshape(*scales.shape, k) * scales[..., None]).reshape(elems.shape)
     if b.axis == 0:
         y = y.T
     if dname == "float32":

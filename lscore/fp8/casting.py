@@ -24,7 +24,6 @@ import numpy as np
 
 from lscore import kernels
 from lscore.fp8.checks import (
-    FLOATS,
     check_scale,
     dtype_name,
     float_input,

@@ -99,7 +99,7 @@ def block_axis(x: Any, axis: Any) -> bool:
 
 
 def out_dtype(dtype: Any) -> str:
-    """The name of a result dtype: float32, float16 or bfloat16 (a NumPy or ml_dtypes dtype or name)."""
+    """A result dtype's name: float32, float16 or bfloat16 (a NumPy or ml_dtypes dtype or name)."""
     name = "bfloat16" if isinstance(dtype, str) and dtype == "bfloat16" else None
     if name is None:
         try:

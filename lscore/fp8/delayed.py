@@ -24,8 +24,7 @@ import numpy.typing as npt
 from lscore import kernels
 from lscore.distributed import check_reducer, reduce_max
 from lscore.fp8.recipes import FP8_MAX, Recipe, recipe
-from lscore.policy import choice, integer
-from lscore.state import json_float
+from lscore.policy import JSON_NONFINITE, choice, integer, json_float, unjson_float
 
 __all__ = ["FORMAT", "DelayedScaling"]
 
@@ -36,11 +35,12 @@ _F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _number(name: str, x: Any) -> float:
-    """A JSON number, or one of the strings "nan", "inf", "-inf" that json_float writes."""
-    if isinstance(x, str) and x in ("nan", "inf", "-inf"):
-        return float(x)
+    """A JSON number, or one of the strings that json_float writes for the non-finite ones;
+    ValueError otherwise (a state dict's values are checked as data, not as arguments)."""
+    x = unjson_float(x)
     if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise ValueError(f"{name} must be a number or one of 'inf', '-inf', 'nan', got {x!r}")
+        named = ", ".join(map(repr, JSON_NONFINITE))
+        raise ValueError(f"{name} must be a number or one of {named}, got {x!r}")
     return float(x)
 
 

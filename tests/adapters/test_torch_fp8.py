@@ -14,6 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import lscore.fp8
+from helpers.torch_bits import bits as _bits
+from helpers.torch_bits import from_bits
 from lscore.adapters.torch import GradScaler
 from lscore.adapters.torch.fp8 import (
     DelayedFloat8Linear,
@@ -31,19 +33,7 @@ FP8 = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 def _tensor(key, dtype):
     """The recorded bits under ``key`` as a tensor of ``dtype`` (float32 or bfloat16)."""
-    a = DATA[key]
-    if dtype == "float32":
-        return torch.from_numpy(a.view(np.int32).copy()).view(torch.float32)
-    return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-
-
-def _bits(t):
-    t = t.detach().contiguous()
-    if t.dtype == torch.float32:
-        return t.view(torch.int32).numpy().view(np.uint32)
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16)
-    return t.view(torch.uint8).numpy()
+    return from_bits(DATA[key], dtype)
 
 
 def _two_layers(dtype=torch.float32):

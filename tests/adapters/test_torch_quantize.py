@@ -12,26 +12,10 @@ pytest.importorskip("ml_dtypes")
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers.fp8_inputs import float8_input
 from lscore.adapters.torch import quantize as TQ
 
 FP8 = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-SPECIAL = [
-    0.0,
-    -0.0,
-    1e-45,
-    -1e-40,
-    2.0**-10,
-    1.0,
-    -3.0,
-    448.0,
-    465.0,
-    6e4,
-    1e38,
-    float("inf"),
-    float("-inf"),
-    float("nan"),
-    65504.0,
-]
 
 
 def torch_quantize(x, scale, fmt):
@@ -42,19 +26,8 @@ def torch_quantize(x, scale, fmt):
 
 
 def inputs(seed, shape, dtype, how):
-    g = torch.Generator().manual_seed(seed)
-    big = torch.randn((*shape[:-1], shape[-1] * 3), generator=g) * 10.0 ** torch.randint(
-        -6, 5, (*shape[:-1], shape[-1] * 3), generator=g
-    )
-    flat = big.view(-1)
-    picks = torch.randint(0, flat.numel(), (flat.numel() // 4,), generator=g)
-    flat[picks] = torch.tensor(SPECIAL)[torch.randint(0, len(SPECIAL), picks.shape, generator=g)]
-    x = big.to(dtype)
-    if how == "step":
-        return x[..., ::3]
-    if how == "transpose":
-        return x[..., : shape[-1]].transpose(0, -1)
-    return x[..., : shape[-1]].contiguous()
+    """helpers.fp8_inputs' input as a torch tensor of `dtype`."""
+    return float8_input(seed, shape, str(dtype).removeprefix("torch."), how, torch=True)
 
 
 def same_bytes(q, want):

@@ -6,6 +6,7 @@ pythonpath``), so a test imports ``from helpers import FLOAT_DTYPES`` or
 
     helpers/__init__.py   paths, dtype lists, bitwise comparison
     helpers/gen.py        seeded generators: arrays, event sequences, policies
+    helpers/fp8_inputs.py  the float8 quantize tests' inputs (specials, layouts), NumPy and torch
     helpers/peer_models.py  each peer's update rule as a plain-Python model
     helpers/backends.py   the array/framework backends behind conftest's fixtures
     helpers/cuda_host/    lscore's CUDA kernels compiled with g++ and run on the CPU

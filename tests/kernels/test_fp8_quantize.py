@@ -9,36 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lscore.fp8 as Q
+from helpers.fp8_inputs import FLOATS, HOWS, float8_input
 from lscore import _reference_fp8 as ref
 from lscore import kernels
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 E4, E5 = "float8_e4m3fn", "float8_e5m2"
-DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
-SPECIAL = np.array(
-    [
-        0.0,
-        -0.0,
-        1e-45,
-        -1e-40,
-        2.0**-10,
-        1.0,
-        -3.0,
-        448.0,
-        464.0,
-        465.0,
-        6e4,
-        1e38,
-        np.inf,
-        -np.inf,
-        np.nan,
-        -np.nan,
-        65504.0,
-        2.0**-20,
-    ],
-    np.float32,
-)
 
 
 @pytest.fixture(params=kernels.isa_levels())
@@ -58,28 +35,10 @@ def same(a, b):
 
 @st.composite
 def layouts(draw):
-    """(x, view): a float array with specials, and a strided / transposed / reversed view of it."""
-    dt = draw(st.sampled_from(sorted(DTYPES)))
+    """A float array with specials in one of helpers.fp8_inputs' layouts."""
+    dt = draw(st.sampled_from(sorted(FLOATS)))
     shape = tuple(draw(st.lists(st.integers(1, 9), min_size=1, max_size=3)))
-    seed = draw(st.integers(0, 2**32 - 1))
-    rng = np.random.default_rng(seed)
-    full = (*(s * 2 for s in shape[:-1]), shape[-1] * 4)
-    m = int(np.prod(full))
-    big = np.concatenate(
-        [rng.standard_normal(m) * 10.0 ** rng.integers(-8, 6, m), rng.choice(SPECIAL, m)]
-    )
-    with np.errstate(over="ignore"):  # float16 overflows to Inf: one more special
-        base = rng.permutation(big)[:m].astype(np.float32).astype(DTYPES[dt]).reshape(full)
-    how = draw(st.sampled_from(["contiguous", "step", "transpose", "reverse"]))
-    if how == "contiguous":
-        v = base[tuple(slice(0, s) for s in shape)]
-    elif how == "step":
-        v = base[(*(slice(0, 2 * s, 2) for s in shape[:-1]), slice(0, 4 * shape[-1], 4))]
-    elif how == "transpose":
-        v = base[tuple(slice(0, s) for s in shape)].T
-    else:
-        v = base[tuple(slice(0, s) for s in shape)][..., ::-1]
-    return v
+    return float8_input(draw(st.integers(0, 2**32 - 1)), shape, dt, draw(st.sampled_from(HOWS)))
 
 
 @settings(max_examples=60, deadline=None)
@@ -107,7 +66,7 @@ def test_kernels_equal_the_twins(x, fmt, saturate, nan_sign, amax_nan, scale):
             rq, ram = ref.fp8_cast_rows(x, scales, fmt, saturate, nan_sign, amax_nan)
             np.testing.assert_array_equal(q, rq)
             same(am2, ram)
-            for dt in DTYPES.values():
+            for dt in FLOATS.values():
                 out = np.empty(x.shape, dt)
                 kernels.fp8_decode_rows(q, out, scales, fmt)
                 same(out.astype(np.float32), ref.fp8_dequantize(q, scales, fmt, dt, rows=True))
@@ -117,7 +76,7 @@ def test_kernels_equal_the_twins(x, fmt, saturate, nan_sign, amax_nan, scale):
             kernels.set_isa(old)
 
 
-@pytest.mark.parametrize("dt", sorted(DTYPES))
+@pytest.mark.parametrize("dt", sorted(FLOATS))
 @pytest.mark.parametrize("amax_nan", [False, True])
 def test_amax_of_long_runs(isa, dt, amax_nan):
     """Runs longer than a vector and than the cast's chunk, the largest value (or the NaN)
@@ -128,7 +87,7 @@ def test_amax_of_long_runs(isa, dt, amax_nan):
             for special in (1e4, np.inf, np.nan, -np.inf):
                 x = rng.standard_normal(n).astype(np.float32)
                 x[at] = special
-                x = x.astype(DTYPES[dt])
+                x = x.astype(FLOATS[dt])
                 same(kernels.fp8_amax(x, amax_nan), ref.fp8_amax(x, amax_nan))
                 q = np.empty(n, np.uint8)
                 same(

@@ -1,0 +1,116 @@
+"""Block-scaled quantize and dequantize of torch tensors (lscore.adapters.torch.quantize):
+the same bytes and values as lscore.fp8's NumPy path, torch's dtypes for them, torchao
+0.18.0's recorded outputs, strided and half-precision tensors read in place."""
+
+import pathlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+import lscore.fp8 as fp8
+from lscore.adapters.torch import quantize as TQ
+
+DATA = np.load(pathlib.Path(__file__).parents[1] / "core" / "data" / "torchao_mx.npz")
+
+
+def generated(rows=64, cols=64, seed=35):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, cols)) * 2.0 ** rng.integers(-30, 30, (rows, 1))).astype(
+        np.float32
+    )
+    x[0] = 0.0
+    x[1, 3] = np.nan
+    x[2, 5] = -np.inf
+    x[3, :] = 2.0**-140
+    return x
+
+
+@pytest.mark.parametrize(
+    "name, elem",
+    [
+        ("ocp-mx", "e4m3fn"),
+        ("ocp-mx", "e2m1"),
+        ("te-mxfp8", "e5m2"),
+        ("torchao-mx-floor", "e4m3fn"),
+        ("torchao-mx-rceil", "e2m1"),
+        ("nvfp4", "e2m1"),
+    ],
+)
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_same_bytes_and_values_as_numpy(name, elem, axis):
+    x = generated()
+    t = fp8.quantize_blocks(x, name, axis=axis, element=elem)
+    b = TQ.quantize_blocks(torch.from_numpy(x), name, axis=axis, element=elem)
+    fp8_dtypes = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e2m1": torch.uint8}
+    scale_dtype = torch.float8_e4m3fn if name == "nvfp4" else torch.float8_e8m0fnu
+    assert b.data.dtype == fp8_dtypes[elem] and b.scales.dtype == scale_dtype
+    assert (b.element, b.axis, b.shape, b.recipe) == (t.element, t.axis, t.shape, t.recipe)
+    np.testing.assert_array_equal(b.data.view(torch.uint8).numpy(), t.data.view(np.uint8))
+    np.testing.assert_array_equal(b.scales.view(torch.uint8).numpy(), t.scales.view(np.uint8))
+    assert (b.tensor_scale is None) == (t.tensor_scale is None)
+    targets = (
+        (torch.float32, np.float32),
+        (torch.bfloat16, ml_dtypes.bfloat16),
+        (torch.float16, np.float16),
+    )
+    for dtype, ndt in targets:
+        y = TQ.dequantize_blocks(b, dtype)
+        assert y.dtype == dtype and tuple(y.shape) == x.shape
+        want = fp8.dequantize_blocks(t, ndt).astype(np.float32)
+        np.testing.assert_array_equal(y.float().numpy(), want)
+
+
+@pytest.mark.parametrize("mode", ["floor", "ceil", "even", "rceil"])
+def test_torchao_presets_equal_torchao(mode):
+    x = torch.from_numpy(DATA["bf16_mx_x"].view(np.int16).copy()).view(torch.bfloat16)
+    b = TQ.quantize_blocks(x, f"torchao-mx-{mode}")
+    np.testing.assert_array_equal(
+        b.scales.view(torch.uint8).numpy(), DATA[f"bf16_e4m3fn_{mode}_scale"]
+    )
+    np.testing.assert_array_equal(
+        b.data.view(torch.uint8).numpy(), DATA[f"bf16_e4m3fn_{mode}_data"]
+    )
+    y = TQ.dequantize_blocks(b, torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    want = DATA[f"bf16_e4m3fn_{mode}_deq_bf16"]
+    nan = np.isnan(want.view(ml_dtypes.bfloat16).astype(np.float32))
+    np.testing.assert_array_equal(np.isnan(y.view(ml_dtypes.bfloat16).astype(np.float32)), nan)
+    np.testing.assert_array_equal(y[~nan], want[~nan])
+
+
+def test_strided_and_half_tensors_read_in_place():
+    x = torch.from_numpy(generated())
+    want = TQ.quantize_blocks(x.contiguous(), "te-mxfp8")
+    wide = torch.zeros(x.shape[0], 2 * x.shape[1])
+    wide[:, ::2] = x
+    got = TQ.quantize_blocks(wide[:, ::2], "te-mxfp8")
+    assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
+    h = x.clamp(-6e4, 6e4).half()
+    a = TQ.quantize_blocks(h, "te-mxfp8")
+    w = TQ.quantize_blocks(h.float(), "te-mxfp8")
+    assert torch.equal(a.data.view(torch.uint8), w.data.view(torch.uint8))
+    assert torch.equal(a.scales.view(torch.uint8), w.scales.view(torch.uint8))
+
+
+def test_bad_input():
+    with pytest.raises(TypeError, match=r"x must be a torch.Tensor, got ndarray"):
+        TQ.quantize_blocks(np.zeros(32, np.float32), "te-mxfp8")
+    with pytest.raises(TypeError, match=r"x must be float32, float16 or bfloat16, got torch.int32"):
+        TQ.quantize_blocks(torch.zeros(32, dtype=torch.int32), "te-mxfp8")
+    with pytest.raises(ValueError, match="multiple of the block 32"):
+        TQ.quantize_blocks(torch.zeros(2, 40), "torchao-mx-floor")
+    b = TQ.quantize_blocks(torch.zeros(2, 32), "te-mxfp8")
+    with pytest.raises(TypeError, match=r"dtype must be torch.float32, float16 or bfloat16"):
+        TQ.dequantize_blocks(b, torch.float64)
+    with pytest.raises(TypeError, match=r"b.data must be a torch.Tensor, got ndarray"):
+        TQ.dequantize_blocks(fp8.quantize_blocks(np.zeros((2, 32), np.float32), "te-mxfp8"))
+
+
+def test_cuda_tensors_need_the_cuda_block_kernels(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "lscore.cuda.mx", None)  # as a build without them
+    with pytest.raises(TypeError, match=r"needs lscore.cuda.mx's kernels, which this build lacks"):
+        TQ._require_cuda_blocks(torch.zeros(1))
