@@ -363,9 +363,9 @@ def block_stats(x: Any, recipe: Any, *, axis: int = -1, element: str | None = No
     the element codes) beside the input, in chunks of whole blocks.  What the recipe refuses
     (a partial block, an element it does not allow) is refused here.
     """
-    b = quantize_blocks(x, recipe, axis=axis, element=element)
+    a = float_input(x)  # a NumPy array: the counts read it beside the codes
+    b = quantize_blocks(a, recipe, axis=axis, element=element)
     r = b.recipe
-    a = float_input(x)
     scales = b.scales.view(np.uint8)
     q = b.data.view(np.uint8)
     if b.axis == 0:  # blocks along the first axis: along the last of the transposes
