@@ -275,6 +275,13 @@ def test_what_the_recipe_refuses_is_refused():
         F.block_stats(np.zeros(40, np.float32), "torchao-mx-floor")
     with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
         F.block_stats(np.zeros(64), "te-mxfp8")
+
+    class DeviceArray:  # what quantize_blocks would send to the GPU kernels
+        def __init__(self):
+            self.__cuda_array_interface__ = {"shape": (64,), "typestr": "<f4", "data": (0, False)}
+
+    with pytest.raises(TypeError, match="x must be a NumPy array, got DeviceArray"):
+        F.block_stats(DeviceArray(), "te-mxfp8")
     with pytest.raises(TypeError, match="BlockRecipe or a preset name"):
         F.block_stats(np.zeros(64, np.float32), ("e4m3fn", "floor", 32))
 
