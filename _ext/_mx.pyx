@@ -22,6 +22,7 @@ cdef extern from "lsc_mx.h" nogil:
         LSC_MX_EVEN
         LSC_MX_RCEIL
         LSC_MX_TE
+        LSC_MX_OCP
         LSC_MX_E2M1
     float lsc_e8m0_to_f32(uint32_t c)
     uint32_t lsc_e8m0_from_f32(float f)
@@ -34,7 +35,7 @@ cdef extern from "lsc_mx.h" nogil:
 
 #: block scale rule name -> its code (lsc_mx.h)
 MODES = {"floor": LSC_MX_FLOOR, "ceil": LSC_MX_CEIL, "even": LSC_MX_EVEN,
-         "rceil": LSC_MX_RCEIL, "te": LSC_MX_TE}
+         "rceil": LSC_MX_RCEIL, "te": LSC_MX_TE, "ocp": LSC_MX_OCP}
 #: MX element format name -> its code (lsc_mx.h)
 ELEMS = {"float8_e4m3fn": LSC_CODE_E4M3FN, "float8_e5m2": LSC_CODE_E5M2,
          "float4_e2m1": LSC_MX_E2M1}

@@ -37,9 +37,22 @@
  *                 0 -> 0x00 (NVIDIA/TransformerEngine v2.18
  *                 transformer_engine/common/util/ptx.cuh float_to_e8m0, the
  *                 software path of cvt.rp.satfinite.ue8m0x2.f32).
+ *   LSC_MX_OCP    the OCP rule as the spec authors' reference computes it
+ *                 (microsoft/microxcaling mx/mx_ops.py _shared_exponents,
+ *                 _quantize_mx): floor(log2(amax)) - emax, an all-zero
+ *                 block taking float32's smallest normal in the logarithm,
+ *                 e < -127 -> -127, e > 127 (an Inf or NaN amax) -> the
+ *                 NaN scale 0xFF.  The floor is exact (the exponent of
+ *                 amax); microxcaling's torch.log2 rounds to float32 first,
+ *                 so there a maximum within a float32 ulp of the logarithm
+ *                 below 2**k takes k.
  * Elements: FLOOR, CEIL and EVEN divide by the scale read as float32 bits
  * code << 23, clamped below to 2**-126 (so a tiny block dequantizes, with
  * code 0 read as 2**-127, to half its value), clamp to +-max and narrow;
+ * OCP divides by the exact 2**e (the product with 2**-e, the same real
+ * number rounded once; code 0 is 2**-127, no clamp) and clamps to +-max,
+ * and every element of a NaN-scale block is the narrowing of float32's
+ * NaN 0x7FC00000 (microxcaling's whole block dequantizes to NaN);
  * RCEIL multiplies by torchao's reciprocal (0xFF: the NaN descale, 0xFE:
  * 2**-127, 0: 1, else 2**(127 - c)), TE by its exp2f_rcp (0: 1, else the
  * float32 bits (254 - c) << 23).  float8 elements narrow with lsc_fp8.h's
@@ -62,7 +75,8 @@
 #include <math.h>
 #endif
 
-enum { LSC_MX_FLOOR = 0, LSC_MX_CEIL = 1, LSC_MX_EVEN = 2, LSC_MX_RCEIL = 3, LSC_MX_TE = 4 };
+enum { LSC_MX_FLOOR = 0, LSC_MX_CEIL = 1, LSC_MX_EVEN = 2, LSC_MX_RCEIL = 3, LSC_MX_TE = 4,
+       LSC_MX_OCP = 5 };
 /* element formats: the float8 dtype codes of lsc_codes.h, and E2M1 */
 enum { LSC_MX_E2M1 = -1 };
 
@@ -172,6 +186,13 @@ LSC_FN lsc_u32 lsc_mx_scale(float amax, int elem, int mode)
     }
     if (amax != amax)
         return 0xFFu;
+    if (mode == LSC_MX_OCP) {
+        /* zero and subnormal amaxes: floor(log2) <= -126, so e <= -128 -> -127 */
+        if (x >= 0x7F800000u)
+            return 0xFFu;
+        e = (lsc_i32)(x >> 23) - 127 - lsc_mx_emax(elem);
+        return (lsc_u32)((e < -127 ? -127 : e) + 127);
+    }
     if (mode == LSC_MX_EVEN)
         x = (x + (1u << (23 - lsc_mx_mbits(elem) - 1))) & 0xFF800000u;
     e = (lsc_i32)((x >> 23) & 0xFFu) - 127 - lsc_mx_emax(elem);
@@ -207,6 +228,10 @@ LSC_FN lsc_u32 lsc_mx_elem(float x, lsc_u32 s, float amax, int elem, int mode)
     } else if (mode == LSC_MX_TE) {
         float r = s == 0u ? 1.0f : lsc_f32_from_bits((lsc_u32)(254 - (lsc_i32)s) << 23);
         y = x * r;
+    } else if (mode == LSC_MX_OCP) {
+        /* s <= 252 when finite (amax < 2**128, emax >= 2), so 2**(127 - s) is normal */
+        y = s == 0xFFu ? lsc_f32_from_bits(0x7FC00000u)
+                       : lsc_mx_clamp(x * lsc_f32_from_bits((254u - s) << 23), -top, top);
     } else {
         float d = lsc_f32_from_bits(s << 23);
         d = d < 0x1p-126f ? 0x1p-126f : d;

@@ -70,7 +70,8 @@ def mx_scale(amax: Any, elem: str, mode: str) -> np.ndarray:
     and biased by 127 (NaN: 0xFF).  rceil: torchao's, ceil of log2(amax / max) rounded to
     float32, clamped to [-127, 127] (NaN 0xFF, Inf 0xFE).  te: TransformerEngine's, amax *
     float32(1 / max) rounded up to a power of two (to 0xFE at most, 2**-127 below it; NaN
-    0xFF, Inf 0xFE, 0 -> 0).
+    0xFF, Inf 0xFE, 0 -> 0).  ocp: floor(log2(amax)) - emax, a zero amax read as 2**-126,
+    at least -127; NaN and Inf (beyond 127) 0xFF.
     """
     emax, top, mbits = _MX_ELEMS[elem]
     out = []
@@ -98,6 +99,13 @@ def mx_scale(amax: Any, elem: str, mode: str) -> np.ndarray:
                 m, e = math.frexp(d)
                 field = e - 1 + 127
                 out.append(field if m == 0.5 or field == 254 else field + 1)
+            continue
+        if mode == "ocp":
+            if math.isinf(a):
+                out.append(255)
+                continue
+            m, e = math.frexp(a if a else 2.0**-126)  # a = m * 2**e, m in [0.5, 1)
+            out.append(max(e - 1 - emax, -127) + 127)
             continue
         if mode == "even" and 0 < a < math.inf:
             m, e = math.frexp(a)  # a = m * 2**e, m in [0.5, 1)
@@ -153,7 +161,9 @@ def mx_quantize(x: Any, elem: str, mode: str, block: int = 32) -> tuple[np.ndarr
     floor / ceil / even divide the elements by 2**(code - 127) as float32 (code 0 by
     2**-126, code 0xFF by Inf) and clamp to +-max; rceil multiplies by torchao's factor
     (0xFF: the NaN descale, 0xFE: 2**-127, 0: 1, else 2**(127 - code)) and clamps; te by
-    TransformerEngine's (0: 1, else the float32 bits (254 - code) << 23).
+    TransformerEngine's (0: 1, else the float32 bits (254 - code) << 23); ocp divides by
+    2**(code - 127) exactly (in float64, rounded once to float32) and clamps, every element
+    of a 0xFF block float32's NaN 0x7FC00000.
     """
     top = _MX_ELEMS[elem][1]
     v = np.asarray(x, np.float32)
@@ -169,6 +179,10 @@ def mx_quantize(x: Any, elem: str, mode: str, block: int = 32) -> tuple[np.ndarr
             r = np.where(sc == 255, descale, np.where(sc == 254, f32(2.0**-127), pow2))
             r = np.where(sc == 0, f32(1), r).astype(f32)
             y = np.clip(_times(b, r), -top, top).astype(f32)
+        elif mode == "ocp":
+            e = np.where(sc == 255, 0, sc - 127)
+            y = np.clip((b.astype(np.float64) / 2.0**e).astype(f32), -top, top).astype(f32)
+            y = np.where(sc == 255, _NAN32, y).astype(f32)
         elif mode == "te":
             r = np.where(sc == 0, f32(1), ((254 - sc) << 23).astype(np.uint32).view(f32))
             y = (b * r.astype(f32)).astype(f32)

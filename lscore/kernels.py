@@ -33,7 +33,9 @@ measures the kernels themselves (``lscore bench``).
   ``fp8_amax_rows(x, amaxes, amax_nan=False)``: the amax pass alone;
   ``fp8_decode(q, out, fmt, scale=1.0)``: the codes widened back, divided
   by ``scale`` in float32 (exact with scale 1), ``fp8_decode_rows(q, out,
-  scales, fmt)`` with one scale per row.
+  scales, fmt)`` with one scale per row.  Each takes a last keyword
+  ``threads`` (0: by the size, 1: serial, k: at most k threads); the bytes
+  and amaxes are the same with any.
 - ``fp8_scale_te(amax, out, fp8_max, pow2, eps)``,
   ``fp8_scale_torchao(amax, out, fp8_max, pow2, eps)``: the float8 scale of
   each amax (float32, C-contiguous) by TransformerEngine's
@@ -46,8 +48,9 @@ measures the kernels themselves (``lscore bench``).
   rule for all n) and ``load(history, scale, scale_inv)``.
 - ``mx_scale(amax, elem, mode)``: the E8M0 block scale code of each float32
   amax for MX element format ``elem`` (a name of ``MX_ELEMS``) by the rule
-  ``mode`` (a name of ``MX_MODES``: ``floor`` the OCP rule, ``ceil``,
-  ``even``, ``rceil`` torchao's, ``te`` TransformerEngine's);
+  ``mode`` (a name of ``MX_MODES``: ``ocp`` the OCP rule as its reference
+  implementation computes it, ``floor`` (the OCP rule as torchao runs it),
+  ``ceil``, ``even``, ``rceil`` torchao's, ``te`` TransformerEngine's);
   ``mx_quantize(x, elem, mode, block=32)``: the blocks along the last axis
   of a float32 / bfloat16 / float16 array quantized by that rule, returning
   (scale codes, element codes; E2M1 packed two per byte, the first in the
@@ -59,7 +62,10 @@ measures the kernels themselves (``lscore bench``).
 - ``isa()``, ``isa_levels()``, ``set_isa(name)``, ``pool_size()``: the CPU
   kernel level in use, the levels this CPU runs, a switch of every CPU
   kernel (the scan's and the float8 casts'; returns the previous level) and
-  the number of scan threads.
+  the number of threads a large call may run on, the caller included: the
+  package has one thread pool, which the scan and the float8 kernels share
+  (as many threads as CPUs this process may use, at most 8, or fewer with
+  the environment variable ``LSCORE_NUM_THREADS``).
 - ``read_bandwidth(a)``, ``copy_bandwidth(dst, src)``: a plain C read loop
   and memcpy over an array's bytes, the bandwidth references of the bench.
 - ``DEVICE_FLAGS``, ``DEVICE_VALS`` (slot names -> index, with their counts

@@ -261,3 +261,43 @@ def test_te_rule_rounds_the_float32_descale_up(x):
                 while k < 127 and Fraction(2) ** k < Fraction(d):
                     k += 1
                 assert c == k + 127, (d, c)
+
+
+@pytest.mark.parametrize("elem", list(ELEMS.values()))
+def test_ocp_mode_departs_from_torchao_floor(elem):
+    """'ocp' is the OCP rule as microxcaling computes it and 'floor' torchao's FLOOR: the
+    same scale for finite blocks, but a tiny block dequantizes exactly under 'ocp' (divided
+    by 2**-127, not torchao's 2**-126) and an Inf block gets the NaN scale 0xFF (torchao:
+    the finite 128 - emax + 127) with every element NaN."""
+    decode = ref.e2m1_decode if elem == "float4_e2m1" else (lambda q: ref8.fp8_decode(q, elem))
+
+    def back(s, q):
+        if elem == "float4_e2m1":
+            q = np.stack([q & 15, q >> 4], axis=-1).reshape(len(q), -1)
+        return kernels.e8m0_decode(s).astype(np.float64) * decode(q).astype(np.float64)
+
+    tiny = np.full((1, 32), 2.0**-126, np.float32)
+    tiny[0, 1::2] = -(2.0**-127)
+    for mode, factor in (("ocp", 1.0), ("floor", 0.5)):
+        s, q = kernels.mx_quantize(tiny, elem, mode)
+        assert s[0, 0] == 0
+        np.testing.assert_array_equal(back(s, q), tiny.astype(np.float64) * factor)
+    inf = np.linspace(-3, 3, 32, dtype=np.float32)[None]
+    inf[0, 5] = np.inf
+    s_ocp, q_ocp = kernels.mx_quantize(inf, elem, "ocp")
+    s_floor, _ = kernels.mx_quantize(inf, elem, "floor")
+    assert s_ocp[0, 0] == 0xFF
+    assert s_floor[0, 0] == 128 - ref._MX_ELEMS[elem][0] + 127
+    assert np.all(np.isnan(back(s_ocp, q_ocp)))
+    np.testing.assert_array_equal(
+        q_ocp, kernels.mx_quantize(np.full((1, 32), np.nan, np.float32), elem, "ocp")[1]
+    )
+    # finite blocks, zero included: the same scale and codes under both
+    x = np.concatenate([np.zeros(32), np.linspace(-1e3, 7e2, 32), 2.0 ** np.arange(-60, -28)])
+    x = x.astype(np.float32).reshape(3, 32)
+    for got, want in zip(
+        kernels.mx_quantize(x, elem, "ocp"), kernels.mx_quantize(x, elem, "floor"), strict=True
+    ):
+        np.testing.assert_array_equal(got, want)
+    assert kernels.mx_scale(np.float32(0), elem, "ocp") == 0
+    assert kernels.mx_scale(np.float32(np.nan), elem, "ocp") == 0xFF
