@@ -198,6 +198,9 @@ static __device__ __forceinline__ float lsc_mxk_scaled(float x, lsc_mxk_block b,
     }
     if (mode == LSC_MX_TE)
         return x * (s == 0u ? 1.0f : lsc_f32_from_bits((lsc_u32)(254 - (lsc_i32)s) << 23));
+    if (mode == LSC_MX_OCP)
+        return s == 0xFFu ? lsc_f32_from_bits(0x7FC00000u)
+                          : lsc_mx_clamp(x * lsc_f32_from_bits((254u - s) << 23), -top, top);
     float d = lsc_f32_from_bits(s << 23);
     d = d < 0x1p-126f ? 0x1p-126f : d;
     return elem == LSC_MX_E2M1 ? x / d : lsc_mx_clamp(x / d, -top, top);
@@ -300,10 +303,14 @@ __global__ void lsc_mx_cols(const void *x, long long rows, long long cols, long 
 }
 
 /* Dequantize: out (rows x cols, C order, dtype CODE) = float32(element code)
- * * float32(its block's scale) [* *pts], rounded once to CODE.  scales and q
- * are laid out as the quantize kernels write them for `cols_blocks` (0:
- * rows, 1: cols); elem is a float8 code or LSC_MX_E2M1; mode < 0 (NVFP4)
- * reads E4M3 scales (and pts), any other E8M0 ones. */
+ * * float32(its block's scale), rounded once to CODE: the values
+ * lscore.fp8.dequantize_blocks gives.  scales and q are laid out as the
+ * quantize kernels write them for `cols_blocks` (0: rows, 1: cols); elem is
+ * a float8 code or LSC_MX_E2M1.  mode < 0 (NVFP4) reads E4M3 scales, times
+ * the per-tensor scale *pts first when pts is not null; any other mode
+ * E8M0 ones, which torchao's modes (FLOOR, CEIL, EVEN, RCEIL) round to
+ * float16 first for a float16 result, as its to_dtype multiplies in the
+ * target dtype. */
 template <int CODE>
 __global__ void lsc_mx_dequant(const unsigned char *scales, const unsigned char *q,
                                long long rows, long long cols, int block, int cols_blocks,
@@ -316,7 +323,7 @@ __global__ void lsc_mx_dequant(const unsigned char *scales, const unsigned char 
         lsc_u32 s = cols_blocks ? scales[r / block * cols + c]
                                 : scales[r * (cols / block) + c / block];
         lsc_u32 code;
-        float v, f;
+        float v, sc, f;
         if (e2m1) {
             lsc_u32 byte = cols_blocks ? q[r / 2 * cols + c] : q[r * (cols / 2) + c / 2];
             code = ((cols_blocks ? r : c) & 1) ? byte >> 4 : byte & 0xFu;
@@ -325,12 +332,17 @@ __global__ void lsc_mx_dequant(const unsigned char *scales, const unsigned char 
             v = lsc_fp8_to_f32(q[i], elem);
         }
         if (mode < 0) {
-            f = v * lsc_fp8_to_f32(s, LSC_CODE_E4M3FN);
-            if (pts)
-                f = f * *pts;
+            /* torchao's NVFP4 dequantize: the per-tensor times the block scale first */
+            sc = lsc_fp8_to_f32(s, LSC_CODE_E4M3FN);
+            sc = pts ? *pts * sc : sc;
         } else {
-            f = v * lsc_e8m0_to_f32(s);
+            sc = lsc_e8m0_to_f32(s);
+            /* torchao's modes: its to_dtype casts the scale to float16 first */
+            if (CODE == LSC_CODE_F16 && (mode == LSC_MX_FLOOR || mode == LSC_MX_CEIL
+                                         || mode == LSC_MX_EVEN || mode == LSC_MX_RCEIL))
+                sc = lsc_dev_f16_to_f32(lsc_dev_f32_to_f16(sc));
         }
+        f = v * sc;
         lsc_fp8_out<CODE>(out, i, f);
     }
 }

@@ -210,21 +210,22 @@ class BlockArrays:
 
     def _pts(self, like: Any, pts: Any) -> tuple[int, Any]:
         """(address of the per-tensor scale's float32 on the device or 0, what keeps it)."""
+        import numpy as np
+
         if pts is None:
             return 0, None
-        if hasattr(pts, "shape") and hasattr(pts, "data") and not is_host(pts):
+        host = is_host(pts) or isinstance(pts, (int, float, np.generic))
+        if not host and hasattr(pts, "shape"):
             v = self.h["view"](pts)
             if v.dtype != "float32" or math.prod(v.shape) != 1:
                 raise ValueError(
                     f"pts must be one float32 on the device, got {v.dtype} of shape {v.shape}"
                 )
             return v.ptr, pts
-        import numpy as np
-
-        host = np.asarray(pts, np.float32).reshape(-1)
-        if host.size != 1:
-            raise ValueError(f"pts must be one float32, got {host.size} values")
-        words = self.h["upload"](like, host)
+        value = np.asarray(pts, np.float32).reshape(-1)
+        if value.size != 1:
+            raise ValueError(f"pts must be one float32, got {value.size} values")
+        words = self.h["upload"](like, value)
         return self.h["view"](words).ptr, words
 
     def quantize(
@@ -282,8 +283,11 @@ class BlockArrays:
         pts: Any = None,
         dtype: str = "float32",
     ) -> Any:
-        """The values the codes stand for, element * scale [* pts] in float32 rounded
-        once to `dtype` (a name), shaped as the quantized input."""
+        """The values the codes stand for, shaped as the quantized input: each element
+        times its block's scale in float32 rounded once to `dtype` (a name), as
+        ``lscore.fp8.dequantize_blocks`` reads them back (NVFP4: the per-tensor times the
+        block scale first; torchao's modes floor, ceil, even and rceil: the scale rounded
+        to float16 first for a float16 result)."""
         e, m, b = _codes(elem, mode, block)
         if dtype not in _FLOATS:
             raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")

@@ -15,6 +15,7 @@ import subprocess
 import numpy as np
 import pytest
 
+import lscore.fp8
 from lscore import _reference_mx as ref
 from lscore import cuda, kernels
 from lscore.cuda import mx as cuda_mx
@@ -212,6 +213,38 @@ def test_rceil_scale_needs_no_logarithm(backend):
         np.testing.assert_array_equal(s[:, 0], kernels.mx_scale(amax[:, 0], elem, "rceil"))
 
 
+RCEIL_EVERY_AMAX = r"""
+#include <cstdio>
+#include "cuda_shim.h"
+#include "mx.cu"
+int main()
+{
+    const int elems[3] = {LSC_CODE_E4M3FN, LSC_CODE_E5M2, LSC_MX_E2M1};
+    unsigned long bad = 0;
+    for (int e : elems)
+        for (unsigned long long w = 0; w <= 0x7FFFFFFFull; ++w) {
+            float amax = lsc_f32_from_bits((lsc_u32)w);
+            if (lsc_mxk_rceil(amax, e) != lsc_mx_scale(amax, e, LSC_MX_RCEIL) && bad++ < 5)
+                std::printf("%d %08llx\n", e, w);
+        }
+    std::printf("%lu\n", bad);
+    return 0;
+}
+"""
+
+
+@pytest.mark.slow
+def test_rceil_scale_needs_no_logarithm_at_every_amax(tmp_path):
+    """mx.cu's RCEIL scale equals lsc_mx_scale's at every non-negative float32 amax and NaN,
+    for each element format (2**31 patterns each; about three minutes on a shared core)."""
+    src, exe = tmp_path / "rceil.cpp", tmp_path / "rceil"
+    src.write_text(RCEIL_EVERY_AMAX)
+    cmd = [cuda_host.compiler(), "-std=c++17", "-O2", "-ffp-contract=off", "-fno-strict-aliasing"]
+    cmd += [f"-I{cuda_host.EXT}", f"-I{cuda_host.HERE}", str(src), "-o", str(exe)]
+    subprocess.run(cmd, check=True)
+    assert subprocess.run([str(exe)], capture_output=True, text=True).stdout == "0\n"
+
+
 @st.composite
 def block_inputs(draw):
     """(32, 64) float32 inputs of whole blocks: 64 values drawn from the specials and all
@@ -250,51 +283,38 @@ def test_generated_blocks_equal_the_kernels_and_the_twin(backend, x, src, hw):
         np.testing.assert_array_equal(d, td)
 
 
-def unpack4(d, cols):
-    """One E2M1 code per element from bytes packed along the last axis (or, cols, the first)."""
-    a = d.T if cols else d
-    out = np.empty((*a.shape[:-1], a.shape[-1] * 2), np.uint8)
-    out[..., 0::2], out[..., 1::2] = a & 0xF, a >> 4
-    return out.T if cols else out
-
-
-def values(s, d, elem, mode, block, cols, pts=None):
-    """element * scale [* pts] in float32, from the codes in mx.cu's layout."""
-    if elem == "float4_e2m1":
-        v = kernels.e2m1_decode(unpack4(d, cols))
-    else:
-        v = d.view(getattr(ml_dtypes, elem)).astype(np.float32)
-    if mode == "nvfp4":
-        sc = s.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
-    else:
-        sc = kernels.e8m0_decode(s)
-    sc = np.repeat(sc, block, axis=0 if cols else -1)
-    with np.errstate(over="ignore", invalid="ignore"):
-        f = (v * sc).astype(np.float32)
-        return f if pts is None else (f * np.float32(pts)).astype(np.float32)
-
-
-@pytest.mark.parametrize("dst", sorted(DTYPES))
-def test_dequantize_is_element_times_scale(backend, dst):
+@pytest.mark.parametrize("name", lscore.fp8.BLOCK_RECIPES)
+def test_recipes_quantize_and_dequantize_like_lscore_fp8(backend, name):
+    """Each block recipe's codes and values read back (every dtype) equal lscore.fp8's
+    quantize_blocks / dequantize_blocks on NumPy arrays, blocks along either axis."""
     dev = harness_blocks(backend)
+    r = lscore.fp8.recipe(name)
     x = blocks_of(64, 64, 9)
-    cases = [(e, m, 32, None) for e in ELEMS for m in ("floor", "te")]
-    cases += [("float4_e2m1", "nvfp4", 16, None), ("float4_e2m1", "nvfp4", 16, 0.25)]
-    for elem, mode, block, pts in cases:
+    x[5, 40] = 3e38  # beyond float16's range once scaled back
+    for elem in ("e4m3fn", "e5m2", "e2m1"):
+        try:
+            r.allows(elem)
+        except ValueError:
+            continue  # not an element of this recipe
         for axis in (-1, 0):
-            s, d = dev.quantize(x, elem, mode, block, axis=axis, pts=pts)
-            got = dev.dequantize(s, d, elem, mode, block, axis=axis, pts=pts, dtype=dst)
-            with np.errstate(over="ignore"):
-                w = values(s, d, elem, mode, block, axis == 0, pts).astype(DTYPES[dst])
-            assert got.shape == x.shape and got.dtype == w.dtype
-            # a NaN by value: which NaN a product of NaNs gives is the operands' order
-            nan = np.isnan(w.astype(np.float32))
-            assert np.isnan(got.astype(np.float32)[nan]).all()
-            np.testing.assert_array_equal(
-                got.view(f"u{w.itemsize}")[~nan],
-                w.view(f"u{w.itemsize}")[~nan],
-                err_msg=f"{elem} {mode} {axis}",
-            )
+            b = lscore.fp8.quantize_blocks(x, r, axis=axis, element=elem)
+            s, d = dev.quantize(x, elem, r.mode, r.block, axis=axis, pts=b.tensor_scale)
+            np.testing.assert_array_equal(s, b.scales.view(np.uint8), err_msg=f"{elem} {axis}")
+            np.testing.assert_array_equal(d, b.data.view(np.uint8), err_msg=f"{elem} {axis}")
+            for dst, dt in DTYPES.items():
+                got = dev.dequantize(
+                    s, d, elem, r.mode, r.block, axis=axis, pts=b.tensor_scale, dtype=dst
+                )
+                w = lscore.fp8.dequantize_blocks(b, dt)
+                assert got.shape == x.shape and got.dtype == w.dtype
+                # a NaN by value: which NaN a product of NaNs gives is the operands' order
+                nan = np.isnan(w.astype(np.float32))
+                assert np.isnan(got.astype(np.float32)[nan]).all()
+                np.testing.assert_array_equal(
+                    got.view(f"u{w.itemsize}")[~nan],
+                    w.view(f"u{w.itemsize}")[~nan],
+                    err_msg=f"{elem} {axis} {dst}",
+                )
 
 
 def test_bad_arguments_are_refused_before_a_launch(backend):
