@@ -35,6 +35,18 @@ static __device__ __forceinline__ float lsc_fp8_in(const void *x, long long i)
     return CODE == LSC_CODE_F16 ? lsc_dev_f16_to_f32(h) : lsc_dev_bf16_to_f32(h);
 }
 
+/* out[i] = f rounded once to dtype code CODE */
+template <int CODE>
+static __device__ __forceinline__ void lsc_fp8_out(void *out, long long i, float f)
+{
+    if (CODE == LSC_CODE_F32)
+        static_cast<float *>(out)[i] = f;
+    else if (CODE == LSC_CODE_F16)
+        static_cast<lsc_u16 *>(out)[i] = lsc_dev_f32_to_f16(f);
+    else
+        static_cast<lsc_u16 *>(out)[i] = lsc_dev_f32_to_bf16(f);
+}
+
 template <int CODE, int FMT, int HW>
 __global__ void lsc_fp8_cast(const void *x, long long n, float scale, unsigned char *q, int flags,
                              unsigned int *amax_bits)
@@ -60,13 +72,7 @@ __global__ void lsc_fp8_decode(const unsigned char *q, long long n, void *out)
 {
     long long step = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += step) {
-        float f = lsc_fp8_to_f32(q[i], FMT);
-        if (CODE == LSC_CODE_F32)
-            static_cast<float *>(out)[i] = f;
-        else if (CODE == LSC_CODE_F16)
-            static_cast<lsc_u16 *>(out)[i] = lsc_dev_f32_to_f16(f);
-        else
-            static_cast<lsc_u16 *>(out)[i] = lsc_dev_f32_to_bf16(f);
+        lsc_fp8_out<CODE>(out, i, lsc_fp8_to_f32(q[i], FMT));
     }
 }
 
@@ -158,12 +164,6 @@ __global__ void lsc_fp8_dequant2d(const unsigned char *q, long long rows, long l
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += step) {
         lsc_fp8_rc(i, rows, cols, &r, &c);
         float s = scales ? scales[per_row ? r : 0] : scale;
-        float f = lsc_fp8_to_f32(q[r * rs + c * cs], FMT) / s;
-        if (CODE == LSC_CODE_F32)
-            static_cast<float *>(out)[i] = f;
-        else if (CODE == LSC_CODE_F16)
-            static_cast<lsc_u16 *>(out)[i] = lsc_dev_f32_to_f16(f);
-        else
-            static_cast<lsc_u16 *>(out)[i] = lsc_dev_f32_to_bf16(f);
+        lsc_fp8_out<CODE>(out, i, lsc_fp8_to_f32(q[r * rs + c * cs], FMT) / s);
     }
 }

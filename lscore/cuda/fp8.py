@@ -26,8 +26,12 @@ __all__ = [
     "DeviceView",
     "Float8Arrays",
     "Float8Launcher",
+    "contiguous",
     "cupy_arrays",
+    "cupy_hooks",
+    "is_host",
     "view2d",
+    "view_args",
 ]
 
 
@@ -67,10 +71,10 @@ def view2d(v: DeviceView, per_row: bool) -> tuple[int, int, int, int]:
     return rows, cols, (lead[-1][1] if lead else cols * cs), cs
 
 
-def _view_args(v: DeviceView, per_row: bool) -> tuple[int, tuple]:
+def view_args(v: DeviceView, per_row: bool) -> tuple[int, tuple]:
     """(element count, the kernel arguments that describe `v`: address, rows, cols, row
     stride, col stride as uint64 / int64), read as ``view2d`` reads it: the head every
-    float8 kernel of fp8.cu takes."""
+    quantize kernel of fp8.cu and mx.cu takes."""
     import numpy as np
 
     rows, cols, rs, cs = view2d(v, per_row)
@@ -97,7 +101,7 @@ class Float8Launcher:
         """Fold ``max |x|`` (per tensor or per row) into the zeroed uint32 words at amax_ptr."""
         import numpy as np
 
-        n, head = _view_args(x, per_row)
+        n, head = view_args(x, per_row)
         if n == 0:
             return
         flags = kernels.FP8_FLAGS["AMAX_NAN"] if propagate else 0
@@ -130,7 +134,7 @@ class Float8Launcher:
         """
         import numpy as np
 
-        n, head = _view_args(x, per_row)
+        n, head = view_args(x, per_row)
         if n == 0:
             return
         args = (
@@ -160,7 +164,7 @@ class Float8Launcher:
         """out = float32(q) / scale rounded once to out_dtype (C-contiguous at out_ptr)."""
         import numpy as np
 
-        n, head = _view_args(q, per_row)
+        n, head = view_args(q, per_row)
         if n == 0:
             return
         args = (
@@ -206,9 +210,9 @@ class Float8Arrays:
 
     def _scale(self, like: Any, scale: Any, rows: int | None) -> tuple[float, Any]:
         """(scale by value, device words or None) after lscore.fp8's check."""
-        if rows is not None and hasattr(scale, "shape") and not _is_host(scale):
+        if rows is not None and hasattr(scale, "shape") and not is_host(scale):
             v = self.h["view"](scale)
-            if v.dtype != "float32" or math.prod(v.shape) != rows or not _contiguous(v):
+            if v.dtype != "float32" or math.prod(v.shape) != rows or not contiguous(v):
                 raise ValueError(
                     f"scale must hold one positive finite float32 per row ({rows}), "
                     f"got {v.dtype} of shape {v.shape}"
@@ -264,7 +268,7 @@ class Float8Arrays:
                 raise TypeError(f"out must be uint8 or {name}, got {o.dtype}")
             if tuple(o.shape) != tuple(v.shape):
                 raise ValueError(f"out must have the input's shape {tuple(v.shape)}, got {o.shape}")
-            if not _contiguous(o):
+            if not contiguous(o):
                 raise ValueError("out must be a writable C-contiguous array")
         if check:
             by_value, words = self._scale(x, scale, rows)
@@ -341,7 +345,8 @@ class _Shape:
         self.shape = shape
 
 
-def _contiguous(v: DeviceView) -> bool:
+def contiguous(v: DeviceView) -> bool:
+    """Whether `v` is C-contiguous (axes of one element aside)."""
     want = v.itemsize
     for d, s in zip(reversed(v.shape), reversed(v.strides), strict=True):
         if d != 1 and s != want:
@@ -350,10 +355,49 @@ def _contiguous(v: DeviceView) -> bool:
     return True
 
 
-def _is_host(a: Any) -> bool:
+def is_host(a: Any) -> bool:
+    """Whether `a` is host data (a NumPy array, list or tuple), not a device array."""
     import numpy as np
 
     return type(a) is np.ndarray or isinstance(a, (list, tuple))
+
+
+def cupy_hooks(make_launcher: Any) -> dict[str, Any]:
+    """The hooks that bind an arrays class of lscore.cuda (``Float8Arrays``,
+    ``lscore.cuda.mx.BlockArrays``) to CuPy arrays: a launcher per device,
+    ``make_launcher(CupyBackend(device))``, launching on CuPy's current stream."""
+    import cupy
+
+    from lscore.cuda.cupy_backend import CupyBackend
+
+    launchers: dict[int, Any] = {}
+
+    def launcher(a: Any) -> Any:
+        dev = a.device.id
+        if dev not in launchers:
+            launchers[dev] = make_launcher(CupyBackend(dev))
+        return launchers[dev]
+
+    def on(like: Any, make: Any) -> Any:
+        with cupy.cuda.Device(like.device.id):
+            return make()
+
+    def empty(like: Any, shape: tuple[int, ...], dtype: str) -> Any:
+        if dtype == "bfloat16":
+            raise TypeError("dtype must be float32 or float16 for CuPy arrays, got 'bfloat16'")
+        return on(like, lambda: cupy.empty(shape, dtype))
+
+    return dict(
+        view=lambda a: DeviceView(a.data.ptr, a.shape, a.strides, a.dtype.name, a.itemsize),
+        empty=empty,
+        zeros=lambda like, n, dtype: on(like, lambda: cupy.zeros(n, dtype)),
+        upload=lambda like, host: on(like, lambda: cupy.asarray(host)),
+        as_float32=lambda w: w.view(cupy.float32),
+        to_host=lambda a: a.get(),
+        all_positive_finite=lambda a: bool(((a > 0) & cupy.isfinite(a)).all()),
+        launcher=launcher,
+        stream=lambda a: None,
+    )
 
 
 _cupy_arrays: Float8Arrays | None = None
@@ -365,36 +409,5 @@ def cupy_arrays() -> Float8Arrays:
     are float32 and float16."""
     global _cupy_arrays
     if _cupy_arrays is None:
-        import cupy
-
-        from lscore.cuda.cupy_backend import CupyBackend
-
-        launchers: dict[int, Float8Launcher] = {}
-
-        def launcher(a: Any) -> Float8Launcher:
-            dev = a.device.id
-            if dev not in launchers:
-                launchers[dev] = Float8Launcher(CupyBackend(dev))
-            return launchers[dev]
-
-        def on(like: Any, make: Any) -> Any:
-            with cupy.cuda.Device(like.device.id):
-                return make()
-
-        def empty(like: Any, shape: tuple[int, ...], dtype: str) -> Any:
-            if dtype == "bfloat16":
-                raise TypeError("dtype must be float32 or float16 for CuPy arrays, got 'bfloat16'")
-            return on(like, lambda: cupy.empty(shape, dtype))
-
-        _cupy_arrays = Float8Arrays(
-            view=lambda a: DeviceView(a.data.ptr, a.shape, a.strides, a.dtype.name, a.itemsize),
-            empty=empty,
-            zeros=lambda like, n, dtype: on(like, lambda: cupy.zeros(n, dtype)),
-            upload=lambda like, host: on(like, lambda: cupy.asarray(host)),
-            as_float32=lambda w: w.view(cupy.float32),
-            to_host=lambda a: a.get(),
-            all_positive_finite=lambda a: bool(((a > 0) & cupy.isfinite(a)).all()),
-            launcher=launcher,
-            stream=lambda a: None,
-        )
+        _cupy_arrays = Float8Arrays(**cupy_hooks(Float8Launcher))
     return _cupy_arrays

@@ -19,6 +19,7 @@ __all__ = [
     "FP8_KERNELS",
     "KERNELS",
     "METAS",
+    "MX_KERNELS",
     "OPS",
     "OPT_GRADS",
     "OPT_METAS",
@@ -29,6 +30,8 @@ __all__ = [
     "cast_name",
     "dequant_name",
     "kernel_name",
+    "mx_dequant_name",
+    "mx_name",
     "optim_kernel_name",
     "source",
 ]
@@ -100,6 +103,23 @@ FP8_KERNELS = (
 )
 
 
+def mx_name(code: int, cols: bool, hw: int = 1) -> str:
+    """The block-scaled quantize kernel of an input dtype code, blocked along the rows or the
+    columns (hw: the conversion instructions)."""
+    return f"lsc_mx_{'cols' if cols else 'rows'}<{int(code)}, {hw}>"
+
+
+def mx_dequant_name(code: int) -> str:
+    """The block-scaled dequantize kernel of an output dtype code."""
+    return f"lsc_mx_dequant<{int(code)}>"
+
+
+#: the kernel names of mx.cu that lscore.cuda.mx launches
+MX_KERNELS = tuple(
+    mx_name(c, cols, hw) for c in _FP8_INPUTS for cols in (False, True) for hw in (0, 1)
+) + tuple(mx_dequant_name(c) for c in _FP8_INPUTS)
+
+
 #: .cu file -> the kernel names (NVRTC name expressions) the package launches from it
 KERNELS = {
     # the one-pass norm (lscore.cuda.launch.MultiTensor.launch_norm) beside the scan
@@ -127,6 +147,8 @@ KERNELS = {
     ),
     # the float8 amax, cast and dequantize kernels (lscore.cuda.fp8)
     "fp8.cu": FP8_KERNELS,
+    # the MX and NVFP4 block quantize and dequantize kernels (lscore.cuda.mx)
+    "mx.cu": MX_KERNELS,
 }
 #: kernel name expression -> the .cu file that defines it
 FILE_OF = {k: f for f, names in KERNELS.items() for k in names}

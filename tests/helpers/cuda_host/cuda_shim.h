@@ -60,16 +60,28 @@ static inline double __longlong_as_double(long long w)
 
 /* harness.cpp: the barrier, and one value through the running thread's warp */
 void __syncthreads();
-unsigned long long lsch_shfl_down(unsigned mask, unsigned long long v, unsigned delta);
+unsigned long long lsch_shfl(unsigned long long v, unsigned delta, int xor_lanes);
 
 template <class T>
-static inline T __shfl_down_sync(unsigned mask, T v, unsigned delta)
+static inline T lsch_shfl_as(T v, unsigned delta, int xor_lanes)
 {
     unsigned long long w = 0;
     std::memcpy(&w, &v, sizeof v);
-    w = lsch_shfl_down(mask, w, delta);
+    w = lsch_shfl(w, delta, xor_lanes);
     std::memcpy(&v, &w, sizeof v);
     return v;
+}
+
+template <class T>
+static inline T __shfl_down_sync(unsigned, T v, unsigned delta)
+{
+    return lsch_shfl_as(v, delta, 0);
+}
+
+template <class T>
+static inline T __shfl_xor_sync(unsigned, T v, unsigned lane_mask)
+{
+    return lsch_shfl_as(v, lane_mask, 1);
 }
 
 static inline unsigned int atomicAdd(unsigned int *p, unsigned int v)

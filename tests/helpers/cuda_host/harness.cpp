@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "cuda_shim.h"
-#include "fp8.cu"
+#include "mx.cu" /* includes fp8.cu */
 #include "optim.cu" /* includes scan.cu */
 #include "update.cu"
 
@@ -197,13 +197,24 @@ int run(void (*k)(A...), unsigned grid, unsigned block, void **params,
     X(lsc_fp8_amax2d<2>)                     \
     X(lsc_fp8_amax2d<3>)
 
+/* the block-scaled kernels of one input / output dtype code C (mx.cu) */
+#define LSCH_MX(X, C)                        \
+    X(lsc_mx_rows<C, 0>)                     \
+    X(lsc_mx_rows<C, 1>)                     \
+    X(lsc_mx_cols<C, 0>)                     \
+    X(lsc_mx_cols<C, 1>)                     \
+    X(lsc_mx_dequant<C>)
+
 #define LSCH_KERNELS(X)                               \
     LSCH_SCAN(X, lsc_meta_4k)                         \
     LSCH_SCAN(X, lsc_meta_32k)                        \
     X(lsc_device_update)                              \
     LSCH_OPTIM(X, lsc_sgd_meta_4k, lsc_adam_meta_4k)  \
     LSCH_OPTIM(X, lsc_sgd_meta_32k, lsc_adam_meta_32k) \
-    LSCH_FP8_ALL(X)
+    LSCH_FP8_ALL(X)                                   \
+    LSCH_MX(X, 1)                                     \
+    LSCH_MX(X, 2)                                     \
+    LSCH_MX(X, 3)
 
 }  // namespace
 
@@ -213,16 +224,18 @@ void __syncthreads()
     yield();
 }
 
-unsigned long long lsch_shfl_down(unsigned mask, unsigned long long v, unsigned delta)
+/* v through the running thread's warp: the value of lane (lane + delta) (down) or
+ * (lane ^ delta) (xor), v itself where that lane is past the warp or the block */
+unsigned long long lsch_shfl(unsigned long long v, unsigned delta, int xor_lanes)
 {
-    (void)mask;
     lsch_thread &me = threads[current];
     unsigned parity = me.shuffles & 1u;
     me.slot[parity] = v;
     me.shuffles++;
     yield();
-    unsigned lane = current & 31u, src = current + delta;
-    if (lane + delta >= 32u || src >= threads.size())
+    unsigned lane = current & 31u, to = xor_lanes ? lane ^ delta : lane + delta;
+    unsigned src = (current & ~31u) + to;
+    if (to >= 32u || src >= threads.size())
         return v;
     return threads[src].slot[parity];
 }
