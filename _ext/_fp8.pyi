@@ -15,6 +15,7 @@ def cast(
     saturate: bool = True,
     nan_sign: bool = True,
     amax_nan: bool = False,
+    threads: int = 0,
 ) -> float: ...
 def cast_rows(
     x: npt.NDArray[np.generic],
@@ -25,19 +26,28 @@ def cast_rows(
     saturate: bool = True,
     nan_sign: bool = True,
     amax_nan: bool = False,
+    threads: int = 0,
 ) -> None: ...
-def amax(x: npt.NDArray[np.generic], amax_nan: bool = False) -> float: ...
+def amax(x: npt.NDArray[np.generic], amax_nan: bool = False, threads: int = 0) -> float: ...
 def amax_rows(
-    x: npt.NDArray[np.generic], amaxes: npt.NDArray[np.float32], amax_nan: bool = False
+    x: npt.NDArray[np.generic],
+    amaxes: npt.NDArray[np.float32],
+    amax_nan: bool = False,
+    threads: int = 0,
 ) -> None: ...
 def decode(
-    q: npt.NDArray[np.generic], out: npt.NDArray[np.generic], fmt: str, scale: float = 1.0
+    q: npt.NDArray[np.generic],
+    out: npt.NDArray[np.generic],
+    fmt: str,
+    scale: float = 1.0,
+    threads: int = 0,
 ) -> None: ...
 def decode_rows(
     q: npt.NDArray[np.generic],
     out: npt.NDArray[np.generic],
     scales: npt.NDArray[np.float32],
     fmt: str,
+    threads: int = 0,
 ) -> None: ...
 def isa() -> str: ...
 def isa_levels() -> list[str]: ...

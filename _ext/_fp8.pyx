@@ -4,7 +4,10 @@
 # float8 codes, which also returns the input's amax, and the widening of
 # codes back.  An input may be strided and N-d: it is read in place, one
 # line along its last axis at a time (a contiguous array is one line), and
-# the output is a C-contiguous array of the same shape.  It checks only
+# the output is a C-contiguous array of the same shape.  A call is one job
+# of lsc_fp8.h, cut in chunks and run on the package's one thread pool
+# (the scan's, reached through _pool_for.pxd) when it is large enough; the
+# bytes and amaxes are the same with any number of threads.  It checks only
 # what keeps memory safe (dtypes, shapes, a writable output); the
 # parameters' meaning is lsc_fp8.h's, and the slow twin of both functions
 # is lscore/_reference_fp8.py (fp8_cast, fp8_decode).
@@ -12,6 +15,7 @@ cimport numpy as cnp
 from libc.stdint cimport int64_t, uint32_t
 
 from _dtypes cimport *
+from _pool_for cimport lsc_for_fn, pool_for_import
 
 import os
 
@@ -36,12 +40,33 @@ cdef extern from "lsc_fp8.h" nogil:
     const char *lsc_isa_names[]
     int lsc_fp8_isa_select(const char *name)
     const lsc_fp8_isa *lsc_fp8_isa_get()
-    uint32_t lsc_fp8_cast_run(const char *x, lsc_fp8_n n, lsc_fp8_n stride, int code,
-                              unsigned char *q, float scale, int fmt, int flags)
-    uint32_t lsc_fp8_amax_run(const char *x, lsc_fp8_n n, lsc_fp8_n stride, int code, int flags)
-    void lsc_fp8_decode_run(const unsigned char *q, lsc_fp8_n n, lsc_fp8_n stride, int fmt,
-                            char *out, int code, float scale)
     float lsc_fp8_amax(uint32_t m)
+    enum:
+        LSC_FP8_CHUNK_ELEMS
+        LSC_FP8_JOB_CAST
+        LSC_FP8_JOB_AMAX
+        LSC_FP8_JOB_DECODE
+    ctypedef int (*lsc_fp8_for_fn)(int (*fn)(void *, size_t), void *ctx, size_t nchunks,
+                                   int threads)
+    ctypedef struct lsc_fp8_job:
+        int kind
+        const char *src
+        int outer
+        const cnp.npy_intp *shape
+        const cnp.npy_intp *strides
+        lsc_fp8_n n, stride, lines
+        char *dst
+        int code, fmt, flags
+        float scale
+        const float *scales
+        float *amaxes
+    int lsc_fp8_job_run(lsc_fp8_job *j, lsc_fp8_for_fn pool_for, int threads, uint32_t *amax)
+
+# the package's one thread pool (lsc_pool.h's parallel-for, exported by _scan)
+cdef lsc_for_fn pool_for = pool_for_import()
+
+# elements per chunk of a job (for tests: where the chunk edges lie)
+_CHUNK_ELEMS = LSC_FP8_CHUNK_ELEMS
 
 #: float8 format name -> its dtype code (lsc_codes.h)
 FORMATS = {"float8_e4m3fn": LSC_CODE_E4M3FN, "float8_e5m2": LSC_CODE_E5M2}
@@ -102,35 +127,48 @@ cdef int _check_out(cnp.ndarray src, cnp.ndarray out) except -1:
     return 0
 
 
-cdef inline void _lines(cnp.ndarray a, bint rows, lsc_fp8_n *n, lsc_fp8_n *stride,
-                        lsc_fp8_n *lines) noexcept:
-    """How `a` is read: `lines` runs of `n` elements `stride` bytes apart; with `rows`
-    one run per row (along the last axis), else a C-contiguous array is one run."""
+cdef inline void _job_init(lsc_fp8_job *j, int kind, cnp.ndarray a, bint rows, char *dst,
+                           int code, int fmt, int flags) noexcept:
+    """A job over `a`, read as lines of `n` elements `stride` bytes apart: with `rows` one
+    line per row (along the last axis, the other axes in C order), else a C-contiguous array
+    is one line."""
     cdef int nd = cnp.PyArray_NDIM(a), k
+    j.kind = kind
+    j.src = <const char *>cnp.PyArray_DATA(a)
+    j.dst = dst
+    j.code = code
+    j.fmt = fmt
+    j.flags = flags
+    j.scale = 1.0
+    j.scales = NULL
+    j.amaxes = NULL
+    j.shape = cnp.PyArray_DIMS(a)
+    j.strides = cnp.PyArray_STRIDES(a)
     if nd == 0 or (cnp.PyArray_IS_C_CONTIGUOUS(a) and not rows):
-        n[0] = cnp.PyArray_SIZE(a)
-        stride[0] = cnp.PyArray_ITEMSIZE(a)
-        lines[0] = 1
+        j.outer = 0
+        j.n = cnp.PyArray_SIZE(a)
+        j.stride = cnp.PyArray_ITEMSIZE(a)
+        j.lines = 1
     else:
-        n[0] = cnp.PyArray_DIMS(a)[nd - 1]
-        stride[0] = cnp.PyArray_STRIDES(a)[nd - 1]
-        lines[0] = 1
+        j.outer = nd - 1
+        j.n = cnp.PyArray_DIMS(a)[nd - 1]
+        j.stride = cnp.PyArray_STRIDES(a)[nd - 1]
+        j.lines = 1
         for k in range(nd - 1):
-            lines[0] *= cnp.PyArray_DIMS(a)[k]
+            j.lines *= cnp.PyArray_DIMS(a)[k]
 
 
-cdef inline const char *_line_start(cnp.ndarray a, bint rows, lsc_fp8_n line) noexcept:
-    """The first element of line `line` (C order over every axis but the last)."""
-    cdef int nd = cnp.PyArray_NDIM(a), k
-    cdef const char *p = <const char *>cnp.PyArray_DATA(a)
-    cdef cnp.npy_intp *shape = cnp.PyArray_DIMS(a)
-    cdef cnp.npy_intp *strides = cnp.PyArray_STRIDES(a)
-    if nd == 0 or (cnp.PyArray_IS_C_CONTIGUOUS(a) and not rows):
-        return p
-    for k in range(nd - 2, -1, -1):
-        p += (line % shape[k]) * strides[k]
-        line //= shape[k]
-    return p
+cdef uint32_t _run(lsc_fp8_job *j, int threads) except? 0xFFFFFFFF:
+    """Run the job on at most `threads` threads (0: by its size); its amax bits."""
+    cdef uint32_t m = 0
+    cdef int rc
+    if threads < 0:
+        raise ValueError(f"threads must be >= 0, got {threads}")
+    with nogil:
+        rc = lsc_fp8_job_run(j, <lsc_fp8_for_fn>pool_for, threads, &m)
+    if rc != 0:
+        raise MemoryError()
+    return m
 
 
 cdef inline int _flags(bint saturate, bint nan_sign, bint amax_nan) noexcept:
@@ -156,130 +194,98 @@ cdef lsc_fp8_n _check_rows(cnp.ndarray x, cnp.ndarray v, str what, bint write) e
 
 
 def cast(cnp.ndarray x, cnp.ndarray out, float scale, str fmt, bint saturate=True,
-         bint nan_sign=True, bint amax_nan=False):
+         bint nan_sign=True, bint amax_nan=False, int threads=0):
     """Write fp8(float32(x) * scale) into `out` (uint8 codes); return the amax of `x`.
 
     `scale` is rounded to float32 and the product rounded to float32 before
     it narrows.  saturate: overflow and +-Inf give +-the largest finite
     value (else e5m2 gives +-Inf, e4m3fn NaN); nan_sign: a NaN keeps its
     sign (0xFF), else it is always 0x7F; amax_nan: a NaN input makes the
-    amax NaN, else NaN elements do not enter it.
+    amax NaN, else NaN elements do not enter it.  threads: 0 picks by the
+    size, 1 is serial, k uses at most k threads (the same bits with any).
     """
     cdef int f = _fmt_code(fmt), code = _float_code(x, "x")
-    cdef int flags = _flags(saturate, nan_sign, amax_nan)
-    cdef lsc_fp8_n n, stride, lines, i
-    cdef unsigned char *q = <unsigned char *>cnp.PyArray_DATA(out)
-    cdef const char *p
-    cdef uint32_t m = 0, r
+    cdef lsc_fp8_job j
     _check_codes(out, f, "out")
     _check_out(x, out)
-    _lines(x, False, &n, &stride, &lines)
-    for i in range(lines):
-        p = _line_start(x, False, i)
-        with nogil:
-            r = lsc_fp8_cast_run(p, n, stride, code, q + i * n, scale, f, flags)
-        m = r if r > m else m
-    return lsc_fp8_amax(m)
+    _job_init(&j, LSC_FP8_JOB_CAST, x, False, <char *>cnp.PyArray_DATA(out), code, f,
+              _flags(saturate, nan_sign, amax_nan))
+    j.scale = scale
+    return lsc_fp8_amax(_run(&j, threads))
 
 
 def cast_rows(cnp.ndarray x, cnp.ndarray out, cnp.ndarray scales, cnp.ndarray amaxes, str fmt,
-              bint saturate=True, bint nan_sign=True, bint amax_nan=False):
+              bint saturate=True, bint nan_sign=True, bint amax_nan=False, int threads=0):
     """The scaled cast of each row (along the last axis) with its own float32 scale.
 
     Row r of `x` (in C order over the other axes) is cast with `scales[r]`
     into the same row of `out` (uint8 codes, C-contiguous) and its amax is
     written to `amaxes[r]`; `scales` and `amaxes` are C-contiguous float32
-    with one value per row.  The flags are `cast`'s.
+    with one value per row.  The flags and threads are `cast`'s.
     """
     cdef int f = _fmt_code(fmt), code = _float_code(x, "x")
-    cdef int flags = _flags(saturate, nan_sign, amax_nan)
-    cdef lsc_fp8_n n, stride, lines, i
-    cdef unsigned char *q = <unsigned char *>cnp.PyArray_DATA(out)
-    cdef const float *sc = <const float *>cnp.PyArray_DATA(scales)
-    cdef float *am = <float *>cnp.PyArray_DATA(amaxes)
-    cdef const char *p
+    cdef lsc_fp8_job j
     _check_codes(out, f, "out")
     _check_out(x, out)
     _check_rows(x, scales, "scales", False)
     _check_rows(x, amaxes, "amaxes", True)
-    _lines(x, True, &n, &stride, &lines)
-    for i in range(lines):
-        p = _line_start(x, True, i)
-        with nogil:
-            am[i] = lsc_fp8_amax(lsc_fp8_cast_run(p, n, stride, code, q + i * n, sc[i], f, flags))
+    _job_init(&j, LSC_FP8_JOB_CAST, x, True, <char *>cnp.PyArray_DATA(out), code, f,
+              _flags(saturate, nan_sign, amax_nan))
+    j.scales = <const float *>cnp.PyArray_DATA(scales)
+    j.amaxes = <float *>cnp.PyArray_DATA(amaxes)
+    _run(&j, threads)
 
 
-def amax(cnp.ndarray x, bint amax_nan=False):
+def amax(cnp.ndarray x, bint amax_nan=False, int threads=0):
     """``max |x|`` of a float32 / float16 / bfloat16 array as a float (0 when empty); NaN
-    elements do not enter it, or, amax_nan, make it NaN."""
-    cdef int code = _float_code(x, "x"), flags = LSC_FP8_AMAX_NAN if amax_nan else 0
-    cdef lsc_fp8_n n, stride, lines, i
-    cdef uint32_t m = 0, r
-    cdef const char *p
-    _lines(x, False, &n, &stride, &lines)
-    for i in range(lines):
-        p = _line_start(x, False, i)
-        with nogil:
-            r = lsc_fp8_amax_run(p, n, stride, code, flags)
-        m = r if r > m else m
-    return lsc_fp8_amax(m)
+    elements do not enter it, or, amax_nan, make it NaN.  threads: `cast`'s."""
+    cdef lsc_fp8_job j
+    _job_init(&j, LSC_FP8_JOB_AMAX, x, False, NULL, _float_code(x, "x"), 0,
+              LSC_FP8_AMAX_NAN if amax_nan else 0)
+    return lsc_fp8_amax(_run(&j, threads))
 
 
-def amax_rows(cnp.ndarray x, cnp.ndarray amaxes, bint amax_nan=False):
+def amax_rows(cnp.ndarray x, cnp.ndarray amaxes, bint amax_nan=False, int threads=0):
     """The amax of each row (along the last axis) into `amaxes` (C-contiguous float32,
-    one per row in C order); NaN as `amax`."""
-    cdef int code = _float_code(x, "x"), flags = LSC_FP8_AMAX_NAN if amax_nan else 0
-    cdef lsc_fp8_n n, stride, lines, i
-    cdef float *am = <float *>cnp.PyArray_DATA(amaxes)
-    cdef const char *p
+    one per row in C order); NaN and threads as `amax`."""
+    cdef lsc_fp8_job j
+    cdef int code = _float_code(x, "x")
     _check_rows(x, amaxes, "amaxes", True)
-    _lines(x, True, &n, &stride, &lines)
-    for i in range(lines):
-        p = _line_start(x, True, i)
-        with nogil:
-            am[i] = lsc_fp8_amax(lsc_fp8_amax_run(p, n, stride, code, flags))
+    _job_init(&j, LSC_FP8_JOB_AMAX, x, True, NULL, code, 0, LSC_FP8_AMAX_NAN if amax_nan else 0)
+    j.amaxes = <float *>cnp.PyArray_DATA(amaxes)
+    _run(&j, threads)
 
 
-def decode(cnp.ndarray q, cnp.ndarray out, str fmt, float scale=1.0):
+def decode(cnp.ndarray q, cnp.ndarray out, str fmt, float scale=1.0, int threads=0):
     """Widen the float8 codes `q` (uint8 or the format's dtype) into `out`, divided by `scale`.
 
     Each code widens to float32 exactly, is divided by float32 `scale` in
     float32 and rounds once to `out`'s dtype (float32, float16 or bfloat16).
     With scale 1 the values are exact and a NaN code gives float32
     0x7FF00000 (e4m3fn) or the float16 word code << 8, quieted (e5m2), with
-    its sign; float16 0x7E00 with the sign, bfloat16 0x7FC0.
+    its sign; float16 0x7E00 with the sign, bfloat16 0x7FC0.  threads:
+    `cast`'s.
     """
     cdef int f = _fmt_code(fmt), code = _float_code(out, "out")
-    cdef lsc_fp8_n n, stride, lines, i
-    cdef char *o = <char *>cnp.PyArray_DATA(out)
-    cdef int width = 4 if code == LSC_CODE_F32 else 2
+    cdef lsc_fp8_job j
     _check_codes(q, f, "q")
     _check_out(q, out)
-    _lines(q, False, &n, &stride, &lines)
-    cdef const unsigned char *p
-    for i in range(lines):
-        p = <const unsigned char *>_line_start(q, False, i)
-        with nogil:
-            lsc_fp8_decode_run(p, n, stride, f, o + i * n * width, code, scale)
+    _job_init(&j, LSC_FP8_JOB_DECODE, q, False, <char *>cnp.PyArray_DATA(out), code, f, 0)
+    j.scale = scale
+    _run(&j, threads)
 
 
-def decode_rows(cnp.ndarray q, cnp.ndarray out, cnp.ndarray scales, str fmt):
+def decode_rows(cnp.ndarray q, cnp.ndarray out, cnp.ndarray scales, str fmt, int threads=0):
     """`decode` with one float32 scale per row (along the last axis; `scales`
     C-contiguous float32, one per row in C order)."""
     cdef int f = _fmt_code(fmt), code = _float_code(out, "out")
-    cdef lsc_fp8_n n, stride, lines, i
-    cdef char *o = <char *>cnp.PyArray_DATA(out)
-    cdef const float *sc = <const float *>cnp.PyArray_DATA(scales)
-    cdef int width = 4 if code == LSC_CODE_F32 else 2
-    cdef const unsigned char *p
+    cdef lsc_fp8_job j
     _check_codes(q, f, "q")
     _check_out(q, out)
     _check_rows(q, scales, "scales", False)
-    _lines(q, True, &n, &stride, &lines)
-    for i in range(lines):
-        p = <const unsigned char *>_line_start(q, True, i)
-        with nogil:
-            lsc_fp8_decode_run(p, n, stride, f, o + i * n * width, code, sc[i])
+    _job_init(&j, LSC_FP8_JOB_DECODE, q, True, <char *>cnp.PyArray_DATA(out), code, f, 0)
+    j.scales = <const float *>cnp.PyArray_DATA(scales)
+    _run(&j, threads)
 
 
 # ---- ISA level, for tests and `lscore bench` --------------------------------

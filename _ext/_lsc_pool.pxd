@@ -1,5 +1,6 @@
-# Declarations of lsc_pool.h (the CPU kernels and their thread pool) and
-# lsc_layout.h (buffer extents, overlap and the disjointness proofs) for Cython.
+# Declarations of lsc_pool.h (the CPU kernels, the package's one thread pool and the
+# scan's jobs on it) and lsc_layout.h (buffer extents, overlap and the disjointness proofs)
+# for Cython.  The other extensions reach the pool through _pool_for.pxd.
 cimport numpy as cnp
 from libc.stdint cimport int64_t, uint64_t
 
@@ -37,6 +38,8 @@ cdef extern from "lsc_pool.h" nogil:
     const lsc_isa *lsc_isa_get()
     int lsc_contig(int op, int code, char *p, lsc_n n, double inv)
     int lsc_pool_size()
+    ctypedef int (*lsc_chunk_fn)(void *ctx, size_t chunk) noexcept nogil
+    int lsc_pool_for(lsc_chunk_fn fn, void *ctx, size_t nchunks, int threads)
     lsc_n lsc_elem_ps(int code, int op)
     int lsc_work_threaded(lsc_n work_ps)
     lsc_n lsc_chunk_elems(const lsc_run *run, int op)

@@ -16,6 +16,7 @@ from libc.stdint cimport int64_t, uint64_t
 from libc.math cimport isfinite, sqrt
 from libc.string cimport memcpy, memset
 from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
+from cpython.pycapsule cimport PyCapsule_New
 
 from _dtypes cimport *
 from _lsc_pool cimport *
@@ -517,6 +518,11 @@ def _chunk_elems(int code, bint stats, bint write=True):
     run.code = code
     run.n = 1
     return lsc_chunk_elems(&run, (LSC_OP_WRITE if write else 0) | (LSC_OP_STATS if stats else 0))
+
+
+# The pool's parallel-for for the other extensions (_pool_for.pxd), as NumPy exports its C
+# API (a capsule, numpy.core.multiarray._ARRAY_API): one set of helper threads per process.
+_pool_for = PyCapsule_New(<void *>lsc_pool_for, b"lscore._ext._scan._pool_for", NULL)
 
 
 def _helper_chunks():

@@ -178,6 +178,7 @@ static __device__ __forceinline__ lsc_u32 lsc_dev_fp8x2(float a, float b, int fm
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lsc_isa.h"
@@ -419,6 +420,166 @@ static void lsc_fp8_decode_run(const unsigned char *q, lsc_fp8_n n, lsc_fp8_n st
         lsc_fp8_decode_body(q, n, stride, fmt, out, LSC_CODE_F16, scale);
     else
         lsc_fp8_decode_body(q, n, stride, fmt, out, LSC_CODE_BF16, scale);
+}
+
+/* ---- jobs: one call's work in chunks, for the package's thread pool -------
+ *
+ * A job is a cast, an amax pass or a decode over `lines` lines of n
+ * elements `stride` bytes apart (the last axis of an N-d strided array,
+ * whose other axes are the lines, in C order; a C-contiguous array read as
+ * one tensor is one line), into a C-contiguous output.  It is cut into
+ * chunks of about LSC_FP8_CHUNK_ELEMS elements: a longer line into `parts`
+ * parts, shorter lines `rows` whole lines at a time.  The cut depends on the
+ * shape alone, and every element's code depends on that element alone, so
+ * the bytes are the same however the chunks are shared out.  Each chunk
+ * writes its own output and the amax bits of its elements into its slot of
+ * `bits`; lsc_fp8_job_run then folds the slots in chunk order (a line's
+ * parts max-combined into its amax), and since the amax is a maximum of
+ * bit patterns (lsc_fp8_amax_bits: NaN sorts above Inf or counts as 0 by
+ * the flags) the result is the same bits with one thread or many.
+ * lsc_fp8_job_run runs the chunks through lsc_pool.h's parallel-for, passed
+ * in by the caller: the pool lives in the scan's extension, one per
+ * process. */
+
+/* Elements per chunk: about 30 us of casting on one core, a multiple of the
+ * cast's LSC_FP8_CHUNK, so that the parts of a contiguous line begin on
+ * cache lines of the codes and two threads never write one line. */
+#define LSC_FP8_CHUNK_ELEMS 32768
+/* The fewest elements a call runs threaded when the thread count is left to
+ * it: below, the wake-up of a helper costs more than it saves.  Measured
+ * with `lscore bench --suite fp8` and the pool's own timings. */
+#define LSC_FP8_MT_MIN_ELEMS 200000
+/* Chunk slots on the stack; a larger job allocates its own. */
+#define LSC_FP8_LOCAL_CHUNKS 64
+
+enum { LSC_FP8_JOB_CAST, LSC_FP8_JOB_AMAX, LSC_FP8_JOB_DECODE };
+
+typedef struct {
+    int kind;                   /* LSC_FP8_JOB_CAST, _AMAX or _DECODE */
+    const char *src;            /* element 0 of line 0 (codes for a decode) */
+    int outer;                  /* the axes before the last, walked as lines */
+    const intptr_t *shape;      /* their extents and byte strides */
+    const intptr_t *strides;
+    lsc_fp8_n n, stride, lines; /* elements per line, their byte stride, lines */
+    char *dst;                  /* the C-contiguous output: codes, or a decode's words */
+    int code, fmt, flags;       /* float code of the input (of the output for a decode) */
+    float scale;                /* the scale, or (scales) one per line */
+    const float *scales;
+    float *amaxes;              /* one amax per line, or NULL */
+    /* the cut (lsc_fp8_job_cut) */
+    lsc_fp8_n parts, rows;      /* a chunk is part of a line (parts > 1) or `rows` lines */
+    size_t nchunks;
+    uint32_t *bits;             /* each chunk's amax bits */
+} lsc_fp8_job;
+
+/* The parallel-for of lsc_pool.h (lsc_pool_for), whose pointer the caller
+ * holds. */
+typedef int (*lsc_fp8_for_fn)(int (*fn)(void *ctx, size_t chunk), void *ctx, size_t nchunks,
+                              int threads);
+
+static void lsc_fp8_job_cut(lsc_fp8_job *j)
+{
+    const lsc_fp8_n per = LSC_FP8_CHUNK_ELEMS;
+    if (j->n > per) {
+        j->parts = (j->n + per - 1) / per;
+        j->rows = 1;
+        j->nchunks = (size_t)(j->lines * j->parts);
+    } else {
+        j->parts = 1;
+        j->rows = per / (j->n > 0 ? j->n : 1);
+        j->nchunks = (size_t)((j->lines + j->rows - 1) / j->rows);
+    }
+}
+
+/* The first element of line `line`. */
+static inline const char *lsc_fp8_line_start(const lsc_fp8_job *j, lsc_fp8_n line)
+{
+    const char *p = j->src;
+    for (int k = j->outer - 1; k > 0; k--) {
+        p += (line % j->shape[k]) * j->strides[k];
+        line /= j->shape[k];
+    }
+    return j->outer > 0 ? p + line * j->strides[0] : p;
+}
+
+/* Chunk c: its output, a whole line's amax into amaxes (rows), and the amax
+ * bits of its elements. */
+static uint32_t lsc_fp8_job_do(const lsc_fp8_job *j, size_t c)
+{
+    const int width = j->code == LSC_CODE_F32 ? 4 : 2;
+    lsc_fp8_n line, last, lo, hi;
+    uint32_t m = 0;
+    if (j->parts > 1) {
+        line = (lsc_fp8_n)c / j->parts;
+        last = line + 1;
+        lo = ((lsc_fp8_n)c % j->parts) * LSC_FP8_CHUNK_ELEMS;
+        hi = j->n - lo < LSC_FP8_CHUNK_ELEMS ? j->n : lo + LSC_FP8_CHUNK_ELEMS;
+    } else {
+        line = (lsc_fp8_n)c * j->rows;
+        last = j->lines - line < j->rows ? j->lines : line + j->rows;
+        lo = 0;
+        hi = j->n;
+    }
+    for (; line < last; line++) {
+        const char *p = lsc_fp8_line_start(j, line) + lo * j->stride;
+        lsc_fp8_n at = line * j->n + lo;
+        float scale = j->scales ? j->scales[line] : j->scale;
+        uint32_t b = 0;
+        if (j->kind == LSC_FP8_JOB_CAST)
+            b = lsc_fp8_cast_run(p, hi - lo, j->stride, j->code, (unsigned char *)j->dst + at,
+                                 scale, j->fmt, j->flags);
+        else if (j->kind == LSC_FP8_JOB_AMAX)
+            b = lsc_fp8_amax_run(p, hi - lo, j->stride, j->code, j->flags);
+        else
+            lsc_fp8_decode_run((const unsigned char *)p, hi - lo, j->stride, j->fmt,
+                               j->dst + at * width, j->code, scale);
+        if (j->amaxes && j->parts == 1)
+            j->amaxes[line] = lsc_fp8_amax(b);
+        m = b > m ? b : m;
+    }
+    return m;
+}
+
+/* lsc_fp8_job_do as the pool's chunk function. */
+static int lsc_fp8_job_chunk(void *ctx, size_t c)
+{
+    lsc_fp8_job *j = (lsc_fp8_job *)ctx;
+    j->bits[c] = lsc_fp8_job_do(j, c);
+    return 0;
+}
+
+/* Run job j (cut here) through pool_for on at most `threads` threads (0:
+ * by its size, serial below LSC_FP8_MT_MIN_ELEMS; 1: serial); *amax gets
+ * the amax bits of all its elements, and a line split in parts its amax in
+ * amaxes.  Returns 0, or -1 when out of memory (nothing written then).
+ * Inline: the other includers of this header (the MX kernels) run no job. */
+static inline int lsc_fp8_job_run(lsc_fp8_job *j, lsc_fp8_for_fn pool_for, int threads, uint32_t *amax)
+{
+    uint32_t local[LSC_FP8_LOCAL_CHUNKS], all = 0, line = 0;
+    lsc_fp8_job_cut(j);
+    if (threads == 0)
+        threads = j->n * j->lines >= LSC_FP8_MT_MIN_ELEMS ? 0 : 1;
+    j->bits = j->nchunks <= LSC_FP8_LOCAL_CHUNKS
+                  ? local : (uint32_t *)malloc(j->nchunks * sizeof(uint32_t));
+    if (!j->bits)
+        return -1;
+    pool_for(lsc_fp8_job_chunk, j, j->nchunks, threads);
+    for (size_t c = 0; c < j->nchunks; c++) {
+        uint32_t b = j->bits[c];
+        all = b > all ? b : all;
+        if (j->parts > 1 && j->amaxes) {
+            line = b > line ? b : line;
+            if ((lsc_fp8_n)(c % (size_t)j->parts) == j->parts - 1) {
+                j->amaxes[c / (size_t)j->parts] = lsc_fp8_amax(line);
+                line = 0;
+            }
+        }
+    }
+    if (j->bits != local)
+        free(j->bits);
+    j->bits = NULL;
+    *amax = all;
+    return 0;
 }
 
 #undef LSC_FP8_LEVEL

@@ -1,21 +1,44 @@
-/* lsc_pool.h: run a table of buffers through lsc_scan.h, serially or split
- * over a small pool of helper threads.
+/* lsc_pool.h: the package's one thread pool, a chunked parallel-for, and
+ * the scan's jobs on it (a table of buffers through lsc_scan.h, serially or
+ * split over the pool).
  *
- * Design: a job is a list of runs cut into chunks (see LSC_CHUNK_PS); every
- * participant (the calling thread and any helper that turns up) claims the
- * next chunk with one atomic add until none is left.  The caller works from
- * the start, so a helper that is late (asleep, or descheduled because the
- * other core is busy) simply finds fewer chunks or none: nobody waits for a
- * helper that has not started, and the caller waits at the end only for a
- * helper in the middle of one chunk (spinning briefly, then sleeping so the
- * scheduler can run that helper on the caller's core).  An OpenMP parallel
- * region ends with a barrier that waits for its whole team, so when another
- * process holds the second core of a 2-core machine the caller stalls until
- * the scheduler runs the late thread (milliseconds, a scheduler tick or
- * more); this pool's caller never waits for a helper that has not started.
- * Statistics are kept per chunk and summed in chunk order, so the result
- * has the same bits with any number of threads.  Helpers never touch
- * Python; the GIL is released by the caller (_scan.pyx).
+ * The parallel-for (what other kernels use; see lsc_pool_for below):
+ *
+ *     typedef int (*lsc_chunk_fn)(void *ctx, size_t chunk);
+ *     int lsc_pool_for(lsc_chunk_fn fn, void *ctx, size_t nchunks, int threads);
+ *
+ * runs fn(ctx, c) once for every chunk c in [0, nchunks), on the calling
+ * thread and on helpers that turn up, and returns when every chunk is done.
+ * fn must not touch Python and must write only what chunk c owns: its part
+ * of the output and its slot of a per-chunk result array in ctx, which the
+ * caller combines in chunk order after the call, so the result does not
+ * depend on which thread did which chunk, nor on how many there were.  The
+ * chunks must be cut from the work alone (never from the thread count).  A
+ * nonzero return from fn stops the job: chunks not yet claimed are not run
+ * (the scan's early exit); lsc_pool_for then returns 1.  threads: at most
+ * this many threads run chunks, the caller included (1: the caller alone,
+ * in chunk order; 0: as many as the pool has); the caller decides by its
+ * work whether threads pay (the wake-up of a helper costs microseconds).
+ * The pool lives in the scan's extension (_scan.pyx); another extension
+ * gets this function from it as a capsule (_pool_for.pxd), so there is one
+ * set of helper threads in the process.
+ *
+ * Design: every participant claims the next chunk with one atomic add until
+ * none is left.  The caller works from the start, so a helper that is late
+ * (asleep, or descheduled because the other core is busy) simply finds
+ * fewer chunks or none: nobody waits for a helper that has not started, and
+ * the caller waits at the end only for a helper in the middle of one chunk
+ * (spinning briefly, then sleeping so the scheduler can run that helper on
+ * the caller's core).  An OpenMP parallel region ends with a barrier that
+ * waits for its whole team, so when another process holds the second core
+ * of a 2-core machine the caller stalls until the scheduler runs the late
+ * thread (milliseconds, a scheduler tick or more); this pool's caller never
+ * waits for a helper that has not started.  One job runs at a time: a
+ * second caller meanwhile (another Python thread, or a chunk function
+ * calling lsc_pool_for) runs its chunks serially.  The scan's statistics
+ * are kept per chunk and summed in chunk order, so the result has the same
+ * bits with any number of threads.  Helpers never touch Python; the GIL is
+ * released by the caller.
  */
 #ifndef LSC_POOL_H
 #define LSC_POOL_H
@@ -202,19 +225,19 @@ static lsc_result lsc_exec_serial(const lsc_run *runs, size_t nruns, int op, dou
     return (op & LSC_OP_STATS) ? lsc_cascade_end(&sums) : total;
 }
 
+/* A chunk's work: see the top of this file. */
+typedef int (*lsc_chunk_fn)(void *ctx, size_t chunk);
+
 #ifdef LSC_THREADS
 
+/* The job of one lsc_pool_for call (on the caller's stack). */
 typedef struct {
-    const lsc_run *runs;
-    size_t nruns;
-    const size_t *first;        /* first[i]: first chunk of run i; first[nruns] = nchunks */
+    lsc_chunk_fn fn;
+    void *ctx;
     size_t nchunks;
-    int op;
-    double inv;
-    lsc_result *chunk_res;      /* one per chunk, for statistics */
     int max_helpers;
     atomic_size_t next;         /* next chunk to claim */
-    atomic_int found;
+    atomic_int stop;            /* a chunk asked to stop */
     atomic_int seats;           /* helpers that joined */
 } lsc_job;
 
@@ -259,25 +282,6 @@ static inline int64_t lsc_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* Chunk c of the job; returns its found flag. */
-static int lsc_job_chunk(lsc_job *j, size_t c)
-{
-    /* the run holding chunk c: the last i with first[i] <= c */
-    size_t lo = 0, hi = j->nruns;
-    lsc_result r;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (j->first[mid] <= c)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    lsc_do_chunk(&j->runs[lo], c - j->first[lo], j->op, j->inv, &r);
-    if (j->chunk_res)
-        j->chunk_res[c] = r;
-    return r.found;
-}
-
 /* Claim and do chunks until none is left; returns how many were done.  A
  * helper leaves the last chunk to the caller: a helper preempted inside it
  * (the other core busy) would make the caller wait for it. */
@@ -286,15 +290,15 @@ static size_t lsc_job_work(lsc_job *j, int helper)
     size_t done = 0;
     for (;; done++) {
         size_t c;
-        if (j->op == LSC_OP_SCAN && atomic_load_explicit(&j->found, memory_order_relaxed))
+        if (atomic_load_explicit(&j->stop, memory_order_relaxed))
             return done;
         if (helper && atomic_load_explicit(&j->next, memory_order_relaxed) + 1 >= j->nchunks)
             return done;
         c = atomic_fetch_add(&j->next, 1);
         if (c >= j->nchunks)
             return done;
-        if (lsc_job_chunk(j, c))
-            atomic_store_explicit(&j->found, 1, memory_order_relaxed);
+        if (j->fn(j->ctx, c))
+            atomic_store_explicit(&j->stop, 1, memory_order_relaxed);
     }
 }
 
@@ -430,81 +434,44 @@ static lsc_pool *lsc_pool_get(void)
     return lsc_pool_g;
 }
 
-static lsc_result lsc_exec_pool(lsc_pool *P, const lsc_run *runs, size_t nruns, int op,
-                                double inv, int threads)
+/* The job on the pool P (owned by this caller): returns 1 when a chunk
+ * stopped it. */
+static int lsc_pool_run(lsc_pool *P, lsc_chunk_fn fn, void *ctx, size_t nchunks, int threads)
 {
-    lsc_result total = {0, 0.0, 0.0};
-    size_t *first = (size_t *)malloc((nruns + 1) * sizeof(size_t));
     lsc_job j;
     int64_t deadline;
-    if (!first)
-        return lsc_exec_serial(runs, nruns, op, inv);
-    first[0] = 0;
-    for (size_t i = 0; i < nruns; i++)
-        first[i + 1] = first[i] + lsc_run_chunks(&runs[i], op);
-    j.runs = runs;
-    j.nruns = nruns;
-    j.first = first;
-    j.nchunks = first[nruns];
-    j.op = op;
-    j.inv = inv;
-    j.max_helpers = threads - 1;
-    j.chunk_res = NULL;
+    j.fn = fn;
+    j.ctx = ctx;
+    j.nchunks = nchunks;
+    j.max_helpers = threads > 0 && threads - 1 < P->nhelpers ? threads - 1 : P->nhelpers;
     atomic_init(&j.next, 0);
-    atomic_init(&j.found, 0);
+    atomic_init(&j.stop, 0);
     atomic_init(&j.seats, 0);
-    if (op & LSC_OP_STATS) {
-        j.chunk_res = (lsc_result *)malloc((j.nchunks ? j.nchunks : 1) * sizeof(lsc_result));
-        if (!j.chunk_res) {
-            free(first);
-            return lsc_exec_serial(runs, nruns, op, inv);
-        }
+    atomic_store(&P->job, &j);
+    atomic_store(&P->closed, 0);
+    atomic_fetch_add(&P->gen, 1);
+    if (atomic_load(&P->sleeping) > 0) {
+        pthread_mutex_lock(&P->mu);
+        pthread_cond_broadcast(&P->wake);
+        pthread_mutex_unlock(&P->mu);
     }
-    /* a scan looks at its first chunk alone: a NaN up front (the common
-       overflow) is answered without waking anybody */
-    if (op == LSC_OP_SCAN && j.nchunks && lsc_job_chunk(&j, atomic_fetch_add(&j.next, 1))) {
-        free(first);
-        total.found = 1;
-        return total;
-    }
-    if (atomic_load(&j.next) < j.nchunks) {
-        atomic_store(&P->job, &j);
-        atomic_store(&P->closed, 0);
-        atomic_fetch_add(&P->gen, 1);
-        if (atomic_load(&P->sleeping) > 0) {
+    lsc_job_work(&j, 0);
+    atomic_store(&P->closed, 1);
+    /* wait for helpers still inside a chunk */
+    deadline = lsc_now_ns() + LSC_CALLER_SPIN_NS;
+    for (int spins = 0; atomic_load(&P->active) > 0; spins++) {
+        if ((spins & 63) == 63 && lsc_now_ns() > deadline) {
             pthread_mutex_lock(&P->mu);
-            pthread_cond_broadcast(&P->wake);
+            atomic_store(&P->caller_waiting, 1);
+            while (atomic_load(&P->active) > 0)
+                pthread_cond_wait(&P->done, &P->mu);
+            atomic_store(&P->caller_waiting, 0);
             pthread_mutex_unlock(&P->mu);
+            break;
         }
-        lsc_job_work(&j, 0);
-        atomic_store(&P->closed, 1);
-        /* wait for helpers still inside a chunk */
-        deadline = lsc_now_ns() + LSC_CALLER_SPIN_NS;
-        for (int spins = 0; atomic_load(&P->active) > 0; spins++) {
-            if ((spins & 63) == 63 && lsc_now_ns() > deadline) {
-                pthread_mutex_lock(&P->mu);
-                atomic_store(&P->caller_waiting, 1);
-                while (atomic_load(&P->active) > 0)
-                    pthread_cond_wait(&P->done, &P->mu);
-                atomic_store(&P->caller_waiting, 0);
-                pthread_mutex_unlock(&P->mu);
-                break;
-            }
-            lsc_poll_pause(spins);
-        }
+        lsc_poll_pause(spins);
     }
-    total.found = atomic_load(&j.found);
-    if (j.chunk_res) {
-        lsc_cascade sums;
-        lsc_cascade_init(&sums);
-        for (size_t c = 0; c < j.nchunks; c++)
-            lsc_cascade_add(&sums, &j.chunk_res[c]);
-        free(j.chunk_res);
-        sums.r.found |= total.found;
-        total = lsc_cascade_end(&sums);
-    }
-    free(first);
-    return total;
+    return atomic_load(&j.stop);
 }
 
 #endif /* LSC_THREADS */
@@ -529,6 +496,124 @@ static int lsc_pool_size(void)
 #endif
 }
 
+/* fn(ctx, c) for every chunk c of [0, nchunks): the contract at the top of
+ * this file.  A job of fewer than three chunks runs on the caller alone (a
+ * helper takes a chunk only while the caller has another one to do), as
+ * does every job where threads are unavailable or the pool is taken. */
+static int lsc_pool_for(lsc_chunk_fn fn, void *ctx, size_t nchunks, int threads)
+{
+#ifdef LSC_THREADS
+    if (threads != 1 && nchunks >= 3) {
+        lsc_pool *P = lsc_pool_get();
+        int expected = 0;
+        if (P && atomic_compare_exchange_strong(&P->busy, &expected, 1)) {
+            int stopped = lsc_pool_run(P, fn, ctx, nchunks, threads);
+            atomic_store(&P->busy, 0);
+            return stopped;
+        }
+    }
+#else
+    (void)threads;
+#endif
+    for (size_t c = 0; c < nchunks; c++)
+        if (fn(ctx, c))
+            return 1;
+    return 0;
+}
+
+#ifdef LSC_THREADS
+
+/* A scan job on the pool: the runs cut into chunks (lsc_run_chunks), one
+ * result per chunk for the statistics. */
+typedef struct {
+    const lsc_run *runs;
+    size_t nruns;
+    const size_t *first;        /* first[i]: first chunk of run i; first[nruns] = nchunks */
+    size_t base;                /* the job's chunk c is the pool's chunk c - base */
+    int op;
+    double inv;
+    lsc_result *chunk_res;      /* one per chunk, for statistics */
+    atomic_int found;
+} lsc_scan_job;
+
+/* Chunk c - base of the job (an lsc_chunk_fn): stops a scan that found a
+ * non-finite element. */
+static int lsc_scan_chunk(void *ctx, size_t k)
+{
+    lsc_scan_job *j = (lsc_scan_job *)ctx;
+    size_t c = k + j->base;
+    /* the run holding chunk c: the last i with first[i] <= c */
+    size_t lo = 0, hi = j->nruns;
+    lsc_result r;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (j->first[mid] <= c)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    lsc_do_chunk(&j->runs[lo], c - j->first[lo], j->op, j->inv, &r);
+    if (j->chunk_res)
+        j->chunk_res[c] = r;
+    if (!r.found)
+        return 0;
+    atomic_store_explicit(&j->found, 1, memory_order_relaxed);
+    return j->op == LSC_OP_SCAN;
+}
+
+static lsc_result lsc_exec_pool(const lsc_run *runs, size_t nruns, int op, double inv,
+                                int threads)
+{
+    lsc_result total = {0, 0.0, 0.0};
+    size_t *first = (size_t *)malloc((nruns + 1) * sizeof(size_t));
+    size_t nchunks;
+    lsc_scan_job j;
+    if (!first)
+        return lsc_exec_serial(runs, nruns, op, inv);
+    first[0] = 0;
+    for (size_t i = 0; i < nruns; i++)
+        first[i + 1] = first[i] + lsc_run_chunks(&runs[i], op);
+    nchunks = first[nruns];
+    j.runs = runs;
+    j.nruns = nruns;
+    j.first = first;
+    j.base = 0;
+    j.op = op;
+    j.inv = inv;
+    j.chunk_res = NULL;
+    atomic_init(&j.found, 0);
+    if (op & LSC_OP_STATS) {
+        j.chunk_res = (lsc_result *)malloc((nchunks ? nchunks : 1) * sizeof(lsc_result));
+        if (!j.chunk_res) {
+            free(first);
+            return lsc_exec_serial(runs, nruns, op, inv);
+        }
+    }
+    /* a scan looks at its first chunk alone: a NaN up front (the common
+       overflow) is answered without waking anybody */
+    if (op == LSC_OP_SCAN && nchunks && lsc_scan_chunk(&j, 0)) {
+        free(first);
+        total.found = 1;
+        return total;
+    }
+    j.base = op == LSC_OP_SCAN ? 1 : 0;
+    lsc_pool_for(lsc_scan_chunk, &j, nchunks - j.base, threads);
+    total.found = atomic_load(&j.found);
+    if (j.chunk_res) {
+        lsc_cascade sums;
+        lsc_cascade_init(&sums);
+        for (size_t c = 0; c < nchunks; c++)
+            lsc_cascade_add(&sums, &j.chunk_res[c]);
+        free(j.chunk_res);
+        sums.r.found |= total.found;
+        total = lsc_cascade_end(&sums);
+    }
+    free(first);
+    return total;
+}
+
+#endif /* LSC_THREADS */
+
 /* Run `op` over the runs.  threads: 0 picks by the work (serial below
  * LSC_MT_MIN_BYTES_SCAN or LSC_MT_MIN_PS), 1 is serial, k uses at most k
  * threads. */
@@ -549,14 +634,8 @@ static lsc_result lsc_exec(const lsc_run *runs, size_t nruns, lsc_n total_bytes,
                       ? LSC_MAX_THREADS : 1;
     if (threads > 1 && nchunks >= 3
             && !((op & LSC_OP_WRITE) && lsc_runs_overlap(runs, nruns))) {
-        lsc_pool *P = lsc_pool_get();
-        int expected = 0;
-        /* one job at a time; a second caller meanwhile runs serially */
-        if (P && atomic_compare_exchange_strong(&P->busy, &expected, 1)) {
-            lsc_result r = lsc_exec_pool(P, runs, nruns, op, inv, threads);
-            atomic_store(&P->busy, 0);
-            return r;
-        }
+        if (lsc_pool_get())
+            return lsc_exec_pool(runs, nruns, op, inv, threads);
     }
 #else
     (void)total_bytes;

@@ -33,7 +33,9 @@ measures the kernels themselves (``lscore bench``).
   ``fp8_amax_rows(x, amaxes, amax_nan=False)``: the amax pass alone;
   ``fp8_decode(q, out, fmt, scale=1.0)``: the codes widened back, divided
   by ``scale`` in float32 (exact with scale 1), ``fp8_decode_rows(q, out,
-  scales, fmt)`` with one scale per row.
+  scales, fmt)`` with one scale per row.  Each takes a last keyword
+  ``threads`` (0: by the size, 1: serial, k: at most k threads); the bytes
+  and amaxes are the same with any.
 - ``fp8_scale_te(amax, out, fp8_max, pow2, eps)``,
   ``fp8_scale_torchao(amax, out, fp8_max, pow2, eps)``: the float8 scale of
   each amax (float32, C-contiguous) by TransformerEngine's
@@ -67,8 +69,11 @@ measures the kernels themselves (``lscore bench``).
 - ``isa()``, ``isa_levels()``, ``set_isa(name)``, ``pool_size()``: the CPU
   kernel level in use, the levels this CPU runs, a switch of every CPU
   kernel (the scan's, the float8 casts' and the block passes'; returns the
-  previous level) and
-  the number of scan threads.
+  previous level) and the number of threads a large call may run on, the
+  caller included: the package has one thread pool, which the scan, the
+  float8 kernels and the block passes share (as many threads as CPUs this
+  process may use, at most 8, or fewer with the environment variable
+  ``LSCORE_NUM_THREADS``).
 - ``read_bandwidth(a)``, ``copy_bandwidth(dst, src)``: a plain C read loop
   and memcpy over an array's bytes, the bandwidth references of the bench.
 - ``DEVICE_FLAGS``, ``DEVICE_VALS`` (slot names -> index, with their counts

@@ -228,6 +228,7 @@ class DelayedFloat8Linear(Float8Linear):
 
         Call it once per optimizer step, after ``optimizer.step()``; ``reducer`` (an
         ``lscore.distributed`` reducer) all-reduces the step's amaxes (MAX) first.
+        :func:`fp8_update` does this for a whole model with one reducer call.
         """
         self.fp8_state.update(reducer)
 
@@ -295,8 +296,10 @@ def fp8_update(model: nn.Module, reducer: Any = None) -> None:
     """Update the delayed scales of every :class:`DelayedFloat8Linear` in ``model``.
 
     Call it once per step, after ``optimizer.step()`` (with a ``GradScaler``, after
-    ``scaler.update()``); current-scaling layers have nothing to update.
+    ``scaler.update()``); current-scaling layers have nothing to update. ``reducer`` (an
+    ``lscore.distributed`` reducer) all-reduces (MAX) the step's amaxes of every layer in one
+    call, as TransformerEngine reduces a step's amaxes in one collective; the scales are
+    bitwise those of each layer's :meth:`~DelayedFloat8Linear.update_scales`.
     """
-    for module in model.modules():
-        if isinstance(module, DelayedFloat8Linear):
-            module.update_scales(reducer)
+    states = [m.fp8_state for m in model.modules() if isinstance(m, DelayedFloat8Linear)]
+    lscore.fp8.DelayedScaling.update_all(states, reducer)

@@ -9,21 +9,33 @@ amaxes are float32 tensors: a 0-d one per tensor, shape ``x.shape[:-1] +
 (1,)`` per row (torchao's axiswise ``keepdim=True``).  A CUDA tensor goes
 to lscore.cuda's float8 kernels (CuPy launches them, on torch's current
 stream), read in place when its leading axes merge into one stride.
+Block-scaled formats (``quantize_blocks`` / ``dequantize_blocks``) take the
+same zero-copy route on the CPU and give a ``lscore.fp8.BlockScaled`` of
+tensors (torch's float8 dtypes, ``torch.float8_e8m0fnu`` scales).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import torch
 
-from lscore.fp8 import Float8, casting, checks
+from lscore.fp8 import BlockScaled, Float8, blocks, casting, checks
 
-__all__ = ["amax", "dequantize", "quantize", "quantize_current"]
+__all__ = [
+    "amax",
+    "dequantize",
+    "dequantize_blocks",
+    "quantize",
+    "quantize_blocks",
+    "quantize_current",
+]
 
 _TORCH_FP8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
 _FLOATS = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_TORCH_SCALES = {"float8_e8m0fnu": torch.float8_e8m0fnu, "float8_e4m3fn": torch.float8_e4m3fn}
 
 
 def _cpu(t: Any, what: str) -> torch.Tensor:
@@ -228,3 +240,83 @@ def quantize_current(x: torch.Tensor, recipe: Any, fmt: str | None = None) -> Fl
         torch.as_tensor(r.amax),
         r.fmt,
     )
+
+
+def _require_cuda_blocks(t: torch.Tensor) -> None:
+    """A TypeError naming what is missing where lscore.cuda.mx's block kernels are not built."""
+    try:
+        import lscore.cuda.mx  # noqa: F401
+    except ImportError as e:
+        raise TypeError(
+            f"block-scaled quantization of a tensor on {t.device} needs lscore.cuda.mx's "
+            f"kernels, which this build lacks ({e})"
+        ) from None
+
+
+def _tensor(a: Any, device: torch.device | None = None) -> torch.Tensor:
+    """A tensor over codes (NumPy: ml_dtypes float8 or uint8; CuPy: uint8), as torch's dtype
+    of them; `dtype_name` names that dtype for CuPy's uint8 codes."""
+    if device is None:
+        name = checks.dtype_name(a.dtype)
+        t = torch.from_numpy(a.view(np.uint8))
+    else:
+        name, t = "uint8", torch.as_tensor(a, device=device)
+    if name in _TORCH_FP8:
+        return t.view(_TORCH_FP8[name])
+    return t.view(_TORCH_SCALES[name]) if name in _TORCH_SCALES else t
+
+
+def quantize_blocks(
+    x: torch.Tensor, recipe: Any, *, axis: int = -1, element: str | None = None
+) -> BlockScaled:
+    """``lscore.fp8.quantize_blocks`` of a tensor: a ``BlockScaled`` of tensors.
+
+    `data` is ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` (uint8 for
+    E2M1, two codes a byte), `scales` ``torch.float8_e8m0fnu`` (MX) or
+    ``torch.float8_e4m3fn`` (NVFP4); a CPU tensor (float32, float16 or
+    bfloat16, any strides) is read in place.  A CUDA tensor goes to the
+    CUDA block kernels (CuPy), and its codes stay on its device.
+    """
+    if _on_cuda(x):
+        _require_cuda_blocks(x)
+        import cupy
+
+        b = blocks.quantize_blocks(cupy.asarray(x.detach()), recipe, axis=axis, element=element)
+        data, scales = _tensor(b.data, x.device), _tensor(b.scales, x.device)
+        if b.element != "e2m1":
+            data = data.view(_TORCH_FP8[blocks.element_dtype(b.element)])
+        scale_name = "float8_e8m0fnu" if b.recipe.scale_format == "e8m0" else "float8_e4m3fn"
+        return dataclasses.replace(b, data=data, scales=scales.view(_TORCH_SCALES[scale_name]))
+    b = blocks.quantize_blocks(_view(x), recipe, axis=axis, element=element)
+    return dataclasses.replace(b, data=_tensor(b.data), scales=_tensor(b.scales))
+
+
+def dequantize_blocks(b: BlockScaled, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``lscore.fp8.dequantize_blocks`` of a ``BlockScaled`` of tensors: a tensor of `dtype`
+    (torch.float32, float16 or bfloat16) on the codes' device."""
+    if not isinstance(b, BlockScaled):
+        raise TypeError(f"b must be an lscore.fp8.BlockScaled, got {type(b).__name__}")
+    if dtype not in _FLOATS:
+        raise TypeError(f"dtype must be torch.float32, float16 or bfloat16, got {dtype!r}")
+    for name in ("data", "scales"):
+        if not isinstance(getattr(b, name), torch.Tensor):
+            raise TypeError(f"b.{name} must be a torch.Tensor, got {type(getattr(b, name)).__name__}")
+    if _on_cuda(b.data):
+        _require_cuda_blocks(b.data)
+        import cupy
+
+        raw = dataclasses.replace(
+            b,
+            data=cupy.asarray(b.data.view(torch.uint8)),
+            scales=cupy.asarray(b.scales.view(torch.uint8)),
+        )
+        return torch.as_tensor(blocks.dequantize_blocks(raw, _FLOATS[dtype]), device=b.data.device)
+    raw = dataclasses.replace(
+        b,
+        data=_cpu(b.data, "b.data").detach().contiguous().view(torch.uint8).numpy(),
+        scales=_cpu(b.scales, "b.scales").detach().contiguous().view(torch.uint8).numpy(),
+    )
+    y = blocks.dequantize_blocks(raw, _FLOATS[dtype])
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(y.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(y)

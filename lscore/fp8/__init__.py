@@ -8,9 +8,19 @@ cast with a given scale and the input's amax), ``quantize_current`` (amax,
 the recipe's scale, the cast; a ``Float8``) and ``dequantize``, per tensor or
 per row, for NumPy and CuPy arrays.  ``tensor_stats`` and ``Float8Monitor``
 report what a scaled float8 cast does to each tensor (amax, scale, saturated
-and flushed elements).  Only NumPy is imported.
+and flushed elements).  Block-scaled formats (MXFP8, MXFP4, NVFP4): a
+``BlockRecipe`` (one of ``BLOCK_RECIPES``, also from ``recipe``),
+``quantize_blocks`` (a ``BlockScaled``) and ``dequantize_blocks``.  Only
+NumPy is imported.
 """
 
+from lscore.fp8.blocks import (
+    BLOCK_RECIPES,
+    BlockRecipe,
+    BlockScaled,
+    dequantize_blocks,
+    quantize_blocks,
+)
 from lscore.fp8.casting import Float8, amax, dequantize, quantize, quantize_current
 from lscore.fp8.delayed import DelayedScaling
 from lscore.fp8.diagnostics import Float8Monitor, Float8Stats, tensor_stats
@@ -19,12 +29,18 @@ from lscore.fp8.recipes import FP8_MAX, RECIPES, Recipe, recipe
 # re-bound so that their doc comments reach the API reference
 #: the preset recipe names: "te-delayed", "te-current", "torchao-tensorwise", "torchao-rowwise"
 RECIPES = RECIPES
+#: the block-scaled preset names: "ocp-mx", "te-mxfp8", "torchao-mx-floor", "torchao-mx-ceil",
+#: "torchao-mx-even", "torchao-mx-rceil", "nvfp4"
+BLOCK_RECIPES = BLOCK_RECIPES
 #: the largest finite value of each float8 format: {"e4m3fn": 448.0, "e5m2": 57344.0}
 FP8_MAX = FP8_MAX
 
 __all__ = [
+    "BLOCK_RECIPES",
     "FP8_MAX",
     "RECIPES",
+    "BlockRecipe",
+    "BlockScaled",
     "DelayedScaling",
     "Float8",
     "Float8Monitor",
@@ -32,7 +48,9 @@ __all__ = [
     "Recipe",
     "amax",
     "dequantize",
+    "dequantize_blocks",
     "quantize",
+    "quantize_blocks",
     "quantize_current",
     "recipe",
     "tensor_stats",

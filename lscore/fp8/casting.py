@@ -31,6 +31,7 @@ from lscore.fp8.checks import (
     format_name,
     fp8_dtype,
     nan_rule,
+    out_dtype,
     row_axis,
     row_shape,
     rows_of,
@@ -254,14 +255,7 @@ def dequantize(
         name = qname
         if fmt is not None and format_name(fmt) != name:
             raise ValueError(f"fmt must be q's format {name}, got {fmt!r}")
-    dname = "bfloat16" if isinstance(dtype, str) and dtype == "bfloat16" else None
-    if dname is None:
-        try:
-            dname = dtype_name(np.dtype(dtype))
-        except TypeError:
-            dname = repr(dtype)
-    if dname not in FLOATS:
-        raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
+    dname = out_dtype(dtype)
     rows = row_axis(q, axis)
     s = check_scale(scale, rows_of(q) if rows else None)
     result = np.empty(q.shape, fp8_dtype(dname) if dname == "bfloat16" else dname)

@@ -16,12 +16,14 @@ import numpy as np
 __all__ = [
     "FLOATS",
     "FORMATS",
+    "block_axis",
     "check_scale",
     "dtype_name",
     "float_input",
     "format_name",
     "fp8_dtype",
     "nan_rule",
+    "out_dtype",
     "row_axis",
     "row_shape",
     "rows_of",
@@ -81,6 +83,32 @@ def row_axis(x: Any, axis: Any) -> bool:
         f"axis must be None (per tensor) or -1 (per row, along the last axis) "
         f"for an array of {x.ndim} dimensions, got {axis!r}"
     )
+
+
+def block_axis(x: Any, axis: Any) -> bool:
+    """False for blocks along the last axis (-1 or ndim - 1), True along the first of a 2-D x."""
+    is_int = isinstance(axis, (int, np.integer)) and not isinstance(axis, bool)
+    if is_int and x.ndim >= 1 and axis in (-1, x.ndim - 1):
+        return False
+    if is_int and x.ndim == 2 and axis == 0:
+        return True
+    raise ValueError(
+        "axis must be -1 (blocks along the last axis) or 0 (along the first axis of a 2-D "
+        f"array) for an array of {x.ndim} dimensions, got {axis!r}"
+    )
+
+
+def out_dtype(dtype: Any) -> str:
+    """The name of a result dtype: float32, float16 or bfloat16 (a NumPy or ml_dtypes dtype or name)."""
+    name = "bfloat16" if isinstance(dtype, str) and dtype == "bfloat16" else None
+    if name is None:
+        try:
+            name = dtype_name(np.dtype(dtype))
+        except TypeError:
+            name = repr(dtype)
+    if name not in FLOATS:
+        raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
+    return name
 
 
 def nan_rule(nan: Any, what: str = "nan") -> bool:

@@ -3,8 +3,9 @@
 Each FP8 cast of a step multiplies by the scale the previous update chose and
 max-accumulates its input's amax into the history's current row
 (``record``); once per step ``update`` all-reduces that row (one reducer
-call) and runs TransformerEngine's fused update for every tensor in one
-compiled call: the history roll, the amax selection and the scale rule
+call; ``DelayedScaling.update_all``: one call for the rows of many states)
+and runs TransformerEngine's fused update for every tensor in one compiled
+call: the history roll, the amax selection and the scale rule
 (NVIDIA/TransformerEngine v2.18,
 transformer_engine/common/recipe/delayed_scaling.cu:162-253).  The state is
 saved in the JSON-safe format ``lscore.fp8/1``.
@@ -12,6 +13,7 @@ saved in the JSON-safe format ``lscore.fp8/1``.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -174,13 +176,39 @@ class DelayedScaling:
     def update(self, reducer: Any = None) -> None:
         """Agree on the current amaxes with one reducer call (elementwise MAX, see
         ``lscore.distributed.reduce_max``), then update every tensor (see the class)."""
+        DelayedScaling.update_all((self,), reducer)
+
+    @staticmethod
+    def update_all(states: Sequence[DelayedScaling], reducer: Any = None) -> None:
+        """``update(reducer)`` of every state in `states` with one reducer call for all.
+
+        The current amax rows of all the states travel as one row (as TransformerEngine
+        all-reduces every amax of a step in one collective), then each state runs its
+        compiled update; the result is bitwise that of updating each state with its own
+        reducer call.  No state is changed when the reducer fails.  Every worker passes its
+        states in the same order; with no states nothing is reduced.
+        """
+        states = tuple(states)
+        for i, s in enumerate(states):
+            if not isinstance(s, DelayedScaling):
+                raise TypeError(f"states[{i}] must be a DelayedScaling, got {type(s).__name__}")
+        if len({id(s) for s in states}) != len(states):
+            raise ValueError("states must hold each state once, got one state twice")
         check_reducer(reducer)
-        with self._lock:
-            if reducer is not None:
-                self._cy.set_current(
-                    _amaxes("the reduced amaxes", reduce_max(reducer, self._cy.current), self.n)
-                )
-            self._cy.update()
+        with contextlib.ExitStack() as held:
+            # one lock order for every caller (by address), so that two threads updating
+            # overlapping lists cannot each hold a lock the other waits for
+            for s in sorted(states, key=id):
+                held.enter_context(s._lock)
+            if reducer is not None and states:
+                rows = np.concatenate([s._cy.current for s in states])
+                reduced = _amaxes("the reduced amaxes", reduce_max(reducer, rows), rows.size)
+                start = 0
+                for s in states:
+                    s._cy.set_current(reduced[start : start + s.n])
+                    start += s.n
+            for s in states:
+                s._cy.update()
 
     def state_dict(self) -> dict[str, Any]:
         """The ``lscore.fp8/1`` state: JSON-safe and exact (float32 values as JSON numbers,
@@ -257,5 +285,8 @@ def _recipe(r: Any) -> Recipe:
     if isinstance(r, Recipe):
         return r
     if isinstance(r, str):
-        return recipe(r)
+        r = recipe(r)
+        if isinstance(r, Recipe):
+            return r
+        raise ValueError(f"recipe must be a per-tensor recipe, got the block recipe {r.name!r}")
     raise TypeError(f"recipe must be a Recipe or a recipe name, got {type(r).__name__}")

@@ -215,11 +215,72 @@ def test_fp8_update_reduces_the_step_amaxes_through_a_reducer():
     current = [m.fp8_state.amax_history[0].copy() for m in (model[0], model[2])]
     reducer = _OtherRankDoubles()
     fp8_update(model, reducer)
-    assert reducer.calls == 2  # one agreement per layer, all three tensors in it
+    assert reducer.calls == 1  # one agreement for the step: both layers, all three tensors
     for m, amax in zip((model[0], model[2]), current, strict=True):
         want = np.float32(448) / (2 * amax[:2])
         np.testing.assert_array_equal(m.fp8_state.scale[:2], want)
         assert m.fp8_state.scale[2] == np.float32(57344) / (2 * amax[2])
+
+
+class _OtherRank:
+    """A reducer whose other rank saw the amaxes `theirs`, handed out in call order: a call
+    with k statistics takes the next k of them and returns the elementwise MAX (NaN wins)."""
+
+    def __init__(self, theirs):
+        self.theirs, self.calls = list(theirs), 0
+
+    def reduce(self, found_inf, stats=None):
+        self.calls += 1
+        out = {}
+        for key, mine in stats.items():
+            other = self.theirs.pop(0)
+            out[key] = np.nan if np.isnan(mine) or np.isnan(other) else max(mine, other)
+        return found_inf, out
+
+
+def _three_layers():
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 24), torch.nn.ReLU(), torch.nn.Linear(24, 24), torch.nn.Linear(24, 8)
+    )
+
+
+def test_fp8_update_is_one_reducer_call_with_the_per_layer_scales():
+    """Three converted layers: fp8_update agrees on all nine amaxes of a step in one reducer
+    call, and every layer's scales and history are bitwise those of a copy whose layers each
+    called update_scales with their own reducer call."""
+    torch.manual_seed(12)
+    model = convert_to_float8(_three_layers(), "te-delayed")
+    twin = copy.deepcopy(model)
+    layers = [m for m in model.modules() if isinstance(m, DelayedFloat8Linear)]
+    twin_layers = [m for m in twin.modules() if isinstance(m, DelayedFloat8Linear)]
+    assert len(layers) == 3
+    rng = np.random.default_rng(12)
+    for step in range(4):
+        x = torch.randn(5, 16) * (1 + step)
+        for m in (model, twin):
+            m(x).pow(2).mean().backward()
+        # the other rank's amaxes: larger, smaller, zero (did not run) or NaN, per tensor
+        theirs = rng.choice([0.0, 0.5, 4.0, 40.0, np.nan], size=9, p=[0.2, 0.3, 0.2, 0.2, 0.1])
+        one = _OtherRank(theirs)
+        fp8_update(model, one)
+        assert one.calls == 1 and not one.theirs
+        each = _OtherRank(theirs)
+        for layer in twin_layers:
+            layer.update_scales(each)
+        assert each.calls == 3 and not each.theirs
+        for a, b in zip(layers, twin_layers, strict=True):
+            for name in ("scale", "scale_inv", "amax_history"):
+                mine, alone = getattr(a.fp8_state, name), getattr(b.fp8_state, name)
+                np.testing.assert_array_equal(mine.view(np.uint32), alone.view(np.uint32))
+    # the other rank's amaxes reached the scales: not all layers kept their first scale
+    assert any((m.fp8_state.scale != 1).any() for m in layers)
+
+
+def test_fp8_update_without_delayed_layers_calls_no_reducer():
+    model = convert_to_float8(_three_layers(), "torchao-tensorwise")
+    reducer = _OtherRank([])
+    fp8_update(model, reducer)
+    assert reducer.calls == 0
 
 
 def _train_delayed(model, opt, steps, seed):

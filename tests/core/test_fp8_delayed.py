@@ -346,6 +346,52 @@ def test_update_agrees_on_the_amaxes_through_one_reducer_call():
     assert s.scale[:3].tolist() == [112.0, 1.0, 56.0] and s.scale[3] == 1.0
 
 
+def test_update_all_agrees_on_every_state_through_one_reducer_call():
+    """Two states (4 and 2 tensors) in one MPI all-gather; each ends bitwise as when updated
+    alone with the other rank's amaxes of its own tensors."""
+    pytest.importorskip("mpi4py")
+    theirs = [4.0, 0.0, 1.0, math.nan, 3.0, 0.5]
+    comm = TwoRankComm(theirs)
+    r = recipe("te-delayed", amax_history_len=2, amax_nan="propagate")
+    a, b = DelayedScaling(r, 4), DelayedScaling(r, 2, "e5m2")
+    a.record([1.0, 0.0, 8.0, 1.0])
+    b.record([2.0, 7.0])
+    DelayedScaling.update_all([a, b], MPIReducer(comm))
+    assert comm.calls == 1
+    for s, mine, other in ((a, [1.0, 0.0, 8.0, 1.0], theirs[:4]), (b, [2.0, 7.0], theirs[4:])):
+        alone = DelayedScaling(r, s.n, s.formats)
+        alone.record(mine)
+        alone.update(MPIReducer(TwoRankComm(other)))
+        assert same(s.scale, alone.scale) and same(s.scale_inv, alone.scale_inv)
+        assert same(s.amax_history, alone.amax_history)
+    assert b.scale.tolist() == [np.float32(57344) / np.float32(3), 8192.0]
+
+
+class Failing:
+    def reduce(self, found_inf, stats=None):
+        raise RuntimeError("a peer died")
+
+
+def test_update_all_checks_first_and_changes_nothing_when_the_reducer_fails():
+    a, b = DelayedScaling("te-delayed", 2), DelayedScaling("te-delayed", 1)
+    a.record([3.0, 1.0])
+    b.record([2.0])
+    with pytest.raises(RuntimeError, match="a peer died"):
+        DelayedScaling.update_all([a, b], Failing())
+    with pytest.raises(ValueError, match="states must hold each state once"):
+        DelayedScaling.update_all([a, b, a])
+    with pytest.raises(TypeError, match=r"states\[1\] must be a DelayedScaling, got str"):
+        DelayedScaling.update_all([a, "b"])
+    with pytest.raises(TypeError, match="reducer must have a method reduce"):
+        DelayedScaling.update_all([a], object())
+    assert a.amax_history[0].tolist() == [3.0, 1.0] and b.amax_history[0].tolist() == [2.0]
+    assert a.scale.tolist() == [1.0, 1.0] and b.scale.tolist() == [1.0]
+    DelayedScaling.update_all([a, b])
+    assert a.scale.tolist() == [np.float32(448) / np.float32(3), 448.0]
+    assert b.scale.tolist() == [224.0]
+    DelayedScaling.update_all([], Failing())  # nothing to agree on: no call
+
+
 def test_reduce_max_keeps_dtype_and_shape():
     class Max:
         def reduce(self, found_inf, stats=None):

@@ -10,7 +10,9 @@ element formats float8_e4m3fn, float8_e5m2 and fp4 E2M1 with block 32, in each
 ``ScaleCalculationMode`` (FLOOR, CEIL, EVEN, RCEIL), and
 ``torchao.prototype.mx_formats.nvfp4_tensor.nvfp4_quantize`` (what ``NVFP4Tensor.to_nvfp4``
 calls) with block 16, without a per-tensor scale and with the one
-``per_tensor_amax_to_scale`` gives each group of 8 blocks.  The blocks are generated
+``per_tensor_amax_to_scale`` gives each group of 8 blocks.  Each result is also read back by
+torchao: ``mx_tensor.to_dtype`` (what ``MXTensor.dequantize`` calls) to float32, bfloat16
+and float16, and ``NVFP4Tensor.dequantize`` to float32 and bfloat16.  The blocks are generated
 float32 rows, and the same rows rounded to bfloat16: all-zero, NaN, Inf, subnormal, powers
 of two and their +-1 ulp neighbours as the block maximum, maxima next to fp8_max * 2**k
 (where the scale rules differ), exponents near +-127, and random log-uniform values.
@@ -24,14 +26,29 @@ import numpy as np
 import torch
 import torchao
 from torchao.prototype.mx_formats.config import ScaleCalculationMode
-from torchao.prototype.mx_formats.mx_tensor import to_mx
-from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
+from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
+from torchao.prototype.mx_formats.nvfp4_tensor import (
+    NVFP4Tensor,
+    nvfp4_quantize,
+    per_tensor_amax_to_scale,
+)
 
 OUT = pathlib.Path(__file__).with_name("torchao_mx.npz")
 SEED = 3035
 ELEMS = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e2m1": torch.float4_e2m1fn_x2}
 MODES = {m.name.lower(): m for m in ScaleCalculationMode}
 TOPS = (448.0, 57344.0, 6.0)
+# dequantized outputs: name -> (torch dtype, the unsigned view that keeps their bits)
+TARGETS = {
+    "f32": (torch.float32, torch.int32, np.uint32),
+    "bf16": (torch.bfloat16, torch.int16, np.uint16),
+    "f16": (torch.float16, torch.int16, np.uint16),
+}
+
+
+def out_bits(t, target):
+    _, signed, unsigned = TARGETS[target]
+    return t.contiguous().view(signed).numpy().view(unsigned).copy()
 
 
 def f32(b):
@@ -88,6 +105,9 @@ def record_mx(x):
             scale, data = to_mx(x, edt, 32, mode)
             out[f"{ename}_{mname}_scale"] = scale.view(torch.uint8).numpy().copy()
             out[f"{ename}_{mname}_data"] = data.view(torch.uint8).numpy().copy()
+            for target, (dtype, _, _) in TARGETS.items():
+                deq = to_dtype(data, scale, edt, 32, dtype)
+                out[f"{ename}_{mname}_deq_{target}"] = out_bits(deq, target)
     return out
 
 
@@ -96,6 +116,10 @@ def record_nvfp4(x):
     scale, data = nvfp4_quantize(x, 16, None)
     out["nvfp4_scale"] = scale.view(torch.uint8).numpy().copy()
     out["nvfp4_data"] = data.view(torch.uint8).numpy().copy()
+    t = NVFP4Tensor.to_nvfp4(x.contiguous(), 16)
+    for target in ("f32", "bf16"):
+        out[f"nvfp4_deq_{target}"] = out_bits(t.dequantize(TARGETS[target][0]), target)
+    deqs = {"f32": [], "bf16": []}
     groups = x.reshape(-1, 8, 16)
     pts, sc, da = [], [], []
     for g in groups:
@@ -104,9 +128,14 @@ def record_nvfp4(x):
         pts.append(p.item())
         sc.append(s.view(torch.uint8).numpy().copy())
         da.append(d.view(torch.uint8).numpy().copy())
+        t = NVFP4Tensor.to_nvfp4(g.contiguous(), 16, p)
+        for target, got in deqs.items():
+            got.append(out_bits(t.dequantize(TARGETS[target][0]), target))
     out["nvfp4_pts"] = np.array(pts, np.float32).view(np.uint32)
     out["nvfp4_pts_scale"] = np.concatenate(sc)
     out["nvfp4_pts_data"] = np.concatenate(da)
+    for target, got in deqs.items():
+        out[f"nvfp4_pts_deq_{target}"] = np.concatenate(got)
     return out
 
 

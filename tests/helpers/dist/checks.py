@@ -68,6 +68,39 @@ def check_reduce_basic(recs: list[dict]) -> None:
             assert got["collectives"] == 1, (name, rank, got)
 
 
+class _Agreed:
+    """A reducer that answers the maxima `agreed` (the group's, computed from the records)."""
+
+    def __init__(self, agreed):
+        self.agreed = agreed
+
+    def reduce(self, found_inf, stats=None):
+        return found_inf, {k: float(v) for k, v in zip(stats, self.agreed)}
+
+
+def check_fp8_delayed(recs: list[dict]) -> None:
+    """One collective per step for all three states, and on every rank the scales and history
+    of states updated alone with the elementwise MAX of all ranks' amaxes (NaN wins)."""
+    from lscore.fp8 import DelayedScaling, recipe
+
+    r = recipe("te-delayed", amax_history_len=3, amax_nan="propagate")
+    twins = [DelayedScaling(r, n) for n in scenarios.FP8_TENSORS]
+    nan_seen = False
+    for step in range(scenarios.FP8_STEPS):
+        rows = [rec["fp8_delayed"]["steps"][step] for rec in recs]
+        for k, twin in enumerate(twins):
+            mine = [np.frombuffer(bytes.fromhex(row["amaxes"][k]), np.float32) for row in rows]
+            twin.record(mine[0])
+            agreed = np.max(mine, axis=0)  # NaN wins, as the reducers fold a maximum
+            nan_seen |= bool(np.isnan(agreed).any())
+            twin.update(_Agreed(agreed))
+        for rank, row in enumerate(rows):
+            assert row["collectives"] == 1, (rank, step, row["collectives"])
+            assert row["scale"] == [scenarios.hexs(t.scale) for t in twins], (rank, step)
+            assert row["history"] == [scenarios.hexs(t.amax_history) for t in twins], (rank, step)
+    assert nan_seen and any((t.scale != 1).all() for t in twins)
+
+
 def core_policy() -> Policy:
     return Policy(**scenarios.POLICY)
 
@@ -151,6 +184,7 @@ def _faults(key):
 
 CORE = {
     "or_and_stats_in_one_collective": check_reduce_basic,
+    "fp8_amaxes_of_all_states_in_one_collective": check_fp8_delayed,
     "core_nan_on_one_rank_all_skip_same_scale": _nan("nan_one_rank", core_policy),
     "core_50_steps_random_faults_identical_params": _faults("replicated"),
     "core_sharded_one_collective_decides": _faults("sharded"),

@@ -182,6 +182,37 @@ def random_faults(group, stepper, sharded: bool) -> dict:
             "loss": float(np.mean((x @ w - y) ** 2)), **stepper.final()}
 
 
+FP8_TENSORS = (3, 3, 2)   # three delayed-scaling states, as three FP8 layers keep them
+FP8_STEPS = 5
+
+
+def fp8_delayed(group) -> dict:
+    """Three DelayedScaling states updated together each step (update_all with the reducer):
+    this rank's amaxes (some 0: a tensor that did not run here; a NaN once, which under
+    amax_nan="propagate" reaches the reducer and wins everywhere), the collectives
+    per step, and the scales and history each step ends with (hex bytes)."""
+    from lscore.fp8 import DelayedScaling, recipe
+
+    r = recipe("te-delayed", amax_history_len=3, amax_nan="propagate")
+    states = [DelayedScaling(r, n) for n in FP8_TENSORS]
+    rng = np.random.default_rng(100 + group.rank)
+    steps = []
+    for step in range(FP8_STEPS):
+        amaxes = [rng.choice([0.0, 0.25, 3.0, 50.0], size=n).astype(np.float32)
+                  for n in FP8_TENSORS]
+        if step == 2 and group.rank == 1:
+            amaxes[1][0] = np.nan
+        for st, a in zip(states, amaxes):
+            st.record(a)
+        before = group.collectives
+        DelayedScaling.update_all(states, group.reducer)
+        steps.append({"amaxes": [hexs(a) for a in amaxes],
+                      "collectives": group.collectives - before,
+                      "scale": [hexs(st.scale) for st in states],
+                      "history": [hexs(st.amax_history) for st in states]})
+    return {"steps": steps}
+
+
 ADAPTERS = {"numpy": NumpyAdapterStepper}
 
 
@@ -191,6 +222,7 @@ def run_all(group, adapters=None) -> dict:
     out = {
         "rank": group.rank, "size": group.size,
         "reduce_basic": reduce_basic(group),
+        "fp8_delayed": fp8_delayed(group),
         "nan_one_rank": nan_one_rank(group, CoreStepper(group)),
         "nan_one_rank_control": nan_one_rank(group, CoreStepper(group, reducer=False)),
         "replicated": random_faults(group, CoreStepper(group), sharded=False),
