@@ -14,6 +14,7 @@ import numpy as np
 from lscore._ext._fp8 import isa as _fp8_isa
 
 from _dtypes cimport *
+from _pool_for cimport lsc_for_fn, pool_for_import
 
 cnp.import_array()
 
@@ -39,9 +40,11 @@ cdef extern from "lsc_mx.h" nogil:
     const char *lsc_isa_names[]
     int lsc_mx_isa_select(const char *name)
     const lsc_mx_isa *lsc_mx_isa_get()
-    void lsc_mx_quantize_rows(const char *x, int64_t r0, int64_t r1, int64_t cols, int64_t rs,
-                              int64_t cs, int code, int axis, const lsc_mx_rule *k,
-                              unsigned char *s, unsigned char *q)
+    ctypedef int (*lsc_mx_for_fn)(int (*fn)(void *, size_t), void *ctx, size_t nchunks,
+                                  int threads)
+    void lsc_mx_job_run(const char *x, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
+                        int code, int axis, const lsc_mx_rule *k, unsigned char *s,
+                        unsigned char *q, lsc_mx_for_fn pool_for, int threads)
     enum:
         LSC_MX_FLOOR
         LSC_MX_CEIL
@@ -58,6 +61,9 @@ cdef extern from "lsc_mx.h" nogil:
     uint32_t lsc_mx_block(const float *x, long n, int elem, int mode, unsigned char *q)
     float lsc_nvfp4_tensor_scale(float amax)
     uint32_t lsc_nvfp4_block(const float *x, long n, int has_pts, float pts, unsigned char *q)
+
+# the package's one thread pool (lsc_pool.h's parallel-for, exported by _scan)
+cdef lsc_for_fn pool_for = pool_for_import()
 
 #: block scale rule name -> its code (lsc_mx.h)
 MODES = {"floor": LSC_MX_FLOOR, "ceil": LSC_MX_CEIL, "even": LSC_MX_EVEN,
@@ -165,9 +171,11 @@ cdef object _out_array(object given, tuple shape, str what):
     return given.view(np.uint8)
 
 
-cdef tuple _run(x, lsc_mx_rule *k, int axis, out):
+cdef tuple _run(x, lsc_mx_rule *k, int axis, out, int threads):
     """The fused block pass of rule `k` over `x` along `axis`: (scales, codes), into `out`
-    when given (returned as given)."""
+    when given (returned as given), on at most `threads` threads (0: by the size)."""
+    if threads < 0:
+        raise ValueError(f"threads must be >= 0, got {threads}")
     cdef cnp.ndarray a = np.asarray(x)
     cdef int code = _input_code(a)
     if code < 0:
@@ -213,30 +221,32 @@ cdef tuple _run(x, lsc_mx_rule *k, int axis, out):
         if v.flags.owndata:  # not a view: one pass per row of the leading indices
             qw = qshape[len(qshape) - 1]
             for i, idx in enumerate(np.ndindex(*shape[:len(shape) - 1])):
-                k.block = block
-                _run_one(a[idx], k, code, sp + i * (cols // block), qp + i * qw)
+                _run_one(a[idx], k, code, sp + i * (cols // block), qp + i * qw, threads)
             return (out[0] if out[0] is not None else s, out[1] if out[1] is not None else q)
         a = v
         rows, rs, cs = a.shape[0], (<object>a).strides[0], (<object>a).strides[1]
     xp = <const char *>cnp.PyArray_DATA(a)
     with nogil:
-        lsc_mx_quantize_rows(xp, 0, rows, cols, rs, cs, code, axis, k, sp, qp)
+        lsc_mx_job_run(xp, rows, cols, rs, cs, code, axis, k, sp, qp, <lsc_mx_for_fn>pool_for,
+                       threads)
     return (out[0] if out[0] is not None else s, out[1] if out[1] is not None else q)
 
 
 cdef void _run_one(cnp.ndarray row, lsc_mx_rule *k, int code, unsigned char *sp,
-                   unsigned char *qp) noexcept:
+                   unsigned char *qp, int threads) noexcept:
     cdef const char *xp = <const char *>cnp.PyArray_DATA(row)
     cdef int64_t cols = row.shape[0], cs = (<object>row).strides[0]
     with nogil:
-        lsc_mx_quantize_rows(xp, 0, 1, cols, 0, cs, code, -1, k, sp, qp)
+        lsc_mx_job_run(xp, 1, cols, 0, cs, code, -1, k, sp, qp, <lsc_mx_for_fn>pool_for,
+                       threads)
 
 
-def quantize(x, str elem, str mode, long block=32, *, int axis=-1, out=None):
+def quantize(x, str elem, str mode, long block=32, *, int axis=-1, out=None, int threads=0):
     """MX quantization of `x` (float32, float16 or bfloat16, read in place; other dtypes as
     float32) in blocks of `block` along its last axis (axis -1) or the first axis of a 2-D
     `x` (axis 0): (scale codes, element codes), into ``out=(scales, data)`` when given.
-    E2M1 codes are packed two per byte, the first in the low nibble (axis 0: two rows)."""
+    E2M1 codes are packed two per byte, the first in the low nibble (axis 0: two rows).
+    threads: 0 picks by the size, 1 is serial, k uses at most k (the same bytes with any)."""
     cdef lsc_mx_rule k
     k.elem = _code(ELEMS, "elem", elem)
     k.mode = _code(MODES, "mode", mode)
@@ -245,7 +255,7 @@ def quantize(x, str elem, str mode, long block=32, *, int axis=-1, out=None):
     k.block = block
     k.has_pts = 0
     k.pts = 1.0
-    return _run(x, &k, axis, out)
+    return _run(x, &k, axis, out, threads)
 
 
 def nvfp4_tensor_scale(float amax):
@@ -253,17 +263,17 @@ def nvfp4_tensor_scale(float amax):
     return lsc_nvfp4_tensor_scale(amax)
 
 
-def nvfp4_quantize(x, pts=None, *, int axis=-1, out=None):
+def nvfp4_quantize(x, pts=None, *, int axis=-1, out=None, int threads=0):
     """NVFP4 quantization of `x` (as `quantize` reads it) in blocks of 16 along `axis`, with
     the per-tensor scale `pts` (float32) or none: (E4M3 block scale codes, packed E2M1
-    codes), into ``out=(scales, data)`` when given."""
+    codes), into ``out=(scales, data)`` when given; threads as `quantize`'s."""
     cdef lsc_mx_rule k
     k.elem = LSC_MX_E2M1
     k.mode = LSC_MX_NVFP4
     k.block = 16
     k.has_pts = pts is not None
     k.pts = pts if k.has_pts else 1.0
-    return _run(x, &k, axis, out)
+    return _run(x, &k, axis, out, threads)
 
 
 # ---- ISA level, for tests and `lscore bench` --------------------------------

@@ -626,6 +626,76 @@ static void lsc_mx_quantize_rows(const char *x, int64_t r0, int64_t r1, int64_t 
     }
 }
 
+/* ---- one pass as a job of chunks on the package's thread pool ------------
+ * The pass is cut in chunks from the work alone (never from the thread
+ * count): groups of whole rows of about LSC_MX_CHUNK_ELEMS elements, or,
+ * for rows longer than that along axis -1, pieces of one row of a whole
+ * number of blocks; each chunk writes only its own scales and codes, so
+ * the bytes are the same with any number of threads.  The pool's
+ * parallel-for (lsc_pool.h) comes from the caller; a pass smaller than
+ * LSC_MX_MT_MIN_ELEMS runs on the caller alone when threads is 0. */
+#define LSC_MX_CHUNK_ELEMS 32768
+#define LSC_MX_MT_MIN_ELEMS 200000
+
+typedef int (*lsc_mx_for_fn)(int (*fn)(void *ctx, size_t chunk), void *ctx, size_t nchunks,
+                             int threads);
+
+typedef struct {
+    const char *x;
+    int64_t rows, cols, rs, cs;
+    int code, axis;
+    const lsc_mx_rule *k;
+    unsigned char *s, *q;
+    int64_t rows_per_chunk;   /* whole rows per chunk, or 0: pieces of rows */
+    int64_t piece, pieces;    /* elements per piece, pieces per row */
+} lsc_mx_job;
+
+static int lsc_mx_job_chunk(void *ctx, size_t chunk)
+{
+    const lsc_mx_job *j = (const lsc_mx_job *)ctx;
+    const int64_t c = (int64_t)chunk;
+    if (j->rows_per_chunk) {
+        int64_t r0 = c * j->rows_per_chunk, r1 = r0 + j->rows_per_chunk;
+        lsc_mx_quantize_rows(j->x, r0, r1 < j->rows ? r1 : j->rows, j->cols, j->rs, j->cs,
+                             j->code, j->axis, j->k, j->s, j->q);
+    } else {
+        const int64_t r = c / j->pieces, c0 = (c % j->pieces) * j->piece;
+        const int64_t n = j->cols - c0 < j->piece ? j->cols - c0 : j->piece;
+        const int64_t qw = j->k->elem == LSC_MX_E2M1 ? j->cols / 2 : j->cols;
+        lsc_mx_quantize_rows(j->x + r * j->rs + c0 * j->cs, 0, 1, n, 0, j->cs, j->code, -1,
+                             j->k, j->s + r * (j->cols / j->k->block) + c0 / j->k->block,
+                             j->q + r * qw + (j->k->elem == LSC_MX_E2M1 ? c0 / 2 : c0));
+    }
+    return 0;
+}
+
+/* The pass over a rows x cols view (lsc_mx_quantize_rows's arguments) cut
+ * in chunks and run through pool_for on at most `threads` threads (0: by
+ * the size, 1: the caller alone). */
+static void lsc_mx_job_run(const char *x, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
+                           int code, int axis, const lsc_mx_rule *k, unsigned char *s,
+                           unsigned char *q, lsc_mx_for_fn pool_for, int threads)
+{
+    lsc_mx_job j = {x, rows, cols, rs, cs, code, axis, k, s, q, 0, 0, 1};
+    size_t nchunks;
+    if (rows <= 0 || cols <= 0)
+        return;
+    if (threads == 0)
+        threads = rows * cols >= LSC_MX_MT_MIN_ELEMS ? 0 : 1;
+    if (axis == 0) {
+        int64_t groups = LSC_MX_CHUNK_ELEMS / (cols * k->block);
+        j.rows_per_chunk = (groups > 1 ? groups : 1) * k->block;
+    } else if (cols <= LSC_MX_CHUNK_ELEMS) {
+        j.rows_per_chunk = LSC_MX_CHUNK_ELEMS / cols;
+    } else {
+        j.piece = LSC_MX_CHUNK_ELEMS / k->block * k->block;
+        j.pieces = (cols + j.piece - 1) / j.piece;
+    }
+    nchunks = j.rows_per_chunk ? (size_t)((rows + j.rows_per_chunk - 1) / j.rows_per_chunk)
+                               : (size_t)(rows * j.pieces);
+    pool_for(lsc_mx_job_chunk, &j, nchunks, threads);
+}
+
 #undef LSC_MX_LEVEL
 #undef LSC_MX_ELEM_FNS
 #undef LSC_MX_FNS

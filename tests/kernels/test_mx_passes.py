@@ -192,3 +192,26 @@ def test_other_block_lengths(isa):
             want = ref.mx_quantize(x, "float8_e4m3fn", mode, block)
             for g, w in zip(got, want, strict=True):
                 np.testing.assert_array_equal(g, w, err_msg=f"{block} {mode}")
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_same_bytes_with_any_thread_count(axis):
+    """The passes are cut in chunks from the work alone (whole rows, or pieces of a long
+    row), each writing its own bytes: one thread, two, or as many as the pool has give the
+    same scales and codes."""
+    rng = np.random.default_rng(4)
+    shapes = [(256, 1024), (64, 4096)] + ([(96 * 1024,)] if axis == -1 else [(4096, 96)])
+    for shape in shapes:
+        x = (rng.standard_normal(shape) * 2.0 ** rng.integers(-30, 30, shape)).astype(np.float32)
+        x.ravel()[::997] = np.nan
+        for elem, mode in (("float8_e4m3fn", "floor"), ("float8_e5m2", "te"), ("float4_e2m1", "ocp")):
+            runs = [kernels.mx_quantize(x, elem, mode, axis=axis, threads=t) for t in (1, 2, 0)]
+            for got in runs[1:]:
+                for g, w in zip(got, runs[0], strict=True):
+                    np.testing.assert_array_equal(g, w, err_msg=f"{shape} {elem} {mode}")
+        runs = [kernels.nvfp4_quantize(x, axis=axis, threads=t) for t in (1, 2, 0)]
+        for got in runs[1:]:
+            for g, w in zip(got, runs[0], strict=True):
+                np.testing.assert_array_equal(g, w)
+    with pytest.raises(ValueError, match="threads must be >= 0, got -1"):
+        kernels.mx_quantize(np.zeros(32, np.float32), "float8_e4m3fn", "te", threads=-1)
