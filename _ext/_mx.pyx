@@ -11,8 +11,6 @@ from libc.stdint cimport int64_t, uint32_t
 
 import numpy as np
 
-from lscore._ext._fp8 import isa as _fp8_isa
-
 from _dtypes cimport *
 from _pool_for cimport lsc_for_fn, pool_for_import
 
@@ -292,7 +290,3 @@ def set_isa(name):
         raise ValueError(f"ISA level {name!r} is not available here; expected one of: "
                          + ", ".join(levels))
     return old
-
-
-# the level the float8 casts start at (the best, or LSCORE_ISA's when it names one here)
-set_isa(_fp8_isa())

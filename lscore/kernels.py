@@ -140,6 +140,9 @@ from lscore._ext._walk import (
     DeviceTable,
 )
 
+# the block passes start at the float8 casts' level (the best, or LSCORE_ISA's)
+_mx.set_isa(_fp8.isa())
+
 
 def set_isa(name: str) -> str:
     """Run every CPU kernel at ISA level `name` ("" = the best this CPU runs); returns the old."""

@@ -126,7 +126,11 @@ def test_strided_views(isa, dtype):
     ]
     for v, axis in views:
         c = np.ascontiguousarray(v)
-        for elem, mode in (("float8_e4m3fn", "te"), ("float4_e2m1", "floor"), ("float8_e5m2", "ocp")):
+        for elem, mode in (
+            ("float8_e4m3fn", "te"),
+            ("float4_e2m1", "floor"),
+            ("float8_e5m2", "ocp"),
+        ):
             for g, w in zip(
                 kernels.mx_quantize(v, elem, mode, axis=axis),
                 kernels.mx_quantize(c, elem, mode, axis=axis),
@@ -204,7 +208,11 @@ def test_same_bytes_with_any_thread_count(axis):
     for shape in shapes:
         x = (rng.standard_normal(shape) * 2.0 ** rng.integers(-30, 30, shape)).astype(np.float32)
         x.ravel()[::997] = np.nan
-        for elem, mode in (("float8_e4m3fn", "floor"), ("float8_e5m2", "te"), ("float4_e2m1", "ocp")):
+        for elem, mode in (
+            ("float8_e4m3fn", "floor"),
+            ("float8_e5m2", "te"),
+            ("float4_e2m1", "ocp"),
+        ):
             runs = [kernels.mx_quantize(x, elem, mode, axis=axis, threads=t) for t in (1, 2, 0)]
             for got in runs[1:]:
                 for g, w in zip(got, runs[0], strict=True):
