@@ -374,16 +374,16 @@ typedef struct {
 #define LSC_MX_INL static inline __attribute__((always_inline))
 
 /* The scale code of a block whose amax bits are m, and its factor into *r. */
-LSC_MX_INL lsc_u32 lsc_mx_pick(lsc_u32 m, const lsc_mx_rule *k, int elem, float *r)
+LSC_MX_INL lsc_u32 lsc_mx_pick(lsc_u32 m, const lsc_mx_rule *k, int elem, int mode, float *r)
 {
     float amax = m > 0x7F800000u ? lsc_f32_from_bits(0x7FC00000u) : lsc_f32_from_bits(m);
     lsc_u32 s;
-    if (k->mode == LSC_MX_NVFP4) {
+    if (mode == LSC_MX_NVFP4) {
         s = lsc_nvfp4_scale(amax, k->has_pts, k->pts);
         *r = lsc_nvfp4_factor(s, k->has_pts, k->pts);
     } else {
-        s = lsc_mx_scale(amax, elem, k->mode);
-        *r = lsc_mx_factor(s, amax, elem, k->mode);
+        s = lsc_mx_scale(amax, elem, mode);
+        *r = lsc_mx_factor(s, amax, elem, mode);
     }
     return s;
 }
@@ -407,8 +407,8 @@ LSC_MX_INL lsc_u32 lsc_mx_absmax(const float *w, int64_t n)
  * *s, its codes into q.  The codes' loop reads the block again (from L1);
  * called with a constant block (32, 16), both loops vectorise whole. */
 LSC_MX_INL void lsc_mx_row_block(const char *x, int64_t block, int64_t stride, int code,
-                                 int elem, const lsc_mx_rule *k, int flags, unsigned char *s,
-                                 unsigned char *q)
+                                 int elem, int mode, const lsc_mx_rule *k, int flags,
+                                 unsigned char *s, unsigned char *q)
 {
     float r;
     lsc_u32 m = 0;
@@ -416,7 +416,7 @@ LSC_MX_INL void lsc_mx_row_block(const char *x, int64_t block, int64_t stride, i
         lsc_u32 a = lsc_f32_bits(lsc_mx_load(x, j, stride, code)) & 0x7FFFFFFFu;
         m = a > m ? a : m;
     }
-    *s = (unsigned char)lsc_mx_pick(m, k, elem, &r);
+    *s = (unsigned char)lsc_mx_pick(m, k, elem, mode, &r);
     if (elem == LSC_MX_E2M1) {
         for (int64_t j = 0; j < block / 2; j++)
             q[j] = (unsigned char)(lsc_mx_code(lsc_mx_load(x, 2 * j, stride, code), r, elem, flags)
@@ -428,26 +428,49 @@ LSC_MX_INL void lsc_mx_row_block(const char *x, int64_t block, int64_t stride, i
     }
 }
 
+/* The blocks of one row with the mode constant (the scale rule inlined). */
+LSC_MX_INL void lsc_mx_row_mode(const char *x, int64_t n, int64_t stride, int code, int elem,
+                                int mode, const lsc_mx_rule *k, unsigned char *s,
+                                unsigned char *q)
+{
+    const int64_t block = k->block, width = elem == LSC_MX_E2M1 ? block / 2 : block;
+    const int flags = mode == LSC_MX_NVFP4 ? 0 : lsc_mx_flags(mode);
+    int64_t b = 0;
+    if (block == 32) {
+        for (; b < n / 32; b++)
+            lsc_mx_row_block(x + b * 32 * stride, 32, stride, code, elem, mode, k, flags, s + b,
+                             q + b * width);
+    } else if (block == 16) {
+        for (; b < n / 16; b++)
+            lsc_mx_row_block(x + b * 16 * stride, 16, stride, code, elem, mode, k, flags, s + b,
+                             q + b * width);
+    } else {
+        for (; b < n / block; b++)
+            lsc_mx_row_block(x + b * block * stride, block, stride, code, elem, mode, k, flags,
+                             s + b, q + b * width);
+    }
+}
+
 /* One row of n elements (a multiple of the block) `stride` bytes apart:
  * n / block scale codes into s, the codes into q (E2M1: n / 2 bytes). */
 LSC_MX_INL void lsc_mx_row_body(const char *x, int64_t n, int64_t stride, int code, int elem,
                                 const lsc_mx_rule *k, unsigned char *s, unsigned char *q)
 {
-    const int64_t block = k->block, width = elem == LSC_MX_E2M1 ? block / 2 : block;
-    const int flags = k->mode == LSC_MX_NVFP4 ? 0 : lsc_mx_flags(k->mode);
-    int64_t b = 0;
-    if (block == 32) {
-        for (; b < n / 32; b++)
-            lsc_mx_row_block(x + b * 32 * stride, 32, stride, code, elem, k, flags, s + b,
-                             q + b * width);
-    } else if (block == 16) {
-        for (; b < n / 16; b++)
-            lsc_mx_row_block(x + b * 16 * stride, 16, stride, code, elem, k, flags, s + b,
-                             q + b * width);
-    } else {
-        for (; b < n / block; b++)
-            lsc_mx_row_block(x + b * block * stride, block, stride, code, elem, k, flags, s + b,
-                             q + b * width);
+    switch (k->mode) {
+    case LSC_MX_FLOOR:
+        lsc_mx_row_mode(x, n, stride, code, elem, LSC_MX_FLOOR, k, s, q);
+        break;
+    case LSC_MX_TE:
+        lsc_mx_row_mode(x, n, stride, code, elem, LSC_MX_TE, k, s, q);
+        break;
+    case LSC_MX_OCP:
+        lsc_mx_row_mode(x, n, stride, code, elem, LSC_MX_OCP, k, s, q);
+        break;
+    case LSC_MX_NVFP4:
+        lsc_mx_row_mode(x, n, stride, code, elem, LSC_MX_NVFP4, k, s, q);
+        break;
+    default:   /* CEIL, EVEN, RCEIL: the rule's branches at run time */
+        lsc_mx_row_mode(x, n, stride, code, elem, k->mode, k, s, q);
     }
 }
 
@@ -476,7 +499,7 @@ LSC_MX_INL void lsc_mx_cols_body(const char *x, int64_t rows, int64_t cols, int6
             }
             for (int64_t j = 0; j < w; j++)
                 s[(r0 / block) * cols + c0 + j] = (unsigned char)lsc_mx_pick(m[j], k, elem,
-                                                                             &fac[j]);
+                                                                             k->mode, &fac[j]);
             if (elem == LSC_MX_E2M1) {
                 for (int64_t i = 0; i < block; i += 2) {
                     unsigned char *qr = q + ((r0 + i) / 2) * cols + c0;
