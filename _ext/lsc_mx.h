@@ -435,20 +435,19 @@ LSC_MX_INL void lsc_mx_row_mode(const char *x, int64_t n, int64_t stride, int co
 {
     const int64_t block = k->block, width = elem == LSC_MX_E2M1 ? block / 2 : block;
     const int flags = mode == LSC_MX_NVFP4 ? 0 : lsc_mx_flags(mode);
-    int64_t b = 0;
-    if (block == 32) {
-        for (; b < n / 32; b++)
-            lsc_mx_row_block(x + b * 32 * stride, 32, stride, code, elem, mode, k, flags, s + b,
-                             q + b * width);
-    } else if (block == 16) {
-        for (; b < n / 16; b++)
-            lsc_mx_row_block(x + b * 16 * stride, 16, stride, code, elem, mode, k, flags, s + b,
-                             q + b * width);
-    } else {
-        for (; b < n / block; b++)
-            lsc_mx_row_block(x + b * block * stride, block, stride, code, elem, mode, k, flags,
-                             s + b, q + b * width);
-    }
+    /* the common blocks with a constant length, which unrolls */
+    const int64_t fixed = block == 32 || block == 16 ? block : 0;
+#define LSC_MX_ROW_BLOCKS(B)                                                                \
+    for (int64_t b = 0; b < n / (B); b++)                                                   \
+        lsc_mx_row_block(x + b * (B) * stride, (B), stride, code, elem, mode, k, flags, s + b, \
+                         q + b * width)
+    if (fixed == 32)
+        LSC_MX_ROW_BLOCKS(32);
+    else if (fixed == 16)
+        LSC_MX_ROW_BLOCKS(16);
+    else
+        LSC_MX_ROW_BLOCKS(block);
+#undef LSC_MX_ROW_BLOCKS
 }
 
 /* One row of n elements (a multiple of the block) `stride` bytes apart:
