@@ -1,4 +1,6 @@
 # Types of the compiled block-scaled format rules (_mx.pyx); lscore.kernels names them.
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -11,9 +13,23 @@ def e2m1_encode(x: npt.ArrayLike) -> npt.NDArray[np.uint8]: ...
 def e2m1_decode(q: npt.ArrayLike) -> npt.NDArray[np.float32]: ...
 def scale(amax: npt.ArrayLike, elem: str, mode: str) -> npt.NDArray[np.uint8]: ...
 def quantize(
-    x: npt.ArrayLike, elem: str, mode: str, block: int = 32
-) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]: ...
+    x: npt.ArrayLike,
+    elem: str,
+    mode: str,
+    block: int = 32,
+    *,
+    axis: int = -1,
+    out: tuple[npt.NDArray[Any], npt.NDArray[Any]] | None = None,
+    threads: int = 0,
+) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]: ...
 def nvfp4_tensor_scale(amax: float) -> float: ...
 def nvfp4_quantize(
-    x: npt.ArrayLike, pts: float | None = None
-) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]: ...
+    x: npt.ArrayLike,
+    pts: float | None = None,
+    *,
+    axis: int = -1,
+    out: tuple[npt.NDArray[Any], npt.NDArray[Any]] | None = None,
+    threads: int = 0,
+) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]: ...
+def isa() -> str: ...
+def set_isa(name: str) -> str: ...

@@ -1,21 +1,48 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-# Design: this module hands NumPy arrays to the block-scaled formats' scalar
-# rules of lsc_mx.h: E8M0 and E2M1 codes elementwise, block scale codes of
-# amaxes, and the MX and NVFP4 quantization of whole blocks along the last
-# axis, one block at a time through the header's scalar block functions
-# (not yet a vectorised pass).  It checks only what keeps memory safe and
-# names the formats and modes; the rules are lsc_mx.h's and the slow twin
-# is lscore/_reference_mx.py (mx_*, nvfp4_*).
+# Design: this module hands NumPy arrays to the block-scaled formats' rules
+# of lsc_mx.h: E8M0 and E2M1 codes elementwise, block scale codes of amaxes,
+# and the MX and NVFP4 quantization of blocks along the last axis or the
+# first (a 2-D input), by the header's fused block passes over the input
+# read in place (float32, float16, bfloat16; any strides), the GIL released.
+# It checks what keeps memory safe and names the formats and modes; the
+# rules are lsc_mx.h's and the slow twin is lscore/_reference_mx.py.
 cimport numpy as cnp
-from libc.stdint cimport uint32_t
+from libc.stdint cimport int64_t, uint32_t
 
 import numpy as np
 
 from _dtypes cimport *
+from _pool_for cimport lsc_for_fn, pool_for_import
 
 cnp.import_array()
 
+cdef extern from "numpy/ndarraytypes.h":
+    enum:
+        NPY_HALF
+        NPY_USERDEF
+
 cdef extern from "lsc_mx.h" nogil:
+    ctypedef struct lsc_mx_rule:
+        int elem
+        int mode
+        int has_pts
+        float pts
+        int64_t block
+    ctypedef struct lsc_mx_isa:
+        const char *name
+    enum:
+        LSC_MX_NVFP4
+        LSC_MX_CHUNK
+        LSC_NISAS
+    int lsc_isa_supported(int level)
+    const char *lsc_isa_names[]
+    int lsc_mx_isa_select(const char *name)
+    const lsc_mx_isa *lsc_mx_isa_get()
+    ctypedef int (*lsc_mx_for_fn)(int (*fn)(void *, size_t), void *ctx, size_t nchunks,
+                                  int threads)
+    void lsc_mx_job_run(const char *x, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
+                        int code, int axis, const lsc_mx_rule *k, unsigned char *s,
+                        unsigned char *q, lsc_mx_for_fn pool_for, int threads)
     enum:
         LSC_MX_FLOOR
         LSC_MX_CEIL
@@ -32,6 +59,9 @@ cdef extern from "lsc_mx.h" nogil:
     uint32_t lsc_mx_block(const float *x, long n, int elem, int mode, unsigned char *q)
     float lsc_nvfp4_tensor_scale(float amax)
     uint32_t lsc_nvfp4_block(const float *x, long n, int has_pts, float pts, unsigned char *q)
+
+# the package's one thread pool (lsc_pool.h's parallel-for, exported by _scan)
+cdef lsc_for_fn pool_for = pool_for_import()
 
 #: block scale rule name -> its code (lsc_mx.h)
 MODES = {"floor": LSC_MX_FLOOR, "ceil": LSC_MX_CEIL, "even": LSC_MX_EVEN,
@@ -111,33 +141,119 @@ def scale(amax, str elem, str mode):
     return out.reshape(np.shape(amax))
 
 
-cdef tuple _blocks(x, long block):
-    a = _f32(x)
-    shape = tuple(a.shape)
-    if not shape or shape[len(shape) - 1] % block:
-        raise ValueError(f"the last axis must be a multiple of {block}, got shape {shape}")
-    return a, shape[:len(shape) - 1] + (shape[len(shape) - 1] // block,)
+cdef int _input_code(cnp.ndarray a):
+    """The dtype code of an input read in place, or -1 (read as a float32 copy)."""
+    cdef int t = cnp.PyArray_TYPE(a)
+    if cnp.PyArray_ISBYTESWAPPED(a):
+        return -1
+    if t == cnp.NPY_FLOAT:
+        return LSC_CODE_F32
+    if t == NPY_HALF:
+        return LSC_CODE_F16
+    if t >= NPY_USERDEF and a.dtype.name == "bfloat16":
+        return LSC_CODE_BF16
+    return -1
 
 
-def quantize(x, str elem, str mode, long block=32):
-    """MX quantization of `x` along its last axis, in blocks of `block`: (scale codes,
-    element codes); E2M1 elements are packed two per byte, the first in the low nibble."""
-    cdef int e = _code(ELEMS, "elem", elem), m = _code(MODES, "mode", mode)
-    if block < 2 or block % 2:
-        raise ValueError(f"block must be an even integer >= 2, got {block}")
-    a, sshape = _blocks(x, block)
-    cdef long width = block // 2 if e == LSC_MX_E2M1 else block
-    cdef const float[::1] v = a.ravel()
-    cdef long nb = v.shape[0] // block, i
-    scales = np.empty(nb, np.uint8)
-    q = np.empty(nb * width, np.uint8)
-    cdef unsigned char[::1] s = scales
-    cdef unsigned char[::1] qv = q
-    if nb:
-        with nogil:
-            for i in range(nb):
-                s[i] = lsc_mx_block(&v[i * block], block, e, m, &qv[i * width])
-    return scales.reshape(sshape), q.reshape(sshape[:len(sshape) - 1] + (sshape[len(sshape) - 1] * width,))
+cdef object _out_array(object given, tuple shape, str what):
+    """`given` checked (a writable C-contiguous array of 1-byte codes, any 1-byte dtype:
+    uint8 or an ml_dtypes view) as a uint8 view, or a new uint8 array."""
+    if given is None:
+        return np.empty(shape, np.uint8)
+    if not isinstance(given, np.ndarray) or given.dtype.itemsize != 1:
+        raise ValueError(f"out {what} must be a NumPy array of 1-byte codes, got {given!r:.60}")
+    if not given.flags.c_contiguous or not given.flags.writeable:
+        raise ValueError(f"out {what} must be a writable C-contiguous array")
+    if given.shape != shape:
+        raise ValueError(f"out {what} must have shape {shape}, got {given.shape}")
+    return given.view(np.uint8)
+
+
+cdef tuple _run(x, lsc_mx_rule *k, int axis, out, int threads):
+    """The fused block pass of rule `k` over `x` along `axis`: (scales, codes), into `out`
+    when given (returned as given), on at most `threads` threads (0: by the size)."""
+    if threads < 0:
+        raise ValueError(f"threads must be >= 0, got {threads}")
+    cdef cnp.ndarray a = np.asarray(x)
+    cdef int code = _input_code(a)
+    if code < 0:
+        a = np.asarray(a, np.float32)
+        code = LSC_CODE_F32
+    shape = tuple((<object>a).shape)
+    cdef int64_t block = k.block, rows, cols, rs, cs
+    cdef bint e2 = k.elem == LSC_MX_E2M1
+    if axis == -1:
+        if not shape or shape[len(shape) - 1] % block:
+            raise ValueError(f"the last axis must be a multiple of {block}, got shape {shape}")
+        cols = shape[len(shape) - 1]
+        lead = shape[:len(shape) - 1]
+        sshape = lead + (cols // block,)
+        qshape = lead + ((cols // 2 if e2 else cols),)
+    elif axis == 0:
+        if len(shape) != 2:
+            raise ValueError(f"axis 0 needs a 2-D input, got shape {shape}")
+        if shape[0] % block:
+            raise ValueError(f"the first axis must be a multiple of {block}, got shape {shape}")
+        cols = shape[1]
+        sshape = (shape[0] // block, cols)
+        qshape = ((shape[0] // 2 if e2 else shape[0]), cols)
+    else:
+        raise ValueError(f"axis must be -1 or 0, got {axis!r}")
+    if out is None:
+        out = (None, None)
+    elif not isinstance(out, tuple) or len(out) != 2:
+        raise ValueError(f"out must be a tuple (scales, data), got {type(out).__name__}")
+    cdef cnp.ndarray s = _out_array(out[0], sshape, "scales")
+    cdef cnp.ndarray q = _out_array(out[1], qshape, "data")
+    if a.size == 0:
+        return (out[0] if out[0] is not None else s, out[1] if out[1] is not None else q)
+    cdef unsigned char *sp = <unsigned char *>cnp.PyArray_DATA(s)
+    cdef unsigned char *qp = <unsigned char *>cnp.PyArray_DATA(q)
+    cdef const char *xp
+    if axis == 0:
+        rows, rs, cs = shape[0], (<object>a).strides[0], (<object>a).strides[1]
+    elif a.ndim == 1:
+        rows, rs, cs = 1, 0, (<object>a).strides[0]
+    else:
+        v = a.reshape(-1, cols)
+        if v.flags.owndata:  # not a view: one pass per row of the leading indices
+            qw = qshape[len(qshape) - 1]
+            for i, idx in enumerate(np.ndindex(*shape[:len(shape) - 1])):
+                _run_one(a[idx], k, code, sp + i * (cols // block), qp + i * qw, threads)
+            return (out[0] if out[0] is not None else s, out[1] if out[1] is not None else q)
+        a = v
+        rows, rs, cs = a.shape[0], (<object>a).strides[0], (<object>a).strides[1]
+    xp = <const char *>cnp.PyArray_DATA(a)
+    with nogil:
+        lsc_mx_job_run(xp, rows, cols, rs, cs, code, axis, k, sp, qp, <lsc_mx_for_fn>pool_for,
+                       threads)
+    return (out[0] if out[0] is not None else s, out[1] if out[1] is not None else q)
+
+
+cdef void _run_one(cnp.ndarray row, lsc_mx_rule *k, int code, unsigned char *sp,
+                   unsigned char *qp, int threads) noexcept:
+    cdef const char *xp = <const char *>cnp.PyArray_DATA(row)
+    cdef int64_t cols = row.shape[0], cs = (<object>row).strides[0]
+    with nogil:
+        lsc_mx_job_run(xp, 1, cols, 0, cs, code, -1, k, sp, qp, <lsc_mx_for_fn>pool_for,
+                       threads)
+
+
+def quantize(x, str elem, str mode, long block=32, *, int axis=-1, out=None, int threads=0):
+    """MX quantization of `x` (float32, float16 or bfloat16, read in place; other dtypes as
+    float32) in blocks of `block` along its last axis (axis -1) or the first axis of a 2-D
+    `x` (axis 0): (scale codes, element codes), into ``out=(scales, data)`` when given.
+    E2M1 codes are packed two per byte, the first in the low nibble (axis 0: two rows).
+    threads: 0 picks by the size, 1 is serial, k uses at most k (the same bytes with any)."""
+    cdef lsc_mx_rule k
+    k.elem = _code(ELEMS, "elem", elem)
+    k.mode = _code(MODES, "mode", mode)
+    if block < 2 or block % 2 or block > LSC_MX_CHUNK:
+        raise ValueError(f"block must be an even integer from 2 to {LSC_MX_CHUNK}, got {block}")
+    k.block = block
+    k.has_pts = 0
+    k.pts = 1.0
+    return _run(x, &k, axis, out, threads)
 
 
 def nvfp4_tensor_scale(float amax):
@@ -145,20 +261,32 @@ def nvfp4_tensor_scale(float amax):
     return lsc_nvfp4_tensor_scale(amax)
 
 
-def nvfp4_quantize(x, pts=None):
-    """NVFP4 quantization of `x` along its last axis in blocks of 16, with the per-tensor
-    scale `pts` (float32) or none: (E4M3 block scale codes, packed E2M1 codes)."""
-    a, sshape = _blocks(x, 16)
-    cdef const float[::1] v = a.ravel()
-    cdef long nb = v.shape[0] // 16, i
-    cdef int has = pts is not None
-    cdef float p = pts if has else 1.0
-    scales = np.empty(nb, np.uint8)
-    q = np.empty(nb * 8, np.uint8)
-    cdef unsigned char[::1] s = scales
-    cdef unsigned char[::1] qv = q
-    if nb:
-        with nogil:
-            for i in range(nb):
-                s[i] = lsc_nvfp4_block(&v[i * 16], 16, has, p, &qv[i * 8])
-    return scales.reshape(sshape), q.reshape(sshape[:len(sshape) - 1] + (sshape[len(sshape) - 1] * 8,))
+def nvfp4_quantize(x, pts=None, *, int axis=-1, out=None, int threads=0):
+    """NVFP4 quantization of `x` (as `quantize` reads it) in blocks of 16 along `axis`, with
+    the per-tensor scale `pts` (float32) or none: (E4M3 block scale codes, packed E2M1
+    codes), into ``out=(scales, data)`` when given; threads as `quantize`'s."""
+    cdef lsc_mx_rule k
+    k.elem = LSC_MX_E2M1
+    k.mode = LSC_MX_NVFP4
+    k.block = 16
+    k.has_pts = pts is not None
+    k.pts = pts if k.has_pts else 1.0
+    return _run(x, &k, axis, out, threads)
+
+
+# ---- ISA level, for tests and `lscore bench` --------------------------------
+
+def isa():
+    """The ISA level the block passes run at ("v2", "v3", "v4" or "baseline")."""
+    return lsc_mx_isa_get().name.decode()
+
+
+def set_isa(name):
+    """Run the block passes at ISA level `name` ("" = the best this CPU runs); returns the
+    old level."""
+    old = isa()
+    if lsc_mx_isa_select(name.encode()) != 0:
+        levels = [lsc_isa_names[j].decode() for j in range(LSC_NISAS) if lsc_isa_supported(j)]
+        raise ValueError(f"ISA level {name!r} is not available here; expected one of: "
+                         + ", ".join(levels))
+    return old

@@ -215,33 +215,60 @@ LSC_FN float lsc_mx_clamp(float v, float lo, float hi)
     return v < lo ? lo : v > hi ? hi : v;  /* a NaN passes, as torch.clamp */
 }
 
+/* The factor each element of a block with scale code s and amax `amax` is
+ * multiplied by, by the rule of `mode`; a NaN factor makes every element
+ * that NaN.  FLOOR, CEIL and EVEN divide by d = max(2**(s - 127), 2**-126)
+ * (0xFF: Inf): x / d is x * (1 / d), the same real number rounded once,
+ * since 1 / d is a power of two 2**-127 .. 2**126 held exactly (and 0 for
+ * Inf: x / Inf = x * 0, NaN for an Inf x either way); OCP divides by 2**e,
+ * s <= 252 when finite (amax < 2**128, emax >= 2), so 2**(127 - s) is
+ * normal. */
+LSC_FN float lsc_mx_factor(lsc_u32 s, float amax, int elem, int mode)
+{
+    if (mode == LSC_MX_RCEIL)
+        return s == 0xFFu ? amax / lsc_mx_max(elem) : s == 0xFEu ? 0x1p-127f : s == 0u
+               ? 1.0f : lsc_f32_from_bits((254u - s) << 23);
+    if (mode == LSC_MX_TE)
+        return s == 0u ? 1.0f : lsc_f32_from_bits((lsc_u32)(254 - (lsc_i32)s) << 23);
+    if (mode == LSC_MX_OCP)
+        return s == 0xFFu ? lsc_f32_from_bits(0x7FC00000u) : lsc_f32_from_bits((254u - s) << 23);
+    {
+        float d = lsc_f32_from_bits(s << 23);
+        return 1.0f / (d < 0x1p-126f ? 0x1p-126f : d);
+    }
+}
+
+/* The narrowing flags of an element under `mode`: saturating, a NaN's sign
+ * kept as torch writes it (TE: without). */
+LSC_FN int lsc_mx_flags(int mode)
+{
+    return LSC_FP8_SAT | (mode == LSC_MX_TE ? 0 : LSC_FP8_NAN_SIGN);
+}
+
+/* One element x times the block factor r (a NaN r wins), clamped to +-max
+ * and narrowed: its float8 or E2M1 code.  The clamp changes nothing that
+ * the saturating narrowing would not (E2M1 saturates to +-6 itself), so
+ * every mode clamps. */
+LSC_FN lsc_u32 lsc_mx_code(float x, float r, int elem, int flags)
+{
+    /* lsc_mx_clamp(lsc_mx_mul(x, r), -top, top) as masks, which vectorise */
+    const float top = lsc_mx_max(elem);
+    float p = x * r;
+    lsc_u32 rnan = -(lsc_u32)(r != r);
+    lsc_u32 lo = -(lsc_u32)(p < -top), hi = -(lsc_u32)(p > top);
+    lsc_u32 w = (lsc_f32_bits(p) & ~(rnan | lo | hi)) | (lsc_f32_bits(r) & rnan)
+                | (lsc_f32_bits(-top) & lo) | (lsc_f32_bits(top) & hi);
+    float y = lsc_f32_from_bits(w);
+    if (elem == LSC_MX_E2M1)
+        return lsc_e2m1_from_f32(y);
+    return lsc_fp8_from_f32(y, elem, flags);
+}
+
 /* One element x (float32) of a block with scale code s and amax `amax`,
  * scaled and narrowed by the rule of `mode`: its float8 or E2M1 code. */
 LSC_FN lsc_u32 lsc_mx_elem(float x, lsc_u32 s, float amax, int elem, int mode)
 {
-    const float top = lsc_mx_max(elem);
-    float y;
-    if (mode == LSC_MX_RCEIL) {
-        float r = s == 0xFFu ? amax / top : s == 0xFEu ? 0x1p-127f : s == 0u
-                  ? 1.0f : lsc_f32_from_bits((254u - s) << 23);
-        y = lsc_mx_clamp(lsc_mx_mul(x, r), -top, top);
-    } else if (mode == LSC_MX_TE) {
-        float r = s == 0u ? 1.0f : lsc_f32_from_bits((lsc_u32)(254 - (lsc_i32)s) << 23);
-        y = x * r;
-    } else if (mode == LSC_MX_OCP) {
-        /* s <= 252 when finite (amax < 2**128, emax >= 2), so 2**(127 - s) is normal */
-        y = s == 0xFFu ? lsc_f32_from_bits(0x7FC00000u)
-                       : lsc_mx_clamp(x * lsc_f32_from_bits((254u - s) << 23), -top, top);
-    } else {
-        float d = lsc_f32_from_bits(s << 23);
-        d = d < 0x1p-126f ? 0x1p-126f : d;
-        y = x / d;
-        if (elem != LSC_MX_E2M1)
-            y = lsc_mx_clamp(y, -top, top);
-    }
-    if (elem == LSC_MX_E2M1)
-        return lsc_e2m1_from_f32(y);
-    return lsc_fp8_from_f32(y, elem, LSC_FP8_SAT | (mode == LSC_MX_TE ? 0 : LSC_FP8_NAN_SIGN));
+    return lsc_mx_code(x, lsc_mx_factor(s, amax, elem, mode), elem, lsc_mx_flags(mode));
 }
 
 /* The amax of n float32 values: NaN when one is NaN (torch.amax). */
@@ -277,26 +304,425 @@ LSC_FN lsc_u32 lsc_mx_block(const float *x, long n, int elem, int mode, unsigned
 /* NVFP4's per-tensor scale of a tensor amax: amax / (448 * 6) in float32. */
 LSC_FN float lsc_nvfp4_tensor_scale(float amax) { return amax / 2688.0f; }
 
+/* NVFP4's E4M3 block scale code of a block amax, with the per-tensor scale
+ * pts when has_pts; its factor r for the elements (1 / scale, or
+ * (1 / pts) / scale). */
+LSC_FN lsc_u32 lsc_nvfp4_scale(float amax, int has_pts, float pts)
+{
+    float bs = amax / 6.0f;
+    if (has_pts)
+        bs = bs / pts;
+    return lsc_fp8_from_f32(lsc_mx_clamp(bs, 0x1p-6f, 448.0f), LSC_CODE_E4M3FN,
+                            LSC_FP8_SAT | LSC_FP8_NAN_SIGN);
+}
+
+LSC_FN float lsc_nvfp4_factor(lsc_u32 s, int has_pts, float pts)
+{
+    return has_pts ? (1.0f / pts) / lsc_fp8_to_f32(s, LSC_CODE_E4M3FN)
+                   : 1.0f / lsc_fp8_to_f32(s, LSC_CODE_E4M3FN);
+}
+
 /* One NVFP4 block of n (16) float32 values: its E4M3 scale code, and the
  * n / 2 packed E2M1 bytes into q; has_pts: divide by the per-tensor scale pts. */
 LSC_FN lsc_u32 lsc_nvfp4_block(const float *x, long n, int has_pts, float pts, unsigned char *q)
 {
-    const int flags = LSC_FP8_SAT | LSC_FP8_NAN_SIGN;
-    float bs = lsc_mx_amax(x, n) / 6.0f;
-    float r;
-    lsc_u32 s;
+    lsc_u32 s = lsc_nvfp4_scale(lsc_mx_amax(x, n), has_pts, pts);
+    float r = lsc_nvfp4_factor(s, has_pts, pts);
     long i;
-    if (has_pts)
-        bs = bs / pts;
-    s = lsc_fp8_from_f32(lsc_mx_clamp(bs, 0x1p-6f, 448.0f), LSC_CODE_E4M3FN, flags);
-    r = has_pts ? (1.0f / pts) / lsc_fp8_to_f32(s, LSC_CODE_E4M3FN)
-                : 1.0f / lsc_fp8_to_f32(s, LSC_CODE_E4M3FN);
-    for (i = 0; i + 1 < n; i += 2) {
-        lsc_u32 lo = lsc_e2m1_from_f32(lsc_mx_clamp(lsc_mx_mul(x[i], r), -6.0f, 6.0f));
-        lsc_u32 hi = lsc_e2m1_from_f32(lsc_mx_clamp(lsc_mx_mul(x[i + 1], r), -6.0f, 6.0f));
-        q[i / 2] = (unsigned char)(lo | (hi << 4));
+    for (i = 0; i + 1 < n; i += 2)
+        q[i / 2] = (unsigned char)(lsc_mx_code(x[i], r, LSC_MX_E2M1, 0)
+                                   | (lsc_mx_code(x[i + 1], r, LSC_MX_E2M1, 0) << 4));
+    return s;
+}
+
+
+/* ---- the CPU block passes ----------------------------------------------- */
+#if !defined(__CUDACC__) && !defined(LSC_DEVICE_EMULATION)
+
+/* One fused pass per orientation over a 2-D float32 / float16 / bfloat16
+ * view read in place (any strides): each block's amax and its codes come
+ * from the same read of the input (the elements of a chunk of blocks, or a
+ * tile of block rows, stay in L1 between the two steps).  Rows (axis -1):
+ * blocks run along a row, a chunk of whole blocks at a time: the widened
+ * elements, each block's amax, scale and factor (the scalar functions
+ * above), the factor spread over its block, then one loop over the chunk
+ * that narrows every element.  Columns (axis 0, TransformerEngine's
+ * columnwise): a tile of `block` rows by up to LSC_MX_TILE columns, the
+ * column amaxes accumulated row by row (sequential reads along each row),
+ * then the tile read again for the codes; E2M1 codes pack the two rows of
+ * a pair into one byte, the first in the low nibble.  The per-element
+ * loops are compiled once per x86-64 level like lsc_fp8.h's casts (the
+ * levels of lsc_isa.h) and a strided run calls the same bodies, so every
+ * level and stride gives the bits of lsc_mx_block / lsc_nvfp4_block. */
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+/* a block pass's rule: element format index (0 e4m3fn, 1 e5m2, 2 e2m1), the
+ * MX mode or LSC_MX_NVFP4, NVFP4's per-tensor scale, the block length */
+enum { LSC_MX_NVFP4 = 16 };
+typedef struct {
+    int elem;
+    int mode;
+    int has_pts;
+    float pts;
+    int64_t block;
+} lsc_mx_rule;
+
+#define LSC_MX_CHUNK 1024   /* elements of a rows chunk; the largest block */
+#define LSC_MX_TILE 256     /* columns of a columns tile */
+#define LSC_MX_INL static inline __attribute__((always_inline))
+
+/* The scale code of a block whose amax bits are m, and its factor into *r. */
+LSC_MX_INL lsc_u32 lsc_mx_pick(lsc_u32 m, const lsc_mx_rule *k, int elem, int mode, float *r)
+{
+    float amax = m > 0x7F800000u ? lsc_f32_from_bits(0x7FC00000u) : lsc_f32_from_bits(m);
+    lsc_u32 s;
+    if (mode == LSC_MX_NVFP4) {
+        s = lsc_nvfp4_scale(amax, k->has_pts, k->pts);
+        *r = lsc_nvfp4_factor(s, k->has_pts, k->pts);
+    } else {
+        s = lsc_mx_scale(amax, elem, mode);
+        *r = lsc_mx_factor(s, amax, elem, mode);
     }
     return s;
 }
+
+LSC_MX_INL float lsc_mx_load(const char *x, int64_t i, int64_t stride, int code)
+{
+    return lsc_fp8_load(x, i, stride, code);
+}
+
+LSC_MX_INL lsc_u32 lsc_mx_absmax(const float *w, int64_t n)
+{
+    lsc_u32 m = 0;
+    for (int64_t j = 0; j < n; j++) {
+        lsc_u32 a = lsc_f32_bits(w[j]) & 0x7FFFFFFFu;
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+/* One block of `block` elements `stride` bytes apart: its scale code into
+ * *s, its codes into q.  The codes' loop reads the block again (from L1);
+ * called with a constant block (32, 16), both loops vectorise whole. */
+LSC_MX_INL void lsc_mx_row_block(const char *x, int64_t block, int64_t stride, int code,
+                                 int elem, int mode, const lsc_mx_rule *k, int flags,
+                                 unsigned char *s, unsigned char *q)
+{
+    float r;
+    lsc_u32 m = 0;
+    for (int64_t j = 0; j < block; j++) {
+        lsc_u32 a = lsc_f32_bits(lsc_mx_load(x, j, stride, code)) & 0x7FFFFFFFu;
+        m = a > m ? a : m;
+    }
+    *s = (unsigned char)lsc_mx_pick(m, k, elem, mode, &r);
+    if (elem == LSC_MX_E2M1) {
+        for (int64_t j = 0; j < block / 2; j++)
+            q[j] = (unsigned char)(lsc_mx_code(lsc_mx_load(x, 2 * j, stride, code), r, elem, flags)
+                                   | (lsc_mx_code(lsc_mx_load(x, 2 * j + 1, stride, code), r,
+                                                  elem, flags) << 4));
+    } else {
+        for (int64_t j = 0; j < block; j++)
+            q[j] = (unsigned char)lsc_mx_code(lsc_mx_load(x, j, stride, code), r, elem, flags);
+    }
+}
+
+/* The blocks of one row with the mode constant (the scale rule inlined). */
+LSC_MX_INL void lsc_mx_row_mode(const char *x, int64_t n, int64_t stride, int code, int elem,
+                                int mode, const lsc_mx_rule *k, unsigned char *s,
+                                unsigned char *q)
+{
+    const int64_t block = k->block, width = elem == LSC_MX_E2M1 ? block / 2 : block;
+    const int flags = mode == LSC_MX_NVFP4 ? 0 : lsc_mx_flags(mode);
+    /* the common blocks with a constant length, which unrolls */
+    const int64_t fixed = block == 32 || block == 16 ? block : 0;
+#define LSC_MX_ROW_BLOCKS(B)                                                                \
+    for (int64_t b = 0; b < n / (B); b++)                                                   \
+        lsc_mx_row_block(x + b * (B) * stride, (B), stride, code, elem, mode, k, flags, s + b, \
+                         q + b * width)
+    if (fixed == 32)
+        LSC_MX_ROW_BLOCKS(32);
+    else if (fixed == 16)
+        LSC_MX_ROW_BLOCKS(16);
+    else
+        LSC_MX_ROW_BLOCKS(block);
+#undef LSC_MX_ROW_BLOCKS
+}
+
+/* One row of n elements (a multiple of the block) `stride` bytes apart:
+ * n / block scale codes into s, the codes into q (E2M1: n / 2 bytes). */
+LSC_MX_INL void lsc_mx_row_body(const char *x, int64_t n, int64_t stride, int code, int elem,
+                                const lsc_mx_rule *k, unsigned char *s, unsigned char *q)
+{
+    switch (k->mode) {
+    case LSC_MX_FLOOR:
+        lsc_mx_row_mode(x, n, stride, code, elem, LSC_MX_FLOOR, k, s, q);
+        break;
+    case LSC_MX_TE:
+        lsc_mx_row_mode(x, n, stride, code, elem, LSC_MX_TE, k, s, q);
+        break;
+    case LSC_MX_OCP:
+        lsc_mx_row_mode(x, n, stride, code, elem, LSC_MX_OCP, k, s, q);
+        break;
+    case LSC_MX_NVFP4:
+        lsc_mx_row_mode(x, n, stride, code, elem, LSC_MX_NVFP4, k, s, q);
+        break;
+    default:   /* CEIL, EVEN, RCEIL: the rule's branches at run time */
+        lsc_mx_row_mode(x, n, stride, code, elem, k->mode, k, s, q);
+    }
+}
+
+/* A 2-D view of rows x cols (a multiple of the block), strides in bytes,
+ * blocks along the first axis: (rows / block) x cols scale codes into s,
+ * the codes into q (rows x cols; E2M1 (rows / 2) x cols). */
+LSC_MX_INL void lsc_mx_cols_body(const char *x, int64_t rows, int64_t cols, int64_t rs,
+                                 int64_t cs, int code, int elem, const lsc_mx_rule *k,
+                                 unsigned char *s, unsigned char *q)
+{
+    lsc_u32 m[LSC_MX_TILE];
+    float fac[LSC_MX_TILE];
+    const int64_t block = k->block;
+    const int flags = k->mode == LSC_MX_NVFP4 ? 0 : lsc_mx_flags(k->mode);
+    for (int64_t r0 = 0; r0 < rows; r0 += block) {
+        for (int64_t c0 = 0; c0 < cols; c0 += LSC_MX_TILE) {
+            const int64_t w = cols - c0 < LSC_MX_TILE ? cols - c0 : LSC_MX_TILE;
+            const char *xt = x + r0 * rs + c0 * cs;
+            for (int64_t j = 0; j < w; j++)
+                m[j] = 0;
+            for (int64_t i = 0; i < block; i++) {
+                for (int64_t j = 0; j < w; j++) {
+                    lsc_u32 a = lsc_f32_bits(lsc_mx_load(xt + i * rs, j, cs, code)) & 0x7FFFFFFFu;
+                    m[j] = a > m[j] ? a : m[j];
+                }
+            }
+            for (int64_t j = 0; j < w; j++)
+                s[(r0 / block) * cols + c0 + j] = (unsigned char)lsc_mx_pick(m[j], k, elem,
+                                                                             k->mode, &fac[j]);
+            if (elem == LSC_MX_E2M1) {
+                for (int64_t i = 0; i < block; i += 2) {
+                    unsigned char *qr = q + ((r0 + i) / 2) * cols + c0;
+                    const char *xa = xt + i * rs, *xb = xt + (i + 1) * rs;
+                    for (int64_t j = 0; j < w; j++)
+                        qr[j] = (unsigned char)(
+                            lsc_mx_code(lsc_mx_load(xa, j, cs, code), fac[j], elem, flags)
+                            | (lsc_mx_code(lsc_mx_load(xb, j, cs, code), fac[j], elem, flags)
+                               << 4));
+                }
+            } else {
+                for (int64_t i = 0; i < block; i++) {
+                    unsigned char *qr = q + (r0 + i) * cols + c0;
+                    const char *xr = xt + i * rs;
+                    for (int64_t j = 0; j < w; j++)
+                        qr[j] = (unsigned char)lsc_mx_code(lsc_mx_load(xr, j, cs, code), fac[j],
+                                                           elem, flags);
+                }
+            }
+        }
+    }
+}
+
+typedef void (*lsc_mx_row_fn)(const char *x, int64_t n, const lsc_mx_rule *k, unsigned char *s,
+                              unsigned char *q);
+typedef void (*lsc_mx_cols_fn)(const char *x, int64_t rows, int64_t cols, int64_t rs,
+                               const lsc_mx_rule *k, unsigned char *s, unsigned char *q);
+
+/* One ISA level's passes over contiguous rows: [element index][input code]. */
+typedef struct {
+    const char *name;
+    lsc_mx_row_fn row[3][LSC_NCODES];
+    lsc_mx_cols_fn cols[3][LSC_NCODES];
+} lsc_mx_isa;
+
+#define LSC_MX_WIDTH(CODE) ((CODE) == LSC_CODE_F32 ? 4 : 2)
+#define LSC_MX_FNS(SFX, NAME, CODE, ELEM)                                                   \
+    __attribute__((flatten)) static void lsc_mx_r_##NAME##_##SFX(const char *x, int64_t n, const lsc_mx_rule *k,     \
+                                        unsigned char *s, unsigned char *q)                 \
+    {                                                                                       \
+        lsc_mx_row_body(x, n, LSC_MX_WIDTH(CODE), (CODE), (ELEM), k, s, q);                 \
+    }                                                                                       \
+    __attribute__((flatten)) static void lsc_mx_c_##NAME##_##SFX(const char *x, int64_t rows, int64_t cols,          \
+                                        int64_t rs, const lsc_mx_rule *k, unsigned char *s, \
+                                        unsigned char *q)                                   \
+    {                                                                                       \
+        lsc_mx_cols_body(x, rows, cols, rs, LSC_MX_WIDTH(CODE), (CODE), (ELEM), k, s, q);   \
+    }
+#define LSC_MX_ELEM_FNS(SFX, E, ELEM)                                                       \
+    LSC_MX_FNS(SFX, E##_f32, LSC_CODE_F32, ELEM)                                            \
+    LSC_MX_FNS(SFX, E##_f16, LSC_CODE_F16, ELEM)                                            \
+    LSC_MX_FNS(SFX, E##_bf16, LSC_CODE_BF16, ELEM)
+#define LSC_MX_ROW(SFX, E)                                                                  \
+    {0, lsc_mx_r_##E##_f16_##SFX, lsc_mx_r_##E##_bf16_##SFX, lsc_mx_r_##E##_f32_##SFX, 0, 0, 0}
+#define LSC_MX_COL(SFX, E)                                                                  \
+    {0, lsc_mx_c_##E##_f16_##SFX, lsc_mx_c_##E##_bf16_##SFX, lsc_mx_c_##E##_f32_##SFX, 0, 0, 0}
+#define LSC_MX_LEVEL(SFX)                                                                   \
+    LSC_MX_ELEM_FNS(SFX, e4, LSC_CODE_E4M3FN)                                               \
+    LSC_MX_ELEM_FNS(SFX, e5, LSC_CODE_E5M2)                                                 \
+    LSC_MX_ELEM_FNS(SFX, e2, LSC_MX_E2M1)                                                   \
+    static const lsc_mx_isa lsc_mx_isa_##SFX = {                                            \
+        #SFX,                                                                               \
+        {LSC_MX_ROW(SFX, e4), LSC_MX_ROW(SFX, e5), LSC_MX_ROW(SFX, e2)},                    \
+        {LSC_MX_COL(SFX, e4), LSC_MX_COL(SFX, e5), LSC_MX_COL(SFX, e2)},                    \
+    };
+
+#ifdef LSC_X86_DISPATCH
+LSC_MX_LEVEL(v2)
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v3")
+LSC_MX_LEVEL(v3)
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v4", "prefer-vector-width=512")
+LSC_MX_LEVEL(v4)
+#pragma GCC pop_options
+static const lsc_mx_isa *const lsc_mx_isas[LSC_NISAS] = {&lsc_mx_isa_v2, &lsc_mx_isa_v3,
+                                                         &lsc_mx_isa_v4};
+#else
+LSC_MX_LEVEL(baseline)
+static const lsc_mx_isa *const lsc_mx_isas[LSC_NISAS] = {&lsc_mx_isa_baseline};
+#endif
+
+/* Read by every pass, written by lsc_mx_isa_select: relaxed, as lsc_fp8.h's. */
+static _Atomic(const lsc_mx_isa *) lsc_mx_isa_active;
+
+static int lsc_mx_isa_select(const char *name)
+{
+    int k = lsc_isa_find(name);
+    if (k < 0)
+        return -1;
+    atomic_store_explicit(&lsc_mx_isa_active, lsc_mx_isas[k], memory_order_relaxed);
+    return 0;
+}
+
+static inline const lsc_mx_isa *lsc_mx_isa_get(void)
+{
+    const lsc_mx_isa *isa = atomic_load_explicit(&lsc_mx_isa_active, memory_order_relaxed);
+    if (!isa) {
+        lsc_mx_isa_select(NULL);
+        isa = atomic_load_explicit(&lsc_mx_isa_active, memory_order_relaxed);
+    }
+    return isa;
+}
+
+static inline int lsc_mx_elem_index(int elem)
+{
+    return elem == LSC_CODE_E4M3FN ? 0 : elem == LSC_CODE_E5M2 ? 1 : 2;
+}
+
+/* Rows [r0, r1) of a rows x cols view (strides rs, cs bytes) quantized with
+ * blocks along `axis` (-1 or 0; axis 0: r0 and r1 multiples of the block)
+ * into the scales s and codes q laid out for the whole view. */
+static void lsc_mx_quantize_rows(const char *x, int64_t r0, int64_t r1, int64_t cols,
+                                 int64_t rs, int64_t cs, int code, int axis,
+                                 const lsc_mx_rule *k, unsigned char *s, unsigned char *q)
+{
+    const int width = LSC_MX_WIDTH(code), e = lsc_mx_elem_index(k->elem);
+    const int e2 = k->elem == LSC_MX_E2M1;
+    const lsc_mx_isa *isa = lsc_mx_isa_get();
+    if (r1 <= r0 || cols <= 0)
+        return;
+    if (axis == 0) {
+        const char *xr = x + r0 * rs;
+        unsigned char *sr = s + (r0 / k->block) * cols, *qr = q + (e2 ? r0 / 2 : r0) * cols;
+        if (cs == width)
+            isa->cols[e][code](xr, r1 - r0, cols, rs, k, sr, qr);
+        else if (code == LSC_CODE_F32)
+            lsc_mx_cols_body(xr, r1 - r0, cols, rs, cs, LSC_CODE_F32, k->elem, k, sr, qr);
+        else if (code == LSC_CODE_F16)
+            lsc_mx_cols_body(xr, r1 - r0, cols, rs, cs, LSC_CODE_F16, k->elem, k, sr, qr);
+        else
+            lsc_mx_cols_body(xr, r1 - r0, cols, rs, cs, LSC_CODE_BF16, k->elem, k, sr, qr);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        const char *xr = x + r * rs;
+        unsigned char *sr = s + r * (cols / k->block), *qr = q + r * (e2 ? cols / 2 : cols);
+        if (cs == width)
+            isa->row[e][code](xr, cols, k, sr, qr);
+        else if (code == LSC_CODE_F32)
+            lsc_mx_row_body(xr, cols, cs, LSC_CODE_F32, k->elem, k, sr, qr);
+        else if (code == LSC_CODE_F16)
+            lsc_mx_row_body(xr, cols, cs, LSC_CODE_F16, k->elem, k, sr, qr);
+        else
+            lsc_mx_row_body(xr, cols, cs, LSC_CODE_BF16, k->elem, k, sr, qr);
+    }
+}
+
+/* ---- one pass as a job of chunks on the package's thread pool ------------
+ * The pass is cut in chunks from the work alone (never from the thread
+ * count): groups of whole rows of about LSC_MX_CHUNK_ELEMS elements, or,
+ * for rows longer than that along axis -1, pieces of one row of a whole
+ * number of blocks; each chunk writes only its own scales and codes, so
+ * the bytes are the same with any number of threads.  The pool's
+ * parallel-for (lsc_pool.h) comes from the caller; a pass smaller than
+ * LSC_MX_MT_MIN_ELEMS runs on the caller alone when threads is 0. */
+#define LSC_MX_CHUNK_ELEMS 32768
+#define LSC_MX_MT_MIN_ELEMS 200000
+
+typedef int (*lsc_mx_for_fn)(int (*fn)(void *ctx, size_t chunk), void *ctx, size_t nchunks,
+                             int threads);
+
+typedef struct {
+    const char *x;
+    int64_t rows, cols, rs, cs;
+    int code, axis;
+    const lsc_mx_rule *k;
+    unsigned char *s, *q;
+    int64_t rows_per_chunk;   /* whole rows per chunk, or 0: pieces of rows */
+    int64_t piece, pieces;    /* elements per piece, pieces per row */
+} lsc_mx_job;
+
+static int lsc_mx_job_chunk(void *ctx, size_t chunk)
+{
+    const lsc_mx_job *j = (const lsc_mx_job *)ctx;
+    const int64_t c = (int64_t)chunk;
+    if (j->rows_per_chunk) {
+        int64_t r0 = c * j->rows_per_chunk, r1 = r0 + j->rows_per_chunk;
+        lsc_mx_quantize_rows(j->x, r0, r1 < j->rows ? r1 : j->rows, j->cols, j->rs, j->cs,
+                             j->code, j->axis, j->k, j->s, j->q);
+    } else {
+        const int64_t r = c / j->pieces, c0 = (c % j->pieces) * j->piece;
+        const int64_t n = j->cols - c0 < j->piece ? j->cols - c0 : j->piece;
+        const int64_t qw = j->k->elem == LSC_MX_E2M1 ? j->cols / 2 : j->cols;
+        lsc_mx_quantize_rows(j->x + r * j->rs + c0 * j->cs, 0, 1, n, 0, j->cs, j->code, -1,
+                             j->k, j->s + r * (j->cols / j->k->block) + c0 / j->k->block,
+                             j->q + r * qw + (j->k->elem == LSC_MX_E2M1 ? c0 / 2 : c0));
+    }
+    return 0;
+}
+
+/* The pass over a rows x cols view (lsc_mx_quantize_rows's arguments) cut
+ * in chunks and run through pool_for on at most `threads` threads (0: by
+ * the size, 1: the caller alone). */
+static void lsc_mx_job_run(const char *x, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
+                           int code, int axis, const lsc_mx_rule *k, unsigned char *s,
+                           unsigned char *q, lsc_mx_for_fn pool_for, int threads)
+{
+    lsc_mx_job j = {x, rows, cols, rs, cs, code, axis, k, s, q, 0, 0, 1};
+    size_t nchunks;
+    if (rows <= 0 || cols <= 0)
+        return;
+    if (threads == 0)
+        threads = rows * cols >= LSC_MX_MT_MIN_ELEMS ? 0 : 1;
+    if (axis == 0) {
+        int64_t groups = LSC_MX_CHUNK_ELEMS / (cols * k->block);
+        j.rows_per_chunk = (groups > 1 ? groups : 1) * k->block;
+    } else if (cols <= LSC_MX_CHUNK_ELEMS) {
+        j.rows_per_chunk = LSC_MX_CHUNK_ELEMS / cols;
+    } else {
+        j.piece = LSC_MX_CHUNK_ELEMS / k->block * k->block;
+        j.pieces = (cols + j.piece - 1) / j.piece;
+    }
+    nchunks = j.rows_per_chunk ? (size_t)((rows + j.rows_per_chunk - 1) / j.rows_per_chunk)
+                               : (size_t)(rows * j.pieces);
+    pool_for(lsc_mx_job_chunk, &j, nchunks, threads);
+}
+
+#undef LSC_MX_LEVEL
+#undef LSC_MX_ELEM_FNS
+#undef LSC_MX_FNS
+#undef LSC_MX_ROW
+#undef LSC_MX_COL
+#endif /* the CPU block passes */
 
 #endif

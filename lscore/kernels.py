@@ -51,21 +51,29 @@ measures the kernels themselves (``lscore bench``).
   ``mode`` (a name of ``MX_MODES``: ``ocp`` the OCP rule as its reference
   implementation computes it, ``floor`` (the OCP rule as torchao runs it),
   ``ceil``, ``even``, ``rceil`` torchao's, ``te`` TransformerEngine's);
-  ``mx_quantize(x, elem, mode, block=32)``: the blocks along the last axis
-  of a float32 / bfloat16 / float16 array quantized by that rule, returning
-  (scale codes, element codes; E2M1 packed two per byte, the first in the
-  low nibble); ``nvfp4_quantize(x, pts=None)``: NVFP4's blocks of 16
-  (E4M3 block scale codes, packed E2M1 codes), with the per-tensor scale
-  ``pts`` that ``nvfp4_tensor_scale(amax)`` gives; ``e8m0_decode(q)``,
+  ``mx_quantize(x, elem, mode, block=32, *, axis=-1, out=None)``: the
+  blocks along the last axis (``axis=-1``) or down the columns of a 2-D
+  array (``axis=0``, scales shaped (rows // block, cols)) of a float32 /
+  bfloat16 / float16 array, read in place at any strides, quantized by
+  that rule in one fused pass per orientation (block amax and narrowing
+  from the same read, the GIL released), returning (scale codes, element
+  codes; E2M1 packed two per byte, the first in the low nibble, with
+  ``axis=0`` the two rows of a pair), into ``out=(scales, data)`` (1-byte
+  C-contiguous arrays) when given; ``nvfp4_quantize(x, pts=None, *,
+  axis=-1, out=None)``: NVFP4's blocks of 16 the same way (E4M3 block
+  scale codes, packed E2M1 codes), with the per-tensor scale ``pts`` that
+  ``nvfp4_tensor_scale(amax)`` gives; a length that is not a multiple of
+  the block is refused (ValueError); ``e8m0_decode(q)``,
   ``e8m0_encode(x)`` (powers of two), ``e2m1_encode(x)`` and
   ``e2m1_decode(q)`` (one code per byte): the two formats' codes.
 - ``isa()``, ``isa_levels()``, ``set_isa(name)``, ``pool_size()``: the CPU
   kernel level in use, the levels this CPU runs, a switch of every CPU
-  kernel (the scan's and the float8 casts'; returns the previous level) and
-  the number of threads a large call may run on, the caller included: the
-  package has one thread pool, which the scan and the float8 kernels share
-  (as many threads as CPUs this process may use, at most 8, or fewer with
-  the environment variable ``LSCORE_NUM_THREADS``).
+  kernel (the scan's, the float8 casts' and the block passes'; returns the
+  previous level) and the number of threads a large call may run on, the
+  caller included: the package has one thread pool, which the scan, the
+  float8 kernels and the block passes share (as many threads as CPUs this
+  process may use, at most 8, or fewer with the environment variable
+  ``LSCORE_NUM_THREADS``).
 - ``read_bandwidth(a)``, ``copy_bandwidth(dst, src)``: a plain C read loop
   and memcpy over an array's bytes, the bandwidth references of the bench.
 - ``DEVICE_FLAGS``, ``DEVICE_VALS`` (slot names -> index, with their counts
@@ -76,7 +84,7 @@ measures the kernels themselves (``lscore bench``).
   the fused optimizers' flags, for ``lscore.cuda``.
 """
 
-from lscore._ext import _fp8, _scan
+from lscore._ext import _fp8, _mx, _scan
 from lscore._ext._codes import (
     DEVICE_FLAGS,
     DEVICE_VALS,
@@ -132,11 +140,15 @@ from lscore._ext._walk import (
     DeviceTable,
 )
 
+# the block passes start at the float8 casts' level (the best, or LSCORE_ISA's)
+_mx.set_isa(_fp8.isa())
+
 
 def set_isa(name: str) -> str:
     """Run every CPU kernel at ISA level `name` ("" = the best this CPU runs); returns the old."""
     old = _scan.set_isa(name)
     _fp8.set_isa(name)
+    _mx.set_isa(name)
     return old
 
 
