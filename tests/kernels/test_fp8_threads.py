@@ -23,7 +23,7 @@ CHUNK = _fp8._CHUNK_ELEMS
 # 0 (by size), serial, every count of the pool, and more than it has
 THREADS = sorted({0, 1, 8, *range(2, kernels.pool_size() + 1)})
 SPECIAL = np.array(
-    [np.nan, -np.nan, np.inf, -np.inf, 1e38, -465.0, 6e4, 1e-45, -2.0**-20, 448.0, 0.0, -0.0],
+    [np.nan, -np.nan, np.inf, -np.inf, 1e38, -465.0, 6e4, 1e-45, -(2.0**-20), 448.0, 0.0, -0.0],
     np.float32,
 )
 
@@ -121,8 +121,10 @@ def test_contiguous_run_by_threads(dt, fmt, saturate, amax_nan):
     amax pass and the decode."""
     x = spread(6 * CHUNK + 123, DTYPES[dt])
     q = cast(x, fmt, saturate, not saturate, amax_nan)
-    same(by_threads(lambda t: (kernels.fp8_amax(x, amax_nan, threads=t),))[0],
-         ref.fp8_amax(x, amax_nan))
+    same(
+        by_threads(lambda t: (kernels.fp8_amax(x, amax_nan, threads=t),))[0],
+        ref.fp8_amax(x, amax_nan),
+    )
     decodes(q.reshape(1, -1), fmt, np.array([0.5], np.float32))
 
 
