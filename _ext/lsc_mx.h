@@ -54,8 +54,8 @@
  * and every element of a NaN-scale block is the narrowing of float32's
  * NaN 0x7FC00000 (microxcaling's whole block dequantizes to NaN);
  * RCEIL multiplies by torchao's reciprocal (0xFF: the NaN descale, 0xFE:
- * 2**-127, 0: 1, else 2**(127 - c)), TE by its exp2f_rcp (0: 1, else the
- * float32 bits (254 - c) << 23).  float8 elements narrow with lsc_fp8.h's
+ * 2**-127, 0: 1, else 2**(127 - c)), TE by its exp2f_rcp of v2.18 (0xFF:
+ * NaN, 0xFE: 2**-127, else the float32 bits (254 - c) << 23, 2**127 for 0).  float8 elements narrow with lsc_fp8.h's
  * saturating cast, a NaN's sign kept as torch writes it (TE: without).
  * NVFP4 (ao torchao/prototype/mx_formats/nvfp4_tensor.py nvfp4_quantize):
  * block scale amax / 6 (divided by the per-tensor scale when there is
@@ -223,13 +223,23 @@ LSC_FN float lsc_mx_clamp(float v, float lo, float hi)
  * Inf: x / Inf = x * 0, NaN for an Inf x either way); OCP divides by 2**e,
  * s <= 252 when finite (amax < 2**128, emax >= 2), so 2**(127 - s) is
  * normal. */
+/* TransformerEngine v2.18's exp2f_rcp<float> (transformer_engine/common/util/
+ * ptx.cuh): 2**(127 - c) as the float32 bits (254 - c) << 23, so code 0 is
+ * 2**127; code 0xFE (unbiased 127) is the subnormal 2**-127 and 0xFF NaN
+ * 0x7FFFFFFF. */
+LSC_FN float lsc_mx_te_rcp(lsc_u32 s)
+{
+    return s == 0xFFu ? lsc_f32_from_bits(0x7FFFFFFFu)
+         : s == 0xFEu ? 0x1p-127f : lsc_f32_from_bits((254u - s) << 23);
+}
+
 LSC_FN float lsc_mx_factor(lsc_u32 s, float amax, int elem, int mode)
 {
     if (mode == LSC_MX_RCEIL)
         return s == 0xFFu ? amax / lsc_mx_max(elem) : s == 0xFEu ? 0x1p-127f : s == 0u
                ? 1.0f : lsc_f32_from_bits((254u - s) << 23);
     if (mode == LSC_MX_TE)
-        return s == 0u ? 1.0f : lsc_f32_from_bits((lsc_u32)(254 - (lsc_i32)s) << 23);
+        return lsc_mx_te_rcp(s);
     if (mode == LSC_MX_OCP)
         return s == 0xFFu ? lsc_f32_from_bits(0x7FC00000u) : lsc_f32_from_bits((254u - s) << 23);
     {

@@ -197,7 +197,8 @@ static __device__ __forceinline__ float lsc_mxk_scaled(float x, lsc_mxk_block b,
         return lsc_mx_clamp(lsc_mx_mul(x, r), -top, top);
     }
     if (mode == LSC_MX_TE)
-        return x * (s == 0u ? 1.0f : lsc_f32_from_bits((lsc_u32)(254 - (lsc_i32)s) << 23));
+        /* x * NaN is the NaN 0x7FFFFFFF whatever x is on the GPU; so here too */
+        return s == 0xFFu ? lsc_mx_te_rcp(s) : x * lsc_mx_te_rcp(s);
     if (mode == LSC_MX_OCP)
         return s == 0xFFu ? lsc_f32_from_bits(0x7FC00000u)
                           : lsc_mx_clamp(x * lsc_f32_from_bits((254u - s) << 23), -top, top);

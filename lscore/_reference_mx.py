@@ -26,6 +26,7 @@ _MX_ELEMS = {
 }
 _E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 _NAN32 = np.uint32(0x7FC00000).view(np.float32)
+_TE_NAN = np.uint32(0x7FFFFFFF).view(np.float32)  # TransformerEngine exp2f_rcp(0xFF)
 
 
 def e8m0_decode(q: Any) -> np.ndarray:
@@ -161,7 +162,8 @@ def mx_quantize(x: Any, elem: str, mode: str, block: int = 32) -> tuple[np.ndarr
     floor / ceil / even divide the elements by 2**(code - 127) as float32 (code 0 by
     2**-126, code 0xFF by Inf) and clamp to +-max; rceil multiplies by torchao's factor
     (0xFF: the NaN descale, 0xFE: 2**-127, 0: 1, else 2**(127 - code)) and clamps; te by
-    TransformerEngine's (0: 1, else the float32 bits (254 - code) << 23); ocp divides by
+    TransformerEngine v2.18's (0xFF: NaN, 0xFE: 2**-127, else the float32 bits
+    (254 - code) << 23, 2**127 for code 0); ocp divides by
     2**(code - 127) exactly (in float64, rounded once to float32) and clamps, every element
     of a 0xFF block float32's NaN 0x7FC00000.
     """
@@ -184,8 +186,10 @@ def mx_quantize(x: Any, elem: str, mode: str, block: int = 32) -> tuple[np.ndarr
             y = np.clip((b.astype(np.float64) / 2.0**e).astype(f32), -top, top).astype(f32)
             y = np.where(sc == 255, _NAN32, y).astype(f32)
         elif mode == "te":
-            r = np.where(sc == 0, f32(1), ((254 - sc) << 23).astype(np.uint32).view(f32))
-            y = (b * r.astype(f32)).astype(f32)
+            pow2 = ((254 - np.minimum(sc, 253)) << 23).astype(np.uint32).view(f32)
+            r = np.where(sc == 254, f32(2.0**-127), pow2).astype(f32)
+            # x * NaN is the NaN 0x7FFFFFFF itself on the GPU, whatever x is
+            y = np.where(sc == 255, _TE_NAN, (b * r).astype(f32)).astype(f32)
         else:
             d = np.where(sc == 255, np.inf, np.maximum(2.0 ** (sc - 127.0), 2.0**-126))
             y = (b / d.astype(f32)).astype(f32)

@@ -301,3 +301,37 @@ def test_ocp_mode_departs_from_torchao_floor(elem):
         np.testing.assert_array_equal(got, want)
     assert kernels.mx_scale(np.float32(0), elem, "ocp") == 0
     assert kernels.mx_scale(np.float32(np.nan), elem, "ocp") == 0xFF
+
+
+@pytest.mark.parametrize("elem", ["float8_e4m3fn", "float8_e5m2"])
+def test_te_elements_use_v2_18_reciprocal(elem):
+    """TransformerEngine v2.18 multiplies a block by exp2f_rcp(code) (ptx.cuh): NaN for
+    the NaN scale 0xFF, 2**-127 for 0xFE and the bits (254 - code) << 23 otherwise, 2**127
+    for code 0; the cast then saturates and writes NaN as 0x7F.  So a NaN block is all NaN,
+    an Inf element becomes the format's largest value (its finite neighbours round to 0),
+    and a block whose descale rounds to code 0 keeps its values."""
+    top = MAX[elem]
+    nan = np.linspace(-1, 1, 32, dtype=np.float32)[None]
+    nan[0, 3] = np.nan
+    s, q = kernels.mx_quantize(nan, elem, "te")
+    assert s[0, 0] == 0xFF
+    assert np.all(q == 0x7F)
+    inf = np.linspace(-1, 1, 32, dtype=np.float32)[None]
+    inf[0, 7] = np.inf
+    s, q = kernels.mx_quantize(inf, elem, "te")
+    back = ref8.fp8_decode(q, elem)
+    assert s[0, 0] == 0xFE
+    assert back[0, 7] == top
+    assert np.all(back[0, np.arange(32) != 7] == 0)
+    tiny = np.zeros((1, 32), np.float32)
+    tiny[0, 0] = np.float32(top * 2.0**-128)
+    tiny[0, 1] = -tiny[0, 0]
+    s, q = kernels.mx_quantize(tiny, elem, "te")
+    assert s[0, 0] == 0
+    np.testing.assert_array_equal(ref8.fp8_decode(q, elem)[0, :2], [top / 2, -top / 2])
+    for got, want in zip(
+        kernels.mx_quantize(np.concatenate([nan, inf, tiny]), elem, "te"),
+        ref.mx_quantize(np.concatenate([nan, inf, tiny]), elem, "te"),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(got, want)
