@@ -322,18 +322,19 @@ def quantize_blocks(
     n = x.shape[0] if cols else x.shape[-1]
     _check_tail(r, n, axis)
     pts = _tensor_scale(x) if r.tensor_scale else None
-    v = x.T if cols else x
+    ax = 0 if cols else -1
+    v = x
     tail = -n % r.block
     if tail:  # zero-padded to whole blocks: only the partial block's zeros are added
-        v = np.concatenate([v, np.zeros((*v.shape[:-1], tail), v.dtype)], axis=-1)
+        pad = list(x.shape)
+        pad[ax] = tail
+        v = np.concatenate([x, np.zeros(pad, x.dtype)], axis=ax)
     if r.mode == "nvfp4":
-        scales, data = kernels.nvfp4_quantize(v, None if pts is None else float(pts))
+        scales, data = kernels.nvfp4_quantize(v, None if pts is None else float(pts), axis=ax)
     else:
-        scales, data = kernels.mx_quantize(v, _KERNEL_ELEMS[elem], r.mode, r.block)
+        scales, data = kernels.mx_quantize(v, _KERNEL_ELEMS[elem], r.mode, r.block, axis=ax)
     if tail:
-        data = data[..., : _width(n, elem)]
-    if cols:
-        scales, data = np.ascontiguousarray(scales.T), np.ascontiguousarray(data.T)
+        data = data[: _width(n, elem)] if cols else data[..., : _width(n, elem)]
     return BlockScaled(
         data if elem == "e2m1" else data.view(fp8_dtype(_KERNEL_ELEMS[elem])),
         scales.view(fp8_dtype("float8_e8m0fnu" if r.scale_format == "e8m0" else "float8_e4m3fn")),
