@@ -306,7 +306,7 @@ class BlockStats(_Fractions):
     and counted in ``nan_scales``; ``tensor_scale`` is NVFP4's float32 per-tensor scale
     (None without one), by which each block's E4M3 scale is multiplied.  ``saturated``
     counts the finite elements clamped to the element format's largest value (written as
-    that value, and |x| / scale rounds above it), ``flushed`` the non-zero finite
+    that value, and ``|x| / scale`` rounds above it), ``flushed`` the non-zero finite
     elements written as zero, ``nonzero`` the non-zero finite elements, all three in
     blocks with a finite scale (a NaN scale loses its whole block).
     """
