@@ -34,7 +34,7 @@ from lscore.cuda.sources import OPT_GRADS, OPT_METAS, TRAITS, optim_kernel_name
 
 __all__ = [
     "ARCH",
-    "KERNELS",
+    "HOT_LOOPS",
     "LIMITS",
     "KernelFigures",
     "compile_cubin",
@@ -64,8 +64,9 @@ _OPTIM = (
     ("adam", _OPT["AMSGRAD"], "fused Adam, amsgrad"),
     ("check", 0, "fused check"),
 )
-# the kernels as an sm_90 device on CUDA >= 12.1 runs them: 32 KB kernel arguments
-KERNELS = tuple(
+# the kernels whose hottest loop is read, built as an sm_90 device on CUDA >= 12.1 runs
+# them (32 KB kernel arguments): (file, name expression, label, dtype)
+HOT_LOOPS = tuple(
     ("scan.cu", f"lsc_mt_{op}<{t}, lsc_meta_32k>", label, dt)
     for op, label in _SCAN_OPS.items()
     for t, dt in _DTYPES.items()
@@ -248,7 +249,7 @@ def figures(arch: str = ARCH) -> list[KernelFigures]:
     """Every streaming kernel's figures (compiles and disassembles each .cu file once)."""
     sass: dict[str, tuple[dict, dict]] = {}
     out = []
-    for name, expr, label, dtype in KERNELS:
+    for name, expr, label, dtype in HOT_LOOPS:
         if name not in sass:
             cubin, lowered = compile_cubin(name, arch)
             sass[name] = (disassemble(cubin), lowered)
