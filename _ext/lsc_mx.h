@@ -37,15 +37,17 @@
  *                 0 -> 0x00 (NVIDIA/TransformerEngine v2.18
  *                 transformer_engine/common/util/ptx.cuh float_to_e8m0, the
  *                 software path of cvt.rp.satfinite.ue8m0x2.f32).
- *   LSC_MX_OCP    the OCP rule as the spec authors' reference computes it
- *                 (microsoft/microxcaling mx/mx_ops.py _shared_exponents,
- *                 _quantize_mx): floor(log2(amax)) - emax, an all-zero
+ *   LSC_MX_OCP    the OCP rule, exact (the exponent of the spec authors'
+ *                 reference microsoft/microxcaling mx/mx_ops.py
+ *                 _shared_exponents): floor(log2(amax)) - emax, an all-zero
  *                 block taking float32's smallest normal in the logarithm,
  *                 e < -127 -> -127, e > 127 (an Inf or NaN amax) -> the
  *                 NaN scale 0xFF.  The floor is exact (the exponent of
  *                 amax); microxcaling's torch.log2 rounds to float32 first,
  *                 so there a maximum within a float32 ulp of the logarithm
- *                 below 2**k takes k.
+ *                 below 2**k takes k; elements round to nearest even, where
+ *                 microxcaling's default round="nearest" (mx/elemwise_ops.py
+ *                 _round_mantissa) rounds ties away from zero.
  * Elements: FLOOR, CEIL and EVEN divide by the scale read as float32 bits
  * code << 23, clamped below to 2**-126 (so a tiny block dequantizes, with
  * code 0 read as 2**-127, to half its value), clamp to +-max and narrow;

@@ -45,8 +45,11 @@ _MX = ("e4m3fn", "e5m2", "e2m1")
 
 # What each scale rule (`mode`) fixes: whose behaviour it is, its scale format and block,
 # and the element formats its source quantizes with it.
-#   ocp    OCP Microscaling Formats v1.0 (section 6.3) as its authors' reference computes it
-#          (microsoft/microxcaling mx/mx_ops.py _shared_exponents, _quantize_mx): MXFP8 E4M3
+#   ocp    OCP Microscaling Formats v1.0 (section 6.3), exact: the scale exponent of
+#          microsoft/microxcaling mx/mx_ops.py _shared_exponents with the floor of log2 taken
+#          exactly, elements rounded to nearest even (microxcaling's Python emulation takes
+#          log2 in float32 and its default round="nearest" rounds ties away from zero, so
+#          it differs in those two places): MXFP8 E4M3
 #          and E5M2, MXFP4 E2M1, k = 32 (the spec's one block size)
 #   te     NVIDIA/TransformerEngine v2.18 MXFP8 (common/cast/mxfp8/quantize_mxfp8.cuh,
 #          common/util/ptx.cuh float_to_e8m0): float8 elements only (TE's 4-bit format is
@@ -75,11 +78,11 @@ _TORCHAO_MX = dict(_MXFP8, behaviour="torchao", tail="refuse")
 BLOCK_TABLE: dict[str, dict[str, Any]] = {
     # The OCP rule: e = floor(log2(amax)) - emax, an all-zero block at float32's smallest
     # normal, e > 127 a NaN scale, e < -127 clamped; elements divided by 2**e exactly and
-    # saturated (OCP MX v1.0 section 6.3; microsoft/microxcaling mx/mx_ops.py
-    # _shared_exponents, _quantize_mx).  A last partial block is scaled from its own
-    # elements: microxcaling pads the axis with zeros to a multiple of the block
-    # (mx/mx_ops.py _reshape_to_blocks).  OCP has no training recipe: e4m3fn for both
-    # directions, as TransformerEngine's default.
+    # saturated, rounded to nearest even (OCP MX v1.0 section 6.3; the exponent as
+    # microsoft/microxcaling mx/mx_ops.py _shared_exponents computes it, its log2 exact).
+    # A last partial block is scaled from its own elements: microxcaling pads the axis
+    # with zeros to a multiple of the block (mx/mx_ops.py _reshape_to_blocks).  OCP has no
+    # training recipe: e4m3fn for both directions, as TransformerEngine's default.
     "ocp-mx": dict(_MXFP8, mode="ocp", behaviour="rule", tail="pad"),
     # TransformerEngine v2.18 MXFP8BlockScaling: fp8_format E4M3 by default (HYBRID: e5m2
     # gradients) (common/recipe/__init__.py:337-384); the scale is float_to_e8m0 of amax *
