@@ -24,8 +24,15 @@ from typing import Any
 import numpy as np
 
 from lscore import kernels
-from lscore.fp8.checks import block_axis, dtype_name, float_input, fp8_dtype, out_dtype
-from lscore.fp8.recipes import exact_fields, preset_fields
+from lscore.fp8.checks import (
+    block_axis,
+    dtype_name,
+    exact_fields,
+    float_input,
+    fp8_dtype,
+    out_dtype,
+    preset_fields,
+)
 from lscore.policy import boolean, choice, integer
 
 __all__ = [

@@ -8,10 +8,13 @@ argument reads the same wherever it is given.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import numpy as np
+
+from lscore.policy import choice
 
 __all__ = [
     "FLOATS",
@@ -19,11 +22,13 @@ __all__ = [
     "block_axis",
     "check_scale",
     "dtype_name",
+    "exact_fields",
     "float_input",
     "format_name",
     "fp8_dtype",
     "nan_rule",
     "out_dtype",
+    "preset_fields",
     "row_axis",
     "row_shape",
     "rows_of",
@@ -168,3 +173,59 @@ def fp8_dtype(name: str) -> Any:
     import ml_dtypes
 
     return np.dtype(getattr(ml_dtypes, name))
+
+
+# TransformerEngine's fp8_format -> (forward, backward) float8 formats
+_TE_FORMATS = {"E4M3": ("e4m3fn", "e4m3fn"), "HYBRID": ("e4m3fn", "e5m2")}
+
+
+def exact_fields(cls: Any, d: Any) -> dict[str, Any]:
+    """`d` if it is a dict with exactly the fields of dataclass `cls`, else an error naming
+    the unknown and missing ones."""
+    if not isinstance(d, dict):
+        raise TypeError(f"a recipe dict must be a dict, got {type(d).__name__}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(d) - set(names))
+    missing = [k for k in names if k not in d]
+    if unknown or missing:
+        raise ValueError(
+            "a recipe dict must have exactly the fields "
+            + ", ".join(names)
+            + f"; unknown: {unknown}, missing: {missing}"
+        )
+    return d
+
+
+def preset_fields(
+    name: str,
+    table: dict[str, dict[str, Any]],
+    overrides: dict[str, Any],
+    te: bool,
+    te_fields: tuple[str, str],
+) -> dict[str, Any]:
+    """The fields of preset `name` of `table` with `overrides`; a TE preset also takes TE's
+    ``fp8_format`` ("E4M3" / "HYBRID"), which sets its two `te_fields` (forward, backward).
+    An unknown field is a ValueError listing the known ones."""
+    fields: dict[str, Any] = {"name": name, **table[name]}
+    overrides = dict(overrides)
+    if "fp8_format" in overrides:
+        fmt = overrides.pop("fp8_format")
+        if not te:
+            raise ValueError(f"fp8_format is a TE recipe's field, and {name!r} is not TE's")
+        if fmt == "E5M2":
+            raise ValueError(
+                "fp8_format must be 'E4M3' or 'HYBRID': pure E5M2 training is not supported "
+                "(as TE refuses it), got 'E5M2'"
+            )
+        fields[te_fields[0]], fields[te_fields[1]] = _TE_FORMATS[
+            choice("fp8_format", fmt, tuple(_TE_FORMATS))
+        ]
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"unknown recipe field {unknown[0]!r}; expected one of: "
+            + ", ".join(fields)
+            + (", fp8_format" if te else "")
+        )
+    fields.update(overrides)
+    return fields

@@ -18,9 +18,11 @@ import numpy as np
 import numpy.typing as npt
 
 from lscore import kernels
+from lscore.fp8 import blocks
+from lscore.fp8.checks import exact_fields, preset_fields
 from lscore.policy import boolean, choice, integer, real
 
-__all__ = ["FP8_MAX", "RECIPES", "TABLE", "Recipe", "exact_fields", "preset_fields", "recipe"]
+__all__ = ["FP8_MAX", "RECIPES", "TABLE", "Recipe", "recipe"]
 
 #: the largest finite value of each float8 format (its finfo.max)
 FP8_MAX = {"e4m3fn": 448.0, "e5m2": 57344.0}
@@ -28,7 +30,6 @@ FP8_MAX = {"e4m3fn": 448.0, "e5m2": 57344.0}
 # TE's fp8_format names -> (forward, backward) formats
 # (TE:transformer_engine/common/recipe/__init__.py:29-50); MXFP8BlockScaling takes E4M3
 # (its default) and HYBRID (TE:transformer_engine/common/recipe/__init__.py:366-373)
-_TE_FORMATS = {"E4M3": ("e4m3fn", "e4m3fn"), "HYBRID": ("e4m3fn", "e5m2")}
 
 # What the current-scaling presets of each library share (margin, history and amax
 # selection are delayed scaling's, unused by current scaling).  TE: casts saturate both
@@ -254,58 +255,6 @@ class Recipe:
         return cls(**exact_fields(cls, d))
 
 
-def exact_fields(cls: Any, d: Any) -> dict[str, Any]:
-    """`d` if it is a dict with exactly the fields of dataclass `cls`, else an error naming
-    the unknown and missing ones."""
-    if not isinstance(d, dict):
-        raise TypeError(f"a recipe dict must be a dict, got {type(d).__name__}")
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(d) - set(names))
-    missing = [k for k in names if k not in d]
-    if unknown or missing:
-        raise ValueError(
-            "a recipe dict must have exactly the fields "
-            + ", ".join(names)
-            + f"; unknown: {unknown}, missing: {missing}"
-        )
-    return d
-
-
-def preset_fields(
-    name: str,
-    table: dict[str, dict[str, Any]],
-    overrides: dict[str, Any],
-    te: bool,
-    te_fields: tuple[str, str],
-) -> dict[str, Any]:
-    """The fields of preset `name` of `table` with `overrides`; a TE preset also takes TE's
-    ``fp8_format`` ("E4M3" / "HYBRID"), which sets its two `te_fields` (forward, backward).
-    An unknown field is a ValueError listing the known ones."""
-    fields: dict[str, Any] = {"name": name, **table[name]}
-    overrides = dict(overrides)
-    if "fp8_format" in overrides:
-        fmt = overrides.pop("fp8_format")
-        if not te:
-            raise ValueError(f"fp8_format is a TE recipe's field, and {name!r} is not TE's")
-        if fmt == "E5M2":
-            raise ValueError(
-                "fp8_format must be 'E4M3' or 'HYBRID': pure E5M2 training is not supported "
-                "(as TE refuses it), got 'E5M2'"
-            )
-        fields[te_fields[0]], fields[te_fields[1]] = _TE_FORMATS[
-            choice("fp8_format", fmt, tuple(_TE_FORMATS))
-        ]
-    unknown = sorted(set(overrides) - set(fields))
-    if unknown:
-        raise ValueError(
-            f"unknown recipe field {unknown[0]!r}; expected one of: "
-            + ", ".join(fields)
-            + (", fp8_format" if te else "")
-        )
-    fields.update(overrides)
-    return fields
-
-
 def recipe(name: str, /, **overrides: Any) -> Any:
     """The preset `name` (one of ``RECIPES``), with any field replaced by `overrides`.
 
@@ -322,8 +271,6 @@ def recipe(name: str, /, **overrides: Any) -> Any:
     (1, 16, 'max', 'e5m2')
     """
     if name not in TABLE:
-        from lscore.fp8 import blocks  # blocks builds on this module
-
         if name in blocks.BLOCK_TABLE:
             return blocks.block_recipe(name, **overrides)
         known = (*RECIPES, *blocks.BLOCK_RECIPES)
