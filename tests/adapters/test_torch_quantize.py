@@ -31,8 +31,14 @@ def inputs(seed, shape, dtype, how):
 
 
 def same_bytes(q, want):
+    """The same float8 bytes, a NaN compared by value: torch's CPU float16 -> float32
+    conversion drops a NaN's sign in its scalar loop (the tail of a vectorised run) and
+    keeps it in the vector one, so torch's own sign of a NaN depends on its position."""
     assert q.dtype == want.dtype
-    np.testing.assert_array_equal(q.view(torch.uint8).numpy(), want.view(torch.uint8).numpy())
+    got, ref = q.view(torch.uint8).numpy(), want.view(torch.uint8).numpy()
+    nan = q.float().isnan().numpy()
+    np.testing.assert_array_equal(nan, want.float().isnan().numpy())
+    np.testing.assert_array_equal(got[~nan], ref[~nan])
 
 
 @settings(max_examples=40, deadline=None)
