@@ -101,24 +101,23 @@ LSC_FN lsc_u32 lsc_e8m0_from_f32(float f)
     return 0xFFu;
 }
 
-/* float32 -> E2M1 code (low nibble): torchao's _f32_to_floatx_unpacked. */
+/* float32 -> E2M1 code (low nibble): torchao's _f32_to_floatx_unpacked.
+ * Written as masks, as lsc_fp8.h's narrowing, so that the element loops
+ * vectorise (a branch on the magnitude mispredicts on every other element
+ * of a block spread over [0, 6]). */
 LSC_FN lsc_u32 lsc_e2m1_from_f32(float f)
 {
     lsc_u32 x = lsc_f32_bits(f);
     lsc_u32 sign = (x >> 28) & 8u;
     lsc_u32 a = x & 0x7FFFFFFFu;
     float af = lsc_f32_from_bits(a);
-    lsc_u32 code;
-    if (af >= 6.0f) {
-        code = 7u;
-    } else if (af < 1.0f) {
-        /* adding 2**22 rounds to a multiple of 0.5 (RNE); the steps are the code */
-        code = (lsc_f32_bits(af + 0x1p22f) - (149u << 23)) & 0xFFu;
-    } else {
-        /* NaN lands here too, as in torchao (its comparisons are false) */
-        lsc_u32 odd = (a >> 22) & 1u;
-        code = ((a - (126u << 23) + 0x1FFFFFu + odd) >> 22) & 0xFFu;
-    }
+    /* |f| < 1: adding 2**22 rounds to a multiple of 0.5 (RNE); the steps are the code */
+    lsc_u32 small = (lsc_f32_bits(af + 0x1p22f) - (149u << 23)) & 0xFFu;
+    /* 1 <= |f| < 6, and NaN as in torchao (its comparisons are false):
+       round the float32 to one mantissa bit, rebias */
+    lsc_u32 normal = ((a - (126u << 23) + 0x1FFFFFu + ((a >> 22) & 1u)) >> 22) & 0xFFu;
+    lsc_u32 is_big = -(lsc_u32)(af >= 6.0f), is_small = -(lsc_u32)(af < 1.0f);
+    lsc_u32 code = (7u & is_big) | (small & is_small) | (normal & ~(is_big | is_small));
     return (code | sign) & 0xFFu;
 }
 
@@ -316,20 +315,20 @@ LSC_FN float lsc_nvfp4_tensor_scale(float amax) { return amax / 2688.0f; }
 
 /* NVFP4's E4M3 block scale code of a block amax, with the per-tensor scale
  * pts when has_pts; its factor r for the elements (1 / scale, or
- * (1 / pts) / scale). */
+ * (1 / pts) / scale).  Without a per-tensor scale both divide by 1, which
+ * changes no bits: a select of the divisor rather than a branch around a
+ * division, so that a loop over blocks vectorises (a division that may
+ * trap is not run speculatively). */
 LSC_FN lsc_u32 lsc_nvfp4_scale(float amax, int has_pts, float pts)
 {
-    float bs = amax / 6.0f;
-    if (has_pts)
-        bs = bs / pts;
+    float bs = (amax / 6.0f) / (has_pts ? pts : 1.0f);
     return lsc_fp8_from_f32(lsc_mx_clamp(bs, 0x1p-6f, 448.0f), LSC_CODE_E4M3FN,
                             LSC_FP8_SAT | LSC_FP8_NAN_SIGN);
 }
 
 LSC_FN float lsc_nvfp4_factor(lsc_u32 s, int has_pts, float pts)
 {
-    return has_pts ? (1.0f / pts) / lsc_fp8_to_f32(s, LSC_CODE_E4M3FN)
-                   : 1.0f / lsc_fp8_to_f32(s, LSC_CODE_E4M3FN);
+    return (1.0f / (has_pts ? pts : 1.0f)) / lsc_fp8_to_f32(s, LSC_CODE_E4M3FN);
 }
 
 /* One NVFP4 block of n (16) float32 values: its E4M3 scale code, and the
@@ -381,6 +380,7 @@ typedef struct {
 
 #define LSC_MX_CHUNK 1024   /* elements of a rows chunk; the largest block */
 #define LSC_MX_TILE 256     /* columns of a columns tile */
+#define LSC_MX_GROUP 16     /* blocks of a row whose scales are taken together */
 #define LSC_MX_INL static inline __attribute__((always_inline))
 
 /* The scale code of a block whose amax bits are m, and its factor into *r. */
@@ -413,20 +413,12 @@ LSC_MX_INL lsc_u32 lsc_mx_absmax(const float *w, int64_t n)
     return m;
 }
 
-/* One block of `block` elements `stride` bytes apart: its scale code into
- * *s, its codes into q.  The codes' loop reads the block again (from L1);
- * called with a constant block (32, 16), both loops vectorise whole. */
-LSC_MX_INL void lsc_mx_row_block(const char *x, int64_t block, int64_t stride, int code,
-                                 int elem, int mode, const lsc_mx_rule *k, int flags,
-                                 unsigned char *s, unsigned char *q)
+/* The codes of one block of `block` elements `stride` bytes apart, whose
+ * factor is r, into q; called with a constant block (32, 16) the loop
+ * vectorises whole. */
+LSC_MX_INL void lsc_mx_row_codes(const char *x, int64_t block, int64_t stride, int code,
+                                 int elem, float r, int flags, unsigned char *q)
 {
-    float r;
-    lsc_u32 m = 0;
-    for (int64_t j = 0; j < block; j++) {
-        lsc_u32 a = lsc_f32_bits(lsc_mx_load(x, j, stride, code)) & 0x7FFFFFFFu;
-        m = a > m ? a : m;
-    }
-    *s = (unsigned char)lsc_mx_pick(m, k, elem, mode, &r);
     if (elem == LSC_MX_E2M1) {
         for (int64_t j = 0; j < block / 2; j++)
             q[j] = (unsigned char)(lsc_mx_code(lsc_mx_load(x, 2 * j, stride, code), r, elem, flags)
@@ -438,6 +430,37 @@ LSC_MX_INL void lsc_mx_row_block(const char *x, int64_t block, int64_t stride, i
     }
 }
 
+/* A group of nb (<= LSC_MX_GROUP) consecutive blocks: the amaxes of all,
+ * then their scale codes (into s) and factors in one loop across the
+ * blocks, which vectorises the scale rule (NVFP4's divisions and E4M3
+ * narrowing, MX's exponent arithmetic) instead of running it once per
+ * block between the vector loops; then the codes, each block read again
+ * (from L1). */
+LSC_MX_INL void lsc_mx_row_group(const char *x, int64_t nb, int64_t block, int64_t stride,
+                                 int code, int elem, int mode, const lsc_mx_rule *k, int flags,
+                                 unsigned char *s, unsigned char *q)
+{
+    const int64_t width = elem == LSC_MX_E2M1 ? block / 2 : block;
+    lsc_u32 m[LSC_MX_GROUP];
+    float r[LSC_MX_GROUP];
+    unsigned char sc[LSC_MX_GROUP];
+    for (int64_t b = 0; b < nb; b++) {
+        const char *xb = x + b * block * stride;
+        lsc_u32 mb = 0;
+        for (int64_t j = 0; j < block; j++) {
+            lsc_u32 a = lsc_f32_bits(lsc_mx_load(xb, j, stride, code)) & 0x7FFFFFFFu;
+            mb = a > mb ? a : mb;
+        }
+        m[b] = mb;
+    }
+    for (int64_t b = 0; b < nb; b++)
+        sc[b] = (unsigned char)lsc_mx_pick(m[b], k, elem, mode, &r[b]);
+    memcpy(s, sc, (size_t)nb);
+    for (int64_t b = 0; b < nb; b++)
+        lsc_mx_row_codes(x + b * block * stride, block, stride, code, elem, r[b], flags,
+                         q + b * width);
+}
+
 /* The blocks of one row with the mode constant (the scale rule inlined). */
 LSC_MX_INL void lsc_mx_row_mode(const char *x, int64_t n, int64_t stride, int code, int elem,
                                 int mode, const lsc_mx_rule *k, unsigned char *s,
@@ -445,15 +468,22 @@ LSC_MX_INL void lsc_mx_row_mode(const char *x, int64_t n, int64_t stride, int co
 {
     const int64_t block = k->block, width = elem == LSC_MX_E2M1 ? block / 2 : block;
     const int flags = mode == LSC_MX_NVFP4 ? 0 : lsc_mx_flags(mode);
-    /* the common blocks with a constant length, which unrolls */
-    const int64_t fixed = block == 32 || block == 16 ? block : 0;
+    const int64_t nb = n / block, G = LSC_MX_GROUP;
+    /* the common blocks with a constant length, which unrolls; whole groups
+       with a constant count, then the rest */
 #define LSC_MX_ROW_BLOCKS(B)                                                                \
-    for (int64_t b = 0; b < n / (B); b++)                                                   \
-        lsc_mx_row_block(x + b * (B) * stride, (B), stride, code, elem, mode, k, flags, s + b, \
-                         q + b * width)
-    if (fixed == 32)
+    do {                                                                                    \
+        int64_t b = 0;                                                                      \
+        for (; b + G <= nb; b += G)                                                         \
+            lsc_mx_row_group(x + b * (B) * stride, G, (B), stride, code, elem, mode, k,     \
+                             flags, s + b, q + b * width);                                  \
+        if (b < nb)                                                                         \
+            lsc_mx_row_group(x + b * (B) * stride, nb - b, (B), stride, code, elem, mode,   \
+                             k, flags, s + b, q + b * width);                               \
+    } while (0)
+    if (block == 32)
         LSC_MX_ROW_BLOCKS(32);
-    else if (fixed == 16)
+    else if (block == 16)
         LSC_MX_ROW_BLOCKS(16);
     else
         LSC_MX_ROW_BLOCKS(block);
