@@ -490,6 +490,24 @@ LSC_MX_INL void lsc_mx_row_group(const char *x, int64_t nb, int64_t block, int64
         r[b] = lsc_mx_pick_factor(sc[b], m[b], k, elem, mode);
     for (int64_t b = 0; b < nb; b++)
         s[b] = (unsigned char)sc[b];
+    if (elem != LSC_MX_E2M1 && block <= 32) {
+        /* float8 codes of short blocks: one loop over the whole group with
+           the factors spread per element, at the full vector width (a loop
+           per block of 32 runs at half of it), then the NaN-factor blocks
+           rewritten as lsc_mx_row_codes writes them */
+        float fr[LSC_MX_GROUP * 32];
+        for (int64_t b = 0; b < nb; b++)
+            for (int64_t j = 0; j < block; j++)
+                fr[b * block + j] = r[b];
+        for (int64_t i = 0; i < nb * block; i++)
+            q[i] = (unsigned char)lsc_fp8_from_f32(lsc_mx_load(x, i, stride, code) * fr[i],
+                                                   elem, flags);
+        for (int64_t b = 0; b < nb; b++)
+            if (r[b] != r[b])
+                lsc_mx_row_codes(x + b * block * stride, block, stride, code, elem, r[b],
+                                 flags, q + b * width);
+        return;
+    }
     for (int64_t b = 0; b < nb; b++)
         lsc_mx_row_codes(x + b * block * stride, block, stride, code, elem, r[b], flags,
                          q + b * width);
