@@ -103,24 +103,23 @@ LSC_FN lsc_u32 lsc_e8m0_from_f32(float f)
     return 0xFFu;
 }
 
-/* float32 -> E2M1 code (low nibble): torchao's _f32_to_floatx_unpacked. */
+/* float32 -> E2M1 code (low nibble): torchao's _f32_to_floatx_unpacked.
+ * Written as masks, as lsc_fp8.h's narrowing, so that the element loops
+ * vectorise (a branch on the magnitude mispredicts on every other element
+ * of a block spread over [0, 6]). */
 LSC_FN lsc_u32 lsc_e2m1_from_f32(float f)
 {
     lsc_u32 x = lsc_f32_bits(f);
     lsc_u32 sign = (x >> 28) & 8u;
     lsc_u32 a = x & 0x7FFFFFFFu;
     float af = lsc_f32_from_bits(a);
-    lsc_u32 code;
-    if (af >= 6.0f) {
-        code = 7u;
-    } else if (af < 1.0f) {
-        /* adding 2**22 rounds to a multiple of 0.5 (RNE); the steps are the code */
-        code = (lsc_f32_bits(af + 0x1p22f) - (149u << 23)) & 0xFFu;
-    } else {
-        /* NaN lands here too, as in torchao (its comparisons are false) */
-        lsc_u32 odd = (a >> 22) & 1u;
-        code = ((a - (126u << 23) + 0x1FFFFFu + odd) >> 22) & 0xFFu;
-    }
+    /* |f| < 1: adding 2**22 rounds to a multiple of 0.5 (RNE); the steps are the code */
+    lsc_u32 small = (lsc_f32_bits(af + 0x1p22f) - (149u << 23)) & 0xFFu;
+    /* 1 <= |f| < 6, and NaN as in torchao (its comparisons are false):
+       round the float32 to one mantissa bit, rebias */
+    lsc_u32 normal = ((a - (126u << 23) + 0x1FFFFFu + ((a >> 22) & 1u)) >> 22) & 0xFFu;
+    lsc_u32 is_big = -(lsc_u32)(af >= 6.0f), is_small = -(lsc_u32)(af < 1.0f);
+    lsc_u32 code = (7u & is_big) | (small & is_small) | (normal & ~(is_big | is_small));
     return (code | sign) & 0xFFu;
 }
 
@@ -257,6 +256,12 @@ LSC_FN int lsc_mx_flags(int mode)
     return LSC_FP8_SAT | (mode == LSC_MX_TE ? 0 : LSC_FP8_NAN_SIGN);
 }
 
+/* y narrowed to the element format: its float8 or E2M1 code. */
+LSC_FN lsc_u32 lsc_mx_narrow(float y, int elem, int flags)
+{
+    return elem == LSC_MX_E2M1 ? lsc_e2m1_from_f32(y) : lsc_fp8_from_f32(y, elem, flags);
+}
+
 /* One element x times the block factor r (a NaN r wins), clamped to +-max
  * and narrowed: its float8 or E2M1 code.  The clamp changes nothing that
  * the saturating narrowing would not (E2M1 saturates to +-6 itself), so
@@ -270,10 +275,7 @@ LSC_FN lsc_u32 lsc_mx_code(float x, float r, int elem, int flags)
     lsc_u32 lo = -(lsc_u32)(p < -top), hi = -(lsc_u32)(p > top);
     lsc_u32 w = (lsc_f32_bits(p) & ~(rnan | lo | hi)) | (lsc_f32_bits(r) & rnan)
                 | (lsc_f32_bits(-top) & lo) | (lsc_f32_bits(top) & hi);
-    float y = lsc_f32_from_bits(w);
-    if (elem == LSC_MX_E2M1)
-        return lsc_e2m1_from_f32(y);
-    return lsc_fp8_from_f32(y, elem, flags);
+    return lsc_mx_narrow(lsc_f32_from_bits(w), elem, flags);
 }
 
 /* One element x (float32) of a block with scale code s and amax `amax`,
@@ -318,20 +320,20 @@ LSC_FN float lsc_nvfp4_tensor_scale(float amax) { return amax / 2688.0f; }
 
 /* NVFP4's E4M3 block scale code of a block amax, with the per-tensor scale
  * pts when has_pts; its factor r for the elements (1 / scale, or
- * (1 / pts) / scale). */
+ * (1 / pts) / scale).  Without a per-tensor scale both divide by 1, which
+ * changes no bits: a select of the divisor rather than a branch around a
+ * division, so that a loop over blocks vectorises (a division that may
+ * trap is not run speculatively). */
 LSC_FN lsc_u32 lsc_nvfp4_scale(float amax, int has_pts, float pts)
 {
-    float bs = amax / 6.0f;
-    if (has_pts)
-        bs = bs / pts;
+    float bs = (amax / 6.0f) / (has_pts ? pts : 1.0f);
     return lsc_fp8_from_f32(lsc_mx_clamp(bs, 0x1p-6f, 448.0f), LSC_CODE_E4M3FN,
                             LSC_FP8_SAT | LSC_FP8_NAN_SIGN);
 }
 
 LSC_FN float lsc_nvfp4_factor(lsc_u32 s, int has_pts, float pts)
 {
-    return has_pts ? (1.0f / pts) / lsc_fp8_to_f32(s, LSC_CODE_E4M3FN)
-                   : 1.0f / lsc_fp8_to_f32(s, LSC_CODE_E4M3FN);
+    return (1.0f / (has_pts ? pts : 1.0f)) / lsc_fp8_to_f32(s, LSC_CODE_E4M3FN);
 }
 
 /* One NVFP4 block of n (16) float32 values: its E4M3 scale code, and the
@@ -355,10 +357,10 @@ LSC_FN lsc_u32 lsc_nvfp4_block(const float *x, long n, int has_pts, float pts, u
  * view read in place (any strides): each block's amax and its codes come
  * from the same read of the input (the elements of a chunk of blocks, or a
  * tile of block rows, stay in L1 between the two steps).  Rows (axis -1):
- * blocks run along a row, a chunk of whole blocks at a time: the widened
- * elements, each block's amax, scale and factor (the scalar functions
- * above), the factor spread over its block, then one loop over the chunk
- * that narrows every element.  Columns (axis 0, TransformerEngine's
+ * blocks run along a row, LSC_MX_GROUP blocks at a time: each block's
+ * amax, then the scales and factors of the group (the scalar functions
+ * above, in loops across the blocks, which vectorise), then each block's
+ * codes.  Columns (axis 0, TransformerEngine's
  * columnwise): a tile of `block` rows by up to LSC_MX_TILE columns, the
  * column amaxes accumulated row by row (sequential reads along each row),
  * then the tile read again for the codes; E2M1 codes pack the two rows of
@@ -383,20 +385,37 @@ typedef struct {
 
 #define LSC_MX_CHUNK 1024   /* elements of a rows chunk; the largest block */
 #define LSC_MX_TILE 256     /* columns of a columns tile */
+#define LSC_MX_GROUP 16     /* blocks of a row whose scales are taken together */
 #define LSC_MX_INL static inline __attribute__((always_inline))
+
+/* The amax of a block whose amax bits are m (a NaN: the quiet NaN). */
+LSC_MX_INL float lsc_mx_amax_of(lsc_u32 m)
+{
+    return m > 0x7F800000u ? lsc_f32_from_bits(0x7FC00000u) : lsc_f32_from_bits(m);
+}
+
+/* The scale code of a block whose amax bits are m. */
+LSC_MX_INL lsc_u32 lsc_mx_pick_scale(lsc_u32 m, const lsc_mx_rule *k, int elem, int mode)
+{
+    if (mode == LSC_MX_NVFP4)
+        return lsc_nvfp4_scale(lsc_mx_amax_of(m), k->has_pts, k->pts);
+    return lsc_mx_scale(lsc_mx_amax_of(m), elem, mode);
+}
+
+/* The factor of a block with scale code s and amax bits m. */
+LSC_MX_INL float lsc_mx_pick_factor(lsc_u32 s, lsc_u32 m, const lsc_mx_rule *k, int elem,
+                                    int mode)
+{
+    if (mode == LSC_MX_NVFP4)
+        return lsc_nvfp4_factor(s, k->has_pts, k->pts);
+    return lsc_mx_factor(s, lsc_mx_amax_of(m), elem, mode);
+}
 
 /* The scale code of a block whose amax bits are m, and its factor into *r. */
 LSC_MX_INL lsc_u32 lsc_mx_pick(lsc_u32 m, const lsc_mx_rule *k, int elem, int mode, float *r)
 {
-    float amax = m > 0x7F800000u ? lsc_f32_from_bits(0x7FC00000u) : lsc_f32_from_bits(m);
-    lsc_u32 s;
-    if (mode == LSC_MX_NVFP4) {
-        s = lsc_nvfp4_scale(amax, k->has_pts, k->pts);
-        *r = lsc_nvfp4_factor(s, k->has_pts, k->pts);
-    } else {
-        s = lsc_mx_scale(amax, elem, mode);
-        *r = lsc_mx_factor(s, amax, elem, mode);
-    }
+    lsc_u32 s = lsc_mx_pick_scale(m, k, elem, mode);
+    *r = lsc_mx_pick_factor(s, m, k, elem, mode);
     return s;
 }
 
@@ -415,29 +434,85 @@ LSC_MX_INL lsc_u32 lsc_mx_absmax(const float *w, int64_t n)
     return m;
 }
 
-/* One block of `block` elements `stride` bytes apart: its scale code into
- * *s, its codes into q.  The codes' loop reads the block again (from L1);
- * called with a constant block (32, 16), both loops vectorise whole. */
-LSC_MX_INL void lsc_mx_row_block(const char *x, int64_t block, int64_t stride, int code,
-                                 int elem, int mode, const lsc_mx_rule *k, int flags,
-                                 unsigned char *s, unsigned char *q)
+/* The codes of one block of `block` elements `stride` bytes apart, whose
+ * factor is r, into q: lsc_mx_code's codes.  A NaN r makes every element
+ * r's code; otherwise the product is narrowed without lsc_mx_code's clamp
+ * to +-max, which changes no code: the float8 narrowing saturates (the MX
+ * flags have LSC_FP8_SAT) and E2M1's does itself.  Called with a constant
+ * block (32, 16) the loop vectorises whole. */
+LSC_MX_INL void lsc_mx_row_codes(const char *x, int64_t block, int64_t stride, int code,
+                                 int elem, float r, int flags, unsigned char *q)
 {
-    float r;
-    lsc_u32 m = 0;
-    for (int64_t j = 0; j < block; j++) {
-        lsc_u32 a = lsc_f32_bits(lsc_mx_load(x, j, stride, code)) & 0x7FFFFFFFu;
-        m = a > m ? a : m;
-    }
-    *s = (unsigned char)lsc_mx_pick(m, k, elem, mode, &r);
-    if (elem == LSC_MX_E2M1) {
+    if (r != r) {
+        lsc_u32 c = lsc_mx_narrow(r, elem, flags);
+        memset(q, (int)(elem == LSC_MX_E2M1 ? c | (c << 4) : c),
+               (size_t)(elem == LSC_MX_E2M1 ? block / 2 : block));
+    } else if (elem == LSC_MX_E2M1) {
+        /* one code per element first, then the pairs packed: each loop
+           vectorises at the full width (reading pairs of elements does not) */
+        unsigned char t[LSC_MX_CHUNK];
+        for (int64_t j = 0; j < block; j++)
+            t[j] = (unsigned char)lsc_e2m1_from_f32(lsc_mx_load(x, j, stride, code) * r);
         for (int64_t j = 0; j < block / 2; j++)
-            q[j] = (unsigned char)(lsc_mx_code(lsc_mx_load(x, 2 * j, stride, code), r, elem, flags)
-                                   | (lsc_mx_code(lsc_mx_load(x, 2 * j + 1, stride, code), r,
-                                                  elem, flags) << 4));
+            q[j] = (unsigned char)(t[2 * j] | (t[2 * j + 1] << 4));
     } else {
         for (int64_t j = 0; j < block; j++)
-            q[j] = (unsigned char)lsc_mx_code(lsc_mx_load(x, j, stride, code), r, elem, flags);
+            q[j] = (unsigned char)lsc_fp8_from_f32(lsc_mx_load(x, j, stride, code) * r, elem,
+                                                   flags);
     }
+}
+
+/* A group of nb (<= LSC_MX_GROUP) consecutive blocks: the amaxes of all,
+ * then their scale codes (into s) and factors in loops across the blocks,
+ * which vectorise the scale rule (NVFP4's divisions and E4M3 narrowing,
+ * MX's exponent arithmetic) instead of running it once per block between
+ * the vector loops; then the codes, each block read again (from L1). */
+LSC_MX_INL void lsc_mx_row_group(const char *x, int64_t nb, int64_t block, int64_t stride,
+                                 int code, int elem, int mode, const lsc_mx_rule *k, int flags,
+                                 unsigned char *s, unsigned char *q)
+{
+    const int64_t width = elem == LSC_MX_E2M1 ? block / 2 : block;
+    lsc_u32 m[LSC_MX_GROUP];
+    lsc_u32 sc[LSC_MX_GROUP];
+    float r[LSC_MX_GROUP];
+    for (int64_t b = 0; b < nb; b++) {
+        const char *xb = x + b * block * stride;
+        lsc_u32 mb = 0;
+        for (int64_t j = 0; j < block; j++) {
+            lsc_u32 a = lsc_f32_bits(lsc_mx_load(xb, j, stride, code)) & 0x7FFFFFFFu;
+            mb = a > mb ? a : mb;
+        }
+        m[b] = mb;
+    }
+    /* the scales, then the factors: one loop of both leaves control flow
+       that stops the vectoriser (the code's range known to the decoding) */
+    for (int64_t b = 0; b < nb; b++)
+        sc[b] = lsc_mx_pick_scale(m[b], k, elem, mode);
+    for (int64_t b = 0; b < nb; b++)
+        r[b] = lsc_mx_pick_factor(sc[b], m[b], k, elem, mode);
+    for (int64_t b = 0; b < nb; b++)
+        s[b] = (unsigned char)sc[b];
+    if (elem != LSC_MX_E2M1 && block <= 32) {
+        /* float8 codes of short blocks: one loop over the whole group with
+           the factors spread per element, at the full vector width (a loop
+           per block of 32 runs at half of it), then the NaN-factor blocks
+           rewritten as lsc_mx_row_codes writes them */
+        float fr[LSC_MX_GROUP * 32];
+        for (int64_t b = 0; b < nb; b++)
+            for (int64_t j = 0; j < block; j++)
+                fr[b * block + j] = r[b];
+        for (int64_t i = 0; i < nb * block; i++)
+            q[i] = (unsigned char)lsc_fp8_from_f32(lsc_mx_load(x, i, stride, code) * fr[i],
+                                                   elem, flags);
+        for (int64_t b = 0; b < nb; b++)
+            if (r[b] != r[b])
+                lsc_mx_row_codes(x + b * block * stride, block, stride, code, elem, r[b],
+                                 flags, q + b * width);
+        return;
+    }
+    for (int64_t b = 0; b < nb; b++)
+        lsc_mx_row_codes(x + b * block * stride, block, stride, code, elem, r[b], flags,
+                         q + b * width);
 }
 
 /* The blocks of one row with the mode constant (the scale rule inlined). */
@@ -447,15 +522,22 @@ LSC_MX_INL void lsc_mx_row_mode(const char *x, int64_t n, int64_t stride, int co
 {
     const int64_t block = k->block, width = elem == LSC_MX_E2M1 ? block / 2 : block;
     const int flags = mode == LSC_MX_NVFP4 ? 0 : lsc_mx_flags(mode);
-    /* the common blocks with a constant length, which unrolls */
-    const int64_t fixed = block == 32 || block == 16 ? block : 0;
+    const int64_t nb = n / block, G = LSC_MX_GROUP;
+    /* the common blocks with a constant length, which unrolls; whole groups
+       with a constant count, then the rest */
 #define LSC_MX_ROW_BLOCKS(B)                                                                \
-    for (int64_t b = 0; b < n / (B); b++)                                                   \
-        lsc_mx_row_block(x + b * (B) * stride, (B), stride, code, elem, mode, k, flags, s + b, \
-                         q + b * width)
-    if (fixed == 32)
+    do {                                                                                    \
+        int64_t b = 0;                                                                      \
+        for (; b + G <= nb; b += G)                                                         \
+            lsc_mx_row_group(x + b * (B) * stride, G, (B), stride, code, elem, mode, k,     \
+                             flags, s + b, q + b * width);                                  \
+        if (b < nb)                                                                         \
+            lsc_mx_row_group(x + b * (B) * stride, nb - b, (B), stride, code, elem, mode,   \
+                             k, flags, s + b, q + b * width);                               \
+    } while (0)
+    if (block == 32)
         LSC_MX_ROW_BLOCKS(32);
-    else if (fixed == 16)
+    else if (block == 16)
         LSC_MX_ROW_BLOCKS(16);
     else
         LSC_MX_ROW_BLOCKS(block);
