@@ -242,7 +242,7 @@ def test_one_pool_in_the_process():
     """The float8 kernels start the pool's helpers and the scan then uses the same ones: the
     process gains pool_size() - 1 threads, once."""
     out = subprocess.run(
-        [sys.executable, "-c", _ONE_POOL], capture_output=True, text=True, check=True
+        [sys.executable, "-P", "-c", _ONE_POOL], capture_output=True, text=True, check=True
     ).stdout.split()
     start, after_fp8, end = map(int, out)
     assert after_fp8 - start == kernels.pool_size() - 1
