@@ -398,7 +398,10 @@ static lsc_pool *lsc_pool_build(void)
     pthread_cond_init(&P->done, NULL);
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, 256 * 1024);
+    /* 4 MiB: a kernel's frame is about 34 KB in the normal build, but ASan gives each
+     * inlined local its own slot and redzones (lsc_mx_quantize_rows: 350 KB), and a
+     * helper whose stack overflows dies with no report (it blocks SIGSEGV, below) */
+    pthread_attr_setstacksize(&attr, 4 * 1024 * 1024);
     /* helpers take no signals: Python handles them on the main thread */
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);

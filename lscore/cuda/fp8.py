@@ -14,6 +14,7 @@ GPU narrows with ``cvt.rn.satfinite`` on sm_89 and newer (fp8.cu).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -400,14 +401,9 @@ def cupy_hooks(make_launcher: Any) -> dict[str, Any]:
     )
 
 
-_cupy_arrays: Float8Arrays | None = None
-
-
+@functools.cache
 def cupy_arrays() -> Float8Arrays:
     """``Float8Arrays`` bound to CuPy arrays and ``CupyBackend`` (a launcher per device),
     launching on CuPy's current stream; CuPy has no bfloat16, so its inputs and outputs
     are float32 and float16."""
-    global _cupy_arrays
-    if _cupy_arrays is None:
-        _cupy_arrays = Float8Arrays(**cupy_hooks(Float8Launcher))
-    return _cupy_arrays
+    return Float8Arrays(**cupy_hooks(Float8Launcher))

@@ -15,6 +15,7 @@ runs before a launch.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -325,14 +326,9 @@ class BlockArrays:
         return out
 
 
-_cupy_blocks: BlockArrays | None = None
-
-
+@functools.cache
 def cupy_blocks() -> BlockArrays:
     """``BlockArrays`` bound to CuPy arrays and ``CupyBackend`` (a launcher per device),
     launching on CuPy's current stream; CuPy has no bfloat16, so its inputs and outputs
     are float32 and float16."""
-    global _cupy_blocks
-    if _cupy_blocks is None:
-        _cupy_blocks = BlockArrays(**cupy_hooks(MxLauncher))
-    return _cupy_blocks
+    return BlockArrays(**cupy_hooks(MxLauncher))
