@@ -165,6 +165,24 @@ LSC_FN lsc_u32 lsc_mx_te_e8m0(float val)
     return x & 0xFFu;
 }
 
+/* ceil of torch's float32 log2 of d (finite, >= 0; the logarithm rounded to
+ * float32, then ceiled), from the bits where they decide it: a normal
+ * d = 2**(e - 127) * (1 + m / 2**23) has log2 e - 127 exactly when m is 0;
+ * when m >= 2**7, log2 exceeds e - 127 by more than 2**-16 (log2(1 + f) >
+ * f for 0 < f < 1), more than the float32 spacing below 128 (2**-17), so it
+ * rounds above e - 127 and at most to e - 126, which ceils to e - 126.  The
+ * rest (zero, subnormals, and m < 2**7: one float in 65536, where rounding
+ * can land on e - 127 exactly) takes the logarithm. */
+LSC_FN float lsc_mx_ceil_log2f(float d)
+{
+    lsc_u32 x = lsc_f32_bits(d), e = x >> 23, m = x & 0x7FFFFFu;
+    if (e != 0u && m == 0u)
+        return (float)((lsc_i32)e - 127);
+    if (e != 0u && m >= 128u)
+        return (float)((lsc_i32)e - 126);
+    return d > 0.0f ? ceilf((float)log2((double)d)) : -1e30f;
+}
+
 /* The E8M0 scale code of a block whose amax (>= 0 or NaN) is `amax`. */
 LSC_FN lsc_u32 lsc_mx_scale(float amax, int elem, int mode)
 {
@@ -179,9 +197,7 @@ LSC_FN lsc_u32 lsc_mx_scale(float amax, int elem, int mode)
             return 0xFFu;
         if (d > 3.40282346638528859812e+38f)
             return 0xFEu;
-        /* torch's float32 log2: the logarithm rounded to float32 */
-        l = d > 0.0f ? (float)log2((double)d) : -1e30f;
-        l = ceilf(l);
+        l = lsc_mx_ceil_log2f(d);
         l = l < -127.0f ? -127.0f : l > 127.0f ? 127.0f : l;
         return (lsc_u32)((lsc_i32)l + 127);
     }

@@ -179,6 +179,23 @@ def test_scalar_rules_equal_twin(x):
     np.testing.assert_array_equal(kernels.e2m1_encode(x), ref.e2m1_encode(x))
 
 
+def test_rceil_near_powers_of_two_equals_twin():
+    """RCEIL's exponent comes from the bits of amax / max except where a float32 logarithm
+    can round onto the power of two below (the quotient's mantissa under 2**7): quotients
+    2**k * (1 + m / 2**23) around that edge, at every exponent and in the subnormals,
+    give the twin's codes (which take the logarithm of each)."""
+    mant = np.array([0, 1, 2, 63, 126, 127, 128, 129, 255, 256, 2**22, 2**23 - 1], np.uint32)
+    expo = np.arange(0, 255, dtype=np.uint32)
+    d = ((expo[:, None] << 23) | mant[None, :]).ravel().view(np.float32)
+    for elem in ELEMS.values():
+        with np.errstate(over="ignore"):
+            amax = (d * np.float32(MAX[elem])).astype(np.float32)
+        for a in (amax, np.nextafter(amax, np.float32(0)), np.nextafter(amax, np.float32(np.inf))):
+            np.testing.assert_array_equal(
+                kernels.mx_scale(a, elem, "rceil"), ref.mx_scale(a, elem, "rceil"), err_msg=elem
+            )
+
+
 @settings(max_examples=40, deadline=None)
 @given(f32s(64), st.integers(-140, 127), st.booleans())
 def test_blocks_equal_twin(bits, shift, has_pts):
