@@ -57,8 +57,11 @@
  * NaN 0x7FC00000 (microxcaling's whole block dequantizes to NaN);
  * RCEIL multiplies by torchao's reciprocal (0xFF: the NaN descale, 0xFE:
  * 2**-127, 0: 1, else 2**(127 - c)), TE by its exp2f_rcp of v2.18 (0xFF:
- * NaN, 0xFE: 2**-127, else the float32 bits (254 - c) << 23, 2**127 for 0).  float8 elements narrow with lsc_fp8.h's
- * saturating cast, a NaN's sign kept as torch writes it (TE: without).
+ * NaN, 0xFE: 2**-127, else the float32 bits (254 - c) << 23, 2**127 for 0).
+ * float8 elements narrow with lsc_fp8.h's saturating cast, a NaN's sign
+ * kept as torch writes it (TE: without); on x86-64-v4, bfloat16 blocks
+ * whose factor is a power of two narrow in 16-bit lanes, to the same codes
+ * (lsc_mx_bf16x32).
  * NVFP4 (ao torchao/prototype/mx_formats/nvfp4_tensor.py nvfp4_quantize):
  * block scale amax / 6 (divided by the per-tensor scale when there is
  * one), clamped to [2**-6, 448] and narrowed to E4M3; elements times
@@ -72,10 +75,6 @@
 #define LSC_MX_H
 
 #include "lsc_fp8.h"
-
-#if !defined(__CUDACC_RTC__)
-#include <math.h>
-#endif
 
 enum { LSC_MX_FLOOR = 0, LSC_MX_CEIL = 1, LSC_MX_EVEN = 2, LSC_MX_RCEIL = 3, LSC_MX_TE = 4,
        LSC_MX_OCP = 5 };
@@ -165,22 +164,41 @@ LSC_FN lsc_u32 lsc_mx_te_e8m0(float val)
     return x & 0xFFu;
 }
 
-/* ceil of torch's float32 log2 of d (finite, >= 0; the logarithm rounded to
- * float32, then ceiled), from the bits where they decide it: a normal
- * d = 2**(e - 127) * (1 + m / 2**23) has log2 e - 127 exactly when m is 0;
- * when m >= 2**7, log2 exceeds e - 127 by more than 2**-16 (log2(1 + f) >
- * f for 0 < f < 1), more than the float32 spacing below 128 (2**-17), so it
- * rounds above e - 127 and at most to e - 126, which ceils to e - 126.  The
- * rest (zero, subnormals, and m < 2**7: one float in 65536, where rounding
- * can land on e - 127 exactly) takes the logarithm. */
-LSC_FN float lsc_mx_ceil_log2f(float d)
+/* torchao's RCEIL code of a block amax, clamp(ceil(float32(log2(d))), -127,
+ * 127) + 127 of d = amax / max (NaN -> 0xFF, Inf -> 0xFE), from the bits of
+ * d, with no logarithm (so the GPU, whose math library rounds log2 otherwise
+ * than the CPU's, gives the same codes).  For d = 2**k * (1 + m * 2**-23)
+ * (m > 0, k != 0), float32(log2(d)) is k exactly when log2(1 + m * 2**-23)
+ * is below half the float32 spacing beside k toward k + 1, 2**-e, that is
+ * m <= floor((2**(2**-e) - 1) * 2**23) = 22 >> (e - 18) for e = 18 .. 25
+ * (never a tie, the logarithm being irrational), and rounds above k
+ * otherwise, so its ceiling is k + 1.  Equal to the logarithm's rule for
+ * every float32 amax (the slow test of tests/kernels/test_mx_cuda.py). */
+LSC_FN lsc_u32 lsc_mx_rceil(float amax, int elem)
 {
-    lsc_u32 x = lsc_f32_bits(d), e = x >> 23, m = x & 0x7FFFFFu;
-    if (e != 0u && m == 0u)
-        return (float)((lsc_i32)e - 127);
-    if (e != 0u && m >= 128u)
-        return (float)((lsc_i32)e - 126);
-    return d > 0.0f ? ceilf((float)log2((double)d)) : -1e30f;
+    float d = amax / lsc_mx_max(elem);
+    lsc_u32 x = lsc_f32_bits(d), mant;
+    lsc_i32 k, a, j, e, c;
+    if (d != d)
+        return 0xFFu;
+    if (x >= LSC_EXP_F32)
+        return 0xFEu;
+    if (x < 0x00400000u)
+        return 0u; /* below 2**-127: the ceiling is -127 or less, clamped */
+    if (x < LSC_EXP_LSB_F32) {
+        k = -127;
+        mant = (x - 0x00400000u) << 1;
+    } else {
+        k = (lsc_i32)(x >> 23) - 127;
+        mant = x & 0x7FFFFFu;
+    }
+    a = k < 0 ? -k : k;
+    /* floor(log2(a)) of 1 <= a <= 127; the spacing above k (k > 0) or below
+       |k| (k < 0): half a power of two less there */
+    j = (a >= 2) + (a >= 4) + (a >= 8) + (a >= 16) + (a >= 32) + (a >= 64);
+    e = 24 - j + (k < 0 && a == (1 << j));
+    c = mant == 0u ? k : k == 0 ? 1 : mant <= (22u >> (e - 18)) ? k : k + 1;
+    return (lsc_u32)((c > 127 ? 127 : c) + 127);
 }
 
 /* The E8M0 scale code of a block whose amax (>= 0 or NaN) is `amax`. */
@@ -190,17 +208,8 @@ LSC_FN lsc_u32 lsc_mx_scale(float amax, int elem, int mode)
     lsc_i32 e;
     if (mode == LSC_MX_TE)
         return lsc_mx_te_e8m0(amax * (float)(1.0 / (double)lsc_mx_max(elem)));
-    if (mode == LSC_MX_RCEIL) {
-        float d = amax / lsc_mx_max(elem);
-        float l;
-        if (d != d)
-            return 0xFFu;
-        if (d > 3.40282346638528859812e+38f)
-            return 0xFEu;
-        l = lsc_mx_ceil_log2f(d);
-        l = l < -127.0f ? -127.0f : l > 127.0f ? 127.0f : l;
-        return (lsc_u32)((lsc_i32)l + 127);
-    }
+    if (mode == LSC_MX_RCEIL)
+        return lsc_mx_rceil(amax, elem);
     if (amax != amax)
         return 0xFFu;
     if (mode == LSC_MX_OCP) {
@@ -387,6 +396,9 @@ LSC_FN lsc_u32 lsc_nvfp4_block(const float *x, long n, int has_pts, float pts, u
 
 #include <stdatomic.h>
 #include <stdint.h>
+#ifdef LSC_X86_DISPATCH
+#include <immintrin.h>
+#endif
 
 /* a block pass's rule: element format index (0 e4m3fn, 1 e5m2, 2 e2m1), the
  * MX mode or LSC_MX_NVFP4, NVFP4's per-tensor scale, the block length */
@@ -645,30 +657,31 @@ typedef struct {
 } lsc_mx_isa;
 
 #define LSC_MX_WIDTH(CODE) ((CODE) == LSC_CODE_F32 ? 4 : 2)
-#define LSC_MX_FNS(SFX, NAME, CODE, ELEM)                                                   \
-    __attribute__((flatten)) static void lsc_mx_r_##NAME##_##SFX(const char *x, int64_t n, const lsc_mx_rule *k,     \
-                                        unsigned char *s, unsigned char *q)                 \
+#define LSC_MX_FNS(SFX, ROW, NAME, CODE, ELEM)                                              \
+    __attribute__((flatten)) static void lsc_mx_r_##NAME##_##SFX(                         \
+        const char *x, int64_t n, const lsc_mx_rule *k, unsigned char *s, unsigned char *q) \
     {                                                                                       \
-        lsc_mx_row_body(x, n, LSC_MX_WIDTH(CODE), (CODE), (ELEM), k, s, q);                 \
+        ROW(x, n, LSC_MX_WIDTH(CODE), (CODE), (ELEM), k, s, q);                             \
     }                                                                                       \
-    __attribute__((flatten)) static void lsc_mx_c_##NAME##_##SFX(const char *x, int64_t rows, int64_t cols,          \
-                                        int64_t rs, const lsc_mx_rule *k, unsigned char *s, \
-                                        unsigned char *q)                                   \
+    __attribute__((flatten)) static void lsc_mx_c_##NAME##_##SFX(                         \
+        const char *x, int64_t rows, int64_t cols, int64_t rs, const lsc_mx_rule *k,        \
+        unsigned char *s, unsigned char *q)                                                 \
     {                                                                                       \
         lsc_mx_cols_body(x, rows, cols, rs, LSC_MX_WIDTH(CODE), (CODE), (ELEM), k, s, q);   \
     }
-#define LSC_MX_ELEM_FNS(SFX, E, ELEM)                                                       \
-    LSC_MX_FNS(SFX, E##_f32, LSC_CODE_F32, ELEM)                                            \
-    LSC_MX_FNS(SFX, E##_f16, LSC_CODE_F16, ELEM)                                            \
-    LSC_MX_FNS(SFX, E##_bf16, LSC_CODE_BF16, ELEM)
+#define LSC_MX_ELEM_FNS(SFX, ROW, E, ELEM)                                                  \
+    LSC_MX_FNS(SFX, ROW, E##_f32, LSC_CODE_F32, ELEM)                                       \
+    LSC_MX_FNS(SFX, ROW, E##_f16, LSC_CODE_F16, ELEM)                                       \
+    LSC_MX_FNS(SFX, ROW, E##_bf16, LSC_CODE_BF16, ELEM)
 #define LSC_MX_ROW(SFX, E)                                                                  \
     {0, lsc_mx_r_##E##_f16_##SFX, lsc_mx_r_##E##_bf16_##SFX, lsc_mx_r_##E##_f32_##SFX, 0, 0, 0}
 #define LSC_MX_COL(SFX, E)                                                                  \
     {0, lsc_mx_c_##E##_f16_##SFX, lsc_mx_c_##E##_bf16_##SFX, lsc_mx_c_##E##_f32_##SFX, 0, 0, 0}
-#define LSC_MX_LEVEL(SFX)                                                                   \
-    LSC_MX_ELEM_FNS(SFX, e4, LSC_CODE_E4M3FN)                                               \
-    LSC_MX_ELEM_FNS(SFX, e5, LSC_CODE_E5M2)                                                 \
-    LSC_MX_ELEM_FNS(SFX, e2, LSC_MX_E2M1)                                                   \
+/* a level's passes; ROW: its rows body (lsc_mx_row_body's arguments) */
+#define LSC_MX_LEVEL(SFX, ROW)                                                              \
+    LSC_MX_ELEM_FNS(SFX, ROW, e4, LSC_CODE_E4M3FN)                                          \
+    LSC_MX_ELEM_FNS(SFX, ROW, e5, LSC_CODE_E5M2)                                            \
+    LSC_MX_ELEM_FNS(SFX, ROW, e2, LSC_MX_E2M1)                                              \
     static const lsc_mx_isa lsc_mx_isa_##SFX = {                                            \
         #SFX,                                                                               \
         {LSC_MX_ROW(SFX, e4), LSC_MX_ROW(SFX, e5), LSC_MX_ROW(SFX, e2)},                    \
@@ -676,19 +689,151 @@ typedef struct {
     };
 
 #ifdef LSC_X86_DISPATCH
-LSC_MX_LEVEL(v2)
+LSC_MX_LEVEL(v2, lsc_mx_row_body)
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v3")
-LSC_MX_LEVEL(v3)
+LSC_MX_LEVEL(v3, lsc_mx_row_body)
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v4", "prefer-vector-width=512")
-LSC_MX_LEVEL(v4)
+
+/* ---- x86-64-v4: float8 codes of bfloat16 rows in 16-bit lanes -----------
+ * The rows pass above widens every bfloat16 to float32, multiplies and
+ * narrows in 32-bit lanes: about 20 vector operations per 16 elements,
+ * three times the memory floor at 1e8 elements.  Where a block's factor r
+ * is a power of two 2**k, x * r only moves a bfloat16's exponent, so one
+ * AVX-512BW vector holds a whole block of 32 and the narrowing is done on
+ * the bfloat16 bits themselves, y = |x| + (k << 7), in 16-bit lanes:
+ *   normal codes (y >= the format's smallest normal): rebias, round the
+ *     dropped mantissa bits to nearest even, cap at the largest finite code
+ *     (lsc_fp8_from_f32's rule on the same bits);
+ *   subnormal codes: the significand (y & 0x7F) | 0x80 of exponent E is
+ *     v * 2**(E - 134); in units of the smallest subnormal (2**-9, 2**-16)
+ *     that is p / 2**8 with p = v << (E - lo), lo = 117 (e4m3) or 110
+ *     (e5m2), rounded to nearest even; below lo (a shift count that wraps
+ *     past 15) p is 0, as every value under half the smallest subnormal is;
+ *   zero and subnormal x (|x| < 0x80): code 0, with the sign.
+ * This is the product rounded once, so the codes are lsc_fp8_from_f32's of
+ * float32(x) * r exactly when the block is `plain`: r = 2**k with -126 <= k
+ * <= 100 (a subnormal x then scales below half of either format's smallest
+ * subnormal, as in float32), the amax finite (no NaN or Inf element) and
+ * amax * r below 2**128 (y fits the lanes).  Every other block (NaN or Inf
+ * in it, RCEIL's NaN descale, a factor 2**-127, ...) takes lsc_mx_row_codes.
+ * Checked for every finite bfloat16 at every such k in both formats, and by
+ * the passes' tests at every level. */
+LSC_MX_INL __m256i lsc_mx_bf16x32(__m512i b, __m512i k7, int elem)
+{
+    const int e4 = elem == LSC_CODE_E4M3FN, sh = e4 ? 4 : 5;
+    const __m512i one = _mm512_set1_epi16(1);
+    const __m512i a = _mm512_and_si512(b, _mm512_set1_epi16(0x7FFF));
+    const __m512i sign = _mm512_and_si512(_mm512_srli_epi16(b, 8), _mm512_set1_epi16(0x80));
+    const __m512i y = _mm512_add_epi16(a, k7);
+    /* normal: lsc_fp8_from_f32's rebias and rounding on 7 mantissa bits */
+    const __m512i r = _mm512_sub_epi16(y, _mm512_set1_epi16(e4 ? 120 << 7 : 112 << 7));
+    const __m512i odd = _mm512_and_si512(_mm512_srai_epi16(r, sh), one);
+    const __m512i half = _mm512_set1_epi16((1 << (sh - 1)) - 1);
+    const __m512i normal = _mm512_srai_epi16(_mm512_add_epi16(_mm512_add_epi16(r, half), odd), sh);
+    const __m512i capped = _mm512_min_epi16(normal, _mm512_set1_epi16(e4 ? 0x7E : 0x7B));
+    /* subnormal: p = v << (E - lo), rounded to nearest even at bit 8 */
+    const __m512i cnt = _mm512_sub_epi16(_mm512_srai_epi16(y, 7),
+                                         _mm512_set1_epi16(e4 ? 117 : 110));
+    const __m512i v = _mm512_ternarylogic_epi32(y, _mm512_set1_epi16(0x7F), _mm512_set1_epi16(0x80),
+                                                0xEA);   /* (y & 0x7F) | 0x80 */
+    const __m512i p = _mm512_sllv_epi16(v, cnt);
+    const __m512i podd = _mm512_and_si512(_mm512_srli_epi16(p, 8), one);
+    const __m512i sub = _mm512_srli_epi16(
+        _mm512_add_epi16(_mm512_add_epi16(p, _mm512_set1_epi16(127)), podd), 8);
+    const __mmask32 is_normal = _mm512_cmpge_epi16_mask(y,
+                                                        _mm512_set1_epi16(e4 ? 0x3C80 : 0x3880));
+    const __mmask32 is_live = _mm512_cmpge_epu16_mask(a, _mm512_set1_epi16(0x80));
+    const __m512i mag = _mm512_maskz_mov_epi16(is_live,
+                                               _mm512_mask_blend_epi16(is_normal, sub, capped));
+    return _mm512_cvtepi16_epi8(_mm512_or_si512(mag, sign));
+}
+
+/* The largest of 32 unsigned 16-bit lanes (phminposuw of their complement). */
+LSC_MX_INL lsc_u32 lsc_mx_umax16(__m512i a)
+{
+    const __m256i h = _mm256_max_epu16(_mm512_castsi512_si256(a),
+                                       _mm512_extracti64x4_epi64(a, 1));
+    const __m128i c = _mm_max_epu16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    const __m128i low = _mm_minpos_epu16(_mm_xor_si128(c, _mm_set1_epi16(-1)));
+    return 0xFFFFu ^ ((lsc_u32)_mm_cvtsi128_si32(low) & 0xFFFFu);
+}
+
+/* A contiguous bfloat16 row of MX blocks of 32, the mode constant: per group
+ * of blocks the amaxes (16-bit lanes; the float32 amax bits are m << 16),
+ * the scales and factors as lsc_mx_row_group takes them, then each block's
+ * codes, by lsc_mx_bf16x32 where the block is plain. */
+LSC_MX_INL void lsc_mx_bf16_row_mode(const uint16_t *x, int64_t n, int elem, int mode,
+                                     const lsc_mx_rule *k, unsigned char *s, unsigned char *q)
+{
+    const __m512i mask = _mm512_set1_epi16(0x7FFF);
+    const int flags = lsc_mx_flags(mode);
+    const int64_t nb = n / 32;
+    for (int64_t b0 = 0; b0 < nb; b0 += LSC_MX_GROUP) {
+        const int64_t g = nb - b0 < LSC_MX_GROUP ? nb - b0 : LSC_MX_GROUP;
+        const uint16_t *xg = x + b0 * 32;
+        lsc_u32 m[LSC_MX_GROUP], sc[LSC_MX_GROUP];
+        float r[LSC_MX_GROUP];
+        for (int64_t b = 0; b < g; b++)
+            m[b] = lsc_mx_umax16(_mm512_and_si512(_mm512_loadu_si512(xg + 32 * b), mask)) << 16;
+        for (int64_t b = 0; b < g; b++)
+            sc[b] = lsc_mx_pick_scale(m[b], k, elem, mode);
+        for (int64_t b = 0; b < g; b++)
+            r[b] = lsc_mx_pick_factor(sc[b], m[b], k, elem, mode);
+        for (int64_t b = 0; b < g; b++) {
+            const lsc_u32 rb = lsc_f32_bits(r[b]);
+            const lsc_i32 er = (lsc_i32)(rb >> 23), k7 = (er - 127) * 128;
+            unsigned char *qb = q + (b0 + b) * 32;
+            s[b0 + b] = (unsigned char)sc[b];
+            if ((rb & 0x7FFFFFu) == 0u && er >= 1 && er <= 127 + 100 && m[b] < 0x7F800000u
+                && (lsc_i32)(m[b] >> 16) + k7 <= 0x7F7F)
+                _mm256_storeu_si256((__m256i *)qb,
+                                    lsc_mx_bf16x32(_mm512_loadu_si512(xg + 32 * b),
+                                                   _mm512_set1_epi16((short)k7), elem));
+            else
+                lsc_mx_row_codes((const char *)(xg + 32 * b), 32, 2, LSC_CODE_BF16, elem, r[b],
+                                 flags, qb);
+        }
+    }
+}
+
+/* x86-64-v4's rows body: float8 codes of contiguous bfloat16 rows with MX
+ * blocks of 32 in 16-bit lanes, everything else as lsc_mx_row_body. */
+LSC_MX_INL void lsc_mx_row_body_v4(const char *x, int64_t n, int64_t stride, int code, int elem,
+                                   const lsc_mx_rule *k, unsigned char *s, unsigned char *q)
+{
+    const uint16_t *h = (const uint16_t *)x;
+    if (code != LSC_CODE_BF16 || stride != 2 || elem == LSC_MX_E2M1 || k->block != 32
+        || k->mode == LSC_MX_NVFP4) {
+        lsc_mx_row_body(x, n, stride, code, elem, k, s, q);
+        return;
+    }
+    switch (k->mode) {
+    case LSC_MX_FLOOR:
+        lsc_mx_bf16_row_mode(h, n, elem, LSC_MX_FLOOR, k, s, q);
+        break;
+    case LSC_MX_RCEIL:
+        lsc_mx_bf16_row_mode(h, n, elem, LSC_MX_RCEIL, k, s, q);
+        break;
+    case LSC_MX_TE:
+        lsc_mx_bf16_row_mode(h, n, elem, LSC_MX_TE, k, s, q);
+        break;
+    case LSC_MX_OCP:
+        lsc_mx_bf16_row_mode(h, n, elem, LSC_MX_OCP, k, s, q);
+        break;
+    default:   /* CEIL, EVEN: the rule's branches at run time */
+        lsc_mx_bf16_row_mode(h, n, elem, k->mode, k, s, q);
+    }
+}
+
+LSC_MX_LEVEL(v4, lsc_mx_row_body_v4)
 #pragma GCC pop_options
 static const lsc_mx_isa *const lsc_mx_isas[LSC_NISAS] = {&lsc_mx_isa_v2, &lsc_mx_isa_v3,
                                                          &lsc_mx_isa_v4};
 #else
-LSC_MX_LEVEL(baseline)
+LSC_MX_LEVEL(baseline, lsc_mx_row_body)
 static const lsc_mx_isa *const lsc_mx_isas[LSC_NISAS] = {&lsc_mx_isa_baseline};
 #endif
 

@@ -106,51 +106,6 @@ static __device__ __forceinline__ lsc_u32 lsc_mxk_te_e8m0(float d, int hw)
     return lsc_mx_te_e8m0(d);
 }
 
-/* torchao's RCEIL code (lsc_mx_scale, LSC_MX_RCEIL) of a block amax, with
- * no logarithm: lsc_mx_scale takes ceil(float32(log2(d))) of d = amax /
- * max through the float64 log2, which on the GPU is the math library's (1
- * ulp, with multiply-adds) where the CPU has a correctly rounded one.  For
- * d = 2**k * (1 + m * 2**-23) (m > 0, k != 0), float32(log2(d)) is k
- * exactly when log2(1 + m * 2**-23) is below half the float32 spacing
- * beside k toward k + 1, 2**-e, that is m <= floor((2**(2**-e) - 1) * 2**23)
- * (`most`, e = 18 .. 25; never a tie, the logarithm being irrational), and
- * rounds above k otherwise, so its ceiling is k + 1.  Equal to lsc_mx_scale
- * for every float32 d (checked over all 2**31 of them). */
-static __device__ __forceinline__ lsc_u32 lsc_mxk_rceil(float amax, int elem)
-{
-    const lsc_u32 most[8] = {22u, 11u, 5u, 2u, 1u, 0u, 0u, 0u};
-    float d = amax / lsc_mx_max(elem);
-    lsc_u32 x = lsc_f32_bits(d), mant;
-    int k, c;
-    if (d != d)
-        return 0xFFu;
-    if (x >= LSC_EXP_F32)
-        return 0xFEu;
-    if (x < 0x00400000u)
-        return 0u; /* below 2**-127: the ceiling is -127 or less, clamped */
-    if (x < LSC_EXP_LSB_F32) {
-        k = -127;
-        mant = (x - 0x00400000u) << 1;
-    } else {
-        k = (int)(x >> 23) - 127;
-        mant = x & 0x7FFFFFu;
-    }
-    if (mant == 0u) {
-        c = k;
-    } else if (k == 0) {
-        c = 1;
-    } else {
-        int a = k < 0 ? -k : k, j = 0, e;
-        while ((2 << j) <= a)
-            ++j;
-        /* the spacing above k (k > 0) or below |k| (k < 0): half a power of two less there */
-        e = 24 - j + (k < 0 && a == (1 << j));
-        c = mant <= most[e - 18] ? k : k + 1;
-    }
-    c = c < -127 ? -127 : c > 127 ? 127 : c;
-    return (lsc_u32)(c + 127);
-}
-
 /* One block's scale code and the float32 factor its elements are scaled by. */
 struct lsc_mxk_block {
     lsc_u32 s;
@@ -176,8 +131,6 @@ static __device__ __forceinline__ lsc_mxk_block lsc_mxk_scale(float amax, int el
                   : 1.0f / lsc_fp8_to_f32(b.s, LSC_CODE_E4M3FN);
     } else if (mode == LSC_MX_TE) {
         b.s = lsc_mxk_te_e8m0(amax * (float)(1.0 / (double)lsc_mx_max(elem)), hw);
-    } else if (mode == LSC_MX_RCEIL) {
-        b.s = lsc_mxk_rceil(amax, elem);
     } else {
         b.s = lsc_mx_scale(amax, elem, mode);
     }

@@ -110,6 +110,28 @@ def test_half_inputs_read_in_place(isa, dtype, axis):
         np.testing.assert_array_equal(g, w)
 
 
+def test_every_bfloat16_at_every_block_scale(isa):
+    """Every bfloat16 pattern, 31 to a block beside an anchor whose exponent sets the block's
+    scale (every fourth exponent from 2**-133 to 2**127, subnormal anchors included), gives
+    the codes of its exact float32 widening in both float8 formats and every mode: x86-64-v4
+    narrows the blocks whose factor is a power of two in 16-bit lanes, the others as float32."""
+    pats = np.arange(2**16, dtype=np.uint16)
+    pats = np.concatenate([pats, np.zeros(-len(pats) % 31, np.uint16)]).reshape(-1, 31)
+    blocks = []
+    for t in range(-133, 128, 4):
+        a = ((t + 127) << 7 | (t * 37) & 0x7F) if t >= -126 else 1 << (t + 133)
+        anchor = np.full((len(pats), 1), a | (0x8000 if t % 8 else 0), np.uint16)
+        blocks.append(np.concatenate([anchor, pats], axis=1))
+    x = np.concatenate(blocks).reshape(-1, 320).view(ml_dtypes.bfloat16)  # 10 blocks a row
+    wide = x.astype(np.float32)
+    for elem in ELEMS[:2]:
+        for mode in MODES:
+            got = kernels.mx_quantize(x, elem, mode)
+            want = kernels.mx_quantize(wide, elem, mode)
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(g, w, err_msg=f"{isa} {elem} {mode}")
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, "bfloat16"])
 def test_strided_views(isa, dtype):
     """Views with any strides (every other column, a transpose, leading axes that do not
