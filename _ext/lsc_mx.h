@@ -150,18 +150,13 @@ LSC_FN int lsc_mx_mbits(int elem)
 /* TE's float_to_e8m0 of a descale. */
 LSC_FN lsc_u32 lsc_mx_te_e8m0(float val)
 {
-    lsc_u32 x = lsc_f32_bits(val);
-    lsc_u32 e = (x >> 23) & 0xFFu, m = x & 0x7FFFFFu;
-    if (val != val)
-        return 0xFFu;
-    if (e == 0xFFu)
-        return 0xFEu;
-    if (val == 0.0f)
-        return 0u;
-    x >>= 23;  /* the sign, if any, falls off in the byte */
-    if (m > 0u && e != 0xFEu && !(e == 0u && m <= 0x400000u))
-        ++x;
-    return x & 0xFFu;
+    const lsc_u32 x = lsc_f32_bits(val);
+    const lsc_u32 e = (x >> 23) & 0xFFu, m = x & 0x7FFFFFu;
+    /* the biased exponent (a sign, if any, falls off in the byte), rounded up */
+    const lsc_u32 up = (m > 0u) & (e != 0xFEu) & !((e == 0u) & (m <= 0x400000u));
+    const lsc_u32 code = ((x >> 23) + up) & 0xFFu;
+    /* selects, so that a loop over blocks vectorises */
+    return val != val ? 0xFFu : e == 0xFFu ? 0xFEu : val == 0.0f ? 0u : code;
 }
 
 /* torchao's RCEIL code of a block amax, clamp(ceil(float32(log2(d))), -127,
@@ -176,29 +171,22 @@ LSC_FN lsc_u32 lsc_mx_te_e8m0(float val)
  * every float32 amax (the slow test of tests/kernels/test_mx_cuda.py). */
 LSC_FN lsc_u32 lsc_mx_rceil(float amax, int elem)
 {
-    float d = amax / lsc_mx_max(elem);
-    lsc_u32 x = lsc_f32_bits(d), mant;
-    lsc_i32 k, a, j, e, c;
-    if (d != d)
-        return 0xFFu;
-    if (x >= LSC_EXP_F32)
-        return 0xFEu;
-    if (x < 0x00400000u)
-        return 0u; /* below 2**-127: the ceiling is -127 or less, clamped */
-    if (x < LSC_EXP_LSB_F32) {
-        k = -127;
-        mant = (x - 0x00400000u) << 1;
-    } else {
-        k = (lsc_i32)(x >> 23) - 127;
-        mant = x & 0x7FFFFFu;
-    }
-    a = k < 0 ? -k : k;
+    const float d = amax / lsc_mx_max(elem);
+    const lsc_u32 x = lsc_f32_bits(d);
+    /* a subnormal d >= 2**-127 is 2**-127 * (1 + mant * 2**-23) */
+    const int sub = x < LSC_EXP_LSB_F32;
+    const lsc_i32 k = sub ? -127 : (lsc_i32)(x >> 23) - 127;
+    const lsc_u32 mant = sub ? (x - 0x00400000u) << 1 : x & 0x7FFFFFu;
+    const lsc_i32 a = k < 0 ? -k : k;
     /* floor(log2(a)) of 1 <= a <= 127; the spacing above k (k > 0) or below
        |k| (k < 0): half a power of two less there */
-    j = (a >= 2) + (a >= 4) + (a >= 8) + (a >= 16) + (a >= 32) + (a >= 64);
-    e = 24 - j + (k < 0 && a == (1 << j));
-    c = mant == 0u ? k : k == 0 ? 1 : mant <= (22u >> (e - 18)) ? k : k + 1;
-    return (lsc_u32)((c > 127 ? 127 : c) + 127);
+    const lsc_i32 j = (a >= 2) + (a >= 4) + (a >= 8) + (a >= 16) + (a >= 32) + (a >= 64);
+    const lsc_i32 e = 24 - j + ((k < 0) & (a == (1 << j)));
+    const lsc_i32 c = mant == 0u ? k : k == 0 ? 1 : mant <= (22u >> (e - 18)) ? k : k + 1;
+    const lsc_u32 code = (lsc_u32)((c > 127 ? 127 : c) + 127);
+    /* selects, not returns, so that a loop over blocks vectorises: NaN ->
+       0xFF, Inf -> 0xFE, below 2**-127 (the ceiling -127 or less) -> 0 */
+    return d != d ? 0xFFu : x >= LSC_EXP_F32 ? 0xFEu : x < 0x00400000u ? 0u : code;
 }
 
 /* The E8M0 scale code of a block whose amax (>= 0 or NaN) is `amax`. */

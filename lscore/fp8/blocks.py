@@ -300,7 +300,12 @@ def _tensor_scale(x: np.ndarray) -> np.float32:
 
 
 def quantize_blocks(
-    x: np.ndarray, recipe: Any, *, axis: int = -1, element: str | None = None
+    x: np.ndarray,
+    recipe: Any,
+    *,
+    axis: int = -1,
+    element: str | None = None,
+    out: BlockScaled | None = None,
 ) -> BlockScaled:
     """Quantize x in blocks by `recipe` (a ``BlockRecipe`` or a preset name): a ``BlockScaled``.
 
@@ -311,8 +316,12 @@ def quantize_blocks(
     gradient) must be one the recipe allows.  A length along that axis that
     is not a multiple of the block is refused or padded, as the recipe's
     ``tail`` says.  With ``tensor_scale`` the per-tensor scale comes from
-    the amax of all of x (NaN if one is NaN).  Every check is made before
-    anything is computed.  A CuPy array gives CuPy uint8 codes.
+    the amax of all of x (NaN if one is NaN).  `out`, the result of an
+    earlier call with the same recipe, element, axis and input shape, has
+    its scales and data written in place (so that a step allocates
+    nothing) and is returned with this call's tensor scale; it needs whole
+    blocks and NumPy arrays.  Every check is made before anything is
+    computed.  A CuPy array gives CuPy uint8 codes.
 
     >>> import numpy as np
     >>> from lscore.fp8 import dequantize_blocks, quantize_blocks
@@ -326,11 +335,15 @@ def quantize_blocks(
     elem = r.element if element is None else r.allows(element)
     dev = _device(x)
     if dev is not None:
+        if out is not None:
+            raise TypeError("out= takes NumPy arrays; a CuPy input gets new device arrays")
         return _quantize_on(dev, x, r, elem, axis)
     x = float_input(x)
     cols = block_axis(x, axis)
     n = x.shape[0] if cols else x.shape[-1]
     _check_tail(r, n, axis)
+    if out is not None:
+        _check_out(out, x, r, elem, 0 if cols else -1)
     pts = _tensor_scale(x) if r.tensor_scale else None
     ax = 0 if cols else -1
     v = x
@@ -339,10 +352,16 @@ def quantize_blocks(
         pad = list(x.shape)
         pad[ax] = tail
         v = np.concatenate([x, np.zeros(pad, x.dtype)], axis=ax)
+    codes = None if out is None else (out.scales.view(np.uint8), out.data.view(np.uint8))
     if r.mode == "nvfp4":
-        scales, data = kernels.nvfp4_quantize(v, None if pts is None else float(pts), axis=ax)
+        pf = None if pts is None else float(pts)
+        scales, data = kernels.nvfp4_quantize(v, pf, axis=ax, out=codes)
     else:
-        scales, data = kernels.mx_quantize(v, _KERNEL_ELEMS[elem], r.mode, r.block, axis=ax)
+        scales, data = kernels.mx_quantize(
+            v, _KERNEL_ELEMS[elem], r.mode, r.block, axis=ax, out=codes
+        )
+    if out is not None:
+        return dataclasses.replace(out, tensor_scale=pts)
     if tail:
         data = data[: _width(n, elem)] if cols else data[..., : _width(n, elem)]
     return BlockScaled(
@@ -354,6 +373,30 @@ def quantize_blocks(
         0 if cols else -1,
         tuple(x.shape),
     )
+
+
+def _check_out(out: Any, x: np.ndarray, r: BlockRecipe, elem: str, axis: int) -> None:
+    """out can take quantize_blocks(x, r)'s codes in place."""
+    if not isinstance(out, BlockScaled):
+        raise TypeError(f"out must be an lscore.fp8.BlockScaled, got {type(out).__name__}")
+    want = (r, elem, axis, tuple(x.shape))
+    got = (out.recipe, out.element, out.axis, tuple(out.shape))
+    if got != want:
+        raise ValueError(
+            "out must come from a call with the same recipe, element, axis and shape: "
+            f"out has {got[0].name!r}, {got[1]!r}, axis {got[2]}, shape {got[3]}; "
+            f"this call {want[0].name!r}, {want[1]!r}, axis {want[2]}, shape {want[3]}"
+        )
+    n = x.shape[0] if axis == 0 else x.shape[-1]
+    if n % r.block:
+        raise ValueError(
+            f"out= needs whole blocks of {r.block} along axis {axis}, got {n} "
+            "(a padded partial block is written to new arrays)"
+        )
+    for name in ("scales", "data"):
+        a = getattr(out, name)
+        if not isinstance(a, np.ndarray) or not a.flags.c_contiguous or not a.flags.writeable:
+            raise ValueError(f"out.{name} must be a writable C-contiguous NumPy array")
 
 
 def _check_tail(r: BlockRecipe, n: int, axis: int) -> None:

@@ -6,6 +6,7 @@ tests/core/data/record_torchao_mx.py; the OCP and TransformerEngine presets agai
 NumPy twin on generated blocks; tails, overrides and bad input.
 """
 
+import dataclasses
 import json
 import pathlib
 
@@ -324,6 +325,50 @@ def test_bad_input():
         fp8.dequantize_blocks(
             blocks.BlockScaled(nv.data, nv.scales, None, nv.recipe, "e2m1", -1, x.shape)
         )
+
+
+@pytest.mark.parametrize("name", ["te-mxfp8", "torchao-mx-floor", "nvfp4"])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_out_is_written_in_place(name, axis):
+    """out= writes an earlier result's arrays in place, with the bytes of a new call, and
+    takes this call's tensor scale."""
+    rng = np.random.default_rng(3)
+    x, y = (rng.standard_normal((64, 96)).astype(np.float32) for _ in range(2))
+    out = fp8.quantize_blocks(x, name, axis=axis)
+    scales, data = out.scales, out.data
+    got = fp8.quantize_blocks(y, name, axis=axis, out=out)
+    want = fp8.quantize_blocks(y, name, axis=axis)
+    assert got.scales is scales and got.data is data
+    np.testing.assert_array_equal(got.scales.view(np.uint8), want.scales.view(np.uint8))
+    np.testing.assert_array_equal(got.data.view(np.uint8), want.data.view(np.uint8))
+    assert got.tensor_scale == want.tensor_scale
+    if name == "nvfp4":
+        assert got.tensor_scale != out.tensor_scale
+
+
+def test_out_refused_before_writing():
+    x = np.random.default_rng(4).standard_normal((4, 64)).astype(np.float32)
+    out = fp8.quantize_blocks(x, "te-mxfp8")
+    before = out.data.view(np.uint8).copy()
+    bad = [
+        (dict(recipe="torchao-mx-floor"), ValueError, "same recipe, element, axis and shape"),
+        (dict(x=np.ones((4, 96), np.float32)), ValueError, r"shape \(4, 64\); this call"),
+        (dict(element="e5m2"), ValueError, "'e4m3fn', axis -1"),
+        (dict(out=out.data), TypeError, "out must be an lscore.fp8.BlockScaled"),
+        (
+            dict(out=dataclasses.replace(out, data=out.data[:, ::1].T.copy().T)),
+            ValueError,
+            "out.data must be a writable C-contiguous",
+        ),
+    ]
+    for kw, err, message in bad:
+        args = dict(x=-x, recipe="te-mxfp8", out=out) | kw
+        with pytest.raises(err, match=message):
+            fp8.quantize_blocks(args.pop("x"), args.pop("recipe"), **args)
+        np.testing.assert_array_equal(out.data.view(np.uint8), before)
+    part = fp8.quantize_blocks(np.ones((4, 40), np.float32), "ocp-mx")
+    with pytest.raises(ValueError, match="out= needs whole blocks of 32 along axis -1, got 40"):
+        fp8.quantize_blocks(np.ones((4, 40), np.float32), "ocp-mx", out=part)
 
 
 def test_empty_input():

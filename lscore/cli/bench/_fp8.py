@@ -244,10 +244,18 @@ def run_gpu(opts, rows: Rows, rng) -> None:
             del x, dst, q
 
 
-def ratio_target(rows: list[dict], name: str, group: str, base: str, need: float, lower: bool):
-    """One ratio target of a group's lscore row: its time over the `base` row's (`lower`:
+def ratio_target(
+    rows: list[dict],
+    name: str,
+    group: str,
+    base: str,
+    need: float,
+    lower: bool,
+    method: str = "lscore",
+):
+    """One ratio target of a group's `method` row: its time over the `base` row's (`lower`:
     at most `need`), or the base's over its own (at least `need`); best times."""
-    r, b = find(rows, group, "lscore"), find(rows, group, base)
+    r, b = find(rows, group, method), find(rows, group, base)
     if r is None or b is None:
         return {"target": name, "measured": None, "required": need, "met": None}
     m = r["min_s"] / b["min_s"] if lower else b["min_s"] / r["min_s"]
