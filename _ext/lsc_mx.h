@@ -763,6 +763,8 @@ LSC_MX_INL void lsc_mx_bf16_row_mode(const uint16_t *x, int64_t n, int elem, int
         const int64_t g = nb - b0 < LSC_MX_GROUP ? nb - b0 : LSC_MX_GROUP;
         const uint16_t *xg = x + b0 * 32;
         lsc_u32 m[LSC_MX_GROUP], sc[LSC_MX_GROUP];
+        lsc_i32 k7[LSC_MX_GROUP];
+        unsigned char plain[LSC_MX_GROUP];
         float r[LSC_MX_GROUP];
         for (int64_t b = 0; b < g; b++)
             m[b] = lsc_mx_umax16(_mm512_and_si512(_mm512_loadu_si512(xg + 32 * b), mask)) << 16;
@@ -772,18 +774,23 @@ LSC_MX_INL void lsc_mx_bf16_row_mode(const uint16_t *x, int64_t n, int elem, int
             r[b] = lsc_mx_pick_factor(sc[b], m[b], k, elem, mode);
         for (int64_t b = 0; b < g; b++) {
             const lsc_u32 rb = lsc_f32_bits(r[b]);
-            const lsc_i32 er = (lsc_i32)(rb >> 23), k7 = (er - 127) * 128;
-            unsigned char *qb = q + (b0 + b) * 32;
+            const lsc_i32 er = (lsc_i32)(rb >> 23);
+            k7[b] = (er - 127) * 128;
+            plain[b] = (rb & 0x7FFFFFu) == 0u && er >= 1 && er <= 127 + 100
+                       && m[b] < 0x7F800000u && (lsc_i32)(m[b] >> 16) + k7[b] <= 0x7F7F;
             s[b0 + b] = (unsigned char)sc[b];
-            if ((rb & 0x7FFFFFu) == 0u && er >= 1 && er <= 127 + 100 && m[b] < 0x7F800000u
-                && (lsc_i32)(m[b] >> 16) + k7 <= 0x7F7F)
-                _mm256_storeu_si256((__m256i *)qb,
-                                    lsc_mx_bf16x32(_mm512_loadu_si512(xg + 32 * b),
-                                                   _mm512_set1_epi16((short)k7), elem));
-            else
-                lsc_mx_row_codes((const char *)(xg + 32 * b), 32, 2, LSC_CODE_BF16, elem, r[b],
-                                 flags, qb);
         }
+        /* the plain blocks in a loop with no call, which keeps its constants
+           in registers; then the others */
+        for (int64_t b = 0; b < g; b++)
+            if (plain[b])
+                _mm256_storeu_si256((__m256i *)(q + (b0 + b) * 32),
+                                    lsc_mx_bf16x32(_mm512_loadu_si512(xg + 32 * b),
+                                                   _mm512_set1_epi16((short)k7[b]), elem));
+        for (int64_t b = 0; b < g; b++)
+            if (!plain[b])
+                lsc_mx_row_codes((const char *)(xg + 32 * b), 32, 2, LSC_CODE_BF16, elem, r[b],
+                                 flags, q + (b0 + b) * 32);
     }
 }
 
