@@ -11,9 +11,9 @@
  * the rule in place.  The cast also takes the amax of its inputs (before the
  * scale) as the CPU kernels do: each thread keeps the largest
  * lsc_fp8_amax_bits of its elements (a NaN dropped, or above every number
- * with LSC_FP8_AMAX_NAN) and folds it into *amax_bits with one atomicMax on
- * the word (|x| as bits orders like |x|), so several casts into the same
- * word take the max of all their inputs; lsc_fp8_amax reads the word.  The arithmetic is the CPU core's: the widening is
+ * with LSC_FP8_AMAX_NAN), the block folds those, and one atomicMax a block
+ * puts the result on the word (|x| as bits orders like |x|), so several
+ * casts into the same word take the max of all their inputs; lsc_fp8_amax reads the word.  The arithmetic is the CPU core's: the widening is
  * exact, the multiply one float32 rounding (no contraction: the package
  * compiles with --fmad=false).  The reference is lscore/_reference.py.
  */
@@ -24,6 +24,7 @@
 #include "lsc_codes.h"
 #include "lsc_half.h"
 #include "lsc_fp8.h"
+#include "lsc_warp.h"
 
 /* element i of an input of dtype code CODE, widened to float32 */
 template <int CODE>
@@ -47,6 +48,156 @@ static __device__ __forceinline__ void lsc_fp8_out(void *out, long long i, float
         static_cast<lsc_u16 *>(out)[i] = lsc_dev_f32_to_bf16(f);
 }
 
+/* Fold each thread's amax bits m into *word: the block's max first (a shuffle tree in each
+ * warp, then warp 0 over the warps' results), then one atomicMax from thread 0.  One atomic a
+ * thread on the same word serialises: with 4096 blocks of 256 threads that was about 1 ms a
+ * launch on an H200, whatever the size.  Every thread of the block must call it; a lane takes
+ * only partners that exist (lsc_warp_live).  A max of 0 changes nothing and is not sent. */
+static __device__ __forceinline__ void lsc_fp8_block_max(unsigned int *word, lsc_u32 m)
+{
+    __shared__ lsc_u32 shm[32];
+    unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    unsigned nwarps = (blockDim.x + 31u) >> 5, mask;
+    unsigned live = lsc_warp_live(&mask);
+    for (unsigned off = 16; off > 0; off >>= 1) {
+        lsc_u32 o = __shfl_down_sync(mask, m, off);
+        if (lane + off < live)
+            m = o > m ? o : m;
+    }
+    if (lane == 0)
+        shm[warp] = m;
+    __syncthreads();
+    if (warp == 0) {
+        m = lane < nwarps ? shm[lane] : 0u;
+        for (unsigned off = 16; off > 0; off >>= 1) {
+            lsc_u32 o = __shfl_down_sync(mask, m, off);
+            if (lane + off < live)
+                m = o > m ? o : m;
+        }
+        if (lane == 0 && m != 0u)
+            atomicMax(word, m);
+    }
+}
+
+/* ---- the contiguous per-tensor case: 16-byte loads --------------------------
+ * A whole tensor read in order (one row, unit stride: a C-contiguous array)
+ * from a 16-byte aligned address takes 16 bytes a thread a turn (8 elements
+ * of 16 bits, 4 of float32), their codes in one 8- or 4-byte store when the
+ * codes' address is aligned to it, and the elements after the last whole
+ * vector one at a time.  An element at a time costs the 2-D view's index
+ * arithmetic and a 2- or 4-byte access per element: about 13 sm_90
+ * instructions per byte moved for bfloat16, where a kernel stops being
+ * memory-bound near 10. */
+struct alignas(16) lsc_fp8_v16 {
+    lsc_u32 x, y, z, w;
+};
+struct alignas(8) lsc_fp8_v8 {
+    lsc_u32 lo, hi;
+};
+
+/* Whether a kernel takes the 16-byte path: one row of unit stride, x 16-byte aligned, q (if
+ * any) aligned to the store of one vector's codes. */
+template <int CODE>
+static __device__ __forceinline__ int lsc_fp8_vec_ok(const void *x, long long rows, long long cs,
+                                                     const unsigned char *q)
+{
+    const unsigned long long store = CODE == LSC_CODE_F32 ? 4u : 8u;
+    return rows == 1 && cs == 1 && ((unsigned long long)x & 15u) == 0
+           && ((unsigned long long)q & (store - 1u)) == 0;
+}
+
+/* Element k of 16-bit words u (k = 0..7, little-endian: the low half first) widened */
+template <int CODE>
+static __device__ __forceinline__ float lsc_fp8_half(lsc_u32 w, int high)
+{
+    lsc_u16 h = (lsc_u16)(high ? w >> 16 : w & 0xFFFFu);
+    return CODE == LSC_CODE_F16 ? lsc_dev_f16_to_f32(h) : lsc_dev_bf16_to_f32(h);
+}
+
+/* The codes of neighbours a, b as the 16-bit word that stores them in order (a's in the low
+ * byte), their amax bits folded into *m */
+template <int FMT, int HW>
+static __device__ __forceinline__ lsc_u32 lsc_fp8_pair(float a, float b, float s, int flags,
+                                                       lsc_u32 *m)
+{
+    lsc_u32 d = lsc_dev_fp8x2(a * s, b * s, FMT, flags, HW);
+    lsc_u32 ma = lsc_fp8_amax_bits(a, flags), mb = lsc_fp8_amax_bits(b, flags);
+    *m = ma > *m ? ma : *m;
+    *m = mb > *m ? mb : *m;
+    return ((d >> 8) & 0xFFu) | ((d & 0xFFu) << 8);
+}
+
+/* q[i] = fp8(float32(x[i]) * s) over the n elements of a lsc_fp8_vec_ok tensor: the thread's
+ * amax bits */
+template <int CODE, int FMT, int HW>
+static __device__ __forceinline__ lsc_u32 lsc_fp8_cast_vec(const void *x, long long n, float s,
+                                                           unsigned char *q, int flags)
+{
+    const int E = CODE == LSC_CODE_F32 ? 4 : 8;
+    const long long nv = n / E, step = (long long)gridDim.x * blockDim.x;
+    const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const lsc_fp8_v16 *xv = static_cast<const lsc_fp8_v16 *>(x);
+    lsc_u32 m = 0;
+    for (long long k = t; k < nv; k += step) {
+        lsc_fp8_v16 u = xv[k];
+        if (CODE == LSC_CODE_F32) {
+            lsc_u32 lo = lsc_fp8_pair<FMT, HW>(lsc_f32_from_bits(u.x), lsc_f32_from_bits(u.y), s,
+                                               flags, &m);
+            lsc_u32 hi = lsc_fp8_pair<FMT, HW>(lsc_f32_from_bits(u.z), lsc_f32_from_bits(u.w), s,
+                                               flags, &m);
+            reinterpret_cast<lsc_u32 *>(q)[k] = lo | (hi << 16);
+        } else {
+            lsc_fp8_v8 o;
+            o.lo = lsc_fp8_pair<FMT, HW>(lsc_fp8_half<CODE>(u.x, 0), lsc_fp8_half<CODE>(u.x, 1), s,
+                                         flags, &m);
+            o.lo |= lsc_fp8_pair<FMT, HW>(lsc_fp8_half<CODE>(u.y, 0), lsc_fp8_half<CODE>(u.y, 1),
+                                          s, flags, &m)
+                    << 16;
+            o.hi = lsc_fp8_pair<FMT, HW>(lsc_fp8_half<CODE>(u.z, 0), lsc_fp8_half<CODE>(u.z, 1), s,
+                                         flags, &m);
+            o.hi |= lsc_fp8_pair<FMT, HW>(lsc_fp8_half<CODE>(u.w, 0), lsc_fp8_half<CODE>(u.w, 1),
+                                          s, flags, &m)
+                    << 16;
+            reinterpret_cast<lsc_fp8_v8 *>(q)[k] = o;
+        }
+    }
+    for (long long i = nv * E + t; i < n; i += step) { /* fewer than E elements */
+        float a = lsc_fp8_in<CODE>(x, i);
+        q[i] = (unsigned char)lsc_fp8_pair<FMT, HW>(a, 0.0f, s, flags, &m);
+    }
+    return m;
+}
+
+/* The amax bits of the n elements of a lsc_fp8_vec_ok tensor, this thread's share */
+template <int CODE>
+static __device__ __forceinline__ lsc_u32 lsc_fp8_amax_vec(const void *x, long long n, int flags)
+{
+    const int E = CODE == LSC_CODE_F32 ? 4 : 8;
+    const long long nv = n / E, step = (long long)gridDim.x * blockDim.x;
+    const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const lsc_fp8_v16 *xv = static_cast<const lsc_fp8_v16 *>(x);
+    lsc_u32 m = 0;
+    for (long long k = t; k < nv; k += step) {
+        lsc_fp8_v16 u = xv[k];
+        lsc_u32 w[4] = {u.x, u.y, u.z, u.w};
+        for (int j = 0; j < 4; ++j) {
+            lsc_u32 a = CODE == LSC_CODE_F32
+                            ? lsc_fp8_amax_bits(lsc_f32_from_bits(w[j]), flags)
+                            : lsc_fp8_amax_bits(lsc_fp8_half<CODE>(w[j], 0), flags);
+            m = a > m ? a : m;
+            if (CODE != LSC_CODE_F32) {
+                a = lsc_fp8_amax_bits(lsc_fp8_half<CODE>(w[j], 1), flags);
+                m = a > m ? a : m;
+            }
+        }
+    }
+    for (long long i = nv * E + t; i < n; i += step) {
+        lsc_u32 a = lsc_fp8_amax_bits(lsc_fp8_in<CODE>(x, i), flags);
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
 template <int CODE, int FMT, int HW>
 __global__ void lsc_fp8_cast(const void *x, long long n, float scale, unsigned char *q, int flags,
                              unsigned int *amax_bits)
@@ -64,7 +215,7 @@ __global__ void lsc_fp8_cast(const void *x, long long n, float scale, unsigned c
         if (i + 1 < n)
             q[i + 1] = (unsigned char)d;
     }
-    atomicMax(amax_bits, m);
+    lsc_fp8_block_max(amax_bits, m);
 }
 
 template <int CODE, int FMT>
@@ -86,7 +237,8 @@ __global__ void lsc_fp8_decode(const unsigned char *q, long long n, void *out)
  * of row r.  A scale comes from `scales` (a device array: a scale computed on
  * the device needs no round trip) when it is not null, else from `scale`.
  * Each thread keeps its running max for the row it is in and folds it into
- * that row's word with atomicMax when it moves to another row. */
+ * that row's word with atomicMax when it moves to another row; per tensor,
+ * the block's max goes on the one word (lsc_fp8_block_max). */
 
 /* (row, col) of logical element i */
 static __device__ __forceinline__ void lsc_fp8_rc(long long i, long long rows, long long cols,
@@ -109,19 +261,33 @@ static __device__ __forceinline__ void lsc_fp8_fold(unsigned int *amax_bits, lon
     *m = a > *m ? a : *m;
 }
 
+/* The end of a pass: the running max m of row cur into its word; per tensor (every thread on
+ * word 0) through the block's max.  per_row is the same in every thread of a launch. */
+static __device__ __forceinline__ void lsc_fp8_fold_end(unsigned int *amax_bits, int per_row,
+                                                        long long cur, lsc_u32 m)
+{
+    if (!per_row)
+        lsc_fp8_block_max(amax_bits, m);
+    else if (cur >= 0)
+        atomicMax(amax_bits + cur, m);
+}
+
 template <int CODE>
 __global__ void lsc_fp8_amax2d(const void *x, long long rows, long long cols, long long rs,
                                long long cs, int flags, int per_row, unsigned int *amax_bits)
 {
     long long n = rows * cols, step = (long long)gridDim.x * blockDim.x, cur = -1, r, c;
     lsc_u32 m = 0;
+    if (!per_row && lsc_fp8_vec_ok<CODE>(x, rows, cs, nullptr)) {
+        lsc_fp8_block_max(amax_bits, lsc_fp8_amax_vec<CODE>(x, n, flags));
+        return;
+    }
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += step) {
         lsc_fp8_rc(i, rows, cols, &r, &c);
         lsc_fp8_fold(amax_bits, per_row ? r : 0, &cur, &m,
                      lsc_fp8_amax_bits(lsc_fp8_in<CODE>(x, r * rs + c * cs), flags));
     }
-    if (cur >= 0)
-        atomicMax(amax_bits + cur, m);
+    lsc_fp8_fold_end(amax_bits, per_row, cur, m);
 }
 
 /* q[i] = fp8(float32(x[i]) * the scale of its row), q contiguous (C order), and the amax
@@ -133,6 +299,11 @@ __global__ void lsc_fp8_cast2d(const void *x, long long rows, long long cols, lo
 {
     long long n = rows * cols, step = 2LL * gridDim.x * blockDim.x, cur = -1, ra, ca, rb, cb;
     lsc_u32 m = 0;
+    if (!per_row && lsc_fp8_vec_ok<CODE>(x, rows, cs, q)) {
+        float s = scales ? scales[0] : scale;
+        lsc_fp8_block_max(amax_bits, lsc_fp8_cast_vec<CODE, FMT, HW>(x, n, s, q, flags));
+        return;
+    }
     for (long long i = 2LL * (blockIdx.x * (long long)blockDim.x + threadIdx.x); i < n; i += step) {
         int two = i + 1 < n;
         lsc_fp8_rc(i, rows, cols, &ra, &ca);
@@ -150,8 +321,7 @@ __global__ void lsc_fp8_cast2d(const void *x, long long rows, long long cols, lo
         if (two)
             q[i + 1] = (unsigned char)d;
     }
-    if (cur >= 0)
-        atomicMax(amax_bits + cur, m);
+    lsc_fp8_fold_end(amax_bits, per_row, cur, m);
 }
 
 /* out[i] = float32(code at (r, c)) / the scale of row r, rounded once to CODE; out contiguous */

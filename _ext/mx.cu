@@ -206,10 +206,25 @@ __global__ void lsc_mx_rows(const void *x, long long rows, long long cols, long 
     const long long half = cols / 2, n = rows * half, nb = cols / block;
     const long long step = (long long)gridDim.x * blockDim.x;
     const long long lane = threadIdx.x & 31u;
+    /* g is a power of two: a pair's block and place in it by shifts; and the pair's row by
+     * a 32-bit division where the pairs' count allows (a 64-bit one is a long routine) */
+    const int narrow = n <= 0xFFFFFFFFLL;
+    int sh = 0;
+    while ((1 << sh) < g)
+        ++sh;
     /* every lane of a warp runs the same turns (its shuffles), past the end too */
     for (long long p = blockIdx.x * (long long)blockDim.x + threadIdx.x; p - lane < n; p += step) {
         const int live = p < n;
-        long long r = live ? p / half : 0, j = live ? p - r * half : 0, c = 2 * j;
+        long long r, j;
+        if (narrow) {
+            unsigned pu = live ? (unsigned)p : 0u, hu = (unsigned)half, ru = pu / hu;
+            r = ru;
+            j = pu - ru * hu;
+        } else {
+            r = live ? p / half : 0;
+            j = live ? p - r * half : 0;
+        }
+        const long long c = 2 * j;
         float a = live ? lsc_fp8_in<CODE>(x, r * rs + c * cs) : 0.0f;
         float b = live ? lsc_fp8_in<CODE>(x, r * rs + (c + 1) * cs) : 0.0f;
         lsc_u32 m = lsc_mxk_abs(a), mb = lsc_mxk_abs(b);
@@ -221,8 +236,8 @@ __global__ void lsc_mx_rows(const void *x, long long rows, long long cols, long 
         lsc_mxk_block bl = lsc_mxk_scale(lsc_mxk_amax(m), elem, mode, pts, HW);
         if (!live)
             continue;
-        if (j % g == 0)
-            scales[r * nb + j / g] = (unsigned char)bl.s;
+        if ((j & (g - 1)) == 0)
+            scales[r * nb + (j >> sh)] = (unsigned char)bl.s;
         lsc_mxk_store(q, e2m1 ? r * half + j : r * cols + c, r * cols + c + 1, e2m1,
                       lsc_mxk_pair(a, b, bl, elem, mode, HW));
     }

@@ -59,6 +59,7 @@
  */
 #include "lsc_codes.h"
 #include "lsc_half.h"
+#include "lsc_warp.h"
 
 #if !defined(__CUDACC_RTC__)
 #include <math.h>
@@ -380,10 +381,8 @@ __device__ __forceinline__ double lsc_norm_add(double a, double b, int inf_norm)
 __device__ __forceinline__ double lsc_block_fold(double v, int inf_norm, double *shm)
 {
     unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    unsigned nwarps = (blockDim.x + 31u) >> 5;
-    unsigned live = blockDim.x - warp * 32u;
-    live = live < 32u ? live : 32u;
-    unsigned mask = live == 32u ? 0xFFFFFFFFu : (1u << live) - 1u;
+    unsigned nwarps = (blockDim.x + 31u) >> 5, mask;
+    unsigned live = lsc_warp_live(&mask);
     for (unsigned off = 16; off > 0; off >>= 1) {
         double o = __shfl_down_sync(mask, v, off);
         if (lane + off < live)

@@ -17,6 +17,7 @@ tensors (torch's float8 dtypes, ``torch.float8_e8m0fnu`` scales).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from typing import Any
 
@@ -51,50 +52,64 @@ def _on_cuda(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == "cuda"
 
 
-_cuda_arrays: Any = None
+def _torch_hooks(make_launcher: Any) -> dict[str, Any]:
+    """The hooks that bind an arrays class of lscore.cuda (``Float8Arrays``,
+    ``BlockArrays``) to CUDA tensors, bfloat16 included: a launcher per device,
+    ``make_launcher(CupyBackend(device))``, launching on torch's current stream."""
+    from lscore.cuda.cupy_backend import CupyBackend
+    from lscore.cuda.fp8 import DeviceView
+
+    launchers: dict[int, Any] = {}
+
+    def view(t: torch.Tensor) -> Any:
+        w = t.element_size()
+        name = str(t.dtype).removeprefix("torch.")
+        return DeviceView(
+            t.data_ptr(),
+            tuple(t.shape),
+            tuple(s * w for s in t.stride()),
+            "uint32" if name == "int32" else name,
+            w,
+        )
+
+    def launcher(t: torch.Tensor) -> Any:
+        dev = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        if dev not in launchers:
+            launchers[dev] = make_launcher(CupyBackend(dev))
+        return launchers[dev]
+
+    def dtype(name: str) -> torch.dtype:
+        return torch.int32 if name == "uint32" else getattr(torch, name)
+
+    return dict(
+        view=view,
+        empty=lambda like, shape, dt: torch.empty(shape, dtype=dtype(dt), device=like.device),
+        zeros=lambda like, n, dt: torch.zeros(n, dtype=dtype(dt), device=like.device),
+        upload=lambda like, host: torch.from_numpy(host).to(like.device),
+        as_float32=lambda w: w.view(torch.float32),
+        to_host=lambda t: t.cpu().numpy(),
+        all_positive_finite=lambda a: bool(((a > 0) & a.isfinite()).all()),
+        launcher=launcher,
+        stream=lambda t: torch.cuda.current_stream(t.device).cuda_stream,
+    )
 
 
+@functools.cache
 def _cuda() -> Any:
     """lscore.cuda's Float8Arrays bound to CUDA tensors."""
-    global _cuda_arrays
-    if _cuda_arrays is None:
-        from lscore.cuda.cupy_backend import CupyBackend
-        from lscore.cuda.fp8 import DeviceView, Float8Arrays, Float8Launcher
+    from lscore.cuda.fp8 import Float8Arrays, Float8Launcher
 
-        launchers: dict[int, Any] = {}
+    return Float8Arrays(**_torch_hooks(Float8Launcher))
 
-        def view(t: torch.Tensor) -> Any:
-            w = t.element_size()
-            name = str(t.dtype).removeprefix("torch.")
-            return DeviceView(
-                t.data_ptr(),
-                tuple(t.shape),
-                tuple(s * w for s in t.stride()),
-                "uint32" if name == "int32" else name,
-                w,
-            )
 
-        def launcher(t: torch.Tensor) -> Any:
-            dev = t.device.index if t.device.index is not None else torch.cuda.current_device()
-            if dev not in launchers:
-                launchers[dev] = Float8Launcher(CupyBackend(dev))
-            return launchers[dev]
+@functools.cache
+def _cuda_blocks() -> Any:
+    """lscore.cuda.mx's BlockArrays bound to CUDA tensors (the block kernels read bfloat16
+    tensors in place, which a CuPy array cannot hold)."""
+    _require_cuda_blocks()
+    from lscore.cuda.mx import BlockArrays, MxLauncher
 
-        def dtype(name: str) -> torch.dtype:
-            return torch.int32 if name == "uint32" else getattr(torch, name)
-
-        _cuda_arrays = Float8Arrays(
-            view=view,
-            empty=lambda like, shape, dt: torch.empty(shape, dtype=dtype(dt), device=like.device),
-            zeros=lambda like, n, dt: torch.zeros(n, dtype=dtype(dt), device=like.device),
-            upload=lambda like, host: torch.from_numpy(host).to(like.device),
-            as_float32=lambda w: w.view(torch.float32),
-            to_host=lambda t: t.cpu().numpy(),
-            all_positive_finite=lambda a: bool(((a > 0) & a.isfinite()).all()),
-            launcher=launcher,
-            stream=lambda t: torch.cuda.current_stream(t.device).cuda_stream,
-        )
-    return _cuda_arrays
+    return BlockArrays(**_torch_hooks(MxLauncher))
 
 
 def _view(x: Any, what: str = "x") -> np.ndarray:
@@ -243,25 +258,21 @@ def quantize_current(x: torch.Tensor, recipe: Any, fmt: str | None = None) -> Fl
     )
 
 
-def _require_cuda_blocks(t: torch.Tensor) -> None:
+def _require_cuda_blocks() -> None:
     """A TypeError naming what is missing where lscore.cuda.mx's block kernels are not built."""
     try:  # by name: the CUDA block kernels are an optional part of the build
         importlib.import_module("lscore.cuda.mx")
     except ImportError as e:
         raise TypeError(
-            f"block-scaled quantization of a tensor on {t.device} needs lscore.cuda.mx's "
+            "block-scaled quantization of a CUDA tensor needs lscore.cuda.mx's "
             f"kernels, which this build lacks ({e})"
         ) from None
 
 
-def _tensor(a: Any, device: torch.device | None = None) -> torch.Tensor:
-    """A tensor over codes (NumPy: ml_dtypes float8 or uint8; CuPy: uint8), as torch's dtype
-    of them; `dtype_name` names that dtype for CuPy's uint8 codes."""
-    if device is None:
-        name = checks.dtype_name(a.dtype)
-        t = torch.from_numpy(a.view(np.uint8))
-    else:
-        name, t = "uint8", torch.as_tensor(a, device=device)
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    """A CPU tensor over NumPy codes (ml_dtypes float8 or uint8), as torch's dtype of them."""
+    name = checks.dtype_name(a.dtype)
+    t = torch.from_numpy(a.view(np.uint8))
     if name in _TORCH_FP8:
         return t.view(_TORCH_FP8[name])
     return t.view(_TORCH_SCALES[name]) if name in _TORCH_SCALES else t
@@ -279,15 +290,14 @@ def quantize_blocks(
     CUDA block kernels (CuPy), and its codes stay on its device.
     """
     if _on_cuda(x):
-        _require_cuda_blocks(x)
-        import cupy
-
-        b = blocks.quantize_blocks(cupy.asarray(x.detach()), recipe, axis=axis, element=element)
-        data, scales = _tensor(b.data, x.device), _tensor(b.scales, x.device)
+        r = blocks.as_block_recipe(recipe)
+        elem = r.element if element is None else r.allows(element)
+        b = blocks.quantize_on(_cuda_blocks(), _cuda(), x.detach(), r, elem, axis)
+        data = b.data
         if b.element != "e2m1":
             data = data.view(_TORCH_FP8[blocks.element_dtype(b.element)])
-        scale_name = "float8_e8m0fnu" if b.recipe.scale_format == "e8m0" else "float8_e4m3fn"
-        return dataclasses.replace(b, data=data, scales=scales.view(_TORCH_SCALES[scale_name]))
+        scale_name = "float8_e8m0fnu" if r.scale_format == "e8m0" else "float8_e4m3fn"
+        return dataclasses.replace(b, data=data, scales=b.scales.view(_TORCH_SCALES[scale_name]))
     b = blocks.quantize_blocks(_view(x), recipe, axis=axis, element=element)
     return dataclasses.replace(b, data=_tensor(b.data), scales=_tensor(b.scales))
 
@@ -305,15 +315,10 @@ def dequantize_blocks(b: BlockScaled, dtype: torch.dtype = torch.float32) -> tor
                 f"b.{name} must be a torch.Tensor, got {type(getattr(b, name)).__name__}"
             )
     if _on_cuda(b.data):
-        _require_cuda_blocks(b.data)
-        import cupy
-
         raw = dataclasses.replace(
-            b,
-            data=cupy.asarray(b.data.view(torch.uint8)),
-            scales=cupy.asarray(b.scales.view(torch.uint8)),
+            b, data=b.data.view(torch.uint8), scales=b.scales.view(torch.uint8)
         )
-        return torch.as_tensor(blocks.dequantize_blocks(raw, _FLOATS[dtype]), device=b.data.device)
+        return blocks.dequantize_on(_cuda_blocks(), raw, _FLOATS[dtype])
     raw = dataclasses.replace(
         b,
         data=_cpu(b.data, "b.data").detach().contiguous().view(torch.uint8).numpy(),

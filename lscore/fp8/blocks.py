@@ -337,7 +337,9 @@ def quantize_blocks(
     if dev is not None:
         if out is not None:
             raise TypeError("out= takes NumPy arrays; a CuPy input gets new device arrays")
-        return _quantize_on(dev, x, r, elem, axis)
+        from lscore.cuda.fp8 import cupy_arrays
+
+        return quantize_on(dev, cupy_arrays(), x, r, elem, axis)
     x = float_input(x)
     cols = block_axis(x, axis)
     n = x.shape[0] if cols else x.shape[-1]
@@ -407,8 +409,10 @@ def _check_tail(r: BlockRecipe, n: int, axis: int) -> None:
         )
 
 
-def _quantize_on(dev: Any, x: Any, r: BlockRecipe, elem: str, axis: int) -> BlockScaled:
-    """quantize_blocks of a CuPy array through `dev` (``lscore.cuda.mx.cupy_blocks()``)."""
+def quantize_on(dev: Any, arrays: Any, x: Any, r: BlockRecipe, elem: str, axis: int) -> BlockScaled:
+    """quantize_blocks of a device array through `dev`, an ``lscore.cuda.mx.BlockArrays``,
+    and `arrays`, the ``lscore.cuda.fp8.Float8Arrays`` of the same framework (NVFP4's
+    amax): CuPy's here, torch's in the torch adapter."""
     cols = block_axis(x, axis)
     n = x.shape[0] if cols else x.shape[-1]
     _check_tail(r, n, axis)
@@ -419,9 +423,6 @@ def _quantize_on(dev: Any, x: Any, r: BlockRecipe, elem: str, axis: int) -> Bloc
         )
     pts = None
     if r.tensor_scale:
-        from lscore.cuda.fp8 import cupy_arrays
-
-        arrays = cupy_arrays()
         amax = float(arrays.h["to_host"](arrays.amax(x, None, "propagate")))
         pts = np.float32(kernels.nvfp4_tensor_scale(amax))
     kaxis = 0 if cols else -1
@@ -430,6 +431,22 @@ def _quantize_on(dev: Any, x: Any, r: BlockRecipe, elem: str, axis: int) -> Bloc
     else:
         scales, data = dev.quantize(x, _KERNEL_ELEMS[elem], r.mode, r.block, axis=kaxis)
     return BlockScaled(data, scales, pts, r, elem, kaxis, tuple(x.shape))
+
+
+def dequantize_on(dev: Any, b: BlockScaled, dtype: str) -> Any:
+    """dequantize_blocks of device codes through `dev`, an ``lscore.cuda.mx.BlockArrays``
+    (`dtype` a name): a new array of the codes' framework on their device."""
+    r = b.recipe
+    return dev.dequantize(
+        b.scales,
+        b.data,
+        _KERNEL_ELEMS[b.element],
+        r.mode,
+        r.block,
+        axis=b.axis,
+        pts=b.tensor_scale,
+        dtype=dtype,
+    )
 
 
 def _check_codes(b: BlockScaled) -> None:
@@ -513,17 +530,7 @@ def dequantize_blocks(b: BlockScaled, dtype: Any = np.float32) -> np.ndarray:
     dname = out_dtype(dtype)
     dev = _device(b.data)
     if dev is not None:
-        r = b.recipe
-        return dev.dequantize(
-            b.scales,
-            b.data,
-            _KERNEL_ELEMS[b.element],
-            r.mode,
-            r.block,
-            axis=b.axis,
-            pts=b.tensor_scale,
-            dtype=dname,
-        )
+        return dequantize_on(dev, b, dname)
     _check_codes(b)
     elems = _decode_elements(b)
     scales = _block_values(b, dname)

@@ -113,4 +113,30 @@ def test_cuda_tensors_need_the_cuda_block_kernels(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "lscore.cuda.mx", None)  # as a build without them
     with pytest.raises(TypeError, match=r"needs lscore.cuda.mx's kernels, which this build lacks"):
-        TQ._require_cuda_blocks(torch.zeros(1))
+        TQ._require_cuda_blocks()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", fp8.BLOCK_RECIPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_cuda_tensors_give_the_cpu_tensors_bytes_and_values(name, dtype, axis):
+    """A CUDA tensor of each dtype (bfloat16, which CuPy cannot hold, included) read in
+    place by the block kernels: the CPU tensor's codes, and its values back in each dtype."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    x = torch.from_numpy(generated(64, 64)).to(dtype)
+    ref = TQ.quantize_blocks(x, name, axis=axis)
+    got = TQ.quantize_blocks(x.cuda(), name, axis=axis)
+    assert got.data.device.type == got.scales.device.type == "cuda"
+    assert (got.data.dtype, got.scales.dtype) == (ref.data.dtype, ref.scales.dtype)
+    assert torch.equal(got.data.cpu().view(torch.uint8), ref.data.view(torch.uint8))
+    assert torch.equal(got.scales.cpu().view(torch.uint8), ref.scales.view(torch.uint8))
+    assert (got.tensor_scale is None) == (ref.tensor_scale is None)
+    if ref.tensor_scale is not None:  # NaN here (the input holds one), compared by its bits
+        assert np.float32(got.tensor_scale).tobytes() == np.float32(ref.tensor_scale).tobytes()
+    for out in (torch.float32, torch.float16, torch.bfloat16):
+        y = TQ.dequantize_blocks(got, out)
+        assert y.device.type == "cuda" and y.dtype == out
+        want = TQ.dequantize_blocks(ref, out)  # a NaN compared by value: its payload may differ
+        torch.testing.assert_close(y.cpu(), want, rtol=0, atol=0, equal_nan=True)

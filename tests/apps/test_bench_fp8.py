@@ -95,3 +95,27 @@ def test_targets_name_the_issue_ratios():
     floor = found["fp8 delayed float32 1e8: lscore / byte floor"]
     assert floor["measured"] == 1.25 and floor["met"] is True
     assert found["fp8 current bfloat16 1e8: torch eager / lscore"]["measured"] is None
+
+
+def test_gpu_targets_only_where_a_device_timed_the_rows():
+    class Opts:
+        tiny, sizes_given, sizes = False, True, (10**7, 10**8)
+
+    rows = [
+        {"group": g, "method": m, "min_s": s, "median_s": s}
+        for g, m, s in (
+            ("fp8 gpu current bfloat16 1e8", "lscore", 1.2e-4),
+            ("fp8 gpu current bfloat16 1e8", "byte floor", 1e-4),
+            ("fp8 gpu delayed float32 1e7", "lscore", 2e-5),
+            ("fp8 gpu delayed float32 1e7", "torch.compile", 5e-5),
+        )
+    ]
+    found = {t["target"]: t for t in _fp8.targets(rows, Opts()) if "gpu" in t["target"]}
+    assert sorted(found) == [
+        "fp8 gpu current bfloat16 1e8: lscore / byte floor",
+        "fp8 gpu delayed float32 1e7: torch.compile / lscore",
+    ]
+    floor = found["fp8 gpu current bfloat16 1e8: lscore / byte floor"]
+    assert floor["measured"] == pytest.approx(1.2) and floor["met"] is True
+    compiled = found["fp8 gpu delayed float32 1e7: torch.compile / lscore"]
+    assert compiled["measured"] == pytest.approx(2.5) and compiled["met"] is False

@@ -54,6 +54,58 @@ def test_targets_name_the_issue_ratios():
     assert found["fp8 mxfp8-rceil bfloat16 1e8: torch eager / lscore"]["measured"] is None
 
 
+def test_gpu_targets_only_where_a_device_timed_the_rows():
+    class Opts:
+        tiny, sizes_given, sizes = False, True, (10**8,)
+
+    rows = [
+        {"group": "fp8 gpu mxfp8-rceil bfloat16 1e8", "method": m, "min_s": s, "median_s": s}
+        for m, s in (("lscore", 1.4e-4), ("byte floor", 1e-4))
+    ]
+    rows.append({"group": "fp8 gpu mxfp8-floor bfloat16 1e8", "method": "lscore", "skipped": "x"})
+    gpu = [t for t in _mx.targets(rows, Opts()) if "gpu" in t["target"]]
+    assert [t["target"] for t in gpu] == ["fp8 gpu mxfp8-rceil bfloat16 1e8: lscore / byte floor"]
+    assert gpu[0]["measured"] == pytest.approx(1.4) and gpu[0]["met"] is True
+
+
+def test_gpu_rows_run_on_any_torch_device():
+    """The GPU rows' code, run on CPU tensors: every recipe and dtype times lscore, torchao's
+    eager path and the copy, and each group gets its byte floor."""
+    pytest.importorskip("torch")
+
+    class Opts:
+        tiny, sizes_given, sizes, use_torch, only = False, True, (4096,), True, ()
+        repeat, min_time = 1, 0.0
+
+    from lscore.cli.bench._harness import Rows
+
+    rows = Rows(0, False)
+    _mx.run_gpu(Opts(), rows, np.random.default_rng(0), device="cpu")
+    rows.close()
+    by = {(r["group"], r["method"]): r for r in rows.rows}
+    for name in _mx.DTYPES:
+        for recipe in _mx.RECIPES:
+            g = f"fp8 gpu {recipe} {name} 4096"
+            for method in ("lscore", "torch eager", "byte floor"):
+                assert "min_s" in by[g, method], (g, method)
+        assert "min_s" in by[f"fp8 gpu mxfp8-rceil {name} 4096", "lscore te"]
+
+
+def test_gpu_rows_are_one_skipped_row_without_a_device():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here")
+
+    class Opts:
+        tiny, sizes_given, sizes, use_torch, only = False, True, (4096,), True, ()
+
+    from lscore.cli.bench._harness import Rows
+
+    rows = Rows(0, False)
+    _mx.run_gpu(Opts(), rows, np.random.default_rng(0))
+    assert [(r["method"], r["skipped"]) for r in rows.rows] == [("lscore", "no CUDA device")]
+
+
 def _bytes(torch, t):
     return t.contiguous().view(torch.uint8).numpy().reshape(-1)
 

@@ -266,6 +266,90 @@ def test_leading_axes_that_do_not_merge_are_refused():
     assert cuda_fp8.view2d(view(np.zeros((3, 5), np.float32)), True) == (3, 5, 5, 1)
 
 
+@pytest.mark.parametrize("block", [40, 96])
+def test_amax_per_tensor_folds_over_warps_and_partial_ones(backend, block):
+    """The per-tensor amax word gets the block's max (warps of a block, a partial last warp),
+    from the amax pass and from the cast: the largest |x| wherever it sits, a NaN by the
+    rule, and nothing from threads past the end."""
+    launcher = cuda_fp8.Float8Launcher(backend, block=block, max_blocks=2)
+    rng = np.random.default_rng(block)
+    for n in (1, 7, 2 * block - 1, 5 * block + 3, 3000):
+        for at in sorted({0, n // 2, n - 1}):
+            x = rng.uniform(-1.0, 1.0, n).astype(np.float32)
+            x[at] = -5.5
+            for nan_at, propagate in ((None, False), ((at + 1) % n, False), ((at + 1) % n, True)):
+                y = x.copy()
+                if nan_at is not None and nan_at != at:
+                    y[nan_at] = np.nan
+                want = np.float32(kernels.fp8_amax(y, propagate))
+                words = np.zeros(1, np.uint32)
+                launcher.amax(view(y), words.ctypes.data, per_row=False, propagate=propagate)
+                q = np.empty(n, np.uint8)
+                cast_words = np.zeros(1, np.uint32)
+                flags = _fp8.SAT | (_fp8.AMAX_NAN if propagate else 0)
+                launcher.cast(
+                    view(y),
+                    q.ctypes.data,
+                    cast_words.ctypes.data,
+                    fmt=E4,
+                    scale=1.0,
+                    scales_ptr=0,
+                    per_row=False,
+                    flags=flags,
+                )
+                for got in (words.view(np.float32)[0], cast_words.view(np.float32)[0]):
+                    assert np.array_equal(got, want, equal_nan=True), (n, at, nan_at, got, want)
+
+
+@pytest.mark.parametrize("src", sorted(SRC))
+def test_contiguous_tensors_take_16_byte_accesses_with_the_same_codes(backend, src):
+    """A C-contiguous tensor from a 16-byte aligned address is read 16 bytes at a time (and
+    its codes stored 8 or 4 at a time where their address allows): the same codes and amax
+    as the CPU kernels for every length (tails of 0..7 elements), from aligned and unaligned
+    addresses and into aligned and unaligned codes (the element path)."""
+    dt = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}[src]
+    launcher = cuda_fp8.Float8Launcher(backend, block=64, max_blocks=2)
+    rng = np.random.default_rng(7)
+    specials = np.array([0, -0.0, np.inf, -np.inf, np.nan, 1e-42, 600, 70000], np.float32)
+    for n in (1, 7, 8, 9, 31, 33, 517):
+        base = (rng.standard_normal(n + 9) * 100).astype(np.float32)
+        base[rng.integers(0, n + 9, 5)] = rng.choice(specials, 5)
+        with np.errstate(over="ignore"):
+            buf = base.astype(dt)
+        for x_at in (0, 1):
+            x = buf[x_at : x_at + n]
+            aligned = x.ctypes.data % 16 == 0
+            assert aligned == (x_at == 0 or (x_at * x.itemsize) % 16 == 0)
+            for q_at in (0, 1):
+                for fmt, hw, flags in ((E4, 1, _fp8.SAT | _fp8.NAN_SIGN), (E5, 0, _fp8.AMAX_NAN)):
+                    qbuf = np.full(n + 9, 0xAA, np.uint8)
+                    q = qbuf[q_at : q_at + n]
+                    words, amax_words = np.zeros(1, np.uint32), np.zeros(1, np.uint32)
+                    launcher.cast(
+                        view(x),
+                        q.ctypes.data,
+                        words.ctypes.data,
+                        fmt=fmt,
+                        scale=0.375,
+                        scales_ptr=0,
+                        per_row=False,
+                        flags=flags,
+                        hw=hw,
+                    )
+                    propagate = bool(flags & _fp8.AMAX_NAN)
+                    launcher.amax(
+                        view(x), amax_words.ctypes.data, per_row=False, propagate=propagate
+                    )
+                    want = np.empty(n, np.uint8)
+                    sat, sign = bool(flags & _fp8.SAT), bool(flags & _fp8.NAN_SIGN)
+                    wam = np.float32(kernels.fp8_cast(x, want, 0.375, fmt, sat, sign, propagate))
+                    what = (n, x_at, q_at, fmt, hw)
+                    np.testing.assert_array_equal(q, want, err_msg=str(what))
+                    assert (qbuf[:q_at] == 0xAA).all() and (qbuf[q_at + n :] == 0xAA).all()
+                    for got in (words, amax_words):
+                        assert np.array_equal(got.view(np.float32)[0], wam, equal_nan=True), what
+
+
 def harness_arrays(backend):
     """lscore.cuda.fp8.Float8Arrays bound to NumPy arrays as device memory and the harness."""
     launcher = cuda_fp8.Float8Launcher(backend, block=32, max_blocks=4)

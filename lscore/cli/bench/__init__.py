@@ -99,15 +99,18 @@ def run(opts: Options) -> dict:
     finally:
         rows.close()
     add_ratios(rows.rows)
-    found = targets(rows.rows, opts)
-    if opts.only:  # only the targets whose rows --only selected
-        found = [t for t in found if t["measured"] is not None]
+    found = _only_measured(targets(rows.rows, opts), opts)
     return {
         "machine": machine(torch),
         "settings": {"sizes": list(opts.sizes), "repeat": opts.repeat, "min_time_s": opts.min_time},
         "rows": rows.rows,
         "targets": found,
     }
+
+
+def _only_measured(found: list[dict], opts: Options) -> list[dict]:
+    """With --only, only the targets whose rows it selected (and ran)."""
+    return [t for t in found if t["measured"] is not None] if opts.only else found
 
 
 def _run_fp8(opts: Options) -> dict:
@@ -119,6 +122,7 @@ def _run_fp8(opts: Options) -> dict:
         _fp8.run_cpu(opts, rows, rng)
         _mx.run_cpu(opts, rows, rng)
         _fp8.run_gpu(opts, rows, rng)
+        _mx.run_gpu(opts, rows, rng)
     finally:
         rows.close()
     add_ratios(rows.rows)
@@ -127,7 +131,9 @@ def _run_fp8(opts: Options) -> dict:
         "machine": machine(torch),
         "settings": {"repeat": opts.repeat, "min_time_s": opts.min_time, "tiny": opts.tiny},
         "rows": rows.rows,
-        "targets": _fp8.targets(rows.rows, opts) + _mx.targets(rows.rows, opts),
+        "targets": _only_measured(
+            _fp8.targets(rows.rows, opts) + _mx.targets(rows.rows, opts), opts
+        ),
     }
 
 

@@ -77,6 +77,12 @@ class Rows:
             except ImportError:
                 pass
 
+    def wanted(self, *groups: str, opts=None) -> bool:
+        """Whether --only keeps a row of any of these groups (all, without --only): a
+        caller skips the set-up of groups that no row will time."""
+        only = self._only or (opts.only if opts is not None else ())
+        return not only or any(w in g for g in groups for w in only)
+
     def add(
         self,
         group: str,
@@ -93,8 +99,7 @@ class Rows:
         """Queue a row timing fn (a skipped row when skip is given or fn is None);
         `before` runs ahead of each of its timings (e.g. to pick an ISA level).
         With --only, a row of a group it does not name is dropped, skipped rows too."""
-        only = self._only or (opts.only if opts is not None else ())
-        if only and not any(w in group for w in only):
+        if not self.wanted(group, opts=opts):
             return
         row = {"group": group, "method": method, "bytes": nbytes, "per": per, **extra}
         self.rows.append(row)
