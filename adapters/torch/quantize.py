@@ -279,7 +279,12 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
 
 
 def quantize_blocks(
-    x: torch.Tensor, recipe: Any, *, axis: int = -1, element: str | None = None
+    x: torch.Tensor,
+    recipe: Any,
+    *,
+    axis: int = -1,
+    element: str | None = None,
+    out: BlockScaled | None = None,
 ) -> BlockScaled:
     """``lscore.fp8.quantize_blocks`` of a tensor: a ``BlockScaled`` of tensors.
 
@@ -287,9 +292,17 @@ def quantize_blocks(
     E2M1, two codes a byte), `scales` ``torch.float8_e8m0fnu`` (MX) or
     ``torch.float8_e4m3fn`` (NVFP4); a CPU tensor (float32, float16 or
     bfloat16, any strides) is read in place.  A CUDA tensor goes to the
-    CUDA block kernels (CuPy), and its codes stay on its device.
+    CUDA block kernels, which read it in place, and its codes stay on its
+    device.  `out`, the result of an earlier call on a CPU tensor with the
+    same recipe, element, axis and shape, has its tensors written in place
+    and is returned with this call's tensor scale, as in
+    ``lscore.fp8.quantize_blocks``.
     """
+    if out is not None and not isinstance(out, BlockScaled):
+        raise TypeError(f"out must be an lscore.fp8.BlockScaled, got {type(out).__name__}")
     if _on_cuda(x):
+        if out is not None:
+            raise TypeError("out= takes CPU tensors; a CUDA tensor gets new device tensors")
         r = blocks.as_block_recipe(recipe)
         elem = r.element if element is None else r.allows(element)
         b = blocks.quantize_on(_cuda_blocks(), _cuda(), x.detach(), r, elem, axis)
@@ -298,8 +311,30 @@ def quantize_blocks(
             data = data.view(_TORCH_FP8[blocks.element_dtype(b.element)])
         scale_name = "float8_e8m0fnu" if r.scale_format == "e8m0" else "float8_e4m3fn"
         return dataclasses.replace(b, data=data, scales=b.scales.view(_TORCH_SCALES[scale_name]))
-    b = blocks.quantize_blocks(_view(x), recipe, axis=axis, element=element)
+    raw = None
+    if out is not None:
+        raw = dataclasses.replace(
+            out,
+            data=_codes_in_place(out.data, "out.data"),
+            scales=_codes_in_place(out.scales, "out.scales"),
+        )
+    b = blocks.quantize_blocks(_view(x), recipe, axis=axis, element=element, out=raw)
+    if out is not None:
+        return dataclasses.replace(out, tensor_scale=b.tensor_scale)
     return dataclasses.replace(b, data=_tensor(b.data), scales=_tensor(b.scales))
+
+
+def _codes_in_place(t: Any, what: str) -> np.ndarray:
+    """The bytes of a contiguous CPU tensor of codes, as a NumPy array over its storage."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise TypeError(
+            f"{what} must be a CPU tensor, as out= takes for a CPU input, got {t.device}"
+        )
+    if not t.is_contiguous():
+        raise ValueError(f"{what} must be a C-contiguous tensor")
+    return t.detach().view(torch.uint8).numpy()
 
 
 def dequantize_blocks(b: BlockScaled, dtype: torch.dtype = torch.float32) -> torch.Tensor:

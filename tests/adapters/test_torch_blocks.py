@@ -2,6 +2,7 @@
 the same bytes and values as lscore.fp8's NumPy path, torch's dtypes for them, torchao
 0.18.0's recorded outputs, strided and half-precision tensors read in place."""
 
+import dataclasses
 import pathlib
 
 import numpy as np
@@ -106,6 +107,44 @@ def test_bad_input():
         TQ.dequantize_blocks(b, torch.float64)
     with pytest.raises(TypeError, match=r"b.data must be a torch.Tensor, got ndarray"):
         TQ.dequantize_blocks(fp8.quantize_blocks(np.zeros((2, 32), np.float32), "te-mxfp8"))
+
+
+@pytest.mark.parametrize("name", ["torchao-mx-rceil", "nvfp4"])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_out_is_written_in_place(name, axis):
+    x, y = generated(), generated(seed=36)
+    out = TQ.quantize_blocks(torch.from_numpy(x), name, axis=axis)
+    storage = (out.data.data_ptr(), out.scales.data_ptr())
+    got = TQ.quantize_blocks(torch.from_numpy(y), name, axis=axis, out=out)
+    want = TQ.quantize_blocks(torch.from_numpy(y), name, axis=axis)
+    assert (got.data.data_ptr(), got.scales.data_ptr()) == storage
+    assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
+    assert torch.equal(got.scales.view(torch.uint8), want.scales.view(torch.uint8))
+    assert got.data.dtype == want.data.dtype and got.scales.dtype == want.scales.dtype
+    if name == "nvfp4":  # NaN here (the input holds one), compared by its bits
+        assert np.float32(got.tensor_scale).tobytes() == np.float32(want.tensor_scale).tobytes()
+    else:
+        assert got.tensor_scale is None
+
+
+def test_out_refused_before_writing():
+    x = torch.from_numpy(generated())
+    out = TQ.quantize_blocks(x, "te-mxfp8")
+    before = (out.data.view(torch.uint8).clone(), out.scales.view(torch.uint8).clone())
+    y = torch.from_numpy(generated(seed=36))
+    with pytest.raises(TypeError, match=r"out must be an lscore.fp8.BlockScaled, got dict"):
+        TQ.quantize_blocks(y, "te-mxfp8", out={})
+    with pytest.raises(ValueError, match=r"out must come from a call with the same recipe"):
+        TQ.quantize_blocks(y, "ocp-mx", out=out)
+    with pytest.raises(ValueError, match=r"out must come from a call with the same recipe"):
+        TQ.quantize_blocks(y, "te-mxfp8", axis=0, out=out)
+    bad = dataclasses.replace(out, data=out.data.t())
+    with pytest.raises(ValueError, match=r"out.data must be a C-contiguous tensor"):
+        TQ.quantize_blocks(y, "te-mxfp8", out=bad)
+    with pytest.raises(TypeError, match=r"out.scales must be a torch.Tensor, got ndarray"):
+        TQ.quantize_blocks(y, "te-mxfp8", out=dataclasses.replace(out, scales=np.zeros(2)))
+    assert torch.equal(out.data.view(torch.uint8), before[0])
+    assert torch.equal(out.scales.view(torch.uint8), before[1])
 
 
 def test_cuda_tensors_need_the_cuda_block_kernels(monkeypatch):
