@@ -156,7 +156,7 @@ LSC_FN lsc_u32 lsc_mx_te_e8m0(float val)
     const lsc_u32 up = (m > 0u) & (e != 0xFEu) & !((e == 0u) & (m <= 0x400000u));
     const lsc_u32 code = ((x >> 23) + up) & 0xFFu;
     /* selects, so that a loop over blocks vectorises */
-    return val != val ? 0xFFu : e == 0xFFu ? 0xFEu : val == 0.0f ? 0u : code;
+    return val != val ? 0xFFu : e == 0xFFu ? 0xFEu : code; /* +-0: code is 0 */
 }
 
 /* torchao's RCEIL code of a block amax, clamp(ceil(float32(log2(d))), -127,
@@ -427,6 +427,20 @@ LSC_MX_INL float lsc_mx_pick_factor(lsc_u32 s, lsc_u32 m, const lsc_mx_rule *k, 
     return lsc_mx_factor(s, lsc_mx_amax_of(m), elem, mode);
 }
 
+/* The scale codes (into sc) and factors (into r) of nb blocks whose amax bits
+ * are m: the scales, then the factors, each a loop across the blocks, which
+ * vectorises the scale rule (NVFP4's divisions and E4M3 narrowing, MX's
+ * exponent arithmetic); one loop of both leaves control flow that stops the
+ * vectoriser (the code's range known to the decoding). */
+LSC_MX_INL void lsc_mx_group_scales(const lsc_u32 *m, int64_t nb, const lsc_mx_rule *k, int elem,
+                                    int mode, lsc_u32 *sc, float *r)
+{
+    for (int64_t b = 0; b < nb; b++)
+        sc[b] = lsc_mx_pick_scale(m[b], k, elem, mode);
+    for (int64_t b = 0; b < nb; b++)
+        r[b] = lsc_mx_pick_factor(sc[b], m[b], k, elem, mode);
+}
+
 /* The scale code of a block whose amax bits are m, and its factor into *r. */
 LSC_MX_INL lsc_u32 lsc_mx_pick(lsc_u32 m, const lsc_mx_rule *k, int elem, int mode, float *r)
 {
@@ -479,10 +493,9 @@ LSC_MX_INL void lsc_mx_row_codes(const char *x, int64_t block, int64_t stride, i
 }
 
 /* A group of nb (<= LSC_MX_GROUP) consecutive blocks: the amaxes of all,
- * then their scale codes (into s) and factors in loops across the blocks,
- * which vectorise the scale rule (NVFP4's divisions and E4M3 narrowing,
- * MX's exponent arithmetic) instead of running it once per block between
- * the vector loops; then the codes, each block read again (from L1). */
+ * then their scale codes (into s) and factors (lsc_mx_group_scales: the
+ * rule vectorised across the blocks instead of run once per block between
+ * the vector loops); then the codes, each block read again (from L1). */
 LSC_MX_INL void lsc_mx_row_group(const char *x, int64_t nb, int64_t block, int64_t stride,
                                  int code, int elem, int mode, const lsc_mx_rule *k, int flags,
                                  unsigned char *s, unsigned char *q)
@@ -500,12 +513,7 @@ LSC_MX_INL void lsc_mx_row_group(const char *x, int64_t nb, int64_t block, int64
         }
         m[b] = mb;
     }
-    /* the scales, then the factors: one loop of both leaves control flow
-       that stops the vectoriser (the code's range known to the decoding) */
-    for (int64_t b = 0; b < nb; b++)
-        sc[b] = lsc_mx_pick_scale(m[b], k, elem, mode);
-    for (int64_t b = 0; b < nb; b++)
-        r[b] = lsc_mx_pick_factor(sc[b], m[b], k, elem, mode);
+    lsc_mx_group_scales(m, nb, k, elem, mode, sc, r);
     for (int64_t b = 0; b < nb; b++)
         s[b] = (unsigned char)sc[b];
     if (elem != LSC_MX_E2M1 && block <= 32) {
@@ -768,10 +776,7 @@ LSC_MX_INL void lsc_mx_bf16_row_mode(const uint16_t *x, int64_t n, int elem, int
         float r[LSC_MX_GROUP];
         for (int64_t b = 0; b < g; b++)
             m[b] = lsc_mx_umax16(_mm512_and_si512(_mm512_loadu_si512(xg + 32 * b), mask)) << 16;
-        for (int64_t b = 0; b < g; b++)
-            sc[b] = lsc_mx_pick_scale(m[b], k, elem, mode);
-        for (int64_t b = 0; b < g; b++)
-            r[b] = lsc_mx_pick_factor(sc[b], m[b], k, elem, mode);
+        lsc_mx_group_scales(m, g, k, elem, mode, sc, r);
         for (int64_t b = 0; b < g; b++) {
             const lsc_u32 rb = lsc_f32_bits(r[b]);
             const lsc_i32 er = (lsc_i32)(rb >> 23);
