@@ -219,3 +219,48 @@ def test_quantize_current_te_rule():
     assert inf.scale.item() == 1.0 and inf.data.view(torch.uint8).tolist() == [0x7E, 0x40]
     with pytest.raises(TypeError, match=r"recipe must be an lscore\.fp8\.Recipe"):
         TQ.quantize_current(x, "te-current")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("how", ["contiguous", "step", "transpose"])
+@pytest.mark.parametrize("per_row", [False, True], ids=["tensor", "row"])
+def test_cuda_tensors_give_the_cpu_codes_and_amax(dtype, how, per_row):
+    """fp8.cu on the device against the CPU kernels, per tensor and per row: contiguous
+    tensors of every length (the 16-byte path and its tail of 0..7 elements), a tensor one
+    element past an aligned address (the element path), strided views; each format with
+    TE's and torch's saturation and NaN rules, the amax ignoring or propagating NaN."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    shapes = [(3, 5), (2, 8), (64, 77), (5, 4096)] if how != "contiguous" else []
+    tensors = [inputs(1, s, dtype, how) for s in shapes]
+    if how == "contiguous":
+        flat = inputs(2, (1, 40000), dtype, how).reshape(-1)
+        tensors += [flat[:n] for n in (1, 7, 8, 9, 4096, 4103, 40000)] + [flat[1:4097]]
+        tensors += [inputs(3, (64, 77), dtype, how), inputs(4, (7, 2048), dtype, how)]
+    axis = -1 if per_row else None
+    for x in tensors:
+        if per_row and x.dim() < 2:
+            x = x.reshape(1, -1)
+        xc = x.cuda()
+        for nan in ("ignore", "propagate"):
+            torch.testing.assert_close(
+                TQ.amax(xc, axis, nan).cpu(),
+                TQ.amax(x, axis, nan),
+                rtol=0,
+                atol=0,
+                equal_nan=True,
+            )
+        rows = x.reshape(-1, x.shape[-1]).shape[0] if per_row else 1
+        scale = (torch.arange(rows, dtype=torch.float32) % 3 + 1) * 0.375
+        scale = scale.reshape(-1, 1) if per_row else scale.reshape(())
+        for fmt, saturate, nan_sign, amax_nan in (
+            ("e4m3fn", True, True, "ignore"),
+            ("e5m2", False, False, "propagate"),
+            ("e5m2", True, True, "propagate"),
+        ):
+            kw = dict(axis=axis, saturate=saturate, nan_sign=nan_sign, amax_nan=amax_nan)
+            q, a = TQ.quantize(xc, scale.cuda(), fmt, **kw)
+            want_q, want_a = TQ.quantize(x, scale, fmt, **kw)
+            assert torch.equal(q.cpu().view(torch.uint8), want_q.view(torch.uint8)), (x.shape, fmt)
+            torch.testing.assert_close(a.cpu(), want_a, rtol=0, atol=0, equal_nan=True)
