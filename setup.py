@@ -18,8 +18,13 @@ else:
 
 # x86-64-v2 is the portable baseline; faster kernels are picked at run time
 # (#pragma GCC target copies in _ext/lsc_scan.h).  No -ffast-math: the state machine and
-# the unscale must round exactly as the peers do.
-FLAGS = ["-O3", "-fno-strict-aliasing", "-ffp-contract=off"]
+# the unscale must round exactly as the peers do.  LSCORE_OPT sets the optimisation level
+# (-O3 by default; -O1 builds in a fraction of the time where the CPU kernels' speed does
+# not matter, as in scripts/gpu_check.sh on a short GPU lease).
+OPT = os.environ.get("LSCORE_OPT", "-O3")
+if not re.fullmatch(r"-O[0-3s]", OPT):
+    raise SystemExit(f"LSCORE_OPT must be -O0, -O1, -O2, -O3 or -Os, got {OPT!r}")
+FLAGS = [OPT, "-fno-strict-aliasing", "-ffp-contract=off"]
 if platform.machine() in ("x86_64", "AMD64"):
     FLAGS.append("-march=x86-64-v2")
 
