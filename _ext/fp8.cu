@@ -13,9 +13,10 @@
  * lsc_fp8_amax_bits of its elements (a NaN dropped, or above every number
  * with LSC_FP8_AMAX_NAN), the block folds those, and one atomicMax a block
  * puts the result on the word (|x| as bits orders like |x|), so several
- * casts into the same word take the max of all their inputs; lsc_fp8_amax reads the word.  The arithmetic is the CPU core's: the widening is
- * exact, the multiply one float32 rounding (no contraction: the package
- * compiles with --fmad=false).  The reference is lscore/_reference.py.
+ * casts into the same word take the max of all their inputs; lsc_fp8_amax
+ * reads the word.  The arithmetic is the CPU core's: the widening is exact,
+ * the multiply one float32 rounding (no contraction: the package compiles
+ * with --fmad=false).  The reference is lscore/_reference.py.
  */
 #if defined(__CUDACC_RTC__)
 /* lsc_half.h's float64 widenings serve the scan kernels; unused here */

@@ -15,7 +15,10 @@
  *     log2(block / 2) steps so that every lane holds it.  A warp reads 64
  *     neighbours of a row: coalesced whatever the dtype, with no alignment
  *     asked of a strided view (16-byte loads of a thread per block would ask
- *     both, and leave a warp's loads 32 blocks apart).
+ *     both, and leave a warp's loads 32 blocks apart).  Rows that are aligned
+ *     and of unit stride (a C-contiguous array) take lsc_mx_rows_vec instead:
+ *     a thread per 16 bytes, block / 8 (16-bit) or block / 4 (float32) lanes
+ *     per block, a warp's loads still neighbours.
  *   cols: a thread per (block, column), its block's rows walked twice (the
  *     amax, then the codes; the second pass reads what the first brought into
  *     the cache): neighbouring threads read neighbouring columns, coalesced,
@@ -194,6 +197,114 @@ static __device__ __forceinline__ void lsc_mxk_store(unsigned char *q, long long
     }
 }
 
+/* Work item v of per_row to a row: its row *r and place *j in the row (both 0
+ * where v is past the end, !live), by a 32-bit division where the items'
+ * count allows (narrow: a 64-bit one is a long routine). */
+static __device__ __forceinline__ void lsc_mxk_split(long long v, long long per_row, int live,
+                                                     int narrow, long long *r, long long *j)
+{
+    if (narrow) {
+        unsigned vu = live ? (unsigned)v : 0u, pu = (unsigned)per_row, ru = vu / pu;
+        *r = ru;
+        *j = vu - ru * pu;
+    } else {
+        *r = live ? v / per_row : 0;
+        *j = live ? v - *r * per_row : 0;
+    }
+}
+
+/* log2 of a power of two g (a block's lanes: a place in the row to its block by a shift) */
+static __device__ __forceinline__ int lsc_mxk_log2(int g)
+{
+    int sh = 0;
+    while ((1 << sh) < g)
+        ++sh;
+    return sh;
+}
+
+/* The rows of 16-byte aligned input with unit stride along them, and blocks
+ * of at least E elements (8 of 16 bits, 4 of float32): a thread per E
+ * neighbours, read in one 16-byte load, block / E consecutive lanes per block
+ * (their amax folded by __shfl_xor_sync), its codes in one store of E bytes
+ * (float8) or E / 2 (E2M1), which lsc_mx_rows_vec_ok asks to be aligned.  A
+ * thread per pair with 2- or 4-byte accesses, as below, cost about 65 sm_90
+ * instructions per 16 bytes read. */
+template <int CODE>
+static __device__ __forceinline__ int lsc_mx_rows_vec_ok(const void *x, long long rs, long long cs,
+                                                         int block, int e2m1,
+                                                         const unsigned char *q)
+{
+    const int E = CODE == LSC_CODE_F32 ? 4 : 8, W = CODE == LSC_CODE_F32 ? 4 : 2;
+    const unsigned long long store = e2m1 ? E / 2 : E;
+    return cs == 1 && block % E == 0 && ((unsigned long long)x & 15u) == 0 && (rs * W) % 16 == 0
+           && ((unsigned long long)q & (store - 1u)) == 0;
+}
+
+template <int CODE, int HW>
+static __device__ __forceinline__ void lsc_mx_rows_vec(const void *x, long long rows,
+                                                       long long cols, long long rs, int block,
+                                                       int elem, int mode, const float *pts,
+                                                       unsigned char *scales, unsigned char *q)
+{
+    const int E = CODE == LSC_CODE_F32 ? 4 : 8, W = CODE == LSC_CODE_F32 ? 4 : 2;
+    const int lanes = block / E, e2m1 = elem == LSC_MX_E2M1 || mode < 0;
+    const long long per_row = cols / E, n = rows * per_row, nb = cols / block;
+    const long long step = (long long)gridDim.x * blockDim.x, lane = threadIdx.x & 31u;
+    const int narrow = n <= 0xFFFFFFFFLL, sh = lsc_mxk_log2(lanes);
+    /* every lane of a warp runs the same turns (its shuffles), past the end too */
+    for (long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x; v - lane < n; v += step) {
+        const int live = v < n;
+        long long r, j;
+        lsc_mxk_split(v, per_row, live, narrow, &r, &j);
+        lsc_fp8_v16 u = {0u, 0u, 0u, 0u};
+        if (live)
+            u = *reinterpret_cast<const lsc_fp8_v16 *>(static_cast<const char *>(x)
+                                                        + (r * rs * W + j * 16));
+        const lsc_u32 w[4] = {u.x, u.y, u.z, u.w};
+        float f[8];
+        for (int k = 0; k < E; ++k)
+            f[k] = CODE == LSC_CODE_F32 ? lsc_f32_from_bits(w[k])
+                                        : lsc_fp8_half<CODE>(w[k / 2], k & 1);
+        lsc_u32 m = 0;
+        for (int k = 0; k < E; ++k) {
+            lsc_u32 a = lsc_mxk_abs(f[k]);
+            m = a > m ? a : m;
+        }
+        for (int off = lanes / 2; off > 0; off >>= 1) {
+            lsc_u32 o = __shfl_xor_sync(0xFFFFFFFFu, m, off);
+            m = o > m ? o : m;
+        }
+        lsc_mxk_block bl = lsc_mxk_scale(lsc_mxk_amax(m), elem, mode, pts, HW);
+        if (!live)
+            continue;
+        if ((j & (lanes - 1)) == 0)
+            scales[r * nb + (j >> sh)] = (unsigned char)bl.s;
+        lsc_u32 c[4];
+        for (int k = 0; k < E / 2; ++k) {
+            lsc_u32 d = lsc_mxk_pair(f[2 * k], f[2 * k + 1], bl, elem, mode, HW);
+            c[k] = e2m1 ? d & 0xFFu : ((d >> 8) & 0xFFu) | ((d & 0xFFu) << 8);
+        }
+        if (e2m1) {
+            unsigned char *o = q + r * (cols / 2) + j * (E / 2);
+            if (E == 8)
+                *reinterpret_cast<lsc_u32 *>(o) =
+                    c[0] | (c[1] << 8) | (c[2] << 16) | (c[3] << 24);
+            else
+                *reinterpret_cast<lsc_u16 *>(o) = (lsc_u16)(c[0] | (c[1] << 8));
+        } else {
+            unsigned char *o = q + r * cols + j * E;
+            if (E == 8) {
+                lsc_fp8_v8 v8;
+                v8.lo = c[0] | (c[1] << 16);
+                v8.hi = c[2] | (c[3] << 16);
+                *reinterpret_cast<lsc_fp8_v8 *>(o) = v8;
+            } else {
+                *reinterpret_cast<lsc_u32 *>(o) = c[0] | (c[1] << 16);
+            }
+        }
+    }
+}
+
 /* Blocks along the rows: block (a power of two, 2 .. 64) divides cols, and
  * blockDim.x is a multiple of 32.  mode: an MX rule of lsc_mx.h, or < 0 for NVFP4's
  * (E2M1 elements, E4M3 scales, pts the per-tensor scale or null; elem unused). */
@@ -203,27 +314,19 @@ __global__ void lsc_mx_rows(const void *x, long long rows, long long cols, long 
                             unsigned char *scales, unsigned char *q)
 {
     const int g = block / 2, e2m1 = elem == LSC_MX_E2M1 || mode < 0;
+    if (lsc_mx_rows_vec_ok<CODE>(x, rs, cs, block, e2m1, q)) {
+        lsc_mx_rows_vec<CODE, HW>(x, rows, cols, rs, block, elem, mode, pts, scales, q);
+        return;
+    }
     const long long half = cols / 2, n = rows * half, nb = cols / block;
     const long long step = (long long)gridDim.x * blockDim.x;
     const long long lane = threadIdx.x & 31u;
-    /* g is a power of two: a pair's block and place in it by shifts; and the pair's row by
-     * a 32-bit division where the pairs' count allows (a 64-bit one is a long routine) */
-    const int narrow = n <= 0xFFFFFFFFLL;
-    int sh = 0;
-    while ((1 << sh) < g)
-        ++sh;
+    const int narrow = n <= 0xFFFFFFFFLL, sh = lsc_mxk_log2(g);
     /* every lane of a warp runs the same turns (its shuffles), past the end too */
     for (long long p = blockIdx.x * (long long)blockDim.x + threadIdx.x; p - lane < n; p += step) {
         const int live = p < n;
         long long r, j;
-        if (narrow) {
-            unsigned pu = live ? (unsigned)p : 0u, hu = (unsigned)half, ru = pu / hu;
-            r = ru;
-            j = pu - ru * hu;
-        } else {
-            r = live ? p / half : 0;
-            j = live ? p - r * half : 0;
-        }
+        lsc_mxk_split(p, half, live, narrow, &r, &j);
         const long long c = 2 * j;
         float a = live ? lsc_fp8_in<CODE>(x, r * rs + c * cs) : 0.0f;
         float b = live ? lsc_fp8_in<CODE>(x, r * rs + (c + 1) * cs) : 0.0f;

@@ -182,6 +182,44 @@ def test_mx_quantize_equals_the_cpu_kernels(backend, src, elem, hw):
                 np.testing.assert_array_equal(d, wd, err_msg=msg)
 
 
+def unaligned_empty(like, shape, dt):
+    """A new C-contiguous array one byte past an aligned address."""
+    dt = np.dtype(ml_dtypes.bfloat16 if dt == "bfloat16" else dt)
+    raw = np.empty(int(np.prod(shape)) * dt.itemsize + 16, np.uint8)
+    start = (-raw.ctypes.data) % 16 + 1
+    return raw[start : start + int(np.prod(shape)) * dt.itemsize].view(dt).reshape(shape)
+
+
+@pytest.mark.parametrize("src", sorted(DTYPES))
+def test_rows_take_16_byte_loads_and_fall_back_where_unaligned(backend, src):
+    """The rows kernel reads aligned rows of unit stride 16 bytes a thread (blocks of 8 and
+    more elements) and stores their codes 8, 4 or 2 at a time; unaligned input or codes and
+    smaller blocks take the pair path: the CPU kernels' codes on every path."""
+    dev = harness_blocks(backend)
+    odd = cuda_mx.BlockArrays(**{**dev.h, "empty": unaligned_empty})
+    x = blocks_of(64, 128, 5).astype(DTYPES[src])
+    assert x.ctypes.data % 16 == 0
+    buf = np.zeros(x.size + 8, x.dtype)
+    shifted = buf[1 : 1 + x.size].reshape(x.shape)
+    shifted[...] = x
+    for elem, mode, block in (
+        ("float8_e4m3fn", "floor", 32),
+        ("float8_e5m2", "te", 64),
+        ("float8_e4m3fn", "rceil", 8),
+        ("float4_e2m1", "even", 16),
+        ("float4_e2m1", "nvfp4", 16),
+        ("float8_e4m3fn", "ocp", 4),
+    ):
+        ws, wd = want(x, elem, mode, block, False)
+        for what, arrays, a in (("aligned", dev, x), ("x", dev, shifted), ("codes", odd, x)):
+            s, d = arrays.quantize(a, elem, mode, block)
+            if what == "codes":
+                assert d.ctypes.data % 2 == 1
+            msg = f"{what} {elem} {mode} {block}"
+            np.testing.assert_array_equal(s, ws, err_msg=msg)
+            np.testing.assert_array_equal(d, wd, err_msg=msg)
+
+
 @pytest.mark.parametrize("src", sorted(DTYPES))
 @pytest.mark.parametrize("hw", [0, 1], ids=["rule", "instructions"])
 def test_nvfp4_quantize_equals_the_cpu_kernels(backend, src, hw):
