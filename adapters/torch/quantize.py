@@ -350,6 +350,10 @@ def dequantize_blocks(b: BlockScaled, dtype: torch.dtype = torch.float32) -> tor
                 f"b.{name} must be a torch.Tensor, got {type(getattr(b, name)).__name__}"
             )
     if _on_cuda(b.data):
+        if b.scales.device != b.data.device:
+            raise ValueError(
+                f"b.scales must be on b.data's device {b.data.device}, got {b.scales.device}"
+            )
         raw = dataclasses.replace(
             b, data=b.data.view(torch.uint8), scales=b.scales.view(torch.uint8)
         )

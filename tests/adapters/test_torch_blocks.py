@@ -179,3 +179,5 @@ def test_cuda_tensors_give_the_cpu_tensors_bytes_and_values(name, dtype, axis):
         assert y.device.type == "cuda" and y.dtype == out
         want = TQ.dequantize_blocks(ref, out)  # a NaN compared by value: its payload may differ
         torch.testing.assert_close(y.cpu(), want, rtol=0, atol=0, equal_nan=True)
+    with pytest.raises(ValueError, match=r"b.scales must be on b.data's device cuda"):
+        TQ.dequantize_blocks(dataclasses.replace(got, scales=got.scales.cpu()))
