@@ -107,7 +107,8 @@ static __device__ __forceinline__ int lsc_fp8_vec_ok(const void *x, long long ro
            && ((unsigned long long)q & (store - 1u)) == 0;
 }
 
-/* Element k of 16-bit words u (k = 0..7, little-endian: the low half first) widened */
+/* The 16-bit element in the low (high = 0) or high half of word w, widened: in memory the
+ * low half comes first */
 template <int CODE>
 static __device__ __forceinline__ float lsc_fp8_half(lsc_u32 w, int high)
 {

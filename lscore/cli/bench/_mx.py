@@ -42,6 +42,8 @@ TRAFFIC = {
     "mxfp8-rceil": (1, 1 + 1 / 32),
     "nvfp4": (2, 0.5 + 1 / 16),
 }
+#: recipe -> lscore's preset that quantizes as torchao does
+PRESETS = {"mxfp8-floor": "torchao-mx-floor", "mxfp8-rceil": "torchao-mx-rceil", "nvfp4": "nvfp4"}
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
 E4M3_POW2 = 8  # torchao's F8E4M3_MAX_POW2: floor(log2(448))
@@ -70,12 +72,7 @@ def lscore_fns(x: np.ndarray, reuse: bool = False) -> dict:
 
         return quantize
 
-    return {
-        "mxfp8-floor": by("torchao-mx-floor"),
-        "mxfp8-rceil": by("torchao-mx-rceil"),
-        "te": by("te-mxfp8"),
-        "nvfp4": by("nvfp4"),
-    }
+    return {r: by(preset) for r, preset in {**PRESETS, "te": "te-mxfp8"}.items()}
 
 
 def torch_fns(torch) -> dict:
@@ -266,8 +263,6 @@ def run_gpu(opts, rows: Rows, rng, device: str = "cuda") -> None:
     from lscore.adapters.torch import quantize as TQ
 
     t_fns = torch_fns(torch)
-    presets = {"mxfp8-floor": "torchao-mx-floor", "mxfp8-rceil": "torchao-mx-rceil"}
-    presets["nvfp4"] = "nvfp4"
 
     def synced(fn, *args):
         def call():
@@ -291,7 +286,7 @@ def run_gpu(opts, rows: Rows, rng, device: str = "cuda") -> None:
             for r, g in groups.items():
                 reads, written = TRAFFIC[r]
                 nbytes = round((reads * width + written) * n)
-                lscore_q = synced(TQ.quantize_blocks, x, presets[r])
+                lscore_q = synced(TQ.quantize_blocks, x, PRESETS[r])
                 rows.add(g, "lscore", lscore_q, nbytes=nbytes, **kw)
                 rows.add(g, "torch eager", synced(t_fns[r], x), **kw)
             rows.add(
