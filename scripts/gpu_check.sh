@@ -75,8 +75,10 @@ fi
 if run_step pytest; then
     step "pytest -m gpu"
     # PYTEST_ARGS: xdist workers and a per-test limit by default (empty without those
-    # plugins); a worker's first kernels compile with NVRTC, which a short limit can cut
-    limited "${PYTEST_S:-240}" $PY -m pytest -m gpu -q -p no:cacheprovider \
+    # plugins); a worker's first kernels compile with NVRTC, which a short limit can cut.
+    # -v: each outcome is logged as it comes, so a run cut by its limit still names its
+    # failures (xdist prints the summary only at the end)
+    limited "${PYTEST_S:-240}" $PY -m pytest -m gpu -v -p no:cacheprovider \
         ${PYTEST_ARGS--n 8 --timeout 150} -rfEs --tb=short "${@:-tests}" >"$OUT/pytest.log" 2>&1
     echo "pytest exit $?"
 fi
@@ -108,7 +110,7 @@ fi
 step summary
 for log in docs pytest; do
     [ -f "$OUT/$log.log" ] && grep -E "passed|failed|error|skipped" "$OUT/$log.log" | tail -1
-    [ -f "$OUT/$log.log" ] && grep -E "^(FAILED|ERROR)" "$OUT/$log.log" | head -30
+    [ -f "$OUT/$log.log" ] && grep -E "^(FAILED|ERROR)|\] (FAILED|ERROR) " "$OUT/$log.log" | head -30
 done
 for f in fp8 gpu gpu_ab tune; do
     [ -f "$OUT/$f.json" ] && echo "$f:" && $PY - "$OUT/$f.json" <<'EOF'
