@@ -119,3 +119,27 @@ def test_gpu_targets_only_where_a_device_timed_the_rows():
     assert floor["measured"] == pytest.approx(1.2) and floor["met"] is True
     compiled = found["fp8 gpu delayed float32 1e7: torch.compile / lscore"]
     assert compiled["measured"] == pytest.approx(2.5) and compiled["met"] is False
+
+
+def test_only_skips_the_set_up_of_groups_it_leaves_out(monkeypatch):
+    """--only drops a group's rows and never builds what they would time (the 1e8 arrays,
+    the lscore functions, torch.compile of the baselines)."""
+
+    class Opts:
+        tiny, sizes_given, sizes, use_torch, only = False, True, (10**8,), True, ("gpu",)
+        repeat, min_time = 1, 0.0
+
+    def refuse(*a, **kw):
+        raise AssertionError("set up a group --only left out")
+
+    from lscore.cli.bench._harness import Rows
+
+    monkeypatch.setattr(_fp8, "lscore_fns", refuse)
+    monkeypatch.setattr(_mx, "lscore_fns", refuse)
+    monkeypatch.setattr(_fp8, "_compiled", refuse)
+    rows = Rows(0, False, ("gpu",))
+    _fp8.run_cpu(Opts(), rows, np.random.default_rng(0))
+    _mx.run_cpu(Opts(), rows, np.random.default_rng(0))
+    assert rows.rows == []
+    assert rows.wanted("fp8 gpu delayed float32 1e8") and not rows.wanted("fp8 delayed float32 1e8")
+    assert Rows(0, False).wanted("anything")
