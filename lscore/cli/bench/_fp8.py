@@ -84,7 +84,7 @@ def _compiled(torch, fn, args):
         return None, f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
 
 
-def _cuda(torch) -> str | None:
+def why_no_cuda(torch) -> str | None:
     """Why the GPU rows are skipped, or None when a CUDA device is there."""
     if torch is None:
         return "torch is not installed"
@@ -189,7 +189,7 @@ def run_cpu(opts, rows: Rows, rng) -> None:
 def run_gpu(opts, rows: Rows, rng) -> None:
     """The GPU rows (torch CUDA tensors: lscore's adapter against torch), or one skipped row."""
     torch = import_torch() if opts.use_torch else None
-    why = _cuda(torch)
+    why = why_no_cuda(torch)
     if torch is None or why is not None:
         rows.add("fp8 gpu", "lscore", skip=why or "torch is not installed")
         return

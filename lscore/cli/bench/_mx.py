@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from lscore import kernels
-from lscore.cli.bench._fp8 import TINY_SIZES, _cuda, add_floor, ratio_target, timed
+from lscore.cli.bench._fp8 import TINY_SIZES, add_floor, ratio_target, timed, why_no_cuda
 from lscore.cli.bench._harness import Rows, as_tensor, dtype_of, import_torch, size_label
 from lscore.cli.bench._report import find
 
@@ -256,7 +256,7 @@ def run_gpu(opts, rows: Rows, rng, device: str = "cuda") -> None:
     each call is followed by a synchronize.  One skipped row where there is no device;
     `device` lets the tests run the same rows on the CPU."""
     torch = import_torch() if opts.use_torch else None
-    why = _cuda(torch) if device == "cuda" else None
+    why = why_no_cuda(torch) if device == "cuda" else None
     if torch is None or why is not None:
         rows.add("fp8 gpu mx", "lscore", skip=why or "torch is not installed", opts=opts)
         return
