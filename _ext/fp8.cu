@@ -117,21 +117,24 @@ static __device__ __forceinline__ float lsc_fp8_half(lsc_u32 w, int high)
 }
 
 /* The codes of neighbours a, b as the 16-bit word that stores them in order (a's in the low
- * byte), their amax bits folded into *m */
-template <int FMT, int HW>
+ * byte), their amax bits folded into *m; with STORE 0 only the amax (the word is 0) */
+template <int FMT, int HW, int STORE>
 static __device__ __forceinline__ lsc_u32 lsc_fp8_pair(float a, float b, float s, int flags,
                                                        lsc_u32 *m)
 {
-    lsc_u32 d = lsc_dev_fp8x2(a * s, b * s, FMT, flags, HW);
     lsc_u32 ma = lsc_fp8_amax_bits(a, flags), mb = lsc_fp8_amax_bits(b, flags);
     *m = ma > *m ? ma : *m;
     *m = mb > *m ? mb : *m;
+    if (!STORE)
+        return 0u;
+    lsc_u32 d = lsc_dev_fp8x2(a * s, b * s, FMT, flags, HW);
     return ((d >> 8) & 0xFFu) | ((d & 0xFFu) << 8);
 }
 
-/* q[i] = fp8(float32(x[i]) * s) over the n elements of a lsc_fp8_vec_ok tensor: the thread's
- * amax bits */
-template <int CODE, int FMT, int HW>
+/* Over the n elements of a lsc_fp8_vec_ok tensor, this thread's share: q[i] = fp8(float32(x[i])
+ * * s), and the amax bits returned; with STORE 0 the amax alone (the amax pass: s and q
+ * unused) */
+template <int CODE, int FMT, int HW, int STORE>
 static __device__ __forceinline__ lsc_u32 lsc_fp8_cast_vec(const void *x, long long n, float s,
                                                            unsigned char *q, int flags)
 {
@@ -143,59 +146,32 @@ static __device__ __forceinline__ lsc_u32 lsc_fp8_cast_vec(const void *x, long l
     for (long long k = t; k < nv; k += step) {
         lsc_fp8_v16 u = xv[k];
         if (CODE == LSC_CODE_F32) {
-            lsc_u32 lo = lsc_fp8_pair<FMT, HW>(lsc_f32_from_bits(u.x), lsc_f32_from_bits(u.y), s,
-                                               flags, &m);
-            lsc_u32 hi = lsc_fp8_pair<FMT, HW>(lsc_f32_from_bits(u.z), lsc_f32_from_bits(u.w), s,
-                                               flags, &m);
-            reinterpret_cast<lsc_u32 *>(q)[k] = lo | (hi << 16);
+            lsc_u32 lo = lsc_fp8_pair<FMT, HW, STORE>(lsc_f32_from_bits(u.x),
+                                                      lsc_f32_from_bits(u.y), s, flags, &m);
+            lsc_u32 hi = lsc_fp8_pair<FMT, HW, STORE>(lsc_f32_from_bits(u.z),
+                                                      lsc_f32_from_bits(u.w), s, flags, &m);
+            if (STORE)
+                reinterpret_cast<lsc_u32 *>(q)[k] = lo | (hi << 16);
         } else {
             lsc_fp8_v8 o;
-            o.lo = lsc_fp8_pair<FMT, HW>(lsc_fp8_half<CODE>(u.x, 0), lsc_fp8_half<CODE>(u.x, 1), s,
-                                         flags, &m);
-            o.lo |= lsc_fp8_pair<FMT, HW>(lsc_fp8_half<CODE>(u.y, 0), lsc_fp8_half<CODE>(u.y, 1),
-                                          s, flags, &m)
+            o.lo = lsc_fp8_pair<FMT, HW, STORE>(lsc_fp8_half<CODE>(u.x, 0),
+                                                lsc_fp8_half<CODE>(u.x, 1), s, flags, &m);
+            o.lo |= lsc_fp8_pair<FMT, HW, STORE>(lsc_fp8_half<CODE>(u.y, 0),
+                                                 lsc_fp8_half<CODE>(u.y, 1), s, flags, &m)
                     << 16;
-            o.hi = lsc_fp8_pair<FMT, HW>(lsc_fp8_half<CODE>(u.z, 0), lsc_fp8_half<CODE>(u.z, 1), s,
-                                         flags, &m);
-            o.hi |= lsc_fp8_pair<FMT, HW>(lsc_fp8_half<CODE>(u.w, 0), lsc_fp8_half<CODE>(u.w, 1),
-                                          s, flags, &m)
+            o.hi = lsc_fp8_pair<FMT, HW, STORE>(lsc_fp8_half<CODE>(u.z, 0),
+                                                lsc_fp8_half<CODE>(u.z, 1), s, flags, &m);
+            o.hi |= lsc_fp8_pair<FMT, HW, STORE>(lsc_fp8_half<CODE>(u.w, 0),
+                                                 lsc_fp8_half<CODE>(u.w, 1), s, flags, &m)
                     << 16;
-            reinterpret_cast<lsc_fp8_v8 *>(q)[k] = o;
+            if (STORE)
+                reinterpret_cast<lsc_fp8_v8 *>(q)[k] = o;
         }
     }
     for (long long i = nv * E + t; i < n; i += step) { /* fewer than E elements */
-        float a = lsc_fp8_in<CODE>(x, i);
-        q[i] = (unsigned char)lsc_fp8_pair<FMT, HW>(a, 0.0f, s, flags, &m);
-    }
-    return m;
-}
-
-/* The amax bits of the n elements of a lsc_fp8_vec_ok tensor, this thread's share */
-template <int CODE>
-static __device__ __forceinline__ lsc_u32 lsc_fp8_amax_vec(const void *x, long long n, int flags)
-{
-    const int E = CODE == LSC_CODE_F32 ? 4 : 8;
-    const long long nv = n / E, step = (long long)gridDim.x * blockDim.x;
-    const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    const lsc_fp8_v16 *xv = static_cast<const lsc_fp8_v16 *>(x);
-    lsc_u32 m = 0;
-    for (long long k = t; k < nv; k += step) {
-        lsc_fp8_v16 u = xv[k];
-        lsc_u32 w[4] = {u.x, u.y, u.z, u.w};
-        for (int j = 0; j < 4; ++j) {
-            lsc_u32 a = CODE == LSC_CODE_F32
-                            ? lsc_fp8_amax_bits(lsc_f32_from_bits(w[j]), flags)
-                            : lsc_fp8_amax_bits(lsc_fp8_half<CODE>(w[j], 0), flags);
-            m = a > m ? a : m;
-            if (CODE != LSC_CODE_F32) {
-                a = lsc_fp8_amax_bits(lsc_fp8_half<CODE>(w[j], 1), flags);
-                m = a > m ? a : m;
-            }
-        }
-    }
-    for (long long i = nv * E + t; i < n; i += step) {
-        lsc_u32 a = lsc_fp8_amax_bits(lsc_fp8_in<CODE>(x, i), flags);
-        m = a > m ? a : m;
+        lsc_u32 c = lsc_fp8_pair<FMT, HW, STORE>(lsc_fp8_in<CODE>(x, i), 0.0f, s, flags, &m);
+        if (STORE)
+            q[i] = (unsigned char)c;
     }
     return m;
 }
@@ -281,7 +257,8 @@ __global__ void lsc_fp8_amax2d(const void *x, long long rows, long long cols, lo
     long long n = rows * cols, step = (long long)gridDim.x * blockDim.x, cur = -1, r, c;
     lsc_u32 m = 0;
     if (!per_row && lsc_fp8_vec_ok<CODE>(x, rows, cs, nullptr)) {
-        lsc_fp8_block_max(amax_bits, lsc_fp8_amax_vec<CODE>(x, n, flags));
+        m = lsc_fp8_cast_vec<CODE, LSC_CODE_E4M3FN, 0, 0>(x, n, 1.0f, nullptr, flags);
+        lsc_fp8_block_max(amax_bits, m);
         return;
     }
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += step) {
@@ -303,7 +280,7 @@ __global__ void lsc_fp8_cast2d(const void *x, long long rows, long long cols, lo
     lsc_u32 m = 0;
     if (!per_row && lsc_fp8_vec_ok<CODE>(x, rows, cs, q)) {
         float s = scales ? scales[0] : scale;
-        lsc_fp8_block_max(amax_bits, lsc_fp8_cast_vec<CODE, FMT, HW>(x, n, s, q, flags));
+        lsc_fp8_block_max(amax_bits, lsc_fp8_cast_vec<CODE, FMT, HW, 1>(x, n, s, q, flags));
         return;
     }
     for (long long i = 2LL * (blockIdx.x * (long long)blockDim.x + threadIdx.x); i < n; i += step) {
