@@ -441,6 +441,29 @@ LSC_MX_INL void lsc_mx_group_scales(const lsc_u32 *m, int64_t nb, const lsc_mx_r
         r[b] = lsc_mx_pick_factor(sc[b], m[b], k, elem, mode);
 }
 
+/* CALL (a statement that names the mode M) with M a constant for FLOOR,
+ * RCEIL, TE, OCP and NVFP4 and k->mode for the others (CEIL, EVEN): inlined
+ * into each case, the rule of a constant mode has no branch on the mode, and
+ * its loops across blocks vectorise.  The one list of constant modes for
+ * every body that makes its mode one. */
+#define LSC_MX_BY_MODE(k, CALL)                                                             \
+    switch ((k)->mode) {                                                                    \
+    case LSC_MX_FLOOR: { const int M = LSC_MX_FLOOR; CALL; break; }                        \
+    case LSC_MX_RCEIL: { const int M = LSC_MX_RCEIL; CALL; break; }                        \
+    case LSC_MX_TE: { const int M = LSC_MX_TE; CALL; break; }                              \
+    case LSC_MX_OCP: { const int M = LSC_MX_OCP; CALL; break; }                            \
+    case LSC_MX_NVFP4: { const int M = LSC_MX_NVFP4; CALL; break; }                        \
+    default: { const int M = (k)->mode; CALL; }                                            \
+    }
+
+/* lsc_mx_group_scales for a mode known only at run time (the columns bodies,
+ * a tile's blocks at a time), made a constant by LSC_MX_BY_MODE. */
+LSC_MX_INL void lsc_mx_scales_any(const lsc_u32 *m, int64_t nb, const lsc_mx_rule *k, int elem,
+                                  lsc_u32 *sc, float *r)
+{
+    LSC_MX_BY_MODE(k, lsc_mx_group_scales(m, nb, k, elem, M, sc, r));
+}
+
 /* The scale code of a block whose amax bits are m, and its factor into *r. */
 LSC_MX_INL lsc_u32 lsc_mx_pick(lsc_u32 m, const lsc_mx_rule *k, int elem, int mode, float *r)
 {
@@ -573,39 +596,76 @@ LSC_MX_INL void lsc_mx_row_mode(const char *x, int64_t n, int64_t stride, int co
 LSC_MX_INL void lsc_mx_row_body(const char *x, int64_t n, int64_t stride, int code, int elem,
                                 const lsc_mx_rule *k, unsigned char *s, unsigned char *q)
 {
-    switch (k->mode) {
-    case LSC_MX_FLOOR:
-        lsc_mx_row_mode(x, n, stride, code, elem, LSC_MX_FLOOR, k, s, q);
-        break;
-    case LSC_MX_TE:
-        lsc_mx_row_mode(x, n, stride, code, elem, LSC_MX_TE, k, s, q);
-        break;
-    case LSC_MX_OCP:
-        lsc_mx_row_mode(x, n, stride, code, elem, LSC_MX_OCP, k, s, q);
-        break;
-    case LSC_MX_NVFP4:
-        lsc_mx_row_mode(x, n, stride, code, elem, LSC_MX_NVFP4, k, s, q);
-        break;
-    default:   /* CEIL, EVEN, RCEIL: the rule's branches at run time */
-        lsc_mx_row_mode(x, n, stride, code, elem, k->mode, k, s, q);
+    LSC_MX_BY_MODE(k, lsc_mx_row_mode(x, n, stride, code, elem, M, k, s, q));
+}
+
+/* The codes of a columns tile: `block` rows of w columns from xt (row
+ * stride rs, column stride cs bytes), column j times its factor fac[j],
+ * into q (row stride `cols`; E2M1 packs rows 2i and 2i + 1 into one byte,
+ * the first in the low nibble).  As lsc_mx_row_group's codes: the product
+ * narrowed without lsc_mx_code's clamp (the float8 narrowing saturates,
+ * E2M1's does itself), then the columns whose factor is NaN rewritten
+ * with that NaN's code.  flags is a constant at each call, so the
+ * narrowing has no branch on it and the loops vectorise. */
+LSC_MX_INL void lsc_mx_cols_codes(const char *xt, int64_t block, int64_t w, int64_t rs,
+                                  int64_t cs, int64_t cols, int code, int elem, int flags,
+                                  const float *fac, unsigned char *q)
+{
+    int any_nan = 0;
+    if (elem == LSC_MX_E2M1) {
+        for (int64_t i = 0; i < block; i += 2) {
+            unsigned char *qr = q + (i / 2) * cols;
+            const char *xa = xt + i * rs, *xb = xt + (i + 1) * rs;
+            for (int64_t j = 0; j < w; j++)
+                qr[j] = (unsigned char)(lsc_e2m1_from_f32(lsc_mx_load(xa, j, cs, code) * fac[j])
+                                        | (lsc_e2m1_from_f32(lsc_mx_load(xb, j, cs, code) * fac[j])
+                                           << 4));
+        }
+    } else {
+        for (int64_t i = 0; i < block; i++) {
+            unsigned char *qr = q + i * cols;
+            const char *xr = xt + i * rs;
+            for (int64_t j = 0; j < w; j++)
+                qr[j] = (unsigned char)lsc_fp8_from_f32(lsc_mx_load(xr, j, cs, code) * fac[j],
+                                                        elem, flags);
+        }
+    }
+    for (int64_t j = 0; j < w; j++)
+        any_nan |= fac[j] != fac[j];
+    if (!any_nan)
+        return;
+    for (int64_t j = 0; j < w; j++) {
+        if (fac[j] == fac[j])
+            continue;
+        const lsc_u32 c = lsc_mx_narrow(fac[j], elem, flags);
+        if (elem == LSC_MX_E2M1)
+            for (int64_t i = 0; i < block; i += 2)
+                q[(i / 2) * cols + j] = (unsigned char)(c | (c << 4));
+        else
+            for (int64_t i = 0; i < block; i++)
+                q[i * cols + j] = (unsigned char)c;
     }
 }
 
 /* A 2-D view of rows x cols (a multiple of the block), strides in bytes,
  * blocks along the first axis: (rows / block) x cols scale codes into s,
- * the codes into q (rows x cols; E2M1 (rows / 2) x cols). */
+ * the codes into q (rows x cols; E2M1 (rows / 2) x cols).  Per tile of
+ * `block` rows by up to LSC_MX_TILE columns: the column amaxes, row by row;
+ * the scales and factors (lsc_mx_group_scales, a loop across the columns);
+ * then the codes (lsc_mx_cols_codes), the tile read again from L1. */
 LSC_MX_INL void lsc_mx_cols_body(const char *x, int64_t rows, int64_t cols, int64_t rs,
                                  int64_t cs, int code, int elem, const lsc_mx_rule *k,
                                  unsigned char *s, unsigned char *q)
 {
-    lsc_u32 m[LSC_MX_TILE];
+    lsc_u32 m[LSC_MX_TILE], sc[LSC_MX_TILE];
     float fac[LSC_MX_TILE];
     const int64_t block = k->block;
-    const int flags = k->mode == LSC_MX_NVFP4 ? 0 : lsc_mx_flags(k->mode);
+    const int flags = lsc_mx_flags(k->mode);
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
         for (int64_t c0 = 0; c0 < cols; c0 += LSC_MX_TILE) {
             const int64_t w = cols - c0 < LSC_MX_TILE ? cols - c0 : LSC_MX_TILE;
             const char *xt = x + r0 * rs + c0 * cs;
+            unsigned char *qt = q + (elem == LSC_MX_E2M1 ? r0 / 2 : r0) * cols + c0;
             for (int64_t j = 0; j < w; j++)
                 m[j] = 0;
             for (int64_t i = 0; i < block; i++) {
@@ -614,28 +674,14 @@ LSC_MX_INL void lsc_mx_cols_body(const char *x, int64_t rows, int64_t cols, int6
                     m[j] = a > m[j] ? a : m[j];
                 }
             }
+            lsc_mx_scales_any(m, w, k, elem, sc, fac);
             for (int64_t j = 0; j < w; j++)
-                s[(r0 / block) * cols + c0 + j] = (unsigned char)lsc_mx_pick(m[j], k, elem,
-                                                                             k->mode, &fac[j]);
-            if (elem == LSC_MX_E2M1) {
-                for (int64_t i = 0; i < block; i += 2) {
-                    unsigned char *qr = q + ((r0 + i) / 2) * cols + c0;
-                    const char *xa = xt + i * rs, *xb = xt + (i + 1) * rs;
-                    for (int64_t j = 0; j < w; j++)
-                        qr[j] = (unsigned char)(
-                            lsc_mx_code(lsc_mx_load(xa, j, cs, code), fac[j], elem, flags)
-                            | (lsc_mx_code(lsc_mx_load(xb, j, cs, code), fac[j], elem, flags)
-                               << 4));
-                }
-            } else {
-                for (int64_t i = 0; i < block; i++) {
-                    unsigned char *qr = q + (r0 + i) * cols + c0;
-                    const char *xr = xt + i * rs;
-                    for (int64_t j = 0; j < w; j++)
-                        qr[j] = (unsigned char)lsc_mx_code(lsc_mx_load(xr, j, cs, code), fac[j],
-                                                           elem, flags);
-                }
-            }
+                s[(r0 / block) * cols + c0 + j] = (unsigned char)sc[j];
+            if (flags & LSC_FP8_NAN_SIGN)
+                lsc_mx_cols_codes(xt, block, w, rs, cs, cols, code, elem,
+                                  LSC_FP8_SAT | LSC_FP8_NAN_SIGN, fac, qt);
+            else   /* TE's */
+                lsc_mx_cols_codes(xt, block, w, rs, cs, cols, code, elem, LSC_FP8_SAT, fac, qt);
         }
     }
 }
@@ -653,7 +699,7 @@ typedef struct {
 } lsc_mx_isa;
 
 #define LSC_MX_WIDTH(CODE) ((CODE) == LSC_CODE_F32 ? 4 : 2)
-#define LSC_MX_FNS(SFX, ROW, NAME, CODE, ELEM)                                              \
+#define LSC_MX_FNS(SFX, ROW, COLS, NAME, CODE, ELEM)                                        \
     __attribute__((flatten)) static void lsc_mx_r_##NAME##_##SFX(                         \
         const char *x, int64_t n, const lsc_mx_rule *k, unsigned char *s, unsigned char *q) \
     {                                                                                       \
@@ -663,21 +709,22 @@ typedef struct {
         const char *x, int64_t rows, int64_t cols, int64_t rs, const lsc_mx_rule *k,        \
         unsigned char *s, unsigned char *q)                                                 \
     {                                                                                       \
-        lsc_mx_cols_body(x, rows, cols, rs, LSC_MX_WIDTH(CODE), (CODE), (ELEM), k, s, q);   \
+        COLS(x, rows, cols, rs, LSC_MX_WIDTH(CODE), (CODE), (ELEM), k, s, q);               \
     }
-#define LSC_MX_ELEM_FNS(SFX, ROW, E, ELEM)                                                  \
-    LSC_MX_FNS(SFX, ROW, E##_f32, LSC_CODE_F32, ELEM)                                       \
-    LSC_MX_FNS(SFX, ROW, E##_f16, LSC_CODE_F16, ELEM)                                       \
-    LSC_MX_FNS(SFX, ROW, E##_bf16, LSC_CODE_BF16, ELEM)
+#define LSC_MX_ELEM_FNS(SFX, ROW, COLS, E, ELEM)                                            \
+    LSC_MX_FNS(SFX, ROW, COLS, E##_f32, LSC_CODE_F32, ELEM)                                 \
+    LSC_MX_FNS(SFX, ROW, COLS, E##_f16, LSC_CODE_F16, ELEM)                                 \
+    LSC_MX_FNS(SFX, ROW, COLS, E##_bf16, LSC_CODE_BF16, ELEM)
 #define LSC_MX_ROW(SFX, E)                                                                  \
     {0, lsc_mx_r_##E##_f16_##SFX, lsc_mx_r_##E##_bf16_##SFX, lsc_mx_r_##E##_f32_##SFX, 0, 0, 0}
 #define LSC_MX_COL(SFX, E)                                                                  \
     {0, lsc_mx_c_##E##_f16_##SFX, lsc_mx_c_##E##_bf16_##SFX, lsc_mx_c_##E##_f32_##SFX, 0, 0, 0}
-/* a level's passes; ROW: its rows body (lsc_mx_row_body's arguments) */
-#define LSC_MX_LEVEL(SFX, ROW)                                                              \
-    LSC_MX_ELEM_FNS(SFX, ROW, e4, LSC_CODE_E4M3FN)                                          \
-    LSC_MX_ELEM_FNS(SFX, ROW, e5, LSC_CODE_E5M2)                                            \
-    LSC_MX_ELEM_FNS(SFX, ROW, e2, LSC_MX_E2M1)                                              \
+/* a level's passes; ROW, COLS: its rows and columns bodies (lsc_mx_row_body's and
+   lsc_mx_cols_body's arguments) */
+#define LSC_MX_LEVEL(SFX, ROW, COLS)                                                        \
+    LSC_MX_ELEM_FNS(SFX, ROW, COLS, e4, LSC_CODE_E4M3FN)                                    \
+    LSC_MX_ELEM_FNS(SFX, ROW, COLS, e5, LSC_CODE_E5M2)                                      \
+    LSC_MX_ELEM_FNS(SFX, ROW, COLS, e2, LSC_MX_E2M1)                                        \
     static const lsc_mx_isa lsc_mx_isa_##SFX = {                                            \
         #SFX,                                                                               \
         {LSC_MX_ROW(SFX, e4), LSC_MX_ROW(SFX, e5), LSC_MX_ROW(SFX, e2)},                    \
@@ -685,10 +732,10 @@ typedef struct {
     };
 
 #ifdef LSC_X86_DISPATCH
-LSC_MX_LEVEL(v2, lsc_mx_row_body)
+LSC_MX_LEVEL(v2, lsc_mx_row_body, lsc_mx_cols_body)
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v3")
-LSC_MX_LEVEL(v3, lsc_mx_row_body)
+LSC_MX_LEVEL(v3, lsc_mx_row_body, lsc_mx_cols_body)
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v4", "prefer-vector-width=512")
@@ -747,6 +794,17 @@ LSC_MX_INL __m256i lsc_mx_bf16x32(__m512i b, __m512i k7, int elem)
     return _mm512_cvtepi16_epi8(_mm512_or_si512(mag, sign));
 }
 
+/* Whether a block with factor r and amax bits m is plain (lsc_mx_bf16x32's
+ * condition), and the exponent step of its factor in bfloat16 bits into *k7. */
+LSC_MX_INL int lsc_mx_bf16_plain(float r, lsc_u32 m, lsc_i32 *k7)
+{
+    const lsc_u32 rb = lsc_f32_bits(r);
+    const lsc_i32 er = (lsc_i32)(rb >> 23);
+    *k7 = (er - 127) * 128;
+    return (rb & 0x7FFFFFu) == 0u && er >= 1 && er <= 127 + 100 && m < 0x7F800000u
+           && (lsc_i32)(m >> 16) + *k7 <= 0x7F7F;
+}
+
 /* The largest of 32 unsigned 16-bit lanes (phminposuw of their complement). */
 LSC_MX_INL lsc_u32 lsc_mx_umax16(__m512i a)
 {
@@ -778,11 +836,7 @@ LSC_MX_INL void lsc_mx_bf16_row_mode(const uint16_t *x, int64_t n, int elem, int
             m[b] = lsc_mx_umax16(_mm512_and_si512(_mm512_loadu_si512(xg + 32 * b), mask)) << 16;
         lsc_mx_group_scales(m, g, k, elem, mode, sc, r);
         for (int64_t b = 0; b < g; b++) {
-            const lsc_u32 rb = lsc_f32_bits(r[b]);
-            const lsc_i32 er = (lsc_i32)(rb >> 23);
-            k7[b] = (er - 127) * 128;
-            plain[b] = (rb & 0x7FFFFFu) == 0u && er >= 1 && er <= 127 + 100
-                       && m[b] < 0x7F800000u && (lsc_i32)(m[b] >> 16) + k7[b] <= 0x7F7F;
+            plain[b] = lsc_mx_bf16_plain(r[b], m[b], &k7[b]);
             s[b0 + b] = (unsigned char)sc[b];
         }
         /* the plain blocks in a loop with no call, which keeps its constants
@@ -799,6 +853,99 @@ LSC_MX_INL void lsc_mx_bf16_row_mode(const uint16_t *x, int64_t n, int elem, int
     }
 }
 
+/* A contiguous bfloat16 view of rows x cols (row stride rs bytes) with MX
+ * blocks of 32 along the columns, the float8 codes of each tile (32 rows by
+ * up to LSC_MX_TILE columns) as lsc_mx_cols_body makes them, in 16-bit
+ * lanes, the tile read row by row: the column amaxes of 32 columns in one
+ * vector, the scales and factors across the tile's columns, then where a
+ * vector's 32 blocks are all plain its codes by lsc_mx_bf16x32 with a
+ * factor per lane (the last, partial vector masked); the others by
+ * lsc_mx_cols_codes. */
+LSC_MX_INL void lsc_mx_bf16_cols(const char *x, int64_t rows, int64_t cols, int64_t rs, int elem,
+                                 const lsc_mx_rule *k, unsigned char *s, unsigned char *q)
+{
+    enum { NV = LSC_MX_TILE / 32 };
+    const __m512i mask = _mm512_set1_epi16(0x7FFF);
+    const int flags = lsc_mx_flags(k->mode);
+    lsc_u32 m[LSC_MX_TILE], sc[LSC_MX_TILE];
+    float r[LSC_MX_TILE];
+    for (int64_t r0 = 0; r0 < rows; r0 += 32) {
+        for (int64_t c0 = 0; c0 < cols; c0 += LSC_MX_TILE) {
+            const int64_t w = cols - c0 < LSC_MX_TILE ? cols - c0 : LSC_MX_TILE;
+            const int64_t nv = (w + 31) / 32;
+            const __mmask32 last = w % 32 ? ((__mmask32)1 << (w % 32)) - 1 : ~(__mmask32)0;
+            const char *xt = x + r0 * rs + c0 * 2;
+            unsigned char *qt = q + r0 * cols + c0;
+            __m512i acc[NV], kv[NV];
+            int plain[NV];
+            /* the amaxes row by row (each row's 2 * w bytes in order) */
+            for (int64_t v = 0; v < nv; v++)
+                acc[v] = _mm512_setzero_si512();
+            for (int64_t i = 0; i < 32; i++)
+                for (int64_t v = 0; v < nv; v++)
+                    acc[v] = _mm512_max_epu16(
+                        acc[v], _mm512_and_si512(
+                                    _mm512_maskz_loadu_epi16(v == nv - 1 ? last : ~(__mmask32)0,
+                                                             xt + i * rs + v * 64),
+                                    mask));
+            for (int64_t v = 0; v < nv; v++) {
+                uint16_t t[32];
+                _mm512_storeu_si512(t, acc[v]);
+                for (int64_t l = 0; l < 32 && v * 32 + l < w; l++)
+                    m[v * 32 + l] = (lsc_u32)t[l] << 16;
+            }
+            lsc_mx_scales_any(m, w, k, elem, sc, r);
+            for (int64_t j = 0; j < w; j++)
+                s[(r0 / 32) * cols + c0 + j] = (unsigned char)sc[j];
+            for (int64_t v = 0; v < nv; v++) {
+                int16_t k7[32] = {0};
+                plain[v] = 1;
+                for (int64_t l = 0; l < 32 && v * 32 + l < w; l++) {
+                    lsc_i32 kl;
+                    plain[v] &= lsc_mx_bf16_plain(r[v * 32 + l], m[v * 32 + l], &kl);
+                    k7[l] = (int16_t)kl;
+                }
+                kv[v] = _mm512_loadu_si512(k7);
+            }
+            /* the codes row by row: the plain vectors in 16-bit lanes, then the others */
+            for (int64_t i = 0; i < 32; i++)
+                for (int64_t v = 0; v < nv; v++)
+                    if (plain[v])
+                        _mm256_mask_storeu_epi8(
+                            qt + i * cols + v * 32, v == nv - 1 ? last : ~(__mmask32)0,
+                            lsc_mx_bf16x32(_mm512_maskz_loadu_epi16(
+                                               v == nv - 1 ? last : ~(__mmask32)0,
+                                               xt + i * rs + v * 64),
+                                           kv[v], elem));
+            for (int64_t v = 0; v < nv; v++) {
+                const int64_t n = w - v * 32 < 32 ? w - v * 32 : 32;
+                if (plain[v])
+                    continue;
+                if (flags & LSC_FP8_NAN_SIGN)
+                    lsc_mx_cols_codes(xt + v * 64, 32, n, rs, 2, cols, LSC_CODE_BF16, elem,
+                                      LSC_FP8_SAT | LSC_FP8_NAN_SIGN, r + v * 32, qt + v * 32);
+                else
+                    lsc_mx_cols_codes(xt + v * 64, 32, n, rs, 2, cols, LSC_CODE_BF16, elem,
+                                      LSC_FP8_SAT, r + v * 32, qt + v * 32);
+            }
+        }
+    }
+}
+
+/* x86-64-v4's columns body: float8 codes of bfloat16 with MX blocks of 32
+ * in 16-bit lanes (lsc_mx_bf16_cols), everything else as lsc_mx_cols_body. */
+LSC_MX_INL void lsc_mx_cols_body_v4(const char *x, int64_t rows, int64_t cols, int64_t rs,
+                                    int64_t cs, int code, int elem, const lsc_mx_rule *k,
+                                    unsigned char *s, unsigned char *q)
+{
+    if (code != LSC_CODE_BF16 || cs != 2 || elem == LSC_MX_E2M1 || k->block != 32
+        || k->mode == LSC_MX_NVFP4) {
+        lsc_mx_cols_body(x, rows, cols, rs, cs, code, elem, k, s, q);
+        return;
+    }
+    lsc_mx_bf16_cols(x, rows, cols, rs, elem, k, s, q);
+}
+
 /* x86-64-v4's rows body: float8 codes of contiguous bfloat16 rows with MX
  * blocks of 32 in 16-bit lanes, everything else as lsc_mx_row_body. */
 LSC_MX_INL void lsc_mx_row_body_v4(const char *x, int64_t n, int64_t stride, int code, int elem,
@@ -810,30 +957,15 @@ LSC_MX_INL void lsc_mx_row_body_v4(const char *x, int64_t n, int64_t stride, int
         lsc_mx_row_body(x, n, stride, code, elem, k, s, q);
         return;
     }
-    switch (k->mode) {
-    case LSC_MX_FLOOR:
-        lsc_mx_bf16_row_mode(h, n, elem, LSC_MX_FLOOR, k, s, q);
-        break;
-    case LSC_MX_RCEIL:
-        lsc_mx_bf16_row_mode(h, n, elem, LSC_MX_RCEIL, k, s, q);
-        break;
-    case LSC_MX_TE:
-        lsc_mx_bf16_row_mode(h, n, elem, LSC_MX_TE, k, s, q);
-        break;
-    case LSC_MX_OCP:
-        lsc_mx_bf16_row_mode(h, n, elem, LSC_MX_OCP, k, s, q);
-        break;
-    default:   /* CEIL, EVEN: the rule's branches at run time */
-        lsc_mx_bf16_row_mode(h, n, elem, k->mode, k, s, q);
-    }
+    LSC_MX_BY_MODE(k, lsc_mx_bf16_row_mode(h, n, elem, M, k, s, q));
 }
 
-LSC_MX_LEVEL(v4, lsc_mx_row_body_v4)
+LSC_MX_LEVEL(v4, lsc_mx_row_body_v4, lsc_mx_cols_body_v4)
 #pragma GCC pop_options
 static const lsc_mx_isa *const lsc_mx_isas[LSC_NISAS] = {&lsc_mx_isa_v2, &lsc_mx_isa_v3,
                                                          &lsc_mx_isa_v4};
 #else
-LSC_MX_LEVEL(baseline, lsc_mx_row_body)
+LSC_MX_LEVEL(baseline, lsc_mx_row_body, lsc_mx_cols_body)
 static const lsc_mx_isa *const lsc_mx_isas[LSC_NISAS] = {&lsc_mx_isa_baseline};
 #endif
 
@@ -978,6 +1110,7 @@ static void lsc_mx_job_run(const char *x, int64_t rows, int64_t cols, int64_t rs
 #undef LSC_MX_FNS
 #undef LSC_MX_ROW
 #undef LSC_MX_COL
+#undef LSC_MX_BY_MODE
 #endif /* the CPU block passes */
 
 #endif

@@ -47,6 +47,10 @@ def test_tiny_run_has_every_row(tmp_path):
                 want = copy["median_s"] * g["byte floor"]["bytes"] / (2 * width * int(n))
                 assert g["byte floor"]["median_s"] == pytest.approx(want)
                 assert "floor" in g["lscore"]["ratios"]
+                down = g.get("lscore out= axis 0")
+                assert (down is None) == (recipe == "nvfp4")
+                if down is not None:  # the columns pass, held to the same floor
+                    assert down["median_s"] > 0 and "floor" in down["ratios"]
             assert groups[f"fp8 mxfp8-rceil {dt} {n}"]["lscore te"]["median_s"] > 0
     gpu = groups["fp8 gpu"]["lscore"]
     assert gpu["skipped"] in ("torch is not installed", "no CUDA device")

@@ -114,7 +114,9 @@ def test_every_bfloat16_at_every_block_scale(isa):
     """Every bfloat16 pattern, 31 to a block beside an anchor whose exponent sets the block's
     scale (every fourth exponent from 2**-133 to 2**127, subnormal anchors included), gives
     the codes of its exact float32 widening in both float8 formats and every mode: x86-64-v4
-    narrows the blocks whose factor is a power of two in 16-bit lanes, the others as float32."""
+    narrows the blocks whose factor is a power of two in 16-bit lanes, the others as float32.
+    Along axis 0 (the transpose: 13,959 columns, a partial vector of 7 at the end of each
+    tile row) the same blocks give the same codes, transposed."""
     pats = np.arange(2**16, dtype=np.uint16)
     pats = np.concatenate([pats, np.zeros(-len(pats) % 31, np.uint16)]).reshape(-1, 31)
     blocks = []
@@ -124,12 +126,15 @@ def test_every_bfloat16_at_every_block_scale(isa):
         blocks.append(np.concatenate([anchor, pats], axis=1))
     x = np.concatenate(blocks).reshape(-1, 320).view(ml_dtypes.bfloat16)  # 10 blocks a row
     wide = x.astype(np.float32)
+    cols = np.ascontiguousarray(x.T)
     for elem in ELEMS[:2]:
         for mode in MODES:
             got = kernels.mx_quantize(x, elem, mode)
             want = kernels.mx_quantize(wide, elem, mode)
-            for g, w in zip(got, want, strict=True):
+            down = kernels.mx_quantize(cols, elem, mode, axis=0)
+            for g, d, w in zip(got, down, want, strict=True):
                 np.testing.assert_array_equal(g, w, err_msg=f"{isa} {elem} {mode}")
+                np.testing.assert_array_equal(d, w.T, err_msg=f"{isa} {elem} {mode} axis 0")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, "bfloat16"])

@@ -21,7 +21,9 @@ te-mxfp8 and nvfp4, into new arrays as torchao's path makes them; the "lscore ou
 rows write the arrays of an earlier result (``out=``), as the memcpy writes a
 destination it was given, and are the ones held to the byte floor (new arrays add the
 kernel's zeroing of their pages on first touch, about 10 ms for the 100 MB of 1e8
-MXFP8 codes on the 2-core machine the targets were set on).
+MXFP8 codes on the 2-core machine the targets were set on).  So are the MXFP8 "lscore
+out= axis 0" rows: the same elements as ``shape_down``'s 2-D view, blocks down the
+columns (the columnwise copy TransformerEngine makes for the backward pass).
 """
 
 from __future__ import annotations
@@ -58,16 +60,24 @@ def shape_of(n: int) -> tuple[int, int]:
     return n // cols, cols
 
 
-def lscore_fns(x: np.ndarray, reuse: bool = False) -> dict:
-    """recipe -> lscore's quantize of x by its preset (``quantize_blocks``): the scale and
-    element codes; into the arrays of one earlier result when `reuse`."""
+def shape_down(n: int) -> tuple[int, int]:
+    """(rows, cols) of n elements for blocks down the columns (axis 0): rows a multiple of
+    32, cols the largest divisor of n // 32 that is at most 4096 (1e8: 32000 x 3125)."""
+    cols = max(c for c in range(1, min(n // 32, 4096) + 1) if (n // 32) % c == 0)
+    return n // cols, cols
+
+
+def lscore_fns(x: np.ndarray, reuse: bool = False, axis: int = -1) -> dict:
+    """recipe -> lscore's quantize of x by its preset (``quantize_blocks``) with blocks along
+    `axis`: the scale and element codes; into the arrays of one earlier result when
+    `reuse`."""
     from lscore.fp8 import quantize_blocks
 
     def by(preset):
-        out = quantize_blocks(x, preset) if reuse else None
+        out = quantize_blocks(x, preset, axis=axis) if reuse else None
 
         def quantize():
-            b = quantize_blocks(x, preset, out=out)
+            b = quantize_blocks(x, preset, axis=axis, out=out)
             return b.scales.view(np.uint8), b.data.view(np.uint8)
 
         return quantize
@@ -224,11 +234,14 @@ def run_cpu(opts, rows: Rows, rng) -> None:
             x = rng.standard_normal(n, dtype=np.float32).astype(dt).reshape(shape_of(n))
             width = x.itemsize
             fns, into = lscore_fns(x), lscore_fns(x, reuse=True)
+            down = lscore_fns(x.reshape(shape_down(n)), reuse=True, axis=0)
             for r, g in groups.items():
                 reads, written = TRAFFIC[r]
                 nbytes = round((reads * width + written) * n)
                 rows.add(g, "lscore", fns[r], nbytes=nbytes, **kw)
                 rows.add(g, "lscore out=", into[r], nbytes=nbytes, **kw)
+                if r != "nvfp4":
+                    rows.add(g, "lscore out= axis 0", down[r], nbytes=nbytes, **kw)
             rows.add(groups["mxfp8-rceil"], "lscore te", fns["te"], **kw)
             if t_fns is None:
                 for g in groups.values():
@@ -312,16 +325,9 @@ def targets(rows: list[dict], opts) -> list[dict]:
                 out.append(
                     ratio_target(rows, f"{g}: torch eager / lscore", g, "torch eager", 10.0, False)
                 )
-                out.append(
-                    ratio_target(
-                        rows,
-                        f"{g}: lscore out= / byte floor",
-                        g,
-                        "byte floor",
-                        2.0,
-                        True,
-                        "lscore out=",
-                    )
+                out.extend(
+                    ratio_target(rows, f"{g}: {m} / byte floor", g, "byte floor", 2.0, True, m)
+                    for m in ("lscore out=", "lscore out= axis 0")
                 )
                 g = f"fp8 gpu {recipe} {name} {size_label(n)}"
                 if timed(rows, g, "lscore"):
