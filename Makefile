@@ -33,8 +33,12 @@ venv-test: .venv-test/bin/python
 venv-demo: .venv-demo/bin/python
 	.venv-demo/bin/pip install $(PIP_FLAGS) -c constraints.txt --no-build-isolation -e ".[demo]"
 
+# The docs and lint venvs only import lscore (autodoc, mypy's linked tree): their compiled core
+# is built at -O1 (setup.py's LSCORE_OPT), about a tenth of -O3's compile time for _ext/_mx.c;
+# the tests, the demo and the wheel keep -O3.
 venv-docs: .venv-docs/bin/python
-	.venv-docs/bin/pip install $(PIP_FLAGS) -c constraints.txt --no-build-isolation -e ".[docs,torch]"
+	LSCORE_OPT=-O1 .venv-docs/bin/pip install $(PIP_FLAGS) -c constraints.txt --no-build-isolation \
+		-e ".[docs,torch]"
 
 # mypy checks lscore as it installs: a strict editable install links the package layout
 # (lscore._ext <- _ext/ with the compiled modules' .pyi stubs, lscore.adapters <-
@@ -42,8 +46,8 @@ venv-docs: .venv-docs/bin/python
 # runs from there (from the repository root it would take ./lscore, which has neither)
 venv-lint: .venv-lint/bin/python
 	.venv-lint/bin/pip install $(PIP_FLAGS) -c constraints.txt $(LINT_DEPS)
-	.venv-lint/bin/pip install $(PIP_FLAGS) -c constraints.txt --no-build-isolation --no-deps \
-		--config-settings editable_mode=strict -e .
+	LSCORE_OPT=-O1 .venv-lint/bin/pip install $(PIP_FLAGS) -c constraints.txt --no-build-isolation \
+		--no-deps --config-settings editable_mode=strict -e .
 	touch .venv-lint/installed
 
 # the linked tree: where the lint venv's python imports lscore from (run outside the

@@ -605,11 +605,12 @@ LSC_MX_INL void lsc_mx_row_body(const char *x, int64_t n, int64_t stride, int co
  * the first in the low nibble).  As lsc_mx_row_group's codes: the product
  * narrowed without lsc_mx_code's clamp (the float8 narrowing saturates,
  * E2M1's does itself), then the columns whose factor is NaN rewritten
- * with that NaN's code.  flags is a constant at each call, so the
- * narrowing has no branch on it and the loops vectorise. */
-LSC_MX_INL void lsc_mx_cols_codes(const char *xt, int64_t block, int64_t w, int64_t rs,
-                                  int64_t cs, int64_t cols, int code, int elem, int flags,
-                                  const float *fac, unsigned char *q)
+ * with that NaN's code.  flags is a constant at each call (from
+ * lsc_mx_cols_codes), so the narrowing has no branch on it and the loops
+ * vectorise. */
+LSC_MX_INL void lsc_mx_cols_narrow(const char *xt, int64_t block, int64_t w, int64_t rs,
+                                   int64_t cs, int64_t cols, int code, int elem, int flags,
+                                   const float *fac, unsigned char *q)
 {
     int any_nan = 0;
     if (elem == LSC_MX_E2M1) {
@@ -647,11 +648,23 @@ LSC_MX_INL void lsc_mx_cols_codes(const char *xt, int64_t block, int64_t w, int6
     }
 }
 
+/* lsc_mx_cols_narrow with the narrowing flags of `mode` as a constant. */
+LSC_MX_INL void lsc_mx_cols_codes(const char *xt, int64_t block, int64_t w, int64_t rs,
+                                  int64_t cs, int64_t cols, int code, int elem, int mode,
+                                  const float *fac, unsigned char *q)
+{
+    if (lsc_mx_flags(mode) & LSC_FP8_NAN_SIGN)
+        lsc_mx_cols_narrow(xt, block, w, rs, cs, cols, code, elem,
+                           LSC_FP8_SAT | LSC_FP8_NAN_SIGN, fac, q);
+    else   /* TE's */
+        lsc_mx_cols_narrow(xt, block, w, rs, cs, cols, code, elem, LSC_FP8_SAT, fac, q);
+}
+
 /* A 2-D view of rows x cols (a multiple of the block), strides in bytes,
  * blocks along the first axis: (rows / block) x cols scale codes into s,
  * the codes into q (rows x cols; E2M1 (rows / 2) x cols).  Per tile of
  * `block` rows by up to LSC_MX_TILE columns: the column amaxes, row by row;
- * the scales and factors (lsc_mx_group_scales, a loop across the columns);
+ * the scales and factors (lsc_mx_scales_any, loops across the columns);
  * then the codes (lsc_mx_cols_codes), the tile read again from L1. */
 LSC_MX_INL void lsc_mx_cols_body(const char *x, int64_t rows, int64_t cols, int64_t rs,
                                  int64_t cs, int code, int elem, const lsc_mx_rule *k,
@@ -660,7 +673,6 @@ LSC_MX_INL void lsc_mx_cols_body(const char *x, int64_t rows, int64_t cols, int6
     lsc_u32 m[LSC_MX_TILE], sc[LSC_MX_TILE];
     float fac[LSC_MX_TILE];
     const int64_t block = k->block;
-    const int flags = lsc_mx_flags(k->mode);
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
         for (int64_t c0 = 0; c0 < cols; c0 += LSC_MX_TILE) {
             const int64_t w = cols - c0 < LSC_MX_TILE ? cols - c0 : LSC_MX_TILE;
@@ -677,11 +689,7 @@ LSC_MX_INL void lsc_mx_cols_body(const char *x, int64_t rows, int64_t cols, int6
             lsc_mx_scales_any(m, w, k, elem, sc, fac);
             for (int64_t j = 0; j < w; j++)
                 s[(r0 / block) * cols + c0 + j] = (unsigned char)sc[j];
-            if (flags & LSC_FP8_NAN_SIGN)
-                lsc_mx_cols_codes(xt, block, w, rs, cs, cols, code, elem,
-                                  LSC_FP8_SAT | LSC_FP8_NAN_SIGN, fac, qt);
-            else   /* TE's */
-                lsc_mx_cols_codes(xt, block, w, rs, cs, cols, code, elem, LSC_FP8_SAT, fac, qt);
+            lsc_mx_cols_codes(xt, block, w, rs, cs, cols, code, elem, k->mode, fac, qt);
         }
     }
 }
@@ -866,7 +874,6 @@ LSC_MX_INL void lsc_mx_bf16_cols(const char *x, int64_t rows, int64_t cols, int6
 {
     enum { NV = LSC_MX_TILE / 32 };
     const __m512i mask = _mm512_set1_epi16(0x7FFF);
-    const int flags = lsc_mx_flags(k->mode);
     lsc_u32 m[LSC_MX_TILE], sc[LSC_MX_TILE];
     float r[LSC_MX_TILE];
     for (int64_t r0 = 0; r0 < rows; r0 += 32) {
@@ -921,12 +928,8 @@ LSC_MX_INL void lsc_mx_bf16_cols(const char *x, int64_t rows, int64_t cols, int6
                 const int64_t n = w - v * 32 < 32 ? w - v * 32 : 32;
                 if (plain[v])
                     continue;
-                if (flags & LSC_FP8_NAN_SIGN)
-                    lsc_mx_cols_codes(xt + v * 64, 32, n, rs, 2, cols, LSC_CODE_BF16, elem,
-                                      LSC_FP8_SAT | LSC_FP8_NAN_SIGN, r + v * 32, qt + v * 32);
-                else
-                    lsc_mx_cols_codes(xt + v * 64, 32, n, rs, 2, cols, LSC_CODE_BF16, elem,
-                                      LSC_FP8_SAT, r + v * 32, qt + v * 32);
+                lsc_mx_cols_codes(xt + v * 64, 32, n, rs, 2, cols, LSC_CODE_BF16, elem, k->mode,
+                                  r + v * 32, qt + v * 32);
             }
         }
     }
