@@ -45,12 +45,15 @@ def test_targets_name_the_issue_ratios():
             ("byte floor", 0.4),
         )
     ]
+    rows.append(dict(rows[1], method="lscore out= axis 0", min_s=0.9, median_s=0.9))
     found = {t["target"]: t for t in _mx.targets(rows, Opts())}
-    assert len(found) == 8  # two recipes, two dtypes, two targets, at 1e8 only
+    assert len(found) == 12  # two recipes, two dtypes, three targets, at 1e8 only
     eager = found["fp8 mxfp8-floor float32 1e8: torch eager / lscore"]
     assert eager["measured"] == 12.0 and eager["met"] is True
     floor = found["fp8 mxfp8-floor float32 1e8: lscore out= / byte floor"]  # into given arrays
     assert floor["measured"] == 2.0 and floor["met"] is True
+    down = found["fp8 mxfp8-floor float32 1e8: lscore out= axis 0 / byte floor"]  # the columns
+    assert down["measured"] == pytest.approx(2.25) and down["met"] is False
     assert found["fp8 mxfp8-rceil bfloat16 1e8: torch eager / lscore"]["measured"] is None
 
 
