@@ -54,10 +54,28 @@ def test_converted_model_equals_torchao_float8linear(case):
     x = _tensor(f"{key}/x", dtype).requires_grad_(True)
     y = model(x)
     y.backward(_tensor(f"{key}/grad_out", dtype))
-    np.testing.assert_array_equal(_bits(y), DATA[f"{key}/y"])
-    np.testing.assert_array_equal(_bits(x.grad), DATA[f"{key}/grad_x"])
+    _same_product(y, DATA[f"{key}/y"], "y")
+    _same_product(x.grad, DATA[f"{key}/grad_x"], "grad_x")
     for name, p in model.named_parameters():
-        np.testing.assert_array_equal(_bits(p.grad), DATA[f"{key}/grad/{name}"], err_msg=name)
+        _same_product(p.grad, DATA[f"{key}/grad/{name}"], name)
+
+
+def _same_product(got, want_bits, what):
+    """Equal bits where this CPU's float32 matrix products sum as the recording machine's
+    did; otherwise (MKL picks its summation order by the CPU: seen on an AVX-512 Xeon, where
+    the float32 products of the tensorwise models differ in the last bits) within float32
+    rounding of a short product, 2**-20 of the output's magnitude.  The operands' float8
+    bytes and scales are compared bit for bit on every machine
+    (test_quantize_equals_torchao_cast), and the product's formula against torch's own ops
+    (test_current_scaling_multiplies_the_dequantized_operands)."""
+    bits = _bits(got)
+    if np.array_equal(bits, want_bits):
+        return
+    assert got.dtype == torch.float32, f"{what}: {got.dtype} differs from the recording"
+    have, want = bits.view(np.float32), want_bits.view(np.float32)
+    np.testing.assert_allclose(
+        have, want, rtol=0, atol=float(np.abs(want).max()) * 2.0**-20, err_msg=what
+    )
 
 
 def _same_float8(got, want_bytes, fmt):
