@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run the test suite with the lscore that the given virtualenv has installed:
-#   run_tests.sh VENV [PATH...]   PATHs relative to the checkout; default: tests docs README.md
+#   run_tests.sh VENV [PATH...] [-- PYTEST_OPTION...]
+# PATHs relative to the checkout; default: tests docs README.md.  The options after `--` go
+# to pytest (the Makefile's tiers: -m "not slow", -n 2 ...).
 # (README.md and docs/ are named so that conftest.py, Sybil, runs their examples).
 # pytest runs from an empty folder outside the checkout and imports test modules with
 # --import-mode=importlib, which puts no test folder on sys.path: the only checkout folder
@@ -13,14 +15,19 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="$(cd "$1" && pwd)"
 shift
-paths=("$@")
+paths=()
+while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
+    paths+=("$1")
+    shift
+done
+[ "$#" -gt 0 ] && shift  # the --
 [ "${#paths[@]}" -gt 0 ] || paths=(tests docs README.md)
 export PYTHONDONTWRITEBYTECODE=1
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 set +e
-"$venv/bin/python" -m pytest -ra -v --import-mode=importlib "${paths[@]/#/$root/}"
+"$venv/bin/python" -m pytest -ra --import-mode=importlib "$@" "${paths[@]/#/$root/}"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

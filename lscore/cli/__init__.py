@@ -147,6 +147,7 @@ def _demo(args: argparse.Namespace) -> int:
         backend=args.backend,
         tiny=args.tiny,
         fp8=args.fp8,
+        full=args.full,
     )
 
 
@@ -167,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
     )
     sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
-    full, tiny = config(), config(tiny=True)
+    default, full, tiny = config(), config(full=True), config(tiny=True)
     demo = sub.add_parser(
         "demo",
         help="train a small model in float16 with and without loss scaling",
@@ -189,14 +190,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps",
         type=_number(int, 1),
         default=None,
-        help=f"training steps per mode (default {full['steps']}; {tiny['steps']} with --tiny)",
+        help=f"training steps per mode (default {default['steps']}; {full['steps']} with --full, "
+        f"{tiny['steps']} with --tiny)",
     )
-    demo.add_argument(
+    size = demo.add_mutually_exclusive_group()
+    size.add_argument(
+        "--full",
+        action="store_true",
+        help=f"the long run of the documentation's figure: {full['steps']} steps per mode",
+    )
+    size.add_argument(
         "--tiny",
         action="store_true",
         help=f"a quick check: {tiny['steps']} steps per mode at the same vocabulary and "
         f"batch, the dynamic scale starting at 2**{math.log2(tiny['initial_scale']):g} and "
-        f"doubling after {tiny['growth_steps']} finite steps (the full run: "
+        f"doubling after {tiny['growth_steps']} finite steps (the others: "
         f"2**{math.log2(full['initial_scale']):g} and {full['growth_steps']})",
     )
     demo.add_argument(

@@ -59,6 +59,7 @@ def explained(scaler_cls):
 
 
 # torch's own scaler, compiled, warns of torch.jit deprecations (lscore's does not: below)
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")
 def test_no_more_graph_breaks_than_torchs_scaler(fresh_dynamo):
     theirs = explained(torch.amp.GradScaler)

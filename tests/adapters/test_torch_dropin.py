@@ -227,6 +227,7 @@ def test_policy_object_with_torch_names_shows_replace():
         GradScaler("cpu", policy=lscore.Policy(), init_scale=8.0)
 
 
+@pytest.mark.slow
 def test_stray_lscore_folder_is_named(tmp_path):
     """A folder named lscore without __init__.py in the working directory becomes a
     namespace package that hides the installed lscore's own names; say so."""

@@ -326,6 +326,7 @@ def test_gpu_suite_skips_with_a_reason_without_a_gpu(tmp_path):
     assert all(t["met"] is None and t["measured"] is None for t in out["targets"])
 
 
+@pytest.mark.slow
 def test_gpu_step_rows_run_on_the_host_harness():
     """The whole-step rows' code (lscore's modes, torch's foreach and fused, the floor) runs
     end to end on NumPy arrays with the CPU host harness standing in for the GPU, and each

@@ -21,6 +21,7 @@ def rows():
     return _static.figures()
 
 
+@pytest.mark.slow
 def test_every_streaming_kernel_and_dtype_is_measured(rows):
     assert [(r.label, r.dtype) for r in rows] == [(k[2], k[3]) for k in _static.HOT_LOOPS]
     assert all(r.loop and r.bytes > 0 for r in rows)
@@ -54,6 +55,7 @@ def test_hottest_loop_is_the_innermost_with_the_widest_accesses():
     assert _static.hottest_loop(body[:1] + body[7:8]) == (2, 0, 0, False)
 
 
+@pytest.mark.slow
 def test_cli_prints_the_table(capsys):
     from lscore import cli
 

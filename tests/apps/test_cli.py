@@ -74,15 +74,19 @@ def test_demo_help_shows_its_defaults(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_demo_help_is_the_codes_settings(capsys: pytest.CaptureFixture[str]) -> None:
-    """The steps, the vocabulary, the batch and --tiny's scale are read from demo.config,
-    so the help says what a run does."""
+    """The steps, the vocabulary, the batch and --full's and --tiny's settings are read from
+    demo.config, so the help says what a run does."""
     from lscore.cli.demo import config
 
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    full, tiny = config(), config(tiny=True)
-    assert f"(default {full['steps']}; {tiny['steps']} with --tiny)" in text
+    default, full, tiny = config(), config(full=True), config(tiny=True)
+    assert (
+        f"(default {default['steps']}; {full['steps']} with --full, {tiny['steps']} with --tiny)"
+        in text
+    )
+    assert f"the long run of the documentation's figure: {full['steps']} steps per mode" in text
     assert f"vocabulary {full['vocab']}, {full['batch_size']} windows a batch" in text
     assert f"{tiny['steps']} steps per mode at the same vocabulary and batch" in text
     assert f"starting at 2**{math.log2(tiny['initial_scale']):g}" in text

@@ -103,6 +103,7 @@ def test_the_loss_is_binary_cross_entropy_over_batch_and_vocabulary():
     assert loss == pytest.approx(want, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_float16_flushes_the_logits_gradient_and_scaling_keeps_it():
     """Binary cross-entropy averaged over 2**25 elements (the demo's batch x vocabulary):
     every logit's gradient is at most 2**-25, so float16 flushes all of them; a scale of
@@ -173,6 +174,7 @@ def test_cli_torch_backend_says_what_is_missing(monkeypatch, capsys):
     assert "lscore[torch]" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_tiny_run_tells_the_story(tmp_path, capsys, monkeypatch):
     pytest.importorskip("threadpoolctl")
     pytest.importorskip("matplotlib")

@@ -77,6 +77,7 @@ def test_every_mode_trains_and_float16_without_scaling_loses_gradients():
     assert all(m in table for m in _demo.MODES)
 
 
+@pytest.mark.slow
 def test_without_a_gpu_it_says_so_and_runs_the_cpu_demo(tmp_path, capsys):
     for m in ("threadpoolctl", "matplotlib", "tqdm"):
         pytest.importorskip(m)

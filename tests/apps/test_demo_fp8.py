@@ -51,6 +51,7 @@ def test_a_layer_multiplies_what_the_recipe_casts(mode):
         assert layers.delayed.scale[0] == r.scale_from_amax(layers.amaxes[:1], "e4m3fn")[0]
 
 
+@pytest.mark.slow
 def test_tiny_fp8_run(tmp_path, capsys):
     for m in ("threadpoolctl", "matplotlib", "tqdm"):
         pytest.importorskip(m)
@@ -94,6 +95,7 @@ def test_fp8_refuses_another_backend(capsys):
         run(fp8=True, backend="cupy", tiny=True)
 
 
+@pytest.mark.slow
 def test_a_run_leaves_the_callers_blas_threads_as_they_were(tmp_path, capsys):
     """The demo limits BLAS to one thread while it trains and lifts the limit on return, so
     code run after it in the same process (a test of bitwise GEMM results) keeps its

@@ -15,6 +15,7 @@ from lscore.cli import demo as _demo
 from lscore.cli.demo import torch_backend as demo_torch
 
 
+@pytest.mark.slow
 def test_tiny_torch_run(tmp_path, capsys, monkeypatch):
     records = []
     real = demo_torch.train

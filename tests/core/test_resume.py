@@ -20,6 +20,7 @@ from helpers import TESTS
 from helpers.resume import FIRST, events, have_torch, run, scenarios
 
 
+@pytest.mark.slow
 def test_checkpoint_resumes_bit_identically_in_a_new_process(tmp_path):
     expected, manifest = {}, {}
     for n, sc in enumerate(scenarios()):

@@ -95,6 +95,7 @@ EXAMPLES = launch.doc_examples("dist.init_process_group")
         for args in ([], ["--no-group"])
     ],
 )
+@pytest.mark.slow
 def test_documented_example_under_torchrun(code, shown, args, tmp_path):
     """docs/guides/distributed.md's examples print what the page shows, with and without
     process_group (the page's last output block is the run with --no-group)."""

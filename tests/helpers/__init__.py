@@ -18,6 +18,7 @@ pythonpath``), so a test imports ``from helpers import FLOAT_DTYPES`` or
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -58,3 +59,14 @@ def torch_keys(state_dict: dict) -> dict:
     """A GradScaler state dict without the counts lscore adds (``"lscore_counters"``, which
     torch's scaler ignores): what ``torch.amp.GradScaler.state_dict()`` holds."""
     return {k: v for k, v in state_dict.items() if k != "lscore_counters"}
+
+
+def built_wheel() -> Path | None:
+    """The release wheel under test: the one ``LSCORE_WHEEL`` names (cibuildwheel's test
+    step), else the one ``make wheel`` left in dist/, else None."""
+    named = os.environ.get("LSCORE_WHEEL")
+    if named:
+        return Path(named)
+    found = sorted((ROOT / "dist").glob("lscore-*.whl"))
+    assert len(found) <= 1, f"more than one wheel in dist/: {[p.name for p in found]}"
+    return found[0] if found else None

@@ -29,6 +29,7 @@ def nvrtc_options(cupy_compiler, monkeypatch):
     return seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("filename", sorted(cuda.KERNELS))
 def test_options_reach_nvrtc_as_written(nvrtc_options, cupy_compiler, monkeypatch, filename):
     monkeypatch.setattr(cupy_compiler, "_use_pch", False)
@@ -38,6 +39,7 @@ def test_options_reach_nvrtc_as_written(nvrtc_options, cupy_compiler, monkeypatc
     ]
 
 
+@pytest.mark.slow
 def test_options_are_exact_ieee_with_a_precompiled_header_too(
     nvrtc_options, cupy_compiler, monkeypatch
 ):
@@ -53,6 +55,7 @@ def test_options_are_exact_ieee_with_a_precompiled_header_too(
     assert not any("fast_math" in o or "fast-math" in o for o in options)
 
 
+@pytest.mark.slow
 def test_the_include_path_form_adds_only_the_include_path(
     nvrtc_options, cupy_compiler, monkeypatch, ext_dir
 ):

@@ -46,6 +46,7 @@ def backend(request):
     return b
 
 
+@pytest.mark.slow
 def test_harness_has_every_kernel_lscore_launches():
     wanted = {n for names in cuda.KERNELS.values() for n in names}
     assert wanted <= set(cuda_host.names())

@@ -171,8 +171,11 @@ def _views(dt):
     ]
 
 
-@pytest.mark.parametrize("dt", sorted(DTYPES))
-@pytest.mark.parametrize("fmt", [E4, E5])
+@pytest.mark.parametrize(
+    "dt",
+    [pytest.param(d, marks=() if d == "float32" else pytest.mark.slow) for d in sorted(DTYPES)],
+)
+@pytest.mark.parametrize("fmt", [E4, pytest.param(E5, marks=pytest.mark.slow)])
 def test_strided_and_nd_by_threads(dt, fmt):
     """Tensor-wise and row-wise casts, amaxes and decodes of non-contiguous views, read in
     place, with every thread count."""

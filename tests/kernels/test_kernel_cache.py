@@ -81,6 +81,7 @@ print(json.dumps({"compiles": len(compiles), "cached": cached}))
 """
 
 
+@pytest.mark.slow
 def test_a_second_process_compiles_nothing(cupy_compiler, cache_dir):
     """Every kernel file, compiled by one process start and read by the next."""
     env = {**os.environ, cuda.CACHE_DIR_ENV: cache_dir}

@@ -62,6 +62,7 @@ def ptxas_release():
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+@pytest.mark.slow
 def test_ptxas_assembles_the_sm100a_instructions(cupy_compiler, tmp_path):
     """NVRTC passes inline PTX through unread: ptxas checks the E2M1 and UE8M0 conversions."""
     release = ptxas_release()
@@ -253,6 +254,7 @@ def test_blocks_of_every_size_and_a_3d_view(backend):
             np.testing.assert_array_equal(d, wd, err_msg=f"{block} {elem}")
 
 
+@pytest.mark.slow
 def test_rceil_scale_needs_no_logarithm(backend):
     """mx.cu's RCEIL scale (no log2, which the GPU's math library rounds otherwise than the
     CPU's) equals the reference's, which takes the logarithm, at every power of two from

@@ -62,6 +62,7 @@ def test_rows_equal_twin_at_every_level(x):
             kernels.set_isa(old)
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_columns_are_the_rows_of_the_transpose(seed):
@@ -110,6 +111,7 @@ def test_half_inputs_read_in_place(isa, dtype, axis):
         np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.slow
 def test_every_bfloat16_at_every_block_scale(isa):
     """Every bfloat16 pattern, 31 to a block beside an anchor whose exponent sets the block's
     scale (every fourth exponent from 2**-133 to 2**127, subnormal anchors included), gives

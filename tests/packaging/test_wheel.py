@@ -17,21 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, built_wheel
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
-def _wheel() -> Path | None:
-    named = os.environ.get("LSCORE_WHEEL")
-    if named:
-        return Path(named)
-    found = sorted((ROOT / "dist").glob("lscore-*.whl"))
-    assert len(found) <= 1, f"more than one wheel in dist/: {[p.name for p in found]}"
-    return found[0] if found else None
-
-
-WHEEL = _wheel()
+WHEEL = built_wheel()
 needs_wheel = pytest.mark.skipif(
     WHEEL is None and os.environ.get("LSCORE_TEST_INSTALLED") != "1",
     reason="no wheel in dist/ (`make wheel` builds one) and LSCORE_WHEEL is unset",

@@ -53,6 +53,7 @@ def run(
     backend: str = "numpy",
     tiny: bool = False,
     fp8: bool = False,
+    full: bool = False,
 ) -> int:
     """Train the three modes (with `fp8`, bfloat16 and the two FP8 ones), print the table,
     write the PNG and the JSON; returns an exit code."""
@@ -67,7 +68,7 @@ def run(
     # more BLAS threads than this small model needs only add overhead; the limit is
     # lifted on return, so a caller in the same process keeps its own thread counts
     with threadpool_limits(1):
-        return _train(steps, seed, out, backend, tiny, fp8, names)
+        return _train(steps, seed, out, backend, tiny, fp8, names, full)
 
 
 def _train(
@@ -78,11 +79,12 @@ def _train(
     tiny: bool,
     fp8: bool,
     names: tuple[str, str],
+    full: bool = False,
 ) -> int:
     """run's work under its thread limit: train the modes, print, write the outputs."""
     from tqdm import tqdm
 
-    cfg = model.config(steps, seed, tiny)
+    cfg = model.config(steps, seed, tiny, full)
     data = model.load_data(cfg)
     model0 = model.LM(cfg, np.random.default_rng(seed))
 
