@@ -128,8 +128,8 @@ def _demo(args: argparse.Namespace) -> int:
         return 2
     if args.fp8 and importlib.util.find_spec("ml_dtypes") is None:
         print(
-            "lscore demo --fp8 needs ml_dtypes (NumPy's float8 types): install it with "
-            "`pip install 'lscore[bfloat16]'`",
+            "lscore demo --fp8 needs ml_dtypes (NumPy's float8 types), a dependency of "
+            "lscore that is not installed here: install it with `pip install ml_dtypes`",
             file=sys.stderr,
         )
         return 2

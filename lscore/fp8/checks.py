@@ -170,8 +170,14 @@ def check_scale(scale: Any, rows: int | None) -> Any:
 
 def fp8_dtype(name: str) -> Any:
     """ml_dtypes' dtype of that name (float8_e4m3fn, float8_e5m2, bfloat16)."""
-    import ml_dtypes
-
+    try:
+        import ml_dtypes
+    except ImportError as e:
+        # a dependency of lscore: missing only after an install with --no-deps
+        raise ImportError(
+            f"NumPy's {name} comes from ml_dtypes, a dependency of lscore that is not "
+            "installed here: install it with `pip install ml_dtypes`"
+        ) from e
     return np.dtype(getattr(ml_dtypes, name))
 
 

@@ -299,3 +299,13 @@ def test_scale_from_amax_keeps_the_shape():
     assert got.shape == (3, 2) and got.dtype == np.float32
     assert_same(got, twin(r, a.astype(np.float32), "e4m3fn"))
     assert r.scale_from_amax(3.0).shape == ()
+
+
+def test_a_missing_ml_dtypes_says_what_to_install(monkeypatch):
+    """ml_dtypes is a dependency; after an install without it (pip --no-deps) the error
+    names the package and the command, not a bare ModuleNotFoundError."""
+    from lscore.fp8 import checks
+
+    monkeypatch.setitem(__import__("sys").modules, "ml_dtypes", None)
+    with pytest.raises(ImportError, match=r"float8_e4m3fn .*`pip install ml_dtypes`"):
+        checks.fp8_dtype("float8_e4m3fn")

@@ -45,3 +45,16 @@ def test_each_row_names_its_packages() -> None:
         and {name.strip().lower() for name in brings.split(",")} != required[extra]
     }
     assert wrong == {}
+
+
+def test_ml_dtypes_comes_with_every_install() -> None:
+    """The FP8 guide and NumPy's bfloat16 need ml_dtypes: a core dependency, so that
+    `pip install ".[torch]"` (the README's command) brings it; the `bfloat16` extra stays,
+    bringing nothing more, so that older install commands keep working."""
+    plain = {
+        re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower()  # type: ignore[union-attr]
+        for req in importlib.metadata.requires("lscore") or []
+        if "extra ==" not in req
+    }
+    assert "ml_dtypes" in plain
+    assert _required()["bfloat16"] == {"ml_dtypes"}

@@ -31,6 +31,7 @@ from lscore import cuda, kernels
 from lscore.cli.bench import _gpu
 from lscore.cli.bench._harness import alternating, workload_sizes
 from lscore.cuda.config import ENV, LaunchConfig
+from lscore.fp8.checks import fp8_dtype
 
 CHUNKS = (4096, 16384, 65536)
 BLOCKS = (128, 256, 512, 1024)
@@ -78,10 +79,8 @@ def workloads(tiny: bool = False) -> tuple:
 
 
 def _dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes  # what gives NumPy (and so lscore's CPU core) a bfloat16
-
-        return np.dtype(ml_dtypes.bfloat16)
+    if name == "bfloat16":  # ml_dtypes gives NumPy (and so lscore's CPU core) a bfloat16
+        return fp8_dtype(name)
     return np.dtype(name)
 
 
