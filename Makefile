@@ -76,13 +76,17 @@ DOCS_EXTRAS = docs,torch
 .venv-docs/wheel-installed: dist/.built .venv-docs/bin/python
 	$(call with-wheel,.venv-docs,$(DOCS_EXTRAS))
 
-# the linted tree is the installed one: mypy runs in the venv's site-packages, where the
-# package is laid out as it installs (lscore._ext with the compiled modules' .pyi stubs,
-# lscore.adapters); from the repository root it would take ./lscore, which has neither
+# the linted tree is the installed one: mypy runs in .venv-lint/linked, which holds a link to
+# the installed package, laid out as it installs (lscore._ext with the compiled modules' .pyi
+# stubs, lscore.adapters); from the repository root it would take ./lscore, which has
+# neither, and from site-packages itself every other package there would count as ours
 .venv-lint/wheel-installed: dist/.built .venv-lint/bin/python
 	.venv-lint/bin/pip install $(PIP_FLAGS) -c constraints.txt $(LINT_DEPS)
 	.venv-lint/bin/pip uninstall $(PIP_FLAGS) -y lscore
 	.venv-lint/bin/pip install $(PIP_FLAGS) -c constraints.txt --no-deps "$(WHEEL)"
+	rm -rf .venv-lint/linked && mkdir .venv-lint/linked
+	ln -s "$$(cd / && $(CURDIR)/.venv-lint/bin/python -c \
+		'import lscore, os; print(os.path.dirname(lscore.__file__))')" .venv-lint/linked/lscore
 	touch $@
 
 venv-test: .venv-test/bin/python
@@ -93,10 +97,6 @@ venv-test: .venv-test/bin/python
 venv-demo: .venv-demo/wheel-installed
 venv-docs: .venv-docs/wheel-installed
 venv-lint: .venv-lint/wheel-installed
-
-# where the lint venv's python imports lscore from (run outside the repository)
-LINKED = $$(cd / && $(CURDIR)/.venv-lint/bin/python -c \
-	"import lscore, os; print(os.path.dirname(os.path.dirname(lscore.__file__)))")
 
 lint: venv-lint
 	.venv-lint/bin/ruff check .
@@ -110,7 +110,7 @@ typecheck:
 	$(MAKE) --no-print-directory typecheck-only
 
 typecheck-only:
-	cd "$(LINKED)" && $(CURDIR)/.venv-lint/bin/mypy --config-file $(CURDIR)/pyproject.toml \
+	cd .venv-lint/linked && $(CURDIR)/.venv-lint/bin/mypy --config-file $(CURDIR)/pyproject.toml \
 		--cache-dir $(CURDIR)/.mypy_cache
 
 # The suite against what a user installs, from a folder outside the checkout, so no checkout
