@@ -54,6 +54,18 @@ def unjson_float(x: Any) -> Any:
     return float(x) if isinstance(x, str) and x in JSON_NONFINITE else x
 
 
+def unjson_number(name: str, x: Any, *, wrong_type: type[Exception] = TypeError) -> float:
+    """`x` read back from JSON as a float: a number, or one of the strings `json_float` writes.
+    Any other string is a ValueError, any other value (a bool too) a `wrong_type` error."""
+    x = unjson_float(x)
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        if isinstance(x, str) or wrong_type is ValueError:
+            named = ", ".join(map(repr, JSON_NONFINITE))
+            raise ValueError(f"{name} must be a number or one of {named}, got {x!r}")
+        raise wrong_type(f"{name} must be a number, got {x!r}")
+    return float(x)
+
+
 def _is_real(value: Any) -> bool:
     return isinstance(value, (numbers.Real, np.bool_)) and not isinstance(value, np.datetime64)
 

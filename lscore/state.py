@@ -9,7 +9,7 @@ import numpy as np
 
 from lscore._ext import _codes
 from lscore._ext._state import CyState
-from lscore.policy import JSON_NONFINITE, Policy, json_float, positive_scale, unjson_float
+from lscore.policy import Policy, json_float, positive_scale, unjson_number
 
 FORMAT = "lscore.state/1"
 FORMATS = (FORMAT,)
@@ -24,17 +24,6 @@ _LEGACY_COUNTERS = {"overflows": "overflows_since_backoff"}
 
 class LossScaleFloorError(FloatingPointError):
     """The policy gives up: the scale cannot go lower (DeepSpeed, fairseq)."""
-
-
-def _fromjson_float(name: str, x: Any) -> float:
-    x = unjson_float(x)
-    if isinstance(x, str):
-        raise ValueError(
-            f"{name} must be a number or one of {', '.join(map(repr, JSON_NONFINITE))}, got {x!r}"
-        )
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise TypeError(f"{name} must be a number, got {x!r}")
-    return float(x)
 
 
 class LossScaleState:
@@ -246,7 +235,7 @@ def as_finite(finite: Any, name: str = "finite") -> bool:
 def _scale_value(name: str, x: Any) -> float:
     # NaN stays loadable: an extreme policy can produce it (0 * a factor that is
     # inf in float32), and every state the core produces must round-trip
-    v = _fromjson_float(name, x)
+    v = unjson_number(name, x)
     if v < 0:
         raise ValueError(f"{name} must be >= 0, 'inf' or 'nan', got {x!r}")
     return v

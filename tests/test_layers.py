@@ -11,6 +11,9 @@ applications (``lscore/cli/``, ``lscore/__main__``).  This test parses every
 - a framework (torch, cupy, ...) imported at module level in core or kernels;
 - the CUDA layer (``lscore.cuda``) importing the compiled modules other than
   through the core's one door, ``lscore.kernels``;
+- an arrow against ``ONE_WAY`` between two core packages: ``lscore.cuda`` importing
+  ``lscore.fp8`` (even inside a function), or ``lscore.fp8`` importing ``lscore.cuda``
+  at module level (it reaches the kernels only when a device array comes);
 - a class docstring glued together from other docstrings (``__doc__ = A.__doc__ +
   ...``): a public class states its own contract, not its bases' private ones;
 - a test outside ``tests/apps`` importing the bench application (test doubles
@@ -51,6 +54,9 @@ FRAMEWORKS = (
 )
 # core packages that reach the compiled modules through lscore.kernels only
 THROUGH_THE_DOOR = ("lscore.cuda",)
+# (lower, upper): core packages where `upper` imports `lower` only inside functions and
+# `lower` never imports `upper`; what both need lives in a module of lscore beside them
+ONE_WAY = (("lscore.cuda", "lscore.fp8"),)
 _PYX_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import\s+(.+)|c?import\s+([\w.]+))", re.M)
 _PYX_DEF = re.compile(r"^(?:c?p?def|cdef class)\s+(?:[\w*]+\s+)*?(_\w+)\s*[(:]", re.M)
 
@@ -183,8 +189,23 @@ def _module_level_nodes(node):
             yield from _module_level_nodes(child)
 
 
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def _behind_the_door(module: str) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in THROUGH_THE_DOOR)
+    return any(_within(module, p) for p in THROUGH_THE_DOOR)
+
+
+def _one_way(importer: str, hit: str, top: bool) -> list[str]:
+    """What an import of `hit` by `importer` breaks of ``ONE_WAY``."""
+    problems = []
+    for lower, upper in ONE_WAY:
+        if _within(importer, lower) and _within(hit, upper):
+            problems.append(f"{lower} imports {hit}; {upper} leans on {lower}, never back")
+        if top and _within(importer, upper) and _within(hit, lower):
+            problems.append(f"{upper} imports {hit} at module level; import it where it is used")
+    return problems
 
 
 def _adapter_of(module: str) -> str | None:
@@ -230,6 +251,7 @@ def check_tree(root: pathlib.Path) -> list[str]:
                     problems.append(f"{where}:{line}: kernels import the Python module {hit}")
                 elif ROOMS.index(theirs) > ROOMS.index(mine):
                     problems.append(f"{where}:{line}: {mine} imports {theirs} ({hit})")
+                problems += [f"{where}:{line}: {p}" for p in _one_way(m.name, hit, top)]
                 a, b = _adapter_of(m.name), _adapter_of(hit)
                 if mine == "adapters" and b is not None and a != b:
                     problems.append(f"{where}:{line}: adapter code imports the {b} adapter ({hit})")
@@ -389,6 +411,23 @@ def test_a_clean_planted_tree_passes(tmp_path):
             {"lscore/managers.py": "def f(state):\n    return state._cy\n"},
             "reads _cy, an underscore name of lscore.state",
         ),
+        (
+            {
+                "lscore/fp8/__init__.py": "",
+                "lscore/fp8/checks.py": "",
+                "lscore/cuda/__init__.py": "",
+                "lscore/cuda/fp8.py": "def f():\n    from lscore.fp8.checks import nan_rule\n",
+            },
+            "lscore.cuda imports lscore.fp8.checks; lscore.fp8 leans on lscore.cuda, never back",
+        ),
+        (
+            {
+                "lscore/fp8/__init__.py": "",
+                "lscore/cuda/__init__.py": "",
+                "lscore/fp8/casting.py": "from lscore.cuda import fp8\n",
+            },
+            "lscore.fp8 imports lscore.cuda at module level",
+        ),
     ],
     ids=[
         "core->adapter in a function",
@@ -404,11 +443,23 @@ def test_a_clean_planted_tree_passes(tmp_path):
         "glued docstring",
         "private module",
         "private attribute",
+        "fp8 from lscore.cuda",
+        "lscore.cuda from fp8 at module level",
     ],
 )
 def test_the_checker_catches_a_planted_violation(tmp_path, files, expected):
     problems = _plant(tmp_path, files)
     assert any(expected in p for p in problems), problems
+
+
+def test_fp8_may_import_lscore_cuda_inside_a_function(tmp_path):
+    files = {
+        "lscore/fp8/__init__.py": "",
+        "lscore/cuda/__init__.py": "",
+        "lscore/cuda/fp8.py": "",
+        "lscore/fp8/casting.py": "def f():\n    from lscore.cuda.fp8 import cupy_arrays\n",
+    }
+    assert _plant(tmp_path, files) == []
 
 
 def test_a_framework_imported_inside_a_function_is_allowed_in_the_core(tmp_path):

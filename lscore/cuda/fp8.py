@@ -19,9 +19,9 @@ import math
 from typing import Any, NamedTuple
 
 from lscore import kernels
+from lscore._fp8_checks import check_scale, format_name, nan_rule, row_axis
 from lscore.cuda.sources import amax_name, cast_name, dequant_name
 from lscore.dtypes import BY_NAME
-from lscore.fp8.checks import check_scale, format_name, nan_rule, row_axis
 
 __all__ = [
     "DeviceView",

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from lscore import _fp8_checks
+from lscore._fp8_checks import check_scale, dtype_name, format_name, nan_rule, row_axis
 from lscore.policy import choice
 
 __all__ = [
@@ -35,35 +37,9 @@ __all__ = [
 ]
 
 #: float8 format names: the short ones (TransformerEngine's, torchao's recipes) and the dtype names
-FORMATS = {
-    "e4m3fn": "float8_e4m3fn",
-    "e5m2": "float8_e5m2",
-    "float8_e4m3fn": "float8_e4m3fn",
-    "float8_e5m2": "float8_e5m2",
-}
+FORMATS = _fp8_checks.FORMATS
 #: the input dtypes the casts read
 FLOATS = ("float32", "float16", "bfloat16")
-_NAN = ("ignore", "propagate")
-_FLT_MAX = float(np.finfo(np.float32).max)
-
-
-_DTYPE_NAMES: dict[Any, str] = {}
-
-
-def dtype_name(dt: np.dtype) -> str:
-    """dt.name, cached: NumPy computes the name in Python on every access (microseconds)."""
-    name = _DTYPE_NAMES.get(dt)
-    if name is None:
-        name = _DTYPE_NAMES[dt] = dt.name
-    return name
-
-
-def format_name(fmt: Any) -> str:
-    """The dtype name ("float8_e4m3fn" / "float8_e5m2") of a format name or float8 dtype."""
-    name = FORMATS.get(fmt) if isinstance(fmt, str) else FORMATS.get(dtype_name(np.dtype(fmt)))
-    if name is None:
-        raise ValueError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    return name
 
 
 def float_input(x: Any, what: str = "x") -> np.ndarray:
@@ -75,19 +51,6 @@ def float_input(x: Any, what: str = "x") -> np.ndarray:
     if not x.dtype.isnative:
         raise ValueError(f"{what} must be in native byte order, got {x.dtype.str}")
     return x
-
-
-def row_axis(x: Any, axis: Any) -> bool:
-    """True for per-row (axis -1 or ndim - 1), False for per-tensor (None)."""
-    if axis is None:
-        return False
-    is_int = isinstance(axis, (int, np.integer)) and not isinstance(axis, bool)
-    if is_int and x.ndim >= 1 and axis in (-1, x.ndim - 1):
-        return True
-    raise ValueError(
-        f"axis must be None (per tensor) or -1 (per row, along the last axis) "
-        f"for an array of {x.ndim} dimensions, got {axis!r}"
-    )
 
 
 def block_axis(x: Any, axis: Any) -> bool:
@@ -116,13 +79,6 @@ def out_dtype(dtype: Any) -> str:
     return name
 
 
-def nan_rule(nan: Any, what: str = "nan") -> bool:
-    """True when a NaN input makes the amax NaN ("propagate"), False when skipped ("ignore")."""
-    if nan not in _NAN:
-        raise ValueError(f"{what} must be 'ignore' or 'propagate', got {nan!r}")
-    return nan == "propagate"
-
-
 def rows_of(x: Any) -> int:
     """The number of rows (along the last axis) of an array of at least one dimension."""
     return math.prod(x.shape[:-1])
@@ -131,41 +87,6 @@ def rows_of(x: Any) -> int:
 def row_shape(x: np.ndarray) -> tuple[int, ...]:
     """The shape of per-row amaxes and scales: the input's, with the last axis 1."""
     return (*x.shape[:-1], 1)
-
-
-def check_scale(scale: Any, rows: int | None) -> Any:
-    """The scale as float32: a positive finite scalar (rows None) or a vector of one per row."""
-    if rows is None:
-        if type(scale) is float and 0 < scale <= _FLT_MAX:  # the common case, without NumPy
-            s = np.float32(scale)
-            if s > 0:
-                return s
-        if type(scale) is np.float32 and 0 < scale < np.inf:
-            return scale
-        s = None
-        if not isinstance(scale, (str, bytes, bool, np.bool_)) and np.ndim(scale) == 0:
-            try:
-                with np.errstate(over="ignore"):
-                    s = np.float32(scale)
-            except (TypeError, ValueError):
-                s = None
-        if s is None or not (math.isfinite(s) and s > 0):
-            raise ValueError(f"scale must be a positive finite float32, got {scale!r}")
-        return s
-    a = np.asarray(scale)
-    if a.dtype.kind not in "fiu" or a.size != rows or a.ndim == 0:
-        raise ValueError(
-            f"scale must hold one positive finite float32 per row ({rows}), "
-            f"got {a.dtype} of shape {a.shape}"
-        )
-    s = np.ascontiguousarray(a, np.float32).reshape(rows)
-    bad = ~(np.isfinite(s) & (s > 0))
-    if bad.any():
-        raise ValueError(
-            f"scale must hold positive finite float32s, "
-            f"got {s[bad][0]!r} at row {int(bad.argmax())}"
-        )
-    return s
 
 
 def fp8_dtype(name: str) -> Any:

@@ -24,7 +24,7 @@ import numpy.typing as npt
 from lscore import kernels
 from lscore.distributed import check_reducer, reduce_max
 from lscore.fp8.recipes import FP8_MAX, Recipe, recipe
-from lscore.policy import JSON_NONFINITE, choice, integer, json_float, unjson_float
+from lscore.policy import choice, integer, json_float, unjson_number
 
 __all__ = ["FORMAT", "DelayedScaling"]
 
@@ -32,16 +32,6 @@ __all__ = ["FORMAT", "DelayedScaling"]
 FORMAT = "lscore.fp8/1"
 _KEYS = ("format", "recipe", "n", "formats", "scale", "scale_inv", "amax_history")
 _F32_MAX = float(np.finfo(np.float32).max)
-
-
-def _number(name: str, x: Any) -> float:
-    """A JSON number, or one of the strings that json_float writes for the non-finite ones;
-    ValueError otherwise (a state dict's values are checked as data, not as arguments)."""
-    x = unjson_float(x)
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        named = ", ".join(map(repr, JSON_NONFINITE))
-        raise ValueError(f"{name} must be a number or one of {named}, got {x!r}")
-    return float(x)
 
 
 def _amaxes(name: str, values: Any, n: int) -> npt.NDArray[np.float32]:
@@ -63,7 +53,7 @@ def _scales(name: str, values: Any, n: int, inf: bool = False) -> npt.NDArray[np
     the inverse of a subnormal scale) and > 0."""
     if not isinstance(values, (list, tuple)) or len(values) != n:
         raise ValueError(f"{name} must be a list of {n} numbers, got {values!r}")
-    xs = [_number(f"{name}[{i}]", v) for i, v in enumerate(values)]
+    xs = [unjson_number(f"{name}[{i}]", v, wrong_type=ValueError) for i, v in enumerate(values)]
     for i, x in enumerate(xs):
         if not (0 < x <= _F32_MAX or (inf and x == np.inf)) or np.float32(x) == 0:
             rule = "> 0 (finite or +Inf)" if inf else "finite and > 0"
@@ -260,7 +250,7 @@ class DelayedScaling:
         for i, row in enumerate(rows):
             if not isinstance(row, (list, tuple)):
                 raise ValueError(f"amax_history[{i}] must be a list of {self.n} numbers")
-            values = [_number(f"amax_history[{i}]", v) for v in row]
+            values = [unjson_number(f"amax_history[{i}]", v, wrong_type=ValueError) for v in row]
             history[i] = _amaxes(f"amax_history[{i}]", np.array(values), self.n)
         with self._lock:
             self._cy.load(history, scale, scale_inv)

@@ -20,7 +20,6 @@ nothing imports a framework.
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
@@ -46,6 +45,7 @@ from lscore.migrate._others import (
 )
 from lscore.migrate._tf import Keras2Peer, Keras3Peer, TF1Peer, TF2Peer
 from lscore.migrate._torch import NemoPeer, TorchPeer
+from lscore.policy import json_float
 from lscore.presets import PresetLossScale, preset, table
 
 __all__ = ["PEERS", "Migration", "MigrationNote", "convert", "from_peer", "peer_config", "to_peer"]
@@ -80,10 +80,6 @@ def _peer(name: str) -> PeerBase:
     if name not in _PEERS:
         raise ValueError(f"unknown peer {name!r}; expected one of: {', '.join(PEERS)}")
     return _PEERS[name]
-
-
-def _json_scale(x: float) -> float | str:
-    return x if math.isfinite(x) else "inf"
 
 
 def convert(name: str, config: Any = None, state: Any = None) -> Migration:
@@ -125,11 +121,11 @@ def convert(name: str, config: Any = None, state: Any = None) -> Migration:
     if loaded.scale is not None or loaded.counters or loaded.next_scale is not None:
         d = ls.state_dict()
         if loaded.scale is not None:
-            d["scale"] = _json_scale(loaded.scale)
+            d["scale"] = json_float(loaded.scale)
             if "next_scale" in d:
                 d["next_scale"] = d["scale"]
         if loaded.next_scale is not None:
-            d["next_scale"] = _json_scale(loaded.next_scale)
+            d["next_scale"] = json_float(loaded.next_scale)
         d["counters"].update(loaded.counters)
         ls.load_state_dict(d)
     return Migration(ls, tuple(notes), state_at, config_at, defaults)

@@ -17,6 +17,7 @@ from lscore.migrate._base import (
     read_value,
     walk_path,
 )
+from lscore.policy import unjson_float
 from lscore.presets import table
 
 
@@ -466,7 +467,7 @@ class MXNetPeer(PeerBase):
     def dump(self, ls: Any, args: Any) -> Any:
         return {
             "_loss_scale": ls.state.scale,
-            "_next_loss_scale": float(ls.state_dict().get("next_scale", ls.state.scale)),
+            "_next_loss_scale": unjson_float(ls.state_dict().get("next_scale", ls.state.scale)),
             "_max_loss_scale": args["max_loss_scale"],
             "_scale_seq_len": args["scale_seq_len"],
             "_unskipped": ls.state.counters()["good_steps"],

@@ -23,6 +23,7 @@ class Spec:
     doc: str
     counters: Callable | None = None  # (checked args) -> initial counters
     invert: Callable | None = None  # (Policy) -> peer arguments not in `rename`
+    source: str = ""  # the peer's repository, file and class or function
 
 
 def f32(name: Any, v: Any) -> Any:

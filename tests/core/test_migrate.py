@@ -1192,3 +1192,23 @@ def test_cli_to_peer_takes_the_lscore_state_as_file_or_state(tmp_path, capsys):
     ):
         assert cli(["migrate", "--to", "deepspeed", *argv]) == 2
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("peer", ["torch", "mxnet"])
+@pytest.mark.parametrize("value", [float("nan"), float("-inf"), float("inf")], ids=str)
+def test_a_non_finite_migrated_scale_survives_or_is_refused_by_name(monkeypatch, peer, value):
+    # Every peer reader refuses NaN and -inf itself (read_scale); what reaches the v1 state
+    # past a reader must still be encoded as it is, never as "inf": NaN stays loadable,
+    # -inf is refused naming it.
+    reader = type(migrate._peer(peer))
+    monkeypatch.setattr(reader, "load", lambda self, state, args, notes: migrate.Loaded(value))
+    if value == float("-inf"):
+        with pytest.raises(ValueError, match="got '-inf'"):
+            migrate.convert(peer, state={})
+        return
+    ls = migrate.convert(peer, state={}).loss_scale
+    d = ls.state_dict()
+    assert json.loads(json.dumps(d, allow_nan=False)) == d
+    assert np.isnan(ls()) if np.isnan(value) else ls() == value
+    if "next_scale" in d:
+        assert d["next_scale"] == d["scale"]

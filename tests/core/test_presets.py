@@ -7,6 +7,7 @@ import json
 import math
 import pathlib
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -438,3 +439,11 @@ def test_torch_is_nemo_without_hysteresis():
         nemo.state.update(finite)
         assert torch.counters() == nemo.counters()
     assert torch.counters()["hysteresis_left"] == 1 and torch() == 1.0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_row_cites_the_peer_source_it_follows(name):
+    from lscore.presets import table
+
+    source = table.TABLE[name].source
+    assert re.search(r"^[\w.-]+/[\w.-]+ \S+\.(py|cu|cpp)\b", source), source
