@@ -141,8 +141,8 @@ test-dev: venv-test
 examples-latest: dist/.built .venv-latest/bin/python
 	.venv-latest/bin/pip uninstall $(PIP_FLAGS) -y lscore
 	.venv-latest/bin/pip install $(PIP_FLAGS) --upgrade --upgrade-strategy eager \
-		"$(WHEEL)[test,torch]" "$$(grep '^torch==' constraints.txt)"
-	.venv-latest/bin/pip list --format=freeze | grep -iE '^(numpy|ml.dtypes|torch|sybil)=='
+		"$(WHEEL)[$(TEST_EXTRAS)]" "$$(grep '^torch==' constraints.txt)"
+	.venv-latest/bin/pip list --format=freeze | grep -iE "^(numpy|ml.dtypes|torch|sybil|lightning|accelerate)=="
 	bash scripts/run_tests.sh .venv-latest README.md docs
 
 # The main job: a run of about 3 minutes of training on two CPU cores; `make demo-full`
