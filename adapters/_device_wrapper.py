@@ -362,6 +362,8 @@ class SyncFree(LossScaleOptimizer):
 
     def get_unscaled_gradients(self, grads: Any) -> list:
         self._check_device()
+        grads = list(grads)
+        _optim.check_gradient_dtypes(grads)
         return [None if g is None else g * self._device_value("inv", g.dtype) for g in grads]
 
     def _scaled_gradients(self, loss_and_grads_fn: Any, var_list: Any) -> Any:
@@ -451,6 +453,7 @@ class SyncFree(LossScaleOptimizer):
         advance = self._tf1_step_arguments(global_step, name)
         self._check_device()
         pairs = _optim.drop_none_gradients(_optim.grad_var_pairs(grads_and_vars), warn=True)
+        _optim.check_gradient_dtypes([g for g, _ in pairs])
         plan = self._optimizer.fused_plan(*_optim.unzip(pairs))
         if plan is not None:
             return self._fused(plan, advance, scaled=False)

@@ -34,6 +34,7 @@ from lscore.adapters._scaling import scaling_kwargs_from_config
 from lscore.adapters._wrapper import TFShaped, inner_attribute, load_checked, run_step, type_name
 from lscore.distributed import reduce_found_inf
 from lscore.policy import boolean, integer, inverse_scale
+from lscore.scan import is_integer_dtype, not_float_error
 
 OPTIMIZER_FORMAT = "lscore.optimizer/1"
 _OPTIMIZER_KEYS = (
@@ -132,6 +133,15 @@ def check_variable_dtypes(variables: Any, allow_fp16: bool) -> None:
     for dt in {getattr(v, "dtype", None) for v in variables}:
         if getattr(dt, "kind", None) == "f" and getattr(dt, "itemsize", None) == 2:
             raise ValueError(FP16_VARIABLES)
+
+
+def check_gradient_dtypes(grads: list) -> None:
+    """Integer and bool gradients are refused before anything changes (TypeError naming
+    the dtype): the scale cannot be divided out of them, and a cast would drop the step."""
+    for dt in {getattr(g, "dtype", None) for g in grads}:
+        if getattr(dt, "kind", "f") != "f" and is_integer_dtype(dt):
+            i = next(i for i, g in enumerate(grads) if getattr(g, "dtype", None) == dt)
+            raise not_float_error("LossScaleOptimizer", f"gradient {i}", dt)
 
 
 class LossScaleOptimizerBase(TFShaped):
@@ -235,6 +245,8 @@ class LossScaleOptimizerBase(TFShaped):
 
     def get_unscaled_gradients(self, grads: Any) -> list:
         """Each gradient times the float32 reciprocal of the scale (in its dtype); None kept."""
+        grads = list(grads)
+        check_gradient_dtypes(grads)
         inv = inverse_scale(self._scaling.scale)
         return [None if g is None else _times(g, inv) for g in grads]
 
@@ -280,6 +292,7 @@ class LossScaleOptimizerBase(TFShaped):
             pairs = drop_none_gradients(pairs, warn=self._scaling.shape != "tf1")
         check_variable_dtypes([v for _, v in pairs], self._allow_fp16)
         grads = [g for g, _ in pairs]
+        check_gradient_dtypes(grads)
         finite = not reduce_found_inf(self._reducer, not self._all_finite(grads))
         applied, _ = run_step(
             self,
@@ -342,6 +355,7 @@ class LossScaleOptimizerBase(TFShaped):
             raise ValueError(
                 f"loss_and_grads_fn returned {len(grads)} gradients for {len(var_list)} variables"
             )
+        check_gradient_dtypes(grads)
         return loss, grads, var_list
 
     def compute_gradients(self, loss_and_grads_fn: Any, var_list: Any) -> list:

@@ -51,7 +51,8 @@ Example::
     opt.minimize(loss_and_grads, [w])
 
 Arrays must be dense (C- or F-contiguous); integer and bool arrays count
-as finite and are never written.
+as finite in ``all_finite`` and are refused by ``unscale_`` and the
+optimizers (they cannot be unscaled).
 """
 
 from __future__ import annotations

@@ -256,14 +256,15 @@ def unscale_(arrays: Any, inv_scale: float, stats: bool = False) -> Any:
 
     float32 and float16/bfloat16 multiply by float32(inv_scale) in float32 and
     round back (nearest even); float64 multiplies by the double inv_scale.
-    Every floating array is multiplied completely; integers are left alone.
+    Every floating array is multiplied completely; integer and bool arrays are a
+    TypeError (nothing is written).
     With stats, also returns the L2 norm and the max |x| of every floating
     value after the multiply (float64; NaN if any NaN is left).
     """
     leaves = [(a, _kind(a)) for a in _leaves(arrays, True)]
     for a, kind in leaves:
         if kind == "int":
-            continue
+            raise TypeError(f"unscale_ needs floating-point gradients, got {a.dtype}")
         if not a.flags.writeable:
             raise ValueError("unscale_ needs writable arrays")
         if kind in _FLOAT8:

@@ -11,6 +11,7 @@ import torch
 
 from lscore import kernels
 from lscore.dtypes import Code
+from lscore.scan import not_float_error
 
 _CPU = torch.device("cpu")
 # torch dtype -> the core's dtype code, for every dtype the kernels read
@@ -28,6 +29,30 @@ class ScalerAssertionError(RuntimeError, AssertionError):
     A RuntimeError, as lscore's contract says, and still an AssertionError so
     code written against torch keeps catching it.
     """
+
+
+class GradDtypeError(TypeError, NotImplementedError):
+    """An integer or bool gradient, refused before any gradient is unscaled.
+
+    A TypeError, as lscore's contract says, and still the NotImplementedError that
+    torch's unscale kernel raises for such a dtype, so code written against torch
+    keeps catching it.
+    """
+
+
+def refuse_integer_grad(param_groups: Any, param: Any) -> None:
+    """GradDtypeError when the gradient of `param` is an integer or bool tensor (a complex
+    one is left to torch's kernel, which raises torch's own error)."""
+    dtype = param.grad.dtype
+    if dtype.is_floating_point or dtype.is_complex:
+        return
+    where = next(
+        f"the gradient of param_groups[{k}]['params'][{i}]"
+        for k, group in enumerate(param_groups)
+        for i, p in enumerate(group["params"])
+        if p is param
+    )
+    raise GradDtypeError(str(not_float_error("unscale_", where, dtype)))
 
 
 def _kernel_unscale(groups: Any, inv_scale: Any, found_inf: Any, found_per_device: Any) -> None:
@@ -74,6 +99,8 @@ def unscale_with_kernel(optimizer: Any, inv_scale: Any, found_inf: Any, allow_fp
                     continue
                 if not allow_fp16 and g.dtype == torch.float16:
                     raise ValueError("Attempting to unscale FP16 gradients.")
+                if not g.dtype.is_floating_point:
+                    refuse_integer_grad(optimizer.param_groups, param)  # complex: torch's error
                 if g.is_sparse:
                     g = _sparse_values(param)
                 groups[g.device][g.dtype].append(g)
@@ -119,6 +146,8 @@ class GradUnscaler:
         if others:
             groups: dict = {}
             with torch.no_grad():
+                for param in others:  # all checked before any is unscaled
+                    refuse_integer_grad(param_groups, param)
                 for param in others:
                     t = _sparse_values(param)
                     code = TORCH_CODES.get(t.dtype)

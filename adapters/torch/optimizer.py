@@ -10,8 +10,10 @@ import torch
 
 from lscore.adapters import _optim, _wrapper
 from lscore.adapters.torch._paths import GradUnscaler, named_grads
+from lscore.adapters.torch._unscaler import GradDtypeError
 from lscore.distributed import reduce_found_inf
 from lscore.policy import integer, inverse_scale
+from lscore.scan import not_float_error
 
 # the keys of state_dict()["loss_scale"]
 _LOSS_SCALE_KEYS = ("shape", "iterations", "last_step_skipped", "monitor_steps", "state")
@@ -187,7 +189,15 @@ class LossScaleOptimizer(_wrapper.TFShaped, torch.optim.Optimizer):
         return inverse_scale(self._scaling.scale)
 
     def get_unscaled_gradients(self, grads: Any) -> list:
-        """Each gradient times the float32 reciprocal of the scale (in its dtype); None kept."""
+        """Each gradient times the float32 reciprocal of the scale (in its dtype); None kept.
+
+        An integer or bool gradient is a TypeError (it cannot be unscaled)."""
+        grads = list(grads)
+        for i, g in enumerate(grads):
+            if g is not None and not (g.dtype.is_floating_point or g.dtype.is_complex):
+                raise GradDtypeError(
+                    str(not_float_error("get_unscaled_gradients", f"gradient {i}", g.dtype))
+                )
         inv = self._inv_scale()
         return [None if g is None else _times(g, inv) for g in grads]
 

@@ -20,9 +20,12 @@ from lscore.cuda.launch import MultiTensor
 from lscore.cuda.sources import TRAITS
 from lscore.dtypes import BY_NAME, Code
 from lscore.policy import real
-from lscore.scan import clip_coefficient, norm_order
+from lscore.scan import clip_coefficient, norm_order, refuse_integers
 
 __all__ = ["ArrayKernels", "clip_coefficient", "norm_kind"]
+
+
+_INT = int(Code.INT)
 
 
 def _classify(dtype: Any) -> Any:
@@ -132,10 +135,18 @@ class ArrayKernels:
                 "all_finite", self._launches(plan, dev, runner), found_ptr=found_ptr, mark=1
             )
 
-    def _run(self, op: str, arrays: Any, inv: float) -> bool:
+    def _writable_plan(self, arrays: Any) -> Any:
+        """The plan of arrays to unscale in place: refused before any launch when one is
+        read-only, or of integers or bools (which cannot be unscaled)."""
         plan = self._table.plan(arrays)
-        if op == "unscale" and plan.write_error is not None:
+        if plan.write_error is not None:
             raise ValueError(plan.write_error)
+        if _INT in plan.codes:
+            refuse_integers("unscale_", arrays)
+        return plan
+
+    def _run(self, op: str, arrays: Any, inv: float) -> bool:
+        plan = self._writable_plan(arrays) if op == "unscale" else self._table.plan(arrays)
         devices = plan.devices
         if len(devices) == 1:  # the common call
             dev = devices[0]
@@ -165,9 +176,9 @@ class ArrayKernels:
         float32(inv_scale) and rounded back to nearest even; float32 uses
         float32(inv_scale), float64 the double.  One fused pass per dtype,
         enqueued on the current stream, and one host sync per device.
-        Refused before anything is written: arrays of another type, dtypes
-        without a kernel, non-dense or self-overlapping arrays, read-only
-        arrays and arrays that share memory.
+        Refused before anything is written: arrays of another type, integer and
+        bool arrays, dtypes without a kernel, non-dense or self-overlapping
+        arrays, read-only arrays and arrays that share memory.
         """
         return self._run("unscale", arrays, _inverse(inv_scale))
 
@@ -211,9 +222,7 @@ class ArrayKernels:
         return self._norm(arrays, inv, inf_norm, limit)
 
     def _norm(self, arrays: Any, inv: float, inf_norm: bool, max_norm: float) -> tuple[bool, float]:
-        plan = self._table.plan(arrays)
-        if plan.write_error is not None:
-            raise ValueError(plan.write_error)
+        plan = self._writable_plan(arrays)
         devices = plan.devices
         # on one device the coefficient never leaves it; across devices it needs every norm
         fold_on_device = max_norm if len(devices) == 1 else 0.0

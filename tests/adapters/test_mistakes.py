@@ -112,3 +112,64 @@ def test_a_missing_framework_names_the_extra(module, extra):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     ).stdout
     assert f"lscore.adapters.{module} needs" in out and f"pip install {extra}" in out
+
+
+def test_integer_gradients_are_refused_before_anything_changes(array_backend):
+    """unscale_ multiplies by 1/scale: an int32 gradient cannot take it (torch refuses such
+    a gradient too).  Every path refuses it with the dtype named, before any array, the
+    scale or the step count changes; all_finite still counts integers as finite."""
+    b = array_backend
+    f, i = b.asarray(np.full(3, 4.0, np.float32)), b.asarray(np.arange(3, dtype=np.int32))
+    assert b.all_finite([f, i])
+    with pytest.raises(TypeError, match=r"unscale_ .*array 1 \(in flattened order\) is int32"):
+        b.unscale_([f, i], 0.5)
+    assert np.all(b.to_numpy(f) == 4.0)
+    modes = (False, True) if b.name != "numpy" else (False,)
+    for sync_free in modes:
+        kw = {"sync_free": True} if sync_free else {}
+        w = b.asarray(np.ones(3, np.float32))
+        opt = b.LossScaleOptimizer(b.module.SGD(0.1), initial_scale=1024.0, **kw)
+        v = b.asarray(np.ones(3, np.float32))
+        with pytest.raises(TypeError, match=r"gradient 1 is int32"):
+            opt.minimize(lambda scale: (0.0, [f, i]), [w, v])
+        with pytest.raises(TypeError, match=r"gradient 1 is int32"):
+            opt.apply_gradients([(f, w), (i, v)])
+        with pytest.raises(TypeError, match=r"gradient 1 is int32"):
+            opt.get_unscaled_gradients([f, i])
+        assert np.all(b.to_numpy(w) == 1.0) and np.all(b.to_numpy(f) == 4.0)
+        assert opt.iterations == 0 and float(opt.loss_scale) == 1024.0
+
+
+def test_integer_gradients_are_refused_by_the_torch_adapter():
+    """torch's own unscale kernel refuses an integer gradient (NotImplementedError); lscore's
+    GradScaler and LossScaleOptimizer refuse it before any gradient is unscaled, with a
+    TypeError (still a NotImplementedError) naming the dtype and the parameter."""
+    torch = pytest.importorskip("torch")
+    from lscore.adapters.torch import GradScaler, LossScaleOptimizer
+
+    def params():
+        q = torch.nn.Parameter(torch.ones(2))
+        q.grad = torch.full((2,), 4.0)
+        p = torch.nn.Parameter(torch.zeros(3, dtype=torch.long), requires_grad=False)
+        p.grad = torch.ones(3, dtype=torch.long)
+        return q, p
+
+    where = r"param_groups\[0\]\['params'\]\[1\] is torch.int64"
+    for torch_kernels in (False, True):
+        q, p = params()
+        opt = torch.optim.SGD([q, p], lr=0.1)
+        scaler = GradScaler("cpu", init_scale=4.0)
+        scaler.torch_kernels = torch_kernels
+        scaler.scale(torch.ones((), requires_grad=True))
+        for call in (scaler.unscale_, scaler.step):
+            with pytest.raises(TypeError, match=where) as e:
+                call(opt)
+            assert isinstance(e.value, NotImplementedError)
+        assert torch.equal(q.grad, torch.full((2,), 4.0)) and torch.equal(q, torch.ones(2))
+    q, p = params()
+    opt = LossScaleOptimizer(torch.optim.SGD([q, p], lr=0.1), initial_scale=4.0)
+    with pytest.raises(TypeError, match=where):
+        opt.step()
+    with pytest.raises(TypeError, match=r"gradient 1 is torch\.int32"):
+        opt.get_unscaled_gradients([q.grad, torch.ones(2, dtype=torch.int32)])
+    assert torch.equal(q.grad, torch.full((2,), 4.0)) and opt.iterations == 0

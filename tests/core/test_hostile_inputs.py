@@ -750,11 +750,13 @@ def test_readonly_unaligned_byteswapped_match_reference(dtype):
     assert True in answers and False in answers
 
 
-def test_readonly_int_arrays_are_fine_for_unscale_():
+def test_readonly_int_arrays_are_refused_by_unscale_as_integers():
     ints = np.arange(4, dtype=np.int32)
     ints.flags.writeable = False
     a = np.full(3, 4.0, np.float32)
-    assert lscore.unscale_([a, ints], 0.5) and np.all(a == 2) and np.all(ints == np.arange(4))
+    with pytest.raises(TypeError, match=r"array 1 .* is int32"):
+        lscore.unscale_([a, ints], 0.5)
+    assert np.all(a == 4) and np.all(ints == np.arange(4))
 
 
 class _Sub(np.ndarray):

@@ -111,12 +111,34 @@ def test_every_bit_pattern_classified(dt):
 
 
 @pytest.mark.parametrize("dt", INT_DTYPES, ids=str)
-def test_integer_and_bool_are_finite_and_untouched(dt):
+def test_integer_and_bool_are_finite(dt):
     a = np.arange(10).astype(dt)
-    before = a.copy()
     assert lscore.all_finite(a)
-    assert lscore.unscale_(a, 0.5)
-    assert np.array_equal(a, before)
+    assert lscore.all_finite([np.ones(2), {"k": a}])
+    assert ref.all_finite(a)
+
+
+@pytest.mark.parametrize("dt", INT_DTYPES, ids=str)
+def test_unscale_refuses_integer_and_bool_before_any_write(dt):
+    """unscale_ multiplies: an integer array cannot take 1/scale (torch refuses it too).
+    The TypeError names the dtype and where the array is, and nothing is written, not even
+    the float arrays before it."""
+    a = np.arange(10).astype(dt)
+    f, g = np.full(3, 4.0, np.float32), np.full(2, 8.0)
+    for arrays, where in (
+        (a, "the array"),
+        ([a], "array 0"),
+        ([f, None, {"k": (g, a)}], "array 2"),
+        ([f, a, g], "array 1"),
+    ):
+        with pytest.raises(TypeError, match=f"{where}.* is {np.dtype(dt).name}"):
+            lscore.unscale_(arrays, 0.5)
+        with pytest.raises(TypeError, match=np.dtype(dt).name):
+            ref.unscale_(arrays, 0.5)
+        with pytest.raises(TypeError, match="floating-point"):
+            lscore.unscale_(arrays, 0.5, stats=True)
+    assert (f == 4.0).all() and (g == 8.0).all()
+    assert np.array_equal(a, np.arange(10).astype(dt))
 
 
 def test_python_numbers_and_scalars():
