@@ -20,7 +20,7 @@ from lscore.managers import (
     FixedLossScaleManager,
     LossScaleManager,
 )
-from lscore.policy import integer, positive_scale
+from lscore.policy import growth_interval, positive_scale
 from lscore.presets import ManagerPreset
 
 SHAPES = ("keras", "experimental", "tf1")
@@ -276,7 +276,7 @@ def _keras_scaling(dynamic: Any, initial_scale: Any, dynamic_growth_steps: Any) 
         initial = positive_scale("initial_scale", initial)
         # stricter than tf-keras, where 0 or a negative count doubles the scale every
         # step and 2.5 is truncated: a count of steps is an integer >= 1
-        steps = integer("dynamic_growth_steps", steps, minimum=1)
+        steps = growth_interval("dynamic_growth_steps", steps)
         return LossScaling(
             "keras",
             dynamic_ls=DynamicLossScale(initial, steps, 2.0),

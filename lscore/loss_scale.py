@@ -15,7 +15,13 @@ from typing import Any, SupportsFloat, TypeVar, overload
 import numpy as np
 
 from lscore import kernels
-from lscore.policy import Policy, factor_at_least_one, fixed_scale, positive_scale, tf_int
+from lscore.policy import (
+    Policy,
+    factor_at_least_one,
+    fixed_scale,
+    growth_interval,
+    positive_scale,
+)
 from lscore.state import LossScaleState
 
 __all__ = ["DynamicLossScale", "FixedLossScale", "LossScale", "get"]
@@ -120,7 +126,7 @@ class DynamicLossScale(LossScale):
         multiplier: float = 2.0,
     ) -> None:
         self._initial = positive_scale("initial_loss_scale", initial_loss_scale)
-        self._period = tf_int("increment_period", increment_period)
+        self._period = growth_interval("increment_period", increment_period)
         self._multiplier = factor_at_least_one("multiplier", multiplier)
         self._state = LossScaleState(
             Policy(

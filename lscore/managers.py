@@ -17,9 +17,9 @@ from lscore.policy import (
     factor_at_least_one,
     fixed_scale,
     fraction,
+    growth_interval,
     integer,
     positive_scale,
-    tf_int,
 )
 from lscore.state import LossScaleState, as_finite
 
@@ -98,7 +98,7 @@ class ExponentialUpdateLossScaleManager(LossScaleManager):
         decr_ratio: float = 0.8,
     ) -> None:
         self._init = positive_scale("init_loss_scale", init_loss_scale)
-        self._incr_n = tf_int("incr_every_n_steps", incr_every_n_steps)
+        self._incr_n = growth_interval("incr_every_n_steps", incr_every_n_steps)
         self._decr_n = integer("decr_every_n_nan_or_inf", decr_every_n_nan_or_inf, minimum=1)
         self._incr_ratio = factor_at_least_one("incr_ratio", incr_ratio)
         self._decr_ratio = fraction("decr_ratio", decr_ratio)

@@ -75,15 +75,6 @@ def positive_scale(name: str, value: Any, *, precision: str = "float32") -> floa
     return v
 
 
-def tf_int(name: str, value: Any) -> int:
-    """int(value), as TF converts its integer arguments (2.7 -> 2, "3" -> 3)."""
-    try:
-        v = int(value)
-    except (TypeError, ValueError, OverflowError) as e:
-        raise type(e)(f"{name} must be convertible to int, got {value!r}") from None
-    return _fits_i64(name, v)
-
-
 # the core keeps integers in int64; beyond this they would overflow in C
 def fixed_scale(name: str, value: Any, message: str) -> float:
     """A fixed loss scale: finite, >= 1 (else ValueError(message)), finite in float32."""
@@ -117,6 +108,28 @@ def integer(name: str, value: Any, *, minimum: int | None = None) -> int:
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
     return _fits_i64(name, value)
+
+
+def growth_interval(name: str, value: Any) -> int:
+    """A growth interval (steps between growths, under any peer's name): a positive integer.
+
+    The one rule of every scaler, manager and preset.  An integral float (``2000.0``
+    from a JSON config) is taken; a bool or a non-number is a TypeError, and 0, a
+    negative count, a fraction (``2.5``), NaN or inf a ValueError, each naming `name`.
+    """
+    allowed = f"{name} must be a positive integer (1, 2, 3, ...), got {value!r}"
+    if isinstance(value, (bool, np.bool_)) or not _is_real(value):
+        raise TypeError(allowed)
+    if isinstance(value, numbers.Integral):
+        v = int(value)
+    else:
+        f = float(value)
+        if not f.is_integer():  # a fraction, NaN or inf
+            raise ValueError(allowed)
+        v = int(f)
+    if v < 1:
+        raise ValueError(allowed)
+    return _fits_i64(name, v)
 
 
 def scale_bounds(init_scale: float, min_scale: float | None, max_scale: float | None) -> None:
@@ -211,13 +224,8 @@ class Policy:
         )
         object.__setattr__(self, "backoff_factor", fraction("backoff_factor", self.backoff_factor))
         object.__setattr__(
-            self, "growth_interval", integer("growth_interval", self.growth_interval)
+            self, "growth_interval", growth_interval("growth_interval", self.growth_interval)
         )
-        if self.growth_mode == "modulo" and self.growth_interval < 1:
-            raise ValueError(
-                f"growth_interval must be >= 1 with growth_mode 'modulo', "
-                f"got {self.growth_interval!r}"
-            )
         object.__setattr__(
             self, "growth_offset", integer("growth_offset", self.growth_offset, minimum=0)
         )

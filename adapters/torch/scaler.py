@@ -33,6 +33,7 @@ from lscore.adapters.torch._scaler_state import StateScaler
 from lscore.adapters.torch._scaler_unscale import UnscaleScaler
 from lscore.adapters.torch._unscaler import ScalerAssertionError, named_grads
 from lscore.distributed import TorchReducer
+from lscore.policy import growth_interval
 from lscore.state import LossScaleState
 
 __all__ = ["GradScaler", "ScalerConfigError"]
@@ -63,7 +64,8 @@ class GradScaler(UnscaleScaler, StateScaler):
         Factor (< 1) by which ``update()`` backs off the scale after a step
         with NaN/inf gradients.
     growth_interval : int, default 2000
-        Finite steps in a row after which the scale grows.
+        Finite steps in a row after which the scale grows: a positive integer
+        (torch takes 0 and grows on every step; this refuses it).
     enabled : bool or "auto", default True
         False: ``scale()`` returns the loss unchanged, ``step()`` calls
         ``optimizer.step()`` and the other methods do nothing.  ``"auto"``:
@@ -115,8 +117,8 @@ class GradScaler(UnscaleScaler, StateScaler):
         ``growth_factor <= 1`` or ``backoff_factor >= 1`` (a ValueError, and
         the AssertionError torch raises).
     ValueError
-        ``enabled`` is a string other than ``"auto"``, or a numeric argument
-        is passed beside ``policy``.
+        ``enabled`` is a string other than ``"auto"``, ``growth_interval`` is not
+        a positive integer, or a numeric argument is passed beside ``policy``.
 
     Notes
     -----
@@ -469,8 +471,9 @@ class GradScaler(UnscaleScaler, StateScaler):
 
     def set_growth_interval(self, new_interval: int) -> None:
         """Make the scale grow after `new_interval` finite steps in a row."""
-        self._set_policy(growth_interval=new_interval)
-        self._growth_interval = new_interval
+        interval = growth_interval("new_interval", new_interval)
+        self._set_policy(growth_interval=interval)
+        self._growth_interval = interval
 
     def _set_policy(self, **changes: Any) -> None:
         policy = self._state.policy.replace(**changes)  # validates

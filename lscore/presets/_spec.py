@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from lscore.policy import fraction, integer, positive_scale, real
+from lscore.policy import fraction, growth_interval, integer, positive_scale, real
 
 REQUIRED = type("Required", (), {"__repr__": lambda self: "<required>"})()
 
@@ -33,8 +33,9 @@ def f64(name: Any, v: Any) -> Any:
     return positive_scale(name, v, precision="float64")
 
 
-def any_int(name: Any, v: Any) -> Any:
-    return integer(name, v)
+def interval(name: Any, v: Any) -> Any:
+    """A growth interval under the peer's name (``lscore.policy.growth_interval``)."""
+    return growth_interval(name, v)
 
 
 def int_ge1(name: Any, v: Any) -> Any:

@@ -20,18 +20,17 @@ from lscore.policy import (
     factor_at_least_one,
     fraction,
     real,
-    tf_int,
 )
 from lscore.presets._spec import (
     REQUIRED,
     Spec,
-    any_int,
     cap,
     dynamic_or_number,
     f32,
     f64,
     int_ge0,
     int_ge1,
+    interval,
     non_negative,
     open_fraction,
     optional,
@@ -195,7 +194,7 @@ TABLE: dict[str, Spec] = {
         args={"initial_loss_scale": 2**15, "increment_period": 2000, "multiplier": 2.0},
         checks={
             "initial_loss_scale": f32,
-            "increment_period": tf_int,
+            "increment_period": interval,
             "multiplier": factor_at_least_one,
         },
         rename={
@@ -224,7 +223,7 @@ TABLE: dict[str, Spec] = {
         checks={
             "dynamic": boolean,
             "initial_scale": optional(f32),
-            "dynamic_growth_steps": optional(tf_int),
+            "dynamic_growth_steps": optional(interval),
         },
         rename={},
         fixed={},
@@ -259,7 +258,7 @@ TABLE: dict[str, Spec] = {
         },
         checks={
             "initial_scale": f32,
-            "dynamic_growth_steps": any_int,
+            "dynamic_growth_steps": interval,
             "name": optional(string),
             "dynamic": boolean,
         },
@@ -278,7 +277,7 @@ TABLE: dict[str, Spec] = {
         on TF's CPU)::
 
         if finite:
-            if step_counter == dynamic_growth_steps - 1:   # <= 0: never grows
+            if step_counter == dynamic_growth_steps - 1:
                 step_counter = 0
                 scale = scale * 2                           # no guard: may become inf
             else:
@@ -287,7 +286,9 @@ TABLE: dict[str, Spec] = {
             step_counter = 0
             scale = scale * 0.5                             # no floor
 
-        Keras 3 checks the *scaled* gradients; pass those to ``update``.
+        Keras 3 checks the *scaled* gradients; pass those to ``update``.  Keras 3 takes a
+        ``dynamic_growth_steps`` of 0 or less (and then never grows); lscore refuses it,
+        as every growth interval that is not a positive integer.
         """,
     ),
     "tf1": Spec(
@@ -301,7 +302,7 @@ TABLE: dict[str, Spec] = {
         },
         checks={
             "init_loss_scale": f32,
-            "incr_every_n_steps": tf_int,
+            "incr_every_n_steps": interval,
             "decr_every_n_nan_or_inf": int_ge1,
             "incr_ratio": factor_at_least_one,
             "decr_ratio": fraction,
@@ -353,7 +354,7 @@ TABLE: dict[str, Spec] = {
             "init_scale": f32,
             "growth_factor": factor_above_one,
             "backoff_factor": open_fraction,
-            "growth_interval": any_int,
+            "growth_interval": interval,
             "enabled": boolean,
         },
         rename={
@@ -393,7 +394,7 @@ TABLE: dict[str, Spec] = {
             "init_scale": f32,
             "growth_factor": factor_above_one,
             "backoff_factor": open_fraction,
-            "growth_interval": any_int,
+            "growth_interval": interval,
             "enabled": boolean,
             "hysteresis": int_ge0,
         },
@@ -435,7 +436,7 @@ TABLE: dict[str, Spec] = {
             "loss_scale": dynamic_or_number,
             "init_scale": f64,
             "scale_factor": real,
-            "scale_window": int_ge1,
+            "scale_window": interval,
             "min_loss_scale": optional_truthy(f64),
             "max_loss_scale": cap,
         },
@@ -466,7 +467,7 @@ TABLE: dict[str, Spec] = {
     "apex_fp16_utils": Spec(
         peer="apex.fp16_utils DynamicLossScaler",
         args={"init_scale": 2**32, "scale_factor": 2.0, "scale_window": 1000},
-        checks={"init_scale": f64, "scale_factor": factor_above_one, "scale_window": int_ge1},
+        checks={"init_scale": f64, "scale_factor": factor_above_one, "scale_window": interval},
         rename={
             "init_scale": "init_scale",
             "scale_factor": "growth_factor",
@@ -504,7 +505,7 @@ TABLE: dict[str, Spec] = {
         },
         checks={
             "init_scale": f64,
-            "scale_window": int_ge1,
+            "scale_window": interval,
             "min_scale": f64,
             "delayed_shift": int_ge1,
             "consecutive_hysteresis": boolean,
@@ -568,7 +569,7 @@ TABLE: dict[str, Spec] = {
             "min_scale": f32,
             "growth_factor": factor_above_one,
             "backoff_factor": open_fraction,
-            "growth_interval": int_ge1,
+            "growth_interval": interval,
             "hysteresis": int_ge1,
         },
         rename={
@@ -616,7 +617,7 @@ TABLE: dict[str, Spec] = {
         checks={
             "init_scale": f64,
             "scale_factor": factor_above_one,
-            "scale_window": int_ge1,
+            "scale_window": interval,
             "tolerance": non_negative,
             "threshold": optional(non_negative),
             "min_loss_scale": non_negative,
@@ -675,7 +676,7 @@ TABLE: dict[str, Spec] = {
             "init_loss_scaling": f32,
             "incr_ratio": factor_above_one,
             "decr_ratio": open_fraction,
-            "incr_every_n_steps": any_int,
+            "incr_every_n_steps": interval,
             "decr_every_n_nan_or_inf": int_ge1,
             "use_dynamic_loss_scaling": boolean,
         },
@@ -721,7 +722,7 @@ TABLE: dict[str, Spec] = {
         checks={
             "loss_scale": f32,
             "counter": int_ge0,
-            "period": int_ge1,
+            "period": interval,
             "factor": factor_above_one,
             "min_loss_scale": f32,
         },
@@ -767,7 +768,7 @@ TABLE: dict[str, Spec] = {
             "initial_scale": f32,
             "growth_factor": factor_above_one,
             "backoff_factor": open_fraction,
-            "growth_interval": any_int,
+            "growth_interval": interval,
             "min_scale": optional_truthy(f32),
             "max_scale": optional_truthy(f32),
             "hysteresis": int_ge0,
@@ -832,7 +833,7 @@ TABLE: dict[str, Spec] = {
     "mxnet": Spec(
         peer="mxnet.contrib.amp LossScaler",
         args={"loss_scale": 2.0**16, "max_loss_scale": 2.0**24, "scale_seq_len": 2000},
-        checks={"loss_scale": f64, "max_loss_scale": f64, "scale_seq_len": int_ge1},
+        checks={"loss_scale": f64, "max_loss_scale": f64, "scale_seq_len": interval},
         rename={
             "loss_scale": "init_scale",
             "max_loss_scale": "max_scale",

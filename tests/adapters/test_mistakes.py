@@ -30,9 +30,9 @@ def test_an_optimizer_class_is_refused_and_corrupts_nothing(backend):
 @pytest.mark.parametrize(
     "steps, exc, msg",
     [
-        (0, ValueError, "dynamic_growth_steps must be >= 1, got 0"),
-        (-5, ValueError, "dynamic_growth_steps must be >= 1, got -5"),
-        (2.5, TypeError, "dynamic_growth_steps must be an integer, got 2.5"),
+        (0, ValueError, r"dynamic_growth_steps must be a positive integer \(1, 2, 3, ...\), got 0"),
+        (-5, ValueError, r"dynamic_growth_steps must be a positive integer .*, got -5"),
+        (2.5, ValueError, r"dynamic_growth_steps must be a positive integer .*, got 2.5"),
     ],
 )
 def test_dynamic_growth_steps_is_an_integer_at_least_one(backend, steps, exc, msg):

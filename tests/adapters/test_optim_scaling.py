@@ -55,6 +55,9 @@ def test_keras_dynamic_rule_is_tf_with_multiplier_2():
         assert s.scale == rs.scale and s.dynamic_counter == rs.good_steps
 
 
+_INTERVAL = "must be a positive integer (1, 2, 3, ...), got"
+
+
 @pytest.mark.parametrize(
     "kwargs, exc, msg",
     [
@@ -74,12 +77,12 @@ def test_keras_dynamic_rule_is_tf_with_multiplier_2():
         ({"initial_scale": math.nan}, ValueError, "initial_scale must be finite and > 0"),
         ({"dynamic": False, "initial_scale": -1.0}, ValueError, "initial_scale must be finite"),
         ({"initial_scale": "x"}, TypeError, "initial_scale must be a real number"),
-        ({"dynamic_growth_steps": "x"}, TypeError, "dynamic_growth_steps must be an integer"),
+        ({"dynamic_growth_steps": "x"}, TypeError, "dynamic_growth_steps must be a positive"),
         # tf-keras takes these: 0 and -5 double the scale on every finite step, 2.5 is 2
-        ({"dynamic_growth_steps": 0}, ValueError, "dynamic_growth_steps must be >= 1, got 0"),
-        ({"dynamic_growth_steps": -5}, ValueError, "dynamic_growth_steps must be >= 1, got -5"),
-        ({"dynamic_growth_steps": 2.5}, TypeError, "dynamic_growth_steps must be an integer"),
-        ({"dynamic_growth_steps": True}, TypeError, "dynamic_growth_steps must be an integer"),
+        ({"dynamic_growth_steps": 0}, ValueError, f"dynamic_growth_steps {_INTERVAL} 0"),
+        ({"dynamic_growth_steps": -5}, ValueError, f"dynamic_growth_steps {_INTERVAL} -5"),
+        ({"dynamic_growth_steps": 2.5}, ValueError, f"dynamic_growth_steps {_INTERVAL} 2.5"),
+        ({"dynamic_growth_steps": True}, TypeError, f"dynamic_growth_steps {_INTERVAL} True"),
     ],
 )
 def test_keras_errors(kwargs, exc, msg):

@@ -3,6 +3,7 @@ JSON state."""
 
 import json
 import math
+import re
 from fractions import Fraction
 
 import numpy as np
@@ -78,13 +79,16 @@ def test_dynamic_initial_rejects(value, exc):
         lscore.ExponentialUpdateLossScaleManager(value, 2)
 
 
-@pytest.mark.parametrize("value,want", [(2.7, 2), ("3", 3), (0, 0), (-4, -4), (True, 1)])
+@pytest.mark.parametrize("value,want", [(3, 3), (3.0, 3), (np.int32(4), 4)])
 def test_period_conversion(value, want):
     assert lscore.DynamicLossScale(2, value).increment_period == want
     assert lscore.ExponentialUpdateLossScaleManager(2, value).state.policy.growth_interval == want
 
 
-@pytest.mark.parametrize("value,exc", [("x", ValueError), (None, TypeError), ([1], TypeError)])
+@pytest.mark.parametrize(
+    "value,exc",
+    [("x", TypeError), (None, TypeError), ([1], TypeError), (2.7, ValueError), (0, ValueError)],
+)
 def test_period_rejects(value, exc):
     with pytest.raises(exc, match="increment_period"):
         lscore.DynamicLossScale(2, value)
@@ -307,3 +311,90 @@ def test_inverse_scale_is_tf_float32_division_and_the_float64_reciprocal_rounded
     # float64 precision keeps the float64 quotient
     assert inverse_scale(3.0, "float64") == 1.0 / 3.0
     assert inverse_scale(3.0, "float32_float64") == float(np.float32(1.0 / 3.0))
+
+
+# ---- growth intervals: one rule in every scaler, manager and preset ------------------------
+
+# (name of the argument, a call that builds the object with the interval given)
+_INTERVALS = (
+    [
+        ("increment_period", lambda v: lscore.DynamicLossScale(increment_period=v)),
+        ("incr_every_n_steps", lambda v: lscore.ExponentialUpdateLossScaleManager(2.0**15, v)),
+        ("growth_interval", lambda v: Policy(growth_interval=v)),
+        ("growth_interval", lambda v: Policy(growth_interval=v, growth_mode="never")),
+    ]
+    + [
+        (
+            arg,
+            lambda v, name=name, arg=arg: lscore.preset(
+                name, **{**_REQUIRED.get(name, {}), arg: v}
+            ),
+        )
+        for name, spec in __import__("lscore.presets.table", fromlist=["TABLE"]).TABLE.items()
+        for arg, field in spec.rename.items()
+        if field == "growth_interval"
+    ]
+    + [("dynamic_growth_steps", lambda v: lscore.preset("keras2", dynamic_growth_steps=v))]
+)
+_REQUIRED = {"tf1": {"init_loss_scale": 1024.0}, "jmp": {"loss_scale": 1024.0}}
+
+
+@pytest.mark.parametrize(
+    "value, exc",
+    [
+        (0, ValueError),
+        (-5, ValueError),
+        (2.5, ValueError),
+        (NAN, ValueError),
+        (INF, ValueError),
+        (True, TypeError),
+        ("3", TypeError),
+        (None, TypeError),
+    ],
+    ids=["0", "-5", "2.5", "nan", "inf", "True", "str", "None"],
+)
+def test_growth_intervals_are_positive_integers_everywhere(value, exc):
+    """0 (torch's GradScaler doubled every step), -5 and 2.5 were taken by some and refused
+    by others: every one refuses them, naming its argument, the value and what is allowed."""
+    for arg, make in _INTERVALS:
+        if value is None and arg == "dynamic_growth_steps":
+            continue  # Keras's None: its default, 2000
+        allowed = r"must be a positive integer \(1, 2, 3, \.\.\.\), got "
+        with pytest.raises(exc, match=f"^{arg} {allowed}{re.escape(repr(value))}$"):
+            make(value)
+
+
+def test_growth_intervals_take_integral_numbers():
+    for _, make in _INTERVALS:
+        make(7)
+        make(np.int64(7))
+        make(7.0)  # a JSON config's 2000.0
+    assert lscore.DynamicLossScale(increment_period=7.0).increment_period == 7
+
+
+def test_every_preset_checks_its_growth_interval_with_the_one_rule():
+    from lscore.presets import _spec, table
+
+    for name, spec in table.TABLE.items():
+        for arg, field in spec.rename.items():
+            if field == "growth_interval":
+                assert spec.checks[arg] is _spec.interval, name
+    assert len(_INTERVALS) == 4 + 14 + 1  # 14 presets have a growth interval
+
+
+def test_torch_scaler_growth_intervals():
+    pytest.importorskip("torch")
+    from lscore.adapters.torch import GradScaler
+
+    for v in (0, -5, 2.5):
+        with pytest.raises(ValueError, match=rf"growth_interval must be a positive integer.*{v}"):
+            GradScaler("cpu", growth_interval=v)
+    s = GradScaler("cpu", growth_interval=10)
+    with pytest.raises(ValueError, match=r"new_interval must be a positive integer.*got 0$"):
+        s.set_growth_interval(0)
+    with pytest.raises(TypeError, match=r"new_interval must be a positive integer.*got True$"):
+        s.set_growth_interval(True)
+    assert s.get_growth_interval() == 10
+    with pytest.raises(ValueError, match="growth_interval must be a positive integer"):
+        s.load_state_dict({**s.state_dict(), "growth_interval": 0})
+    assert s.get_growth_interval() == 10

@@ -45,13 +45,13 @@ ARGS = {
         {},
         {"initial_scale": 2, "dynamic_growth_steps": 1},
         {"dynamic": False, "initial_scale": 8},
-        {"initial_scale": 0.25, "dynamic_growth_steps": 0},
+        {"initial_scale": 0.25, "dynamic_growth_steps": 1},
     ],
     "keras3": [
         {"initial_scale": 2, "dynamic_growth_steps": 2},
         {"initial_scale": 2.0**127, "dynamic_growth_steps": 1},
-        {"initial_scale": 2.0**-120, "dynamic_growth_steps": 0},
-        {"initial_scale": 4, "dynamic_growth_steps": -1},
+        {"initial_scale": 2.0**-120, "dynamic_growth_steps": 1},
+        {"initial_scale": 4, "dynamic_growth_steps": 3},
     ],
     "tf1": [
         {"init_loss_scale": 4, "incr_every_n_steps": 2, "decr_ratio": 0.5},
@@ -304,7 +304,7 @@ def test_missing_required_argument():
     "name,kwargs,message",
     [
         ("torch", {"growth_factor": 1.0}, "growth_factor must be finite and > 1, got 1.0"),
-        ("deepspeed", {"scale_window": 0}, "scale_window must be >= 1, got 0"),
+        ("deepspeed", {"scale_window": 0}, "scale_window must be a positive integer"),
         (
             "megatron",
             {"min_scale": 8.0, "initial_scale": 4.0},

@@ -185,16 +185,21 @@ def test_defaults():
     )
 
 
-def test_period_zero_and_negative_grow_every_step():
-    for period in (0, -3, 1):
-        assert run_dynamic(
-            [T, T, T], initial_loss_scale=1, increment_period=period, multiplier=2
-        ) == [2, 4, 8]
+def test_period_one_grows_every_step():
+    assert run_dynamic([T, T, T], initial_loss_scale=1, increment_period=1, multiplier=2) == [
+        2,
+        4,
+        8,
+    ]
 
 
-def test_period_converted_like_tf():
-    assert lscore.DynamicLossScale(1, 2.7).increment_period == 2
-    assert lscore.DynamicLossScale(1, "3").increment_period == 3
+def test_period_is_a_positive_integer_not_converted_like_tf():
+    """TF takes 0 or -3 (growing every step) and truncates 2.7 and "3"; lscore refuses
+    them as every growth interval that is not a positive integer (policy.growth_interval)."""
+    for period, exc in ((0, ValueError), (-3, ValueError), (2.7, ValueError), ("3", TypeError)):
+        with pytest.raises(exc, match="increment_period must be a positive integer"):
+            lscore.DynamicLossScale(1, period)
+    assert lscore.DynamicLossScale(1, 3.0).increment_period == 3
 
 
 def test_initial_scale_below_one_is_pushed_up_to_one():

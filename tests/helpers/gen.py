@@ -114,9 +114,7 @@ F32_MAX = float(np.finfo(np.float32).max)
 
 def random_policy(rng: np.random.Generator) -> Policy:
     mode = str(rng.choice(["ge", "eq", "modulo", "never"]))
-    interval = int(rng.choice([-1, 0, 1, 2, 3, 7]))
-    if mode == "modulo" and interval < 1:
-        interval = int(rng.choice([1, 2, 3, 5]))
+    interval = int(rng.choice([1, 2, 3, 7]))  # a positive integer (policy.growth_interval)
     min_scale = rng.choice([None, 0.0, 1.0, 0.25, 1e-4, 8.0], p=[0.3, 0.1, 0.3, 0.1, 0.1, 0.1])
     max_scale = rng.choice([None, 2.0**24, 1e5, F32_MAX], p=[0.55, 0.15, 0.15, 0.15])
     if min_scale is not None and max_scale is not None and min_scale > max_scale:
