@@ -11,7 +11,8 @@ from lscore.adapters.torch._config import warn_at_caller, zero_d
 from lscore.adapters.torch._paths import Disabled, Unplaced, state_dict_with
 from lscore.adapters.torch._scaler_path import PathScaler
 from lscore.adapters.torch._unscaler import ScalerAssertionError
-from lscore.policy import integer, real
+from lscore.policy import boolean, integer, real
+from lscore.state import parse_state, refuse_other_policy
 
 __all__ = ["StateScaler"]
 
@@ -127,11 +128,18 @@ class StateScaler(PathScaler):
         }
         return d
 
-    def load_state_dict(self, state_dict: dict) -> None:
+    def load_state_dict(self, state_dict: dict, *, adopt_policy: bool = False) -> None:
         """Load `state_dict`, saved by this class or by ``torch.amp.GradScaler``.
 
-        An empty one (saved from a disabled scaler) is a RuntimeError, as in torch,
-        unless this scaler is ``enabled="auto"`` and still undecided.
+        torch's five keys are taken as torch takes them (the growth and backoff
+        factors and the growth interval included).  A dict with an ``"lscore"`` key
+        (saved under an lscore-only option) must come from this scaler's policy, its
+        initial scale aside, as ``lscore``'s own loss scales require: a state of
+        another policy (a DeepSpeed scaler's, say) is a ValueError naming the fields
+        that differ, and nothing changes.  ``adopt_policy=True`` takes the saved
+        policy instead.  An empty dict (saved from a disabled scaler) is a
+        RuntimeError, as in torch, unless this scaler is ``enabled="auto"`` and still
+        undecided.
         """
         if not self._enabled:
             return
@@ -154,6 +162,12 @@ class StateScaler(PathScaler):
         v1 = state_dict.get("lscore")
         # with "lscore" the tracker is only torch's reading of the policy's (it may be < 0)
         integer("_growth_tracker", tracker, minimum=0 if v1 is None else None)
+        if v1 is not None and not boolean("adopt_policy", adopt_policy):
+            refuse_other_policy(
+                self._state.policy,
+                parse_state(v1)[0],
+                "pass load_state_dict(state_dict, adopt_policy=True) to take the saved policy",
+            )
         if v1 is not None:
             self._path.load(v1, None)
             self._init_values = (self._path.get_scale(), self._path.good_steps())

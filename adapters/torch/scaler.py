@@ -126,9 +126,11 @@ class GradScaler(UnscaleScaler, StateScaler):
     under ``"lscore_counters"`` and, when ``min_scale``, ``max_scale``,
     ``hysteresis`` or ``policy`` is in use, ``"lscore"`` (the full state);
     torch's ``load_state_dict`` ignores both keys, and this class loads
-    torch's dicts.  Misuse raises torch's errors; where torch raises
-    AssertionError this raises ``ScalerAssertionError``, a RuntimeError and an
-    AssertionError.  The PyTorch details guide (docs/guides/pytorch-details.md)
+    torch's dicts.  A dict whose ``"lscore"`` state comes from another policy
+    is refused, naming the difference, unless
+    ``load_state_dict(d, adopt_policy=True)``.  Misuse raises torch's errors;
+    where torch raises AssertionError this raises ``ScalerAssertionError``, a
+    RuntimeError and an AssertionError.  The PyTorch details guide (docs/guides/pytorch-details.md)
     covers the two paths, torch's private attributes, CUDA synchronisation,
     ``torch.compile`` and ``unscale_and_clip_``.
 
