@@ -42,6 +42,8 @@ _PICKLED = (
 _PICKLED_PATH = ("_state", "_init_scale", "_scale", "_tracker_t", "_scale_value", "_unscaler")
 
 
+# torch's keys, which every enabled scaler's state dict holds
+_TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 # the state dict's key for what the scaler counts beside torch's state (torch ignores it)
 _COUNTERS = "lscore_counters"
 
@@ -151,6 +153,13 @@ class StateScaler(PathScaler):
             raise RuntimeError(
                 "The source state dict is empty, possibly because it was saved "
                 "from a disabled instance of GradScaler."
+            )
+        missing = [k for k in _TORCH_KEYS if k not in state_dict]
+        if missing:
+            raise ValueError(
+                f"the state dict lacks {', '.join(map(repr, missing))}: a GradScaler state "
+                f"dict has torch's keys {', '.join(map(repr, _TORCH_KEYS))} "
+                f"(got {', '.join(map(repr, state_dict))})"
             )
         counters = _read_counters(state_dict.get(_COUNTERS))  # checked before any change
         # torch fill_()s its tensors with these: 0-d tensors (older checkpoints) work too

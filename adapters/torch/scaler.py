@@ -31,7 +31,11 @@ from lscore.adapters.torch._config import (
 from lscore.adapters.torch._paths import Disabled, SkipCount, Unplaced
 from lscore.adapters.torch._scaler_state import StateScaler
 from lscore.adapters.torch._scaler_unscale import UnscaleScaler
-from lscore.adapters.torch._unscaler import ScalerAssertionError, named_grads
+from lscore.adapters.torch._unscaler import (
+    ScalerAssertionError,
+    named_grads,
+    refuse_optimizer_class,
+)
 from lscore.distributed import TorchReducer
 from lscore.policy import growth_interval
 from lscore.state import LossScaleState
@@ -303,6 +307,7 @@ class GradScaler(UnscaleScaler, StateScaler):
         """Unscale `optimizer`'s gradients (unless ``unscale_`` did), then call
         ``optimizer.step(*args, **kwargs)`` unless one is NaN/inf; returns what it returns,
         or None when the step is skipped.  A ``closure`` is refused, as in torch."""
+        refuse_optimizer_class(optimizer, "step")
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:

@@ -228,3 +228,15 @@ def test_a_gradscaler_state_of_another_policy_is_refused_unless_adopted():
     plain = GradScaler("cpu")
     plain.load_state_dict({**torch.amp.GradScaler("cpu", growth_interval=7).state_dict()})
     assert plain.get_growth_interval() == 7
+
+
+def test_an_optimizer_class_and_a_partial_state_are_refused_clearly():
+    """scaler.step(torch.optim.SGD) (the class) ended in AttributeError 'param_groups';
+    load_state_dict({'scale': 'x'}) in KeyError 'growth_factor'."""
+    s = GradScaler("cpu", init_scale=4.0)
+    for call in (s.step, s.unscale_, lambda o: s.unscale_and_clip_(o, 1.0)):
+        with pytest.raises(TypeError, match=r"needs an optimizer instance, got the class SGD"):
+            call(torch.optim.SGD)
+    with pytest.raises(ValueError, match=r"lacks 'growth_factor', .*'_growth_tracker'"):
+        s.load_state_dict({"scale": "x"})
+    assert s.get_scale() == 4.0
