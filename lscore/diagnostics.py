@@ -34,6 +34,7 @@ import numpy as np
 
 from lscore._ext import _codes
 from lscore.dtypes import Code
+from lscore.policy import json_float, real, unjson_float
 
 __all__ = [
     "OverflowMonitor",
@@ -190,12 +191,53 @@ class OverflowReport:
     scale_after: float
     tensors: tuple
 
+    def to_dict(self) -> dict:
+        """JSON-safe: the scales as ``json_float`` writes them, each tensor a dict."""
+        return {
+            "step": self.step,
+            "scale_before": json_float(self.scale_before),
+            "scale_after": json_float(self.scale_after),
+            "tensors": [dataclasses.asdict(t) for t in self.tensors],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> OverflowReport:
+        """The inverse of `to_dict`; a ValueError naming what is missing or wrong."""
+        keys = {"step", "scale_before", "scale_after", "tensors"}
+        if not isinstance(d, dict) or set(d) != keys:
+            raise ValueError(f"last_report must be None or a dict with the keys {sorted(keys)}")
+        counts = {"nan", "posinf", "neginf", "size"}
+        tensors = d["tensors"]
+        if not isinstance(tensors, list) or not all(
+            isinstance(t, dict)
+            and set(t) == counts | {"name"}
+            and isinstance(t["name"], str)
+            and all(_count(t[k]) for k in counts)
+            for t in tensors
+        ):
+            raise ValueError(
+                "last_report['tensors'] must be a list of dicts with the keys "
+                f"{sorted(counts | {'name'})} (counts are ints >= 0), got {tensors!r}"
+            )
+        if not _count(d["step"]):
+            raise ValueError(f"last_report['step'] must be an int >= 0, got {d['step']!r}")
+        return cls(
+            d["step"],
+            real("last_report['scale_before']", unjson_float(d["scale_before"])),
+            real("last_report['scale_after']", unjson_float(d["scale_after"])),
+            tuple(TensorReport(**t) for t in tensors),
+        )
+
     def __str__(self) -> str:
         where = ", ".join(map(str, self.tensors)) if self.tensors else "no named tensor"
         return (
             f"step {self.step} skipped (scale {_fmt(self.scale_before)} -> "
             f"{_fmt(self.scale_after)}): {where}"
         )
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def _fmt(x: float) -> str:
@@ -315,30 +357,39 @@ class OverflowMonitor:
 
     def state_dict(self) -> dict:
         """The monitor's own counts (``total_skipped``, ``consecutive_skipped``,
-        ``last_skipped_step``); the step numbers it is given come from the adapter, whose
-        state dict carries them."""
+        ``last_skipped_step``) and ``last_report`` (``OverflowReport.to_dict()``, or
+        None), JSON-safe; the step numbers it is given come from the adapter, whose state
+        dict carries them."""
         with self._lock:
+            rep = self.last_report
             return {
                 "total_skipped": self.total_skipped,
                 "consecutive_skipped": self.consecutive_skipped,
                 "last_skipped_step": self.last_skipped_step,
+                "last_report": None if rep is None else rep.to_dict(),
             }
 
     def load_state_dict(self, d: dict) -> None:
-        """Take a ``state_dict()``; checked before anything changes."""
+        """Take a ``state_dict()``; checked before anything changes.  A state saved
+        before ``last_report`` was kept (without the key) leaves it None."""
         keys = {"total_skipped", "consecutive_skipped", "last_skipped_step"}
-        if not isinstance(d, dict) or set(d) != keys:
-            raise ValueError(f"an OverflowMonitor state has the keys {sorted(keys)}, got {d!r}")
+        if not isinstance(d, dict) or not keys <= set(d) <= keys | {"last_report"}:
+            raise ValueError(
+                f"an OverflowMonitor state has the keys {sorted(keys | {'last_report'})}, got {d!r}"
+            )
         for k in keys:
             v = d[k]
             if k == "last_skipped_step" and v is None:
                 continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            if not _count(v):
                 raise ValueError(f"{k} must be an int >= 0, got {v!r}")
+        saved = d.get("last_report")
+        rep = None if saved is None else OverflowReport.from_dict(saved)
         with self._lock:
             self.total_skipped = d["total_skipped"]
             self.consecutive_skipped = d["consecutive_skipped"]
             self.last_skipped_step = d["last_skipped_step"]
+            self.last_report = rep
 
     def __getstate__(self) -> dict:
         d = dict(self.__dict__)

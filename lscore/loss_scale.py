@@ -80,6 +80,10 @@ class FixedLossScale(LossScale):
     def get_config(self) -> dict:
         return {"loss_scale_value": self._value}
 
+    def counters(self) -> dict:
+        """The state machine's counters (``steps``, ``skipped``, ...)."""
+        return self._state.counters()
+
     def state_dict(self) -> dict:
         """The v1 state: the scale and the number of updates."""
         return self._state.state_dict(config=self.get_config())
@@ -170,6 +174,11 @@ class DynamicLossScale(LossScale):
 
     def update(self, grads: Any) -> tuple[None, bool]:
         return None, self._state.update(kernels.all_finite(grads))
+
+    def counters(self) -> dict:
+        """The state machine's counters: ``steps`` (updates taken), ``skipped`` (those
+        with NaN/Inf), ``good_steps`` and the rest of ``LossScaleState.counters()``."""
+        return self._state.counters()
 
     def get_config(self) -> dict:
         return {

@@ -137,6 +137,10 @@ class ExponentialUpdateLossScaleManager(LossScaleManager):
     def state(self) -> LossScaleState:
         return self._state
 
+    def counters(self) -> dict:
+        """The state machine's counters (``steps``, ``skipped``, ...)."""
+        return self._state.counters()
+
     def state_dict(self) -> dict:
         """The v1 state (JSON-safe); bad_steps is hysteresis - hysteresis_left."""
         return self._state.state_dict(

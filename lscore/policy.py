@@ -29,10 +29,19 @@ REFILLS = ("finite", "growth", "backoff")
 _FLAG = _codes.FLAGS
 
 
+# float32(v) rounds to nearest even: a double at or above the midpoint of float32's max,
+# 2**128 * (1 - 2**-24), and 2**128 rounds up to inf (at the midpoint too: the max's last
+# mantissa bit is odd); anything below rounds to a finite float32
+F32_OVERFLOW = 2.0**128 * (1 - 2.0**-25)
+
+
 def overflows_f32(v: float) -> bool:
-    """True when float32(v) would be +/-inf."""
-    with np.errstate(over="ignore"):
-        return bool(np.isinf(np.float32(v)))
+    """True when float32(v) would be +/-inf (False for NaN).
+
+    A plain comparison: it runs on every ``unscale_`` call, where building a NumPy scalar
+    under ``np.errstate`` cost more than the rest of the call.
+    """
+    return abs(v) >= F32_OVERFLOW
 
 
 #: the strings that stand for the non-finite floats in lscore's JSON (JSON has no literal)
@@ -72,6 +81,8 @@ def _is_real(value: Any) -> bool:
 
 def real(name: str, value: Any) -> float:
     """`value` as a float; TypeError naming `name` unless it is a real number."""
+    if type(value) is float:  # the common call (an inverse scale per step): no ABC check
+        return value
     if not _is_real(value):
         raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
     return float(value)

@@ -26,6 +26,21 @@ class LossScaleFloorError(FloatingPointError):
     """The policy gives up: the scale cannot go lower (DeepSpeed, fairseq)."""
 
 
+def refuse_other_policy(mine: Policy, theirs: Policy, adopt: str) -> None:
+    """The one rule for loading a state saved by another policy: a ValueError naming each
+    field that differs (the initial scale aside: a state carries its own scale) as
+    ``saved != this object's``, then `adopt`, how to take the saved policy instead."""
+    a, b = mine.to_dict(), theirs.to_dict()
+    a.pop("init_scale"), b.pop("init_scale")
+    diff = sorted(k for k in a if a[k] != b[k])
+    if diff:
+        raise ValueError(
+            "the state was saved by a different policy ("
+            + ", ".join(f"{k}: {b[k]!r} != {a[k]!r}" for k in diff)
+            + f"); {adopt}"
+        )
+
+
 class LossScaleState:
     """One loss-scale state machine: a validated Policy driving the compiled core.
 
@@ -161,16 +176,11 @@ class LossScaleState:
         """
         policy, cy, _ = parse_state(d)
         if same_policy:
-            mine, theirs = self._policy.to_dict(), policy.to_dict()
-            mine.pop("init_scale"), theirs.pop("init_scale")
-            diff = sorted(k for k in mine if mine[k] != theirs[k])
-            if diff:
-                raise ValueError(
-                    "the state was saved by a different policy ("
-                    + ", ".join(f"{k}: {theirs[k]!r} != {mine[k]!r}" for k in diff)
-                    + "); build the object from that state with "
-                    "lscore.LossScaleState.from_state_dict"
-                )
+            refuse_other_policy(
+                self._policy,
+                policy,
+                "build the object from that state with lscore.LossScaleState.from_state_dict",
+            )
         with self._lock:
             self._policy = policy
             self._cy = cy

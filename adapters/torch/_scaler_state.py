@@ -11,7 +11,8 @@ from lscore.adapters.torch._config import warn_at_caller, zero_d
 from lscore.adapters.torch._paths import Disabled, Unplaced, state_dict_with
 from lscore.adapters.torch._scaler_path import PathScaler
 from lscore.adapters.torch._unscaler import ScalerAssertionError
-from lscore.policy import integer, real
+from lscore.policy import boolean, integer, real
+from lscore.state import parse_state, refuse_other_policy
 
 __all__ = ["StateScaler"]
 
@@ -41,6 +42,16 @@ _PICKLED = (
 _PICKLED_PATH = ("_state", "_init_scale", "_scale", "_tracker_t", "_scale_value", "_unscaler")
 
 
+# torch's keys, which every enabled scaler's state dict holds
+_TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+
+
+class StateKeyError(ValueError, KeyError):
+    """A GradScaler state dict without torch's keys: a ValueError that names them, and a
+    KeyError too, as torch's own load_state_dict raises (code written against torch keeps
+    catching it)."""
+
+    __str__ = ValueError.__str__  # the message as written, not KeyError's repr of it
 # the state dict's key for what the scaler counts beside torch's state (torch ignores it)
 _COUNTERS = "lscore_counters"
 
@@ -127,11 +138,18 @@ class StateScaler(PathScaler):
         }
         return d
 
-    def load_state_dict(self, state_dict: dict) -> None:
+    def load_state_dict(self, state_dict: dict, *, adopt_policy: bool = False) -> None:
         """Load `state_dict`, saved by this class or by ``torch.amp.GradScaler``.
 
-        An empty one (saved from a disabled scaler) is a RuntimeError, as in torch,
-        unless this scaler is ``enabled="auto"`` and still undecided.
+        torch's five keys are taken as torch takes them (the growth and backoff
+        factors and the growth interval included).  A dict with an ``"lscore"`` key
+        (saved under an lscore-only option) must come from this scaler's policy, its
+        initial scale aside, as ``lscore``'s own loss scales require: a state of
+        another policy (a DeepSpeed scaler's, say) is a ValueError naming the fields
+        that differ, and nothing changes.  ``adopt_policy=True`` takes the saved
+        policy instead.  An empty dict (saved from a disabled scaler) is a
+        RuntimeError, as in torch, unless this scaler is ``enabled="auto"`` and still
+        undecided.
         """
         if not self._enabled:
             return
@@ -144,6 +162,13 @@ class StateScaler(PathScaler):
                 "The source state dict is empty, possibly because it was saved "
                 "from a disabled instance of GradScaler."
             )
+        missing = [k for k in _TORCH_KEYS if k not in state_dict]
+        if missing:
+            raise StateKeyError(
+                f"the state dict lacks {', '.join(map(repr, missing))}: a GradScaler state "
+                f"dict has torch's keys {', '.join(map(repr, _TORCH_KEYS))} "
+                f"(got {', '.join(map(repr, state_dict))})"
+            )
         counters = _read_counters(state_dict.get(_COUNTERS))  # checked before any change
         # torch fill_()s its tensors with these: 0-d tensors (older checkpoints) work too
         scale = zero_d(state_dict["scale"])
@@ -154,6 +179,12 @@ class StateScaler(PathScaler):
         v1 = state_dict.get("lscore")
         # with "lscore" the tracker is only torch's reading of the policy's (it may be < 0)
         integer("_growth_tracker", tracker, minimum=0 if v1 is None else None)
+        if v1 is not None and not boolean("adopt_policy", adopt_policy):
+            refuse_other_policy(
+                self._state.policy,
+                parse_state(v1)[0],
+                "pass load_state_dict(state_dict, adopt_policy=True) to take the saved policy",
+            )
         if v1 is not None:
             self._path.load(v1, None)
             self._init_values = (self._path.get_scale(), self._path.good_steps())

@@ -12,6 +12,7 @@ from torch.amp.grad_scaler import OptState
 from lscore.adapters.torch import _cuda_clip
 from lscore.adapters.torch._config import fp16_help, outside_graph
 from lscore.adapters.torch._scaler_path import PathScaler
+from lscore.adapters.torch._unscaler import refuse_optimizer_class
 from lscore.distributed import reduce_found_inf
 from lscore.policy import real
 from lscore.scan import clip_coefficient, norm_order
@@ -46,6 +47,7 @@ class UnscaleScaler(PathScaler):
         torch.Tensor
             The total norm before clipping, in the gradients' dtype.
         """
+        refuse_optimizer_class(optimizer, "unscale_and_clip_")
         max_norm = real("max_norm", max_norm)
         if not max_norm > 0:
             raise ValueError(f"max_norm must be > 0, got {max_norm!r}")
@@ -121,6 +123,7 @@ class UnscaleScaler(PathScaler):
     def _unscale_with(self, optimizer: Any, stats: list | None = None, unscale: Any = None) -> None:
         """``unscale_``, also appending each array's (sum of squares, largest magnitude) to
         `stats` on the CPU core path, or unscaling with `unscale` (the one-pass CUDA clip's)."""
+        refuse_optimizer_class(optimizer, "unscale_")
         if not self._enabled:
             return
         self._check_scale_growth_tracker("unscale_")

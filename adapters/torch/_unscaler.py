@@ -31,6 +31,19 @@ class ScalerAssertionError(RuntimeError, AssertionError):
     """
 
 
+def refuse_optimizer_class(optimizer: Any, method: str) -> None:
+    """A TypeError for an optimizer class where an instance is needed (torch reads
+    ``param_groups`` from it and fails with an AttributeError); a class that has
+    ``param_groups`` itself is an optimizer as far as the scaler goes, and passes."""
+    if isinstance(optimizer, type) and not hasattr(optimizer, "param_groups"):
+        name = optimizer.__qualname__
+        raise TypeError(
+            f"{method}() needs an optimizer instance, got the class {name}: pass the "
+            f"optimizer you built, e.g. opt = {name}(model.parameters(), ...); "
+            f"scaler.{method}(opt)"
+        )
+
+
 class GradDtypeError(TypeError, NotImplementedError):
     """An integer or bool gradient, refused before any gradient is unscaled.
 

@@ -31,7 +31,11 @@ from lscore.adapters.torch._config import (
 from lscore.adapters.torch._paths import Disabled, SkipCount, Unplaced
 from lscore.adapters.torch._scaler_state import StateScaler
 from lscore.adapters.torch._scaler_unscale import UnscaleScaler
-from lscore.adapters.torch._unscaler import ScalerAssertionError, named_grads
+from lscore.adapters.torch._unscaler import (
+    ScalerAssertionError,
+    named_grads,
+    refuse_optimizer_class,
+)
 from lscore.distributed import TorchReducer
 from lscore.policy import growth_interval
 from lscore.state import LossScaleState
@@ -126,9 +130,11 @@ class GradScaler(UnscaleScaler, StateScaler):
     under ``"lscore_counters"`` and, when ``min_scale``, ``max_scale``,
     ``hysteresis`` or ``policy`` is in use, ``"lscore"`` (the full state);
     torch's ``load_state_dict`` ignores both keys, and this class loads
-    torch's dicts.  Misuse raises torch's errors; where torch raises
-    AssertionError this raises ``ScalerAssertionError``, a RuntimeError and an
-    AssertionError.  The PyTorch details guide (docs/guides/pytorch-details.md)
+    torch's dicts.  A dict whose ``"lscore"`` state comes from another policy
+    is refused, naming the difference, unless
+    ``load_state_dict(d, adopt_policy=True)``.  Misuse raises torch's errors;
+    where torch raises AssertionError this raises ``ScalerAssertionError``, a
+    RuntimeError and an AssertionError.  The PyTorch details guide (docs/guides/pytorch-details.md)
     covers the two paths, torch's private attributes, CUDA synchronisation,
     ``torch.compile`` and ``unscale_and_clip_``.
 
@@ -301,6 +307,7 @@ class GradScaler(UnscaleScaler, StateScaler):
         """Unscale `optimizer`'s gradients (unless ``unscale_`` did), then call
         ``optimizer.step(*args, **kwargs)`` unless one is NaN/inf; returns what it returns,
         or None when the step is skipped.  A ``closure`` is refused, as in torch."""
+        refuse_optimizer_class(optimizer, "step")
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:

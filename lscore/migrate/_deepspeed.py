@@ -104,7 +104,20 @@ class DeepSpeedPeer(PeerBase):
             raise TypeError(f"ds_config must be a dict, got {type(config).__name__}")
         if config and set(config) <= set(table.TABLE["deepspeed"].args):
             return {"loss_scale": 0.0, **config}  # DynamicLossScaler's own arguments
-        whole = "fp16" in config or "bf16" in config or "bfloat16" in config
+        # the fp16 section itself, or a whole ds_config: one without an fp16 or bf16 section
+        # holds none of the section's keys (train_batch_size, optimizer, ...)
+        section = not ({"fp16", "bf16", "bfloat16"} & set(config)) and (
+            not config or bool(set(config) & set(self.fp16_keys))
+        )
+        if not section and "fp16" not in config:
+            bf16 = config.get("bf16", config.get("bfloat16"))
+            if not (isinstance(bf16, dict) and bf16.get("enabled") is True):
+                raise ValueError(
+                    "this ds_config has no fp16 section, so DeepSpeed leaves fp16 "
+                    "disabled (its default) and does no loss scaling: there is no loss "
+                    'scale to migrate; an fp16 run has "fp16": {"enabled": true, ...}'
+                )
+        whole = not section
         fp16 = config.get("fp16", {}) if whole else config
         fp16 = check_keys("ds_config fp16 section", fp16, self.fp16_keys)
         bf16 = config.get("bf16", config.get("bfloat16", {})) if whole else {}

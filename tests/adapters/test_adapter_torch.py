@@ -443,7 +443,9 @@ def test_lscore_options_follow_the_reference(opts):
     t.load_state_dict(sd)
     assert t.get_scale() == s.get_scale()
     again = GradScaler("cpu")
-    again.load_state_dict(sd)
+    with pytest.raises(ValueError, match="different policy"):
+        again.load_state_dict(sd)  # another policy: taken only when asked
+    again.load_state_dict(sd, adopt_policy=True)
     assert again.state_dict() == sd
 
 

@@ -202,3 +202,42 @@ def test_a_loss_scale_optimizer_state_of_another_policy_changes_nothing():
     with pytest.raises(ValueError, match="saved by a different policy"):
         opt.load_state_dict(other.state_dict())
     assert opt.param_groups[0]["lr"] == 0.01 and opt.loss_scale == 2.0**10
+
+
+def test_a_gradscaler_state_of_another_policy_is_refused_unless_adopted():
+    """The rule of lscore's own loss scales: a state saved by another policy (its "lscore"
+    key) is a ValueError naming the fields that differ, and changes nothing;
+    adopt_policy=True takes it.  torch's five keys alone load as torch loads them."""
+    ds = GradScaler("cpu", policy=lscore.preset("deepspeed", init_scale=2.0**8))
+    saved = ds.state_dict()
+    mine = GradScaler("cpu", init_scale=2.0**12, growth_interval=2000)
+    with pytest.raises(ValueError, match=r"different policy \(.*name: 'deepspeed' != 'torch'"):
+        mine.load_state_dict(saved)
+    with pytest.raises(ValueError, match=r"adopt_policy=True"):
+        mine.load_state_dict(saved)
+    assert mine.get_scale() == 2.0**12 and mine._state.policy.name == "torch"
+    assert "lscore" not in mine.state_dict()
+    mine.load_state_dict(saved, adopt_policy=True)
+    assert mine.get_scale() == 2.0**8 and mine._state.policy.name == "deepspeed"
+    # the same lscore policy loads as before; torch's keys alone still set torch's numbers
+    bounded = GradScaler("cpu", init_scale=4.0, min_scale=1.0)
+    bounded.load_state_dict(GradScaler("cpu", init_scale=64.0, min_scale=1.0).state_dict())
+    assert bounded.get_scale() == 64.0
+    with pytest.raises(ValueError, match=r"min_scale: 1.0 != 2.0"):
+        GradScaler("cpu", min_scale=2.0).load_state_dict(bounded.state_dict())
+    plain = GradScaler("cpu")
+    plain.load_state_dict({**torch.amp.GradScaler("cpu", growth_interval=7).state_dict()})
+    assert plain.get_growth_interval() == 7
+
+
+def test_an_optimizer_class_and_a_partial_state_are_refused_clearly():
+    """scaler.step(torch.optim.SGD) (the class) ended in AttributeError 'param_groups';
+    load_state_dict({'scale': 'x'}) in KeyError 'growth_factor'."""
+    s = GradScaler("cpu", init_scale=4.0)
+    for call in (s.step, s.unscale_, lambda o: s.unscale_and_clip_(o, 1.0)):
+        with pytest.raises(TypeError, match=r"needs an optimizer instance, got the class SGD"):
+            call(torch.optim.SGD)
+    with pytest.raises(ValueError, match=r"lacks 'growth_factor', .*'_growth_tracker'") as e:
+        s.load_state_dict({"scale": "x"})
+    assert isinstance(e.value, KeyError)  # what torch raises, for code that catches it
+    assert s.get_scale() == 4.0

@@ -137,7 +137,8 @@ def test_policy_changes_decide_again():
     s = device_path(init_scale=16.0, growth_interval=2)
     s.scale(torch.ones(()))
     hysteresis = GradScaler("cpu", init_scale=4.0, growth_interval=1, hysteresis=2).state_dict()
-    s.load_state_dict(hysteresis)  # an lscore-only option: the host state machine updates
+    # an lscore-only option (another policy, adopted): the host state machine updates
+    s.load_state_dict(hysteresis, adopt_policy=True)
     assert not s._path.torch_shape and s.get_scale() == 4.0
     s.load_state_dict(GradScaler("cpu", init_scale=32.0).state_dict())  # torch's five keys
     assert not s._path.torch_shape and s.get_scale() == 32.0  # the hysteresis stays
@@ -145,7 +146,9 @@ def test_policy_changes_decide_again():
         s.update(8.0)
     assert "_amp_update_scale_" not in r.ops
     state = lscore.LossScaleState(torch_policy(init_scale=2.0, growth_interval=5))
-    s.load_state_dict({**GradScaler("cpu").state_dict(), "lscore": state.state_dict()})
+    s.load_state_dict(
+        {**GradScaler("cpu").state_dict(), "lscore": state.state_dict()}, adopt_policy=True
+    )
     assert s._path.torch_shape and s.get_scale() == 2.0
     ms, opts = models(1)
     s.scale(ms[0](torch.ones(1, 3)).sum()).backward()

@@ -30,7 +30,12 @@ def _parameters(fn) -> list[tuple[str, object, object]]:
 
 @pytest.mark.parametrize("name", PUBLIC)
 def test_public_signatures_are_torchs(name: str) -> None:
-    assert _parameters(getattr(GradScaler, name)) == _parameters(getattr(TorchScaler, name))
+    """torch's parameters, in torch's order, then keyword-only extras (load_state_dict's
+    adopt_policy), so that every call written against torch works unchanged."""
+    ours = _parameters(getattr(GradScaler, name))
+    theirs = _parameters(getattr(TorchScaler, name))
+    assert ours[: len(theirs)] == theirs
+    assert all(kind is inspect.Parameter.KEYWORD_ONLY for _, kind, _ in ours[len(theirs) :])
 
 
 def test_constructor_takes_torchs_arguments_then_keyword_only_extras() -> None:

@@ -69,3 +69,15 @@ def test_examples_collected(tmp_path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     collected = sum("README.md::" in line for line in r.stdout.splitlines())
     assert collected == len(BLOCKS) + TEXT.count("<!-- skip:")  # a skip line is an item too
+
+
+def test_wheel_sentence_names_the_manylinux_tag_and_its_glibc() -> None:
+    """The wheel installs only where glibc is at least as new as its manylinux tag says:
+    the README names the tag the release notes give (docs/development/contributing.md) and
+    the glibc it needs, not just "Linux with the same Python version"."""
+    notes = (ROOT / "docs" / "development" / "contributing.md").read_text()
+    tag = re.search(r"`(manylinux_(\d+)_(\d+))`", notes)
+    assert tag is not None
+    flat = " ".join(LINES)
+    assert f"`{tag.group(1)}`" in flat
+    assert f"glibc {tag.group(2)}.{tag.group(3)} or newer" in flat

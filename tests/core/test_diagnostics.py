@@ -1,5 +1,6 @@
 """lscore.diagnostics: NaN/Inf counts per named tensor on skipped steps, rate-limited logging."""
 
+import json
 import logging
 import sys
 import threading
@@ -157,7 +158,12 @@ def test_state_dict_round_trip_and_validation():
     for step in range(5):
         m.observe(step, step != 3, 2.0, 2.0)
     d = m.state_dict()
-    assert d == {"total_skipped": 1, "consecutive_skipped": 0, "last_skipped_step": 3}
+    assert d == {
+        "total_skipped": 1,
+        "consecutive_skipped": 0,
+        "last_skipped_step": 3,
+        "last_report": None,
+    }
     n = OverflowMonitor()
     n.load_state_dict(d)
     assert n.state_dict() == d
@@ -167,6 +173,28 @@ def test_state_dict_round_trip_and_validation():
         n.load_state_dict({"total_skipped": 1})
     with pytest.raises(ValueError, match="min_interval must be an int >= 0"):
         OverflowMonitor(min_interval=-5)
+
+
+def test_last_report_survives_a_resume():
+    """last_report is in the state dict (JSON-safe): after a resume it is the report of the
+    last skipped step, not None until the next skip."""
+    m = OverflowMonitor()
+    grads = {"w": np.array([1.0, np.nan, -np.inf]), "b": np.ones(2)}
+    m.observe(7, False, 2.0**16, float("inf"), grads)
+    m.observe(8, True, 2.0**15, 2.0**15)
+    d = json.loads(json.dumps(m.state_dict()))
+    assert d["last_report"]["scale_after"] == "inf"
+    n = OverflowMonitor()
+    n.load_state_dict(d)
+    assert n.last_report == m.last_report and str(n.last_report) == str(m.last_report)
+    assert "w (1 NaN, 1 -Inf of 3)" in str(n.last_report) and n.state_dict() == d
+    old = {k: v for k, v in d.items() if k != "last_report"}  # saved before the key existed
+    n.load_state_dict(old)
+    assert n.last_report is None and n.total_skipped == 1
+    bad = {**d, "last_report": {**d["last_report"], "tensors": [{"name": "w"}]}}
+    with pytest.raises(ValueError, match=r"last_report\['tensors'\] must be a list"):
+        n.load_state_dict(bad)
+    assert n.last_report is None
 
 
 def test_counters_exact_across_threads():
@@ -259,3 +287,19 @@ def test_torch_adapters_report_named_parameters():
         # the NaN in x[0, 0] reaches column 0 of the first weight and the second
         # weight (through the hidden layer); the biases' gradients stay finite
         assert [(t.name, t.nan) for t in rep.tensors] == [("0.weight", 2), ("1.weight", 2)], kind
+
+
+def test_every_scale_object_has_counters():
+    """The diagnostics guide reads "the scale objects' counters()": DynamicLossScale,
+    FixedLossScale and the TF1 manager have them too, the state machine's counts."""
+    import lscore
+
+    for ls in (lscore.DynamicLossScale(), lscore.FixedLossScale(8.0)):
+        for g in (np.inf, 1.0):
+            ls.update([np.array([g], np.float32)])
+        c = ls.counters()
+        assert c == ls.state_dict()["counters"] and c["steps"] == 2
+    assert lscore.DynamicLossScale().counters()["steps"] == 0
+    m = lscore.ExponentialUpdateLossScaleManager(2.0**15, 10)
+    m.update_loss_scale(False)
+    assert m.counters()["skipped"] == 1

@@ -373,6 +373,25 @@ def test_cli_from_deepspeed_config(tmp_path, capsys):
     assert env["loss_scale"].get_config() == config
 
 
+def test_cli_reads_a_ds_config_without_an_fp16_section(tmp_path, capsys):
+    """Its top-level keys are not fp16 keys: without an fp16 section DeepSpeed leaves fp16
+    disabled and scales nothing, which the error says (it reported 'unknown keys in
+    ds_config fp16 section: 'train_batch_size'')."""
+    cfg = tmp_path / "ds_config.json"
+    top = {"train_batch_size": 32, "optimizer": {"type": "Adam", "params": {"lr": 1e-4}}}
+    cfg.write_text(json.dumps(top))
+    assert cli(["migrate", "--from", "deepspeed", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "fp16 section" in err and "no loss scaling" in err
+    assert "train_batch_size" not in err and "unknown keys" not in err
+    with pytest.raises(ValueError, match=r"has no fp16 section, so DeepSpeed leaves fp16"):
+        migrate.from_peer("deepspeed", config=top)
+    # with the section beside the top-level keys, only the section's keys are checked
+    cfg.write_text(json.dumps({**top, "fp16": {"enabled": True, "initial_scale_power": 8}}))
+    assert cli(["migrate", "--from", "deepspeed", str(cfg)]) == 0
+    assert '"init_scale": 256.0' in capsys.readouterr().out
+
+
 def test_cli_state_and_back(tmp_path, capsys):
     state = tmp_path / "scaler.json"
     state.write_text(

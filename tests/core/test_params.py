@@ -398,3 +398,74 @@ def test_torch_scaler_growth_intervals():
     with pytest.raises(ValueError, match="growth_interval must be a positive integer"):
         s.load_state_dict({**s.state_dict(), "growth_interval": 0})
     assert s.get_growth_interval() == 10
+
+
+# ---- overflows_f32: a plain comparison, exact at float32's rounding boundary ---------------
+
+
+def test_overflows_f32_is_numpys_float32_rounding_at_the_boundary():
+    """float32(v) is inf exactly from the midpoint of float32's max and 2**128 up (ties go to
+    the even 2**128); NumPy's conversion is the oracle on both sides of every edge."""
+    from lscore.policy import F32_MAX, overflows_f32
+
+    edges = [2.0**128 * (1 - 2.0**-25), F32_MAX, 2.0**128, 2.0**127, 1.0, 2.0**-149, 0.0, INF]
+    values = [NAN]
+    for e in edges:
+        x = e
+        for _ in range(4):  # the edge and its 3 neighbours on each side
+            values += [x, -x]
+            x = np.nextafter(x, INF)
+        x = e
+        for _ in range(4):
+            values += [x, -x]
+            x = np.nextafter(x, 0.0)
+    rng = np.random.default_rng(0)
+    values += list(rng.uniform(0.99, 1.01, 2000) * F32_MAX)
+    with np.errstate(over="ignore"):
+        for v in values:
+            assert overflows_f32(float(v)) is bool(np.isinf(np.float32(v))), repr(v)
+
+
+def test_unscale_builds_no_numpy_scalar_and_enters_no_errstate(monkeypatch):
+    """The hot path of unscale_ (one float32 array): no np.errstate entered and no NumPy
+    scalar built per call (they cost more than the multiply of 64 elements)."""
+    from lscore import policy
+
+    a = np.ones(64, np.float32)
+    lscore.unscale_(a, 0.5)  # warm
+
+    class Counting:
+        errstates = 0
+
+        def __init__(self, **kw):
+            Counting.errstates += 1
+            self._inner = real_errstate(**kw)
+
+        def __enter__(self):
+            return self._inner.__enter__()
+
+        def __exit__(self, *exc):
+            return self._inner.__exit__(*exc)
+
+    real_errstate = np.errstate
+    monkeypatch.setattr(np, "errstate", Counting)
+    built = []
+    monkeypatch.setattr(policy, "np", _Watch(np, built))
+    for _ in range(3):
+        assert lscore.unscale_(a, 0.5)
+        assert lscore.unscale_([a], 2.0)
+    assert Counting.errstates == 0 and built == []
+
+
+class _Watch:
+    """A stand-in for the numpy module that records each scalar type or ufunc read through
+    it (isinstance checks against np.bool_ and the like are free and not recorded)."""
+
+    def __init__(self, module, seen):
+        self._module, self._seen = module, seen
+
+    def __getattr__(self, name):
+        got = getattr(self._module, name)
+        if isinstance(got, np.ufunc) or name in ("float16", "float32", "float64", "errstate"):
+            self._seen.append(name)
+        return got

@@ -66,14 +66,15 @@ def _tensor(rng, dt, n, chunk, offset, bad_at):
 
 def _cases(seed, count):
     """(case, config, arrays, inv): every dtype, sizes around the chunk, misaligned starts,
-    empty arrays, integer arrays, NaN/Inf first, last and on a chunk edge."""
+    empty arrays, NaN/Inf first, last and on a chunk edge (integer arrays are refused:
+    test_integer_arrays_are_refused)."""
     rng = np.random.default_rng(seed)
     for case in range(count):
         cfg = CONFIGS[case % len(CONFIGS)]
         chunk = cfg[0]
         dts = [FLOAT_DTYPES[(case // len(CONFIGS)) % len(FLOAT_DTYPES)]]
         if case % 5 == 0:
-            dts = [*FLOAT_DTYPES, np.dtype(np.int32)]
+            dts = list(FLOAT_DTYPES)
         sizes = [0, 1, 2, chunk - 1, chunk, chunk + 1, 2 * chunk, 3 * chunk + 5, 31]
         bad_at = rng.choice([None, None, "first", "last", "chunk_edge"])
         arrays = []
@@ -198,9 +199,22 @@ def test_empty_input_has_norm_zero_and_clips_nothing():
     ak = _kernels(CONFIGS[2])
     assert ak.unscale_and_norm([], 0.5) == (True, 0.0)
     assert ak.unscale_and_norm([np.zeros(0, np.float16), None], 0.5, "inf") == (True, 0.0)
-    ints = np.arange(5, dtype=np.int64)
-    assert ak.unscale_and_clip_({"a": ints}, 0.5, 1.0) == (True, 0.0)
-    assert ints.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_integer_arrays_are_refused():
+    """unscale_, unscale_and_norm and unscale_and_clip_ refuse integer and bool arrays
+    (they cannot be unscaled) before any launch; all_finite counts them as finite."""
+    ak = _kernels(CONFIGS[2])
+    ints, f = np.arange(5, dtype=np.int64), np.full(3, 4.0, np.float32)
+    assert ak.all_finite([f, {"a": ints}])
+    for call in (
+        lambda: ak.unscale_([f, {"a": ints}], 0.5),
+        lambda: ak.unscale_and_norm([f, {"a": ints}], 0.5),
+        lambda: ak.unscale_and_clip_([f, {"a": ints}], 0.5, 1.0),
+    ):
+        with pytest.raises(TypeError, match=r"array 1 \(in flattened order\) is int64"):
+            call()
+    assert ints.tolist() == [0, 1, 2, 3, 4] and np.all(f == 4.0)
 
 
 def test_many_blocks_and_launches_fold_on_the_device():
