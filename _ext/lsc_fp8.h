@@ -202,6 +202,8 @@ LSC_FP8_INL float lsc_fp8_load(const char *x, lsc_fp8_n i, lsc_fp8_n stride, int
     }
 }
 
+#ifndef LSC_LEVEL   /* a unit of one ISA level (lsc_mx_kern.c) takes the scalars and the load */
+
 /* The scaled cast of a run: q[i] = fp8(float32(x[i]) * scale); returns the
  * largest lsc_fp8_amax_bits of the inputs.  Inlined into each ISA level's
  * copy (and the strided loop), with code and fmt constants there.  Codes
@@ -590,6 +592,7 @@ static inline int lsc_fp8_job_run(lsc_fp8_job *j, lsc_fp8_for_fn pool_for, int t
 #undef LSC_FP8_CAST_FN
 #undef LSC_FP8_DECODE_FN
 #undef LSC_FP8_AMAX_FN
+#endif /* LSC_LEVEL */
 #endif /* the CPU kernels */
 
 #endif /* LSC_FP8_H */

@@ -11,6 +11,14 @@
 
 #include <string.h>
 
+/* A level's kernel table defined in one unit of the extension and read by
+ * another: not exported from the extension's shared object. */
+#if defined(__GNUC__)
+#define LSC_ISA_TABLE __attribute__((visibility("hidden")))
+#else
+#define LSC_ISA_TABLE
+#endif
+
 #if (defined(__x86_64__) || defined(_M_X64)) && defined(__GNUC__) && !defined(__clang__) \
         && __GNUC__ >= 12 && !defined(LSC_NO_DISPATCH)
 #define LSC_X86_DISPATCH 1
