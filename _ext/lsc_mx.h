@@ -392,6 +392,8 @@ LSC_FN lsc_u32 lsc_nvfp4_block(const float *x, long n, int has_pts, float pts, u
 #include <stdint.h>
 #include <string.h>
 
+#include "lsc_job.h"
+
 /* a block pass's rule: element format (a float8 code or LSC_MX_E2M1), the
  * MX mode or LSC_MX_NVFP4, NVFP4's per-tensor scale, the block length */
 enum { LSC_MX_NVFP4 = 16 };
@@ -443,33 +445,19 @@ static inline int lsc_mx_elem_index(int elem)
  * lsc_mx_kern.c compiled for that level. */
 #ifdef LSC_X86_DISPATCH
 LSC_ISA_TABLE extern const lsc_mx_isa lsc_mx_isa_v2, lsc_mx_isa_v3, lsc_mx_isa_v4;
-static const lsc_mx_isa *const lsc_mx_isas[LSC_NISAS] = {&lsc_mx_isa_v2, &lsc_mx_isa_v3,
-                                                         &lsc_mx_isa_v4};
+static const void *const lsc_mx_isas[LSC_NISAS] = {&lsc_mx_isa_v2, &lsc_mx_isa_v3,
+                                                   &lsc_mx_isa_v4};
 #else
 LSC_ISA_TABLE extern const lsc_mx_isa lsc_mx_isa_baseline;
-static const lsc_mx_isa *const lsc_mx_isas[LSC_NISAS] = {&lsc_mx_isa_baseline};
+static const void *const lsc_mx_isas[LSC_NISAS] = {&lsc_mx_isa_baseline};
 #endif
+static lsc_isa_family lsc_mx_family = {lsc_mx_isas};
 
-/* Read by every pass, written by lsc_mx_isa_select: relaxed, as lsc_fp8.h's. */
-static _Atomic(const lsc_mx_isa *) lsc_mx_isa_active;
-
-static int lsc_mx_isa_select(const char *name)
-{
-    int k = lsc_isa_find(name);
-    if (k < 0)
-        return -1;
-    atomic_store_explicit(&lsc_mx_isa_active, lsc_mx_isas[k], memory_order_relaxed);
-    return 0;
-}
+static int lsc_mx_isa_select(const char *name) { return lsc_isa_choose(&lsc_mx_family, name); }
 
 static inline const lsc_mx_isa *lsc_mx_isa_get(void)
 {
-    const lsc_mx_isa *isa = atomic_load_explicit(&lsc_mx_isa_active, memory_order_relaxed);
-    if (!isa) {
-        lsc_mx_isa_select(NULL);
-        isa = atomic_load_explicit(&lsc_mx_isa_active, memory_order_relaxed);
-    }
-    return isa;
+    return (const lsc_mx_isa *)lsc_isa_table(&lsc_mx_family);
 }
 
 /* Elements a strided pass gathers into a contiguous buffer at a time (a
@@ -536,40 +524,33 @@ static void lsc_mx_quantize_rows(const char *x, int64_t r0, int64_t r1, int64_t 
 }
 
 /* ---- one pass as a job of chunks on the package's thread pool ------------
- * The pass is cut in chunks from the work alone (never from the thread
- * count): groups of whole rows of about LSC_MX_CHUNK_ELEMS elements, or,
- * for rows longer than that along axis -1, pieces of one row of a whole
- * number of blocks; each chunk writes only its own scales and codes, so
- * the bytes are the same with any number of threads.  The pool's
- * parallel-for (lsc_pool.h) comes from the caller; a pass smaller than
- * LSC_MX_MT_MIN_ELEMS runs on the caller alone when threads is 0. */
-#define LSC_MX_CHUNK_ELEMS 32768
-#define LSC_MX_MT_MIN_ELEMS 200000
-
-typedef int (*lsc_mx_for_fn)(int (*fn)(void *ctx, size_t chunk), void *ctx, size_t nchunks,
-                             int threads);
-
+ * The pass is cut in chunks from the work alone (lsc_job.h): groups of
+ * whole rows of about LSC_JOB_CHUNK_ELEMS elements, or, for rows longer
+ * than that along axis -1, pieces of one row of a whole number of blocks;
+ * along axis 0 the lines are bands of `block` rows, never split.  Each
+ * chunk writes only its own scales and codes, so the bytes are the same
+ * with any number of threads. */
 typedef struct {
     const char *x;
     int64_t rows, cols, rs, cs;
     int code, axis;
     const lsc_mx_rule *k;
     unsigned char *s, *q;
-    int64_t rows_per_chunk;   /* whole rows per chunk, or 0: pieces of rows */
-    int64_t piece, pieces;    /* elements per piece, pieces per row */
+    lsc_job_cut cut;   /* of the rows (axis -1) or of the bands (axis 0) */
 } lsc_mx_job;
 
 static int lsc_mx_job_chunk(void *ctx, size_t chunk)
 {
     const lsc_mx_job *j = (const lsc_mx_job *)ctx;
     const int64_t c = (int64_t)chunk;
-    if (j->rows_per_chunk) {
-        int64_t r0 = c * j->rows_per_chunk, r1 = r0 + j->rows_per_chunk;
+    if (j->cut.parts == 1) {
+        const int64_t rows = j->axis == 0 ? j->cut.rows * j->k->block : j->cut.rows;
+        const int64_t r0 = c * rows, r1 = r0 + rows;
         lsc_mx_quantize_rows(j->x, r0, r1 < j->rows ? r1 : j->rows, j->cols, j->rs, j->cs,
                              j->code, j->axis, j->k, j->s, j->q);
     } else {
-        const int64_t r = c / j->pieces, c0 = (c % j->pieces) * j->piece;
-        const int64_t n = j->cols - c0 < j->piece ? j->cols - c0 : j->piece;
+        const int64_t r = c / j->cut.parts, c0 = (c % j->cut.parts) * j->cut.piece;
+        const int64_t n = j->cols - c0 < j->cut.piece ? j->cols - c0 : j->cut.piece;
         const int64_t qw = j->k->elem == LSC_MX_E2M1 ? j->cols / 2 : j->cols;
         lsc_mx_quantize_rows(j->x + r * j->rs + c0 * j->cs, 0, 1, n, 0, j->cs, j->code, -1,
                              j->k, j->s + r * (j->cols / j->k->block) + c0 / j->k->block,
@@ -583,26 +564,14 @@ static int lsc_mx_job_chunk(void *ctx, size_t chunk)
  * the size, 1: the caller alone). */
 static void lsc_mx_job_run(const char *x, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
                            int code, int axis, const lsc_mx_rule *k, unsigned char *s,
-                           unsigned char *q, lsc_mx_for_fn pool_for, int threads)
+                           unsigned char *q, lsc_for_fn pool_for, int threads)
 {
-    lsc_mx_job j = {x, rows, cols, rs, cs, code, axis, k, s, q, 0, 0, 1};
-    size_t nchunks;
+    lsc_mx_job j = {x, rows, cols, rs, cs, code, axis, k, s, q, {0, 0, 0, 0}};
     if (rows <= 0 || cols <= 0)
         return;
-    if (threads == 0)
-        threads = rows * cols >= LSC_MX_MT_MIN_ELEMS ? 0 : 1;
-    if (axis == 0) {
-        int64_t groups = LSC_MX_CHUNK_ELEMS / (cols * k->block);
-        j.rows_per_chunk = (groups > 1 ? groups : 1) * k->block;
-    } else if (cols <= LSC_MX_CHUNK_ELEMS) {
-        j.rows_per_chunk = LSC_MX_CHUNK_ELEMS / cols;
-    } else {
-        j.piece = LSC_MX_CHUNK_ELEMS / k->block * k->block;
-        j.pieces = (cols + j.piece - 1) / j.piece;
-    }
-    nchunks = j.rows_per_chunk ? (size_t)((rows + j.rows_per_chunk - 1) / j.rows_per_chunk)
-                               : (size_t)(rows * j.pieces);
-    pool_for(lsc_mx_job_chunk, &j, nchunks, threads);
+    j.cut = axis == 0 ? lsc_job_cut_lines(rows / k->block, cols * k->block, 0)
+                      : lsc_job_cut_lines(rows, cols, k->block);
+    pool_for(lsc_mx_job_chunk, &j, j.cut.nchunks, lsc_job_threads(threads, rows * cols));
 }
 
 #endif /* LSC_LEVEL */
