@@ -12,6 +12,7 @@ import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,6 +41,9 @@ X86_LEVELS = {
 }
 # extension -> its kernel units, compiled once per level with -DLSC_LEVEL=<level>
 LEVEL_SOURCES = {"_mx": ["_ext/lsc_mx_kern.c"]}
+HEADERS = sorted(str(h) for h in Path("_ext").glob("*.h"))
+# compiles only where lsc_isa.h has the x86-64 levels
+LEVELS_PROBE = '#include "lsc_isa.h"\n#ifndef LSC_X86_DISPATCH\n#error one level\n#endif\n'
 
 
 def ext(name):
@@ -49,10 +53,8 @@ def ext(name):
         include_dirs=["_ext", numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=FLAGS,
-        # a change to a kernel unit or a header relinks the extension with the units rebuilt
-        depends=LEVEL_SOURCES[name] + [str(h) for h in Path("_ext").glob("*.h")]
-        if name in LEVEL_SOURCES
-        else [],
+        # a change to a kernel unit or a header rebuilds the units and relinks
+        depends=LEVEL_SOURCES[name] + HEADERS if name in LEVEL_SOURCES else [],
     )
 
 
@@ -62,20 +64,18 @@ class build_ext_levels(build_ext):
     into its extension (NumPy's *.dispatch.c sources, without the generator)."""
 
     def levels(self):
-        """X86_LEVELS when the compiler takes lsc_isa.h's x86-64 dispatch, else one
-        baseline level: a probe that fails to compile where lsc_isa.h has one level."""
+        """X86_LEVELS when this compiler gets lsc_isa.h's x86-64 levels, else one baseline."""
         probe = Path(self.build_temp, "lsc_levels_probe.c")
         probe.parent.mkdir(parents=True, exist_ok=True)
-        probe.write_text('#include "lsc_isa.h"\n#ifndef LSC_X86_DISPATCH\n#error one level\n#endif\n')
+        probe.write_text(LEVELS_PROBE)
         try:
             self.compiler.compile([str(probe)], output_dir=self.build_temp, include_dirs=["_ext"])
-        except Exception:
+        except CompileError:
             return {"baseline": []}
         return X86_LEVELS
 
     def build_extensions(self):
         levels = self.levels()
-        headers = list(Path("_ext").glob("*.h"))
         units = []  # (extension, source, level, flags)
         for e in self.extensions:
             for source in LEVEL_SOURCES.get(e.name.rsplit(".", 1)[1], []):
@@ -85,11 +85,15 @@ class build_ext_levels(build_ext):
             e, source, level, flags = unit
             out = os.path.join(self.build_temp, level)
             obj = self.compiler.object_filenames([source], output_dir=out)[0]
-            newest = max(os.path.getmtime(p) for p in [source, *headers])
+            newest = max(os.path.getmtime(p) for p in [source, *HEADERS])
             if self.force or not os.path.exists(obj) or os.path.getmtime(obj) < newest:
-                self.compiler.compile([source], output_dir=out, include_dirs=e.include_dirs,
-                                      macros=[("LSC_LEVEL", level)],
-                                      extra_postargs=FLAGS + flags)
+                self.compiler.compile(
+                    [source],
+                    output_dir=out,
+                    include_dirs=e.include_dirs,
+                    macros=[("LSC_LEVEL", level)],
+                    extra_postargs=FLAGS + flags,
+                )
             return e, obj
 
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:

@@ -349,7 +349,7 @@ static const void *const lsc_fp8_isas[LSC_NISAS] = {&lsc_fp8_isa_baseline};
 static lsc_isa_family lsc_fp8_family = {lsc_fp8_isas};
 
 /* Pick the level by name (lsc_isa_choose). */
-static int lsc_fp8_isa_select(const char *name) { return lsc_isa_choose(&lsc_fp8_family, name); }
+static inline int lsc_fp8_isa_select(const char *name) { return lsc_isa_choose(&lsc_fp8_family, name); }
 
 static inline const lsc_fp8_isa *lsc_fp8_isa_get(void)
 {

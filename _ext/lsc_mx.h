@@ -380,12 +380,12 @@ LSC_FN lsc_u32 lsc_nvfp4_block(const float *x, long n, int has_pts, float pts, u
  * first in the low nibble.
  * What is compiled when: the kernels over contiguous input are compiled
  * once per x86-64 level (lsc_isa.h), one function per element format and
- * input dtype, the only things that change the element loop's
- * instructions; the scale rule (the mode) is a run-time value of the small
- * loop across a group's blocks, and the narrowing flags, which only pick
- * constants, are run-time values too.  NaN-factor blocks are rewritten out
- * of line, and strided input is gathered into a buffer and sent through
- * the contiguous kernels, so every level and stride gives the bits of
+ * input dtype, its float8 element loop once per narrowing flags: the only
+ * things that change the element loop's instructions (lsc_mx_kern.c); the
+ * scale rule (the mode) is a run-time value of the small loop across a
+ * group's blocks.  NaN-factor blocks are rewritten out of line, and strided
+ * input is gathered into a buffer and sent through the contiguous kernels,
+ * so every level and stride gives the bits of
  * lsc_mx_block / lsc_nvfp4_block. */
 
 #include <stdatomic.h>
@@ -453,7 +453,7 @@ static const void *const lsc_mx_isas[LSC_NISAS] = {&lsc_mx_isa_baseline};
 #endif
 static lsc_isa_family lsc_mx_family = {lsc_mx_isas};
 
-static int lsc_mx_isa_select(const char *name) { return lsc_isa_choose(&lsc_mx_family, name); }
+static inline int lsc_mx_isa_select(const char *name) { return lsc_isa_choose(&lsc_mx_family, name); }
 
 static inline const lsc_mx_isa *lsc_mx_isa_get(void)
 {

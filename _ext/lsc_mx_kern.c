@@ -6,12 +6,12 @@
  * x86-64 with GCC; baseline elsewhere), and links the objects into the _mx
  * extension; each defines the table lsc_mx_isa_<name> that lsc_mx.h picks
  * at run time.  A kernel is one function per element format and input
- * dtype (what changes the element loop's instructions); the scale rule is
- * a run-time value of lsc_mx_group_scales' small loop across blocks, and
- * the narrowing flags, which only pick constants, run-time values of the
- * element loops.  What the passes compute is described at "the CPU block
- * passes" in lsc_mx.h; strided input never reaches this file (lsc_mx.h
- * gathers it). */
+ * dtype, and its float8 element loop has one copy per narrowing flags (the
+ * torch modes' and TE's): what changes the element loop's instructions.
+ * The scale rule is a run-time value of lsc_mx_group_scales, the small loop
+ * across a group's blocks.  What the passes compute is described at "the
+ * CPU block passes" in lsc_mx.h; strided input never reaches this file
+ * (lsc_mx.h gathers it). */
 #include "lsc_mx.h"
 
 #ifndef LSC_LEVEL
@@ -37,14 +37,13 @@ LSC_MX_INL float lsc_mx_amax_of(lsc_u32 m)
 }
 
 /* The scale codes (into sc) and factors (into r) of nb blocks whose amax
- * bits are m, by rule `mode`: the scales, then the factors, each a loop
- * across the blocks, which vectorises the rule (NVFP4's divisions and E4M3
- * narrowing, MX's exponent arithmetic); one loop of both leaves control
- * flow that stops the vectoriser. */
-LSC_MX_INL void lsc_mx_scales_by(const lsc_u32 *m, int64_t nb, const lsc_mx_rule *k, int mode,
-                                 lsc_u32 *sc, float *r)
+ * bits are m, by rule `mode` for element format `elem`: the scales, then
+ * the factors, each a loop across the blocks, which vectorises the rule
+ * (NVFP4's divisions and E4M3 narrowing, MX's exponent arithmetic); one
+ * loop of both leaves control flow that stops the vectoriser. */
+LSC_MX_INL void lsc_mx_scales_by(const lsc_u32 *restrict m, int64_t nb, const lsc_mx_rule *k,
+                                 int elem, int mode, lsc_u32 *restrict sc, float *restrict r)
 {
-    const int elem = k->elem;
     if (mode == LSC_MX_NVFP4) {
         for (int64_t b = 0; b < nb; b++)
             sc[b] = lsc_nvfp4_scale(lsc_mx_amax_of(m[b]), k->has_pts, k->pts);
@@ -58,21 +57,36 @@ LSC_MX_INL void lsc_mx_scales_by(const lsc_u32 *m, int64_t nb, const lsc_mx_rule
         r[b] = lsc_mx_factor(sc[b], lsc_mx_amax_of(m[b]), elem, mode);
 }
 
-/* lsc_mx_scales_by with the rule k->mode, read here: the one place the mode
- * is taken apart, out of line (a group's scales are a few dozen operations
- * beside hundreds of elements), each case a loop with its rule inlined. */
+/* lsc_mx_scales_by with the rule k->mode, for a constant element format. */
+LSC_MX_INL void lsc_mx_scales_of(const lsc_u32 *m, int64_t nb, const lsc_mx_rule *k, int elem,
+                                 lsc_u32 *sc, float *r)
+{
+    switch (k->mode) {
+    case LSC_MX_FLOOR: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_FLOOR, sc, r); break;
+    case LSC_MX_RCEIL: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_RCEIL, sc, r); break;
+    case LSC_MX_TE: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_TE, sc, r); break;
+    case LSC_MX_OCP: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_OCP, sc, r); break;
+    case LSC_MX_NVFP4: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_NVFP4, sc, r); break;
+    default: lsc_mx_scales_by(m, nb, k, elem, k->mode, sc, r);   /* CEIL, EVEN */
+    }
+}
+
+/* The scales and factors of a group of blocks (lsc_mx_scales_by) by the
+ * rule k: the one place the mode and the element format are taken apart,
+ * out of line (a group's scales are a few dozen operations beside hundreds
+ * of elements), each case a loop with its rule inlined and its constants
+ * folded (RCEIL's runs 1.3x slower with the format's largest value a
+ * variable). */
 static __attribute__((noinline)) void lsc_mx_group_scales(const lsc_u32 *m, int64_t nb,
                                                           const lsc_mx_rule *k, lsc_u32 *sc,
                                                           float *r)
 {
-    switch (k->mode) {
-    case LSC_MX_FLOOR: lsc_mx_scales_by(m, nb, k, LSC_MX_FLOOR, sc, r); break;
-    case LSC_MX_RCEIL: lsc_mx_scales_by(m, nb, k, LSC_MX_RCEIL, sc, r); break;
-    case LSC_MX_TE: lsc_mx_scales_by(m, nb, k, LSC_MX_TE, sc, r); break;
-    case LSC_MX_OCP: lsc_mx_scales_by(m, nb, k, LSC_MX_OCP, sc, r); break;
-    case LSC_MX_NVFP4: lsc_mx_scales_by(m, nb, k, LSC_MX_NVFP4, sc, r); break;
-    default: lsc_mx_scales_by(m, nb, k, k->mode, sc, r);   /* CEIL, EVEN */
-    }
+    if (k->elem == LSC_CODE_E4M3FN)
+        lsc_mx_scales_of(m, nb, k, LSC_CODE_E4M3FN, sc, r);
+    else if (k->elem == LSC_CODE_E5M2)
+        lsc_mx_scales_of(m, nb, k, LSC_CODE_E5M2, sc, r);
+    else
+        lsc_mx_scales_of(m, nb, k, LSC_MX_E2M1, sc, r);
 }
 
 /* The byte every element (E2M1: pair) of a block with the NaN factor r
@@ -106,15 +120,34 @@ LSC_MX_INL void lsc_mx_amaxes(const char *x, int64_t nb, int64_t block, int code
     }
 }
 
+/* The factor r[b] of each of nb blocks of `block` elements spread to its
+ * elements, into fr. */
+LSC_MX_INL void lsc_mx_spread(const float *r, int64_t nb, int64_t block, float *fr)
+{
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t j = 0; j < block; j++)
+            fr[b * block + j] = r[b];
+}
+
+/* The float8 codes of n contiguous elements times their factors fr, into
+ * q: the element loop, inlined with the narrowing flags a constant (the
+ * torch modes' or TE's), which folds the NaN-sign masks away. */
+LSC_MX_INL void lsc_mx_fp8_codes(const char *x, int64_t n, int code, int elem, int flags,
+                                 const float *fr, unsigned char *q)
+{
+    for (int64_t i = 0; i < n; i++)
+        q[i] = (unsigned char)lsc_fp8_from_f32(lsc_mx_load(x, i, code) * fr[i], elem, flags);
+}
+
 /* One contiguous row of n elements (a multiple of the block): n / block
  * scale codes into s, the codes into q (E2M1: n / 2 bytes).  Per group of
- * blocks: the amaxes (the common block lengths a constant, which unrolls),
- * the scales and factors, then the codes of the whole group in one loop
- * with the factors spread per element, at the full vector width (a loop per
- * block of 32 runs at half of it), narrowed without lsc_mx_code's clamp to
- * +-max, which changes no code (the float8 narrowing saturates, as the MX
- * flags have LSC_FP8_SAT, and E2M1's does itself); then the blocks whose
- * factor is NaN rewritten. */
+ * blocks: the amaxes, the scales and factors, then the codes of the whole
+ * group in one loop with the factors spread per element (the common block
+ * lengths a constant in both, which unrolls), at the full vector width (a
+ * loop per block of 32 runs at half of it), narrowed without lsc_mx_code's
+ * clamp to +-max, which changes no code (the float8 narrowing saturates, as
+ * the MX flags have LSC_FP8_SAT, and E2M1's does itself); then the blocks
+ * whose factor is NaN rewritten. */
 LSC_MX_INL void lsc_mx_row_body(const char *x, int64_t n, int code, int elem,
                                 const lsc_mx_rule *k, unsigned char *s, unsigned char *q)
 {
@@ -136,11 +169,14 @@ LSC_MX_INL void lsc_mx_row_body(const char *x, int64_t n, int code, int elem,
         else
             lsc_mx_amaxes(xg, g, block, code, m);
         lsc_mx_group_scales(m, g, k, sc, r);
-        for (int64_t b = 0; b < g; b++) {
+        for (int64_t b = 0; b < g; b++)
             s[b0 + b] = (unsigned char)sc[b];
-            for (int64_t j = 0; j < block; j++)
-                fr[b * block + j] = r[b];
-        }
+        if (block == 32)
+            lsc_mx_spread(r, g, 32, fr);
+        else if (block == 16)
+            lsc_mx_spread(r, g, 16, fr);
+        else
+            lsc_mx_spread(r, g, block, fr);
         if (elem == LSC_MX_E2M1) {
             /* one code per element first, then the pairs packed: each loop
                vectorises at the full width (reading pairs of elements does not) */
@@ -149,10 +185,10 @@ LSC_MX_INL void lsc_mx_row_body(const char *x, int64_t n, int code, int elem,
                 t[i] = (unsigned char)lsc_e2m1_from_f32(lsc_mx_load(xg, i, code) * fr[i]);
             for (int64_t i = 0; i < len / 2; i++)
                 qg[i] = (unsigned char)(t[2 * i] | (t[2 * i + 1] << 4));
+        } else if (flags & LSC_FP8_NAN_SIGN) {
+            lsc_mx_fp8_codes(xg, len, code, elem, LSC_FP8_SAT | LSC_FP8_NAN_SIGN, fr, qg);
         } else {
-            for (int64_t i = 0; i < len; i++)
-                qg[i] = (unsigned char)lsc_fp8_from_f32(lsc_mx_load(xg, i, code) * fr[i], elem,
-                                                        flags);
+            lsc_mx_fp8_codes(xg, len, code, elem, LSC_FP8_SAT, fr, qg);   /* TE's */
         }
         for (int64_t b = 0; b < g; b++)
             if (r[b] != r[b])
@@ -178,16 +214,18 @@ LSC_MX_INL void lsc_mx_cols_narrow(const char *xt, int64_t block, int64_t w, int
                                         | (lsc_e2m1_from_f32(lsc_mx_load(xb, j, code) * fac[j])
                                            << 4));
         }
+    } else if (flags & LSC_FP8_NAN_SIGN) {
+        for (int64_t i = 0; i < block; i++)
+            lsc_mx_fp8_codes(xt + i * rs, w, code, elem, LSC_FP8_SAT | LSC_FP8_NAN_SIGN, fac,
+                             q + i * ld);
     } else {
-        for (int64_t i = 0; i < block; i++) {
-            unsigned char *qr = q + i * ld;
-            const char *xr = xt + i * rs;
-            for (int64_t j = 0; j < w; j++)
-                qr[j] = (unsigned char)lsc_fp8_from_f32(lsc_mx_load(xr, j, code) * fac[j], elem,
-                                                        flags);
-        }
+        for (int64_t i = 0; i < block; i++)   /* TE's flags */
+            lsc_mx_fp8_codes(xt + i * rs, w, code, elem, LSC_FP8_SAT, fac, q + i * ld);
     }
+    int any_nan = 0;   /* a reduction that vectorises, then the rare columns */
     for (int64_t j = 0; j < w; j++)
+        any_nan |= fac[j] != fac[j];
+    for (int64_t j = 0; any_nan && j < w; j++)
         if (fac[j] != fac[j])
             lsc_mx_nan_fill(fac[j], elem, flags, q + j, elem == LSC_MX_E2M1 ? block / 2 : block,
                             ld);

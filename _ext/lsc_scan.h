@@ -254,7 +254,7 @@ static const void *const lsc_isas[LSC_NISAS] = {&lsc_isa_baseline};
 static lsc_isa_family lsc_scan_family = {lsc_isas};
 
 /* Pick the ISA level by name (lsc_isa_choose). */
-static int lsc_isa_select(const char *name) { return lsc_isa_choose(&lsc_scan_family, name); }
+static inline int lsc_isa_select(const char *name) { return lsc_isa_choose(&lsc_scan_family, name); }
 
 static inline const lsc_isa *lsc_isa_get(void)
 {
