@@ -111,4 +111,4 @@ bench: venv-test
 
 clean:
 	rm -rf .venv-test .venv-demo .venv-docs .venv-asan .venv-lint .venv-build .mypy_cache \
-		.ruff_cache build dist docs/_build *.egg-info _ext/*.so _ext/*.c out
+		.ruff_cache build dist docs/_build *.egg-info _ext/*.so _ext/_*.c out
