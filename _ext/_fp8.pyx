@@ -11,20 +11,9 @@
 # what keeps memory safe (dtypes, shapes, a writable output); the
 # parameters' meaning is lsc_fp8.h's, and the slow twin of both functions
 # is lscore/_reference_fp8.py (fp8_cast, fp8_decode).
-cimport numpy as cnp
-from libc.stdint cimport int64_t, uint32_t
-
-from _dtypes cimport *
-from _pool_for cimport lsc_for_fn, pool_for_import
+include "_array_kernels.pxi"
 
 import os
-
-cnp.import_array()
-
-cdef extern from "numpy/ndarraytypes.h":
-    enum:
-        NPY_HALF
-        NPY_USERDEF
 
 cdef extern from "lsc_fp8.h" nogil:
     enum:
@@ -42,12 +31,10 @@ cdef extern from "lsc_fp8.h" nogil:
     const lsc_fp8_isa *lsc_fp8_isa_get()
     float lsc_fp8_amax(uint32_t m)
     enum:
-        LSC_FP8_CHUNK_ELEMS
+        LSC_JOB_CHUNK_ELEMS
         LSC_FP8_JOB_CAST
         LSC_FP8_JOB_AMAX
         LSC_FP8_JOB_DECODE
-    ctypedef int (*lsc_fp8_for_fn)(int (*fn)(void *, size_t), void *ctx, size_t nchunks,
-                                   int threads)
     ctypedef struct lsc_fp8_job:
         int kind
         const char *src
@@ -60,13 +47,10 @@ cdef extern from "lsc_fp8.h" nogil:
         float scale
         const float *scales
         float *amaxes
-    int lsc_fp8_job_run(lsc_fp8_job *j, lsc_fp8_for_fn pool_for, int threads, uint32_t *amax)
-
-# the package's one thread pool (lsc_pool.h's parallel-for, exported by _scan)
-cdef lsc_for_fn pool_for = pool_for_import()
+    int lsc_fp8_job_run(lsc_fp8_job *j, lsc_for_fn for_fn, int threads, uint32_t *amax)
 
 # elements per chunk of a job (for tests: where the chunk edges lie)
-_CHUNK_ELEMS = LSC_FP8_CHUNK_ELEMS
+_CHUNK_ELEMS = LSC_JOB_CHUNK_ELEMS
 
 #: float8 format name -> its dtype code (lsc_codes.h)
 FORMATS = {"float8_e4m3fn": LSC_CODE_E4M3FN, "float8_e5m2": LSC_CODE_E5M2}
@@ -165,7 +149,7 @@ cdef uint32_t _run(lsc_fp8_job *j, int threads) except? 0xFFFFFFFF:
     if threads < 0:
         raise ValueError(f"threads must be >= 0, got {threads}")
     with nogil:
-        rc = lsc_fp8_job_run(j, <lsc_fp8_for_fn>pool_for, threads, &m)
+        rc = lsc_fp8_job_run(j, pool_for, threads, &m)
     if rc != 0:
         raise MemoryError()
     return m

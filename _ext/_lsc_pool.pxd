@@ -30,7 +30,7 @@ cdef extern from "lsc_pool.h" nogil:
         LSC_OP_STATS
     enum:
         LSC_NISAS
-    const lsc_isa *lsc_isas[]
+    const char *lsc_isa_names[]
     lsc_result lsc_exec(const lsc_run *runs, size_t nruns, lsc_n total_bytes, int op,
                         double inv, int threads)
     int lsc_isa_select(const char *name)

@@ -6,20 +6,9 @@
 # read in place (float32, float16, bfloat16; any strides), the GIL released.
 # It checks what keeps memory safe and names the formats and modes; the
 # rules are lsc_mx.h's and the slow twin is lscore/_reference_mx.py.
-cimport numpy as cnp
-from libc.stdint cimport int64_t, uint32_t
+include "_array_kernels.pxi"
 
 import numpy as np
-
-from _dtypes cimport *
-from _pool_for cimport lsc_for_fn, pool_for_import
-
-cnp.import_array()
-
-cdef extern from "numpy/ndarraytypes.h":
-    enum:
-        NPY_HALF
-        NPY_USERDEF
 
 cdef extern from "lsc_mx.h" nogil:
     ctypedef struct lsc_mx_rule:
@@ -38,11 +27,9 @@ cdef extern from "lsc_mx.h" nogil:
     const char *lsc_isa_names[]
     int lsc_mx_isa_select(const char *name)
     const lsc_mx_isa *lsc_mx_isa_get()
-    ctypedef int (*lsc_mx_for_fn)(int (*fn)(void *, size_t), void *ctx, size_t nchunks,
-                                  int threads)
     void lsc_mx_job_run(const char *x, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
                         int code, int axis, const lsc_mx_rule *k, unsigned char *s,
-                        unsigned char *q, lsc_mx_for_fn pool_for, int threads)
+                        unsigned char *q, lsc_for_fn for_fn, int threads)
     enum:
         LSC_MX_FLOOR
         LSC_MX_CEIL
@@ -59,9 +46,6 @@ cdef extern from "lsc_mx.h" nogil:
     uint32_t lsc_mx_block(const float *x, long n, int elem, int mode, unsigned char *q)
     float lsc_nvfp4_tensor_scale(float amax)
     uint32_t lsc_nvfp4_block(const float *x, long n, int has_pts, float pts, unsigned char *q)
-
-# the package's one thread pool (lsc_pool.h's parallel-for, exported by _scan)
-cdef lsc_for_fn pool_for = pool_for_import()
 
 #: block scale rule name -> its code (lsc_mx.h)
 MODES = {"floor": LSC_MX_FLOOR, "ceil": LSC_MX_CEIL, "even": LSC_MX_EVEN,
@@ -225,8 +209,7 @@ cdef tuple _run(x, lsc_mx_rule *k, int axis, out, int threads):
         rows, rs, cs = a.shape[0], (<object>a).strides[0], (<object>a).strides[1]
     xp = <const char *>cnp.PyArray_DATA(a)
     with nogil:
-        lsc_mx_job_run(xp, rows, cols, rs, cs, code, axis, k, sp, qp, <lsc_mx_for_fn>pool_for,
-                       threads)
+        lsc_mx_job_run(xp, rows, cols, rs, cs, code, axis, k, sp, qp, pool_for, threads)
     return (out[0] if out[0] is not None else s, out[1] if out[1] is not None else q)
 
 
@@ -235,8 +218,7 @@ cdef void _run_one(cnp.ndarray row, lsc_mx_rule *k, int code, unsigned char *sp,
     cdef const char *xp = <const char *>cnp.PyArray_DATA(row)
     cdef int64_t cols = row.shape[0], cs = (<object>row).strides[0]
     with nogil:
-        lsc_mx_job_run(xp, 1, cols, 0, cs, code, -1, k, sp, qp, <lsc_mx_for_fn>pool_for,
-                       threads)
+        lsc_mx_job_run(xp, 1, cols, 0, cs, code, -1, k, sp, qp, pool_for, threads)
 
 
 def quantize(x, str elem, str mode, long block=32, *, int axis=-1, out=None, int threads=0):

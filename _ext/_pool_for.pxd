@@ -5,11 +5,11 @@
 # helper threads as the scan instead of starting threads of its own.
 from cpython.pycapsule cimport PyCapsule_Import
 
-# fn(ctx, chunk): chunk `chunk`'s work; nonzero stops the job
-ctypedef int (*lsc_chunk_fn)(void *ctx, size_t chunk) noexcept nogil
-# pool_for(fn, ctx, nchunks, threads): fn over chunks [0, nchunks) on at most `threads`
-# threads (0: all the pool has, 1: the caller alone); 1 when a chunk stopped the job
-ctypedef int (*lsc_for_fn)(lsc_chunk_fn fn, void *ctx, size_t nchunks, int threads) noexcept nogil
+# the function types' one home is lsc_job.h
+cdef extern from "lsc_job.h" nogil:
+    ctypedef int (*lsc_chunk_fn)(void *ctx, size_t chunk) noexcept nogil
+    ctypedef int (*lsc_for_fn)(lsc_chunk_fn fn, void *ctx, size_t nchunks,
+                               int threads) noexcept nogil
 
 
 cdef inline lsc_for_fn pool_for_import() except NULL:

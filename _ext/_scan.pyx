@@ -494,7 +494,7 @@ def isa():
 
 def isa_levels():
     """The ISA levels this CPU can run, slowest first."""
-    return [lsc_isas[k].name.decode() for k in range(LSC_NISAS) if lsc_isa_supported(k)]
+    return [lsc_isa_names[k].decode() for k in range(LSC_NISAS) if lsc_isa_supported(k)]
 
 
 def set_isa(name):

@@ -182,6 +182,7 @@ static __device__ __forceinline__ lsc_u32 lsc_dev_fp8x2(float a, float b, int fm
 #include <string.h>
 
 #include "lsc_isa.h"
+#include "lsc_job.h"
 
 typedef int64_t lsc_fp8_n;
 
@@ -201,6 +202,8 @@ LSC_FP8_INL float lsc_fp8_load(const char *x, lsc_fp8_n i, lsc_fp8_n stride, int
         return code == LSC_CODE_F16 ? lsc_f16_to_f32(h) : lsc_bf16_to_f32(h);
     }
 }
+
+#ifndef LSC_LEVEL   /* a unit of one ISA level (lsc_mx_kern.c) takes the scalars and the load */
 
 /* The scaled cast of a run: q[i] = fp8(float32(x[i]) * scale); returns the
  * largest lsc_fp8_amax_bits of the inputs.  Inlined into each ISA level's
@@ -337,36 +340,20 @@ LSC_FP8_LEVEL(v3)
 #pragma GCC target("arch=x86-64-v4", "prefer-vector-width=512")
 LSC_FP8_LEVEL(v4)
 #pragma GCC pop_options
-static const lsc_fp8_isa *const lsc_fp8_isas[LSC_NISAS] = {&lsc_fp8_isa_v2, &lsc_fp8_isa_v3,
-                                                           &lsc_fp8_isa_v4};
+static const void *const lsc_fp8_isas[LSC_NISAS] = {&lsc_fp8_isa_v2, &lsc_fp8_isa_v3,
+                                                    &lsc_fp8_isa_v4};
 #else
 LSC_FP8_LEVEL(baseline)
-static const lsc_fp8_isa *const lsc_fp8_isas[LSC_NISAS] = {&lsc_fp8_isa_baseline};
+static const void *const lsc_fp8_isas[LSC_NISAS] = {&lsc_fp8_isa_baseline};
 #endif
+static lsc_isa_family lsc_fp8_family = {lsc_fp8_isas};
 
-/* Read by every call and written by lsc_fp8_isa_select: an atomic pointer,
- * relaxed (it only ever points at constant tables). */
-static _Atomic(const lsc_fp8_isa *) lsc_fp8_isa_active;
-
-/* Pick the level by name (lsc_isa_find's names).  Returns 0, or -1 when the
- * name is unknown or unsupported. */
-static int lsc_fp8_isa_select(const char *name)
-{
-    int k = lsc_isa_find(name);
-    if (k < 0)
-        return -1;
-    atomic_store_explicit(&lsc_fp8_isa_active, lsc_fp8_isas[k], memory_order_relaxed);
-    return 0;
-}
+/* Pick the level by name (lsc_isa_choose). */
+static inline int lsc_fp8_isa_select(const char *name) { return lsc_isa_choose(&lsc_fp8_family, name); }
 
 static inline const lsc_fp8_isa *lsc_fp8_isa_get(void)
 {
-    const lsc_fp8_isa *isa = atomic_load_explicit(&lsc_fp8_isa_active, memory_order_relaxed);
-    if (!isa) {
-        lsc_fp8_isa_select(NULL);
-        isa = atomic_load_explicit(&lsc_fp8_isa_active, memory_order_relaxed);
-    }
-    return isa;
+    return (const lsc_fp8_isa *)lsc_isa_table(&lsc_fp8_family);
 }
 
 /* The scaled cast of one 1-D run of n inputs `stride` bytes apart (native
@@ -428,7 +415,7 @@ static void lsc_fp8_decode_run(const unsigned char *q, lsc_fp8_n n, lsc_fp8_n st
  * elements `stride` bytes apart (the last axis of an N-d strided array,
  * whose other axes are the lines, in C order; a C-contiguous array read as
  * one tensor is one line), into a C-contiguous output.  It is cut into
- * chunks of about LSC_FP8_CHUNK_ELEMS elements: a longer line into `parts`
+ * chunks of about LSC_JOB_CHUNK_ELEMS elements: a longer line into `parts`
  * parts, shorter lines `rows` whole lines at a time.  The cut depends on the
  * shape alone, and every element's code depends on that element alone, so
  * the bytes are the same however the chunks are shared out.  Each chunk
@@ -439,20 +426,8 @@ static void lsc_fp8_decode_run(const unsigned char *q, lsc_fp8_n n, lsc_fp8_n st
  * the flags) the result is the same bits with one thread or many.
  * lsc_fp8_job_run runs the chunks through lsc_pool.h's parallel-for, passed
  * in by the caller: the pool lives in the scan's extension, one per
- * process. */
+ * process.  The cut and its constants are lsc_job.h's. */
 
-/* Elements per chunk: about 30 us of casting on one core, a multiple of the
- * cast's LSC_FP8_CHUNK, so that the parts of a contiguous line begin on
- * cache lines of the codes and two threads never write one line. */
-#define LSC_FP8_CHUNK_ELEMS 32768
-/* The fewest elements a call runs threaded when the thread count is left to
- * it: six chunks, about 60 us of casting.  Below it a helper woken from
- * sleep comes too late to take a chunk; on a 2-core AMD EPYC under load the
- * bfloat16 cast of 1e5 to 1e6 elements took the same time with one thread
- * and with two (the caller never waits for a helper that has not started),
- * and at 3e6 the best of 100 two-thread runs was 1.47x the one-thread
- * best. */
-#define LSC_FP8_MT_MIN_ELEMS 200000
 /* Chunk slots on the stack; a larger job allocates its own. */
 #define LSC_FP8_LOCAL_CHUNKS 64
 
@@ -470,30 +445,9 @@ typedef struct {
     float scale;                /* the scale, or (scales) one per line */
     const float *scales;
     float *amaxes;              /* one amax per line, or NULL */
-    /* the cut (lsc_fp8_job_cut) */
-    lsc_fp8_n parts, rows;      /* a chunk is part of a line (parts > 1) or `rows` lines */
-    size_t nchunks;
+    lsc_job_cut cut;            /* a chunk is part of a line (parts > 1) or `rows` lines */
     uint32_t *bits;             /* each chunk's amax bits */
 } lsc_fp8_job;
-
-/* The parallel-for of lsc_pool.h (lsc_pool_for), whose pointer the caller
- * holds. */
-typedef int (*lsc_fp8_for_fn)(int (*fn)(void *ctx, size_t chunk), void *ctx, size_t nchunks,
-                              int threads);
-
-static void lsc_fp8_job_cut(lsc_fp8_job *j)
-{
-    const lsc_fp8_n per = LSC_FP8_CHUNK_ELEMS;
-    if (j->n > per) {
-        j->parts = (j->n + per - 1) / per;
-        j->rows = 1;
-        j->nchunks = (size_t)(j->lines * j->parts);
-    } else {
-        j->parts = 1;
-        j->rows = per / (j->n > 0 ? j->n : 1);
-        j->nchunks = (size_t)((j->lines + j->rows - 1) / j->rows);
-    }
-}
 
 /* The first element of line `line`. */
 static inline const char *lsc_fp8_line_start(const lsc_fp8_job *j, lsc_fp8_n line)
@@ -513,14 +467,14 @@ static uint32_t lsc_fp8_job_do(const lsc_fp8_job *j, size_t c)
     const int width = j->code == LSC_CODE_F32 ? 4 : 2;
     lsc_fp8_n line, last, lo, hi;
     uint32_t m = 0;
-    if (j->parts > 1) {
-        line = (lsc_fp8_n)c / j->parts;
+    if (j->cut.parts > 1) {
+        line = (lsc_fp8_n)c / j->cut.parts;
         last = line + 1;
-        lo = ((lsc_fp8_n)c % j->parts) * LSC_FP8_CHUNK_ELEMS;
-        hi = j->n - lo < LSC_FP8_CHUNK_ELEMS ? j->n : lo + LSC_FP8_CHUNK_ELEMS;
+        lo = ((lsc_fp8_n)c % j->cut.parts) * j->cut.piece;
+        hi = j->n - lo < j->cut.piece ? j->n : lo + j->cut.piece;
     } else {
-        line = (lsc_fp8_n)c * j->rows;
-        last = j->lines - line < j->rows ? j->lines : line + j->rows;
+        line = (lsc_fp8_n)c * j->cut.rows;
+        last = j->lines - line < j->cut.rows ? j->lines : line + j->cut.rows;
         lo = 0;
         hi = j->n;
     }
@@ -537,7 +491,7 @@ static uint32_t lsc_fp8_job_do(const lsc_fp8_job *j, size_t c)
         else
             lsc_fp8_decode_run((const unsigned char *)p, hi - lo, j->stride, j->fmt,
                                j->dst + at * width, j->code, scale);
-        if (j->amaxes && j->parts == 1)
+        if (j->amaxes && j->cut.parts == 1)
             j->amaxes[line] = lsc_fp8_amax(b);
         m = b > m ? b : m;
     }
@@ -553,28 +507,28 @@ static int lsc_fp8_job_chunk(void *ctx, size_t c)
 }
 
 /* Run job j (cut here) through pool_for on at most `threads` threads (0:
- * by its size, serial below LSC_FP8_MT_MIN_ELEMS; 1: serial); *amax gets
+ * by its size, serial below LSC_JOB_MT_MIN_ELEMS; 1: serial); *amax gets
  * the amax bits of all its elements, and a line split in parts its amax in
  * amaxes.  Returns 0, or -1 when out of memory (nothing written then).
  * Inline: the other includers of this header (the MX kernels) run no job. */
-static inline int lsc_fp8_job_run(lsc_fp8_job *j, lsc_fp8_for_fn pool_for, int threads, uint32_t *amax)
+static inline int lsc_fp8_job_run(lsc_fp8_job *j, lsc_for_fn pool_for, int threads,
+                                  uint32_t *amax)
 {
     uint32_t local[LSC_FP8_LOCAL_CHUNKS], all = 0, line = 0;
-    lsc_fp8_job_cut(j);
-    if (threads == 0)
-        threads = j->n * j->lines >= LSC_FP8_MT_MIN_ELEMS ? 0 : 1;
-    j->bits = j->nchunks <= LSC_FP8_LOCAL_CHUNKS
-                  ? local : (uint32_t *)malloc(j->nchunks * sizeof(uint32_t));
+    j->cut = lsc_job_cut_lines(j->lines, j->n, 1);
+    const size_t nchunks = j->cut.nchunks, parts = (size_t)j->cut.parts;
+    j->bits = nchunks <= LSC_FP8_LOCAL_CHUNKS ? local
+                                              : (uint32_t *)malloc(nchunks * sizeof(uint32_t));
     if (!j->bits)
         return -1;
-    pool_for(lsc_fp8_job_chunk, j, j->nchunks, threads);
-    for (size_t c = 0; c < j->nchunks; c++) {
+    pool_for(lsc_fp8_job_chunk, j, nchunks, lsc_job_threads(threads, j->n * j->lines));
+    for (size_t c = 0; c < nchunks; c++) {
         uint32_t b = j->bits[c];
         all = b > all ? b : all;
-        if (j->parts > 1 && j->amaxes) {
+        if (parts > 1 && j->amaxes) {
             line = b > line ? b : line;
-            if ((lsc_fp8_n)(c % (size_t)j->parts) == j->parts - 1) {
-                j->amaxes[c / (size_t)j->parts] = lsc_fp8_amax(line);
+            if (c % parts == parts - 1) {
+                j->amaxes[c / parts] = lsc_fp8_amax(line);
                 line = 0;
             }
         }
@@ -590,6 +544,7 @@ static inline int lsc_fp8_job_run(lsc_fp8_job *j, lsc_fp8_for_fn pool_for, int t
 #undef LSC_FP8_CAST_FN
 #undef LSC_FP8_DECODE_FN
 #undef LSC_FP8_AMAX_FN
+#endif /* LSC_LEVEL */
 #endif /* the CPU kernels */
 
 #endif /* LSC_FP8_H */

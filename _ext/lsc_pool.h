@@ -225,8 +225,8 @@ static lsc_result lsc_exec_serial(const lsc_run *runs, size_t nruns, int op, dou
     return (op & LSC_OP_STATS) ? lsc_cascade_end(&sums) : total;
 }
 
-/* A chunk's work: see the top of this file. */
-typedef int (*lsc_chunk_fn)(void *ctx, size_t chunk);
+/* A chunk's work (see the top of this file): lsc_job.h's lsc_chunk_fn. */
+#include "lsc_job.h"
 
 #ifdef LSC_THREADS
 

@@ -222,7 +222,7 @@ typedef struct {
 #include "lsc_kernels.h"
 #pragma GCC pop_options
 
-static const lsc_isa *const lsc_isas[LSC_NISAS] = {&lsc_isa_v2, &lsc_isa_v3, &lsc_isa_v4};
+static const void *const lsc_isas[LSC_NISAS] = {&lsc_isa_v2, &lsc_isa_v3, &lsc_isa_v4};
 #else
 /* one set, at whatever the compiler flags allow */
 #define LSC_SFX baseline
@@ -248,32 +248,17 @@ static const lsc_isa *const lsc_isas[LSC_NISAS] = {&lsc_isa_v2, &lsc_isa_v3, &ls
 #endif
 #endif
 #include "lsc_kernels.h"
-static const lsc_isa *const lsc_isas[LSC_NISAS] = {&lsc_isa_baseline};
+static const void *const lsc_isas[LSC_NISAS] = {&lsc_isa_baseline};
 #endif
 
-/* Read by every call and written by lsc_isa_select (tests, the bench): an
- * atomic pointer, relaxed (it only ever points at constant tables). */
-static _Atomic(const lsc_isa *) lsc_isa_active;
+static lsc_isa_family lsc_scan_family = {lsc_isas};
 
-/* Pick the ISA level by name (lsc_isa_find's names).  Returns 0, or -1 when
- * the name is unknown or unsupported. */
-static int lsc_isa_select(const char *name)
-{
-    int k = lsc_isa_find(name);
-    if (k < 0)
-        return -1;
-    atomic_store_explicit(&lsc_isa_active, lsc_isas[k], memory_order_relaxed);
-    return 0;
-}
+/* Pick the ISA level by name (lsc_isa_choose). */
+static inline int lsc_isa_select(const char *name) { return lsc_isa_choose(&lsc_scan_family, name); }
 
 static inline const lsc_isa *lsc_isa_get(void)
 {
-    const lsc_isa *isa = atomic_load_explicit(&lsc_isa_active, memory_order_relaxed);
-    if (!isa) {
-        lsc_isa_select(NULL);
-        isa = atomic_load_explicit(&lsc_isa_active, memory_order_relaxed);
-    }
-    return isa;
+    return (const lsc_isa *)lsc_isa_table(&lsc_scan_family);
 }
 
 /* ---- generic loops: strided or byte-swapped runs ------------------------ */

@@ -1,0 +1,522 @@
+/* lsc_mx_kern.c: lsc_mx.h's block passes over contiguous input, for one ISA
+ * level.
+ *
+ * Design: setup.py compiles this file once for each level of lsc_isa.h,
+ * with that level's target flags and -DLSC_LEVEL=<its name> (v2, v3, v4 on
+ * x86-64 with GCC; baseline elsewhere), and links the objects into the _mx
+ * extension; each defines the table lsc_mx_isa_<name> that lsc_mx.h picks
+ * at run time.  A kernel is one function per element format and input
+ * dtype, and its float8 element loop has one copy per narrowing flags (the
+ * torch modes' and TE's): what changes the element loop's instructions.
+ * The scale rule is a run-time value of lsc_mx_group_scales, the small loop
+ * across a group's blocks.  What the passes compute is described at "the
+ * CPU block passes" in lsc_mx.h; strided input never reaches this file
+ * (lsc_mx.h gathers it). */
+#include "lsc_mx.h"
+
+#ifndef LSC_LEVEL
+#error "compile with -DLSC_LEVEL=<level name> (setup.py does)"
+#endif
+#define LSC_MX_CAT2(a, b) a##_##b
+#define LSC_MX_CAT(a, b) LSC_MX_CAT2(a, b)
+#define LSC_MX_STR2(a) #a
+#define LSC_MX_STR(a) LSC_MX_STR2(a)
+
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#define LSC_MX_BF16_LANES 1   /* x86-64-v4: bfloat16 blocks narrowed in 16-bit lanes */
+#endif
+
+#define LSC_MX_INL static inline __attribute__((always_inline))
+#define LSC_MX_COLD static __attribute__((noinline, cold))
+
+/* The amax of a block whose amax bits are m (a NaN: the quiet NaN). */
+LSC_MX_INL float lsc_mx_amax_of(lsc_u32 m)
+{
+    return m > 0x7F800000u ? lsc_f32_from_bits(0x7FC00000u) : lsc_f32_from_bits(m);
+}
+
+/* The scale codes (into sc) and factors (into r) of nb blocks whose amax
+ * bits are m, by rule `mode` for element format `elem`: the scales, then
+ * the factors, each a loop across the blocks, which vectorises the rule
+ * (NVFP4's divisions and E4M3 narrowing, MX's exponent arithmetic); one
+ * loop of both leaves control flow that stops the vectoriser. */
+LSC_MX_INL void lsc_mx_scales_by(const lsc_u32 *restrict m, int64_t nb, const lsc_mx_rule *k,
+                                 int elem, int mode, lsc_u32 *restrict sc, float *restrict r)
+{
+    if (mode == LSC_MX_NVFP4) {
+        for (int64_t b = 0; b < nb; b++)
+            sc[b] = lsc_nvfp4_scale(lsc_mx_amax_of(m[b]), k->has_pts, k->pts);
+        for (int64_t b = 0; b < nb; b++)
+            r[b] = lsc_nvfp4_factor(sc[b], k->has_pts, k->pts);
+        return;
+    }
+    for (int64_t b = 0; b < nb; b++)
+        sc[b] = lsc_mx_scale(lsc_mx_amax_of(m[b]), elem, mode);
+    for (int64_t b = 0; b < nb; b++)
+        r[b] = lsc_mx_factor(sc[b], lsc_mx_amax_of(m[b]), elem, mode);
+}
+
+/* lsc_mx_scales_by with the rule k->mode, for a constant element format. */
+LSC_MX_INL void lsc_mx_scales_of(const lsc_u32 *m, int64_t nb, const lsc_mx_rule *k, int elem,
+                                 lsc_u32 *sc, float *r)
+{
+    switch (k->mode) {
+    case LSC_MX_FLOOR: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_FLOOR, sc, r); break;
+    case LSC_MX_RCEIL: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_RCEIL, sc, r); break;
+    case LSC_MX_TE: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_TE, sc, r); break;
+    case LSC_MX_OCP: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_OCP, sc, r); break;
+    case LSC_MX_NVFP4: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_NVFP4, sc, r); break;
+    default: lsc_mx_scales_by(m, nb, k, elem, k->mode, sc, r);   /* CEIL, EVEN */
+    }
+}
+
+/* The scales and factors of a group of blocks (lsc_mx_scales_by) by the
+ * rule k: the one place the mode and the element format are taken apart,
+ * out of line (a group's scales are a few dozen operations beside hundreds
+ * of elements), each case a loop with its rule inlined and its constants
+ * folded (RCEIL's runs 1.3x slower with the format's largest value a
+ * variable). */
+static __attribute__((noinline)) void lsc_mx_group_scales(const lsc_u32 *m, int64_t nb,
+                                                          const lsc_mx_rule *k, lsc_u32 *sc,
+                                                          float *r)
+{
+    if (k->elem == LSC_CODE_E4M3FN)
+        lsc_mx_scales_of(m, nb, k, LSC_CODE_E4M3FN, sc, r);
+    else if (k->elem == LSC_CODE_E5M2)
+        lsc_mx_scales_of(m, nb, k, LSC_CODE_E5M2, sc, r);
+    else
+        lsc_mx_scales_of(m, nb, k, LSC_MX_E2M1, sc, r);
+}
+
+/* The byte every element (E2M1: pair) of a block with the NaN factor r
+ * gets, written count times step bytes apart: lsc_mx_code's code of any
+ * element times r. */
+LSC_MX_COLD void lsc_mx_nan_fill(float r, int elem, int flags, unsigned char *q, int64_t count,
+                                 int64_t step)
+{
+    const lsc_u32 c = lsc_mx_narrow(r, elem, flags);
+    const unsigned char v = (unsigned char)(elem == LSC_MX_E2M1 ? c | (c << 4) : c);
+    for (int64_t i = 0; i < count; i++)
+        q[i * step] = v;
+}
+
+LSC_MX_INL float lsc_mx_load(const char *x, int64_t i, int code)
+{
+    return lsc_fp8_load(x, i, LSC_MX_WIDTH(code), code);
+}
+
+/* The amax bits of nb contiguous blocks of `block` elements into m. */
+LSC_MX_INL void lsc_mx_amaxes(const char *x, int64_t nb, int64_t block, int code, lsc_u32 *m)
+{
+    for (int64_t b = 0; b < nb; b++) {
+        const char *xb = x + b * block * LSC_MX_WIDTH(code);
+        lsc_u32 mb = 0;
+        for (int64_t j = 0; j < block; j++) {
+            lsc_u32 a = lsc_f32_bits(lsc_mx_load(xb, j, code)) & 0x7FFFFFFFu;
+            mb = a > mb ? a : mb;
+        }
+        m[b] = mb;
+    }
+}
+
+/* The factor r[b] of each of nb blocks of `block` elements spread to its
+ * elements, into fr. */
+LSC_MX_INL void lsc_mx_spread(const float *r, int64_t nb, int64_t block, float *fr)
+{
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t j = 0; j < block; j++)
+            fr[b * block + j] = r[b];
+}
+
+/* The float8 codes of n contiguous elements times their factors fr, into
+ * q: the element loop, inlined with the narrowing flags a constant (the
+ * torch modes' or TE's), which folds the NaN-sign masks away. */
+LSC_MX_INL void lsc_mx_fp8_codes(const char *x, int64_t n, int code, int elem, int flags,
+                                 const float *fr, unsigned char *q)
+{
+    for (int64_t i = 0; i < n; i++)
+        q[i] = (unsigned char)lsc_fp8_from_f32(lsc_mx_load(x, i, code) * fr[i], elem, flags);
+}
+
+/* One contiguous row of n elements (a multiple of the block): n / block
+ * scale codes into s, the codes into q (E2M1: n / 2 bytes).  Per group of
+ * blocks: the amaxes, the scales and factors, then the codes of the whole
+ * group in one loop with the factors spread per element (the common block
+ * lengths a constant in both, which unrolls), at the full vector width (a
+ * loop per block of 32 runs at half of it), narrowed without lsc_mx_code's
+ * clamp to +-max, which changes no code (the float8 narrowing saturates, as
+ * the MX flags have LSC_FP8_SAT, and E2M1's does itself); then the blocks
+ * whose factor is NaN rewritten. */
+LSC_MX_INL void lsc_mx_row_body(const char *x, int64_t n, int code, int elem,
+                                const lsc_mx_rule *k, unsigned char *s, unsigned char *q)
+{
+    const int64_t block = k->block, nb = n / block;
+    const int64_t width = elem == LSC_MX_E2M1 ? block / 2 : block;
+    const int64_t per = LSC_MX_GROUP_ELEMS / block;
+    const int64_t G = per < 1 ? 1 : per > LSC_MX_GROUP ? LSC_MX_GROUP : per;
+    const int flags = lsc_mx_rule_flags(k);
+    for (int64_t b0 = 0; b0 < nb; b0 += G) {
+        const int64_t g = nb - b0 < G ? nb - b0 : G, len = g * block;
+        const char *xg = x + b0 * block * LSC_MX_WIDTH(code);
+        unsigned char *qg = q + b0 * width;
+        lsc_u32 m[LSC_MX_GROUP], sc[LSC_MX_GROUP];
+        float r[LSC_MX_GROUP], fr[LSC_MX_CHUNK];
+        if (block == 32)
+            lsc_mx_amaxes(xg, g, 32, code, m);
+        else if (block == 16)
+            lsc_mx_amaxes(xg, g, 16, code, m);
+        else
+            lsc_mx_amaxes(xg, g, block, code, m);
+        lsc_mx_group_scales(m, g, k, sc, r);
+        for (int64_t b = 0; b < g; b++)
+            s[b0 + b] = (unsigned char)sc[b];
+        if (block == 32)
+            lsc_mx_spread(r, g, 32, fr);
+        else if (block == 16)
+            lsc_mx_spread(r, g, 16, fr);
+        else
+            lsc_mx_spread(r, g, block, fr);
+        if (elem == LSC_MX_E2M1) {
+            /* one code per element first, then the pairs packed: each loop
+               vectorises at the full width (reading pairs of elements does not) */
+            unsigned char t[LSC_MX_CHUNK];
+            for (int64_t i = 0; i < len; i++)
+                t[i] = (unsigned char)lsc_e2m1_from_f32(lsc_mx_load(xg, i, code) * fr[i]);
+            for (int64_t i = 0; i < len / 2; i++)
+                qg[i] = (unsigned char)(t[2 * i] | (t[2 * i + 1] << 4));
+        } else if (flags & LSC_FP8_NAN_SIGN) {
+            lsc_mx_fp8_codes(xg, len, code, elem, LSC_FP8_SAT | LSC_FP8_NAN_SIGN, fr, qg);
+        } else {
+            lsc_mx_fp8_codes(xg, len, code, elem, LSC_FP8_SAT, fr, qg);   /* TE's */
+        }
+        for (int64_t b = 0; b < g; b++)
+            if (r[b] != r[b])
+                lsc_mx_nan_fill(r[b], elem, flags, qg + b * width, width, 1);
+    }
+}
+
+/* The codes of a columns tile: `block` rows of w contiguous columns from xt
+ * (rows rs bytes apart), column j times its factor fac[j], into q (rows ld
+ * bytes apart; E2M1 packs rows 2i and 2i + 1 into one byte, the first in
+ * the low nibble).  As lsc_mx_row_body's codes: the product narrowed
+ * without the clamp, then the columns whose factor is NaN rewritten. */
+LSC_MX_INL void lsc_mx_cols_narrow(const char *xt, int64_t block, int64_t w, int64_t rs,
+                                   int64_t ld, int code, int elem, int flags, const float *fac,
+                                   unsigned char *q)
+{
+    if (elem == LSC_MX_E2M1) {
+        for (int64_t i = 0; i < block; i += 2) {
+            unsigned char *qr = q + (i / 2) * ld;
+            const char *xa = xt + i * rs, *xb = xt + (i + 1) * rs;
+            for (int64_t j = 0; j < w; j++)
+                qr[j] = (unsigned char)(lsc_e2m1_from_f32(lsc_mx_load(xa, j, code) * fac[j])
+                                        | (lsc_e2m1_from_f32(lsc_mx_load(xb, j, code) * fac[j])
+                                           << 4));
+        }
+    } else if (flags & LSC_FP8_NAN_SIGN) {
+        for (int64_t i = 0; i < block; i++)
+            lsc_mx_fp8_codes(xt + i * rs, w, code, elem, LSC_FP8_SAT | LSC_FP8_NAN_SIGN, fac,
+                             q + i * ld);
+    } else {
+        for (int64_t i = 0; i < block; i++)   /* TE's flags */
+            lsc_mx_fp8_codes(xt + i * rs, w, code, elem, LSC_FP8_SAT, fac, q + i * ld);
+    }
+    int any_nan = 0;   /* a reduction that vectorises, then the rare columns */
+    for (int64_t j = 0; j < w; j++)
+        any_nan |= fac[j] != fac[j];
+    for (int64_t j = 0; any_nan && j < w; j++)
+        if (fac[j] != fac[j])
+            lsc_mx_nan_fill(fac[j], elem, flags, q + j, elem == LSC_MX_E2M1 ? block / 2 : block,
+                            ld);
+}
+
+/* A rows x cols view (rows a multiple of the block; rows rs bytes apart,
+ * contiguous elements) with blocks along the first axis: (rows / block) x
+ * cols scale codes into s, the codes into q (rows x cols; E2M1 (rows / 2) x
+ * cols), both with rows ld bytes apart.  Per tile of `block` rows by up to
+ * LSC_MX_TILE columns: the column amaxes, row by row; the scales and
+ * factors across the columns; then the codes, the tile read again from L1. */
+LSC_MX_INL void lsc_mx_cols_body(const char *x, int64_t rows, int64_t cols, int64_t rs,
+                                 int64_t ld, int code, int elem, const lsc_mx_rule *k,
+                                 unsigned char *s, unsigned char *q)
+{
+    lsc_u32 m[LSC_MX_TILE], sc[LSC_MX_TILE];
+    float fac[LSC_MX_TILE];
+    const int64_t block = k->block;
+    const int flags = lsc_mx_rule_flags(k);
+    for (int64_t r0 = 0; r0 < rows; r0 += block) {
+        for (int64_t c0 = 0; c0 < cols; c0 += LSC_MX_TILE) {
+            const int64_t w = cols - c0 < LSC_MX_TILE ? cols - c0 : LSC_MX_TILE;
+            const char *xt = x + r0 * rs + c0 * LSC_MX_WIDTH(code);
+            for (int64_t j = 0; j < w; j++)
+                m[j] = 0;
+            for (int64_t i = 0; i < block; i++) {
+                for (int64_t j = 0; j < w; j++) {
+                    lsc_u32 a = lsc_f32_bits(lsc_mx_load(xt + i * rs, j, code)) & 0x7FFFFFFFu;
+                    m[j] = a > m[j] ? a : m[j];
+                }
+            }
+            lsc_mx_group_scales(m, w, k, sc, fac);
+            for (int64_t j = 0; j < w; j++)
+                s[(r0 / block) * ld + c0 + j] = (unsigned char)sc[j];
+            lsc_mx_cols_narrow(xt, block, w, rs, ld, code, elem, flags, fac,
+                               q + (elem == LSC_MX_E2M1 ? r0 / 2 : r0) * ld + c0);
+        }
+    }
+}
+
+#ifdef LSC_MX_BF16_LANES
+/* ---- x86-64-v4: float8 codes of bfloat16 in 16-bit lanes ------------------
+ * The passes above widen every bfloat16 to float32, multiply and narrow in
+ * 32-bit lanes: about 20 vector operations per 16 elements, three times the
+ * memory floor at 1e8 elements.  Where a block's factor r is a power of two
+ * 2**k, x * r only moves a bfloat16's exponent, so one AVX-512BW vector
+ * holds a whole block of 32 and the narrowing is done on the bfloat16 bits
+ * themselves, y = |x| + (k << 7), in 16-bit lanes:
+ *   normal codes (y >= the format's smallest normal): rebias, round the
+ *     dropped mantissa bits to nearest even, cap at the largest finite code
+ *     (lsc_fp8_from_f32's rule on the same bits);
+ *   subnormal codes: the significand (y & 0x7F) | 0x80 of exponent E is
+ *     v * 2**(E - 134); in units of the smallest subnormal (2**-9, 2**-16)
+ *     that is p / 2**8 with p = v << (E - lo), lo = 117 (e4m3) or 110
+ *     (e5m2), rounded to nearest even; below lo (a shift count that wraps
+ *     past 15) p is 0, as every value under half the smallest subnormal is;
+ *   zero and subnormal x (|x| < 0x80): code 0, with the sign.
+ * This is the product rounded once, so the codes are lsc_fp8_from_f32's of
+ * float32(x) * r exactly when the block is `plain`: r = 2**k with -126 <= k
+ * <= 100 (a subnormal x then scales below half of either format's smallest
+ * subnormal, as in float32), the amax finite (no NaN or Inf element) and
+ * amax * r below 2**128 (y fits the lanes).  Every other block (NaN or Inf
+ * in it, RCEIL's NaN descale, a factor 2**-127, ...) takes the float32
+ * path (lsc_mx_bf16_block_codes, lsc_mx_cols_narrow).  Checked for every
+ * finite bfloat16 at every such k in both formats, and by the passes'
+ * tests at every level. */
+LSC_MX_INL __m256i lsc_mx_bf16x32(__m512i b, __m512i k7, int elem)
+{
+    const int e4 = elem == LSC_CODE_E4M3FN, sh = e4 ? 4 : 5;
+    const __m512i one = _mm512_set1_epi16(1);
+    const __m512i a = _mm512_and_si512(b, _mm512_set1_epi16(0x7FFF));
+    const __m512i sign = _mm512_and_si512(_mm512_srli_epi16(b, 8), _mm512_set1_epi16(0x80));
+    const __m512i y = _mm512_add_epi16(a, k7);
+    /* normal: lsc_fp8_from_f32's rebias and rounding on 7 mantissa bits */
+    const __m512i r = _mm512_sub_epi16(y, _mm512_set1_epi16(e4 ? 120 << 7 : 112 << 7));
+    const __m512i odd = _mm512_and_si512(_mm512_srai_epi16(r, sh), one);
+    const __m512i half = _mm512_set1_epi16((1 << (sh - 1)) - 1);
+    const __m512i normal = _mm512_srai_epi16(_mm512_add_epi16(_mm512_add_epi16(r, half), odd), sh);
+    const __m512i capped = _mm512_min_epi16(normal, _mm512_set1_epi16(e4 ? 0x7E : 0x7B));
+    /* subnormal: p = v << (E - lo), rounded to nearest even at bit 8 */
+    const __m512i cnt = _mm512_sub_epi16(_mm512_srai_epi16(y, 7),
+                                         _mm512_set1_epi16(e4 ? 117 : 110));
+    const __m512i v = _mm512_ternarylogic_epi32(y, _mm512_set1_epi16(0x7F), _mm512_set1_epi16(0x80),
+                                                0xEA);   /* (y & 0x7F) | 0x80 */
+    const __m512i p = _mm512_sllv_epi16(v, cnt);
+    const __m512i podd = _mm512_and_si512(_mm512_srli_epi16(p, 8), one);
+    const __m512i sub = _mm512_srli_epi16(
+        _mm512_add_epi16(_mm512_add_epi16(p, _mm512_set1_epi16(127)), podd), 8);
+    const __mmask32 is_normal = _mm512_cmpge_epi16_mask(y,
+                                                        _mm512_set1_epi16(e4 ? 0x3C80 : 0x3880));
+    const __mmask32 is_live = _mm512_cmpge_epu16_mask(a, _mm512_set1_epi16(0x80));
+    const __m512i mag = _mm512_maskz_mov_epi16(is_live,
+                                               _mm512_mask_blend_epi16(is_normal, sub, capped));
+    return _mm512_cvtepi16_epi8(_mm512_or_si512(mag, sign));
+}
+
+/* Whether a block with factor r and amax bits m is plain (lsc_mx_bf16x32's
+ * condition), and the exponent step of its factor in bfloat16 bits into *k7. */
+LSC_MX_INL int lsc_mx_bf16_plain(float r, lsc_u32 m, lsc_i32 *k7)
+{
+    const lsc_u32 rb = lsc_f32_bits(r);
+    const lsc_i32 er = (lsc_i32)(rb >> 23);
+    *k7 = (er - 127) * 128;
+    return (rb & 0x7FFFFFu) == 0u && er >= 1 && er <= 127 + 100 && m < 0x7F800000u
+           && (lsc_i32)(m >> 16) + *k7 <= 0x7F7F;
+}
+
+/* The largest of 32 unsigned 16-bit lanes (phminposuw of their complement). */
+LSC_MX_INL lsc_u32 lsc_mx_umax16(__m512i a)
+{
+    const __m256i h = _mm256_max_epu16(_mm512_castsi512_si256(a),
+                                       _mm512_extracti64x4_epi64(a, 1));
+    const __m128i c = _mm_max_epu16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    const __m128i low = _mm_minpos_epu16(_mm_xor_si128(c, _mm_set1_epi16(-1)));
+    return 0xFFFFu ^ ((lsc_u32)_mm_cvtsi128_si32(low) & 0xFFFFu);
+}
+
+/* The float8 codes of one bfloat16 block of 32 that is not plain, by the
+ * float32 path (out of line: blocks with a NaN or Inf, or extreme factors). */
+LSC_MX_COLD void lsc_mx_bf16_block_codes(const uint16_t *x, int elem, int flags, float r,
+                                         unsigned char *q)
+{
+    if (r != r) {
+        lsc_mx_nan_fill(r, elem, flags, q, 32, 1);
+        return;
+    }
+    for (int64_t j = 0; j < 32; j++)
+        q[j] = (unsigned char)lsc_fp8_from_f32(lsc_bf16_to_f32(x[j]) * r, elem, flags);
+}
+
+/* A contiguous bfloat16 row of MX blocks of 32: per group of blocks the
+ * amaxes (16-bit lanes; the float32 amax bits are m << 16), the scales and
+ * factors as lsc_mx_row_body takes them, then each block's codes, by
+ * lsc_mx_bf16x32 where the block is plain. */
+LSC_MX_INL void lsc_mx_bf16_row(const char *xc, int64_t n, int elem, const lsc_mx_rule *k,
+                                unsigned char *s, unsigned char *q)
+{
+    const uint16_t *x = (const uint16_t *)xc;
+    const __m512i mask = _mm512_set1_epi16(0x7FFF);
+    const int flags = lsc_mx_rule_flags(k);
+    const int64_t nb = n / 32;
+    for (int64_t b0 = 0; b0 < nb; b0 += LSC_MX_GROUP) {
+        const int64_t g = nb - b0 < LSC_MX_GROUP ? nb - b0 : LSC_MX_GROUP;
+        const uint16_t *xg = x + b0 * 32;
+        lsc_u32 m[LSC_MX_GROUP], sc[LSC_MX_GROUP];
+        lsc_i32 k7[LSC_MX_GROUP];
+        unsigned char plain[LSC_MX_GROUP];
+        float r[LSC_MX_GROUP];
+        for (int64_t b = 0; b < g; b++)
+            m[b] = lsc_mx_umax16(_mm512_and_si512(_mm512_loadu_si512(xg + 32 * b), mask)) << 16;
+        lsc_mx_group_scales(m, g, k, sc, r);
+        for (int64_t b = 0; b < g; b++) {
+            plain[b] = (unsigned char)lsc_mx_bf16_plain(r[b], m[b], &k7[b]);
+            s[b0 + b] = (unsigned char)sc[b];
+        }
+        /* the plain blocks in a loop with no call, which keeps its constants
+           in registers; then the others */
+        for (int64_t b = 0; b < g; b++)
+            if (plain[b])
+                _mm256_storeu_si256((__m256i *)(q + (b0 + b) * 32),
+                                    lsc_mx_bf16x32(_mm512_loadu_si512(xg + 32 * b),
+                                                   _mm512_set1_epi16((short)k7[b]), elem));
+        for (int64_t b = 0; b < g; b++)
+            if (!plain[b])
+                lsc_mx_bf16_block_codes(xg + 32 * b, elem, flags, r[b], q + (b0 + b) * 32);
+    }
+}
+
+/* A bfloat16 view of rows x cols (rows rs bytes apart, contiguous elements)
+ * with MX blocks of 32 along the columns, the float8 codes of each tile (32
+ * rows by up to LSC_MX_TILE columns) as lsc_mx_cols_body makes them, in
+ * 16-bit lanes, the tile read row by row: the column amaxes of 32 columns in
+ * one vector, the scales and factors across the tile's columns, then where a
+ * vector's 32 blocks are all plain its codes by lsc_mx_bf16x32 with a factor
+ * per lane (the last, partial vector masked); the others by
+ * lsc_mx_cols_narrow. */
+LSC_MX_INL void lsc_mx_bf16_cols(const char *x, int64_t rows, int64_t cols, int64_t rs,
+                                 int64_t ld, int elem, const lsc_mx_rule *k, unsigned char *s,
+                                 unsigned char *q)
+{
+    enum { NV = LSC_MX_TILE / 32 };
+    const __m512i mask = _mm512_set1_epi16(0x7FFF);
+    const int flags = lsc_mx_rule_flags(k);
+    lsc_u32 m[LSC_MX_TILE], sc[LSC_MX_TILE];
+    float r[LSC_MX_TILE];
+    for (int64_t r0 = 0; r0 < rows; r0 += 32) {
+        for (int64_t c0 = 0; c0 < cols; c0 += LSC_MX_TILE) {
+            const int64_t w = cols - c0 < LSC_MX_TILE ? cols - c0 : LSC_MX_TILE;
+            const int64_t nv = (w + 31) / 32;
+            const __mmask32 last = w % 32 ? ((__mmask32)1 << (w % 32)) - 1 : ~(__mmask32)0;
+            const char *xt = x + r0 * rs + c0 * 2;
+            unsigned char *qt = q + r0 * ld + c0;
+            __m512i acc[NV], kv[NV];
+            int plain[NV];
+            /* the amaxes row by row (each row's 2 * w bytes in order) */
+            for (int64_t v = 0; v < nv; v++)
+                acc[v] = _mm512_setzero_si512();
+            for (int64_t i = 0; i < 32; i++)
+                for (int64_t v = 0; v < nv; v++)
+                    acc[v] = _mm512_max_epu16(
+                        acc[v], _mm512_and_si512(
+                                    _mm512_maskz_loadu_epi16(v == nv - 1 ? last : ~(__mmask32)0,
+                                                             xt + i * rs + v * 64),
+                                    mask));
+            for (int64_t v = 0; v < nv; v++) {
+                uint16_t t[32];
+                _mm512_storeu_si512(t, acc[v]);
+                for (int64_t l = 0; l < 32 && v * 32 + l < w; l++)
+                    m[v * 32 + l] = (lsc_u32)t[l] << 16;
+            }
+            lsc_mx_group_scales(m, w, k, sc, r);
+            for (int64_t j = 0; j < w; j++)
+                s[(r0 / 32) * ld + c0 + j] = (unsigned char)sc[j];
+            for (int64_t v = 0; v < nv; v++) {
+                int16_t k7[32] = {0};
+                plain[v] = 1;
+                for (int64_t l = 0; l < 32 && v * 32 + l < w; l++) {
+                    lsc_i32 kl;
+                    plain[v] &= lsc_mx_bf16_plain(r[v * 32 + l], m[v * 32 + l], &kl);
+                    k7[l] = (int16_t)kl;
+                }
+                kv[v] = _mm512_loadu_si512(k7);
+            }
+            /* the codes row by row: the plain vectors in 16-bit lanes, then the others */
+            for (int64_t i = 0; i < 32; i++)
+                for (int64_t v = 0; v < nv; v++)
+                    if (plain[v])
+                        _mm256_mask_storeu_epi8(
+                            qt + i * ld + v * 32, v == nv - 1 ? last : ~(__mmask32)0,
+                            lsc_mx_bf16x32(_mm512_maskz_loadu_epi16(
+                                               v == nv - 1 ? last : ~(__mmask32)0,
+                                               xt + i * rs + v * 64),
+                                           kv[v], elem));
+            for (int64_t v = 0; v < nv; v++) {
+                const int64_t n = w - v * 32 < 32 ? w - v * 32 : 32;
+                if (!plain[v])
+                    lsc_mx_cols_narrow(xt + v * 64, 32, n, rs, ld, LSC_CODE_BF16, elem, flags,
+                                       r + v * 32, qt + v * 32);
+            }
+        }
+    }
+}
+#endif /* LSC_MX_BF16_LANES */
+
+/* ---- the level's kernels and its table --------------------------------- */
+
+/* Whether the 16-bit-lane paths take a bfloat16 pass: float8 elements (so
+ * not NVFP4) in MX blocks of 32. */
+#ifdef LSC_MX_BF16_LANES
+#define LSC_MX_BF16_PASS(CODE, ELEM, k) \
+    ((CODE) == LSC_CODE_BF16 && (int)(ELEM) != (int)LSC_MX_E2M1 && (k)->block == 32)
+#else
+#define LSC_MX_BF16_PASS(CODE, ELEM, k) 0
+#endif
+
+#define LSC_MX_FNS(NAME, CODE, ELEM)                                                        \
+    __attribute__((flatten)) static void lsc_mx_r_##NAME(                                 \
+        const char *x, int64_t n, const lsc_mx_rule *k, unsigned char *s, unsigned char *q) \
+    {                                                                                       \
+        if (LSC_MX_BF16_PASS(CODE, ELEM, k))                                                \
+            LSC_MX_BF16_CALL(lsc_mx_bf16_row(x, n, (ELEM), k, s, q));                       \
+        else                                                                                \
+            lsc_mx_row_body(x, n, (CODE), (ELEM), k, s, q);                                 \
+    }                                                                                       \
+    __attribute__((flatten)) static void lsc_mx_c_##NAME(                                 \
+        const char *x, int64_t rows, int64_t cols, int64_t rs, int64_t ld,                  \
+        const lsc_mx_rule *k, unsigned char *s, unsigned char *q)                           \
+    {                                                                                       \
+        if (LSC_MX_BF16_PASS(CODE, ELEM, k))                                                \
+            LSC_MX_BF16_CALL(lsc_mx_bf16_cols(x, rows, cols, rs, ld, (ELEM), k, s, q));     \
+        else                                                                                \
+            lsc_mx_cols_body(x, rows, cols, rs, ld, (CODE), (ELEM), k, s, q);               \
+    }
+#ifdef LSC_MX_BF16_LANES
+#define LSC_MX_BF16_CALL(CALL) CALL
+#else
+#define LSC_MX_BF16_CALL(CALL) (void)0
+#endif
+#define LSC_MX_ELEM_FNS(E, ELEM)                                                            \
+    LSC_MX_FNS(E##_f32, LSC_CODE_F32, ELEM)                                                 \
+    LSC_MX_FNS(E##_f16, LSC_CODE_F16, ELEM)                                                 \
+    LSC_MX_FNS(E##_bf16, LSC_CODE_BF16, ELEM)
+#define LSC_MX_ROW(E) {0, lsc_mx_r_##E##_f16, lsc_mx_r_##E##_bf16, lsc_mx_r_##E##_f32, 0, 0, 0}
+#define LSC_MX_COL(E) {0, lsc_mx_c_##E##_f16, lsc_mx_c_##E##_bf16, lsc_mx_c_##E##_f32, 0, 0, 0}
+
+LSC_MX_ELEM_FNS(e4, LSC_CODE_E4M3FN)
+LSC_MX_ELEM_FNS(e5, LSC_CODE_E5M2)
+LSC_MX_ELEM_FNS(e2, LSC_MX_E2M1)
+
+LSC_ISA_TABLE const lsc_mx_isa LSC_MX_CAT(lsc_mx_isa, LSC_LEVEL) = {
+    LSC_MX_STR(LSC_LEVEL),
+    {LSC_MX_ROW(e4), LSC_MX_ROW(e5), LSC_MX_ROW(e2)},
+    {LSC_MX_COL(e4), LSC_MX_COL(e5), LSC_MX_COL(e2)},
+};
