@@ -52,6 +52,8 @@ class StateKeyError(ValueError, KeyError):
     catching it)."""
 
     __str__ = ValueError.__str__  # the message as written, not KeyError's repr of it
+
+
 # the state dict's key for what the scaler counts beside torch's state (torch ignores it)
 _COUNTERS = "lscore_counters"
 
