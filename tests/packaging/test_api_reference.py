@@ -394,3 +394,26 @@ def test_index_links_every_entry(site: Path, pages: dict[str, Page]) -> None:
     linked = pages["genindex.html"].hrefs
     missing = sorted(n for n, uri in python.items() if uri not in linked)
     assert not missing, f"genindex.html links none of {missing}"
+
+
+def test_docstrings_use_numpydocs_sections_and_the_build_refuses_others() -> None:
+    """numpydoc warned "Unknown section Fields in the docstring of Recipe" through Python's
+    warnings, so `make docs` (-W) still succeeded and the page listed Recipe's fields with
+    nothing under them.  Every reference entry's docstring uses numpydoc's sections only,
+    and docs/conf.py has numpydoc report an unknown one (GL06) through Sphinx's logger,
+    where -W makes it an error."""
+    validate = pytest.importorskip("numpydoc.validate")
+    conf = (ROOT / "docs" / "conf.py").read_text()
+    checks = re.search(r"^numpydoc_validation_checks = (\{.*?\})", conf, re.M)
+    assert checks and "GL06" in ast.literal_eval(checks.group(1))
+    unknown = []
+    for dotted, kind in reference_entries().items():
+        if kind in ("data", "module"):
+            continue
+        try:
+            resolve(dotted)
+        except pytest.skip.Exception:
+            continue
+        errors = validate.validate(dotted)["errors"]
+        unknown += [f"{dotted}: {msg[:60]}" for code, msg in errors if code == "GL06"]
+    assert not unknown, unknown
