@@ -72,6 +72,16 @@ html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
 }
+# the left sidebar's "Section Navigation" lists the pages under the current section's top
+# page; the pages of these folders hang off the index directly and have no pages under
+# them, so it would be an empty box: they show no left sidebar (the header links the
+# sections, the right sidebar the page's own headings)
+html_sidebars = {
+    "getting-started/*": [],
+    "guides/*": [],
+    "concepts/*": [],
+    "development/*": [],
+}
 
 # the compiled classes' signatures come from their .pyi stubs (lscore_docs), not from
 # a first docstring line

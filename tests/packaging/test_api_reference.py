@@ -417,3 +417,24 @@ def test_docstrings_use_numpydocs_sections_and_the_build_refuses_others() -> Non
         errors = validate.validate(dotted)["errors"]
         unknown += [f"{dotted}: {msg[:60]}" for code, msg in errors if code == "GL06"]
     assert not unknown, unknown
+
+
+def test_pages_without_children_have_no_empty_section_navigation() -> None:
+    """The pydata theme's "Section Navigation" lists the pages under a page's section; a
+    page of a folder with no toctree (guides, getting started, ...) showed it empty.
+    docs/conf.py's html_sidebars gives every such page no left sidebar."""
+    import fnmatch
+    import runpy
+
+    conf = runpy.run_path(str(ROOT / "docs" / "conf.py"))
+    sidebars = conf.get("html_sidebars", {})
+    docs = ROOT / "docs"
+    empty = []
+    for page in sorted(docs.glob("*/*.md")):
+        folder = page.parent
+        if any("{toctree}" in p.read_text() for p in folder.glob("*.md")):
+            continue  # a section with its own index: its navigation lists its pages
+        name = page.relative_to(docs).with_suffix("").as_posix()
+        if not any(fnmatch.fnmatch(name, pat) and v == [] for pat, v in sidebars.items()):
+            empty.append(name)
+    assert not empty, f"pages with an empty Section Navigation: {empty}"
