@@ -159,7 +159,7 @@ def test_cli_without_the_demo_extra(monkeypatch, capsys):
     )
     assert _cli.main(["demo"]) == 2
     err = capsys.readouterr().err
-    assert "threadpoolctl" in err and "lscore[demo]" in err
+    assert "threadpoolctl" in err and 'pip install ".[demo]"' in err
 
 
 def test_cli_torch_backend_says_what_is_missing(monkeypatch, capsys):
@@ -171,7 +171,7 @@ def test_cli_torch_backend_says_what_is_missing(monkeypatch, capsys):
         importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
     )
     assert _cli.main(["demo", "--backend", "torch"]) == 2
-    assert "lscore[torch]" in capsys.readouterr().err
+    assert 'pip install ".[torch]"' in capsys.readouterr().err
 
 
 def test_tiny_run_tells_the_story(tmp_path, capsys, monkeypatch):
