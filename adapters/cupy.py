@@ -64,7 +64,8 @@ try:
 except ImportError as e:  # the extra is missing: name it, not only the module
     raise ImportError(
         f"lscore.adapters.cupy needs CuPy ({e}); install it with "
-        'pip install "lscore[cuda12]" (or "lscore[cuda13]" for a CUDA 13 driver)'
+        'pip install ".[cuda12]" (or ".[cuda13]" for a CUDA 13 driver) '
+        "in the checkout of lscore (it is not on the package index yet)"
     ) from e
 
 from lscore import cuda

@@ -31,6 +31,10 @@ myst_heading_anchors = 3
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
 numpydoc_xref_param_type = False
+# a docstring section numpydoc does not know ("Fields") is reported through Sphinx's logger,
+# where -W (make docs) makes it an error; numpydoc's own parser only calls warnings.warn
+# (the build went on, and the section's entries rendered with nothing under them)
+numpydoc_validation_checks = {"GL06"}
 autodoc_member_order = "bysource"
 # a class's entry lists every public member a user can reach on it: those without a
 # docstring (a dataclass's fields, an enum's members) and those it inherits from lscore's
@@ -67,6 +71,16 @@ html_static_path = ["_static"]
 html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
+}
+# the left sidebar's "Section Navigation" lists the pages under the current section's top
+# page; the pages of these folders hang off the index directly and have no pages under
+# them, so it would be an empty box: they show no left sidebar (the header links the
+# sections, the right sidebar the page's own headings)
+html_sidebars = {
+    "getting-started/*": [],
+    "guides/*": [],
+    "concepts/*": [],
+    "development/*": [],
 }
 
 # the compiled classes' signatures come from their .pyi stubs (lscore_docs), not from

@@ -8,7 +8,8 @@ try:
     import torch as _torch  # noqa: F401 - only whether torch imports matters here
 except ImportError as e:  # the extra is missing: name it, not only the module
     raise ImportError(
-        f'lscore.adapters.torch needs PyTorch ({e}); install it with pip install "lscore[torch]"'
+        f"lscore.adapters.torch needs PyTorch ({e}); install it with "
+        f'pip install ".[torch]" in the checkout of lscore (it is not on the package index yet)'
     ) from e
 
 from lscore.adapters.torch._config import torch_policy

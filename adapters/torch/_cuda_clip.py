@@ -26,7 +26,7 @@ exact for ``norm_type=inf``).  When a gradient is NaN/Inf nothing is clipped.
 
 ``CUDA`` is the one binding (CUDA tensors, ``TorchCudaBackend``: the
 kernels are loaded and launched through CuPy, so this path needs CuPy
-installed, ``lscore[cuda12]`` or ``lscore[cuda13]``; without it torch's
+installed, the ``cuda12`` or ``cuda13`` extra; without it torch's
 path is taken); the tests rebind it to CPU tensors and the host harness
 (tests/helpers/cuda_host), so everything but the launches runs without a GPU.
 """

@@ -27,8 +27,22 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def _memory_bytes() -> int:
+    """This machine's physical memory."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _binary(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if nbytes < 1024 or unit == "PiB":
+            return f"{nbytes:.3g} {unit}"
+        nbytes /= 1024
+    raise AssertionError  # the loop returns at PiB
+
+
 def counts(text: str) -> tuple[int, ...]:
-    """--sizes: comma-separated element counts, each a whole number >= 1 (1e6 allowed)."""
+    """--sizes: comma-separated element counts, each a whole number >= 1 (1e6 allowed) whose
+    float64 array fits in this machine's memory."""
     out = []
     for part in text.split(","):
         try:
@@ -38,6 +52,12 @@ def counts(text: str) -> tuple[int, ...]:
         if not (math.isfinite(n) and n.is_integer() and n >= 1):
             raise argparse.ArgumentTypeError(
                 f"must be comma-separated element counts >= 1 (e.g. 1e6,1e8), got {text!r}"
+            )
+        need, have = 8 * n, _memory_bytes()  # the widest rows time float64 arrays
+        if need > have:
+            raise argparse.ArgumentTypeError(
+                f"{part} elements do not fit in memory: a float64 array of them takes "
+                f"{_binary(need)}, and this machine has {_binary(have)}"
             )
         out.append(int(n))
     return tuple(out)
@@ -108,14 +128,16 @@ def _demo(args: argparse.Namespace) -> int:
     if missing:
         print(
             f"lscore demo needs {', '.join(missing)}: install the demo extra with "
-            "`pip install 'lscore[demo]'` (from a checkout: `pip install -e '.[demo]'`)",
+            '`pip install ".[demo]"` '
+            "in the checkout of lscore (it is not on the package index yet)",
             file=sys.stderr,
         )
         return 2
     if args.backend == "torch" and importlib.util.find_spec("torch") is None:
         print(
             "lscore demo --backend torch needs torch: install it with "
-            "`pip install 'lscore[torch]'`",
+            '`pip install ".[torch]"` '
+            "in the checkout of lscore (it is not on the package index yet)",
             file=sys.stderr,
         )
         return 2
@@ -287,7 +309,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line on `argv` (sys.argv[1:] when None); the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse's top parser would say "lscore: error:"; the command's own parser speaks
+        # for its arguments, as the CLI reference shows ("lscore demo: error: ...")
+        commands = next(
+            a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+        ).choices
+        commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         status: int = args.func(args)
     except KeyboardInterrupt:

@@ -26,7 +26,8 @@ def device_missing() -> str | None:
     except ImportError:
         return (
             "no CUDA device: CuPy is not installed "
-            "(pip install 'lscore[cuda12]' or 'lscore[cuda13]')"
+            '(pip install ".[cuda12]", or ".[cuda13]" for a CUDA 13 driver, in the checkout '
+            "of lscore)"
         )
     try:
         if not cupy.cuda.is_available():

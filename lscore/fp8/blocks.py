@@ -133,8 +133,8 @@ BLOCK_RECIPES = tuple(BLOCK_TABLE)
 class BlockRecipe:
     """One block-scaled quantization recipe: every parameter, validated when the object is made.
 
-    Fields
-    ------
+    Attributes
+    ----------
     name : str
         The preset it came from, or any name of a custom recipe.
     element, grad_element : "e4m3fn" | "e5m2" | "e2m1"

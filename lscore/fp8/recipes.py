@@ -93,8 +93,8 @@ _FORMATS = tuple(FP8_MAX)
 class Recipe:
     """One FP8 scaling recipe: every parameter, validated when the object is made.
 
-    Fields
-    ------
+    Attributes
+    ----------
     name : str
         The preset it came from, or any name of a custom recipe.
     scaling : "delayed" | "current"
@@ -255,7 +255,7 @@ class Recipe:
         return cls(**exact_fields(cls, d))
 
 
-def recipe(name: str, /, **overrides: Any) -> Any:
+def recipe(name: str, /, **overrides: Any) -> Recipe | blocks.BlockRecipe:
     """The preset `name` (one of ``RECIPES``), with any field replaced by `overrides`.
 
     A block-scaled preset name (one of ``BLOCK_RECIPES``) gives a

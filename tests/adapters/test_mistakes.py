@@ -97,7 +97,7 @@ def test_float16_variables_are_refused_in_sync_free_mode():
 
 @pytest.mark.parametrize(
     "module, extra",
-    [("torch", '"lscore[torch]"'), ("cupy", '"lscore[cuda12]"')],
+    [("torch", '".[torch]"'), ("cupy", '".[cuda12]"')],
 )
 def test_a_missing_framework_names_the_extra(module, extra):
     """Without the framework, the adapter's ImportError says which extra installs it."""

@@ -140,7 +140,7 @@ def test_eager_use_does_not_import_dynamo():
         "class Opt: param_groups = [{'params': [w]}]\n"
         "s = GradScaler('cpu')\n"
         "s.scale((w * w).sum()).backward()\n"
-        "s.unscale_(Opt); s.update(); s.get_scale()\n"
+        "s.unscale_(Opt()); s.update(); s.get_scale()\n"
         "assert w.grad.tolist() == [2.0, 2.0, 2.0], w.grad\n"
         "print('torch._dynamo' in sys.modules)\n"
     )

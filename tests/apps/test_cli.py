@@ -391,3 +391,50 @@ def test_bench_targets_table_has_one_unit_per_column() -> None:
         "speed": ["1.20", "0.950"],
         "step": ["0.800", "1.00"],
     }
+
+
+# ---- issue 46, item 10: usage errors, not tracebacks or empty tables ----------------------
+
+
+@pytest.mark.parametrize("sizes", ["1e12", "1e20", "1e6,1e12"])
+def test_bench_refuses_sizes_that_do_not_fit_in_memory(sizes, capsys) -> None:
+    """1e20 ended in a ValueError traceback, 1e12 in a 3.64 TiB allocation error."""
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--sizes", sizes])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lscore bench: error: argument --sizes: ")
+    assert "do not fit in memory" in err and "this machine has" in err
+
+
+def test_bench_only_matching_nothing_is_an_error_naming_the_groups(capsys) -> None:
+    """--only zzz printed an empty table and exited 0."""
+    assert main(["bench", "--tiny", "--no-progress", "--no-torch", "--only", "zzz"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("lscore bench: error: argument --only: 'zzz' matches no row")
+    assert "all_finite float32" in err
+
+
+@pytest.mark.parametrize("command", ["demo", "bench", "migrate"])
+def test_an_unknown_option_is_the_commands_usage_error(command, capsys) -> None:
+    """The CLI reference promises "lscore COMMAND: error: ..."; argparse's top parser
+    said "lscore: error:"."""
+    with pytest.raises(SystemExit) as e:
+        main([command, "--no-such"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith(f"lscore {command}: error: ")
+
+
+def test_missing_extra_messages_say_how_to_install_from_the_checkout() -> None:
+    """lscore is not on the package index yet (README): `pip install 'lscore[demo]'` cannot
+    work; every message names the extra as `pip install ".[demo]"` in the checkout."""
+    root = Path(lscore.__file__).resolve().parents[1]
+    offenders = [
+        f"{p.relative_to(root)}:{i}"
+        for folder in ("lscore", "adapters")
+        for p in sorted((root / folder).rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if "lscore[" in line
+    ]
+    assert offenders == []

@@ -4,6 +4,7 @@ overflows, skips and backs off)."""
 
 import importlib.util
 import json
+import re
 
 import numpy as np
 import pytest
@@ -159,7 +160,7 @@ def test_cli_without_the_demo_extra(monkeypatch, capsys):
     )
     assert _cli.main(["demo"]) == 2
     err = capsys.readouterr().err
-    assert "threadpoolctl" in err and "lscore[demo]" in err
+    assert "threadpoolctl" in err and 'pip install ".[demo]"' in err
 
 
 def test_cli_torch_backend_says_what_is_missing(monkeypatch, capsys):
@@ -171,7 +172,7 @@ def test_cli_torch_backend_says_what_is_missing(monkeypatch, capsys):
         importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
     )
     assert _cli.main(["demo", "--backend", "torch"]) == 2
-    assert "lscore[torch]" in capsys.readouterr().err
+    assert 'pip install ".[torch]"' in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -228,3 +229,15 @@ def test_demo_refuses_an_output_name_taken_by_a_folder(tmp_path, monkeypatch):
     (tmp_path / "lscore_demo.json").mkdir()
     with pytest.raises(ValueError, match=r"lscore_demo\.json is a folder"):
         _demo.run(tiny=True, out=str(tmp_path))
+
+
+def test_the_printed_description_is_plain_text():
+    """The console showed the docstring's reST marks (``torch.nn.Embedding``, *emulated*)."""
+    from lscore.cli.demo import cupy_backend, fp8, numpy_backend, torch_backend
+
+    for module in (numpy_backend, fp8, torch_backend, cupy_backend):
+        text = module.DESCRIPTION
+        assert "``" not in text and "*emulated*" not in text, module.__name__
+        assert re.search(r"(?<![\w*])\*\w", text) is None, module.__name__
+    assert "2**-25" in numpy_backend.DESCRIPTION  # a power keeps its stars
+    assert "initialised as torch.nn.Embedding and" in numpy_backend.DESCRIPTION

@@ -81,3 +81,11 @@ def test_wheel_sentence_names_the_manylinux_tag_and_its_glibc() -> None:
     flat = " ".join(LINES)
     assert f"`{tag.group(1)}`" in flat
     assert f"glibc {tag.group(2)}.{tag.group(3)} or newer" in flat
+
+
+def test_a_note_says_how_to_copy_the_prompted_examples() -> None:
+    """The README's examples are `>>>` sessions; before the first one a note says how to
+    paste them (the docs site's copy button strips the prompts, GitHub's does not)."""
+    first = TEXT.index("```python")
+    before = " ".join(TEXT[:first].split())
+    assert "`>>>` and `...`" in before and "copy button leaves out the prompts" in before

@@ -309,3 +309,19 @@ def test_a_missing_ml_dtypes_says_what_to_install(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "ml_dtypes", None)
     with pytest.raises(ImportError, match=r"float8_e4m3fn .*`pip install ml_dtypes`"):
         checks.fp8_dtype("float8_e4m3fn")
+
+
+def test_recipe_is_annotated_and_the_guide_counts_its_presets():
+    """recipe() rendered "-> Any" in the reference; the FP8 guide said "one of four
+    presets" while an unknown name's error listed eleven."""
+    import typing
+
+    from lscore.fp8 import BLOCK_RECIPES, BlockRecipe
+
+    assert typing.get_type_hints(recipe)["return"] == Recipe | BlockRecipe
+    n = len(RECIPES) + len(BLOCK_RECIPES)
+    with pytest.raises(ValueError) as e:
+        recipe("zzz")
+    assert len(str(e.value).split("expected one of: ")[1].split(", ")) == n == 11
+    guide = (pathlib.Path(__file__).parents[2] / "docs" / "guides" / "fp8.md").read_text()
+    assert "gives one of eleven presets" in guide

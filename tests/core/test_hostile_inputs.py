@@ -900,8 +900,8 @@ TORCH_BAD = [
     (
         "GradScaler load missing key",
         lambda t, m, o, s: s.load_state_dict({"growth_factor": 2.0}),
-        KeyError,
-        "scale",
+        ValueError,
+        "the state dict lacks 'scale', 'backoff_factor'",
     ),
     (
         "GradScaler load lscore not a dict",

@@ -394,3 +394,47 @@ def test_index_links_every_entry(site: Path, pages: dict[str, Page]) -> None:
     linked = pages["genindex.html"].hrefs
     missing = sorted(n for n, uri in python.items() if uri not in linked)
     assert not missing, f"genindex.html links none of {missing}"
+
+
+def test_docstrings_use_numpydocs_sections_and_the_build_refuses_others() -> None:
+    """numpydoc warned "Unknown section Fields in the docstring of Recipe" through Python's
+    warnings, so `make docs` (-W) still succeeded and the page listed Recipe's fields with
+    nothing under them.  Every reference entry's docstring uses numpydoc's sections only,
+    and docs/conf.py has numpydoc report an unknown one (GL06) through Sphinx's logger,
+    where -W makes it an error."""
+    validate = pytest.importorskip("numpydoc.validate")
+    conf = (ROOT / "docs" / "conf.py").read_text()
+    checks = re.search(r"^numpydoc_validation_checks = (\{.*?\})", conf, re.M)
+    assert checks and "GL06" in ast.literal_eval(checks.group(1))
+    unknown = []
+    for dotted, kind in reference_entries().items():
+        if kind in ("data", "module"):
+            continue
+        try:
+            resolve(dotted)
+        except pytest.skip.Exception:
+            continue
+        errors = validate.validate(dotted)["errors"]
+        unknown += [f"{dotted}: {msg[:60]}" for code, msg in errors if code == "GL06"]
+    assert not unknown, unknown
+
+
+def test_pages_without_children_have_no_empty_section_navigation() -> None:
+    """The pydata theme's "Section Navigation" lists the pages under a page's section; a
+    page of a folder with no toctree (guides, getting started, ...) showed it empty.
+    docs/conf.py's html_sidebars gives every such page no left sidebar."""
+    import fnmatch
+    import runpy
+
+    conf = runpy.run_path(str(ROOT / "docs" / "conf.py"))
+    sidebars = conf.get("html_sidebars", {})
+    docs = ROOT / "docs"
+    empty = []
+    for page in sorted(docs.glob("*/*.md")):
+        folder = page.parent
+        if any("{toctree}" in p.read_text() for p in folder.glob("*.md")):
+            continue  # a section with its own index: its navigation lists its pages
+        name = page.relative_to(docs).with_suffix("").as_posix()
+        if not any(fnmatch.fnmatch(name, pat) and v == [] for pat, v in sidebars.items()):
+            empty.append(name)
+    assert not empty, f"pages with an empty Section Navigation: {empty}"

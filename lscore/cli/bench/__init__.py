@@ -18,6 +18,7 @@ torch and the byte floor (_fp8.py, _mx.py).
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 
@@ -98,6 +99,7 @@ def run(opts: Options) -> dict:
             rows.flush()
     finally:
         rows.close()
+    _check_only(rows, opts)
     add_ratios(rows.rows)
     found = _only_measured(targets(rows.rows, opts), opts)
     return {
@@ -106,6 +108,19 @@ def run(opts: Options) -> dict:
         "rows": rows.rows,
         "targets": found,
     }
+
+
+class NoRowError(ValueError):
+    """--only named no row of the run."""
+
+
+def _check_only(rows: Rows, opts: Options) -> None:
+    """NoRowError, naming the groups there are, when --only kept no row."""
+    if opts.only and not rows.rows:
+        raise NoRowError(
+            f"argument --only: {', '.join(map(repr, opts.only))} matches no row of this "
+            f"run; its groups are: {'; '.join(sorted(rows.groups))}"
+        )
 
 
 def _only_measured(found: list[dict], opts: Options) -> list[dict]:
@@ -125,6 +140,7 @@ def _run_fp8(opts: Options) -> dict:
         _mx.run_gpu(opts, rows, rng)
     finally:
         rows.close()
+    _check_only(rows, opts)
     add_ratios(rows.rows)
     return {
         "suite": opts.suite,
@@ -150,6 +166,7 @@ def _run_gpu_suite(opts: Options) -> dict:
             found = fn(opts, rows, rng)
     finally:
         rows.close()
+    _check_only(rows, opts)
     add_ratios(rows.rows)
     return {
         "suite": opts.suite,
@@ -179,7 +196,11 @@ def main(args) -> int:
         only=args.only or (),
         suite=getattr(args, "suite", "cpu"),
     )
-    result = run(opts)
+    try:
+        result = run(opts)
+    except NoRowError as e:
+        print(f"lscore bench: error: {e}", file=sys.stderr)
+        return 2
     print(_static.format_static(result) if opts.suite == "gpu-static" else format_table(result))
     if "tune" in result:
         print(_tune.format_summary(result["tune"]))

@@ -63,6 +63,7 @@ class Rows:
 
     def __init__(self, total: int, progress: bool, only: tuple[str, ...] = ()):
         self.rows: list[dict] = []
+        self.groups: set[str] = set()  # every group offered, kept or not (for --only's error)
         self._only = only  # --only: keep the rows whose group contains one of these
         self._queued: list[tuple] = []
         self._done = 0
@@ -81,6 +82,7 @@ class Rows:
         """Whether --only keeps a row of any of these groups (all, without --only): a
         caller skips the set-up of groups that no row will time."""
         only = self._only or (opts.only if opts is not None else ())
+        self.groups.update(groups)
         return not only or any(w in g for g in groups for w in only)
 
     def add(
@@ -146,6 +148,7 @@ class Rows:
 
     def append(self, row: dict) -> None:
         """Add a row measured elsewhere (e.g. in a subprocess)."""
+        self.groups.add(row["group"])
         if self._only and not any(w in row["group"] for w in self._only):
             return
         self.rows.append(row)

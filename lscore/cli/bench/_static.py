@@ -131,7 +131,9 @@ def _nvrtc() -> ctypes.CDLL:
             return ctypes.CDLL(p)
         except OSError:
             continue
-    raise RuntimeError("NVRTC not found: pip install 'lscore[test]' (nvidia-cuda-nvrtc-cu12)")
+    raise RuntimeError(
+        'NVRTC not found: pip install ".[test]" in the checkout of lscore (nvidia-cuda-nvrtc-cu12)'
+    )
 
 
 def compile_cubin(name: str, arch: str = ARCH) -> tuple[bytes, dict[str, str]]:
@@ -181,7 +183,8 @@ def cuobjdump() -> str:
     found = shutil.which("cuobjdump")
     if found is None:
         raise RuntimeError(
-            "cuobjdump not found: pip install 'lscore[test]' (nvidia-cuda-cuobjdump)"
+            'cuobjdump not found: pip install ".[test]" in the checkout of lscore '
+            "(nvidia-cuda-cuobjdump)"
         )
     return found
 

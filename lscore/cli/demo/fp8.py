@@ -18,15 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from lscore.cli.demo.model import LM, Progress, new_record
+from lscore.cli.demo.model import LM, Progress, description, new_record
 from lscore.diagnostics import format_table
 
 FP8_MODES = ("bfloat16", "fp8, delayed scaling", "fp8, current scaling")
 RECIPES = {FP8_MODES[1]: "te-delayed", FP8_MODES[2]: "torchao-tensorwise"}
 OUTPUTS = ("lscore_demo_fp8.png", "lscore_demo_fp8.json")
 
-# the line the demo prints before training: this docstring's second paragraph
-DESCRIPTION = " ".join((__doc__ or "").split("\n\n")[1].split())
+DESCRIPTION = description(__doc__)
 
 _U32 = np.uint32
 

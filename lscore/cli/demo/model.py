@@ -36,6 +36,14 @@ _BLOCK = 1 << 16  # elements per block of _half: its dozen passes stay in the ca
 _POOL = concurrent.futures.ThreadPoolExecutor(2)  # NumPy's ufuncs release the GIL
 
 
+def description(doc: str | None) -> str:
+    """The line the demo prints before training: the second paragraph of a module's
+    docstring, on one line and in plain text (``code`` and *emphasis* lose their reST
+    marks, which a console shows as they are)."""
+    text = " ".join((doc or "").split("\n\n")[1].split())
+    return re.sub(r"(?<![\w*])\*(\w[^*]*?)\*(?![\w*])", r"\1", text.replace("``", ""))
+
+
 def _half(a: np.ndarray) -> np.ndarray:
     """Round to the nearest float16 value (kept in a float32 array), as ``astype`` does.
 

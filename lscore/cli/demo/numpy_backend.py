@@ -31,10 +31,17 @@ from typing import Any
 
 import numpy as np
 
-from lscore.cli.demo.model import LM, MODES, Progress, finish_record, flushed, new_record
+from lscore.cli.demo.model import (
+    LM,
+    MODES,
+    Progress,
+    description,
+    finish_record,
+    flushed,
+    new_record,
+)
 
-# the line the demo prints before training: this docstring's second paragraph
-DESCRIPTION = " ".join((__doc__ or "").split("\n\n")[1].split())
+DESCRIPTION = description(__doc__)
 
 
 def _optimizer(mode: str, cfg: dict, adapter: Any) -> Any:
