@@ -28,15 +28,16 @@ from lscore.adapters.torch.quantize import dequantize_blocks, quantize_blocks
 __all__ = ["MXLinear"]
 
 
-def _block_recipe(recipe: str | lscore.fp8.BlockRecipe) -> lscore.fp8.BlockRecipe:
-    if isinstance(recipe, str):
-        recipe = lscore.fp8.recipe(recipe)
-    if not isinstance(recipe, lscore.fp8.BlockRecipe):
+def _block_recipe(
+    recipe: str | lscore.fp8.BlockRecipe,
+) -> lscore.fp8.BlockRecipe:
+    found = lscore.fp8.recipe(recipe) if isinstance(recipe, str) else recipe
+    if not isinstance(found, lscore.fp8.BlockRecipe):
         raise TypeError(
             f"recipe must be a block recipe name or an lscore.fp8.BlockRecipe, got "
-            f"{type(recipe).__qualname__}"
+            f"{type(found).__qualname__}"
         )
-    return recipe
+    return found
 
 
 def _qdq(t: torch.Tensor, recipe: lscore.fp8.BlockRecipe, element: str) -> torch.Tensor:

@@ -57,7 +57,9 @@ class Float8Layers:
     def __init__(self, name: str, n_layers: int) -> None:
         from lscore import fp8
 
-        self.recipe = fp8.recipe(name)
+        recipe = fp8.recipe(name)
+        assert isinstance(recipe, fp8.Recipe), f"{name} is a per-tensor recipe"
+        self.recipe = recipe
         self.names = [f"layer {i + 1} {t}" for i in range(n_layers) for t in ("input", "weight")]
         self.delayed = (
             fp8.DelayedScaling(self.recipe, len(self.names))
