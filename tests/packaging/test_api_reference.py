@@ -419,13 +419,19 @@ def test_docstrings_use_numpydocs_sections_and_the_build_refuses_others() -> Non
     assert not unknown, unknown
 
 
-def test_pages_without_children_have_no_empty_section_navigation() -> None:
+def test_pages_without_children_have_no_empty_section_navigation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The pydata theme's "Section Navigation" lists the pages under a page's section; a
     page of a folder with no toctree (guides, getting started, ...) showed it empty.
     docs/conf.py's html_sidebars gives every such page no left sidebar."""
     import fnmatch
     import runpy
+    import sys
 
+    # conf.py puts docs/_sphinxext on sys.path: undone after the test, so that no checkout
+    # folder stays there for the tests after it (tests/packaging/test_installed.py)
+    monkeypatch.setattr(sys, "path", list(sys.path))
     conf = runpy.run_path(str(ROOT / "docs" / "conf.py"))
     sidebars = conf.get("html_sidebars", {})
     docs = ROOT / "docs"
