@@ -15,7 +15,7 @@ import pytest
 
 import lscore.fp8 as fp8
 from lscore import _reference_mx as ref
-from lscore.fp8 import blocks
+from lscore.fp8 import block_recipes, blocks
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -139,7 +139,7 @@ RULE_PRESETS = ["ocp-mx", "te-mxfp8"]
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
 def test_rule_presets_equal_twin(name, elem, dtype):
     r = fp8.recipe(name)
-    if elem not in blocks._MODES[r.mode]["elements"]:
+    if elem not in block_recipes._MODES[r.mode]["elements"]:
         with pytest.raises(ValueError, match="element must be one of e4m3fn, e5m2 under mode 'te'"):
             fp8.quantize_blocks(np.zeros(32, np.float32), r, element=elem)
         return
