@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lscore.fp8 import BlockScaled, Float8, blocks, casting, checks
+from lscore.fp8 import BlockScaled, Float8, block_dequant, blocks, casting, checks
 
 __all__ = [
     "amax",
@@ -357,13 +357,13 @@ def dequantize_blocks(b: BlockScaled, dtype: torch.dtype = torch.float32) -> tor
         raw = dataclasses.replace(
             b, data=b.data.view(torch.uint8), scales=b.scales.view(torch.uint8)
         )
-        return blocks.dequantize_on(_cuda_blocks(), raw, _FLOATS[dtype])
+        return block_dequant.dequantize_on(_cuda_blocks(), raw, _FLOATS[dtype])
     raw = dataclasses.replace(
         b,
         data=_cpu(b.data, "b.data").detach().contiguous().view(torch.uint8).numpy(),
         scales=_cpu(b.scales, "b.scales").detach().contiguous().view(torch.uint8).numpy(),
     )
-    y = blocks.dequantize_blocks(raw, _FLOATS[dtype])
+    y = block_dequant.dequantize_blocks(raw, _FLOATS[dtype])
     if dtype == torch.bfloat16:
         return torch.from_numpy(y.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(y)

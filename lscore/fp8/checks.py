@@ -106,14 +106,17 @@ def fp8_dtype(name: str) -> Any:
 _TE_FORMATS = {"E4M3": ("e4m3fn", "e4m3fn"), "HYBRID": ("e4m3fn", "e5m2")}
 
 
-def exact_fields(cls: Any, d: Any) -> dict[str, Any]:
+def exact_fields(cls: Any, d: Any, *, defaults: bool = False) -> dict[str, Any]:
     """`d` if it is a dict with exactly the fields of dataclass `cls`, else an error naming
-    the unknown and missing ones."""
+    the unknown and missing ones; with `defaults`, a field that has a default may be
+    missing (a dict written before the field was added)."""
     if not isinstance(d, dict):
         raise TypeError(f"a recipe dict must be a dict, got {type(d).__name__}")
-    names = [f.name for f in dataclasses.fields(cls)]
+    fields = dataclasses.fields(cls)
+    names = [f.name for f in fields]
+    optional = {f.name for f in fields if f.default is not dataclasses.MISSING and defaults}
     unknown = sorted(set(d) - set(names))
-    missing = [k for k in names if k not in d]
+    missing = [k for k in names if k not in d and k not in optional]
     if unknown or missing:
         raise ValueError(
             "a recipe dict must have exactly the fields "
