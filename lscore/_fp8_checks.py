@@ -8,7 +8,7 @@ They live outside both packages so that ``lscore.cuda`` imports nothing of
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -95,3 +95,34 @@ def check_scale(scale: Any, rows: int | None) -> Any:
             f"got {s[bad][0]!r} at row {int(bad.argmax())}"
         )
     return s
+
+
+class Cast(NamedTuple):
+    """A float8 cast's options, checked once: the one home of the quantize signature.
+
+    ``lscore.fp8.quantize``, the torch adapter's ``quantize`` and the device
+    launchers in ``lscore.cuda.fp8`` all take their keywords through
+    ``cast_options``, so each is checked and reads the same wherever given.
+    """
+
+    #: the format's dtype name, "float8_e4m3fn" or "float8_e5m2"
+    name: str
+    #: None per tensor, -1 per row (checked against the input by ``row_axis``)
+    axis: Any
+    saturate: bool
+    nan_sign: bool
+    #: True when a NaN input makes the amax NaN (``amax_nan="propagate"``)
+    propagate: bool
+
+
+def cast_options(
+    fmt: Any = "e4m3fn",
+    axis: Any = None,
+    saturate: bool = True,
+    nan_sign: bool = True,
+    amax_nan: str = "ignore",
+) -> Cast:
+    """``quantize``'s keywords as a checked ``Cast`` (the format and NaN rule named in errors)."""
+    return Cast(
+        format_name(fmt), axis, bool(saturate), bool(nan_sign), nan_rule(amax_nan, "amax_nan")
+    )

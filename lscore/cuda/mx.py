@@ -19,9 +19,11 @@ import functools
 import math
 from typing import Any
 
+import numpy as np
+
 from lscore import kernels
-from lscore.cuda.fp8 import DeviceView, contiguous, cupy_hooks, is_host, view_args
 from lscore.cuda.sources import mx_dequant_name, mx_name
+from lscore.cuda.views import DeviceView, KernelLauncher, contiguous, cupy_hooks, is_host
 from lscore.dtypes import BY_NAME
 
 __all__ = ["BlockArrays", "MxLauncher", "block_shapes", "cupy_blocks"]
@@ -104,7 +106,7 @@ def block_shapes(
     return scales, data
 
 
-class MxLauncher:
+class MxLauncher(KernelLauncher):
     """Launches mx.cu's kernels through `backend` (``launch(name, grid, block, args,
     stream)``), `block` threads a block (a multiple of 32: the rows kernel folds a block's
     amax across lanes of one warp) and at most `max_blocks` blocks (a grid-stride loop
@@ -113,12 +115,7 @@ class MxLauncher:
     def __init__(self, backend: Any, *, block: int = 256, max_blocks: int = 4096) -> None:
         if block % 32:
             raise ValueError(f"block must be a multiple of 32, got {block}")
-        self.backend = backend
-        self.block = block
-        self.max_blocks = max_blocks
-
-    def _grid(self, n: int) -> int:
-        return max(1, min(self.max_blocks, -(-n // self.block)))
+        super().__init__(backend, block=block, max_blocks=max_blocks)
 
     def quantize(
         self,
@@ -138,13 +135,7 @@ class MxLauncher:
         as ``block_shapes`` says); elem and mode are codes (mode -1: NVFP4, whose
         per-tensor scale is the float32 at pts_ptr when that is not 0).  The caller has
         checked every argument."""
-        import numpy as np
-
-        n, head = view_args(x, True)
-        if n == 0:
-            return
-        args = (
-            *head,
+        tail = (
             np.int32(block),
             np.int32(elem),
             np.int32(mode),
@@ -153,9 +144,8 @@ class MxLauncher:
             np.uint64(data_ptr),
         )
         # a thread per pair of elements (rows) or per block of a column (cols)
-        threads = n // block if cols else n // 2
         name = mx_name(BY_NAME[x.dtype], cols, hw)
-        self.backend.launch(name, self._grid(threads), self.block, args, stream)
+        self._launch(name, x, True, tail, stream, per_thread=block if cols else 2)
 
     def dequantize(
         self,
@@ -175,8 +165,6 @@ class MxLauncher:
     ) -> None:
         """out (rows x cols, C-contiguous, out_dtype) = element * scale [* per-tensor scale]
         in float32, rounded once, from the codes ``quantize`` writes."""
-        import numpy as np
-
         if rows * cols == 0:
             return
         args = (
@@ -211,8 +199,6 @@ class BlockArrays:
 
     def _pts(self, like: Any, pts: Any) -> tuple[int, Any]:
         """(address of the per-tensor scale's float32 on the device or 0, what keeps it)."""
-        import numpy as np
-
         if pts is None:
             return 0, None
         host = is_host(pts) or isinstance(pts, (int, float, np.generic))

@@ -15,13 +15,23 @@ from typing import Any
 import numpy as np
 
 from lscore import _fp8_checks
-from lscore._fp8_checks import check_scale, dtype_name, format_name, nan_rule, row_axis
+from lscore._fp8_checks import (
+    Cast,
+    cast_options,
+    check_scale,
+    dtype_name,
+    format_name,
+    nan_rule,
+    row_axis,
+)
 from lscore.policy import choice
 
 __all__ = [
     "FLOATS",
     "FORMATS",
+    "Cast",
     "block_axis",
+    "cast_options",
     "check_scale",
     "dtype_name",
     "exact_fields",
