@@ -55,6 +55,19 @@ def row_axis(x: Any, axis: Any) -> bool:
     )
 
 
+def block_axis(x: Any, axis: Any) -> bool:
+    """False for blocks along the last axis (-1 or ndim - 1), True along the first of a 2-D x."""
+    is_int = isinstance(axis, (int, np.integer)) and not isinstance(axis, bool)
+    if is_int and x.ndim >= 1 and axis in (-1, x.ndim - 1):
+        return False
+    if is_int and x.ndim == 2 and axis == 0:
+        return True
+    raise ValueError(
+        "axis must be -1 (blocks along the last axis) or 0 (along the first axis of a 2-D "
+        f"array) for an array of {x.ndim} dimensions, got {axis!r}"
+    )
+
+
 def nan_rule(nan: Any, what: str = "nan") -> bool:
     """True when a NaN input makes the amax NaN ("propagate"), False when skipped ("ignore")."""
     if nan not in _NAN:

@@ -26,6 +26,7 @@ from lscore.cuda.sources import amax_name, cast_name, dequant_name
 from lscore.cuda.views import (
     DeviceView,
     KernelLauncher,
+    Shape,
     contiguous,
     cupy_hooks,
     is_host,
@@ -146,7 +147,7 @@ class Float8Arrays:
     def amax(self, x: Any, axis: int | None = None, nan: str = "ignore") -> Any:
         v = self.h["view"](x)
         self._check_float(v)
-        per_row, propagate = row_axis(_Shape(v.shape), axis), nan_rule(nan)
+        per_row, propagate = row_axis(Shape(v.shape), axis), nan_rule(nan)
         rows = math.prod(v.shape[:-1]) if per_row else 1
         words = self.h["zeros"](x, rows, "uint32")
         self.h["launcher"](x).amax(
@@ -169,7 +170,7 @@ class Float8Arrays:
         v = self.h["view"](x)
         self._check_float(v)
         name = c.name
-        per_row = row_axis(_Shape(v.shape), c.axis)
+        per_row = row_axis(Shape(v.shape), c.axis)
         rows = math.prod(v.shape[:-1]) if per_row else None
         if out is not None:
             o = self.h["view"](out)
@@ -228,7 +229,7 @@ class Float8Arrays:
             raise TypeError(f"q must be float8_e4m3fn, float8_e5m2 or uint8, got {v.dtype}")
         if dtype not in ("float32", "float16", "bfloat16"):
             raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
-        per_row = row_axis(_Shape(v.shape), axis)
+        per_row = row_axis(Shape(v.shape), axis)
         by_value, words = self._scale(q, scale, math.prod(v.shape[:-1]) if per_row else None)
         out = self.h["empty"](q, tuple(v.shape), dtype)
         self.h["launcher"](q).dequantize(
@@ -242,14 +243,6 @@ class Float8Arrays:
             stream=self.h["stream"](q),
         )
         return out
-
-
-class _Shape:
-    """What lscore.fp8's axis check reads of an array: ndim."""
-
-    def __init__(self, shape: tuple[int, ...]) -> None:
-        self.ndim = len(shape)
-        self.shape = shape
 
 
 @functools.cache

@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from lscore import kernels
+from lscore._fp8_checks import block_axis
 from lscore.cuda.sources import mx_dequant_name, mx_name
-from lscore.cuda.views import DeviceView, KernelLauncher, contiguous, cupy_hooks, is_host
+from lscore.cuda.views import DeviceView, KernelLauncher, Shape, contiguous, cupy_hooks, is_host
 from lscore.dtypes import BY_NAME
 
 __all__ = ["BlockArrays", "MxLauncher", "block_shapes", "cupy_blocks"]
@@ -78,32 +79,12 @@ def _check_block(block: Any, mode: str) -> int:
     return int(block)
 
 
-def _cols(shape: tuple[int, ...], axis: Any) -> bool:
-    """True for blocks along the first axis of a 2-D array (axis 0), False along the last."""
-    if isinstance(axis, bool) or not isinstance(axis, int):
-        raise ValueError(f"axis must be -1 or 0, got {axis!r}")
-    if axis == 0 and len(shape) == 2:
-        return True
-    if len(shape) >= 1 and axis in (-1, len(shape) - 1):
-        return False
-    raise ValueError(
-        "axis must be -1 (blocks along the last axis) or 0 (along the first axis of a 2-D "
-        f"array) for an array of {len(shape)} dimensions, got {axis!r}"
-    )
-
-
 def block_shapes(
     shape: tuple[int, ...], block: int, cols: bool, e2m1: bool
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(scales' shape, element codes' shape) of an input of `shape` blocked along its last
-    axis or (cols) its first; ValueError when that axis is not a whole number of blocks."""
-    ax = 0 if cols else len(shape) - 1
-    if shape[ax] % block:
-        which = "first" if cols else "last"
-        raise ValueError(f"the {which} axis must be a multiple of {block}, got shape {shape}")
-    scales = (*shape[:ax], shape[ax] // block, *shape[ax + 1 :])
-    data = (*shape[:ax], shape[ax] // 2, *shape[ax + 1 :]) if e2m1 else tuple(shape)
-    return scales, data
+    axis or (cols) its first: ``lscore.kernels.mx_block_shapes``, the CPU kernels' check."""
+    return kernels.mx_block_shapes(tuple(shape), block, 0 if cols else -1, e2m1)
 
 
 class MxLauncher(KernelLauncher):
@@ -235,7 +216,7 @@ class BlockArrays:
         if pts is not None and m != _NVFP4_CODE:
             raise ValueError(f"pts is NVFP4's per-tensor scale, not one of mode {mode!r}")
         shape = tuple(v.shape)
-        cols = _cols(shape, axis)
+        cols = block_axis(Shape(shape), axis)
         s_shape, d_shape = block_shapes(shape, b, cols, e == _E2M1)
         pts_ptr, _alive = self._pts(x, pts)  # the upload, held until the launch
         scales = self.h["empty"](x, s_shape, "uint8")
@@ -284,7 +265,7 @@ class BlockArrays:
                 raise ValueError(f"{what} must be a C-contiguous uint8 array, got {w.dtype}")
         e2m1 = e == _E2M1 or m == _NVFP4_CODE
         d_shape = tuple(dv.shape)
-        cols = _cols(d_shape, axis)
+        cols = block_axis(Shape(d_shape), axis)
         ax = 0 if cols else len(d_shape) - 1
         shape = (*d_shape[:ax], d_shape[ax] * 2, *d_shape[ax + 1 :]) if e2m1 else d_shape
         want, _ = block_shapes(shape, b, cols, e2m1)

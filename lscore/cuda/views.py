@@ -19,6 +19,7 @@ import numpy as np
 __all__ = [
     "DeviceView",
     "KernelLauncher",
+    "Shape",
     "contiguous",
     "cupy_hooks",
     "is_host",
@@ -70,6 +71,14 @@ def view_args(v: DeviceView, per_row: bool) -> tuple[int, tuple]:
     rows, cols, rs, cs = view2d(v, per_row)
     head = (np.uint64(v.ptr), np.int64(rows), np.int64(cols), np.int64(rs), np.int64(cs))
     return rows * cols, head
+
+
+class Shape:
+    """A shape as the axis checks of ``lscore._fp8_checks`` read an array: ndim and shape."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.ndim = len(shape)
+        self.shape = shape
 
 
 class KernelLauncher:
