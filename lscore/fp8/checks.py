@@ -15,13 +15,24 @@ from typing import Any
 import numpy as np
 
 from lscore import _fp8_checks
-from lscore._fp8_checks import check_scale, dtype_name, format_name, nan_rule, row_axis
+from lscore._fp8_checks import (
+    Cast,
+    block_axis,
+    cast_options,
+    check_scale,
+    dtype_name,
+    format_name,
+    nan_rule,
+    row_axis,
+)
 from lscore.policy import choice
 
 __all__ = [
     "FLOATS",
     "FORMATS",
+    "Cast",
     "block_axis",
+    "cast_options",
     "check_scale",
     "dtype_name",
     "exact_fields",
@@ -51,19 +62,6 @@ def float_input(x: Any, what: str = "x") -> np.ndarray:
     if not x.dtype.isnative:
         raise ValueError(f"{what} must be in native byte order, got {x.dtype.str}")
     return x
-
-
-def block_axis(x: Any, axis: Any) -> bool:
-    """False for blocks along the last axis (-1 or ndim - 1), True along the first of a 2-D x."""
-    is_int = isinstance(axis, (int, np.integer)) and not isinstance(axis, bool)
-    if is_int and x.ndim >= 1 and axis in (-1, x.ndim - 1):
-        return False
-    if is_int and x.ndim == 2 and axis == 0:
-        return True
-    raise ValueError(
-        "axis must be -1 (blocks along the last axis) or 0 (along the first axis of a 2-D "
-        f"array) for an array of {x.ndim} dimensions, got {axis!r}"
-    )
 
 
 def out_dtype(dtype: Any) -> str:
