@@ -68,7 +68,9 @@ _MODES: dict[str, dict[str, Any]] = {
     },
     "nvfp4": dict(behaviour="torchao", scale_format="e4m3fn", block=16, elements=("e2m1",)),
     "te-fp32": dict(behaviour="te", scale_format="float32", block=128, elements=("e4m3fn", "e5m2")),
-    "torchao-fp32": dict(behaviour="torchao", scale_format="float32", block=128, elements=("e4m3fn",)),
+    "torchao-fp32": dict(
+        behaviour="torchao", scale_format="float32", block=128, elements=("e4m3fn",)
+    ),
 }
 
 # the libraries and versions the presets reproduce

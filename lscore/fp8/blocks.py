@@ -233,14 +233,14 @@ def _quantize_tiles(
     x: np.ndarray, r: BlockRecipe, elem: str, codes: Any
 ) -> tuple[np.ndarray, np.ndarray]:
     """(scales, codes) of the square tiles of x's last two axes, matrix by matrix."""
-    t = r.weight_block
-    assert t is not None
+    t = r.weight_block or r.block
     *lead, m, k = x.shape
     sshape = (*lead, -(-m // t), -(-k // t))
-    scales, data = codes if codes is not None else (None, None)
-    if scales is None:
+    if codes is None:
         scales = np.empty(sshape, np.float32 if r.scale_format == "float32" else np.uint8)
         data = np.empty((*lead, m, code_width(k, elem)), np.uint8)
+    else:
+        scales, data = codes
     x3 = x.reshape(-1, m, k) if lead else x[None]
     s3, d3 = scales.reshape(-1, *sshape[-2:]), data.reshape(-1, m, data.shape[-1])
     for i in range(x3.shape[0]):
@@ -253,7 +253,7 @@ def _quantize_tiles(
 
 def _check_tiles(r: BlockRecipe, shape: tuple[int, ...]) -> None:
     """x can be quantized in r's weight tiles: at least 2-D, whole tiles unless padded."""
-    t = r.weight_block
+    t = r.weight_block or r.block
     if len(shape) < 2:
         raise ValueError(
             f"a weight in {t}x{t} tiles (recipe {r.name!r}, weight_block {t}) must have at "
