@@ -154,10 +154,6 @@ def quantize_blocks(
     x = float_input(x)
     cols = block_axis(x, axis)
     tiles = role == "weight" and r.weight_block is not None
-    if tiles or r.scale_format == "float32":  # TEMPORARY: until the kernels are in
-        raise NotImplementedError(
-            f"recipe {r.name!r}: float32 scales and weight tiles have no kernels yet"
-        )
     if tiles:
         _check_tiles(r, x.shape)
         ax = -1
