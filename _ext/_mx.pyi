@@ -6,7 +6,6 @@ import numpy.typing as npt
 
 MODES: dict[str, int]
 WIDE_MODES: dict[str, int]
-INF_VALUES: dict[str, float]
 ELEMS: dict[str, int]
 
 def e8m0_decode(q: npt.ArrayLike) -> npt.NDArray[np.float32]: ...

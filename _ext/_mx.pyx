@@ -57,6 +57,7 @@ cdef extern from "lsc_mx.h" nogil:
     uint32_t lsc_nvfp4_block(const float *x, long n, int has_pts, float pts, unsigned char *q)
     int lsc_mx_wide(int mode)
     float lsc_bw_scale(float amax, int elem, int mode, int pow2, double eps, float inf_value)
+    float lsc_bw_inf_value(int code)
 
 #: block scale rule name -> its code (lsc_mx.h)
 MODES = {"floor": LSC_MX_FLOOR, "ceil": LSC_MX_CEIL, "even": LSC_MX_EVEN,
@@ -64,9 +65,8 @@ MODES = {"floor": LSC_MX_FLOOR, "ceil": LSC_MX_CEIL, "even": LSC_MX_EVEN,
 #: the float32 scale rules (blockwise FP8: float32 scales, float8 elements) -> their codes
 WIDE_MODES = {"te-fp32": LSC_MX_TE32, "torchao-fp32": LSC_MX_AO32}
 _ALL_MODES = {**MODES, **WIDE_MODES}
-#: input dtype -> TE's scale for an Inf quotient (its largest finite value)
-INF_VALUES = {"float32": 3.4028234663852886e38, "float16": 65504.0,
-              "bfloat16": float.fromhex("0x1.FEp127")}
+# input dtype name -> its code (TE's scale for an Inf quotient is its largest value)
+_DTYPE_CODES = {"float32": LSC_CODE_F32, "float16": LSC_CODE_F16, "bfloat16": LSC_CODE_BF16}
 #: MX element format name -> its code (lsc_mx.h)
 ELEMS = {"float8_e4m3fn": LSC_CODE_E4M3FN, "float8_e5m2": LSC_CODE_E5M2,
          "float4_e2m1": LSC_MX_E2M1}
@@ -144,10 +144,6 @@ def scale(amax, str elem, str mode):
     return out.reshape(np.shape(amax))
 
 
-cdef str _check_dtype(str dtype):
-    if dtype not in INF_VALUES:
-        raise ValueError(f"dtype must be one of: {', '.join(INF_VALUES)}; got {dtype!r}")
-    return dtype
 
 
 def blockwise_scale(amax, str elem, str mode, bint pow2=False, double eps=0.0,
@@ -158,7 +154,7 @@ def blockwise_scale(amax, str elem, str mode, bint pow2=False, double eps=0.0,
     if not lsc_mx_wide(m) or e == LSC_MX_E2M1:
         raise ValueError(f"mode must be one of {', '.join(WIDE_MODES)} with a float8 element, "
                          f"got {mode!r}, {elem!r}")
-    cdef float inf_value = INF_VALUES[_check_dtype(dtype)]
+    cdef float inf_value = lsc_bw_inf_value(_code(_DTYPE_CODES, "dtype", dtype))
     cdef const float[::1] v = _f32(amax).ravel()
     out = np.empty(v.shape[0], np.float32)
     cdef float[::1] o = out
@@ -251,7 +247,7 @@ cdef tuple _run(x, lsc_mx_rule *k, int axis, out, int threads):
     cdef unsigned char *sp = <unsigned char *>cnp.PyArray_DATA(s)
     cdef unsigned char *qp = <unsigned char *>cnp.PyArray_DATA(q)
     cdef const char *xp
-    k.inf_value = _inf_value(code)
+    k.inf_value = lsc_bw_inf_value(code)
     if axis == 0:
         rows, rs, cs = shape[0], (<object>a).strides[0], (<object>a).strides[1]
     elif a.ndim == 1:
@@ -280,15 +276,6 @@ cdef void _run_one(cnp.ndarray row, lsc_mx_rule *k, int code, unsigned char *sp,
         lsc_mx_job_run(xp, 1, cols, 0, cs, code, -1, k, sp, qp, pool_for, threads)
 
 
-cdef float _inf_value(int code):
-    """TE's scale for an Inf quotient: the input dtype's largest finite value."""
-    if code == LSC_CODE_F16:
-        return INF_VALUES["float16"]
-    if code == LSC_CODE_BF16:
-        return INF_VALUES["bfloat16"]
-    return INF_VALUES["float32"]
-
-
 cdef tuple _run_tiles(x, lsc_mx_rule *k, out, int threads):
     """The tile pass of rule `k` (tiles of side k.block) over a 2-D `x`: (scales, codes)."""
     cdef int code
@@ -309,7 +296,7 @@ cdef tuple _run_tiles(x, lsc_mx_rule *k, out, int threads):
     cdef unsigned char *qp = <unsigned char *>cnp.PyArray_DATA(q)
     cdef const char *xp = <const char *>cnp.PyArray_DATA(a)
     cdef int64_t rs = (<object>a).strides[0]
-    k.inf_value = _inf_value(code)
+    k.inf_value = lsc_bw_inf_value(code)
     if a.size:
         with nogil:
             lsc_mx_tile_run(xp, rows, cols, rs, code, k, sp, qp, pool_for, threads)
@@ -346,7 +333,7 @@ def quantize(x, str elem, str mode, long block=32, *, int axis=-1, out=None, int
     k.pts = 1.0
     k.pow2 = pow2
     k.eps = eps
-    k.inf_value = INF_VALUES["float32"]
+    k.inf_value = lsc_bw_inf_value(LSC_CODE_F32)
     k.swidth = 4 if wide else 1
     if tile:
         return _run_tiles(x, &k, out, threads)
@@ -370,7 +357,7 @@ def nvfp4_quantize(x, pts=None, *, int axis=-1, out=None, int threads=0):
     k.pts = pts if k.has_pts else 1.0
     k.pow2 = 0
     k.eps = 0.0
-    k.inf_value = INF_VALUES["float32"]
+    k.inf_value = lsc_bw_inf_value(LSC_CODE_F32)
     k.swidth = 1
     return _run(x, &k, axis, out, threads)
 

@@ -407,6 +407,14 @@ LSC_FN float lsc_bw_amax_skip(const float *x, long n)
     return lsc_f32_from_bits(m);
 }
 
+/* TE's scale for an Inf quotient, the largest finite value of the input
+ * dtype code (TE:transformer_engine/common/common.h:706-716 TypeExtrema). */
+LSC_FN float lsc_bw_inf_value(int code)
+{
+    return code == LSC_CODE_F16 ? 65504.0f
+         : code == LSC_CODE_BF16 ? 0x1.FEp127f : 3.40282346638528859812e+38f;
+}
+
 /* The scale of a block whose amax is `amax` under float32 rule `mode`:
  * TE's with its float32 eps and inf_value (the input dtype's largest
  * value), torchao's with its float64 eps (no power of two). */
