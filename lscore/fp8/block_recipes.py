@@ -183,7 +183,9 @@ BLOCK_TABLE: dict[str, dict[str, Any]] = {
     # kernels.py:1031-1156): amax = max|x| (NaN propagates) in float64, clamped below to
     # EPS = 1e-12 (kernels.py:32); scale = float32(448 / amax), no power of two; the
     # product clamped to +-448 then cast; 1 / scale stored.  So an Inf in a block gives
-    # scale 0 (its elements 0, the Inf ones NaN), a NaN scale NaN.  E4M3 for inputs,
+    # scale 0 (its elements 0, the Inf ones NaN), a NaN scale NaN.  The 128x1 function
+    # (columns, axis=0) clamps the amax in the input's dtype before widening it
+    # (kernels.py:1093-1096): its EPS is 1e-12 rounded to that dtype.  E4M3 for inputs,
     # weights and gradients; in/out features multiples of 128 (linear.py:214-287), so a
     # partial block is refused.
     "torchao-blockwise": dict(

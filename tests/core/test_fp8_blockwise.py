@@ -36,7 +36,10 @@ def twin(x, r, role, axis=-1):
     elem = ELEMS[r.role_element(role)]
     x32 = x.astype(np.float32)
     dt = np.dtype(x.dtype).name
-    args = (r.power_2_scales, r.amax_epsilon, dt)
+    eps = r.amax_epsilon
+    if axis == 0 and r.mode == "torchao-fp32":  # torchao's 128x1 clamps in the input dtype
+        eps = float(np.asarray(eps).astype(x.dtype))
+    args = (r.power_2_scales, eps, dt)
     if role == "weight" and r.weight_block:
         return ref.tile_quantize(x32, elem, r.mode, r.weight_block, *args)
     v = x32.T if axis == 0 else x32
