@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
+from lscore import bench
 from lscore import cli as _cli
 from lscore._ext import _scan
-from lscore.cli import bench
-from lscore.cli.bench._harness import Rows
+from lscore.bench._harness import Rows
 
 
 def expected_rows():
@@ -142,7 +142,7 @@ def test_gradscaler_device_path_rows(tiny_run):
     the step's target at 300 and 2000 tensors."""
     import torch
 
-    from lscore.cli.bench import _scaler
+    from lscore.bench import _scaler
 
     rows = [r for r in tiny_run["rows"] if r["group"].startswith(_scaler.GROUP)]
     assert len(rows) == 2 * 2 * 5 * 2
@@ -206,7 +206,7 @@ def gpu_host_run(tmp_path_factory):
 
 
 def test_gpu_host_targets_carry_unit_cached_measured_required_met(gpu_host_run):
-    from lscore.cli.bench import _gpu, _gpu_step
+    from lscore.bench import _gpu, _gpu_step
 
     assert gpu_host_run["suite"] == "gpu-host"
     targets = gpu_host_run["targets"]
@@ -251,7 +251,7 @@ def test_gpu_host_targets_carry_unit_cached_measured_required_met(gpu_host_run):
 
 def test_gpu_host_times_whole_fused_steps(gpu_host_run):
     """Both optimizers in both modes on every workload, each a fused step."""
-    from lscore.cli.bench import _gpu, _gpu_step
+    from lscore.bench import _gpu, _gpu_step
 
     steps = {
         (r["group"], r["method"])
@@ -270,7 +270,7 @@ def test_gpu_host_times_whole_fused_steps(gpu_host_run):
 def test_the_null_adapter_steps_through_the_fused_launches_only():
     """gpu-host's step rows time the fused path: a cached sync-free step is its launches
     (check, update, per dtype group; the scale update), no elementwise work, no read."""
-    from lscore.cli.bench import _gpu, _gpu_step
+    from lscore.bench import _gpu, _gpu_step
 
     dev = _gpu_step.StepDevice(np, _gpu.null_adapter(), lambda: None, None)
     grads = [np.ones(n, dt) for n, dt in ((5, np.float16), (70, np.float32), (3, np.float16))]
@@ -296,7 +296,7 @@ def test_gpu_host_times_the_adapters_path_with_only_the_launch_replaced():
     import numpy as np
 
     import lscore
-    from lscore.cli.bench import _gpu
+    from lscore.bench import _gpu
 
     kern = _gpu.standin_kernels(lambda dev: harness.HostBackend())
     lists = _gpu._HostLists([5, 70000, 3], "float32", 1)
@@ -310,7 +310,7 @@ def test_gpu_host_times_the_adapters_path_with_only_the_launch_replaced():
 
 
 def test_gpu_suite_skips_with_a_reason_without_a_gpu(tmp_path):
-    from lscore.cli.bench import _gpu
+    from lscore.bench import _gpu
 
     if _gpu.gpu_skip_reason() is None:
         pytest.skip("a GPU is here: the gpu suite runs for real (pytest -m gpu)")
@@ -320,7 +320,7 @@ def test_gpu_suite_skips_with_a_reason_without_a_gpu(tmp_path):
     )
     out = json.loads(path.read_text())
     assert out["rows"] and all("no CUDA device" in r["skipped"] for r in out["rows"])
-    from lscore.cli.bench import _gpu_step
+    from lscore.bench import _gpu_step
 
     assert {r["method"] for r in out["rows"]} == set(_gpu.GPU_METHODS) | set(_gpu_step.STEP_METHODS)
     assert all(t["met"] is None and t["measured"] is None for t in out["targets"])
@@ -333,9 +333,9 @@ def test_gpu_step_rows_run_on_the_host_harness():
     lscore mode trains its parameters as lscore's NumPy adapter does."""
     pytest.importorskip("torch")
     from helpers.cuda_host import adapter
-    from lscore.cli.bench import _gpu_step
-    from lscore.cli.bench._harness import Rows
-    from lscore.cli.bench._report import add_ratios, format_table
+    from lscore.bench import _gpu_step
+    from lscore.bench._harness import Rows
+    from lscore.bench._report import add_ratios, format_table
 
     dev = _gpu_step.StepDevice(
         np, adapter, lambda: None, "cpu", no_capture="graph capture needs CuPy on a GPU"
@@ -369,7 +369,7 @@ def test_gpu_step_rows_lscore_steps_follow_the_numpy_adapter():
     three of them, parameters equal lscore.adapters.numpy's on the same gradients."""
     from helpers.cuda_host import adapter
     from lscore.adapters import numpy as lnp
-    from lscore.cli.bench import _gpu_step
+    from lscore.bench import _gpu_step
 
     dev = _gpu_step.StepDevice(np, adapter, lambda: None, None)
     rng = np.random.default_rng(1)

@@ -11,11 +11,10 @@ import shutil
 import numpy as np
 import pytest
 
+from lscore import bench, cuda
 from lscore import cli as _cli
-from lscore import cuda
-from lscore.cli import bench
-from lscore.cli.bench import _gpu, _tune
-from lscore.cli.bench._harness import Rows
+from lscore.bench import _gpu, _tune
+from lscore.bench._harness import Rows
 
 needs_harness = pytest.mark.skipif(
     shutil.which("g++") is None, reason="g++ is missing: the CUDA host harness cannot be built"

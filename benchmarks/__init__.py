@@ -1,5 +1,10 @@
 """`lscore bench`: lscore's scan and unscale against NumPy, torch and the memory bandwidth.
 
+The suites live in the checkout's ``benchmarks/`` folder, beside the library's source,
+and install as ``lscore.bench`` so that the command runs from an install.  The
+command line (``lscore.cli``) imports this package when it builds its parser: the
+modules of the GPU and FP8 suites are imported when their suite runs.
+
 Everything is measured in one run on the same arrays, so the ratios hold even
 on a noisy machine: each row is the median of `repeat` timings (min-max shown),
 each timing a loop of calls lasting at least `min_time` seconds.  In-place
@@ -23,16 +28,17 @@ import sys
 import numpy as np
 
 from lscore import kernels
-from lscore.cli.bench import _fp8, _gpu, _mx, _scaler, _static, _tune
-from lscore.cli.bench._harness import DTYPES, FULL_SIZES, SIZES, TINY_SIZES, Rows, import_torch
-from lscore.cli.bench._report import add_ratios, format_table, machine, targets
-from lscore.cli.bench._sections import AF_METHODS, GRAD_HARNESS, SECTIONS, UN_METHODS
+from lscore.bench import _scaler
+from lscore.bench._harness import DTYPES, FULL_SIZES, SIZES, TINY_SIZES, Rows, import_torch
+from lscore.bench._report import add_ratios, format_table, machine, targets
+from lscore.bench._sections import AF_METHODS, GRAD_HARNESS, SECTIONS, UN_METHODS
 
 __all__ = ["GRAD_HARNESS", "SUITES", "Options", "format_table", "main", "run"]
 
 SUITES = ("cpu", "gpu", "gpu-host", "gpu-tune", "gpu-static", "fp8")
 REPEAT, TINY_REPEAT = 9, 2  # timings per row
 MIN_TIME, TINY_MIN_TIME = 0.02, 1e-4  # seconds per timing
+FIRST_SIGHT_LISTS = 40  # gpu-host: lists at new addresses, each timed once
 
 
 class Options:
@@ -55,7 +61,7 @@ class Options:
             raise ValueError(f"unknown suite {suite!r}; expected one of: {', '.join(SUITES)}")
         self.suite = suite
         self.tiny = tiny
-        self.first_lists = 4 if tiny else _gpu.FIRST_SIGHT_LISTS
+        self.first_lists = 4 if tiny else FIRST_SIGHT_LISTS
         self.sizes_given = bool(sizes)
         self.sizes = (
             tuple(sizes) if sizes else (TINY_SIZES if tiny else (FULL_SIZES if full else SIZES))
@@ -75,6 +81,8 @@ class Options:
 def run(opts: Options) -> dict:
     """Every row of the benchmark, with ratios and the target check."""
     if opts.suite == "gpu-static":
+        from lscore.bench import _static
+
         return _static.run_static()
     if opts.suite == "fp8":
         return _run_fp8(opts)
@@ -130,6 +138,8 @@ def _only_measured(found: list[dict], opts: Options) -> list[dict]:
 
 def _run_fp8(opts: Options) -> dict:
     """--suite fp8: float8 quantize on the CPU, and on a CUDA device where there is one."""
+    from lscore.bench import _fp8, _mx
+
     torch = import_torch() if opts.use_torch else None
     rng = np.random.default_rng(0)
     rows = Rows(0, opts.progress, opts.only)
@@ -155,6 +165,8 @@ def _run_fp8(opts: Options) -> dict:
 
 def _run_gpu_suite(opts: Options) -> dict:
     """--suite gpu-host (the CuPy path's host cost, no GPU), --suite gpu or gpu-tune (need one)."""
+    from lscore.bench import _gpu, _tune
+
     rng = np.random.default_rng(0)
     rows = Rows(0, opts.progress, opts.only)
     extra = {}
@@ -201,9 +213,16 @@ def main(args) -> int:
     except NoRowError as e:
         print(f"lscore bench: error: {e}", file=sys.stderr)
         return 2
-    print(_static.format_static(result) if opts.suite == "gpu-static" else format_table(result))
+    if opts.suite == "gpu-static":
+        from lscore.bench._static import format_static
+
+        print(format_static(result))
+    else:
+        print(format_table(result))
     if "tune" in result:
-        print(_tune.format_summary(result["tune"]))
+        from lscore.bench._tune import format_summary
+
+        print(format_summary(result["tune"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -13,7 +13,7 @@ import numpy as np
 
 import lscore
 from lscore import kernels
-from lscore.cli.bench._harness import (
+from lscore.bench._harness import (
     DTYPES,
     N_SMALL,
     TORCH_SKIP,
@@ -28,7 +28,7 @@ from lscore.cli.bench._harness import (
     torch_unscale,
     wanted,
 )
-from lscore.cli.bench._scaler import bench_scaler_calls
+from lscore.bench._scaler import bench_scaler_calls
 
 
 def _bench_arrays(rows: Rows, opts, torch, rng) -> None:

@@ -28,8 +28,8 @@ import numpy as np
 
 import lscore
 from lscore import cuda, kernels
-from lscore.cli.bench import _gpu
-from lscore.cli.bench._harness import alternating, workload_sizes
+from lscore.bench import _gpu
+from lscore.bench._harness import alternating, workload_sizes
 from lscore.cuda.config import ENV, LaunchConfig
 from lscore.fp8.checks import fp8_dtype
 

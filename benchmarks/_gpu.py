@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from lscore import cuda, kernels
-from lscore.cli.bench import _gpu_step
-from lscore.cli.bench._harness import Rows, alternating, import_torch, workload_sizes
+from lscore.bench import _gpu_step
+from lscore.bench._harness import Rows, alternating, import_torch, workload_sizes
 
 # (name, array count, sizes: "log" for log-uniform 1e2..1e6 else the size, dtype)
 WORKLOADS = (
@@ -53,7 +53,6 @@ FIRST_PER_ARRAY_US = 2.0
 # a call over arrays at addresses never seen before: host cost, with no upload and no
 # synchronisation besides the call's own read of its result
 NEW_ADDRESSES_PER_ARRAY_US = 1.0
-FIRST_SIGHT_LISTS = 40
 
 
 class _MemoryPointer:
