@@ -53,7 +53,7 @@ def expected_rows():
             rows.add((f"unscale_ {dt} {log_list}", m))
     for dt in ("float16", "bfloat16", "float32"):
         for case in ("4096", log_list):
-            for m in bench._sections.CLIP_METHODS:
+            for m in bench._gradscaler.CLIP_METHODS:
                 rows.add((f"unscale_and_clip_ {dt} {case}", m))
     for case in ("300 x 64", "300 log-uniform 1e2..1e5"):
         for m in (
@@ -206,12 +206,12 @@ def gpu_host_run(tmp_path_factory):
 
 
 def test_gpu_host_targets_carry_unit_cached_measured_required_met(gpu_host_run):
-    from lscore.bench import _gpu, _gpu_step
+    from lscore.bench import _gpu_step, _harness
 
     assert gpu_host_run["suite"] == "gpu-host"
     targets = gpu_host_run["targets"]
     workloads = {t["workload"] for t in targets}
-    assert workloads == {name for name, *_ in _gpu.TINY_WORKLOADS}
+    assert workloads == {name for name, *_ in _harness.TINY_WORKLOADS}
     kinds = {(t["unit"], t["cached"], t.get("case")) for t in targets}
     assert kinds == {
         ("us_per_array", True, None),
@@ -251,7 +251,7 @@ def test_gpu_host_targets_carry_unit_cached_measured_required_met(gpu_host_run):
 
 def test_gpu_host_times_whole_fused_steps(gpu_host_run):
     """Both optimizers in both modes on every workload, each a fused step."""
-    from lscore.bench import _gpu, _gpu_step
+    from lscore.bench import _gpu_step, _harness
 
     steps = {
         (r["group"], r["method"])
@@ -260,7 +260,7 @@ def test_gpu_host_times_whole_fused_steps(gpu_host_run):
     }
     assert steps == {
         (f"gpu-host step {o} {w}", f"{m} step, {case}")
-        for w, *_ in _gpu.TINY_WORKLOADS
+        for w, *_ in _harness.TINY_WORKLOADS
         for o in _gpu_step.OPTIMIZERS
         for m in _gpu_step.LSCORE_METHODS[:2]
         for case in ("cached", "gradients at new addresses")
@@ -270,9 +270,9 @@ def test_gpu_host_times_whole_fused_steps(gpu_host_run):
 def test_the_null_adapter_steps_through_the_fused_launches_only():
     """gpu-host's step rows time the fused path: a cached sync-free step is its launches
     (check, update, per dtype group; the scale update), no elementwise work, no read."""
-    from lscore.bench import _gpu, _gpu_step
+    from lscore.bench import _gpu_step, _standin
 
-    dev = _gpu_step.StepDevice(np, _gpu.null_adapter(), lambda: None, None)
+    dev = _gpu_step.StepDevice(np, _standin.null_adapter(), lambda: None, None)
     grads = [np.ones(n, dt) for n, dt in ((5, np.float16), (70, np.float32), (3, np.float16))]
     step, params = _gpu_step.lscore_step(
         dev, "Adam", grads, [np.ones(g.size, np.float32) for g in grads], True
@@ -296,16 +296,16 @@ def test_gpu_host_times_the_adapters_path_with_only_the_launch_replaced():
     import numpy as np
 
     import lscore
-    from lscore.bench import _gpu
+    from lscore.bench import _standin
 
-    kern = _gpu.standin_kernels(lambda dev: harness.HostBackend())
-    lists = _gpu._HostLists([5, 70000, 3], "float32", 1)
+    kern = _standin.standin_kernels(lambda dev: harness.HostBackend())
+    lists = _standin.HostLists([5, 70000, 3], "float32", 1)
     arrays = lists.make(0)
     arrays[1].host[7] = np.inf
     want = [a.host.copy() for a in arrays]
     assert kern.unscale_(arrays, 0.5) is lscore.unscale_(want, 0.5) is False
     assert all(np.array_equal(a.host, w) for a, w in zip(arrays, want, strict=True))
-    null = _gpu.standin_kernels()
+    null = _standin.standin_kernels()
     assert null.unscale_(arrays, 0.5) and null.device(0).backend.syncs == 1
 
 
