@@ -188,11 +188,14 @@ _DEFAULTS = {k: p.default for k, p in inspect.signature(torch_policy).parameters
 _FACTORS = ("growth_factor", "backoff_factor", "growth_interval")
 
 
-def starting_state(policy: Any, numbers: tuple) -> tuple[LossScaleState, float, tuple]:
+def starting_state(
+    policy: Any, torch_args: tuple, lscore_args: tuple
+) -> tuple[LossScaleState, float, tuple]:
     """(state machine, the scale to report before the first scale(), torch's growth
-    factor, backoff factor and growth interval) from GradScaler's `policy` and its seven
-    numeric arguments, `numbers` (in torch_policy's order)."""
-    given = dict(zip(_DEFAULTS, numbers, strict=True))
+    factor, backoff factor and growth interval) from GradScaler's `policy` and its other
+    numeric arguments: `torch_args` torch's four, `lscore_args` min_scale, max_scale and
+    hysteresis (torch_policy's order)."""
+    given = dict(zip(_DEFAULTS, (*torch_args, *lscore_args), strict=True))
     if given["growth_factor"] <= 1.0:
         raise ScalerConfigError("The growth factor must be > 1.0.")
     if given["backoff_factor"] >= 1.0:

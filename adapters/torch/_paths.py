@@ -26,14 +26,15 @@ import numpy as np
 import torch
 
 from lscore.adapters.torch._config import is_torch_shape
+from lscore.adapters.torch._state_dict import replace_state
 from lscore.adapters.torch._unscaler import GradUnscaler, unscale_with_kernel
 
 # named here too for the torch LossScaleOptimizer
 from lscore.adapters.torch._unscaler import named_grads as named_grads
-from lscore.policy import Policy, inverse_scale, json_float
+from lscore.policy import Policy, inverse_scale
 from lscore.state import LossScaleState
 
-__all__ = ["CorePath", "DevicePath", "SkipCount", "inverse_tensor", "replace_state"]
+__all__ = ["CorePath", "DevicePath", "SkipCount", "inverse_tensor"]
 
 
 def inverse_tensor(scale: torch.Tensor) -> torch.Tensor:
@@ -43,29 +44,6 @@ def inverse_tensor(scale: torch.Tensor) -> torch.Tensor:
     if scale.device.type == "mps":
         return scale.reciprocal()
     return scale.double().reciprocal().float()
-
-
-def state_dict_with(
-    state: LossScaleState, scale: float, policy: Policy | None = None, **counters: Any
-) -> dict:
-    """`state`'s state dict with another scale, policy and counters."""
-    d = state.state_dict()
-    d["policy"] = (policy or state.policy).to_dict()
-    d["scale"] = json_float(scale)
-    d["counters"].update(counters)
-    return d
-
-
-def replace_state(
-    state: LossScaleState,
-    scale: float | None = None,
-    good_steps: int | None = None,
-    policy: Policy | None = None,
-) -> None:
-    """Replace `state`'s scale, growth tracker and policy (None: keep it)."""
-    scale = state.scale if scale is None else scale
-    good = state.good_steps if good_steps is None else good_steps
-    state.load_state_dict(state_dict_with(state, scale, policy, good_steps=int(good)))
 
 
 class _ScaleTensor:

@@ -1,16 +1,26 @@
-"""What a GradScaler saves: its state dict (torch's five keys in torch's meaning, the
-counters under ``"lscore_counters"``, the full lscore state under ``"lscore"``), the
-checks a loaded dict passes before anything changes, and the layout of its pickles."""
+"""What a GradScaler saves and loads: its state dict (torch's five keys in torch's meaning,
+the counters under ``"lscore_counters"``, the full lscore state under ``"lscore"``), the
+checks a loaded dict passes before anything changes, the layout of its pickles, and the
+edits of the state machine's own state dict that loading and the setters make."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from lscore.adapters.torch._config import warn_at_caller, zero_d
-from lscore.policy import integer, real
+from lscore.policy import Policy, integer, json_float, real
 from lscore.state import LossScaleState
 
-__all__ = ["COUNTERS", "PICKLED", "PICKLED_PATH", "StateKeyError", "lscore_keys", "read_state_dict"]
+__all__ = [
+    "COUNTERS",
+    "PICKLED",
+    "PICKLED_PATH",
+    "StateKeyError",
+    "lscore_keys",
+    "read_state_dict",
+    "replace_state",
+    "state_dict_with",
+]
 
 # torch's keys, which every enabled scaler's state dict holds
 TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
@@ -101,6 +111,29 @@ def read_state_dict(state_dict: dict) -> tuple:
     # with "lscore" the tracker is only torch's reading of the policy's (it may be < 0)
     integer("_growth_tracker", tracker, minimum=0 if v1 is None else None)
     return scale, factors, tracker, v1, counters
+
+
+def state_dict_with(
+    state: LossScaleState, scale: float, policy: Policy | None = None, **counters: Any
+) -> dict:
+    """`state`'s state dict with another scale, policy and counters."""
+    d = state.state_dict()
+    d["policy"] = (policy or state.policy).to_dict()
+    d["scale"] = json_float(scale)
+    d["counters"].update(counters)
+    return d
+
+
+def replace_state(
+    state: LossScaleState,
+    scale: float | None = None,
+    good_steps: int | None = None,
+    policy: Policy | None = None,
+) -> None:
+    """Replace `state`'s scale, growth tracker and policy (None: keep it)."""
+    scale = state.scale if scale is None else scale
+    good = state.good_steps if good_steps is None else good_steps
+    state.load_state_dict(state_dict_with(state, scale, policy, good_steps=int(good)))
 
 
 def _read_counters(d: Any) -> tuple[int, bool, int] | None:

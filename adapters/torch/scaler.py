@@ -1,8 +1,8 @@
 """``GradScaler``: a drop-in for ``torch.amp.GradScaler``, read as torch's class reads.
 
-One class, torch's methods in torch's order: the constructor, ``scale``, ``unscale_``
-(and lscore's ``unscale_and_clip_``), ``step``, ``update``, the queries and setters,
-the state dicts and pickles, then torch's private attributes.  The scale lives in a
+One class, read top to bottom as torch's: the constructor, ``scale``, ``unscale_`` (and
+lscore's ``unscale_and_clip_``), ``step``, ``update``, the queries and setters, the state
+dicts and pickles, then torch's private attributes and hooks.  The scale lives in a
 path picked once, when the first ``scale()`` creates it on the loss's device
 (``_paths.py``): ``CorePath`` (CPU tensors: lscore's compiled core) or ``DevicePath``
 (torch's own kernels).  A disabled scaler has no path, and each method says what it
@@ -32,19 +32,15 @@ from lscore.adapters.torch._config import (
     starting_state,
     warn_at_caller,
 )
-from lscore.adapters.torch._paths import (
-    CorePath,
-    DevicePath,
-    SkipCount,
-    replace_state,
-    state_dict_with,
-)
+from lscore.adapters.torch._paths import CorePath, DevicePath, SkipCount
 from lscore.adapters.torch._state_dict import (
     COUNTERS,
     PICKLED,
     PICKLED_PATH,
     lscore_keys,
     read_state_dict,
+    replace_state,
+    state_dict_with,
 )
 from lscore.adapters.torch._unscaler import (
     GradUnscaler,
@@ -237,9 +233,11 @@ class GradScaler(torch.amp.GradScaler):
         self._path = None
         if not self._enabled:
             return
-        numbers = (init_scale, growth_factor, backoff_factor, growth_interval)
-        numbers += (min_scale, max_scale, hysteresis)
-        self._state, self._reported, factors = starting_state(policy, numbers)
+        self._state, self._reported, factors = starting_state(
+            policy,
+            (init_scale, growth_factor, backoff_factor, growth_interval),
+            (min_scale, max_scale, hysteresis),
+        )
         self._growth_factor, self._backoff_factor, self._growth_interval = factors
         self._unscaler = GradUnscaler()
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
@@ -399,7 +397,8 @@ class GradScaler(torch.amp.GradScaler):
                 return one.clip(max_norm, found, params[0].grad.dtype)
             self.unscale_(optimizer)
             return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
-        # the CPU core: the pass that unscales gathers the 2- and inf-norm's parts
+        # the CPU core (unscale_ raises before the first scale()): the pass that unscales
+        # gathers the 2-norm's and the inf-norm's parts
         stats: list | None = [] if p in (2.0, math.inf) else None
         if stats is None:
             self.unscale_(optimizer)
