@@ -15,7 +15,7 @@ import importlib.util
 import inspect
 import math
 from collections import abc, defaultdict
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -324,7 +324,9 @@ class GradScaler(torch.amp.GradScaler):
         refuse_optimizer_class(optimizer, "unscale_")
         if not self._enabled:
             return
-        path = self._placed_path("unscale_")
+        path = self._path
+        if path is None:
+            self._no_scale("unscale_")
         state = self._per_optimizer_states[id(optimizer)]
         if state["stage"] is OptState.UNSCALED:
             raise RuntimeError(
@@ -419,7 +421,8 @@ class GradScaler(torch.amp.GradScaler):
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
-        self._placed_path("step")
+        if self._path is None:
+            self._no_scale("step")
         state = self._per_optimizer_states[id(optimizer)]
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
@@ -475,7 +478,9 @@ class GradScaler(torch.amp.GradScaler):
         return retval
 
     def _check_inf_per_device(self, optimizer: Any) -> dict:
-        path = self._placed_path("_check_inf_per_device")
+        path = self._path
+        if path is None:
+            self._no_scale("_check_inf_per_device")
         found = self._agree(path.check(optimizer), path)
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found
         return found
@@ -493,7 +498,9 @@ class GradScaler(torch.amp.GradScaler):
             for schedule in self._schedules:  # a disabled scaler applies every step
                 schedule.advance(False)
             return
-        path = self._placed_path("update")
+        path = self._path
+        if path is None:
+            self._no_scale("update")
         found_infs = path.flags(self._per_optimizer_states)
         if new_scale is not None:
             self._set_new_scale(new_scale, path)
@@ -844,17 +851,16 @@ class GradScaler(torch.amp.GradScaler):
 
     def _check_scale_growth_tracker(self, funcname: str) -> Any:
         """(scale tensor, tracker tensor or None on the CPU path); raises before scale()."""
-        path = self._placed_path(funcname)
-        return path.scale, path.tracker
-
-    def _placed_path(self, funcname: str) -> CorePath | DevicePath:
-        """The path; before the first scale() torch's assertion naming `funcname` (and
-        torch's AttributeError for a scaler disabled from the start)."""
         path = self._path
         if path is None:
-            self._has_state("_scale")
-            raise ScalerAssertionError(f"Attempted {funcname} but _scale is None.  " + _FIX)
-        return path
+            self._no_scale(funcname)
+        return path.scale, path.tracker
+
+    def _no_scale(self, funcname: str) -> NoReturn:
+        """torch's assertion for `funcname` called before the first scale() (torch's
+        AttributeError for a scaler disabled from the start)."""
+        self._has_state("_scale")
+        raise ScalerAssertionError(f"Attempted {funcname} but _scale is None.  " + _FIX)
 
     def _unscale_grads_(
         self, optimizer: Any, inv_scale: torch.Tensor, found_inf: torch.Tensor, allow_fp16: bool
