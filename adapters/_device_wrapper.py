@@ -5,8 +5,10 @@
 is decided: ``Synced`` (``_synced``: the NumPy adapter's behaviour, one read of the
 found flag per step) or ``SyncFree`` (``_sync_free``: the state machine on the
 device, nothing read per step).  The wrapper hands its steps, its scale and its
-state copies to that mode; a mode reaches the inner optimizer's fused kernels
-through ``Fused``'s public ``fused_plan``, ``fused_check``, ``fused_update`` and
+state copies to that mode; a step method gets the wrapper itself and its
+``_finisher`` (TF1's step arguments checked, the step's result recorded), so that a
+mode keeps no reference to the wrapper.  A mode reaches the inner optimizer's fused
+kernels through ``Fused``'s public ``fused_plan``, ``fused_check``, ``fused_update`` and
 ``gated``.
 """
 
@@ -101,10 +103,8 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
     def _new_mode(self) -> Synced | SyncFree:
         """The mode ``sync_free`` picked (SyncFree checks what it needs and makes its state)."""
         if self._sync_free:
-            return SyncFree(
-                self._backend, self._scaling, self._optimizer, self._allow_fp16, self._finisher
-            )
-        return Synced(self, self._backend, self._reducer, self._finisher)
+            return SyncFree(self._backend, self._scaling, self._optimizer, self._allow_fp16)
+        return Synced(self._backend, self._reducer)
 
     def __getstate__(self) -> dict:
         if self._sync_free:  # its device state holds addresses, which a copy cannot take
@@ -146,10 +146,10 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         return super().dynamic_counter
 
     def get_scaled_loss(self, loss: Any) -> Any:
-        return self._mode.get_scaled_loss(loss)
+        return self._mode.get_scaled_loss(self, loss)
 
     def get_unscaled_gradients(self, grads: Any) -> list:
-        return self._mode.get_unscaled_gradients(grads)
+        return self._mode.get_unscaled_gradients(self, grads)
 
     def _scaled_gradients(self, loss_and_grads_fn: Any, var_list: Any) -> Any:
         return super()._scaled_gradients(self._mode.backward(loss_and_grads_fn), var_list)
@@ -166,11 +166,13 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         mode) and unscale in registers, rounding as the NumPy adapter's
         ``get_unscaled_gradients`` (the inverse cast to the gradient's dtype).
         """
-        return self._mode.minimize(loss_and_grads_fn, var_list, global_step, name)
+        return self._mode.minimize(
+            self, self._finisher, loss_and_grads_fn, var_list, global_step, name
+        )
 
     def apply_gradients(
         self, grads_and_vars: Any, global_step: Any = None, name: Any = None
     ) -> Any:
         """Default mode: as the NumPy adapter (returns a bool).  Sync-free: returns a device
         bool, which is also added to ``global_step`` on the device."""
-        return self._mode.apply_gradients(grads_and_vars, global_step, name)
+        return self._mode.apply_gradients(self, self._finisher, grads_and_vars, global_step, name)

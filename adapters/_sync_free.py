@@ -38,21 +38,16 @@ class SyncFree:
     step counter on the device, nothing read per step (see ``LossScaleOptimizer``).
 
     `backend` is the wrapper's ``ArrayBackend``, `scaling` its ``LossScaling``,
-    `optimizer` the optimizer it wraps, `allow_fp16` its ``allow_fp16_params`` and
-    `finisher` its ``_finisher`` (TF1's step arguments checked; records a step).  The
-    state lives on the device current when the mode is made.
+    `optimizer` the optimizer it wraps and `allow_fp16` its ``allow_fp16_params``.  The
+    state lives on the device current when the mode is made.  The step methods get
+    the wrapper `w` (unused: the state is here) and its `finisher` (TF1's step
+    arguments checked; the result recorded), as ``Synced``'s do.
     """
 
     def __init__(
-        self,
-        backend: ArrayBackend,
-        scaling: LossScaling,
-        optimizer: Any,
-        allow_fp16: bool,
-        finisher: Any,
+        self, backend: ArrayBackend, scaling: LossScaling, optimizer: Any, allow_fp16: bool
     ) -> None:
         self._backend, self._scaling, self._allow_fp16 = backend, scaling, allow_fp16
-        self._finisher = finisher
         if self._scaling.shape != "keras":
             raise ValueError(
                 "sync_free=True needs the Keras shape (loss_scale None or a bool): "
@@ -139,13 +134,13 @@ class SyncFree:
         arr = self._dev.scale if which == "scale" else self._dev.inv_scale
         return arr.reshape(()).astype(dtype)
 
-    def get_scaled_loss(self, loss: Any) -> Any:
+    def get_scaled_loss(self, w: Any, loss: Any) -> Any:
         if callable(loss):
-            return lambda: self.get_scaled_loss(loss())
+            return lambda: self.get_scaled_loss(w, loss())
         self._check_device()
         return loss * self._device_value("scale", getattr(loss, "dtype", np.float32))
 
-    def get_unscaled_gradients(self, grads: Any) -> list:
+    def get_unscaled_gradients(self, w: Any, grads: Any) -> list:
         self._check_device()
         grads = list(grads)
         check_gradient_dtypes(grads)
@@ -160,16 +155,26 @@ class SyncFree:
         scale = self._scale_arg
         return lambda _host: loss_and_grads_fn(scale)
 
-    def minimize(self, loss_and_grads_fn: Any, var_list: Any, global_step: Any, name: Any) -> Any:
-        finish = self._finisher(global_step, name)  # refuse before the backward
+    def minimize(
+        self,
+        w: Any,
+        finisher: Any,
+        loss_and_grads_fn: Any,
+        var_list: Any,
+        global_step: Any,
+        name: Any,
+    ) -> Any:
+        finish = finisher(global_step, name)  # refuse before the backward
         self._check_device()
         loss, grads, var_list = loss_and_grads(
             loss_and_grads_fn, var_list, self._scale_arg, self._backend.xp
         )
         plan = self._optimizer.fused_plan(*without_none(grads, var_list, warn=True))
         if plan is None:
-            unscaled = self.get_unscaled_gradients(grads)
-            self.apply_gradients(zip(unscaled, var_list, strict=True), global_step, name)
+            unscaled = self.get_unscaled_gradients(w, grads)
+            self.apply_gradients(
+                w, finisher, zip(unscaled, var_list, strict=True), global_step, name
+            )
         else:
             finish(self._fused(plan, scaled=True))
         return loss
@@ -230,8 +235,10 @@ class SyncFree:
         opt.iterations += 1
         return applied
 
-    def apply_gradients(self, grads_and_vars: Any, global_step: Any, name: Any) -> Any:
-        finish = self._finisher(global_step, name)
+    def apply_gradients(
+        self, w: Any, finisher: Any, grads_and_vars: Any, global_step: Any, name: Any
+    ) -> Any:
+        finish = finisher(global_step, name)
         self._check_device()
         pairs = drop_none_gradients(grad_var_pairs(grads_and_vars), warn=True)
         check_gradient_dtypes([g for g, _ in pairs])

@@ -26,18 +26,14 @@ class Synced:
     """``sync_free=False``: the check on the device, its flag read once per step, the state
     machine on the host.
 
-    `wrapper` is the ``LossScaleOptimizer`` this mode steps, `backend` its
-    ``ArrayBackend``, `reducer` its ``lscore.distributed`` reducer (or None) and
-    `finisher` its ``_finisher`` (TF1's step arguments checked; records a step).
+    `backend` is the wrapper's ``ArrayBackend`` and `reducer` its ``lscore.distributed``
+    reducer (or None).  A step method gets the wrapper `w` (the NumPy adapter's code
+    runs on it) and its `finisher` (TF1's step arguments checked; the result recorded).
     """
 
-    def __init__(
-        self, wrapper: LossScaleOptimizerBase, backend: ArrayBackend, reducer: Any, finisher: Any
-    ) -> None:
-        self._wrapper = wrapper
+    def __init__(self, backend: ArrayBackend, reducer: Any) -> None:
         self._backend = backend
         self._reducer = reducer
-        self._finisher = finisher
 
     def _refuse_in_capture(self) -> None:
         self._backend.refuse_in_capture(
@@ -59,17 +55,24 @@ class Synced:
         """The function the NumPy adapter's ``compute_gradients`` calls: this one."""
         return loss_and_grads_fn
 
-    def get_scaled_loss(self, loss: Any) -> Any:
-        return LossScaleOptimizerBase.get_scaled_loss(self._wrapper, loss)
+    def get_scaled_loss(self, w: LossScaleOptimizerBase, loss: Any) -> Any:
+        return LossScaleOptimizerBase.get_scaled_loss(w, loss)
 
-    def get_unscaled_gradients(self, grads: Any) -> list:
-        return LossScaleOptimizerBase.get_unscaled_gradients(self._wrapper, grads)
+    def get_unscaled_gradients(self, w: LossScaleOptimizerBase, grads: Any) -> list:
+        return LossScaleOptimizerBase.get_unscaled_gradients(w, grads)
 
     # -- the step -------------------------------------------------------------------
-    def minimize(self, loss_and_grads_fn: Any, var_list: Any, global_step: Any, name: Any) -> Any:
-        finish = self._finisher(global_step, name)  # refuse before the backward
+    def minimize(
+        self,
+        w: LossScaleOptimizerBase,
+        finisher: Any,
+        loss_and_grads_fn: Any,
+        var_list: Any,
+        global_step: Any,
+        name: Any,
+    ) -> Any:
+        finish = finisher(global_step, name)  # refuse before the backward
         self._refuse_in_capture()
-        w = self._wrapper
         s = w.loss_scaling
         if not s.predictable or w.overflow_monitor is not None:
             return LossScaleOptimizerBase.minimize(
@@ -87,10 +90,10 @@ class Synced:
                 zip(unscaled, var_list, strict=True), global_step=global_step, name=name
             )
         else:
-            finish(self._fused(opt, plan, inverse_scale(s.scale)))
+            finish(self._fused(w, opt, plan, inverse_scale(s.scale)))
         return loss
 
-    def _fused(self, opt: Fused, plan: FusedPlan, inv: float) -> bool:
+    def _fused(self, w: LossScaleOptimizerBase, opt: Fused, plan: FusedPlan, inv: float) -> bool:
         """A step on the fused kernels: check (one sync), decide on the host, update;
         returns whether it was applied."""
         runner = plan.launcher.runner
@@ -105,13 +108,16 @@ class Synced:
         def count(applied: bool) -> None:  # an applied step, or (Keras) a skipped one
             opt.iterations += 1
 
-        applied, _ = run_step(
-            self._wrapper, finite, apply=apply, count=count, grads=None, named_arrays=None
-        )
+        applied, _ = run_step(w, finite, apply=apply, count=count, grads=None, named_arrays=None)
         return applied
 
-    def apply_gradients(self, grads_and_vars: Any, global_step: Any, name: Any) -> Any:
+    def apply_gradients(
+        self,
+        w: LossScaleOptimizerBase,
+        finisher: Any,
+        grads_and_vars: Any,
+        global_step: Any,
+        name: Any,
+    ) -> Any:
         self._refuse_in_capture()
-        return LossScaleOptimizerBase.apply_gradients(
-            self._wrapper, grads_and_vars, global_step, name
-        )
+        return LossScaleOptimizerBase.apply_gradients(w, grads_and_vars, global_step, name)

@@ -259,8 +259,9 @@ class TFShaped:
         self._start()
 
     def _configure(self, *, reducer: Any = None) -> None:
-        """Check and keep the adapter's own constructor keywords (none here); their
-        parameters, after `reducer`'s place, complete the class's signature."""
+        """Check and keep the adapter's own constructor keywords (none here).  Its
+        parameters, `reducer` among them, follow ``loss_scale_manager`` in the class's
+        signature."""
 
     def _start(self) -> None:
         """Set up what the adapter keeps beside the scaling, once the arguments passed."""

@@ -145,3 +145,28 @@ def test_a_sync_free_optimizer_refuses_a_pickle_or_copy_and_names_state_dict():
     again = LossScaleOptimizer(SGD(0.1), sync_free=True)
     again.load_state_dict(opt.state_dict())
     assert again.loss_scale == opt.loss_scale and again.iterations == opt.iterations == 1
+
+
+@pytest.mark.parametrize("sync_free", [False, True])
+def test_a_dropped_optimizer_is_freed_at_once_with_its_slots(sync_free):
+    """The wrapper and its mode hold no cycle: dropping the last reference frees the
+    wrapper and the inner optimizer's slots (device memory on a GPU) at once, not at the
+    garbage collector's next full pass."""
+    import gc
+    import weakref
+
+    w = [np.ones(3, np.float32)]
+    opt = LossScaleOptimizer(SGD(0.1, momentum=0.9), sync_free=sync_free)
+    opt.minimize(lambda s: (0.0, [np.ones(3, np.float32)]), w)
+    opt.apply_gradients([(np.ones(3, np.float32), w[0])])
+    slots = [weakref.ref(s) for _, ss in opt.inner_optimizer._slots.values() for s in ss.values()]
+    refs = [weakref.ref(opt), weakref.ref(opt.inner_optimizer), *slots]
+    assert len(refs) == 3
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del opt
+        assert all(r() is None for r in refs)
+    finally:
+        if enabled:
+            gc.enable()
