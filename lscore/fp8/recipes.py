@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from lscore import kernels
-from lscore.fp8 import blocks
+from lscore.fp8 import block_recipes as blocks
 from lscore.fp8.checks import exact_fields, preset_fields
 from lscore.policy import boolean, choice, integer, real
 

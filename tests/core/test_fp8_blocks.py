@@ -15,7 +15,7 @@ import pytest
 
 import lscore.fp8 as fp8
 from lscore import _reference_mx as ref
-from lscore.fp8 import blocks
+from lscore.fp8 import block_recipes, blocks
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -139,7 +139,7 @@ RULE_PRESETS = ["ocp-mx", "te-mxfp8"]
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
 def test_rule_presets_equal_twin(name, elem, dtype):
     r = fp8.recipe(name)
-    if elem not in blocks._MODES[r.mode]["elements"]:
+    if elem not in block_recipes._MODES[r.mode]["elements"]:
         with pytest.raises(ValueError, match="element must be one of e4m3fn, e5m2 under mode 'te'"):
             fp8.quantize_blocks(np.zeros(32, np.float32), r, element=elem)
         return
@@ -351,7 +351,7 @@ def test_out_refused_before_writing():
     out = fp8.quantize_blocks(x, "te-mxfp8")
     before = out.data.view(np.uint8).copy()
     bad = [
-        (dict(recipe="torchao-mx-floor"), ValueError, "same recipe, element, axis and shape"),
+        (dict(recipe="torchao-mx-floor"), ValueError, "same recipe, element, axis, role and shape"),
         (dict(x=np.ones((4, 96), np.float32)), ValueError, r"shape \(4, 64\); this call"),
         (dict(element="e5m2"), ValueError, "'e4m3fn', axis -1"),
         (dict(out=out.data), TypeError, "out must be an lscore.fp8.BlockScaled"),
