@@ -104,7 +104,7 @@ class LossScaleOptimizer(_optim.LossScaleOptimizerBase):
         """The mode ``sync_free`` picked (SyncFree checks what it needs and makes its state)."""
         if self._sync_free:
             return SyncFree(self._backend, self._scaling, self._optimizer, self._allow_fp16)
-        return Synced(self._backend, self._reducer)
+        return Synced(self._backend, self._scaling, self._optimizer, self._reducer)
 
     def __getstate__(self) -> dict:
         if self._sync_free:  # its device state holds addresses, which a copy cannot take

@@ -16,6 +16,7 @@ from lscore.adapters._backend import ArrayBackend
 from lscore.adapters._fused import Fused
 from lscore.adapters._grads import loss_and_grads, without_none
 from lscore.adapters._optim import LossScaleOptimizerBase
+from lscore.adapters._scaling import LossScaling
 from lscore.adapters._wrapper import run_step
 from lscore.cuda.optim import FLAGS, FusedPlan
 from lscore.distributed import reduce_found_inf
@@ -26,14 +27,17 @@ class Synced:
     """``sync_free=False``: the check on the device, its flag read once per step, the state
     machine on the host.
 
-    `backend` is the wrapper's ``ArrayBackend`` and `reducer` its ``lscore.distributed``
-    reducer (or None).  A step method gets the wrapper `w` (the NumPy adapter's code
+    `backend` is the wrapper's ``ArrayBackend``, `scaling` its ``LossScaling``,
+    `optimizer` the optimizer it wraps and `reducer` its ``lscore.distributed`` reducer
+    (or None).  A step method gets the wrapper `w` (the NumPy adapter's code
     runs on it) and its `finisher` (TF1's step arguments checked; the result recorded).
     """
 
-    def __init__(self, backend: ArrayBackend, reducer: Any) -> None:
-        self._backend = backend
-        self._reducer = reducer
+    def __init__(
+        self, backend: ArrayBackend, scaling: LossScaling, optimizer: Any, reducer: Any
+    ) -> None:
+        self._backend, self._scaling = backend, scaling
+        self._optimizer, self._reducer = optimizer, reducer
 
     def _refuse_in_capture(self) -> None:
         self._backend.refuse_in_capture(
@@ -73,7 +77,7 @@ class Synced:
     ) -> Any:
         finish = finisher(global_step, name)  # refuse before the backward
         self._refuse_in_capture()
-        s = w.loss_scaling
+        s = self._scaling
         if not s.predictable or w.overflow_monitor is not None:
             return LossScaleOptimizerBase.minimize(
                 w, loss_and_grads_fn, var_list, global_step=global_step, name=name
@@ -81,7 +85,7 @@ class Synced:
         loss, grads, var_list = loss_and_grads(
             loss_and_grads_fn, var_list, s.scale, self._backend.xp
         )
-        opt = w.inner_optimizer
+        opt = self._optimizer
         gs, vs = without_none(grads, var_list, warn=s.shape != "tf1")
         plan = opt.fused_plan(gs, vs) if isinstance(opt, Fused) else None
         if plan is None:
