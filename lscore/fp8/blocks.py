@@ -86,9 +86,29 @@ def _width(n: int, element: str) -> int:
     return (n + 1) // 2 if element == "e2m1" else n
 
 
+# The NaN torch.max(torch.abs(x)) gives for a tensor of two or more elements with a NaN, by
+# x's dtype, as float32 bits: torch's serial CPU reduction combines lanes by an OR with the
+# all-ones NaN mask (float32, float16: the sign set), bfloat16's by a float32 maximum.
+_TORCH_NAN_MAX = {"float32": 0xFFFFFFFF, "float16": 0xFFC00000, "bfloat16": 0x7FC00000}
+
+
+def torchao_amax(amax: float, dtype: str, size: int) -> np.float32:
+    """The amax torchao's NVFP4 takes, ``torch.max(torch.abs(x))`` on the CPU, from `amax`
+    (any NaN where x holds one) of an x of `dtype` (a name) and `size` elements: a NaN is
+    ``_TORCH_NAN_MAX``'s by the dtype (one element: x's own NaN, its sign cleared)."""
+    a = np.float32(amax)
+    if a == a or size == 1:
+        return a
+    return np.uint32(_TORCH_NAN_MAX[dtype]).view(np.float32)
+
+
 def _tensor_scale(x: np.ndarray) -> np.float32:
-    """NVFP4's per-tensor scale: torchao's per_tensor_amax_to_scale of torch.amax(|x|)."""
-    return np.float32(kernels.nvfp4_tensor_scale(kernels.fp8_amax(x, True)))
+    """NVFP4's per-tensor scale: torchao's per_tensor_amax_to_scale of torch.max(|x|)."""
+    if x.size == 1:  # torch.abs of the one element: its bits with the sign cleared
+        one = np.abs(x.astype(np.float32).reshape(-1)[:1]).view(np.uint32) & 0x7FFFFFFF
+        return np.float32(kernels.nvfp4_tensor_scale(one.view(np.float32)[0]))
+    amax = torchao_amax(kernels.fp8_amax(x, True), dtype_name(x.dtype), x.size)
+    return np.float32(kernels.nvfp4_tensor_scale(amax))
 
 
 def quantize_blocks(
@@ -216,7 +236,10 @@ def quantize_on(dev: Any, arrays: Any, x: Any, r: BlockRecipe, elem: str, axis: 
     pts = None
     if r.tensor_scale:
         amax = float(arrays.h["to_host"](arrays.amax(x, None, "propagate")))
-        pts = np.float32(kernels.nvfp4_tensor_scale(amax))
+        size = int(np.prod(x.shape))
+        pts = np.float32(
+            kernels.nvfp4_tensor_scale(torchao_amax(amax, arrays.h["view"](x).dtype, size))
+        )
     kaxis = 0 if cols else -1
     if r.mode == "nvfp4":
         scales, data = dev.quantize(x, "float4_e2m1", "nvfp4", 16, axis=kaxis, pts=pts)
