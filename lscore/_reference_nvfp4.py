@@ -112,10 +112,10 @@ def hadamard16(x: Any) -> np.ndarray:
     (a + b, a - b in float32), then bfloat16."""
     v = np.asarray(x, np.float32)
     rows, cols = v.shape
-    y = (v.reshape(rows // 16, 16, cols) * (SIGNS * np.float32(0.25))[None, :, None]).astype(
-        np.float32
-    )
     with np.errstate(over="ignore", invalid="ignore"):
+        y = (v.reshape(rows // 16, 16, cols) * (SIGNS * np.float32(0.25))[None, :, None]).astype(
+            np.float32
+        )
         for h in (1, 2, 4, 8):
             pairs = y.reshape(rows // 16, 16 // (2 * h), 2, h, cols)
             a, b = pairs[:, :, 0], pairs[:, :, 1]
@@ -162,8 +162,9 @@ def _scales(amax_b: np.ndarray, amax: float) -> tuple[np.ndarray, np.ndarray]:
     """(E4M3 codes, element factors) of block amaxes under the global amax."""
     s = senc(amax)
     mult = f32(f32(s) * (np.float32(1) / np.float32(6)))
-    sf = fp8_cast((amax_b.astype(np.float64) * mult).astype(np.float32), 1.0, "float8_e4m3fn",
-                  saturate=True, nan_sign=False)[0]  # fmt: skip
+    with np.errstate(over="ignore"):
+        m = (amax_b.astype(np.float64) * mult).astype(np.float32)
+    sf = fp8_cast(m, 1.0, "float8_e4m3fn", saturate=True, nan_sign=False)[0]
     sdec = f32(1.0 / f32(s))
     with np.errstate(divide="ignore", over="ignore"):
         enc = 1.0 / (fp8_decode(sf, "float8_e4m3fn").astype(np.float32) * np.float32(sdec))
