@@ -174,6 +174,9 @@ LSC_FN lsc_u16 lsc_nv4_bf16(float f)
     return (lsc_u16)((r & ~nan) | (0x7FFFu & nan));
 }
 
+/* A bfloat16 word widened to float32 (exact). */
+LSC_FN float lsc_nv4_widen(lsc_u16 w) { return lsc_f32_from_bits((lsc_u32)w << 16); }
+
 /* The signed factor 0.25 * s_i of input i. */
 LSC_FN float lsc_nv4_sign(int i)
 {

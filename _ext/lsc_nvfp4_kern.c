@@ -143,7 +143,7 @@ LSC_NV4_INL void lsc_nv4_tile(const char *x, int64_t w, int64_t rs, int code, in
                 }
             }
     for (int64_t i = 0; i < 16 * LSC_NV4_TILE; i++)
-        v[i] = lsc_bf16_to_f32(lsc_nv4_bf16(v[i]));
+        v[i] = lsc_nv4_widen(lsc_nv4_bf16(v[i]));
 }
 
 /* The column amaxes of a tile of w columns into m. */

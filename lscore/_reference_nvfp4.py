@@ -220,8 +220,9 @@ def decode(
     e = np.where(nib & 8, -_E2M1[nib & 7], _E2M1[nib & 7])
     sf = np.asarray(scales).view(np.uint8)
     s = sf.T if axis == 0 else sf
-    d = ((fp8_decode(s, "float8_e4m3fn").astype(np.float32) * np.float32(amax)).astype(np.float32)
-         * np.float32(1 / 2688)).astype(np.float32)  # fmt: skip
-    d = np.repeat(np.repeat(d, 16, 0), 16, 1) if tile else np.repeat(d, 16, 1)
-    y = (e.astype(np.float32) * d).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = fp8_decode(s, "float8_e4m3fn").astype(np.float32) * np.float32(amax)
+        d = (d.astype(np.float32) * (np.float32(1) / np.float32(2688))).astype(np.float32)
+        d = np.repeat(np.repeat(d, 16, 0), 16, 1) if tile else np.repeat(d, 16, 1)
+        y = (e.astype(np.float32) * d).astype(np.float32)
     return np.ascontiguousarray(y.T if axis == 0 else y)

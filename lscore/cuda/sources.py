@@ -20,6 +20,7 @@ __all__ = [
     "KERNELS",
     "METAS",
     "MX_KERNELS",
+    "NV4_KERNELS",
     "OPS",
     "OPT_GRADS",
     "OPT_METAS",
@@ -32,6 +33,7 @@ __all__ = [
     "kernel_name",
     "mx_dequant_name",
     "mx_name",
+    "nv4_name",
     "optim_kernel_name",
     "source",
 ]
@@ -120,6 +122,24 @@ MX_KERNELS = tuple(
 ) + tuple(mx_dequant_name(c) for c in _FP8_INPUTS)
 
 
+def nv4_name(kind: str, code: int, hw: int = 1) -> str:
+    """A kernel of TE's NVFP4 recipe (nvfp4.cu): kind rows, cols or tiles (quantize; hw: the
+    conversion instruction) or dequant, of an input / output dtype code."""
+    if kind == "dequant":
+        return f"lsc_nv4_dequant<{int(code)}>"
+    return f"lsc_nv4_{kind}<{int(code)}, {hw}>"
+
+
+#: the kernel names of nvfp4.cu that lscore.cuda.nvfp4 launches
+NV4_KERNELS = (
+    tuple(
+        nv4_name(k, c, hw) for k in ("rows", "cols", "tiles") for c in _FP8_INPUTS for hw in (0, 1)
+    )
+    + tuple(nv4_name("dequant", c) for c in _FP8_INPUTS)
+    + ("lsc_nv4_rht",)
+)
+
+
 #: .cu file -> the kernel names (NVRTC name expressions) the package launches from it
 KERNELS = {
     # the one-pass norm (lscore.cuda.launch.MultiTensor.launch_norm) beside the scan
@@ -149,6 +169,9 @@ KERNELS = {
     "fp8.cu": FP8_KERNELS,
     # the MX and NVFP4 block quantize and dequantize kernels (lscore.cuda.mx)
     "mx.cu": MX_KERNELS,
+    # TE v2.18's NVFP4 recipe: quantize, the Hadamard transform's amax, decode
+    # (lscore.cuda.nvfp4)
+    "nvfp4.cu": NV4_KERNELS,
 }
 #: kernel name expression -> the .cu file that defines it
 FILE_OF = {k: f for f, names in KERNELS.items() for k in names}

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "cuda_shim.h"
-#include "mx.cu" /* includes fp8.cu */
+#include "nvfp4.cu" /* includes mx.cu, which includes fp8.cu */
 #include "optim.cu" /* includes scan.cu */
 #include "update.cu"
 
@@ -205,6 +205,16 @@ int run(void (*k)(A...), unsigned grid, unsigned block, void **params,
     X(lsc_mx_cols<C, 1>)                     \
     X(lsc_mx_dequant<C>)
 
+/* TE's NVFP4 recipe kernels of one input / output dtype code C (nvfp4.cu) */
+#define LSCH_NV4(X, C)                       \
+    X(lsc_nv4_rows<C, 0>)                    \
+    X(lsc_nv4_rows<C, 1>)                    \
+    X(lsc_nv4_cols<C, 0>)                    \
+    X(lsc_nv4_cols<C, 1>)                    \
+    X(lsc_nv4_tiles<C, 0>)                   \
+    X(lsc_nv4_tiles<C, 1>)                   \
+    X(lsc_nv4_dequant<C>)
+
 #define LSCH_KERNELS(X)                               \
     LSCH_SCAN(X, lsc_meta_4k)                         \
     LSCH_SCAN(X, lsc_meta_32k)                        \
@@ -214,7 +224,11 @@ int run(void (*k)(A...), unsigned grid, unsigned block, void **params,
     LSCH_FP8_ALL(X)                                   \
     LSCH_MX(X, 1)                                     \
     LSCH_MX(X, 2)                                     \
-    LSCH_MX(X, 3)
+    LSCH_MX(X, 3)                                     \
+    LSCH_NV4(X, 1)                                    \
+    LSCH_NV4(X, 2)                                    \
+    LSCH_NV4(X, 3)                                    \
+    X(lsc_nv4_rht)
 
 }  // namespace
 
