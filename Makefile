@@ -54,12 +54,13 @@ dist/.built: $(WHEEL_SOURCES) .venv-build/installed
 
 wheel: dist/.built
 
-# A virtualenv with the wheel of dist/ and the given extras: $(call with-wheel,VENV,EXTRAS).
-# The uninstall first: an editable install (make test-dev, venv-test) is replaced too.
+# A virtualenv with the wheel of dist/, the given extras and pip options:
+# $(call with-wheel,VENV,EXTRAS[,PIP_OPTIONS]).  The uninstall first: an editable install (make
+# test-dev, venv-test) is replaced too.  Each rule touches its stamp after its last step, so a
+# step that fails is run again next time.
 define with-wheel
 	$(1)/bin/pip uninstall $(PIP_FLAGS) -y lscore
-	$(1)/bin/pip install $(PIP_FLAGS) -c constraints.txt "$(WHEEL)[$(2)]"
-	touch $(1)/wheel-installed
+	$(1)/bin/pip install $(PIP_FLAGS) -c constraints.txt $(3) "$(WHEEL)$(if $(2),[$(2)])"
 endef
 
 TEST_EXTRAS = test,torch,peers
@@ -68,13 +69,16 @@ DOCS_EXTRAS = docs,torch
 .venv-test/wheel-installed: dist/.built .venv-test/bin/python
 	$(call with-wheel,.venv-test,$(TEST_EXTRAS))
 	bash scripts/install_mpi.sh .venv-test
+	touch $@
 
 .venv-demo/wheel-installed: dist/.built .venv-demo/bin/python
 	$(call with-wheel,.venv-demo,demo)
+	touch $@
 
 # sphinx's autodoc imports the installed package (python -P: never the checkout's lscore/)
 .venv-docs/wheel-installed: dist/.built .venv-docs/bin/python
 	$(call with-wheel,.venv-docs,$(DOCS_EXTRAS))
+	touch $@
 
 # the linted tree is the installed one: mypy runs in .venv-lint/linked, which holds a link to
 # the installed package, laid out as it installs (lscore._ext with the compiled modules' .pyi
@@ -82,8 +86,7 @@ DOCS_EXTRAS = docs,torch
 # neither, and from site-packages itself every other package there would count as ours
 .venv-lint/wheel-installed: dist/.built .venv-lint/bin/python
 	.venv-lint/bin/pip install $(PIP_FLAGS) -c constraints.txt $(LINT_DEPS)
-	.venv-lint/bin/pip uninstall $(PIP_FLAGS) -y lscore
-	.venv-lint/bin/pip install $(PIP_FLAGS) -c constraints.txt --no-deps "$(WHEEL)"
+	$(call with-wheel,.venv-lint,,--no-deps)
 	rm -rf .venv-lint/linked && mkdir .venv-lint/linked
 	ln -s "$$(cd / && $(CURDIR)/.venv-lint/bin/python -c \
 		'import lscore, os; print(os.path.dirname(lscore.__file__))')" .venv-lint/linked/lscore

@@ -8,7 +8,7 @@ They live outside both packages so that ``lscore.cuda`` imports nothing of
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -55,6 +55,19 @@ def row_axis(x: Any, axis: Any) -> bool:
     )
 
 
+def block_axis(x: Any, axis: Any) -> bool:
+    """False for blocks along the last axis (-1 or ndim - 1), True along the first of a 2-D x."""
+    is_int = isinstance(axis, (int, np.integer)) and not isinstance(axis, bool)
+    if is_int and x.ndim >= 1 and axis in (-1, x.ndim - 1):
+        return False
+    if is_int and x.ndim == 2 and axis == 0:
+        return True
+    raise ValueError(
+        "axis must be -1 (blocks along the last axis) or 0 (along the first axis of a 2-D "
+        f"array) for an array of {x.ndim} dimensions, got {axis!r}"
+    )
+
+
 def nan_rule(nan: Any, what: str = "nan") -> bool:
     """True when a NaN input makes the amax NaN ("propagate"), False when skipped ("ignore")."""
     if nan not in _NAN:
@@ -95,3 +108,34 @@ def check_scale(scale: Any, rows: int | None) -> Any:
             f"got {s[bad][0]!r} at row {int(bad.argmax())}"
         )
     return s
+
+
+class Cast(NamedTuple):
+    """A float8 cast's options, checked once: the one home of the quantize signature.
+
+    ``lscore.fp8.quantize``, the torch adapter's ``quantize`` and the device
+    launchers in ``lscore.cuda.fp8`` all take their keywords through
+    ``cast_options``, so each is checked and reads the same wherever given.
+    """
+
+    #: the format's dtype name, "float8_e4m3fn" or "float8_e5m2"
+    name: str
+    #: None per tensor, -1 per row (checked against the input by ``row_axis``)
+    axis: Any
+    saturate: bool
+    nan_sign: bool
+    #: True when a NaN input makes the amax NaN (``amax_nan="propagate"``)
+    propagate: bool
+
+
+def cast_options(
+    fmt: Any = "e4m3fn",
+    axis: Any = None,
+    saturate: bool = True,
+    nan_sign: bool = True,
+    amax_nan: str = "ignore",
+) -> Cast:
+    """``quantize``'s keywords as a checked ``Cast`` (the format and NaN rule named in errors)."""
+    return Cast(
+        format_name(fmt), axis, bool(saturate), bool(nan_sign), nan_rule(amax_nan, "amax_nan")
+    )

@@ -63,7 +63,10 @@ measures the kernels themselves (``lscore bench``).
   axis=-1, out=None)``: NVFP4's blocks of 16 the same way (E4M3 block
   scale codes, packed E2M1 codes), with the per-tensor scale ``pts`` that
   ``nvfp4_tensor_scale(amax)`` gives; a length that is not a multiple of
-  the block is refused (ValueError); ``e8m0_decode(q)``,
+  the block is refused (ValueError); ``mx_block_shapes(shape, block,
+  axis, e2m1)``: the (scales, element codes) shapes those passes write,
+  the one check of a blocked axis (the CUDA kernels take it too);
+  ``e8m0_decode(q)``,
   ``e8m0_encode(x)`` (powers of two), ``e2m1_encode(x)`` and
   ``e2m1_decode(q)`` (one code per byte): the two formats' codes.
 - TransformerEngine v2.18's NVFP4 recipe (lsc_nvfp4.h):
@@ -125,6 +128,7 @@ from lscore._ext._fp8_scale import scaled_max as fp8_scaled_max
 from lscore._ext._grads import GradTable
 from lscore._ext._mx import ELEMS as MX_ELEMS
 from lscore._ext._mx import MODES as MX_MODES
+from lscore._ext._mx import block_shapes as mx_block_shapes
 from lscore._ext._mx import (
     e2m1_decode,
     e2m1_encode,
@@ -260,6 +264,7 @@ __all__ = [
     "isa",
     "isa_levels",
     "launch_params",
+    "mx_block_shapes",
     "mx_quantize",
     "mx_scale",
     "nvfp4_quantize",

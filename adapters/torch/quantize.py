@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lscore.fp8 import BlockScaled, Float8, blocks, casting, checks
+from lscore.fp8 import BlockScaled, Float8, block_dequant, blocks, casting, checks
 
 __all__ = [
     "amax",
@@ -57,7 +57,7 @@ def _torch_hooks(make_launcher: Any) -> dict[str, Any]:
     ``BlockArrays``) to CUDA tensors, bfloat16 included: a launcher per device,
     ``make_launcher(CupyBackend(device))``, launching on torch's current stream."""
     from lscore.cuda.cupy_backend import CupyBackend
-    from lscore.cuda.fp8 import DeviceView
+    from lscore.cuda.views import DeviceView
 
     launchers: dict[int, Any] = {}
 
@@ -161,19 +161,13 @@ def quantize(
     place); `scale` a number or a float32 tensor (0-d, or one per row with
     ``axis=-1``); the amax a float32 tensor.
     """
-    name = checks.format_name(fmt)
+    c = checks.cast_options(fmt, axis, saturate, nan_sign, amax_nan)
+    name = c.name
     if _on_cuda(x):
         if out is not None and not _on_cuda(out):
             raise TypeError(f"out must be on x's device {x.device}, got {out.device}")
         q, a = _cuda().quantize(
-            x.detach(),
-            _scale(scale),
-            name,
-            axis=axis,
-            saturate=saturate,
-            nan_sign=nan_sign,
-            amax_nan=amax_nan,
-            out=None if out is None else out.view(torch.uint8),
+            x.detach(), _scale(scale), c, out=None if out is None else out.view(torch.uint8)
         )
         return (out if out is not None else q.view(_TORCH_FP8[name])), a
     xv = _view(x)
@@ -185,17 +179,7 @@ def quantize(
             raise TypeError(f"out must be uint8 or {_TORCH_FP8[name]}, got {q.dtype}")
         if not q.is_contiguous():
             raise ValueError("out must be a writable C-contiguous array")
-    qv = q.view(torch.uint8).numpy()
-    _, a = casting.quantize(
-        xv,
-        _scale(scale),
-        name,
-        axis=axis,
-        saturate=saturate,
-        nan_sign=nan_sign,
-        amax_nan=amax_nan,
-        out=qv,
-    )
+    _, a = casting.quantize_as(xv, _scale(scale), c, out=q.view(torch.uint8).numpy())
     return (q if out is not None else q.view(_TORCH_FP8[name])), torch.as_tensor(a)
 
 
@@ -357,13 +341,13 @@ def dequantize_blocks(b: BlockScaled, dtype: torch.dtype = torch.float32) -> tor
         raw = dataclasses.replace(
             b, data=b.data.view(torch.uint8), scales=b.scales.view(torch.uint8)
         )
-        return blocks.dequantize_on(_cuda_blocks(), raw, _FLOATS[dtype])
+        return block_dequant.dequantize_on(_cuda_blocks(), raw, _FLOATS[dtype])
     raw = dataclasses.replace(
         b,
         data=_cpu(b.data, "b.data").detach().contiguous().view(torch.uint8).numpy(),
         scales=_cpu(b.scales, "b.scales").detach().contiguous().view(torch.uint8).numpy(),
     )
-    y = blocks.dequantize_blocks(raw, _FLOATS[dtype])
+    y = block_dequant.dequantize_blocks(raw, _FLOATS[dtype])
     if dtype == torch.bfloat16:
         return torch.from_numpy(y.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(y)

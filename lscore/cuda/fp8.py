@@ -16,103 +16,38 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, NamedTuple
+from typing import Any
+
+import numpy as np
 
 from lscore import kernels
-from lscore._fp8_checks import check_scale, format_name, nan_rule, row_axis
+from lscore._fp8_checks import Cast, check_scale, format_name, nan_rule, row_axis
 from lscore.cuda.sources import amax_name, cast_name, dequant_name
+from lscore.cuda.views import (
+    DeviceView,
+    KernelLauncher,
+    Shape,
+    contiguous,
+    cupy_hooks,
+    is_host,
+)
 from lscore.dtypes import BY_NAME
 
-__all__ = [
-    "DeviceView",
-    "Float8Arrays",
-    "Float8Launcher",
-    "contiguous",
-    "cupy_arrays",
-    "cupy_hooks",
-    "is_host",
-    "view2d",
-    "view_args",
-]
+__all__ = ["Float8Arrays", "Float8Launcher", "cupy_arrays"]
 
 
-class DeviceView(NamedTuple):
-    """A device array as the kernels read it: address, shape, byte strides, dtype name."""
-
-    ptr: int
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
-    dtype: str
-    itemsize: int
-
-
-def view2d(v: DeviceView, per_row: bool) -> tuple[int, int, int, int]:
-    """(rows, cols, row stride, col stride), strides in elements, of `v` read along its last
-    axis; per tensor, a C-contiguous array is one row (no division per element).
-    ValueError when the leading axes do not merge into one stride (the kernels read one
-    row stride) or a stride is not whole elements."""
-    if any(s % v.itemsize for s in v.strides):
-        raise ValueError(f"x's strides must be whole elements, got {v.strides}")
-    shape = list(v.shape) or [1]
-    strides = [s // v.itemsize for s in v.strides] or [1]
-    n = math.prod(shape)
-    dims = [(d, s) for d, s in zip(shape, strides, strict=True) if d != 1]
-    contiguous = all(s == math.prod(d for d, _ in dims[k + 1 :]) for k, (_, s) in enumerate(dims))
-    if not per_row and contiguous:
-        return 1, n, n, 1
-    cols, cs = shape[-1], strides[-1]
-    lead = [(d, s) for d, s in zip(shape[:-1], strides[:-1], strict=True) if d != 1]
-    for k in range(len(lead) - 1):
-        if lead[k][1] != lead[k + 1][1] * lead[k + 1][0]:
-            raise ValueError(
-                f"x's leading axes must merge into one stride (shape {v.shape}, "
-                f"strides {v.strides}); pass a copy made contiguous"
-            )
-    rows = math.prod(d for d, _ in lead)
-    return rows, cols, (lead[-1][1] if lead else cols * cs), cs
-
-
-def view_args(v: DeviceView, per_row: bool) -> tuple[int, tuple]:
-    """(element count, the kernel arguments that describe `v`: address, rows, cols, row
-    stride, col stride as uint64 / int64), read as ``view2d`` reads it: the head every
-    quantize kernel of fp8.cu and mx.cu takes."""
-    import numpy as np
-
-    rows, cols, rs, cs = view2d(v, per_row)
-    head = (np.uint64(v.ptr), np.int64(rows), np.int64(cols), np.int64(rs), np.int64(cs))
-    return rows * cols, head
-
-
-class Float8Launcher:
+class Float8Launcher(KernelLauncher):
     """Launches fp8.cu's quantize kernels through `backend` (``launch(name, grid, block, args,
     stream)``), `block` threads a block and at most `max_blocks` blocks (a grid-stride loop
     covers the rest)."""
-
-    def __init__(self, backend: Any, *, block: int = 256, max_blocks: int = 4096) -> None:
-        self.backend = backend
-        self.block = block
-        self.max_blocks = max_blocks
-
-    def _grid(self, n: int, per_thread: int) -> int:
-        return max(1, min(self.max_blocks, -(-n // (self.block * per_thread))))
 
     def amax(
         self, x: DeviceView, amax_ptr: int, *, per_row: bool, propagate: bool, stream: Any = None
     ) -> None:
         """Fold ``max |x|`` (per tensor or per row) into the zeroed uint32 words at amax_ptr."""
-        import numpy as np
-
-        n, head = view_args(x, per_row)
-        if n == 0:
-            return
         flags = kernels.FP8_FLAGS["AMAX_NAN"] if propagate else 0
-        args = (
-            *head,
-            np.int32(flags),
-            np.int32(per_row),
-            np.uint64(amax_ptr),
-        )
-        self.backend.launch(amax_name(BY_NAME[x.dtype]), self._grid(n, 1), self.block, args, stream)
+        tail = (np.int32(flags), np.int32(per_row), np.uint64(amax_ptr))
+        self._launch(amax_name(BY_NAME[x.dtype]), x, per_row, tail, stream)
 
     def cast(
         self,
@@ -133,13 +68,7 @@ class Float8Launcher:
         The scale is `scale`, or when scales_ptr is not 0 the float32 device words there
         (one, or one per row with per_row); `flags` are ``lscore.kernels.FP8_FLAGS``' bits.
         """
-        import numpy as np
-
-        n, head = view_args(x, per_row)
-        if n == 0:
-            return
-        args = (
-            *head,
+        tail = (
             np.float32(scale),
             np.uint64(scales_ptr),
             np.int32(per_row),
@@ -148,7 +77,7 @@ class Float8Launcher:
             np.uint64(amax_ptr),
         )
         name = cast_name(BY_NAME[x.dtype], kernels.FP8_FORMATS[fmt], hw)
-        self.backend.launch(name, self._grid(n, 2), self.block, args, stream)
+        self._launch(name, x, per_row, tail, stream, per_thread=2)
 
     def dequantize(
         self,
@@ -163,20 +92,9 @@ class Float8Launcher:
         stream: Any = None,
     ) -> None:
         """out = float32(q) / scale rounded once to out_dtype (C-contiguous at out_ptr)."""
-        import numpy as np
-
-        n, head = view_args(q, per_row)
-        if n == 0:
-            return
-        args = (
-            *head,
-            np.float32(scale),
-            np.uint64(scales_ptr),
-            np.int32(per_row),
-            np.uint64(out_ptr),
-        )
+        tail = (np.float32(scale), np.uint64(scales_ptr), np.int32(per_row), np.uint64(out_ptr))
         name = dequant_name(BY_NAME[out_dtype], kernels.FP8_FORMATS[fmt])
-        self.backend.launch(name, self._grid(n, 1), self.block, args, stream)
+        self._launch(name, q, per_row, tail, stream)
 
 
 class Float8Arrays:
@@ -229,7 +147,7 @@ class Float8Arrays:
     def amax(self, x: Any, axis: int | None = None, nan: str = "ignore") -> Any:
         v = self.h["view"](x)
         self._check_float(v)
-        per_row, propagate = row_axis(_Shape(v.shape), axis), nan_rule(nan)
+        per_row, propagate = row_axis(Shape(v.shape), axis), nan_rule(nan)
         rows = math.prod(v.shape[:-1]) if per_row else 1
         words = self.h["zeros"](x, rows, "uint32")
         self.h["launcher"](x).amax(
@@ -243,25 +161,16 @@ class Float8Arrays:
         return a.reshape((*v.shape[:-1], 1)) if per_row else a.reshape(())
 
     def quantize(
-        self,
-        x: Any,
-        scale: Any,
-        fmt: str = "e4m3fn",
-        *,
-        axis: int | None = None,
-        saturate: bool = True,
-        nan_sign: bool = True,
-        amax_nan: str = "ignore",
-        out: Any = None,
-        check: bool = True,
+        self, x: Any, scale: Any, c: Cast, *, out: Any = None, check: bool = True
     ) -> tuple[Any, Any]:
-        """(uint8 codes, amax) of x; `out` (a C-contiguous uint8 device array) is written in
-        place when given.  check=False takes a host scale as it is (a recipe's computed
-        scale, which may be 0 or NaN) instead of refusing what is not positive and finite."""
+        """(uint8 codes, amax) of x cast as `c` (``cast_options``); `out` (a C-contiguous
+        uint8 device array) is written in place when given.  check=False takes a host
+        scale as it is (a recipe's computed scale, which may be 0 or NaN) instead of
+        refusing what is not positive and finite."""
         v = self.h["view"](x)
         self._check_float(v)
-        name = format_name(fmt)
-        per_row, propagate = row_axis(_Shape(v.shape), axis), nan_rule(amax_nan, "amax_nan")
+        name = c.name
+        per_row = row_axis(Shape(v.shape), c.axis)
         rows = math.prod(v.shape[:-1]) if per_row else None
         if out is not None:
             o = self.h["view"](out)
@@ -274,8 +183,6 @@ class Float8Arrays:
         if check:
             by_value, words = self._scale(x, scale, rows)
         else:
-            import numpy as np
-
             s = np.asarray(scale, np.float32)
             by_value, words = (
                 (float(s), None)
@@ -292,7 +199,7 @@ class Float8Arrays:
             scale=by_value,
             scales_ptr=self.h["view"](words).ptr if words is not None else 0,
             per_row=per_row,
-            flags=self._flags(saturate, nan_sign, propagate),
+            flags=self._flags(c.saturate, c.nan_sign, c.propagate),
             stream=self.h["stream"](x),
         )
         a = self.h["as_float32"](amaxes)
@@ -322,7 +229,7 @@ class Float8Arrays:
             raise TypeError(f"q must be float8_e4m3fn, float8_e5m2 or uint8, got {v.dtype}")
         if dtype not in ("float32", "float16", "bfloat16"):
             raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
-        per_row = row_axis(_Shape(v.shape), axis)
+        per_row = row_axis(Shape(v.shape), axis)
         by_value, words = self._scale(q, scale, math.prod(v.shape[:-1]) if per_row else None)
         out = self.h["empty"](q, tuple(v.shape), dtype)
         self.h["launcher"](q).dequantize(
@@ -336,69 +243,6 @@ class Float8Arrays:
             stream=self.h["stream"](q),
         )
         return out
-
-
-class _Shape:
-    """What lscore.fp8's axis check reads of an array: ndim."""
-
-    def __init__(self, shape: tuple[int, ...]) -> None:
-        self.ndim = len(shape)
-        self.shape = shape
-
-
-def contiguous(v: DeviceView) -> bool:
-    """Whether `v` is C-contiguous (axes of one element aside)."""
-    want = v.itemsize
-    for d, s in zip(reversed(v.shape), reversed(v.strides), strict=True):
-        if d != 1 and s != want:
-            return False
-        want *= d
-    return True
-
-
-def is_host(a: Any) -> bool:
-    """Whether `a` is host data (a NumPy array, list or tuple), not a device array."""
-    import numpy as np
-
-    return type(a) is np.ndarray or isinstance(a, (list, tuple))
-
-
-def cupy_hooks(make_launcher: Any) -> dict[str, Any]:
-    """The hooks that bind an arrays class of lscore.cuda (``Float8Arrays``,
-    ``lscore.cuda.mx.BlockArrays``) to CuPy arrays: a launcher per device,
-    ``make_launcher(CupyBackend(device))``, launching on CuPy's current stream."""
-    import cupy
-
-    from lscore.cuda.cupy_backend import CupyBackend
-
-    launchers: dict[int, Any] = {}
-
-    def launcher(a: Any) -> Any:
-        dev = a.device.id
-        if dev not in launchers:
-            launchers[dev] = make_launcher(CupyBackend(dev))
-        return launchers[dev]
-
-    def on(like: Any, make: Any) -> Any:
-        with cupy.cuda.Device(like.device.id):
-            return make()
-
-    def empty(like: Any, shape: tuple[int, ...], dtype: str) -> Any:
-        if dtype == "bfloat16":
-            raise TypeError("dtype must be float32 or float16 for CuPy arrays, got 'bfloat16'")
-        return on(like, lambda: cupy.empty(shape, dtype))
-
-    return dict(
-        view=lambda a: DeviceView(a.data.ptr, a.shape, a.strides, a.dtype.name, a.itemsize),
-        empty=empty,
-        zeros=lambda like, n, dtype: on(like, lambda: cupy.zeros(n, dtype)),
-        upload=lambda like, host: on(like, lambda: cupy.asarray(host)),
-        as_float32=lambda w: w.view(cupy.float32),
-        to_host=lambda a: a.get(),
-        all_positive_finite=lambda a: bool(((a > 0) & cupy.isfinite(a)).all()),
-        launcher=launcher,
-        stream=lambda a: None,
-    )
 
 
 @functools.cache

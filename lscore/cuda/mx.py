@@ -19,9 +19,12 @@ import functools
 import math
 from typing import Any
 
+import numpy as np
+
 from lscore import kernels
-from lscore.cuda.fp8 import DeviceView, contiguous, cupy_hooks, is_host, view_args
+from lscore._fp8_checks import block_axis
 from lscore.cuda.sources import mx_dequant_name, mx_name
+from lscore.cuda.views import DeviceView, KernelLauncher, Shape, contiguous, cupy_hooks, is_host
 from lscore.dtypes import BY_NAME
 
 __all__ = ["BlockArrays", "MxLauncher", "block_shapes", "cupy_blocks"]
@@ -76,35 +79,15 @@ def _check_block(block: Any, mode: str) -> int:
     return int(block)
 
 
-def _cols(shape: tuple[int, ...], axis: Any) -> bool:
-    """True for blocks along the first axis of a 2-D array (axis 0), False along the last."""
-    if isinstance(axis, bool) or not isinstance(axis, int):
-        raise ValueError(f"axis must be -1 or 0, got {axis!r}")
-    if axis == 0 and len(shape) == 2:
-        return True
-    if len(shape) >= 1 and axis in (-1, len(shape) - 1):
-        return False
-    raise ValueError(
-        "axis must be -1 (blocks along the last axis) or 0 (along the first axis of a 2-D "
-        f"array) for an array of {len(shape)} dimensions, got {axis!r}"
-    )
-
-
 def block_shapes(
     shape: tuple[int, ...], block: int, cols: bool, e2m1: bool
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(scales' shape, element codes' shape) of an input of `shape` blocked along its last
-    axis or (cols) its first; ValueError when that axis is not a whole number of blocks."""
-    ax = 0 if cols else len(shape) - 1
-    if shape[ax] % block:
-        which = "first" if cols else "last"
-        raise ValueError(f"the {which} axis must be a multiple of {block}, got shape {shape}")
-    scales = (*shape[:ax], shape[ax] // block, *shape[ax + 1 :])
-    data = (*shape[:ax], shape[ax] // 2, *shape[ax + 1 :]) if e2m1 else tuple(shape)
-    return scales, data
+    axis or (cols) its first: ``lscore.kernels.mx_block_shapes``, the CPU kernels' check."""
+    return kernels.mx_block_shapes(tuple(shape), block, 0 if cols else -1, e2m1)
 
 
-class MxLauncher:
+class MxLauncher(KernelLauncher):
     """Launches mx.cu's kernels through `backend` (``launch(name, grid, block, args,
     stream)``), `block` threads a block (a multiple of 32: the rows kernel folds a block's
     amax across lanes of one warp) and at most `max_blocks` blocks (a grid-stride loop
@@ -113,12 +96,7 @@ class MxLauncher:
     def __init__(self, backend: Any, *, block: int = 256, max_blocks: int = 4096) -> None:
         if block % 32:
             raise ValueError(f"block must be a multiple of 32, got {block}")
-        self.backend = backend
-        self.block = block
-        self.max_blocks = max_blocks
-
-    def _grid(self, n: int) -> int:
-        return max(1, min(self.max_blocks, -(-n // self.block)))
+        super().__init__(backend, block=block, max_blocks=max_blocks)
 
     def quantize(
         self,
@@ -138,13 +116,7 @@ class MxLauncher:
         as ``block_shapes`` says); elem and mode are codes (mode -1: NVFP4, whose
         per-tensor scale is the float32 at pts_ptr when that is not 0).  The caller has
         checked every argument."""
-        import numpy as np
-
-        n, head = view_args(x, True)
-        if n == 0:
-            return
-        args = (
-            *head,
+        tail = (
             np.int32(block),
             np.int32(elem),
             np.int32(mode),
@@ -153,9 +125,8 @@ class MxLauncher:
             np.uint64(data_ptr),
         )
         # a thread per pair of elements (rows) or per block of a column (cols)
-        threads = n // block if cols else n // 2
         name = mx_name(BY_NAME[x.dtype], cols, hw)
-        self.backend.launch(name, self._grid(threads), self.block, args, stream)
+        self._launch(name, x, True, tail, stream, per_thread=block if cols else 2)
 
     def dequantize(
         self,
@@ -175,8 +146,6 @@ class MxLauncher:
     ) -> None:
         """out (rows x cols, C-contiguous, out_dtype) = element * scale [* per-tensor scale]
         in float32, rounded once, from the codes ``quantize`` writes."""
-        import numpy as np
-
         if rows * cols == 0:
             return
         args = (
@@ -211,8 +180,6 @@ class BlockArrays:
 
     def _pts(self, like: Any, pts: Any) -> tuple[int, Any]:
         """(address of the per-tensor scale's float32 on the device or 0, what keeps it)."""
-        import numpy as np
-
         if pts is None:
             return 0, None
         host = is_host(pts) or isinstance(pts, (int, float, np.generic))
@@ -249,7 +216,7 @@ class BlockArrays:
         if pts is not None and m != _NVFP4_CODE:
             raise ValueError(f"pts is NVFP4's per-tensor scale, not one of mode {mode!r}")
         shape = tuple(v.shape)
-        cols = _cols(shape, axis)
+        cols = block_axis(Shape(shape), axis)
         s_shape, d_shape = block_shapes(shape, b, cols, e == _E2M1)
         pts_ptr, _alive = self._pts(x, pts)  # the upload, held until the launch
         scales = self.h["empty"](x, s_shape, "uint8")
@@ -298,7 +265,7 @@ class BlockArrays:
                 raise ValueError(f"{what} must be a C-contiguous uint8 array, got {w.dtype}")
         e2m1 = e == _E2M1 or m == _NVFP4_CODE
         d_shape = tuple(dv.shape)
-        cols = _cols(d_shape, axis)
+        cols = block_axis(Shape(d_shape), axis)
         ax = 0 if cols else len(d_shape) - 1
         shape = (*d_shape[:ax], d_shape[ax] * 2, *d_shape[ax + 1 :]) if e2m1 else d_shape
         want, _ = block_shapes(shape, b, cols, e2m1)

@@ -8,7 +8,7 @@ cast with a given scale and the input's amax), ``quantize_current`` (amax,
 the recipe's scale, the cast; a ``Float8``) and ``dequantize``, per tensor or
 per row, for NumPy and CuPy arrays.  ``tensor_stats`` and ``Float8Monitor``
 report what a scaled float8 cast does to each tensor (amax, scale, saturated
-and flushed elements).  Block-scaled formats (MXFP8, MXFP4, NVFP4): a
+and flushed elements).  Block-scaled formats (MXFP8, MXFP4, NVFP4, blockwise FP8): a
 ``BlockRecipe`` (one of ``BLOCK_RECIPES``, also from ``recipe``),
 ``quantize_blocks`` (a ``BlockScaled``) and ``dequantize_blocks``;
 ``block_stats`` reports what a block-scaled quantize does to a tensor (the
@@ -16,13 +16,8 @@ scale exponents' histogram, saturated and flushed elements, NaN scales).
 Only NumPy is imported.
 """
 
-from lscore.fp8.blocks import (
-    BLOCK_RECIPES,
-    BlockRecipe,
-    BlockScaled,
-    dequantize_blocks,
-    quantize_blocks,
-)
+from lscore.fp8.block_dequant import dequantize_blocks
+from lscore.fp8.blocks import BLOCK_RECIPES, BlockRecipe, BlockScaled, quantize_blocks
 from lscore.fp8.casting import Float8, amax, dequantize, quantize, quantize_current
 from lscore.fp8.delayed import DelayedScaling
 from lscore.fp8.diagnostics import BlockStats, Float8Monitor, Float8Stats, block_stats, tensor_stats

@@ -1,28 +1,36 @@
-"""Block-scaled recipes (MXFP8, MXFP4, NVFP4) as exact presets: ``block_recipe(name)``.
+"""Block-scaled recipes (MXFP8, MXFP4, NVFP4, blockwise FP8) as exact presets.
 
 A ``BlockRecipe`` names every choice a block-scaled quantization makes
 (element format, block size, scale format, the rule that picks a block's
 scale, whose behaviour it reproduces, what happens to a last partial
-block); the presets are rows of ``BLOCK_TABLE``, each citing the public
-source it follows.  ``lscore.fp8.blocks`` quantizes and dequantizes by them.
+block, the square tiles of a weight, the library version it reproduces);
+the presets are rows of ``BLOCK_TABLE``, each citing the public source it
+follows, and ``block_recipe(name)`` gives them.  ``lscore.fp8.blocks``
+quantizes and dequantizes by them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from lscore.fp8.checks import exact_fields, preset_fields
-from lscore.policy import boolean, choice, integer
+from lscore.policy import boolean, choice, integer, real
 
 __all__ = [
     "BLOCK_RECIPES",
     "BLOCK_TABLE",
+    "ROLES",
     "BlockRecipe",
     "as_block_recipe",
     "block_recipe",
     "element_dtype",
 ]
+
+#: the roles of a tensor in a training step (``quantize_blocks(..., role=)``)
+ROLES = ("input", "weight", "grad")
+_F32_MAX = 3.4028234663852886e38
 
 #: element format name -> the kernels' name of it
 _KERNEL_ELEMS = {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2", "e2m1": "float4_e2m1"}
@@ -44,6 +52,13 @@ _MX = ("e4m3fn", "e5m2", "e2m1")
 #          ScaleCalculationMode of config.py: float8 and fp4 elements
 #   nvfp4  pytorch/ao v0.18.0 mx_formats/nvfp4_tensor.py nvfp4_quantize: E2M1 elements,
 #          E4M3 scales, "NVFP4 requires block_size=16"
+#   te-fp32       NVIDIA/TransformerEngine v2.18 Float8BlockScaling: float32 scales
+#          fp8_max / amax of compute_scale_from_amax (common/recipe/recipe_common.cuh:14-69),
+#          blocks of 128 (pytorch/tensor/float8_blockwise_tensor.py:43-58), E4M3 or E5M2
+#   torchao-fp32  pytorch/ao v0.18.0 prototype/blockwise_fp8_training: float32 scales
+#          448 / max(amax, eps) (kernels.py:1031-1156, the torch reference functions of its
+#          Triton kernels), blocks of 128, E4M3 only (kernels.py:1071)
+# A float32 scale rule also takes power_2_scales (TE's only) and amax_epsilon.
 _MODES: dict[str, dict[str, Any]] = {
     "ocp": dict(behaviour="rule", scale_format="e8m0", block=32, elements=_MX),
     "te": dict(behaviour="te", scale_format="e8m0", block=32, elements=("e4m3fn", "e5m2")),
@@ -52,13 +67,27 @@ _MODES: dict[str, dict[str, Any]] = {
         for m in ("floor", "ceil", "even", "rceil")
     },
     "nvfp4": dict(behaviour="torchao", scale_format="e4m3fn", block=16, elements=("e2m1",)),
+    "te-fp32": dict(behaviour="te", scale_format="float32", block=128, elements=("e4m3fn", "e5m2")),
+    "torchao-fp32": dict(
+        behaviour="torchao", scale_format="float32", block=128, elements=("e4m3fn",)
+    ),
 }
+
+# the libraries and versions the presets reproduce
+_TE = "NVIDIA/TransformerEngine v2.18"
+_AO = "pytorch/ao v0.18.0"
+# te-mxfp8 with weight_block=32: TE's 2-D MXFP8 weights are in no release that the other
+# rules are pinned to (NVIDIA/TransformerEngine#2634, after v2.18)
+_TE_MXFP8_2D = (
+    "NVIDIA/TransformerEngine v2.18, 32x32 weights as commit d8815c4c30b5 (#2634, after "
+    "v2.18: MXFP8BlockScaling(enable_2d_quantization=True))"
+)
 
 # an MXFP8 recipe: e4m3fn in both directions, E8M0 scales of 32 elements
 _MXFP8 = dict(
     element="e4m3fn", grad_element="e4m3fn", block=32, scale_format="e8m0", tensor_scale=False
 )
-_TORCHAO_MX = dict(_MXFP8, behaviour="torchao", tail="refuse")
+_TORCHAO_MX = dict(_MXFP8, behaviour="torchao", tail="refuse", source=_AO)
 
 #: every preset: name -> the BlockRecipe fields it fixes (the comment above each cites its source)
 BLOCK_TABLE: dict[str, dict[str, Any]] = {
@@ -69,7 +98,13 @@ BLOCK_TABLE: dict[str, dict[str, Any]] = {
     # A last partial block is scaled from its own elements: microxcaling pads the axis
     # with zeros to a multiple of the block (mx/mx_ops.py _reshape_to_blocks).  OCP has no
     # training recipe: e4m3fn for both directions, as TransformerEngine's default.
-    "ocp-mx": dict(_MXFP8, mode="ocp", behaviour="rule", tail="pad"),
+    "ocp-mx": dict(
+        _MXFP8,
+        mode="ocp",
+        behaviour="rule",
+        tail="pad",
+        source="OCP Microscaling Formats v1.0 (microsoft/microxcaling 7bc41952)",
+    ),
     # TransformerEngine v2.18 MXFP8BlockScaling: fp8_format E4M3 by default (HYBRID: e5m2
     # gradients) (common/recipe/__init__.py:337-384); the scale is float_to_e8m0 of amax *
     # (1 / fp8_max), rounded up (common/util/ptx.cuh:386-418), the elements multiplied by
@@ -77,12 +112,21 @@ BLOCK_TABLE: dict[str, dict[str, Any]] = {
     # scaled from its own elements: the cast kernel sizes its scales DIVUP(cols, 32) and its
     # tile loads fill past the edge with zeros (quantize_mxfp8.cuh:255-262, 608-609), though
     # TE's modules only quantize multiples of 32 (pytorch/tensor/mxfp8_tensor.py:89-97).
-    "te-mxfp8": dict(_MXFP8, mode="te", behaviour="te", tail="pad"),
+    # weight_block=32 (32x32 weight tiles) is TE after v2.18, commit d8815c4c30b5 (#2634):
+    # the tile's amax (fmaxf, or __hmax of 16-bit inputs), the same float_to_e8m0, the
+    # scale written replicated into the 1x32 rowwise and columnwise layouts
+    # (common/cast/mxfp8/quantize_mxfp8.cuh:421-446 at that commit); `source` says so.
+    "te-mxfp8": dict(_MXFP8, mode="te", behaviour="te", tail="pad", source=_TE),
     # torchao 0.18 MXTensor.to_mx (mx_formats/mx_tensor.py:214-411, QuantizeTensorToMXKwargs
     # elem_dtype float8_e4m3fn, block_size 32: mx_tensor.py:99-106) in each
     # ScaleCalculationMode (mx_formats/config.py:41-66), read back by to_dtype
     # (mx_tensor.py:414-479); it asserts that the last dimension is a multiple of the block
-    # (mx_tensor.py:230-232), so a partial block is refused.
+    # (mx_tensor.py:230-232), so a partial block is refused.  weight_block=32: torchao
+    # 0.18's 32x32 scales of 3-D MoE weights (mxfp8_quantize_cuda_3d(scale_block_dim2=32),
+    # prototype/moe_training/kernels/mxfp8/quant.py:1413-1486, #4254), whose reference
+    # (quant.py:64-133) runs to_mx on each tile's 1024 values; the blocked layout repeats
+    # each scale 32 times along K (quant.py:53-61).  Opt-in there: training calls
+    # scale_block_dim2=1 (moe_training/mxfp8_grouped_mm.py:637-643).
     "torchao-mx-floor": dict(_TORCHAO_MX, mode="floor"),
     "torchao-mx-ceil": dict(_TORCHAO_MX, mode="ceil"),
     "torchao-mx-even": dict(_TORCHAO_MX, mode="even"),
@@ -101,6 +145,7 @@ BLOCK_TABLE: dict[str, dict[str, Any]] = {
         behaviour="torchao",
         tensor_scale=True,
         tail="refuse",
+        source=_AO,
     ),
 }
 
@@ -120,13 +165,16 @@ class BlockRecipe:
         Element format of the forward tensors (inputs, weights) and of the
         output gradients.
     block : int
-        Elements per scale: 32 for the MX formats, 16 for NVFP4.
-    scale_format : "e8m0" | "e4m3fn"
-        The block scale's format: a power of two (MX) or E4M3 (NVFP4).
+        Elements per scale: 32 for the MX formats, 16 for NVFP4, 128 for
+        blockwise FP8.
+    scale_format : "e8m0" | "e4m3fn" | "float32"
+        The block scale's format: a power of two (MX), E4M3 (NVFP4) or the
+        float32 inverse scale of blockwise FP8.
     mode : str
         The rule that picks a block's scale: "ocp" (the OCP rule), "te"
         (TransformerEngine's RCEIL), torchao's "floor", "ceil", "even" and
-        "rceil", or "nvfp4".
+        "rceil", "nvfp4", or the float32 rules "te-fp32" (TE's
+        Float8BlockScaling) and "torchao-fp32" (torchao's blockwise FP8).
     behaviour : "rule" | "te" | "torchao"
         Whose results it reproduces, bit for bit: the OCP rule's, or the
         implementation's, departures from the rule included.
@@ -137,9 +185,24 @@ class BlockRecipe:
         A length along the blocked axis that is not a multiple of `block`:
         a ValueError, or a last partial block scaled from its own elements
         (as if padded with zeros).
+    weight_block : int | None
+        A weight (``role="weight"``) is quantized in square tiles of this
+        side, one scale per tile (128 for blockwise FP8, 32 for 2-D MXFP8),
+        or None: blocked as the other tensors.  None or `block`.
+    power_2_scales : bool
+        A float32 scale rounded down to a power of two (TE's mantissa mask);
+        only under mode "te-fp32".
+    amax_epsilon : float
+        The amax floor of a float32 scale rule (TE's epsilon, taken as
+        float32; torchao's EPS, float64); 0 under the other modes.
+    source : str
+        The library and version whose behaviour the recipe reproduces, e.g.
+        "NVIDIA/TransformerEngine v2.18" ("" for a custom recipe).
 
     The mode fixes the behaviour, scale format, block and the element
     formats allowed; anything else is a ValueError listing what is allowed.
+    Fields after `tail` have defaults, so a dict written before they existed
+    still loads (``from_dict``).
     """
 
     name: str
@@ -151,6 +214,10 @@ class BlockRecipe:
     behaviour: str
     tensor_scale: bool
     tail: str
+    weight_block: int | None = None
+    power_2_scales: bool = False
+    amax_epsilon: float = 0.0
+    source: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -158,7 +225,10 @@ class BlockRecipe:
         rule = _MODES[choice("mode", self.mode, tuple(_MODES))]
         object.__setattr__(self, "block", integer("block", self.block, minimum=1))
         object.__setattr__(self, "tensor_scale", boolean("tensor_scale", self.tensor_scale))
+        object.__setattr__(self, "power_2_scales", boolean("power_2_scales", self.power_2_scales))
         choice("tail", self.tail, ("refuse", "pad"))
+        if not isinstance(self.source, str):
+            raise TypeError(f"source must be a string, got {self.source!r}")
         for field in ("behaviour", "scale_format", "block"):
             if getattr(self, field) != rule[field]:
                 raise ValueError(
@@ -167,6 +237,15 @@ class BlockRecipe:
                 )
         for field in ("element", "grad_element"):
             self.allows(getattr(self, field), field)
+        if self.weight_block is not None:
+            wb = integer("weight_block", self.weight_block, minimum=1)
+            if wb != self.block:
+                raise ValueError(
+                    f"weight_block must be None or the block {self.block} (square tiles of "
+                    f"the block's side) under mode {self.mode!r}, got {self.weight_block!r}"
+                )
+            object.__setattr__(self, "weight_block", wb)
+        self._check_float32_fields()
         if self.tensor_scale and self.mode != "nvfp4":
             raise ValueError(
                 f"tensor_scale must be False under mode {self.mode!r} (a per-tensor scale is "
@@ -174,8 +253,25 @@ class BlockRecipe:
             )
         if self.behaviour == "te" and self.element != "e4m3fn":
             raise ValueError(
-                "element must be 'e4m3fn' under mode 'te' (TE's fp8_format E4M3 or HYBRID; "
-                f"pure E5M2 training is not supported), got {self.element!r}"
+                f"element must be 'e4m3fn' under mode {self.mode!r} (TE's fp8_format E4M3 or "
+                f"HYBRID; pure E5M2 training is not supported), got {self.element!r}"
+            )
+
+    def _check_float32_fields(self) -> None:
+        """power_2_scales and amax_epsilon: the float32 scale rules' fields."""
+        eps = real("amax_epsilon", self.amax_epsilon)
+        if not math.isfinite(eps) or eps < 0 or eps > _F32_MAX:
+            raise ValueError(f"amax_epsilon must be finite and >= 0, got {self.amax_epsilon!r}")
+        object.__setattr__(self, "amax_epsilon", eps)
+        if self.scale_format != "float32" and eps != 0:
+            raise ValueError(
+                f"amax_epsilon must be 0 under mode {self.mode!r} (it is a float32 scale "
+                f"rule's field), got {self.amax_epsilon!r}"
+            )
+        if self.power_2_scales and self.mode != "te-fp32":
+            raise ValueError(
+                f"power_2_scales must be False under mode {self.mode!r} (power-of-two "
+                "float32 scales are TE's, mode 'te-fp32'), got True"
             )
 
     def allows(self, element: Any, what: str = "element") -> str:
@@ -188,21 +284,31 @@ class BlockRecipe:
             )
         return str(element)
 
+    def role_element(self, role: str | None) -> str:
+        """The element format of a tensor of `role` ("input", "weight", "grad" or None)."""
+        if role is not None and role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; expected one of: None, {', '.join(ROLES)}")
+        return self.grad_element if role == "grad" else self.element
+
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-safe."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BlockRecipe:
-        """The recipe `to_dict` wrote; a missing or unknown field is a ValueError."""
-        return cls(**exact_fields(cls, d))
+        """The recipe `to_dict` wrote; an unknown field, or a missing one that has no
+        default, is a ValueError."""
+        return cls(**exact_fields(cls, d, defaults=True))
 
 
 def block_recipe(name: str, /, **overrides: Any) -> BlockRecipe:
     """The block preset `name` (one of ``BLOCK_RECIPES``), with fields replaced by `overrides`.
 
-    ``te-mxfp8`` also takes TransformerEngine's ``fp8_format="E4M3" |
-    "HYBRID"`` (e5m2 gradients); ``"E5M2"`` is refused as TE refuses it.
+    The TE presets (``te-mxfp8``, ``te-blockwise``) also take
+    TransformerEngine's ``fp8_format="E4M3" | "HYBRID"`` (e5m2 gradients);
+    ``"E5M2"`` is refused as TE refuses it.  ``te-mxfp8`` with
+    ``weight_block=32`` names in its ``source`` the TE commit after v2.18
+    that added 32x32 weights.
     ``lscore.fp8.recipe`` gives the same for these names.
     """
     if name not in BLOCK_TABLE:
@@ -210,7 +316,15 @@ def block_recipe(name: str, /, **overrides: Any) -> BlockRecipe:
             f"unknown block recipe {name!r}; expected one of: {', '.join(BLOCK_RECIPES)}"
         )
     te = BLOCK_TABLE[name]["behaviour"] == "te"
-    fields = preset_fields(name, BLOCK_TABLE, overrides, te, ("element", "grad_element"))
+    defaults = {
+        f.name: f.default
+        for f in dataclasses.fields(BlockRecipe)
+        if f.default is not dataclasses.MISSING
+    }
+    row = {name: {**BLOCK_TABLE[name], **defaults, **BLOCK_TABLE[name]}}  # all overridable
+    fields = preset_fields(name, row, overrides, te, ("element", "grad_element"))
+    if name == "te-mxfp8" and fields.get("weight_block") and "source" not in overrides:
+        fields["source"] = _TE_MXFP8_2D
     return BlockRecipe(**fields)
 
 

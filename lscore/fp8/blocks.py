@@ -1,13 +1,15 @@
-"""Block-scaled formats (MXFP8, MXFP4, NVFP4): quantize and dequantize by a ``BlockRecipe``.
+"""Block-scaled formats (MXFP8, MXFP4, NVFP4, blockwise FP8): quantize and dequantize by a
+``BlockRecipe``.
 
 The recipes are ``lscore.fp8.block_recipes``' (re-exported here).
 ``quantize_blocks`` checks everything, then runs the compiled block passes
 (``lscore.kernels.mx_quantize`` / ``nvfp4_quantize``) over the input where
 it lies, one pass per orientation: blocks along the last axis, or
 (``axis=0``, a 2-D input) along the first, TransformerEngine's columnwise
-copy, each orientation quantized from the high-precision input.
-``dequantize_blocks`` reads the codes back by the rule of the
-implementation the recipe reproduces.  CuPy arrays go to
+copy, each orientation quantized from the high-precision input; a weight
+(``role="weight"``) of a recipe with ``weight_block`` in square tiles of
+its last two axes.
+``lscore.fp8.block_dequant.dequantize_blocks`` reads the codes back.  CuPy arrays go to
 ``lscore.cuda.mx``'s kernels, as ``lscore.fp8.quantize`` sends float8 casts
 to ``lscore.cuda.fp8``.  Only NumPy is imported.
 """
@@ -29,7 +31,7 @@ from lscore.fp8.block_recipes import (
     block_recipe,
     element_dtype,
 )
-from lscore.fp8.checks import block_axis, dtype_name, float_input, fp8_dtype, out_dtype
+from lscore.fp8.checks import block_axis, float_input, fp8_dtype
 
 __all__ = [
     "BLOCK_RECIPES",
@@ -38,7 +40,6 @@ __all__ = [
     "BlockScaled",
     "as_block_recipe",
     "block_recipe",
-    "dequantize_blocks",
     "element_dtype",
     "quantize_blocks",
 ]
@@ -48,14 +49,18 @@ __all__ = [
 class BlockScaled:
     """A block-scaled tensor: `data` (element codes), `scales` (one per block), `tensor_scale`
     (NVFP4's float32 per-tensor scale, or None), the `recipe`, the `element` format, the
-    blocked `axis` (-1: along the last axis; 0: along the first of a 2-D input) and the
-    input's `shape`.
+    blocked `axis` (-1: along the last axis; 0: along the first of a 2-D input), the
+    input's `shape` and its `role` ("input", "weight", "grad" or None).
 
     NumPy: `data` is an ml_dtypes float8 array of the input's shape, or for
     E2M1 uint8 holding two codes a byte (the first in the low nibble), paired
-    along the blocked axis; `scales` is ml_dtypes float8_e8m0fnu (E8M0) or
-    float8_e4m3fn (NVFP4), one per block: the input's shape with the blocked
-    axis divided by the block (rounded up with a padded partial block).
+    along the blocked axis (tiles: the last axis); `scales` is ml_dtypes
+    float8_e8m0fnu (E8M0), float8_e4m3fn (NVFP4) or float32 (blockwise FP8:
+    the inverse scale a code is multiplied by), one per block: the input's
+    shape with the blocked axis divided by the block, or for tiles (``tiles``
+    is True: a weight of a recipe with ``weight_block``) each of the last two
+    axes divided by the tile's side (rounded up where a partial block is
+    padded).
     """
 
     data: Any
@@ -65,9 +70,15 @@ class BlockScaled:
     element: str
     axis: int
     shape: tuple[int, ...]
+    role: str | None = None
+
+    @property
+    def tiles(self) -> bool:
+        """Whether the blocks are square tiles of the last two axes (a recipe's weight_block)."""
+        return self.role == "weight" and self.recipe.weight_block is not None
 
 
-def _device(x: Any) -> Any:
+def device_blocks(x: Any) -> Any:
     """lscore.cuda's block kernels over CuPy arrays when x is a device array, else None."""
     if isinstance(x, np.ndarray) or not hasattr(x, "__cuda_array_interface__"):
         return None
@@ -81,7 +92,7 @@ def _device(x: Any) -> Any:
     return mx.cupy_blocks()
 
 
-def _width(n: int, element: str) -> int:
+def code_width(n: int, element: str) -> int:
     """Bytes of element codes for n elements: two E2M1 codes a byte."""
     return (n + 1) // 2 if element == "e2m1" else n
 
@@ -116,6 +127,7 @@ def quantize_blocks(
     recipe: Any,
     *,
     axis: int = -1,
+    role: str | None = None,
     element: str | None = None,
     out: BlockScaled | None = None,
 ) -> BlockScaled:
@@ -123,14 +135,19 @@ def quantize_blocks(
 
     `x` is float32, float16 or bfloat16 (read where it lies); `axis` -1
     blocks along the last axis, 0 along the first axis of a 2-D input (the
-    columnwise copy TransformerEngine makes from the same input); `element`
-    (default the recipe's ``element``, e.g. its ``grad_element`` for a
-    gradient) must be one the recipe allows.  A length along that axis that
-    is not a multiple of the block is refused or padded, as the recipe's
+    columnwise copy TransformerEngine makes from the same input).  `role`
+    ("input", "weight", "grad"; None as "input") picks the element format
+    (the recipe's ``grad_element`` for "grad", else its ``element``) and,
+    for "weight" under a recipe with ``weight_block``, square tiles of that
+    side over the last two axes of x (at least 2-D), one scale per tile,
+    the same tiles for either axis (TE's columnwise weight is the transpose
+    of its rowwise one).  `element`, when given, overrides the role's; it
+    must be one the recipe allows.  A length along a blocked axis that is
+    not a multiple of the block is refused or padded, as the recipe's
     ``tail`` says.  With ``tensor_scale`` the per-tensor scale comes from
     the amax of all of x (NaN if one is NaN).  `out`, the result of an
-    earlier call with the same recipe, element, axis and input shape, has
-    its scales and data written in place (so that a step allocates
+    earlier call with the same recipe, element, axis, role and input shape,
+    has its scales and data written in place (so that a step allocates
     nothing) and is returned with this call's tensor scale; it needs whole
     blocks and NumPy arrays.  Every check is made before anything is
     computed.  A CuPy array gives CuPy uint8 codes.
@@ -144,65 +161,148 @@ def quantize_blocks(
     array([-3.  , -2.75, -2.5 , -2.5 ], dtype=float32)
     """
     r = as_block_recipe(recipe)
-    elem = r.element if element is None else r.allows(element)
-    dev = _device(x)
+    elem = r.role_element(role)
+    if element is not None:
+        elem = r.allows(element)
+    dev = device_blocks(x)
     if dev is not None:
         if out is not None:
             raise TypeError("out= takes NumPy arrays; a CuPy input gets new device arrays")
         from lscore.cuda.fp8 import cupy_arrays
 
-        return quantize_on(dev, cupy_arrays(), x, r, elem, axis)
+        return quantize_on(dev, cupy_arrays(), x, r, elem, axis, role)
     x = float_input(x)
     cols = block_axis(x, axis)
-    n = x.shape[0] if cols else x.shape[-1]
-    _check_tail(r, n, axis)
+    tiles = role == "weight" and r.weight_block is not None
+    if tiles or r.scale_format == "float32":  # TEMPORARY: until the kernels are in
+        raise NotImplementedError(
+            f"recipe {r.name!r}: float32 scales and weight tiles have no kernels yet"
+        )
+    if tiles:
+        _check_tiles(r, x.shape)
+        ax = -1
+    else:
+        n = x.shape[0] if cols else x.shape[-1]
+        _check_tail(r, n, axis)
+        ax = 0 if cols else -1
     if out is not None:
-        _check_out(out, x, r, elem, 0 if cols else -1)
+        _check_out(out, x, r, elem, ax, role)
     pts = _tensor_scale(x) if r.tensor_scale else None
-    ax = 0 if cols else -1
+    codes = None if out is None else (_raw(out.scales), out.data.view(np.uint8))
+    if tiles:
+        scales, data = _quantize_tiles(x, r, elem, codes)
+    else:
+        scales, data = _quantize_lines(x, r, elem, ax, pts, codes)
+    if out is not None:
+        return dataclasses.replace(out, tensor_scale=pts)
+    return BlockScaled(
+        data if elem == "e2m1" else data.view(fp8_dtype(element_dtype(elem))),
+        _scale_view(scales, r),
+        pts,
+        r,
+        elem,
+        ax,
+        tuple(x.shape),
+        role,
+    )
+
+
+def _raw(scales: np.ndarray) -> np.ndarray:
+    """Scale codes as the kernels write them: uint8, or float32 for float32 scales."""
+    return scales if scales.dtype == np.float32 else scales.view(np.uint8)
+
+
+def _scale_view(scales: np.ndarray, r: BlockRecipe) -> np.ndarray:
+    """The kernels' scale codes as the recipe's scale dtype (float32 stays float32)."""
+    if r.scale_format == "float32":
+        return scales
+    return scales.view(fp8_dtype("float8_e8m0fnu" if r.scale_format == "e8m0" else "float8_e4m3fn"))
+
+
+def _kernel_args(r: BlockRecipe) -> dict[str, Any]:
+    """The float32 scale rules' arguments of the block kernels."""
+    if r.scale_format != "float32":
+        return {}
+    return {"pow2": r.power_2_scales, "eps": r.amax_epsilon}
+
+
+def _quantize_lines(
+    x: np.ndarray, r: BlockRecipe, elem: str, ax: int, pts: Any, codes: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """(scales, codes) of blocks along axis `ax` (-1 or 0), a partial block zero-padded."""
+    n = x.shape[ax]
     v = x
     tail = -n % r.block
     if tail:  # zero-padded to whole blocks: only the partial block's zeros are added
         pad = list(x.shape)
         pad[ax] = tail
         v = np.concatenate([x, np.zeros(pad, x.dtype)], axis=ax)
-    codes = None if out is None else (out.scales.view(np.uint8), out.data.view(np.uint8))
     if r.mode == "nvfp4":
         pf = None if pts is None else float(pts)
         scales, data = kernels.nvfp4_quantize(v, pf, axis=ax, out=codes)
     else:
         scales, data = kernels.mx_quantize(
-            v, element_dtype(elem), r.mode, r.block, axis=ax, out=codes
+            v, element_dtype(elem), r.mode, r.block, axis=ax, out=codes, **_kernel_args(r)
         )
-    if out is not None:
-        return dataclasses.replace(out, tensor_scale=pts)
-    if tail:
-        data = data[: _width(n, elem)] if cols else data[..., : _width(n, elem)]
-    return BlockScaled(
-        data if elem == "e2m1" else data.view(fp8_dtype(element_dtype(elem))),
-        scales.view(fp8_dtype("float8_e8m0fnu" if r.scale_format == "e8m0" else "float8_e4m3fn")),
-        pts,
-        r,
-        elem,
-        0 if cols else -1,
-        tuple(x.shape),
-    )
+    if tail and codes is None:
+        data = data[: code_width(n, elem)] if ax == 0 else data[..., : code_width(n, elem)]
+    return scales, data
 
 
-def _check_out(out: Any, x: np.ndarray, r: BlockRecipe, elem: str, axis: int) -> None:
+def _quantize_tiles(
+    x: np.ndarray, r: BlockRecipe, elem: str, codes: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """(scales, codes) of the square tiles of x's last two axes, matrix by matrix."""
+    t = r.weight_block or r.block
+    *lead, m, k = x.shape
+    sshape = (*lead, -(-m // t), -(-k // t))
+    if codes is None:
+        scales = np.empty(sshape, np.float32 if r.scale_format == "float32" else np.uint8)
+        data = np.empty((*lead, m, code_width(k, elem)), np.uint8)
+    else:
+        scales, data = codes
+    x3 = x.reshape(-1, m, k) if lead else x[None]
+    s3, d3 = scales.reshape(-1, *sshape[-2:]), data.reshape(-1, m, data.shape[-1])
+    for i in range(x3.shape[0]):
+        kernels.mx_quantize(
+            x3[i], element_dtype(elem), r.mode, t, tile=True, out=(s3[i], d3[i]),
+            **_kernel_args(r),
+        )  # fmt: skip
+    return scales, data
+
+
+def _check_tiles(r: BlockRecipe, shape: tuple[int, ...]) -> None:
+    """x can be quantized in r's weight tiles: at least 2-D, whole tiles unless padded."""
+    t = r.weight_block or r.block
+    if len(shape) < 2:
+        raise ValueError(
+            f"a weight in {t}x{t} tiles (recipe {r.name!r}, weight_block {t}) must have at "
+            f"least 2 dimensions, got shape {shape}"
+        )
+    if r.tail == "refuse" and (shape[-1] % t or shape[-2] % t):
+        raise ValueError(
+            f"a weight's last two lengths must be multiples of the tile {t} (recipe "
+            f"{r.name!r} refuses a partial tile, tail 'refuse'), got shape {shape}"
+        )
+
+
+def _check_out(
+    out: Any, x: np.ndarray, r: BlockRecipe, elem: str, axis: int, role: str | None
+) -> None:
     """out can take quantize_blocks(x, r)'s codes in place."""
     if not isinstance(out, BlockScaled):
         raise TypeError(f"out must be an lscore.fp8.BlockScaled, got {type(out).__name__}")
-    want = (r, elem, axis, tuple(x.shape))
-    got = (out.recipe, out.element, out.axis, tuple(out.shape))
+    want = (r, elem, axis, tuple(x.shape), role)
+    got = (out.recipe, out.element, out.axis, tuple(out.shape), out.role)
     if got != want:
         raise ValueError(
-            "out must come from a call with the same recipe, element, axis and shape: "
-            f"out has {got[0].name!r}, {got[1]!r}, axis {got[2]}, shape {got[3]}; "
-            f"this call {want[0].name!r}, {want[1]!r}, axis {want[2]}, shape {want[3]}"
+            "out must come from a call with the same recipe, element, axis, role and shape: "
+            f"out has {got[0].name!r}, {got[1]!r}, axis {got[2]}, role {got[4]!r}, "
+            f"shape {got[3]}; this call {want[0].name!r}, {want[1]!r}, axis {want[2]}, "
+            f"role {want[4]!r}, shape {want[3]}"
         )
     n = x.shape[0] if axis == 0 else x.shape[-1]
-    if n % r.block:
+    if n % r.block and not out.tiles:
         raise ValueError(
             f"out= needs whole blocks of {r.block} along axis {axis}, got {n} "
             "(a padded partial block is written to new arrays)"
@@ -221,11 +321,29 @@ def _check_tail(r: BlockRecipe, n: int, axis: int) -> None:
         )
 
 
-def quantize_on(dev: Any, arrays: Any, x: Any, r: BlockRecipe, elem: str, axis: int) -> BlockScaled:
+def quantize_on(
+    dev: Any, arrays: Any, x: Any, r: BlockRecipe, elem: str, axis: int, role: str | None = None
+) -> BlockScaled:
     """quantize_blocks of a device array through `dev`, an ``lscore.cuda.mx.BlockArrays``,
     and `arrays`, the ``lscore.cuda.fp8.Float8Arrays`` of the same framework (NVFP4's
-    amax): CuPy's here, torch's in the torch adapter."""
+    amax): CuPy's here, torch's in the torch adapter.  Tiles of a weight of more than two
+    dimensions need whole tiles along its second-to-last axis (the matrices stacked)."""
     cols = block_axis(x, axis)
+    if role == "weight" and r.weight_block is not None:
+        _check_tiles(r, tuple(x.shape))
+        t, shape = r.weight_block, tuple(x.shape)
+        if len(shape) > 2 and shape[-2] % t:
+            raise ValueError(
+                f"a device weight of {len(shape)} dimensions in {t}x{t} tiles needs its "
+                f"second-to-last length a multiple of {t}, got shape {shape}"
+            )
+        flat = x.reshape(-1, shape[-1])
+        scales, data = dev.quantize(
+            flat, element_dtype(elem), r.mode, t, tile=True, **_kernel_args(r)
+        )
+        scales = scales.reshape(*shape[:-2], -(-shape[-2] // t), -(-shape[-1] // t))
+        data = data.reshape(*shape[:-1], data.shape[-1])
+        return BlockScaled(data, scales, None, r, elem, -1, shape, role)
     n = x.shape[0] if cols else x.shape[-1]
     _check_tail(r, n, axis)
     if n % r.block:
@@ -244,120 +362,7 @@ def quantize_on(dev: Any, arrays: Any, x: Any, r: BlockRecipe, elem: str, axis: 
     if r.mode == "nvfp4":
         scales, data = dev.quantize(x, "float4_e2m1", "nvfp4", 16, axis=kaxis, pts=pts)
     else:
-        scales, data = dev.quantize(x, element_dtype(elem), r.mode, r.block, axis=kaxis)
-    return BlockScaled(data, scales, pts, r, elem, kaxis, tuple(x.shape))
-
-
-def dequantize_on(dev: Any, b: BlockScaled, dtype: str) -> Any:
-    """dequantize_blocks of device codes through `dev`, an ``lscore.cuda.mx.BlockArrays``
-    (`dtype` a name): a new array of the codes' framework on their device."""
-    r = b.recipe
-    return dev.dequantize(
-        b.scales,
-        b.data,
-        element_dtype(b.element),
-        r.mode,
-        r.block,
-        axis=b.axis,
-        pts=b.tensor_scale,
-        dtype=dtype,
-    )
-
-
-def _check_codes(b: BlockScaled) -> None:
-    """b's arrays are NumPy codes of the shapes its recipe, axis and input shape give."""
-    r = b.recipe
-    if not isinstance(r, BlockRecipe):
-        raise TypeError(f"b.recipe must be an lscore.fp8.BlockRecipe, got {type(r).__name__}")
-    shape = tuple(b.shape)
-    n = shape[0] if b.axis == 0 else shape[-1]
-    edge = 0 if b.axis == 0 else len(shape) - 1
-    elem = "uint8" if b.element == "e2m1" else element_dtype(r.allows(b.element, "b.element"))
-    scale = "float8_e8m0fnu" if r.scale_format == "e8m0" else "float8_e4m3fn"
-    want = {
-        "data": (elem, (*shape[:edge], _width(n, b.element), *shape[edge + 1 :])),
-        "scales": (scale, (*shape[:edge], -(-n // r.block), *shape[edge + 1 :])),
-    }
-    for name, (dt, sh) in want.items():
-        a = getattr(b, name)
-        if not isinstance(a, np.ndarray):
-            raise TypeError(f"b.{name} must be a NumPy array, got {type(a).__name__}")
-        if dtype_name(a.dtype) not in ("uint8", dt) or a.shape != sh:
-            raise ValueError(
-                f"b.{name} must be {dt} or uint8 of shape {sh}, got {a.dtype} {a.shape}"
-            )
-    if r.tensor_scale != (b.tensor_scale is not None):
-        raise ValueError(
-            f"b.tensor_scale must be {'a float32' if r.tensor_scale else 'None'} under recipe "
-            f"{r.name!r}, got {b.tensor_scale!r}"
+        scales, data = dev.quantize(
+            x, element_dtype(elem), r.mode, r.block, axis=kaxis, **_kernel_args(r)
         )
-
-
-def _decode_elements(b: BlockScaled) -> np.ndarray:
-    """The elements' float32 values, along the blocked axis as the last axis."""
-    codes = np.asarray(b.data).view(np.uint8)
-    if b.axis == 0:
-        codes = codes.T
-    if b.element == "e2m1":
-        pairs = np.stack([codes & 0xF, codes >> 4], axis=-1).reshape(*codes.shape[:-1], -1)
-        n = b.shape[0] if b.axis == 0 else b.shape[-1]
-        return kernels.e2m1_decode(pairs[..., :n])
-    return codes.view(fp8_dtype(element_dtype(b.element))).astype(np.float32)
-
-
-def _block_values(b: BlockScaled, dtype: str) -> np.ndarray:
-    """Each block scale as the recipe's implementation multiplies by it, float32 (blocks last)."""
-    codes = np.asarray(b.scales).view(np.uint8)
-    if b.axis == 0:
-        codes = codes.T
-    r = b.recipe
-    if r.scale_format == "e4m3fn":  # torchao's get_hp_scales: pts * float32(scale)
-        s = codes.view(fp8_dtype("float8_e4m3fn")).astype(np.float32)
-        if b.tensor_scale is not None:
-            s = (np.float32(b.tensor_scale) * s).astype(np.float32)
-        return s
-    # 2**(c - 127), 0xFF NaN: the format's reading, torchao's get_fp_scale and TE's
-    # ptx::exp2f as NVIDIA/TransformerEngine#3262 corrected it (v2.18's shifted the byte into
-    # the exponent field: code 0 read as 0, 0xFF as Inf); TE's dequantize_mxfp8.cuh then
-    # rounds the float32 product once to the output dtype, as the OCP rule does
-    s = kernels.e8m0_decode(codes)
-    if r.behaviour == "torchao" and dtype == "float16":
-        # torchao's to_dtype multiplies in the target dtype: 2**k overflows float16 above
-        # 2**15 and flushes below 2**-24
-        with np.errstate(over="ignore"):
-            s = s.astype(np.float16).astype(np.float32)
-    return s
-
-
-def dequantize_blocks(b: BlockScaled, dtype: Any = np.float32) -> np.ndarray:
-    """The values `b` holds, as the implementation its recipe reproduces reads them back.
-
-    Each element times its block's scale in float32, rounded once to
-    `dtype` (float32, float16 or bfloat16): the OCP rule's ``2**(c - 127)``
-    (0xFF NaN) for ``rule`` and ``te`` recipes; torchao's ``to_dtype`` for
-    its MX presets (the scale cast to `dtype` first, so a float16 result
-    overflows where the scale is above 2**15); torchao's NVFP4 ``dequantize``
-    (the element times per-tensor scale times block scale, in float32).  A
-    CuPy ``BlockScaled`` gives a CuPy array.
-    """
-    if not isinstance(b, BlockScaled):
-        raise TypeError(f"b must be an lscore.fp8.BlockScaled, got {type(b).__name__}")
-    dname = out_dtype(dtype)
-    dev = _device(b.data)
-    if dev is not None:
-        return dequantize_on(dev, b, dname)
-    _check_codes(b)
-    elems = _decode_elements(b)
-    scales = _block_values(b, dname)
-    n, k = elems.shape[-1], b.recipe.block
-    with np.errstate(over="ignore", invalid="ignore"):
-        if n % k:  # a padded partial block: its scale repeated over the elements it has
-            y = elems * np.repeat(scales, k, axis=-1)[..., :n]
-        else:
-            y = (elems.reshape(*scales.shape, k) * scales[..., None]).reshape(elems.shape)
-    if b.axis == 0:
-        y = y.T
-    if dname == "float32":
-        return np.ascontiguousarray(y)
-    with np.errstate(over="ignore"):  # beyond the format's largest value: Inf, as a cast gives
-        return np.ascontiguousarray(y.astype(fp8_dtype(dname) if dname == "bfloat16" else dname))
+    return BlockScaled(data, scales, pts, r, elem, kaxis, tuple(x.shape), role)

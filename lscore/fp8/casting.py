@@ -24,6 +24,8 @@ import numpy as np
 
 from lscore import kernels
 from lscore.fp8.checks import (
+    Cast,
+    cast_options,
     check_scale,
     dtype_name,
     float_input,
@@ -110,30 +112,27 @@ def quantize(
     CuPy uint8 codes and amax; its scale may also be a CuPy float32 array
     (per row), read on the device.
     """
+    return quantize_as(x, scale, cast_options(fmt, axis, saturate, nan_sign, amax_nan), out)
+
+
+def quantize_as(x: np.ndarray, scale: Any, c: Cast, out: Any = None) -> tuple[np.ndarray, Any]:
+    """``quantize`` with its options checked once into `c` (``cast_options``)."""
     dev = _device(x)
     if dev is not None:
-        return dev.quantize(
-            x,
-            scale,
-            fmt,
-            axis=axis,
-            saturate=saturate,
-            nan_sign=nan_sign,
-            amax_nan=amax_nan,
-            out=out,
-        )
+        return dev.quantize(x, scale, c, out=out)
     x = float_input(x)
-    name = format_name(fmt)
-    rows, propagate = row_axis(x, axis), nan_rule(amax_nan, "amax_nan")
+    rows = row_axis(x, c.axis)
     s = check_scale(scale, rows_of(x) if rows else None)
-    q = _out(x, out, name)
+    q = _out(x, out, c.name)
     if rows:
         amaxes = np.empty(rows_of(x), np.float32)
-        kernels.fp8_cast_rows(x, q, s, amaxes, name, saturate, nan_sign, propagate)
+        kernels.fp8_cast_rows(x, q, s, amaxes, c.name, c.saturate, c.nan_sign, c.propagate)
         a: Any = amaxes.reshape(row_shape(x))
     else:
-        a = np.float32(kernels.fp8_cast(x, q, float(s), name, saturate, nan_sign, propagate))
-    return (q if out is not None else q.view(fp8_dtype(name))), a
+        a = np.float32(
+            kernels.fp8_cast(x, q, float(s), c.name, c.saturate, c.nan_sign, c.propagate)
+        )
+    return (q if out is not None else q.view(fp8_dtype(c.name))), a
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +209,7 @@ def current_on(dev: Any, x: Any, recipe: Any, name: str) -> Float8:
     a = dev.amax(x, axis, recipe.amax_nan)
     a_host = np.asarray(dev.h["to_host"](a), np.float32)
     s = recipe.scale_from_amax(a_host, _short(name)).reshape(a_host.shape)
-    q, _ = dev.quantize(x, s, name, axis=axis, saturate=saturate, nan_sign=nan_sign, check=False)
+    q, _ = dev.quantize(x, s, cast_options(name, axis, saturate, nan_sign), check=False)
     with np.errstate(divide="ignore", invalid="ignore"):
         inv = np.float32(1) / s
     up = dev.h["upload"]

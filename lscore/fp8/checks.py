@@ -15,13 +15,24 @@ from typing import Any
 import numpy as np
 
 from lscore import _fp8_checks
-from lscore._fp8_checks import check_scale, dtype_name, format_name, nan_rule, row_axis
+from lscore._fp8_checks import (
+    Cast,
+    block_axis,
+    cast_options,
+    check_scale,
+    dtype_name,
+    format_name,
+    nan_rule,
+    row_axis,
+)
 from lscore.policy import choice
 
 __all__ = [
     "FLOATS",
     "FORMATS",
+    "Cast",
     "block_axis",
+    "cast_options",
     "check_scale",
     "dtype_name",
     "exact_fields",
@@ -51,19 +62,6 @@ def float_input(x: Any, what: str = "x") -> np.ndarray:
     if not x.dtype.isnative:
         raise ValueError(f"{what} must be in native byte order, got {x.dtype.str}")
     return x
-
-
-def block_axis(x: Any, axis: Any) -> bool:
-    """False for blocks along the last axis (-1 or ndim - 1), True along the first of a 2-D x."""
-    is_int = isinstance(axis, (int, np.integer)) and not isinstance(axis, bool)
-    if is_int and x.ndim >= 1 and axis in (-1, x.ndim - 1):
-        return False
-    if is_int and x.ndim == 2 and axis == 0:
-        return True
-    raise ValueError(
-        "axis must be -1 (blocks along the last axis) or 0 (along the first axis of a 2-D "
-        f"array) for an array of {x.ndim} dimensions, got {axis!r}"
-    )
 
 
 def out_dtype(dtype: Any) -> str:
@@ -106,14 +104,17 @@ def fp8_dtype(name: str) -> Any:
 _TE_FORMATS = {"E4M3": ("e4m3fn", "e4m3fn"), "HYBRID": ("e4m3fn", "e5m2")}
 
 
-def exact_fields(cls: Any, d: Any) -> dict[str, Any]:
+def exact_fields(cls: Any, d: Any, *, defaults: bool = False) -> dict[str, Any]:
     """`d` if it is a dict with exactly the fields of dataclass `cls`, else an error naming
-    the unknown and missing ones."""
+    the unknown and missing ones; with `defaults`, a field that has a default may be
+    missing (a dict written before the field was added)."""
     if not isinstance(d, dict):
         raise TypeError(f"a recipe dict must be a dict, got {type(d).__name__}")
-    names = [f.name for f in dataclasses.fields(cls)]
+    fields = dataclasses.fields(cls)
+    names = [f.name for f in fields]
+    optional = {f.name for f in fields if f.default is not dataclasses.MISSING and defaults}
     unknown = sorted(set(d) - set(names))
-    missing = [k for k in names if k not in d]
+    missing = [k for k in names if k not in d and k not in optional]
     if unknown or missing:
         raise ValueError(
             "a recipe dict must have exactly the fields "

@@ -375,7 +375,7 @@ def test_out_refused_before_writing():
     out = fp8.quantize_blocks(x, "te-mxfp8")
     before = out.data.view(np.uint8).copy()
     bad = [
-        (dict(recipe="torchao-mx-floor"), ValueError, "same recipe, element, axis and shape"),
+        (dict(recipe="torchao-mx-floor"), ValueError, "same recipe, element, axis, role and shape"),
         (dict(x=np.ones((4, 96), np.float32)), ValueError, r"shape \(4, 64\); this call"),
         (dict(element="e5m2"), ValueError, "'e4m3fn', axis -1"),
         (dict(out=out.data), TypeError, "out must be an lscore.fp8.BlockScaled"),

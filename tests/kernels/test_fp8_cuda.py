@@ -15,6 +15,7 @@ import pytest
 from lscore import cuda, kernels
 from lscore._ext import _fp8
 from lscore.dtypes import Code
+from lscore.fp8.checks import cast_options
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -139,10 +140,11 @@ def test_harness_decodes_like_the_cpu(backend, dst, fmt):
 # ---- quantize: lscore.cuda.fp8's launches of the amax, cast and dequantize kernels ----------
 
 from lscore.cuda import fp8 as cuda_fp8
+from lscore.cuda import views as cuda_views
 
 
 def view(a):
-    return cuda_fp8.DeviceView(a.ctypes.data, a.shape, a.strides, a.dtype.name, a.itemsize)
+    return cuda_views.DeviceView(a.ctypes.data, a.shape, a.strides, a.dtype.name, a.itemsize)
 
 
 def layouts(dt):
@@ -261,9 +263,9 @@ def test_quantize_launches_equal_the_cpu_kernels(backend, src, per_row):
 def test_leading_axes_that_do_not_merge_are_refused():
     x = np.zeros((4, 6, 8), np.float32)[:, ::2, :].transpose(1, 0, 2)
     with pytest.raises(ValueError, match="leading axes must merge into one stride"):
-        cuda_fp8.view2d(view(x), True)
-    assert cuda_fp8.view2d(view(np.zeros((3, 5), np.float32)), False) == (1, 15, 15, 1)
-    assert cuda_fp8.view2d(view(np.zeros((3, 5), np.float32)), True) == (3, 5, 5, 1)
+        cuda_views.view2d(view(x), True)
+    assert cuda_views.view2d(view(np.zeros((3, 5), np.float32)), False) == (1, 15, 15, 1)
+    assert cuda_views.view2d(view(np.zeros((3, 5), np.float32)), True) == (3, 5, 5, 1)
 
 
 @pytest.mark.parametrize("block", [40, 96])
@@ -381,7 +383,9 @@ def test_device_arrays_quantize_like_lscore_fp8(backend):
         dict(scale=rows, axis=-1),
         dict(scale=0.5, fmt="e5m2", saturate=False),
     ):
-        q, a = dev.quantize(x, amax_nan="propagate", **kw)
+        opts = {k: v for k, v in kw.items() if k != "scale"}
+        c = cast_options(amax_nan="propagate", **opts)
+        q, a = dev.quantize(x, kw["scale"], c)
         wq, wa = Q.quantize(x, amax_nan="propagate", **kw)
         np.testing.assert_array_equal(q, wq.view(np.uint8))
         np.testing.assert_array_equal(np.isnan(a), np.isnan(wa))
@@ -400,15 +404,16 @@ def test_device_arrays_quantize_like_lscore_fp8(backend):
             )
     np.testing.assert_array_equal(dev.amax(x, -1), Q.amax(x, -1))
     out = np.full(x.shape, 0xAA, np.uint8)
-    assert dev.quantize(x, 2.0, out=out)[0] is out
+    c = cast_options()
+    assert dev.quantize(x, 2.0, c, out=out)[0] is out
     with pytest.raises(ValueError, match="positive finite float32"):
-        dev.quantize(x, 0.0, out=out)
+        dev.quantize(x, 0.0, c, out=out)
     with pytest.raises(ValueError, match="per row"):
-        dev.quantize(x, np.ones(4, np.float32), axis=-1, out=out)
+        dev.quantize(x, np.ones(4, np.float32), cast_options(axis=-1), out=out)
     with pytest.raises(ValueError, match="input's shape"):
-        dev.quantize(x, 1.0, out=np.zeros(3, np.uint8))
+        dev.quantize(x, 1.0, c, out=np.zeros(3, np.uint8))
     with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
-        dev.quantize(np.zeros(3, np.float64), 1.0)
+        dev.quantize(np.zeros(3, np.float64), 1.0, c)
     assert (out[0] != 0xAA).all()
 
 

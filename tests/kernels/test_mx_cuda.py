@@ -20,7 +20,7 @@ import lscore.fp8
 from lscore import _reference_mx as ref
 from lscore import cuda, kernels
 from lscore.cuda import mx as cuda_mx
-from lscore.cuda.fp8 import DeviceView
+from lscore.cuda.views import DeviceView
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
