@@ -4,6 +4,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+def shapes(
+    shape: tuple[int, ...],
+    axis: int = -1,
+    tile: bool = False,
+    rht: bool = False,
+    sr: bool = False,
+    dtype: str = "float32",
+) -> tuple[tuple[int, ...], tuple[int, ...]]: ...
 def quantize(
     x: npt.ArrayLike,
     amax: float,

@@ -15,6 +15,8 @@ from libc.stdint cimport uint64_t
 
 import numpy as np
 
+from lscore._ext._mx import block_shapes
+
 cdef extern from "lsc_nvfp4.h" nogil:
     ctypedef unsigned long long lsc_u64
     ctypedef unsigned short lsc_u16
@@ -86,33 +88,40 @@ cdef uint64_t _word64(object v, str what) except? 0:
     return <uint64_t>int(v)
 
 
+def shapes(tuple shape, int axis=-1, bint tile=False, bint rht=False, bint sr=False,
+           str dtype="float32"):
+    """(scales' shape, codes' shape) of an input of `shape` (and `dtype`, a name) quantized
+    with these options: blocks of 16 as ``_mx.block_shapes`` gives them, or 16 x 16 tiles
+    of a 2-D input (scales (rows / 16, cols / 16)).  ValueError naming what does not fit:
+    the Hadamard transform takes bfloat16 down the columns, tiles no stochastic rounding."""
+    s, q = block_shapes(shape, 16, axis, True)
+    if rht and (axis != 0 or tile or dtype != "bfloat16"):
+        raise ValueError("the Hadamard transform runs down the columns (axis 0, no tiles) of "
+                         f"bfloat16 input, got axis {axis}, tile {tile}, {dtype}")
+    if sr and tile:
+        raise ValueError("stochastic rounding is not one of the 16 x 16 tiles' (weights')")
+    if not tile:
+        return s, q
+    if len(shape) != 2 or shape[0] % 16 or shape[1] % 16:
+        raise ValueError(f"16 x 16 tiles need a 2-D input whose axes are multiples of 16, "
+                         f"got shape {shape}")
+    return (shape[0] // 16, shape[1] // 16), q
+
+
 def quantize(x, float amax, *, int axis=-1, bint tile=False, bint rht=False, seed=None,
              offset=0, int threads=0):
     """TE v2.18's NVFP4 quantize of `x` in one orientation with the global amax `amax`:
-    (E4M3 scale codes, packed E2M1 codes), uint8.
+    (E4M3 scale codes, packed E2M1 codes), uint8, shaped as ``shapes`` says.
 
     axis -1: blocks of 16 along the last axis (x's leading axes as rows); axis 0: down the
-    columns of a 2-D x (TE's columnwise copy, scales (rows / 16, cols), codes (rows / 2,
-    cols)); tile: 16 x 16 tiles of a 2-D x, scales (rows / 16, cols / 16), codes as the
+    columns of a 2-D x (TE's columnwise copy); tile: 16 x 16 tiles of a 2-D x, codes as the
     axis's; rht (axis 0, bfloat16 x): the Hadamard transform down the columns first; seed
     (0 .. 2**64 - 1, or None: round to nearest) and offset: stochastic rounding with
     lsc_nvfp4.h's draws.  threads: 0 by the size, 1 serial, k at most k (the same bytes)."""
     cdef cnp.ndarray a = np.asarray(x)
     cdef int code = _code(a)
     shape = tuple((<object>a).shape)
-    if axis not in (-1, 0):
-        raise ValueError(f"axis must be -1 or 0, got {axis}")
-    if (axis == 0 or tile or rht) and len(shape) != 2:
-        raise ValueError(f"axis 0, tiles and the Hadamard transform need a 2-D x, got {shape}")
-    if not shape or shape[len(shape) - 1] % 16 and (axis == -1 or tile):
-        raise ValueError(f"the last axis must be a multiple of 16, got shape {shape}")
-    if (axis == 0 or tile) and shape[0] % 16:
-        raise ValueError(f"the first axis must be a multiple of 16, got shape {shape}")
-    if rht and (axis != 0 or tile or code != LSC_CODE_BF16):
-        raise ValueError("the Hadamard transform runs down the columns (axis 0, no tiles) of "
-                         f"bfloat16 input, got axis {axis}, tile {tile}, {a.dtype}")
-    if seed is not None and tile:
-        raise ValueError("stochastic rounding is not one of the 16 x 16 tiles' (weights')")
+    sshape, qshape = shapes(shape, axis, tile, rht, seed is not None, a.dtype.name)
     if threads < 0:
         raise ValueError(f"threads must be >= 0, got {threads}")
     cdef int64_t cols = shape[len(shape) - 1]
@@ -127,14 +136,8 @@ def quantize(x, float amax, *, int axis=-1, bint tile=False, bint rht=False, see
     k.ofs[0], k.ofs[1] = <uint32_t>of, <uint32_t>(of >> 32)
     k.rows, k.cols = rows, cols
     lsc_nv4_prepare(&k)
-    lead = shape[:len(shape) - 1]
-    if tile:
-        s = np.empty((rows // 16, cols // 16), np.uint8)
-    elif axis == 0:
-        s = np.empty((rows // 16, cols), np.uint8)
-    else:
-        s = np.empty(lead + (cols // 16,), np.uint8)
-    q = np.empty((rows // 2, cols) if axis == 0 else lead + (cols // 2,), np.uint8)
+    s = np.empty(sshape, np.uint8)
+    q = np.empty(qshape, np.uint8)
     cdef unsigned char *sp = <unsigned char *>cnp.PyArray_DATA(s)
     cdef unsigned char *qp = <unsigned char *>cnp.PyArray_DATA(q)
     cdef const char *xp = <const char *>cnp.PyArray_DATA(v)

@@ -84,7 +84,8 @@ measures the kernels themselves (``lscore bench``).
   ``e2m1_stochastic(v, r)``: the element rounding; ``nvfp4_te_scales(amax)``
   (S_enc, S_dec, mult), ``nvfp4_te_block_scale(amax_b, amax)`` (E4M3 code
   and element factor of each block amax), ``nvfp4_te_decode_scale(sf,
-  amax)``: the two-level scale.
+  amax)``: the two-level scale; ``nvfp4_te_shapes(shape, axis, tile)``:
+  the shapes of the codes, the one check of an input's shape.
 - ``isa()``, ``isa_levels()``, ``set_isa(name)``, ``pool_size()``: the CPU
   kernel level in use, the levels this CPU runs, a switch of every CPU
   kernel (the scan's, the float8 casts' and the block passes'; returns the
@@ -151,6 +152,7 @@ from lscore._ext._nvfp4 import (
 )
 from lscore._ext._nvfp4 import quantize as nvfp4_te_quantize
 from lscore._ext._nvfp4 import scales as nvfp4_te_scales
+from lscore._ext._nvfp4 import shapes as nvfp4_te_shapes
 from lscore._ext._pack import launch_params, pack_launches, plan_launches
 from lscore._ext._scan import (
     all_finite,
@@ -273,6 +275,7 @@ __all__ = [
     "nvfp4_te_draws",
     "nvfp4_te_quantize",
     "nvfp4_te_scales",
+    "nvfp4_te_shapes",
     "nvfp4_tensor_scale",
     "pack_launches",
     "philox4x32_10",

@@ -17,35 +17,15 @@ import functools
 import math
 from typing import Any
 
-from lscore.cuda.fp8 import DeviceView, cupy_hooks, view_args
+from lscore import kernels
 from lscore.cuda.sources import nv4_name
+from lscore.cuda.views import DeviceView, KernelLauncher, cupy_hooks
 from lscore.dtypes import BY_NAME
 
-__all__ = ["Nv4Arrays", "Nv4Launcher", "cupy_nvfp4", "nv4_shapes"]
+__all__ = ["Nv4Arrays", "Nv4Launcher", "cupy_nvfp4"]
 
 _FLOATS = ("float32", "float16", "bfloat16")
 _U64 = 2**64
-
-
-def nv4_shapes(shape: tuple[int, ...], axis: int, tile: bool) -> tuple[tuple, tuple]:
-    """(scales' shape, codes' shape) of an input of `shape` (the CPU kernels' layouts);
-    ValueError naming what does not fit."""
-    if axis not in (-1, 0):
-        raise ValueError(f"axis must be -1 or 0, got {axis!r}")
-    if (axis == 0 or tile) and len(shape) != 2:
-        raise ValueError(f"axis 0 and tiles need a 2-D array, got shape {shape}")
-    if not shape or ((axis == -1 or tile) and shape[-1] % 16):
-        raise ValueError(f"the last axis must be a multiple of 16, got shape {shape}")
-    if (axis == 0 or tile) and shape[0] % 16:
-        raise ValueError(f"the first axis must be a multiple of 16, got shape {shape}")
-    if tile:
-        scales: tuple = (shape[0] // 16, shape[1] // 16)
-    elif axis == 0:
-        scales = (shape[0] // 16, shape[1])
-    else:
-        scales = (*shape[:-1], shape[-1] // 16)
-    data = (shape[0] // 2, shape[1]) if axis == 0 else (*shape[:-1], shape[-1] // 2)
-    return scales, data
 
 
 def _word(v: Any, what: str) -> int:
@@ -54,16 +34,8 @@ def _word(v: Any, what: str) -> int:
     return v
 
 
-class Nv4Launcher:
-    """Launches nvfp4.cu's kernels through `backend` (``launch(name, grid, block, args,
-    stream)``), `block` threads a block and at most `max_blocks` blocks (a grid-stride loop
-    covers the rest)."""
-
-    def __init__(self, backend: Any, *, block: int = 256, max_blocks: int = 4096) -> None:
-        self.backend, self.block, self.max_blocks = backend, block, max_blocks
-
-    def _grid(self, n: int) -> int:
-        return max(1, min(self.max_blocks, -(-n // self.block)))
+class Nv4Launcher(KernelLauncher):
+    """Launches nvfp4.cu's kernels (``KernelLauncher``'s backend, block and grid)."""
 
     def quantize(
         self,
@@ -84,36 +56,26 @@ class Nv4Launcher:
         and shaped as ``nv4_shapes`` says."""
         import numpy as np
 
-        n, head = view_args(x, True)
-        if n == 0:
-            return
         s, o = seed or 0, offset
         rng = (np.int32(seed is not None), np.uint32(s & 0xFFFFFFFF), np.uint32(s >> 32))
         rng += (np.uint32(o & 0xFFFFFFFF), np.uint32(o >> 32))
         out = (np.uint64(scales_ptr), np.uint64(data_ptr))
         code = BY_NAME[x.dtype]
-        if tile:
-            name, args = nv4_name("tiles", code, hw), (np.int32(axis == 0), *out)
-            threads = n // 256
+        if tile:  # a thread per 16 x 16 tile, or per block of 16
+            name, tail, per = nv4_name("tiles", code, hw), (np.int32(axis == 0), *out), 256
         elif axis == 0:
-            name, args = nv4_name("cols", code, hw), (np.int32(rht), *rng, *out)
-            threads = n // 16
+            name, tail, per = nv4_name("cols", code, hw), (np.int32(rht), *rng, *out), 16
         else:
-            name, args = nv4_name("rows", code, hw), (*rng, *out)
-            threads = n // 16
-        args = (*head, np.float32(amax), *args)
-        self.backend.launch(name, self._grid(threads), self.block, args, stream)
+            name, tail, per = nv4_name("rows", code, hw), (*rng, *out), 16
+        self._launch(name, x, True, (np.float32(amax), *tail), stream, per)
 
     def rht(self, x: DeviceView, out_ptr: int, amax_ptr: int, stream: Any = None) -> None:
         """The transform of a bfloat16 `x` down its columns into out_ptr (0: none), its amax
         bits folded into the zeroed uint32 at amax_ptr."""
         import numpy as np
 
-        n, head = view_args(x, True)
-        if n == 0:
-            return
-        args = (*head, np.uint64(out_ptr), np.uint64(amax_ptr))
-        self.backend.launch("lsc_nv4_rht", self._grid(n // 16), self.block, args, stream)
+        tail = (np.uint64(out_ptr), np.uint64(amax_ptr))
+        self._launch("lsc_nv4_rht", x, True, tail, stream, 16)
 
     def dequantize(
         self,
@@ -184,14 +146,9 @@ class Nv4Arrays:
         in the CPU kernels' layouts (``lscore.kernels.nvfp4_te_quantize``'s arguments)."""
         v = self._float(x)
         shape = tuple(v.shape)
-        s_shape, d_shape = nv4_shapes(shape, axis, tile)
-        if rht and (axis != 0 or tile or v.dtype != "bfloat16"):
-            raise ValueError(
-                "the Hadamard transform runs down the columns (axis 0, no tiles) of bfloat16 "
-                f"input, got axis {axis}, tile {tile}, {v.dtype}"
-            )
-        if seed is not None and tile:
-            raise ValueError("stochastic rounding is not one of the 16 x 16 tiles' (weights')")
+        s_shape, d_shape = kernels.nvfp4_te_shapes(
+            shape, axis, tile, rht, seed is not None, v.dtype
+        )
         _word(seed if seed is not None else 0, "seed")
         _word(offset, "offset")
         scales, data = (self.h["empty"](x, sh, "uint8") for sh in (s_shape, d_shape))
@@ -216,7 +173,7 @@ class Nv4Arrays:
             raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
         d_shape = tuple(self.h["view"](data).shape)
         shape = (d_shape[0] * 2, d_shape[1]) if axis == 0 else (*d_shape[:-1], d_shape[-1] * 2)
-        want, _ = nv4_shapes(shape, axis, tile)
+        want, _ = kernels.nvfp4_te_shapes(shape, axis, tile)
         if tuple(self.h["view"](scales).shape) != want:
             raise ValueError(f"scales must have shape {want} for data of shape {d_shape}")
         out = self.h["empty"](data, shape, dtype)

@@ -31,7 +31,7 @@ from lscore.fp8.block_recipes import (
     block_recipe,
     element_dtype,
 )
-from lscore.fp8.checks import block_axis, float_input, fp8_dtype
+from lscore.fp8.checks import block_axis, dtype_name, float_input, fp8_dtype
 
 __all__ = [
     "BLOCK_RECIPES",

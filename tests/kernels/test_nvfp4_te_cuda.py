@@ -12,7 +12,7 @@ import pytest
 from lscore import _reference_nvfp4 as ref
 from lscore import cuda, kernels
 from lscore.cuda import nvfp4 as cuda_nv4
-from lscore.cuda.fp8 import DeviceView
+from lscore.cuda.views import DeviceView
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = ml_dtypes.bfloat16
