@@ -108,8 +108,20 @@ def shapes(tuple shape, int axis=-1, bint tile=False, bint rht=False, bint sr=Fa
     return (shape[0] // 16, shape[1] // 16), q
 
 
+cdef cnp.ndarray _into(object given, tuple shape, str what):
+    """A new uint8 array of `shape`, or `given` checked (writable, C-contiguous, 1-byte
+    codes of that shape) as a uint8 view."""
+    if given is None:
+        return np.empty(shape, np.uint8)
+    if not (isinstance(given, np.ndarray) and given.dtype.itemsize == 1 and given.shape == shape
+            and given.flags.c_contiguous and given.flags.writeable):
+        raise ValueError(f"out {what} must be a writable C-contiguous array of 1-byte codes of "
+                         f"shape {shape}, got {given!r:.80}")
+    return given.view(np.uint8)
+
+
 def quantize(x, float amax, *, int axis=-1, bint tile=False, bint rht=False, seed=None,
-             offset=0, int threads=0):
+             offset=0, out=None, int threads=0):
     """TE v2.18's NVFP4 quantize of `x` in one orientation with the global amax `amax`:
     (E4M3 scale codes, packed E2M1 codes), uint8, shaped as ``shapes`` says.
 
@@ -117,7 +129,8 @@ def quantize(x, float amax, *, int axis=-1, bint tile=False, bint rht=False, see
     columns of a 2-D x (TE's columnwise copy); tile: 16 x 16 tiles of a 2-D x, codes as the
     axis's; rht (axis 0, bfloat16 x): the Hadamard transform down the columns first; seed
     (0 .. 2**64 - 1, or None: round to nearest) and offset: stochastic rounding with
-    lsc_nvfp4.h's draws.  threads: 0 by the size, 1 serial, k at most k (the same bytes)."""
+    lsc_nvfp4.h's draws; out: (scales, data) to write and return.  threads: 0 by the size,
+    1 serial, k at most k (the same bytes)."""
     cdef cnp.ndarray a = np.asarray(x)
     cdef int code = _code(a)
     shape = tuple((<object>a).shape)
@@ -136,15 +149,17 @@ def quantize(x, float amax, *, int axis=-1, bint tile=False, bint rht=False, see
     k.ofs[0], k.ofs[1] = <uint32_t>of, <uint32_t>(of >> 32)
     k.rows, k.cols = rows, cols
     lsc_nv4_prepare(&k)
-    s = np.empty(sshape, np.uint8)
-    q = np.empty(qshape, np.uint8)
+    if out is not None and not (isinstance(out, tuple) and len(out) == 2):
+        raise ValueError(f"out must be a tuple (scales, data), got {type(out).__name__}")
+    s = _into(out[0] if out else None, sshape, "scales")
+    q = _into(out[1] if out else None, qshape, "data")
     cdef unsigned char *sp = <unsigned char *>cnp.PyArray_DATA(s)
     cdef unsigned char *qp = <unsigned char *>cnp.PyArray_DATA(q)
     cdef const char *xp = <const char *>cnp.PyArray_DATA(v)
     cdef int kind = LSC_NV4_JOB_BANDS if axis == 0 or tile else LSC_NV4_JOB_ROWS
     with nogil:
         lsc_nv4_job_run(kind, xp, rows, cols, rs, code, &k, sp, qp, NULL, pool_for, threads)
-    return s, q
+    return out if out is not None else (s, q)
 
 
 cdef cnp.ndarray _bf16_2d(x):

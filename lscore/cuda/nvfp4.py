@@ -22,7 +22,7 @@ from lscore.cuda.sources import nv4_name
 from lscore.cuda.views import DeviceView, KernelLauncher, cupy_hooks
 from lscore.dtypes import BY_NAME
 
-__all__ = ["Nv4Arrays", "Nv4Launcher", "cupy_nvfp4"]
+__all__ = ["Nv4Arrays", "Nv4Launcher", "cupy_nvfp4", "nvfp4_arrays"]
 
 _FLOATS = ("float32", "float16", "bfloat16")
 _U64 = 2**64
@@ -197,3 +197,12 @@ def cupy_nvfp4() -> Nv4Arrays:
     """``Nv4Arrays`` bound to CuPy arrays and ``CupyBackend``, launching on CuPy's current
     stream (float32 and float16: CuPy has no bfloat16)."""
     return Nv4Arrays(**cupy_hooks(Nv4Launcher))
+
+
+@functools.cache
+def nvfp4_arrays(arrays: Any) -> Nv4Arrays:
+    """``Nv4Arrays`` on the framework of `arrays`, an arrays class of lscore.cuda bound by the
+    same hooks (``lscore.cuda.fp8.Float8Arrays``, ``lscore.cuda.mx.BlockArrays``): an
+    ``Nv4Launcher`` on the backend of each of its launchers."""
+    launch = arrays.h["launcher"]
+    return Nv4Arrays(**{**arrays.h, "launcher": lambda a: Nv4Launcher(launch(a).backend)})

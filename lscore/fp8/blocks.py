@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from lscore import kernels
+from lscore.fp8 import nvfp4
 from lscore.fp8.block_recipes import (
     BLOCK_RECIPES,
     BLOCK_TABLE,
@@ -31,7 +32,7 @@ from lscore.fp8.block_recipes import (
     block_recipe,
     element_dtype,
 )
-from lscore.fp8.checks import block_axis, dtype_name, float_input, fp8_dtype
+from lscore.fp8.checks import block_axis, float_input, fp8_dtype
 
 __all__ = [
     "BLOCK_RECIPES",
@@ -97,31 +98,6 @@ def code_width(n: int, element: str) -> int:
     return (n + 1) // 2 if element == "e2m1" else n
 
 
-# The NaN torch.max(torch.abs(x)) gives for a tensor of two or more elements with a NaN, by
-# x's dtype, as float32 bits: torch's serial CPU reduction combines lanes by an OR with the
-# all-ones NaN mask (float32, float16: the sign set), bfloat16's by a float32 maximum.
-_TORCH_NAN_MAX = {"float32": 0xFFFFFFFF, "float16": 0xFFC00000, "bfloat16": 0x7FC00000}
-
-
-def torchao_amax(amax: float, dtype: str, size: int) -> np.float32:
-    """The amax torchao's NVFP4 takes, ``torch.max(torch.abs(x))`` on the CPU, from `amax`
-    (any NaN where x holds one) of an x of `dtype` (a name) and `size` elements: a NaN is
-    ``_TORCH_NAN_MAX``'s by the dtype (one element: x's own NaN, its sign cleared)."""
-    a = np.float32(amax)
-    if a == a or size == 1:
-        return a
-    return np.uint32(_TORCH_NAN_MAX[dtype]).view(np.float32)
-
-
-def _tensor_scale(x: np.ndarray) -> np.float32:
-    """NVFP4's per-tensor scale: torchao's per_tensor_amax_to_scale of torch.max(|x|)."""
-    if x.size == 1:  # torch.abs of the one element: its bits with the sign cleared
-        one = np.abs(x.astype(np.float32).reshape(-1)[:1]).view(np.uint32) & 0x7FFFFFFF
-        return np.float32(kernels.nvfp4_tensor_scale(one.view(np.float32)[0]))
-    amax = torchao_amax(kernels.fp8_amax(x, True), dtype_name(x.dtype), x.size)
-    return np.float32(kernels.nvfp4_tensor_scale(amax))
-
-
 def quantize_blocks(
     x: np.ndarray,
     recipe: Any,
@@ -130,6 +106,8 @@ def quantize_blocks(
     role: str | None = None,
     element: str | None = None,
     out: BlockScaled | None = None,
+    seed: int | None = None,
+    offset: int = 0,
 ) -> BlockScaled:
     """Quantize x in blocks by `recipe` (a ``BlockRecipe`` or a preset name): a ``BlockScaled``.
 
@@ -150,7 +128,12 @@ def quantize_blocks(
     has its scales and data written in place (so that a step allocates
     nothing) and is returned with this call's tensor scale; it needs whole
     blocks and NumPy arrays.  Every check is made before anything is
-    computed.  A CuPy array gives CuPy uint8 codes.
+    computed.  A CuPy array gives CuPy uint8 codes.  Under TE's NVFP4
+    recipe (``te-nvfp4``) the role also picks the Hadamard transform and
+    stochastic rounding (``lscore.fp8.nvfp4``), `seed` and `offset`
+    (integers 0 .. 2**64 - 1) give the draws of stochastic rounding (a
+    gradient under it needs `seed`; elsewhere they are not used), and
+    ``tensor_scale`` holds the tensor's amax as TE keeps it.
 
     >>> import numpy as np
     >>> from lscore.fp8 import dequantize_blocks, quantize_blocks
@@ -164,13 +147,15 @@ def quantize_blocks(
     elem = r.role_element(role)
     if element is not None:
         elem = r.allows(element)
+    if r.mode == "te-nvfp4" and isinstance(x, np.ndarray):
+        return nvfp4.quantize_blocks_te(x, r, elem, axis, role, seed, offset, out)
     dev = device_blocks(x)
     if dev is not None:
         if out is not None:
             raise TypeError("out= takes NumPy arrays; a CuPy input gets new device arrays")
         from lscore.cuda.fp8 import cupy_arrays
 
-        return quantize_on(dev, cupy_arrays(), x, r, elem, axis, role)
+        return quantize_on(dev, cupy_arrays(), x, r, elem, axis, role, seed, offset)
     x = float_input(x)
     cols = block_axis(x, axis)
     tiles = role == "weight" and r.weight_block is not None
@@ -187,7 +172,7 @@ def quantize_blocks(
         ax = 0 if cols else -1
     if out is not None:
         _check_out(out, x, r, elem, ax, role)
-    pts = _tensor_scale(x) if r.tensor_scale else None
+    pts = nvfp4.torchao_tensor_scale(x) if r.tensor_scale else None
     codes = None if out is None else (_raw(out.scales), out.data.view(np.uint8))
     if tiles:
         scales, data = _quantize_tiles(x, r, elem, codes)
@@ -322,12 +307,23 @@ def _check_tail(r: BlockRecipe, n: int, axis: int) -> None:
 
 
 def quantize_on(
-    dev: Any, arrays: Any, x: Any, r: BlockRecipe, elem: str, axis: int, role: str | None = None
+    dev: Any,
+    arrays: Any,
+    x: Any,
+    r: BlockRecipe,
+    elem: str,
+    axis: int,
+    role: str | None = None,
+    seed: int | None = None,
+    offset: int = 0,
 ) -> BlockScaled:
     """quantize_blocks of a device array through `dev`, an ``lscore.cuda.mx.BlockArrays``,
     and `arrays`, the ``lscore.cuda.fp8.Float8Arrays`` of the same framework (NVFP4's
-    amax): CuPy's here, torch's in the torch adapter.  Tiles of a weight of more than two
+    amax): CuPy's here, torch's in the torch adapter (``te-nvfp4``: lscore.cuda.nvfp4's
+    kernels on `arrays`' framework, `dev` unused).  Tiles of a weight of more than two
     dimensions need whole tiles along its second-to-last axis (the matrices stacked)."""
+    if r.mode == "te-nvfp4":
+        return nvfp4.quantize_blocks_te(x, r, elem, axis, role, seed, offset, None, arrays)
     cols = block_axis(x, axis)
     if role == "weight" and r.weight_block is not None:
         _check_tiles(r, tuple(x.shape))
@@ -356,7 +352,7 @@ def quantize_on(
         amax = float(arrays.h["to_host"](arrays.amax(x, None, "propagate")))
         size = int(np.prod(x.shape))
         pts = np.float32(
-            kernels.nvfp4_tensor_scale(torchao_amax(amax, arrays.h["view"](x).dtype, size))
+            kernels.nvfp4_tensor_scale(nvfp4.torchao_amax(amax, arrays.h["view"](x).dtype, size))
         )
     kaxis = 0 if cols else -1
     if r.mode == "nvfp4":

@@ -264,6 +264,7 @@ def test_presets_and_round_trip():
         "torchao-mx-even",
         "torchao-mx-rceil",
         "nvfp4",
+        "te-nvfp4",
     )
     for name in fp8.BLOCK_RECIPES:
         r = fp8.recipe(name)
