@@ -145,3 +145,39 @@ def test_bad_arguments_refused_before_a_launch(dev):
         dev.quantize(x.astype(np.float64), 1.0)
     with pytest.raises(ValueError, match="x must be 2-D bfloat16"):
         dev.rht_amax(x)
+
+
+def test_quantize_blocks_on_a_device_equals_numpy(backend):
+    """lscore.fp8's device path for te-nvfp4 (blocks.quantize_on, block_dequant.dequantize_on:
+    the amax kernels, nvfp4.cu on the same framework's hooks) gives the NumPy path's codes,
+    amax and values for every role and orientation."""
+    import lscore.fp8 as fp8
+    from lscore.cuda import fp8 as cuda_fp8
+    from lscore.cuda import mx as cuda_mx
+    from lscore.fp8 import block_dequant, blocks
+
+    hooks = dict(
+        view=lambda a: DeviceView(a.ctypes.data, a.shape, a.strides, a.dtype.name, a.itemsize),
+        empty=lambda like, shape, dt: np.empty(shape, BF16 if dt == "bfloat16" else dt),
+        zeros=lambda like, n, dt: np.zeros(n, dt),
+        upload=lambda like, host: np.array(host, np.float32),
+        as_float32=lambda w: w.view(np.float32),
+        to_host=np.asarray,
+        all_positive_finite=lambda a: bool(((a > 0) & np.isfinite(a)).all()),
+        stream=lambda a: None,
+    )
+    f8 = cuda_fp8.Float8Launcher(backend, block=32, max_blocks=4)
+    arrays = cuda_fp8.Float8Arrays(**hooks, launcher=lambda a: f8)
+    mx = cuda_mx.MxLauncher(backend, block=64, max_blocks=3)
+    dev = cuda_mx.BlockArrays(**hooks, launcher=lambda a: mx)
+    x = inputs(BF16, 5)["strided"]
+    r = fp8.recipe("te-nvfp4")
+    for role, axis in (("input", -1), ("input", 0), ("weight", -1), ("grad", -1), ("grad", 0)):
+        elem = r.role_element(role)
+        got = blocks.quantize_on(dev, arrays, x, r, elem, axis, role, 41, 7)
+        want = fp8.quantize_blocks(x, r, role=role, axis=axis, seed=41, offset=7)
+        np.testing.assert_array_equal(got.data, want.data, err_msg=f"{role} {axis}")
+        np.testing.assert_array_equal(got.scales, want.scales.view(np.uint8))
+        assert (got.tensor_scale, got.axis, got.tiles) == (want.tensor_scale, want.axis, want.tiles)
+        y = block_dequant.dequantize_on(dev, got, "float32")
+        np.testing.assert_array_equal(y, fp8.dequantize_blocks(want), err_msg=f"{role} {axis}")
