@@ -146,22 +146,26 @@ LSC_FN lsc_u32 lsc_nv4_rn(float v)
 }
 
 /* E2M1 code of v stochastically rounded with the random byte r (#3281's rule).
- * Written with selects, which vectorise: t is clamped to 8 first (a NaN to
- * 8 too), which leaves q (6 for any t >= 6) unchanged, and the floor of the
- * non-negative t / step(t) < 16 is its truncation. */
+ * Written as integer compares and selects on the float bits, which vectorise:
+ * t = |v| + u * step(|v|) in float32 as the rule's fma (u * step is exact),
+ * clamped to 8 (a NaN to 8 too), which leaves the result (6 for any t >= 6)
+ * unchanged; then with the region g = 0, 1, 2 of t (below 2, below 4, else)
+ * the rule's floor(t / step(t)) is k = (int)(t * 2**(1 - g)), and the code of
+ * k * step(t) is min(k + 2 * g, 7) (codes 0..3 are 0..1.5 in steps of 0.5, 4
+ * and 5 are 2 and 3, 6 and 7 are 4 and 6). */
 LSC_FN lsc_u32 lsc_nv4_sr(float v, lsc_u32 r)
 {
     const lsc_u32 bits = lsc_f32_bits(v), ab = bits & 0x7FFFFFFFu;
-    const float a = lsc_f32_from_bits(ab), u = (float)(r & 0xFFu) * 0x1p-8f;
-    const float step = a >= 4.0f ? 2.0f : a >= 2.0f ? 1.0f : 0.5f;
-    float t = a + u * step;
-    t = t < 8.0f ? t : 8.0f;
-    const float st = t >= 4.0f ? 2.0f : t >= 2.0f ? 1.0f : 0.5f;
-    const float inv = t >= 4.0f ? 0.5f : t >= 2.0f ? 1.0f : 2.0f;
-    float q = (float)(lsc_i32)(t * inv) * st;
-    q = q < 6.0f ? q : 6.0f;
+    /* step(a) = 0.5, 1, 2: the exponent of 0.5 raised by a >= 2 and a >= 4 */
+    const lsc_u32 ga = (ab >= 0x40000000u) + (ab >= 0x40800000u);
+    const float u = (float)(r & 0xFFu) * 0x1p-8f;
+    const float t = lsc_f32_from_bits(ab) + u * lsc_f32_from_bits(0x3F000000u + (ga << 23));
+    const lsc_u32 tb0 = lsc_f32_bits(t), tb = tb0 < 0x41000000u ? tb0 : 0x41000000u;
+    const lsc_u32 g = (tb >= 0x40000000u) + (tb >= 0x40800000u);
+    const lsc_u32 k = (lsc_u32)(lsc_i32)(lsc_f32_from_bits(tb) * lsc_f32_from_bits(0x40000000u - (g << 23)));
+    const lsc_u32 c = k + 2u * g, code = c < 7u ? c : 7u;
     const lsc_u32 keep = -(lsc_u32)(ab <= 0x7F800000u);   /* a NaN rounds to +6 */
-    return lsc_e2m1_from_f32(q) | ((bits >> 28) & 8u & keep);
+    return code | ((bits >> 28) & 8u & keep);
 }
 
 /* ---- the Hadamard transform ---------------------------------------------- */

@@ -33,17 +33,22 @@ LSC_NV4_INL lsc_u32 lsc_nv4_abs(float v)
     return a <= 0x7F800000u ? a : 0u;
 }
 
-/* The draws of the n subsequences sub + b * stride (the words of draw b at
- * w[4 * b .. 4 * b + 3]): the ten rounds across the n lanes at a time. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the random bytes are read as the bytes of their words (little-endian)"
+#endif
+
+/* The draws of the n subsequences sub + b * stride: word k of draw b at
+ * w[k * n + b] (a lane a draw, so that the rounds and the byte reads
+ * vectorise). */
 LSC_NV4_INL void lsc_nv4_draws(lsc_u64 sub, lsc_u64 stride, int64_t n, const lsc_nv4_rule *k,
                                lsc_u32 *w)
 {
-    lsc_u32 x[LSC_NV4_TILE], y[LSC_NV4_TILE], z[LSC_NV4_TILE], v[LSC_NV4_TILE];
+    lsc_u32 *x = w, *y = w + n, *z = w + 2 * n, *v = w + 3 * n;
     lsc_u32 k0 = k->key[0], k1 = k->key[1];
     for (int64_t b = 0; b < n; b++) {
+        const lsc_u64 sb = sub + (lsc_u64)b * stride;
         x[b] = k->ofs[0];
         y[b] = k->ofs[1];
-        const lsc_u64 sb = sub + (lsc_u64)b * stride;
         z[b] = (lsc_u32)sb;
         v[b] = (lsc_u32)(sb >> 32);
     }
@@ -59,18 +64,6 @@ LSC_NV4_INL void lsc_nv4_draws(lsc_u64 sub, lsc_u64 stride, int64_t n, const lsc
         k0 += 0x9E3779B9u;
         k1 += 0xBB67AE85u;
     }
-    for (int64_t b = 0; b < n; b++) {
-        w[4 * b] = x[b];
-        w[4 * b + 1] = y[b];
-        w[4 * b + 2] = z[b];
-        w[4 * b + 3] = v[b];
-    }
-}
-
-/* Random byte i of a group whose draws are w (byte i % 16 of draw i / 16). */
-LSC_NV4_INL lsc_u32 lsc_nv4_byte(const lsc_u32 *w, int64_t i)
-{
-    return (w[i >> 2] >> (8 * (i & 3))) & 0xFFu;
 }
 
 /* One contiguous row piece: per group of LSC_NV4_GROUP blocks the values,
@@ -84,7 +77,7 @@ LSC_NV4_INL void lsc_nv4_row_body(const char *x, int64_t n, int code, const lsc_
         const int64_t g = nb - b0 < G ? nb - b0 : G, len = 16 * g;
         const char *xg = x + b0 * 16 * LSC_MX_WIDTH(code);
         float v[16 * G], f[16 * G];
-        lsc_u32 m[G], sf[G], w[4 * G];
+        lsc_u32 m[G], sf[G], w[4 * G], words[4 * G];
         unsigned char t[16 * G];
         for (int64_t i = 0; i < len; i++)
             v[i] = lsc_nv4_load(xg, i, code);
@@ -104,10 +97,14 @@ LSC_NV4_INL void lsc_nv4_row_body(const char *x, int64_t n, int code, const lsc_
             for (int64_t j = 0; j < 16; j++)
                 f[16 * b + j] = e;
         }
-        if (k->sr) {
+        if (k->sr) {   /* draw b's 16 bytes in order for block b's elements */
+            const unsigned char *rb = (const unsigned char *)words;
             lsc_nv4_draws(sub + (lsc_u64)b0, 1, g, k, w);
+            for (int64_t b = 0; b < g; b++)
+                for (int64_t j = 0; j < 4; j++)
+                    words[4 * b + j] = w[j * g + b];
             for (int64_t i = 0; i < len; i++)
-                t[i] = (unsigned char)lsc_nv4_sr(v[i] * f[i], lsc_nv4_byte(w, i));
+                t[i] = (unsigned char)lsc_nv4_sr(v[i] * f[i], rb[i]);
         } else {
             for (int64_t i = 0; i < len; i++)
                 t[i] = (unsigned char)lsc_nv4_rn(v[i] * f[i]);
@@ -206,12 +203,11 @@ LSC_NV4_INL void lsc_nv4_band_body(const char *x, int64_t wtot, int64_t rs, int 
         for (int64_t p = 0; p < 8; p++) {
             unsigned char *qr = q + (8 * band + p) * cols + c;
             const float *va = v + 2 * p * LSC_NV4_TILE, *vb = va + LSC_NV4_TILE;
-            if (k->sr) {
+            if (k->sr) {   /* rows 2p, 2p + 1: bytes 2p % 4, 2p % 4 + 1 of word 2p / 4 */
+                const lsc_u32 *wp = wd + (p / 2) * w, sh = (lsc_u32)(16 * (p % 2));
                 for (int64_t j = 0; j < w; j++)
-                    qr[j] = (unsigned char)(lsc_nv4_sr(va[j] * f[j], lsc_nv4_byte(wd + 4 * j, 2 * p))
-                                            | (lsc_nv4_sr(vb[j] * f[j],
-                                                          lsc_nv4_byte(wd + 4 * j, 2 * p + 1))
-                                               << 4));
+                    qr[j] = (unsigned char)(lsc_nv4_sr(va[j] * f[j], wp[j] >> sh)
+                                            | (lsc_nv4_sr(vb[j] * f[j], wp[j] >> (sh + 8)) << 4));
             } else {
                 for (int64_t j = 0; j < w; j++)
                     qr[j] = (unsigned char)(lsc_nv4_rn(va[j] * f[j])
