@@ -37,6 +37,7 @@ cdef extern from "lsc_mx.h" nogil:
         LSC_MX_RCEIL
         LSC_MX_TE
         LSC_MX_OCP
+        LSC_MX_NEXT
         LSC_MX_E2M1
     float lsc_e8m0_to_f32(uint32_t c)
     uint32_t lsc_e8m0_from_f32(float f)
@@ -47,9 +48,14 @@ cdef extern from "lsc_mx.h" nogil:
     float lsc_nvfp4_tensor_scale(float amax)
     uint32_t lsc_nvfp4_block(const float *x, long n, int has_pts, float pts, unsigned char *q)
 
-#: block scale rule name -> its code (lsc_mx.h)
+#: block scale rule name -> its code (lsc_mx.h): the rules of TE v2.18, torchao v0.18.0 and
+#: OCP, and the next revisions where a library changed one (NVIDIA/TransformerEngine#3262:
+#: "te-3262"; pytorch/ao#4725: "floor-4725" ... "rceil-4725")
 MODES = {"floor": LSC_MX_FLOOR, "ceil": LSC_MX_CEIL, "even": LSC_MX_EVEN,
-         "rceil": LSC_MX_RCEIL, "te": LSC_MX_TE, "ocp": LSC_MX_OCP}
+         "rceil": LSC_MX_RCEIL, "te": LSC_MX_TE, "ocp": LSC_MX_OCP,
+         "te-3262": LSC_MX_TE | LSC_MX_NEXT, "floor-4725": LSC_MX_FLOOR | LSC_MX_NEXT,
+         "ceil-4725": LSC_MX_CEIL | LSC_MX_NEXT, "even-4725": LSC_MX_EVEN | LSC_MX_NEXT,
+         "rceil-4725": LSC_MX_RCEIL | LSC_MX_NEXT}
 #: MX element format name -> its code (lsc_mx.h)
 ELEMS = {"float8_e4m3fn": LSC_CODE_E4M3FN, "float8_e5m2": LSC_CODE_E5M2,
          "float4_e2m1": LSC_MX_E2M1}
