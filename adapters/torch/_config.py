@@ -3,8 +3,9 @@ advice, autograd dtypes, and how its methods run inside ``torch.compile``.
 
 ``torch_policy`` is torch.amp.GradScaler's policy (the "torch" row of the preset
 table) with its four numbers and lscore's clamps; ``is_torch_shape`` says whether a
-policy behaves as torch's.  ``resolve_policy`` turns what ``GradScaler(policy=...)``
-accepts (a preset name, a Policy, a config or state dict, an lscore loss scale) into
+policy behaves as torch's.  ``starting_state`` turns the constructor's arguments into
+the scaler's state machine: ``resolve_policy`` reads what ``GradScaler(policy=...)``
+accepts (a preset name, a Policy, a config or state dict, an lscore loss scale) as
 a Policy and an optional starting state; ``policy_clash`` words the refusal of
 torch-named arguments passed beside it, showing the call to use.
 """
@@ -12,6 +13,7 @@ torch-named arguments passed beside it, showing the call to use.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 import warnings
@@ -178,6 +180,40 @@ def tensors(outputs: Any) -> list:
 
 class ScalerConfigError(ValueError, AssertionError):
     """A bad constructor argument that torch's GradScaler rejects with AssertionError."""
+
+
+# the defaults of the arguments that policy= replaces (passing another value beside it
+# is refused): GradScaler's, which are torch_policy's
+_DEFAULTS = {k: p.default for k, p in inspect.signature(torch_policy).parameters.items()}
+_FACTORS = ("growth_factor", "backoff_factor", "growth_interval")
+
+
+def starting_state(
+    policy: Any, torch_args: tuple, lscore_args: tuple
+) -> tuple[LossScaleState, float, tuple]:
+    """(state machine, the scale to report before the first scale(), torch's growth
+    factor, backoff factor and growth interval) from GradScaler's `policy` and its other
+    numeric arguments: `torch_args` torch's four, `lscore_args` min_scale, max_scale and
+    hysteresis (torch_policy's order)."""
+    given = dict(zip(_DEFAULTS, (*torch_args, *lscore_args), strict=True))
+    if given["growth_factor"] <= 1.0:
+        raise ScalerConfigError("The growth factor must be > 1.0.")
+    if given["backoff_factor"] >= 1.0:
+        raise ScalerConfigError("The backoff factor must be < 1.0.")
+    v1 = None
+    if policy is None:
+        p = torch_policy(**given)
+        raw = tuple(given[k] for k in ("init_scale", *_FACTORS))
+    else:
+        clash = {k: v for k, v in given.items() if v != _DEFAULTS[k]}
+        if clash:
+            raise ValueError(policy_clash(policy, clash))
+        p, v1 = resolve_policy(policy)
+        raw = tuple(getattr(p, k) for k in ("init_scale", *_FACTORS))
+    state = LossScaleState(p)
+    if v1 is not None:
+        state.load_state_dict(v1)
+    return state, state.scale if v1 is not None else raw[0], raw[1:]
 
 
 def preset_function(name: str) -> Any:

@@ -1,22 +1,21 @@
-"""The GradScaler's paths (how the gradients are unscaled and checked: _unscaler.py).
+"""The GradScaler's two paths: what holds the scale, and what unscales and updates it.
 
-A GradScaler picks one path once, when the device becomes known (its first
-``scale()``), and the path holds the scale:
+A GradScaler picks one, once, when its first ``scale()`` creates the scale tensor
+on the loss's device (torch's lazy init):
 
-- ``_CorePath`` (CPU): lscore's compiled core.  Dense CPU gradients are read as
-  zero-copy buffers (through the DLPack C exchange API of ``torch.Tensor``),
-  unscaled and checked in one pass; the scale is the ``LossScaleState``'s (a
-  float32 tensor mirrors it for ``scale()``).
-- ``_DevicePath`` (other devices): torch's own kernels
-  (``_amp_foreach_non_finite_check_and_unscale_``, ``_amp_update_scale_``), so no
-  host synchronisation; the scale and growth tracker are device tensors.  With
-  an lscore-only option the host state machine updates them instead (one sync).
-- ``Unplaced`` (before the first ``scale()``) and ``Disabled``.
+- ``CorePath`` (CPU): lscore's compiled core unscales and checks every dense CPU
+  gradient in one pass (``_unscaler.GradUnscaler``); the host state machine
+  (``lscore.LossScaleState``) holds the scale and updates it, and a float32 tensor
+  mirrors it for ``scale()``.
+- ``DevicePath`` (other devices, or ``GradScaler.torch_kernels``): torch's own
+  kernels (``_amp_foreach_non_finite_check_and_unscale_``, ``_amp_update_scale_``)
+  on the scale and growth-tracker tensors, so no host synchronisation.  Under a
+  policy that is not torch's (``_config.is_torch_shape``) the host state machine
+  updates instead and writes the tensors (one sync per step).
 
-Each answers the same calls: ``unscale`` / ``check`` (an optimizer's gradients ->
-{device: found-inf tensor}), ``update``, ``get_scale`` / ``good_steps``,
-``set_scale``, ``load`` and ``pickled``.  Whether the policy is torch's
-(``_config.is_torch_shape``) decides whether torch's update kernel can run.
+Both answer the same calls: ``unscale`` / ``check`` (an optimizer's gradients ->
+{device: found-inf tensor}), ``flags``, ``update``, ``get_scale`` / ``good_steps`` /
+``growth_tracker``, ``set_scale``, ``set_policy``, ``loaded`` and ``pull``.
 """
 
 from __future__ import annotations
@@ -27,12 +26,15 @@ import numpy as np
 import torch
 
 from lscore.adapters.torch._config import is_torch_shape
+from lscore.adapters.torch._state_dict import replace_state
 from lscore.adapters.torch._unscaler import GradUnscaler, unscale_with_kernel
 
 # named here too for the torch LossScaleOptimizer
 from lscore.adapters.torch._unscaler import named_grads as named_grads
-from lscore.policy import Policy, inverse_scale, json_float
+from lscore.policy import Policy, inverse_scale
 from lscore.state import LossScaleState
+
+__all__ = ["CorePath", "DevicePath", "SkipCount", "inverse_tensor"]
 
 
 def inverse_tensor(scale: torch.Tensor) -> torch.Tensor:
@@ -44,190 +46,74 @@ def inverse_tensor(scale: torch.Tensor) -> torch.Tensor:
     return scale.double().reciprocal().float()
 
 
-def state_dict_with(
-    state: Any, scale: float, policy: Policy | None = None, **counters: Any
-) -> dict:
-    """`state`'s state dict with another scale, policy and counters."""
-    d = state.state_dict()
-    d["policy"] = (policy or state.policy).to_dict()
-    d["scale"] = json_float(scale)
-    d["counters"].update(counters)
-    return d
+class _ScaleTensor:
+    """A float32 scale tensor on the loss's device that mirrors the host state's scale
+    (what the two paths share); the growth tracker's tensor too when `tracked`."""
 
+    tracker: torch.Tensor | None = None  # torch's growth tracker tensor (the device path)
 
-def replace_state(state: Any, scale: float, good_steps: int, policy: Policy | None = None) -> None:
-    """Replace `state`'s scale, growth tracker and (optionally) policy."""
-    state.load_state_dict(state_dict_with(state, scale, policy, good_steps=int(good_steps)))
-
-
-class _Path:
-    """An enabled scaler's path: the host state machine, and the CPU unscaler (reused
-    from step to step; a pickle names it)."""
-
-    on_device = False  # torch's kernels unscale (and, under torch's policy, update)
-    scale: torch.Tensor | None = None  # the float32 scale tensor, once placed
-    tracker: torch.Tensor | None = None  # torch's growth tracker tensor (the device path only)
-
-    def __init__(self, state: LossScaleState, unscaler: GradUnscaler | None = None):
+    def __init__(self, state: LossScaleState, device: torch.device, tracked: bool) -> None:
         self.state = state
-        self.unscaler = GradUnscaler() if unscaler is None else unscaler
-        # whether the policy is torch's (decided here and when the policy changes, never
-        # per call): then torch's update kernel runs on a device and the state dict is
-        # torch's five keys
-        self.torch_shape = is_torch_shape(state.policy)
-
-    def get_scale(self) -> float:
-        raise NotImplementedError
-
-    def set_policy(self, policy: Policy) -> None:
-        """Give the state machine `policy`, keeping the scale and growth tracker."""
-        if self.torch_shape and not is_torch_shape(policy):
-            self.pull()  # the host state machine takes over from torch's kernel
-        state = self.state
-        replace_state(state, state.scale, state.counters()["good_steps"], policy)
-        self.torch_shape = is_torch_shape(policy)
-
-    def good_steps(self) -> int:
-        return self.state.counters()["good_steps"]
-
-    def growth_tracker(self) -> torch.Tensor | None:
-        return self.tracker
-
-    def pull(self) -> None:
-        """Bring the device's scale and tracker into the host state (the device path)."""
-
-    def pickled(self) -> dict:
-        """The scale's part of a pickled GradScaler, in the single-module adapter's keys."""
-        self.pull()
-        return {
-            "_state": self.state,
-            "_init_scale": self.get_scale(),
-            "_scale": None,
-            "_tracker_t": None,
-            "_scale_value": None,
-            "_unscaler": self.unscaler,
-        }
-
-
-class Unplaced(_Path):
-    """Enabled, before the first ``scale()``: the device, hence the path, is unknown.
-
-    Until then ``get_scale()`` reports the scale as given, unrounded, as torch does;
-    the state machine already holds it in float32.
-    """
-
-    def __init__(self, state: LossScaleState, reported: float, unscaler: Any = None) -> None:
-        super().__init__(state, unscaler)
-        self.reported = reported
-
-    def get_scale(self) -> float:
-        return self.reported
-
-    def load(self, d: dict, reported: float | None) -> None:
-        self.state.load_state_dict(d)
-        self.torch_shape = is_torch_shape(self.state.policy)
-        self.reported = self.state.scale if reported is None else reported
-
-    def place(self, device: torch.device, torch_kernels: bool) -> _Placed:
-        """The path for a scale on `device` (torch's kernels off the CPU, or when asked)."""
-        if device.type != "cpu" or torch_kernels:
-            return _DevicePath(self.state, device, self.unscaler)
-        return _CorePath(self.state, device, self.unscaler)
-
-
-class Disabled:
-    """A disabled scaler: the scale is 1.0 and nothing is unscaled or updated.
-
-    One that ``enabled="auto"`` disabled keeps the path it had: its policy can
-    still be set, and pickles carry it.
-    """
-
-    on_device = False
-    scale = tracker = None
-
-    def __init__(self, held: Unplaced | None = None):
-        self.held = held
-
-    @property
-    def state(self) -> LossScaleState | None:
-        return None if self.held is None else self.held.state
-
-    def get_scale(self) -> float:
-        return 1.0
-
-    def good_steps(self) -> int:
-        return 0
-
-    def growth_tracker(self) -> None:
-        return None
-
-    def pickled(self) -> dict:
-        return {} if self.held is None else self.held.pickled()
-
-    def set_policy(self, policy: Policy) -> None:
-        if self.held is not None:  # enabled="auto" disabled it: the held path keeps it
-            self.held.set_policy(policy)
-
-
-class _Placed(_Path):
-    """A path whose scale tensor exists (created on the first ``scale()``'s device)."""
-
-    scale: torch.Tensor
-    written: float | None
-
-    def __init__(
-        self, state: LossScaleState, device: torch.device, unscaler: Any, tracked: bool
-    ) -> None:
-        super().__init__(state, unscaler)
         s = state.scale
         self.scale = torch.full((), s, dtype=torch.float32, device=device)
-        self.written = s  # what the host last wrote into self.scale
+        self.written: float | None = s  # what the host last wrote into self.scale
         if tracked:
-            self.tracker = torch.full(
-                (), state.counters()["good_steps"], dtype=torch.int32, device=device
-            )
+            self.tracker = torch.full((), state.good_steps, dtype=torch.int32, device=device)
 
-    def _write(self) -> None:
+    def write(self) -> None:
         """Copy the host state into the tensors (the scale only when it changed)."""
         s = self.state.scale
         if s != self.written:
             self.scale.fill_(s)
             self.written = s
         if self.tracker is not None:
-            self.tracker.fill_(self.state.counters()["good_steps"])
+            self.tracker.fill_(self.state.good_steps)
+
+    def loaded(self) -> None:
+        """The host state was replaced (a state dict, an assigned init value): write it."""
+        self.written = None  # write the scale even when unchanged
+        self.write()
+
+    def set_host_scale(self, new_scale: Any) -> None:
+        """update(new_scale) on the host state: a float or a checked one-element tensor."""
+        if isinstance(new_scale, torch.Tensor):
+            new_scale = new_scale.reshape(()).item()
+        self.state.set_scale(float(np.float32(float(new_scale))))
+        self.write()
+
+
+class CorePath(_ScaleTensor):
+    """CPU: lscore's compiled core unscales and checks; the host state machine updates."""
+
+    on_device = False
+    observes_always = True  # the found-inf flags are on the host already
+
+    def __init__(self, state: LossScaleState, device: torch.device, unscaler: GradUnscaler):
+        super().__init__(state, device, tracked=False)
+        self.unscaler = unscaler
 
     def get_scale(self) -> float:
         return self.state.scale
 
-    def set_scale(self, new_scale: Any) -> None:
-        """update(new_scale): a float or a checked one-element tensor."""
-        if isinstance(new_scale, torch.Tensor):
-            new_scale = new_scale.reshape(()).item()
-        self.state.set_scale(float(np.float32(float(new_scale))))
-        self._write()
-
-    def load(self, d: dict, reported: float | None) -> None:
-        self.state.load_state_dict(d)
-        self.torch_shape = is_torch_shape(self.state.policy)
-        self.written = None  # write the scale even when unchanged
-        self._write()
-
-
-class _CorePath(_Placed):
-    """CPU: lscore's compiled core unscales and checks; the host state machine updates."""
-
-    observes_always = True  # the found-inf flags are on the host already
-
-    def __init__(self, state: Any, device: Any, unscaler: Any) -> None:
-        super().__init__(state, device, unscaler, tracked=False)
+    def good_steps(self) -> int:
+        return self.state.good_steps
 
     def growth_tracker(self) -> torch.Tensor:
-        return torch.full((), self.good_steps(), dtype=torch.int32)  # a copy, as torch's
+        return torch.full((), self.state.good_steps, dtype=torch.int32)  # a copy, as torch's
+
+    def set_scale(self, new_scale: Any) -> None:
+        self.set_host_scale(new_scale)
+
+    def set_policy(self, policy: Policy) -> None:
+        """Give the state machine `policy`, keeping the scale and growth tracker."""
+        replace_state(self.state, policy=policy)
+
+    def pull(self) -> None:
+        """The host state is current already (the device path's copies it from the tensors)."""
 
     def unscale(self, optimizer: Any, allow_fp16: bool, stats: list | None = None) -> dict:
-        return self.unscaler(
-            optimizer.param_groups, inverse_scale(self.state.scale), allow_fp16, stats
-        )
+        inv = inverse_scale(self.state.scale)
+        return self.unscaler(optimizer.param_groups, inv, allow_fp16, stats)
 
     def check(self, optimizer: Any) -> dict:
         return self.unscaler(optimizer.param_groups, 1.0, True)
@@ -243,11 +129,11 @@ class _CorePath(_Placed):
         before = self.state.scale
         if advance:
             self.state.update(not skipped)
-            self._write()
+            self.write()
         return skipped, before
 
 
-class _DevicePath(_Placed):
+class DevicePath(_ScaleTensor):
     """Off the CPU: torch's kernels unscale, check and, under torch's policy, update the
     scale and tracker tensors on the device; otherwise the host state machine does.
     Under torch's policy each call issues the tensor ops torch's GradScaler issues."""
@@ -256,24 +142,42 @@ class _DevicePath(_Placed):
     observes_always = False  # reading the flag on the host is a sync
     tracker: torch.Tensor
 
-    def __init__(self, state: Any, device: Any, unscaler: Any) -> None:
-        super().__init__(state, device, unscaler, tracked=True)
+    def __init__(self, state: LossScaleState, device: torch.device) -> None:
+        super().__init__(state, device, tracked=True)
+        # whether the policy is torch's, decided here and when the policy changes (never
+        # per call): then torch's update kernel runs and the tensors hold the truth
+        self.torch_shape = is_torch_shape(state.policy)
 
     def get_scale(self) -> float:
         return self.scale.item() if self.torch_shape else self.state.scale
 
     def good_steps(self) -> int:
-        return int(self.tracker.item()) if self.torch_shape else super().good_steps()
+        return int(self.tracker.item()) if self.torch_shape else self.state.good_steps
+
+    def growth_tracker(self) -> torch.Tensor:
+        return self.tracker
 
     def set_scale(self, new_scale: Any) -> None:
         if not self.torch_shape:
-            super().set_scale(new_scale)
+            self.set_host_scale(new_scale)
         elif isinstance(new_scale, torch.Tensor):
             self.scale.copy_(new_scale)
         else:
             self.scale.fill_(new_scale)
 
+    def set_policy(self, policy: Policy) -> None:
+        """Give the state machine `policy`, keeping the scale and growth tracker."""
+        if self.torch_shape and not is_torch_shape(policy):
+            self.pull()  # the host state machine takes over from torch's kernel
+        replace_state(self.state, policy=policy)
+        self.torch_shape = is_torch_shape(policy)
+
+    def loaded(self) -> None:
+        self.torch_shape = is_torch_shape(self.state.policy)
+        super().loaded()
+
     def pull(self) -> None:
+        """Bring the tensors' scale and tracker into the host state (torch's policy)."""
         if self.torch_shape:
             replace_state(self.state, self.scale.item(), int(self.tracker.item()))
             self.written = self.state.scale
@@ -311,7 +215,7 @@ class _DevicePath(_Placed):
                 torch._amp_update_scale_(self.scale, self.tracker, combined, *factors)
             else:
                 self.state.update(not combined.item())
-                self._write()
+                self.write()
         # "before" is what the host last wrote: under torch's kernel that is older
         # than the scale the kernel just replaced
         return combined, self.written

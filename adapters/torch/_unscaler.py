@@ -1,9 +1,11 @@
 """How the torch adapter unscales and checks gradients: torch's own kernel per device and
 dtype (``unscale_with_kernel``), and ``GradUnscaler``, lscore's one pass over every dense
-CPU gradient (zero-copy buffers through the DLPack C exchange API of ``torch.Tensor``)."""
+CPU gradient (zero-copy buffers through the DLPack C exchange API of ``torch.Tensor``),
+which ``clip_unscaled`` then clips as ``clip_grad_norm_`` does."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -11,7 +13,7 @@ import torch
 
 from lscore import kernels
 from lscore.dtypes import Code
-from lscore.scan import not_float_error
+from lscore.scan import clip_coefficient, not_float_error
 
 _CPU = torch.device("cpu")
 # torch dtype -> the core's dtype code, for every dtype the kernels read
@@ -213,6 +215,43 @@ class GradUnscaler:
         if len(codes):
             kernels.unscale_raw(ptrs, counts, strides, codes, factor)
         return True
+
+
+def clip_unscaled(
+    params: list, max_norm: float, p: float, stats: list | None, found: dict, unscaler: Any
+) -> torch.Tensor:
+    """Scale the gradients of `params`, just unscaled by `unscaler`, down to `max_norm`
+    (torch's arithmetic: a coefficient in the norm's dtype, clamped to 1) unless one of the
+    `found` flags says the step will be skipped; returns the total p-norm.
+
+    `stats`: the (sum of squares, largest magnitude) pairs that pass gathered, for p 2 or
+    inf; None: the norm taken as ``clip_grad_norm_`` takes it.  The multiply is the
+    core's one pass where every gradient is bfloat16, torch's ``_foreach_mul_`` otherwise.
+    """
+    dtype = params[0].grad.dtype if params else torch.float32
+    groups: dict = {}
+    for q in params:
+        groups.setdefault((q.grad.device, q.grad.dtype), []).append(q.grad)
+    with torch.no_grad():
+        if stats is not None:
+            if p == 2.0:
+                total = torch.tensor(math.sqrt(math.fsum(sq for sq, _ in stats)), dtype=dtype)
+            else:
+                total = torch.tensor(max((m for _, m in stats), default=0.0), dtype=dtype)
+        elif not params:
+            return torch.tensor(0.0)
+        else:
+            norms = [n for grads in groups.values() for n in torch._foreach_norm(grads, p)]
+            total = torch.linalg.vector_norm(torch.stack(norms), p)
+        if params and not any(v.item() for v in found.values()):
+            coef = clip_coefficient(total, max_norm)
+            # bfloat16: the core's pass (1e7 elements: 0.73 ms, torch's 1.34 ms on a
+            # Zen 3 core); torch's multiply is the faster one for the other dtypes
+            core = coef.dtype == torch.bfloat16
+            if not (core and unscaler.multiply(float(coef), coef.dtype)):
+                for (device, _), grads in groups.items():
+                    torch._foreach_mul_(grads, coef.to(device))
+    return total
 
 
 def _stats(t: torch.Tensor) -> tuple:

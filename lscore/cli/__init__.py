@@ -175,14 +175,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     """The benchmark table against NumPy, torch and the memory bandwidth."""
-    from lscore.cli import bench
+    from lscore import bench
 
     return bench.main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The `lscore` command line: its options and the demo, bench and migrate commands."""
-    from lscore.cli import bench as bench_cmd
+    from lscore import bench as bench_cmd
     from lscore.cli.demo import config
 
     parser = Parser(prog="lscore", description=__doc__, formatter_class=HelpFormatter)

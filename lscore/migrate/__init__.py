@@ -32,13 +32,14 @@ from lscore.migrate._base import (
     path_text,
     walk_path,
 )
-from lscore.migrate._deepspeed import DeepSpeedPeer, MegatronPeer
+from lscore.migrate._deepspeed import DeepSpeedPeer
+from lscore.migrate._fairseq import FairseqPeer
+from lscore.migrate._megatron import MegatronPeer
 from lscore.migrate._others import (
     ApexFp16UtilsPeer,
     ApexPeer,
     ChainerPeer,
     ColossalAIPeer,
-    FairseqPeer,
     JmpPeer,
     MXNetPeer,
     PaddlePeer,
@@ -50,7 +51,7 @@ from lscore.presets import PresetLossScale, preset, table
 
 __all__ = ["PEERS", "Migration", "MigrationNote", "convert", "from_peer", "peer_config", "to_peer"]
 
-# one reader per peer (_torch, _tf, _deepspeed, _others), by preset name
+# one reader per peer (_torch, _tf, _deepspeed, _megatron, _fairseq, _others), by preset name
 _PEERS = {
     p.preset: p
     for p in (

@@ -448,7 +448,7 @@ def test_isinstance_torch_grad_scaler(kw):
 
 
 def test_every_method_of_torchs_class_is_overridden():
-    # GradScaler's own class or one of its lscore parts (_scaler_path, _unscale, _state)
+    # defined by GradScaler itself (or a class between it and torch's in its MRO)
     ours = {n for k in GradScaler.__mro__[: GradScaler.__mro__.index(TorchScaler)] for n in vars(k)}
     missing = [
         n for n, v in vars(TorchScaler).items() if callable(v) and n != "__init__" and n not in ours

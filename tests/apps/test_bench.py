@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
+from lscore import bench
 from lscore import cli as _cli
 from lscore._ext import _scan
-from lscore.cli import bench
-from lscore.cli.bench._harness import Rows
+from lscore.bench._harness import Rows
 
 
 def expected_rows():
@@ -53,7 +53,7 @@ def expected_rows():
             rows.add((f"unscale_ {dt} {log_list}", m))
     for dt in ("float16", "bfloat16", "float32"):
         for case in ("4096", log_list):
-            for m in bench._sections.CLIP_METHODS:
+            for m in bench._gradscaler.CLIP_METHODS:
                 rows.add((f"unscale_and_clip_ {dt} {case}", m))
     for case in ("300 x 64", "300 log-uniform 1e2..1e5"):
         for m in (
@@ -142,7 +142,7 @@ def test_gradscaler_device_path_rows(tiny_run):
     the step's target at 300 and 2000 tensors."""
     import torch
 
-    from lscore.cli.bench import _scaler
+    from lscore.bench import _scaler
 
     rows = [r for r in tiny_run["rows"] if r["group"].startswith(_scaler.GROUP)]
     assert len(rows) == 2 * 2 * 5 * 2
@@ -206,12 +206,12 @@ def gpu_host_run(tmp_path_factory):
 
 
 def test_gpu_host_targets_carry_unit_cached_measured_required_met(gpu_host_run):
-    from lscore.cli.bench import _gpu, _gpu_step
+    from lscore.bench import _gpu_step, _harness
 
     assert gpu_host_run["suite"] == "gpu-host"
     targets = gpu_host_run["targets"]
     workloads = {t["workload"] for t in targets}
-    assert workloads == {name for name, *_ in _gpu.TINY_WORKLOADS}
+    assert workloads == {name for name, *_ in _harness.TINY_WORKLOADS}
     kinds = {(t["unit"], t["cached"], t.get("case")) for t in targets}
     assert kinds == {
         ("us_per_array", True, None),
@@ -251,7 +251,7 @@ def test_gpu_host_targets_carry_unit_cached_measured_required_met(gpu_host_run):
 
 def test_gpu_host_times_whole_fused_steps(gpu_host_run):
     """Both optimizers in both modes on every workload, each a fused step."""
-    from lscore.cli.bench import _gpu, _gpu_step
+    from lscore.bench import _gpu_step, _harness
 
     steps = {
         (r["group"], r["method"])
@@ -260,7 +260,7 @@ def test_gpu_host_times_whole_fused_steps(gpu_host_run):
     }
     assert steps == {
         (f"gpu-host step {o} {w}", f"{m} step, {case}")
-        for w, *_ in _gpu.TINY_WORKLOADS
+        for w, *_ in _harness.TINY_WORKLOADS
         for o in _gpu_step.OPTIMIZERS
         for m in _gpu_step.LSCORE_METHODS[:2]
         for case in ("cached", "gradients at new addresses")
@@ -270,9 +270,9 @@ def test_gpu_host_times_whole_fused_steps(gpu_host_run):
 def test_the_null_adapter_steps_through_the_fused_launches_only():
     """gpu-host's step rows time the fused path: a cached sync-free step is its launches
     (check, update, per dtype group; the scale update), no elementwise work, no read."""
-    from lscore.cli.bench import _gpu, _gpu_step
+    from lscore.bench import _gpu_step, _standin
 
-    dev = _gpu_step.StepDevice(np, _gpu.null_adapter(), lambda: None, None)
+    dev = _gpu_step.StepDevice(np, _standin.null_adapter(), lambda: None, None)
     grads = [np.ones(n, dt) for n, dt in ((5, np.float16), (70, np.float32), (3, np.float16))]
     step, params = _gpu_step.lscore_step(
         dev, "Adam", grads, [np.ones(g.size, np.float32) for g in grads], True
@@ -296,21 +296,21 @@ def test_gpu_host_times_the_adapters_path_with_only_the_launch_replaced():
     import numpy as np
 
     import lscore
-    from lscore.cli.bench import _gpu
+    from lscore.bench import _standin
 
-    kern = _gpu.standin_kernels(lambda dev: harness.HostBackend())
-    lists = _gpu._HostLists([5, 70000, 3], "float32", 1)
+    kern = _standin.standin_kernels(lambda dev: harness.HostBackend())
+    lists = _standin.HostLists([5, 70000, 3], "float32", 1)
     arrays = lists.make(0)
     arrays[1].host[7] = np.inf
     want = [a.host.copy() for a in arrays]
     assert kern.unscale_(arrays, 0.5) is lscore.unscale_(want, 0.5) is False
     assert all(np.array_equal(a.host, w) for a, w in zip(arrays, want, strict=True))
-    null = _gpu.standin_kernels()
+    null = _standin.standin_kernels()
     assert null.unscale_(arrays, 0.5) and null.device(0).backend.syncs == 1
 
 
 def test_gpu_suite_skips_with_a_reason_without_a_gpu(tmp_path):
-    from lscore.cli.bench import _gpu
+    from lscore.bench import _gpu
 
     if _gpu.gpu_skip_reason() is None:
         pytest.skip("a GPU is here: the gpu suite runs for real (pytest -m gpu)")
@@ -320,7 +320,7 @@ def test_gpu_suite_skips_with_a_reason_without_a_gpu(tmp_path):
     )
     out = json.loads(path.read_text())
     assert out["rows"] and all("no CUDA device" in r["skipped"] for r in out["rows"])
-    from lscore.cli.bench import _gpu_step
+    from lscore.bench import _gpu_step
 
     assert {r["method"] for r in out["rows"]} == set(_gpu.GPU_METHODS) | set(_gpu_step.STEP_METHODS)
     assert all(t["met"] is None and t["measured"] is None for t in out["targets"])
@@ -333,9 +333,9 @@ def test_gpu_step_rows_run_on_the_host_harness():
     lscore mode trains its parameters as lscore's NumPy adapter does."""
     pytest.importorskip("torch")
     from helpers.cuda_host import adapter
-    from lscore.cli.bench import _gpu_step
-    from lscore.cli.bench._harness import Rows
-    from lscore.cli.bench._report import add_ratios, format_table
+    from lscore.bench import _gpu_step
+    from lscore.bench._harness import Rows
+    from lscore.bench._report import add_ratios, format_table
 
     dev = _gpu_step.StepDevice(
         np, adapter, lambda: None, "cpu", no_capture="graph capture needs CuPy on a GPU"
@@ -369,7 +369,7 @@ def test_gpu_step_rows_lscore_steps_follow_the_numpy_adapter():
     three of them, parameters equal lscore.adapters.numpy's on the same gradients."""
     from helpers.cuda_host import adapter
     from lscore.adapters import numpy as lnp
-    from lscore.cli.bench import _gpu_step
+    from lscore.bench import _gpu_step
 
     dev = _gpu_step.StepDevice(np, adapter, lambda: None, None)
     rng = np.random.default_rng(1)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from lscore import cli
-from lscore.cli.bench import _fp8, _mx
+from lscore.bench import _fp8, _mx
 
 
 def test_tiny_run_has_every_row(tmp_path):
@@ -60,7 +60,7 @@ def test_torch_baselines_are_lscores_quantize():
     """The eager torch rows compute the bytes (and amax, scale) lscore's rows compute."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("ml_dtypes")
-    from lscore.cli.bench._harness import as_tensor, dtype_of
+    from lscore.bench._harness import as_tensor, dtype_of
 
     rng = np.random.default_rng(1)
     t_delayed, t_current = _fp8.torch_fns(torch)
@@ -136,7 +136,7 @@ def test_only_skips_the_set_up_of_groups_it_leaves_out(monkeypatch):
     def refuse(*a, **kw):
         raise AssertionError("set up a group --only left out")
 
-    from lscore.cli.bench._harness import Rows
+    from lscore.bench._harness import Rows
 
     monkeypatch.setattr(_fp8, "lscore_fns", refuse)
     monkeypatch.setattr(_mx, "lscore_fns", refuse)

@@ -7,7 +7,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from lscore.cli.bench import _mx
+from lscore.bench import _mx
 
 DATA = pathlib.Path(__file__).parents[1] / "core" / "data" / "torchao_mx.npz"
 
@@ -16,7 +16,7 @@ def test_a_size_that_is_not_whole_blocks_is_skipped():
     class Opts:
         tiny, sizes_given, sizes, use_torch, only = False, True, (1000,), False, ()
 
-    from lscore.cli.bench._harness import Rows
+    from lscore.bench._harness import Rows
 
     rows = Rows(0, False)
     _mx.run_cpu(Opts(), rows, np.random.default_rng(0))
@@ -80,7 +80,7 @@ def test_gpu_rows_run_on_any_torch_device():
         tiny, sizes_given, sizes, use_torch, only = False, True, (4096,), True, ()
         repeat, min_time = 1, 0.0
 
-    from lscore.cli.bench._harness import Rows
+    from lscore.bench._harness import Rows
 
     rows = Rows(0, False)
     _mx.run_gpu(Opts(), rows, np.random.default_rng(0), device="cpu")
@@ -102,7 +102,7 @@ def test_gpu_rows_are_one_skipped_row_without_a_device():
     class Opts:
         tiny, sizes_given, sizes, use_torch, only = False, True, (4096,), True, ()
 
-    from lscore.cli.bench._harness import Rows
+    from lscore.bench._harness import Rows
 
     rows = Rows(0, False)
     _mx.run_gpu(Opts(), rows, np.random.default_rng(0))
@@ -147,7 +147,7 @@ def test_torch_baseline_writes_torchaos_recorded_bytes(dtype):
 def test_torch_baseline_equals_lscores_torchao_presets(name):
     torch = pytest.importorskip("torch")
     pytest.importorskip("ml_dtypes")
-    from lscore.cli.bench._harness import as_tensor, dtype_of
+    from lscore.bench._harness import as_tensor, dtype_of
 
     rng = np.random.default_rng(35)
     x = (rng.standard_normal(64 * 32) * 2.0 ** rng.integers(-40, 40, 64 * 32)).astype(np.float32)

@@ -7,7 +7,7 @@ source, read on the CPU (NVRTC and cuobjdump from the test extra's wheels).
 
 import pytest
 
-from lscore.cli.bench import _static
+from lscore.bench import _static
 
 try:
     _static.cuobjdump()

@@ -11,11 +11,10 @@ import shutil
 import numpy as np
 import pytest
 
+from lscore import bench, cuda
 from lscore import cli as _cli
-from lscore import cuda
-from lscore.cli import bench
-from lscore.cli.bench import _gpu, _tune
-from lscore.cli.bench._harness import Rows
+from lscore.bench import _gpu, _standin, _tune
+from lscore.bench._harness import Rows
 
 needs_harness = pytest.mark.skipif(
     shutil.which("g++") is None, reason="g++ is missing: the CUDA host harness cannot be built"
@@ -147,7 +146,7 @@ def test_summarize_picks_the_best_compromise_not_a_workload_winner():
 
 
 def test_a_device_whose_results_differ_is_reported():
-    dev = _tune.ArrayDevice(_gpu.NullBackend)  # launches nothing: unscale_ is wrong
+    dev = _tune.ArrayDevice(_standin.NullBackend)  # launches nothing: unscale_ is wrong
     opts = bench.Options(tiny=True, progress=False, suite="gpu-tune")
     rows = Rows(0, False)
     targets, tune = _tune.run_tune(opts, rows, np.random.default_rng(0), dev)
@@ -223,7 +222,7 @@ def test_nan_payloads_may_differ_but_nan_against_a_number_may_not():
         """Returns what it was told the device wrote."""
 
         def __init__(self, result):
-            super().__init__(_gpu.NullBackend)
+            super().__init__(_standin.NullBackend)
             self.result = result
 
         def read(self, a):

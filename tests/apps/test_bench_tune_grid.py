@@ -15,7 +15,7 @@ import lscore
 from helpers import FLOAT_DTYPES, bits_equal_or_both_nan
 from helpers.gen import nonfinite_values
 from lscore import cuda, kernels
-from lscore.cli.bench import _tune
+from lscore.bench import _tune
 from lscore.cuda import launch
 from lscore.dtypes import BY_NAME
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import lscore
+from lscore.bench import format_table
 from lscore.cli import build_parser, main
-from lscore.cli.bench import format_table
 
 
 def _parsers() -> list[argparse.ArgumentParser]:
@@ -94,7 +94,7 @@ def test_demo_help_is_the_codes_settings(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_bench_help_is_the_codes_settings(capsys: pytest.CaptureFixture[str]) -> None:
-    from lscore.cli import bench as bench_cmd
+    from lscore import bench as bench_cmd
 
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
@@ -157,7 +157,7 @@ def test_user_errors_are_one_line_and_exit_2(
 def test_bench_json_folder_is_refused_before_the_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lscore.cli import bench as bench_cmd
+    from lscore import bench as bench_cmd
 
     monkeypatch.setattr(bench_cmd, "run", lambda opts: pytest.fail("the benchmark ran"))
     assert "is a folder" in _user_error(["bench", "--json", str(tmp_path)], capsys)
@@ -166,7 +166,7 @@ def test_bench_json_folder_is_refused_before_the_run(
 def test_an_interrupted_command_ends_without_a_traceback(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lscore.cli import bench as bench_cmd
+    from lscore import bench as bench_cmd
 
     def interrupted(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
@@ -338,7 +338,7 @@ def test_bench_only_prints_only_what_it_selects(
 ) -> None:
     """Only rows of the groups named, and only the targets those rows measure: no skipped
     rows of other groups (here bfloat16's, as without ml_dtypes), no unmeasured targets."""
-    from lscore.cli.bench import _sections
+    from lscore.bench import _sections
 
     dtype_of = _sections.dtype_of
     monkeypatch.setattr(_sections, "dtype_of", lambda n: None if n == "bfloat16" else dtype_of(n))

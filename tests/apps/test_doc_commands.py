@@ -18,7 +18,7 @@ import pytest
 
 import lscore
 from helpers import ROOT
-from lscore.cli import bench as bench_cmd
+from lscore import bench as bench_cmd
 from lscore.cli import build_parser, demo, main
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

@@ -2,7 +2,8 @@
 and the built site renders that entry.
 
 A public module is one under lscore or lscore.adapters with no underscore in its
-dotted name, except the command line (lscore.cli, documented as commands). Its
+dotted name, except the command line (lscore.cli and the suites of `lscore bench`,
+lscore.bench: documented as commands). Its
 public names are its ``__all__``, or else the names it defines without a leading
 underscore. A class or function needs a docstring of its own; a constant needs a
 ``#:`` doc comment at its assignment (where autodoc reads it). A name counts as in
@@ -44,6 +45,8 @@ from helpers import ROOT
 REFERENCE = ROOT / "docs" / "reference"
 DIRECTIVE = re.compile(r"^\.\. auto(class|function|exception|data):: (\S+)$", re.M)
 OPTIONAL = {"lscore.adapters.torch": "torch", "lscore.adapters.cupy": "cupy"}
+# the command line's packages, documented as commands (docs/reference/cli.md)
+COMMANDS = ("lscore.cli", "lscore.bench")
 
 
 def public_modules() -> list[str]:
@@ -51,7 +54,7 @@ def public_modules() -> list[str]:
     for pkg in (lscore, lscore.adapters):
         for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
             parts = info.name.split(".")
-            if any(p.startswith("_") for p in parts) or info.name.startswith("lscore.cli"):
+            if any(p.startswith("_") for p in parts) or info.name.startswith(COMMANDS):
                 continue
             out.append(info.name)
     return out

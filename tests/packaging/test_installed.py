@@ -21,7 +21,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 SITE = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")}
-MODULES = ["lscore", "lscore.adapters", "lscore.adapters.torch", "lscore._ext"] + [
+# lscore.bench: benchmarks/ of the checkout, installed so that `lscore bench` runs
+MODULES = ["lscore", "lscore.adapters", "lscore.adapters.torch", "lscore.bench", "lscore._ext"] + [
     f"lscore._ext.{name}"
     for name in ("_codes", "_state", "_scan", "_walk", "_grads", "_fp8", "_fp8_scale", "_mx")
 ]

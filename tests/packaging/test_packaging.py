@@ -1,4 +1,5 @@
-"""Install layout: lscore._ext and lscore.adapters import; top-level _ext / adapters do not;
+"""Install layout: lscore._ext, lscore.adapters and lscore.bench import; top-level _ext /
+adapters / benchmarks do not;
 the licence travels in the wheel and the sdist."""
 
 import os
@@ -39,7 +40,7 @@ def test_every_package_of_the_tree_is_listed():
 
 def test_subpackages_import_from_elsewhere(tmp_path):
     r = run(
-        "import lscore, lscore._ext._scan, lscore._ext._state, lscore.adapters; "
+        "import lscore, lscore._ext._scan, lscore._ext._state, lscore.adapters, lscore.bench; "
         "print(lscore.__file__)",
         tmp_path,
     )
@@ -60,7 +61,7 @@ def test_every_package_folder_is_listed_for_the_wheel():
     assert found - listed == set()
 
 
-@pytest.mark.parametrize("name", ["_ext", "adapters"])
+@pytest.mark.parametrize("name", ["_ext", "adapters", "benchmarks"])
 def test_no_top_level_packages(tmp_path, name):
     r = run(f"import {name}", tmp_path)
     assert r.returncode != 0 and "ModuleNotFoundError" in r.stderr
@@ -99,8 +100,9 @@ def test_wheel_installs_and_imports_in_fresh_venv(tmp_path):
     assert any(n.startswith("lscore/_ext/_scan") and n.endswith(".so") for n in names)
     assert any(n.startswith("lscore/_ext/_state") and n.endswith(".so") for n in names)
     assert "lscore/_ext/lsc_state.h" in names and "lscore/adapters/__init__.py" in names
+    assert "lscore/bench/__init__.py" in names and "lscore/bench/_harness.py" in names
     assert not any(n.endswith((".pyx", ".c")) for n in names)
-    assert not any(n.split("/")[0] in ("_ext", "adapters") for n in names)
+    assert not any(n.split("/")[0] in ("_ext", "adapters", "benchmarks") for n in names)
     # PEP 639: the licence file in the wheel's metadata, named in METADATA
     assert "lscore-0.1.0.dist-info/licenses/LICENSE" in names
     wheel_license = zipfile.ZipFile(wheel).read("lscore-0.1.0.dist-info/licenses/LICENSE")

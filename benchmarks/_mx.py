@@ -31,9 +31,9 @@ from __future__ import annotations
 import numpy as np
 
 from lscore import kernels
-from lscore.cli.bench._fp8 import TINY_SIZES, add_floor, ratio_target, timed, why_no_cuda
-from lscore.cli.bench._harness import Rows, as_tensor, dtype_of, import_torch, size_label
-from lscore.cli.bench._report import find
+from lscore.bench._fp8 import TINY_SIZES, add_floor, ratio_target, timed, why_no_cuda
+from lscore.bench._harness import Rows, as_tensor, dtype_of, import_torch, size_label
+from lscore.bench._report import find
 
 SIZES = (10**6, 10**7, 10**8)
 DTYPES = ("bfloat16", "float32")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lscore.cli.bench._harness import Rows, import_torch, workload_sizes
+from lscore.bench._harness import Rows, import_torch, workload_sizes
 
 # (name, array count, sizes: "log" for log-uniform 1e2..1e6 else the size, gradient dtype)
 STEP_WORKLOADS = (

@@ -20,7 +20,7 @@ import math
 import statistics
 import time
 
-from lscore.cli.bench._harness import TORCH_SKIP, Rows
+from lscore.bench._harness import TORCH_SKIP, Rows
 
 COUNTS = (300, 2000)
 ELEMENTS = 64  # per tensor: small, so the host's work is what the rows show

@@ -28,8 +28,9 @@ import numpy as np
 
 import lscore
 from lscore import cuda, kernels
-from lscore.cli.bench import _gpu
-from lscore.cli.bench._harness import alternating, workload_sizes
+from lscore.bench._gpu import gpu_skip_reason
+from lscore.bench._harness import BIG, TINY_WORKLOADS, WORKLOADS, alternating, workload_sizes
+from lscore.bench._standin import STANDIN_XP, StandInArray
 from lscore.cuda.config import ENV, LaunchConfig
 from lscore.fp8.checks import fp8_dtype
 
@@ -75,7 +76,7 @@ def label(cfg: LaunchConfig) -> str:
 
 
 def workloads(tiny: bool = False) -> tuple:
-    return (_gpu.TINY_WORKLOADS + TINY_BIG) if tiny else (_gpu.WORKLOADS + _gpu.BIG)
+    return (TINY_WORKLOADS + TINY_BIG) if tiny else (WORKLOADS + BIG)
 
 
 def _dtype(name: str) -> np.dtype:
@@ -84,7 +85,7 @@ def _dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
-class TypedArray(_gpu.StandInArray):
+class TypedArray(StandInArray):
     """CuPy memory (`mem`, a 1-d CuPy array of same-width words) read as `dtype`, in the
     shape the CuPy adapter reads: CuPy has no bfloat16 array."""
 
@@ -135,7 +136,7 @@ class CupyDevice(ArrayDevice):
         super().__init__(cuda.CupyBackend)
         self.cp = cupy
         self.name = f"cuda:{cupy.cuda.Device().id}"
-        self._xp = _gpu.STANDIN_XP
+        self._xp = STANDIN_XP
 
     def kernels(self, config: LaunchConfig) -> cuda.ArrayKernels:
         return cuda.ArrayKernels(
@@ -166,7 +167,7 @@ def _words(a: np.ndarray) -> np.ndarray:
 
 def default_device():
     """(device, None) on a GPU, else (None, why not)."""
-    reason = _gpu.gpu_skip_reason()
+    reason = gpu_skip_reason()
     return (CupyDevice(), None) if reason is None else (None, reason)
 
 

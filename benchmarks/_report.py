@@ -10,9 +10,9 @@ import numpy as np
 
 import lscore
 from lscore import kernels
-from lscore.cli.bench import _scaler
-from lscore.cli.bench._harness import DTYPES, N_SMALL, size_label
-from lscore.cli.bench._sections import CLIP_DTYPES, CLIP_METHODS, GRAD_HARNESS, log_list
+from lscore.bench import _scaler
+from lscore.bench._gradscaler import CLIP_DTYPES, CLIP_METHODS, GRAD_HARNESS
+from lscore.bench._harness import DTYPES, N_SMALL, log_list, size_label
 
 BASELINES = {
     "unscale_and_clip_": {"torch": CLIP_METHODS[1]},

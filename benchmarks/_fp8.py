@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from lscore import kernels
-from lscore.cli.bench._harness import Rows, as_tensor, dtype_of, import_torch, size_label
-from lscore.cli.bench._report import find
+from lscore.bench._harness import Rows, as_tensor, dtype_of, import_torch, size_label
+from lscore.bench._report import find
 
 SIZES = (10**5, 10**6, 10**7, 10**8)
 TINY_SIZES = (10**3, 4096)

@@ -194,6 +194,25 @@ def dtype_of(name: str):
     return np.dtype(name)
 
 
+# the many-array workloads of the CuPy path's suites (gpu-host, gpu, gpu-tune):
+# (name, array count, sizes: "log" for log-uniform 1e2..1e6 else the size, dtype)
+WORKLOADS = (
+    ("300 log-uniform 1e2..1e6 float32", 300, "log", "float32"),
+    ("300 x 64 float32", 300, 64, "float32"),
+    ("2000 x 4096 float16", 2000, 4096, "float16"),
+)
+TINY_WORKLOADS = (
+    ("30 log-uniform 1e2..1e4 float32", 30, "log", "float32"),
+    ("30 x 64 float32", 30, 64, "float32"),
+    ("200 x 256 float16", 200, 256, "float16"),
+)
+BIG = (
+    ("1 x 1e8 float32", 1, 10**8, "float32"),
+    ("1 x 2e8 float16", 1, 2 * 10**8, "float16"),
+    ("1 x 2e8 bfloat16", 1, 2 * 10**8, "bfloat16"),
+)
+
+
 def workload_sizes(rng, count: int, size, tiny: bool = False) -> list[int]:
     """Array sizes of a many-array workload: `count` log-uniform in 1e2..1e6 (1e2..1e4 when
     `tiny`) for size "log", else `count` times `size`."""
@@ -207,6 +226,12 @@ def log_uniform_sizes(hi: float) -> list[int]:
     """The sizes of the many-array rows: N_SMALL log-uniform in 1e2..hi (seed 1234)."""
     rng = np.random.default_rng(1234)
     return [int(x) for x in np.exp(rng.uniform(math.log(1e2), math.log(hi), N_SMALL))]
+
+
+def log_list(opts) -> tuple[str, list[int]]:
+    """The many-array workload of the list rows and the clipped-step rows: (label, sizes)."""
+    hi = int(opts.gs_max)
+    return f"{N_SMALL} log-uniform 1e2..{size_label(hi)}", log_uniform_sizes(hi)
 
 
 def random_array(rng, dtype, n: int) -> np.ndarray:

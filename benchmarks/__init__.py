@@ -1,5 +1,10 @@
 """`lscore bench`: lscore's scan and unscale against NumPy, torch and the memory bandwidth.
 
+The suites live in the checkout's ``benchmarks/`` folder, beside the library's source,
+and install as ``lscore.bench`` so that the command runs from an install.  The
+command line (``lscore.cli``) imports this package when it builds its parser: the
+modules of the GPU and FP8 suites are imported when their suite runs.
+
 Everything is measured in one run on the same arrays, so the ratios hold even
 on a noisy machine: each row is the median of `repeat` timings (min-max shown),
 each timing a loop of calls lasting at least `min_time` seconds.  In-place
@@ -8,7 +13,7 @@ torch rows need torch (skipped, with the reason, otherwise).
 
 ``--suite gpu-host`` times the host side of the CuPy path with the device
 replaced (no GPU needed) and ``--suite gpu`` the GPU rows (skipped, with
-the reason, without a CUDA device); see _gpu.py.  ``--suite gpu-tune`` times
+the reason, without a CUDA device); see _gpu_host.py and _gpu.py.  ``--suite gpu-tune`` times
 a grid of launch configurations on a GPU (_tune.py); ``--suite gpu-static``
 reads the kernels' sm_90 machine code on the CPU (_static.py).  ``--suite
 fp8`` times float8 quantize, per tensor and block-scaled (MXFP8, NVFP4), against
@@ -19,20 +24,23 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import numpy as np
 
 from lscore import kernels
-from lscore.cli.bench import _fp8, _gpu, _mx, _scaler, _static, _tune
-from lscore.cli.bench._harness import DTYPES, FULL_SIZES, SIZES, TINY_SIZES, Rows, import_torch
-from lscore.cli.bench._report import add_ratios, format_table, machine, targets
-from lscore.cli.bench._sections import AF_METHODS, GRAD_HARNESS, SECTIONS, UN_METHODS
+from lscore.bench import _scaler
+from lscore.bench._gradscaler import GRAD_HARNESS
+from lscore.bench._harness import DTYPES, FULL_SIZES, SIZES, TINY_SIZES, Rows, import_torch
+from lscore.bench._report import add_ratios, format_table, machine, targets
+from lscore.bench._sections import AF_METHODS, SECTIONS, UN_METHODS
 
 __all__ = ["GRAD_HARNESS", "SUITES", "Options", "format_table", "main", "run"]
 
 SUITES = ("cpu", "gpu", "gpu-host", "gpu-tune", "gpu-static", "fp8")
 REPEAT, TINY_REPEAT = 9, 2  # timings per row
 MIN_TIME, TINY_MIN_TIME = 0.02, 1e-4  # seconds per timing
+FIRST_SIGHT_LISTS = 40  # gpu-host: lists at new addresses, each timed once
 
 
 class Options:
@@ -55,7 +63,7 @@ class Options:
             raise ValueError(f"unknown suite {suite!r}; expected one of: {', '.join(SUITES)}")
         self.suite = suite
         self.tiny = tiny
-        self.first_lists = 4 if tiny else _gpu.FIRST_SIGHT_LISTS
+        self.first_lists = 4 if tiny else FIRST_SIGHT_LISTS
         self.sizes_given = bool(sizes)
         self.sizes = (
             tuple(sizes) if sizes else (TINY_SIZES if tiny else (FULL_SIZES if full else SIZES))
@@ -75,6 +83,8 @@ class Options:
 def run(opts: Options) -> dict:
     """Every row of the benchmark, with ratios and the target check."""
     if opts.suite == "gpu-static":
+        from lscore.bench import _static
+
         return _static.run_static()
     if opts.suite == "fp8":
         return _run_fp8(opts)
@@ -92,15 +102,13 @@ def run(opts: Options) -> dict:
         + 3 * len(opts.contention_sizes)
         + 2 * len(opts.isa_sizes) * (len(kernels.isa_levels()) + 1)
     )
-    rows = Rows(n_rows, opts.progress, opts.only)
-    try:
+
+    def fill(rows: Rows) -> None:
         for section in SECTIONS:
             section(rows, opts, torch, rng)
             rows.flush()
-    finally:
-        rows.close()
-    _check_only(rows, opts)
-    add_ratios(rows.rows)
+
+    rows, _ = _timed(opts, n_rows, fill)
     found = _only_measured(targets(rows.rows, opts), opts)
     return {
         "machine": machine(torch),
@@ -123,6 +131,19 @@ def _check_only(rows: Rows, opts: Options) -> None:
         )
 
 
+def _timed(opts: Options, n_rows: int, fill) -> tuple[Rows, Any]:
+    """The rows that `fill(rows)` times, with their ratios, and what `fill` returned;
+    NoRowError when --only kept no row."""
+    rows = Rows(n_rows, opts.progress, opts.only)
+    try:
+        out = fill(rows)
+    finally:
+        rows.close()
+    _check_only(rows, opts)
+    add_ratios(rows.rows)
+    return rows, out
+
+
 def _only_measured(found: list[dict], opts: Options) -> list[dict]:
     """With --only, only the targets whose rows it selected (and ran)."""
     return [t for t in found if t["measured"] is not None] if opts.only else found
@@ -130,18 +151,16 @@ def _only_measured(found: list[dict], opts: Options) -> list[dict]:
 
 def _run_fp8(opts: Options) -> dict:
     """--suite fp8: float8 quantize on the CPU, and on a CUDA device where there is one."""
+    from lscore.bench import _fp8, _mx
+
     torch = import_torch() if opts.use_torch else None
     rng = np.random.default_rng(0)
-    rows = Rows(0, opts.progress, opts.only)
-    try:
-        _fp8.run_cpu(opts, rows, rng)
-        _mx.run_cpu(opts, rows, rng)
-        _fp8.run_gpu(opts, rows, rng)
-        _mx.run_gpu(opts, rows, rng)
-    finally:
-        rows.close()
-    _check_only(rows, opts)
-    add_ratios(rows.rows)
+
+    def fill(rows: Rows) -> None:
+        for part in (_fp8.run_cpu, _mx.run_cpu, _fp8.run_gpu, _mx.run_gpu):
+            part(opts, rows, rng)
+
+    rows, _ = _timed(opts, 0, fill)
     return {
         "suite": opts.suite,
         "machine": machine(torch),
@@ -155,19 +174,19 @@ def _run_fp8(opts: Options) -> dict:
 
 def _run_gpu_suite(opts: Options) -> dict:
     """--suite gpu-host (the CuPy path's host cost, no GPU), --suite gpu or gpu-tune (need one)."""
+    from lscore.bench import _gpu, _gpu_host, _tune
+
     rng = np.random.default_rng(0)
-    rows = Rows(0, opts.progress, opts.only)
-    extra = {}
-    try:
+
+    def fill(rows: Rows) -> tuple[list[dict], dict]:
+        """The suite's targets, and what its result adds (gpu-tune: the summary)."""
         if opts.suite == "gpu-tune":
-            found, extra["tune"] = _tune.run_tune(opts, rows, rng)
-        else:
-            fn = _gpu.run_host if opts.suite == "gpu-host" else _gpu.run_gpu
-            found = fn(opts, rows, rng)
-    finally:
-        rows.close()
-    _check_only(rows, opts)
-    add_ratios(rows.rows)
+            found, tune = _tune.run_tune(opts, rows, rng)
+            return found, {"tune": tune}
+        fn = _gpu_host.run_host if opts.suite == "gpu-host" else _gpu.run_gpu
+        return fn(opts, rows, rng), {}
+
+    rows, (found, extra) = _timed(opts, 0, fill)
     return {
         "suite": opts.suite,
         "machine": machine(None),
@@ -201,9 +220,16 @@ def main(args) -> int:
     except NoRowError as e:
         print(f"lscore bench: error: {e}", file=sys.stderr)
         return 2
-    print(_static.format_static(result) if opts.suite == "gpu-static" else format_table(result))
+    if opts.suite == "gpu-static":
+        from lscore.bench._static import format_static
+
+        print(format_static(result))
+    else:
+        print(format_table(result))
     if "tune" in result:
-        print(_tune.format_summary(result["tune"]))
+        from lscore.bench._tune import format_summary
+
+        print(format_summary(result["tune"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
