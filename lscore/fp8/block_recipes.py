@@ -3,9 +3,12 @@
 A ``BlockRecipe`` names every choice a block-scaled quantization makes
 (element format, block size, scale format, the rule that picks a block's
 scale, whose behaviour it reproduces, what happens to a last partial
-block, the square tiles of a weight, the library version it reproduces);
+block, the square tiles of a weight, the library revision it reproduces);
 the presets are rows of ``BLOCK_TABLE``, each citing the public source it
-follows, and ``block_recipe(name)`` gives them.  ``lscore.fp8.blocks``
+follows, and ``block_recipe(name)`` gives them.  A preset reproduces its
+library's pinned release (TransformerEngine v2.18, torchao v0.18.0); where
+the library's next revision changed a rule, the ``revision`` field selects
+it (``lscore.fp8.revisions.REVISIONS``).  ``lscore.fp8.blocks``
 quantizes and dequantizes by them.
 """
 
@@ -15,7 +18,9 @@ import dataclasses
 import math
 from typing import Any
 
+from lscore.fp8 import revisions
 from lscore.fp8.checks import exact_fields, preset_fields
+from lscore.fp8.revisions import REVISIONS
 from lscore.policy import boolean, choice, integer, real
 
 __all__ = [
@@ -59,11 +64,16 @@ _MX = ("e4m3fn", "e5m2", "e2m1")
 #          448 / max(amax, eps) (kernels.py:1031-1156, the torch reference functions of its
 #          Triton kernels), blocks of 128, E4M3 only (kernels.py:1071)
 # A float32 scale rule also takes power_2_scales (TE's only) and amax_epsilon.
+# `next`: the kernels' mode of the rule at its library's next revision (REVISIONS), where
+# that revision changed it: TE #3262 its MXFP8 dequantize (ptx::exp2f), torchao #4725 its
+# MX scales and products (lscore.kernels.mx_scale lists the rules).
 _MODES: dict[str, dict[str, Any]] = {
     "ocp": dict(behaviour="rule", scale_format="e8m0", block=32, elements=_MX),
-    "te": dict(behaviour="te", scale_format="e8m0", block=32, elements=("e4m3fn", "e5m2")),
+    "te": dict(
+        behaviour="te", scale_format="e8m0", block=32, elements=("e4m3fn", "e5m2"), next="te-3262"
+    ),
     **{
-        m: dict(behaviour="torchao", scale_format="e8m0", block=32, elements=_MX)
+        m: dict(behaviour="torchao", scale_format="e8m0", block=32, elements=_MX, next=f"{m}-4725")
         for m in ("floor", "ceil", "even", "rceil")
     },
     "nvfp4": dict(behaviour="torchao", scale_format="e4m3fn", block=16, elements=("e2m1",)),
@@ -73,14 +83,14 @@ _MODES: dict[str, dict[str, Any]] = {
     ),
 }
 
-# the libraries and versions the presets reproduce
-_TE = "NVIDIA/TransformerEngine v2.18"
-_AO = "pytorch/ao v0.18.0"
+# the libraries and versions the presets reproduce (lscore.fp8.revisions)
+_TE, _AO, _OCP = revisions.TE, revisions.AO, revisions.OCP
+
 # te-mxfp8 with weight_block=32: TE's 2-D MXFP8 weights are in no release that the other
-# rules are pinned to (NVIDIA/TransformerEngine#2634, after v2.18)
+# rules are pinned to (NVIDIA/TransformerEngine#2634, after v2.18 and after #3262)
 _TE_MXFP8_2D = (
-    "NVIDIA/TransformerEngine v2.18, 32x32 weights as commit d8815c4c30b5 (#2634, after "
-    "v2.18: MXFP8BlockScaling(enable_2d_quantization=True))"
+    ", 32x32 weights as commit d8815c4c30b5 (#2634, after v2.18: "
+    "MXFP8BlockScaling(enable_2d_quantization=True))"
 )
 
 # an MXFP8 recipe: e4m3fn in both directions, E8M0 scales of 32 elements
@@ -103,7 +113,7 @@ BLOCK_TABLE: dict[str, dict[str, Any]] = {
         mode="ocp",
         behaviour="rule",
         tail="pad",
-        source="OCP Microscaling Formats v1.0 (microsoft/microxcaling 7bc41952)",
+        source=_OCP,
     ),
     # TransformerEngine v2.18 MXFP8BlockScaling: fp8_format E4M3 by default (HYBRID: e5m2
     # gradients) (common/recipe/__init__.py:337-384); the scale is float_to_e8m0 of amax *
@@ -116,6 +126,10 @@ BLOCK_TABLE: dict[str, dict[str, Any]] = {
     # the tile's amax (fmaxf, or __hmax of 16-bit inputs), the same float_to_e8m0, the
     # scale written replicated into the 1x32 rowwise and columnwise layouts
     # (common/cast/mxfp8/quantize_mxfp8.cuh:421-446 at that commit); `source` says so.
+    # The block amax leaves NaN elements out (fmaxf, __hmax, max.xorsign.abs from 0:
+    # quantize_mxfp8.cuh:211-363).  TE v2.18's dequantize reads scale byte 0 as +0.0 and
+    # 0xFF as +Inf (ptx::exp2f, common/util/ptx.cuh:382-384; dequantize_mxfp8.cuh:175-195);
+    # revision="4ff5fdfed0c1" (#3262) reads them as 2**-127 and NaN.
     "te-mxfp8": dict(_MXFP8, mode="te", behaviour="te", tail="pad", source=_TE),
     # torchao 0.18 MXTensor.to_mx (mx_formats/mx_tensor.py:214-411, QuantizeTensorToMXKwargs
     # elem_dtype float8_e4m3fn, block_size 32: mx_tensor.py:99-106) in each
@@ -127,6 +141,10 @@ BLOCK_TABLE: dict[str, dict[str, Any]] = {
     # (quant.py:64-133) runs to_mx on each tile's 1024 values; the blocked layout repeats
     # each scale 32 times along K (quant.py:53-61).  Opt-in there: training calls
     # scale_block_dim2=1 (moe_training/mxfp8_grouped_mm.py:637-643).
+    # revision="5d73a0c10b02" (#4725, mx_tensor.py:111-159, 185-225, 351-373 at that
+    # commit): a non-finite amax gives the NaN scale (EVEN: once rounded), RCEIL's code is
+    # the bit rule of amax * float32(1 / max) without saturation, and the elements are
+    # multiplied by the E8M0 reciprocal (code 0: 2**127) with no clamp before the cast.
     "torchao-mx-floor": dict(_TORCHAO_MX, mode="floor"),
     "torchao-mx-ceil": dict(_TORCHAO_MX, mode="ceil"),
     "torchao-mx-even": dict(_TORCHAO_MX, mode="even"),
@@ -198,6 +216,13 @@ class BlockRecipe:
     source : str
         The library and version whose behaviour the recipe reproduces, e.g.
         "NVIDIA/TransformerEngine v2.18" ("" for a custom recipe).
+    revision : str
+        The revision of the behaviour's library it reproduces, one of
+        ``REVISIONS[behaviour]``: the pinned release ("v2.18", "v0.18.0";
+        "v1.0" for the OCP rule; "" takes it), or the next revision where
+        the library changed a rule of the mode ("4ff5fdfed0c1" for TE's
+        "te", "5d73a0c10b02" for torchao's MX modes).  ``kernel_mode`` is the
+        kernels' name of the rule at that revision.
 
     The mode fixes the behaviour, scale format, block and the element
     formats allowed; anything else is a ValueError listing what is allowed.
@@ -218,6 +243,7 @@ class BlockRecipe:
     power_2_scales: bool = False
     amax_epsilon: float = 0.0
     source: str = ""
+    revision: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -246,6 +272,8 @@ class BlockRecipe:
                 )
             object.__setattr__(self, "weight_block", wb)
         self._check_float32_fields()
+        rev = revisions.check_revision(self.revision, self.behaviour, self.mode, "next" in rule)
+        object.__setattr__(self, "revision", rev)
         if self.tensor_scale and self.mode != "nvfp4":
             raise ValueError(
                 f"tensor_scale must be False under mode {self.mode!r} (a per-tensor scale is "
@@ -273,6 +301,14 @@ class BlockRecipe:
                 f"power_2_scales must be False under mode {self.mode!r} (power-of-two "
                 "float32 scales are TE's, mode 'te-fp32'), got True"
             )
+
+    @property
+    def kernel_mode(self) -> str:
+        """The block kernels' name of the scale rule at ``revision``: `mode` at the pinned
+        release, else the next revision's ("te-3262", "floor-4725", ... "rceil-4725")."""
+        if self.revision == revisions.pinned(self.behaviour):
+            return self.mode
+        return str(_MODES[self.mode]["next"])
 
     def allows(self, element: Any, what: str = "element") -> str:
         """`element` if the recipe's mode quantizes to it, else a ValueError listing those."""
@@ -306,10 +342,16 @@ def block_recipe(name: str, /, **overrides: Any) -> BlockRecipe:
 
     The TE presets (``te-mxfp8``, ``te-blockwise``) also take
     TransformerEngine's ``fp8_format="E4M3" | "HYBRID"`` (e5m2 gradients);
-    ``"E5M2"`` is refused as TE refuses it.  ``te-mxfp8`` with
-    ``weight_block=32`` names in its ``source`` the TE commit after v2.18
-    that added 32x32 weights.
-    ``lscore.fp8.recipe`` gives the same for these names.
+    ``"E5M2"`` is refused as TE refuses it.  ``revision=`` (one of
+    ``REVISIONS``) selects the library's next revision where it changed a
+    rule, and the ``source`` names it; ``te-mxfp8`` with ``weight_block=32``
+    names in its ``source`` the TE commit after v2.18 that added 32x32
+    weights.  ``lscore.fp8.recipe`` gives the same for these names.
+
+    >>> import lscore.fp8 as fp8
+    >>> r = fp8.recipe("torchao-mx-rceil", revision="5d73a0c10b02")
+    >>> r.source, r.kernel_mode
+    ('pytorch/ao main at 5d73a0c10b02 (#4725)', 'rceil-4725')
     """
     if name not in BLOCK_TABLE:
         raise ValueError(
@@ -323,8 +365,12 @@ def block_recipe(name: str, /, **overrides: Any) -> BlockRecipe:
     }
     row = {name: {**BLOCK_TABLE[name], **defaults, **BLOCK_TABLE[name]}}  # all overridable
     fields = preset_fields(name, row, overrides, te, ("element", "grad_element"))
-    if name == "te-mxfp8" and fields.get("weight_block") and "source" not in overrides:
-        fields["source"] = _TE_MXFP8_2D
+    if "source" not in overrides:
+        revision = fields.get("revision") or revisions.pinned(fields["behaviour"])
+        if revision != revisions.pinned(fields["behaviour"]):
+            fields["source"] = REVISIONS[fields["behaviour"]].get(revision, fields["source"])
+        if fields["mode"] == "te" and fields.get("weight_block"):
+            fields["source"] += _TE_MXFP8_2D
     return BlockRecipe(**fields)
 
 

@@ -75,7 +75,7 @@ def test_a_float32_rule_takes_its_fields():
     fields = dict(fp8.recipe("te-mxfp8").to_dict(), block=128, scale_format="float32")
     r = fp8.BlockRecipe(**dict(fields, mode="te-fp32", power_2_scales=True, weight_block=128))
     assert (r.power_2_scales, r.weight_block) == (True, 128)
-    ao = dict(fields, mode="torchao-fp32", behaviour="torchao", amax_epsilon=1e-12)
+    ao = dict(fields, mode="torchao-fp32", behaviour="torchao", amax_epsilon=1e-12, revision="")
     assert fp8.BlockRecipe(**ao).amax_epsilon == 1e-12
     with pytest.raises(ValueError, match="power_2_scales must be False under mode 'torchao-fp32'"):
         fp8.BlockRecipe(**dict(ao, power_2_scales=True))
