@@ -227,7 +227,8 @@ class BlockRecipe:
     The mode fixes the behaviour, scale format, block and the element
     formats allowed; anything else is a ValueError listing what is allowed.
     Fields after `tail` have defaults, so a dict written before they existed
-    still loads (``from_dict``).
+    still loads (``from_dict``); `source` describes the others and is not
+    compared.
     """
 
     name: str
@@ -242,7 +243,7 @@ class BlockRecipe:
     weight_block: int | None = None
     power_2_scales: bool = False
     amax_epsilon: float = 0.0
-    source: str = ""
+    source: str = dataclasses.field(default="", compare=False)
     revision: str = ""
 
     def __post_init__(self) -> None:

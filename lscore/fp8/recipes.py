@@ -146,7 +146,9 @@ class Recipe:
     An invalid value is a ValueError (TypeError for a wrong type) naming the
     field, raised by the constructor; TE's rule refuses e5m2 for the forward
     tensors as TE refuses its fp8_format E5M2.  `source` has a default, so a
-    dict written before it existed still loads (``from_dict``).
+    dict written before it existed still loads (``from_dict``), and is not
+    compared: it describes the parameters, so a state saved before it existed
+    is the same recipe's.
     """
 
     name: str
@@ -163,7 +165,7 @@ class Recipe:
     amax_nan: str
     saturate: bool
     nan_sign: bool
-    source: str = ""
+    source: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
