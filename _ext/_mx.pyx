@@ -46,6 +46,7 @@ cdef extern from "lsc_mx.h" nogil:
         LSC_MX_OCP
         LSC_MX_TE32
         LSC_MX_AO32
+        LSC_MX_NEXT
         LSC_MX_E2M1
     float lsc_e8m0_to_f32(uint32_t c)
     uint32_t lsc_e8m0_from_f32(float f)
@@ -59,9 +60,14 @@ cdef extern from "lsc_mx.h" nogil:
     float lsc_bw_scale(float amax, int elem, int mode, int pow2, double eps, float inf_value)
     float lsc_bw_inf_value(int code)
 
-#: block scale rule name -> its code (lsc_mx.h)
+#: block scale rule name -> its code (lsc_mx.h): the rules of TE v2.18, torchao v0.18.0 and
+#: OCP, and the next revisions where a library changed one (NVIDIA/TransformerEngine#3262:
+#: "te-3262"; pytorch/ao#4725: "floor-4725" ... "rceil-4725")
 MODES = {"floor": LSC_MX_FLOOR, "ceil": LSC_MX_CEIL, "even": LSC_MX_EVEN,
-         "rceil": LSC_MX_RCEIL, "te": LSC_MX_TE, "ocp": LSC_MX_OCP}
+         "rceil": LSC_MX_RCEIL, "te": LSC_MX_TE, "ocp": LSC_MX_OCP,
+         "te-3262": LSC_MX_TE | LSC_MX_NEXT, "floor-4725": LSC_MX_FLOOR | LSC_MX_NEXT,
+         "ceil-4725": LSC_MX_CEIL | LSC_MX_NEXT, "even-4725": LSC_MX_EVEN | LSC_MX_NEXT,
+         "rceil-4725": LSC_MX_RCEIL | LSC_MX_NEXT}
 #: the float32 scale rules (blockwise FP8: float32 scales, float8 elements) -> their codes
 WIDE_MODES = {"te-fp32": LSC_MX_TE32, "torchao-fp32": LSC_MX_AO32}
 _ALL_MODES = {**MODES, **WIDE_MODES}

@@ -31,13 +31,6 @@
 /* mx.cu: fp8.cu's lsc_fp8_in / lsc_fp8_out, lsc_mx.h and lsc_mxk_amax */
 #include "mx.cu"
 
-/* |f| as amax bits: a NaN above every number, or (skip: TE's fmaxf) 0 */
-static __device__ __forceinline__ lsc_u32 lsc_bwk_mag(float f, int skip)
-{
-    const lsc_u32 a = lsc_f32_bits(f) & 0x7FFFFFFFu;
-    return skip && a > LSC_EXP_F32 ? 0u : a;
-}
-
 /* A block's scale from its amax bits m: under a float32 rule the factor *r
  * and its inverse's bits as the stored *s; under an MX rule the E8M0 code *s,
  * and *r the amax the element rule takes. */
@@ -81,14 +74,14 @@ __global__ void lsc_bw_rows(const void *x, long long rows, long long cols, long 
 {
     const long long nb = cols / block, n = rows * nb;
     const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
-    const int lane = threadIdx.x & 31, skip = mode == LSC_MX_TE32;
+    const int lane = threadIdx.x & 31, skip = lsc_mx_skips_nan_mode(mode);
     /* a warp's lanes take the same block: the loop and the shuffles are warp-uniform */
     for (long long b = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5; b < n;
          b += warps) {
         const long long r = b / nb, c0 = (b - r * nb) * block;
         lsc_u32 m = 0;
         for (int j = lane; j < block; j += 32) {
-            const lsc_u32 a = lsc_bwk_mag(lsc_fp8_in<CODE>(x, r * rs + (c0 + j) * cs), skip);
+            const lsc_u32 a = lsc_mx_abs_bits(lsc_fp8_in<CODE>(x, r * rs + (c0 + j) * cs), skip);
             m = a > m ? a : m;
         }
         for (int off = 16; off > 0; off >>= 1) {
@@ -113,12 +106,12 @@ __global__ void lsc_bw_cols(const void *x, long long rows, long long cols, long 
                             lsc_u32 *scales, unsigned char *q)
 {
     const long long n = rows / block * cols, step = (long long)gridDim.x * blockDim.x;
-    const int skip = mode == LSC_MX_TE32;
+    const int skip = lsc_mx_skips_nan_mode(mode);
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < n; t += step) {
         const long long br = t / cols, c = t - br * cols, r0 = br * block;
         lsc_u32 m = 0;
         for (long long r = r0; r < r0 + block; ++r) {
-            const lsc_u32 a = lsc_bwk_mag(lsc_fp8_in<CODE>(x, r * rs + c * cs), skip);
+            const lsc_u32 a = lsc_mx_abs_bits(lsc_fp8_in<CODE>(x, r * rs + c * cs), skip);
             m = a > m ? a : m;
         }
         lsc_u32 s;
@@ -141,7 +134,7 @@ __global__ void lsc_bw_tiles(const void *x, long long rows, long long cols, long
     __shared__ lsc_u32 part[32];
     const long long tr = (rows + tile - 1) / tile, tc = (cols + tile - 1) / tile, nt = tr * tc;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    const int skip = mode == LSC_MX_TE32, wide = lsc_mx_wide(mode);
+    const int skip = lsc_mx_skips_nan_mode(mode), wide = lsc_mx_wide(mode);
     /* a block's threads take the same tile: the loop and the barriers are block-uniform */
     for (long long t = blockIdx.x; t < nt; t += gridDim.x) {
         const long long r0 = t / tc * tile, c0 = (t - t / tc * tc) * tile;
@@ -151,7 +144,7 @@ __global__ void lsc_bw_tiles(const void *x, long long rows, long long cols, long
         for (long long i = warp; i < h; i += nwarps)
             for (long long j = lane; j < w; j += 32) {
                 const lsc_u32 a =
-                    lsc_bwk_mag(lsc_fp8_in<CODE>(x, (r0 + i) * rs + (c0 + j) * cs), skip);
+                    lsc_mx_abs_bits(lsc_fp8_in<CODE>(x, (r0 + i) * rs + (c0 + j) * cs), skip);
                 m = a > m ? a : m;
             }
         for (int off = 16; off > 0; off >>= 1) {

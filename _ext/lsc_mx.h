@@ -36,7 +36,31 @@
  *                 and for descales <= 2**-127; NaN -> 0xFF, Inf -> 0xFE,
  *                 0 -> 0x00 (NVIDIA/TransformerEngine v2.18
  *                 transformer_engine/common/util/ptx.cuh float_to_e8m0, the
- *                 software path of cvt.rp.satfinite.ue8m0x2.f32).
+ *                 software path of cvt.rp.satfinite.ue8m0x2.f32).  The
+ *                 block amax leaves NaN elements out, as TE's fmaxf, __hmax
+ *                 and max.xorsign.abs reductions from 0 do
+ *                 (common/cast/mxfp8/quantize_mxfp8.cuh:211-363 at v2.18;
+ *                 PTX max without .NaN returns the input that is not NaN):
+ *                 a block with a NaN gets the scale of its other elements
+ *                 and the NaN element alone the NaN code, an all-NaN block
+ *                 the scale 0.
+ * The next revision of a library, where it changed a rule: mode |
+ * LSC_MX_NEXT (the pinned revisions are TE v2.18 and torchao v0.18.0):
+ *   LSC_MX_TE | NEXT   TE main at 4ff5fdfed0c1 (#3262): quantizes as
+ *                 LSC_MX_TE; only its dequantize reads codes otherwise
+ *                 (lsc_mx_te_exp2f).
+ *   LSC_MX_FLOOR, CEIL, EVEN | NEXT   pytorch/ao main at 5d73a0c10b02
+ *                 (#4725, torchao/prototype/mx_formats/mx_tensor.py to_mx):
+ *                 the same exponents, but a non-finite amax (EVEN: after
+ *                 its rounding) gets 0xFF ("No-saturation E8M0 conversion
+ *                 maps both NaN and Inf to 0xff"), and the elements are
+ *                 multiplied by the E8M0 reciprocal (lsc_mx_e8m0_rcp).
+ *   LSC_MX_RCEIL | NEXT   the same commit's _to_mx_rceil: descale = amax *
+ *                 float32(1 / max) (TE's), its code by _f32_to_e8m0_rceil's
+ *                 bits: biased exponent + 1 where the mantissa is non-zero
+ *                 (exponent 0: above 0x400000), no saturation (0xFE rounds
+ *                 up to 0xFF), NaN and Inf 0xFF; the elements times the
+ *                 E8M0 reciprocal, with no clamp before the cast.
  *   LSC_MX_OCP    the OCP rule, exact (the exponent of the spec authors'
  *                 reference microsoft/microxcaling mx/mx_ops.py
  *                 _shared_exponents): floor(log2(amax)) - emax, an all-zero
@@ -57,7 +81,9 @@
  * NaN 0x7FC00000 (microxcaling's whole block dequantizes to NaN);
  * RCEIL multiplies by torchao's reciprocal (0xFF: the NaN descale, 0xFE:
  * 2**-127, 0: 1, else 2**(127 - c)), TE by its exp2f_rcp of v2.18 (0xFF:
- * NaN, 0xFE: 2**-127, else the float32 bits (254 - c) << 23, 2**127 for 0).
+ * NaN, 0xFE: 2**-127, else the float32 bits (254 - c) << 23, 2**127 for 0),
+ * torchao's NEXT modes by the reciprocal's E8M0 code 254 - c read back
+ * (_e8m0_scale_to_reciprocal_fp32: 0xFF NaN, 0xFE 2**-127, 0 2**127).
  * float8 elements narrow with lsc_fp8.h's saturating cast, a NaN's sign
  * kept as torch writes it (TE: without); on x86-64-v4, bfloat16 blocks
  * whose factor is a power of two narrow in 16-bit lanes, to the same codes
@@ -90,7 +116,8 @@
  * 1 / that scale (with a per-tensor scale pts: (1 / pts) / scale), clamped
  * to +-6, narrowed to E2M1.  The per-tensor scale is amax / (448 * 6)
  * (ao nvfp4_tensor.py per_tensor_amax_to_scale).  The amax of a block is
- * NaN when an element is, the positive quiet NaN 0x7FC00000 (torch.amax).
+ * NaN when an element is, the positive quiet NaN 0x7FC00000 (torch.amax),
+ * except under TE's modes (above).
  * The reference for every result is lscore/_reference_mx.py (mx_*).
  */
 #ifndef LSC_MX_H
@@ -100,7 +127,7 @@
 #include "lsc_fp8_scale.h"
 
 enum { LSC_MX_FLOOR = 0, LSC_MX_CEIL = 1, LSC_MX_EVEN = 2, LSC_MX_RCEIL = 3, LSC_MX_TE = 4,
-       LSC_MX_OCP = 5, LSC_MX_TE32 = 6, LSC_MX_AO32 = 7 };
+       LSC_MX_OCP = 5, LSC_MX_TE32 = 6, LSC_MX_AO32 = 7, LSC_MX_NEXT = 8 };
 /* element formats: the float8 dtype codes of lsc_codes.h, and E2M1 */
 enum { LSC_MX_E2M1 = -1 };
 
@@ -170,6 +197,28 @@ LSC_FN int lsc_mx_mbits(int elem)
     return elem == LSC_CODE_E4M3FN ? 3 : elem == LSC_CODE_E5M2 ? 2 : 1;
 }
 
+/* Whether mode is TransformerEngine's rule (either revision): its block
+ * amax leaves NaN elements out, and its elements narrow without a NaN's sign. */
+LSC_FN int lsc_mx_is_te(int mode)
+{
+    return (mode & ~LSC_MX_NEXT) == LSC_MX_TE;
+}
+
+/* Whether mode's block amaxes leave NaN elements out: TE's (fmaxf, __hmax,
+ * max.xorsign.abs from 0), at every revision and with float32 scales. */
+LSC_FN int lsc_mx_skips_nan_mode(int mode)
+{
+    return lsc_mx_is_te(mode) || mode == LSC_MX_TE32;
+}
+
+/* |x| as the bits a block amax compares (a NaN above every number), or with
+ * skip_nan (TE's modes) 0 for a NaN: left out of the largest. */
+LSC_FN lsc_u32 lsc_mx_abs_bits(float x, int skip_nan)
+{
+    const lsc_u32 a = lsc_f32_bits(x) & 0x7FFFFFFFu;
+    return skip_nan && a > 0x7F800000u ? 0u : a;
+}
+
 /* TE's float_to_e8m0 of a descale. */
 LSC_FN lsc_u32 lsc_mx_te_e8m0(float val)
 {
@@ -212,15 +261,29 @@ LSC_FN lsc_u32 lsc_mx_rceil(float amax, int elem)
     return d != d ? 0xFFu : x >= LSC_EXP_F32 ? 0xFEu : x < 0x00400000u ? 0u : code;
 }
 
+/* torchao's _f32_to_e8m0_rceil after #4725 of a descale d >= 0: its biased
+ * exponent, + 1 where the mantissa is non-zero (a subnormal: above 0x400000,
+ * code 0 being 2**-127), with no saturation (0xFE rounds up to 0xFF); NaN
+ * and Inf 0xFF. */
+LSC_FN lsc_u32 lsc_mx_ao_e8m0(float d)
+{
+    const lsc_u32 x = lsc_f32_bits(d), e = (x >> 23) & 0xFFu, m = x & 0x7FFFFFu;
+    const lsc_u32 up = e == 0u ? m > 0x400000u : m != 0u;
+    return e == 0xFFu ? 0xFFu : e + up;
+}
+
 /* The E8M0 scale code of a block whose amax (>= 0 or NaN) is `amax`. */
 LSC_FN lsc_u32 lsc_mx_scale(float amax, int elem, int mode)
 {
     lsc_u32 x = lsc_f32_bits(amax);
     lsc_i32 e;
-    if (mode == LSC_MX_TE)
+    const int base = mode & ~LSC_MX_NEXT;
+    if (base == LSC_MX_TE)
         return lsc_mx_te_e8m0(amax * (float)(1.0 / (double)lsc_mx_max(elem)));
     if (mode == LSC_MX_RCEIL)
         return lsc_mx_rceil(amax, elem);
+    if (mode == (LSC_MX_RCEIL | LSC_MX_NEXT))
+        return lsc_mx_ao_e8m0(amax * (float)(1.0 / (double)lsc_mx_max(elem)));
     if (amax != amax)
         return 0xFFu;
     if (mode == LSC_MX_OCP) {
@@ -230,13 +293,14 @@ LSC_FN lsc_u32 lsc_mx_scale(float amax, int elem, int mode)
         e = (lsc_i32)(x >> 23) - 127 - lsc_mx_emax(elem);
         return (lsc_u32)((e < -127 ? -127 : e) + 127);
     }
-    if (mode == LSC_MX_EVEN)
+    if (base == LSC_MX_EVEN)
         x = (x + (1u << (23 - lsc_mx_mbits(elem) - 1))) & 0xFF800000u;
     e = (lsc_i32)((x >> 23) & 0xFFu) - 127 - lsc_mx_emax(elem);
-    if (mode == LSC_MX_CEIL)
+    if (base == LSC_MX_CEIL)
         e += (x & 0x7FFFFFu) != 0u;
     e = e < -127 ? -127 : e > 128 ? 128 : e;
-    return (lsc_u32)(e + 127);
+    /* torchao after #4725: a non-finite amax (EVEN: once rounded) is the NaN scale */
+    return (mode & LSC_MX_NEXT) && x >= 0x7F800000u ? 0xFFu : (lsc_u32)(e + 127);
 }
 
 /* x * r where a NaN r wins over a NaN x, as torch's CPU multiplication of
@@ -270,13 +334,37 @@ LSC_FN float lsc_mx_te_rcp(lsc_u32 s)
          : s == 0xFEu ? 0x1p-127f : lsc_f32_from_bits((254u - s) << 23);
 }
 
+/* torchao's _e8m0_scale_to_reciprocal_fp32 after #4725: the E8M0 code
+ * 254 - s (mod 256) read back, 2**(127 - s) (2**127 for code 0), 2**-127 for
+ * 0xFE; for 0xFF torch's NaN 0x7F800001, which the product with an element
+ * quiets: its word 0x7FC00001 here, the one every element of the block gets. */
+LSC_FN float lsc_mx_e8m0_rcp(lsc_u32 s)
+{
+    return s == 0xFFu ? lsc_f32_from_bits(0x7FC00001u)
+         : s == 0xFEu ? 0x1p-127f : lsc_f32_from_bits((254u - s) << 23);
+}
+
+/* TransformerEngine's MXFP8 dequantize factor of scale code c (ptx::exp2f,
+ * common/cast/mxfp8/dequantize_mxfp8.cuh:175-195 at v2.18): in v2.18 the
+ * float32 bits c << 23, so code 0 is +0.0 and 0xFF +Inf; after #3262 (next)
+ * code 0 is 2**-127 and 0xFF the NaN 0x7FFFFFFF. */
+LSC_FN float lsc_mx_te_exp2f(lsc_u32 c, int next)
+{
+    c &= 0xFFu;
+    if (next && c == 0xFFu)
+        return lsc_f32_from_bits(0x7FFFFFFFu);
+    return next && c == 0u ? 0x1p-127f : lsc_f32_from_bits(c << 23);
+}
+
 LSC_FN float lsc_mx_factor(lsc_u32 s, float amax, int elem, int mode)
 {
     if (mode == LSC_MX_RCEIL)
         return s == 0xFFu ? amax / lsc_mx_max(elem) : s == 0xFEu ? 0x1p-127f : s == 0u
                ? 1.0f : lsc_f32_from_bits((254u - s) << 23);
-    if (mode == LSC_MX_TE)
+    if (lsc_mx_is_te(mode))
         return lsc_mx_te_rcp(s);
+    if (mode & LSC_MX_NEXT)
+        return lsc_mx_e8m0_rcp(s);
     if (mode == LSC_MX_OCP)
         return s == 0xFFu ? lsc_f32_from_bits(0x7FC00000u) : lsc_f32_from_bits((254u - s) << 23);
     {
@@ -289,7 +377,7 @@ LSC_FN float lsc_mx_factor(lsc_u32 s, float amax, int elem, int mode)
  * kept as torch writes it (TE: without). */
 LSC_FN int lsc_mx_flags(int mode)
 {
-    return LSC_FP8_SAT | (mode == LSC_MX_TE || mode == LSC_MX_TE32 ? 0 : LSC_FP8_NAN_SIGN);
+    return LSC_FP8_SAT | (lsc_mx_skips_nan_mode(mode) ? 0 : LSC_FP8_NAN_SIGN);
 }
 
 /* y narrowed to the element format: its float8 or E2M1 code. */
@@ -333,11 +421,27 @@ LSC_FN float lsc_mx_amax(const float *x, long n)
     return m > 0x7F800000u ? lsc_f32_from_bits(0x7FC00000u) : lsc_f32_from_bits(m);
 }
 
+/* The amax of a block of n float32 values under `mode`: lsc_mx_amax, or
+ * for TE's modes the largest |x| of the elements that are not NaN (0 for
+ * none). */
+LSC_FN float lsc_mx_amax_by(const float *x, long n, int mode)
+{
+    lsc_u32 m = 0u;
+    long i;
+    if (!lsc_mx_is_te(mode))
+        return lsc_mx_amax(x, n);
+    for (i = 0; i < n; ++i) {
+        lsc_u32 a = lsc_mx_abs_bits(x[i], 1);
+        m = a > m ? a : m;
+    }
+    return lsc_f32_from_bits(m);
+}
+
 /* One MX block of n (32) float32 values: its scale code, and its n element
  * codes into q (E2M1: n / 2 bytes, low nibble first). */
 LSC_FN lsc_u32 lsc_mx_block(const float *x, long n, int elem, int mode, unsigned char *q)
 {
-    float amax = lsc_mx_amax(x, n);
+    float amax = lsc_mx_amax_by(x, n, mode);
     lsc_u32 s = lsc_mx_scale(amax, elem, mode);
     long i;
     if (elem == LSC_MX_E2M1) {

@@ -71,12 +71,21 @@ LSC_MX_INL void lsc_mx_scales_of(const lsc_u32 *m, int64_t nb, const lsc_mx_rule
     switch (k->mode) {
     case LSC_MX_FLOOR: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_FLOOR, sc, r); break;
     case LSC_MX_RCEIL: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_RCEIL, sc, r); break;
-    case LSC_MX_TE: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_TE, sc, r); break;
+    case LSC_MX_TE:
+    case LSC_MX_TE | LSC_MX_NEXT:   /* quantizes as v2.18 */
+        lsc_mx_scales_by(m, nb, k, elem, LSC_MX_TE, sc, r);
+        break;
     case LSC_MX_OCP: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_OCP, sc, r); break;
     case LSC_MX_NVFP4: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_NVFP4, sc, r); break;
     case LSC_MX_TE32: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_TE32, sc, r); break;
     case LSC_MX_AO32: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_AO32, sc, r); break;
-    default: lsc_mx_scales_by(m, nb, k, elem, k->mode, sc, r);   /* CEIL, EVEN */
+    case LSC_MX_FLOOR | LSC_MX_NEXT:
+        lsc_mx_scales_by(m, nb, k, elem, LSC_MX_FLOOR | LSC_MX_NEXT, sc, r);
+        break;
+    case LSC_MX_RCEIL | LSC_MX_NEXT:
+        lsc_mx_scales_by(m, nb, k, elem, LSC_MX_RCEIL | LSC_MX_NEXT, sc, r);
+        break;
+    default: lsc_mx_scales_by(m, nb, k, elem, k->mode, sc, r);   /* CEIL, EVEN (NEXT too) */
     }
 }
 
@@ -115,42 +124,26 @@ LSC_MX_INL float lsc_mx_load(const char *x, int64_t i, int code)
     return lsc_fp8_load(x, i, LSC_MX_WIDTH(code), code);
 }
 
-/* |x| as amax bits: a NaN above every number, or (skip, TE's fmaxf) 0. */
-LSC_MX_INL lsc_u32 lsc_mx_mag(float x, int skip)
-{
-    const lsc_u32 a = lsc_f32_bits(x) & 0x7FFFFFFFu;
-    return skip ? a & -(lsc_u32)(a <= 0x7F800000u) : a;
-}
-
 /* The amax bits of nb contiguous blocks of `block` elements into m, NaN
- * elements skipped when `skip` (a constant where it is inlined). */
-LSC_MX_INL void lsc_mx_amaxes_by(const char *x, int64_t nb, int64_t block, int code, int skip,
-                                 lsc_u32 *m)
+ * elements left out with skip (TE's modes; lsc_mx_abs_bits). */
+LSC_MX_INL void lsc_mx_amaxes(const char *x, int64_t nb, int64_t block, int code, int skip,
+                              lsc_u32 *m)
 {
     for (int64_t b = 0; b < nb; b++) {
         const char *xb = x + b * block * LSC_MX_WIDTH(code);
         lsc_u32 mb = 0;
         for (int64_t j = 0; j < block; j++) {
-            lsc_u32 a = lsc_mx_mag(lsc_mx_load(xb, j, code), skip);
+            lsc_u32 a = lsc_mx_abs_bits(lsc_mx_load(xb, j, code), skip);
             mb = a > mb ? a : mb;
         }
         m[b] = mb;
     }
 }
 
-/* Whether the rule's amaxes skip NaN elements (TE's float32 rule). */
+/* Whether the rule's amaxes leave NaN elements out (lsc_mx_skips_nan_mode). */
 LSC_MX_INL int lsc_mx_skips_nan(const lsc_mx_rule *k)
 {
-    return k->mode == LSC_MX_TE32;
-}
-
-LSC_MX_INL void lsc_mx_amaxes(const char *x, int64_t nb, int64_t block, int code,
-                              const lsc_mx_rule *k, lsc_u32 *m)
-{
-    if (lsc_mx_skips_nan(k))
-        lsc_mx_amaxes_by(x, nb, block, code, 1, m);
-    else
-        lsc_mx_amaxes_by(x, nb, block, code, 0, m);
+    return lsc_mx_skips_nan_mode(k->mode);
 }
 
 /* A block's scale code or float32 inverse scale bits `sc` stored as scale i. */
@@ -171,6 +164,21 @@ LSC_MX_COLD void lsc_mx_zero_fix(const char *x, int code, int elem, int64_t coun
     for (int64_t i = 0; i < count; i++)
         q[i * qstep] = (unsigned char)lsc_bw_code(lsc_mx_load(x + i * step, 0, code), 0.0f, elem,
                                                   LSC_MX_AO32);
+}
+
+/* lsc_mx_amaxes with the common block lengths and skip constants (which
+ * unroll and fold the NaN test away). */
+LSC_MX_INL void lsc_mx_amaxes_of(const char *x, int64_t nb, int64_t block, int code, int skip,
+                                 lsc_u32 *m)
+{
+    if (skip)
+        lsc_mx_amaxes(x, nb, block, code, 1, m);
+    else if (block == 32)
+        lsc_mx_amaxes(x, nb, 32, code, 0, m);
+    else if (block == 16)
+        lsc_mx_amaxes(x, nb, 16, code, 0, m);
+    else
+        lsc_mx_amaxes(x, nb, block, code, 0, m);
 }
 
 /* The factor r[b] of each of nb blocks of `block` elements spread to its
@@ -208,19 +216,14 @@ LSC_MX_INL void lsc_mx_row_body(const char *x, int64_t n, int code, int elem,
     const int64_t width = elem == LSC_MX_E2M1 ? block / 2 : block;
     const int64_t per = LSC_MX_GROUP_ELEMS / block;
     const int64_t G = per < 1 ? 1 : per > LSC_MX_GROUP ? LSC_MX_GROUP : per;
-    const int flags = lsc_mx_rule_flags(k);
+    const int flags = lsc_mx_rule_flags(k), skip = lsc_mx_skips_nan(k);
     for (int64_t b0 = 0; b0 < nb; b0 += G) {
         const int64_t g = nb - b0 < G ? nb - b0 : G, len = g * block;
         const char *xg = x + b0 * block * LSC_MX_WIDTH(code);
         unsigned char *qg = q + b0 * width;
         lsc_u32 m[LSC_MX_GROUP], sc[LSC_MX_GROUP];
         float r[LSC_MX_GROUP], fr[LSC_MX_CHUNK];
-        if (block == 32)
-            lsc_mx_amaxes(xg, g, 32, code, k, m);
-        else if (block == 16)
-            lsc_mx_amaxes(xg, g, 16, code, k, m);
-        else
-            lsc_mx_amaxes(xg, g, block, code, k, m);
+        lsc_mx_amaxes_of(xg, g, block, code, skip, m);
         lsc_mx_group_scales(m, g, k, sc, r);
         for (int64_t b = 0; b < g; b++)
             lsc_mx_put_scale(s, b0 + b, sc[b], k->swidth);
@@ -288,14 +291,14 @@ LSC_MX_INL void lsc_mx_cols_narrow(const char *xt, int64_t block, int64_t w, int
                             ld);
 }
 
-/* The column amaxes of `rows` rows of w contiguous columns (rows rs bytes
- * apart), max-accumulated into m, NaN skipped when `skip`. */
-LSC_MX_INL void lsc_mx_col_amaxes(const char *xt, int64_t rows, int64_t w, int64_t rs, int code,
+/* The column amaxes of a tile of `block` rows by w columns into m (zeroed),
+ * read row by row, NaN elements left out with skip (a constant). */
+LSC_MX_INL void lsc_mx_col_amaxes(const char *xt, int64_t block, int64_t w, int64_t rs, int code,
                                   int skip, lsc_u32 *m)
 {
-    for (int64_t i = 0; i < rows; i++) {
+    for (int64_t i = 0; i < block; i++) {
         for (int64_t j = 0; j < w; j++) {
-            lsc_u32 a = lsc_mx_mag(lsc_mx_load(xt + i * rs, j, code), skip);
+            lsc_u32 a = lsc_mx_abs_bits(lsc_mx_load(xt + i * rs, j, code), skip);
             m[j] = a > m[j] ? a : m[j];
         }
     }
@@ -314,14 +317,14 @@ LSC_MX_INL void lsc_mx_cols_body(const char *x, int64_t rows, int64_t cols, int6
     lsc_u32 m[LSC_MX_TILE], sc[LSC_MX_TILE];
     float fac[LSC_MX_TILE];
     const int64_t block = k->block;
-    const int flags = lsc_mx_rule_flags(k);
+    const int flags = lsc_mx_rule_flags(k), skip = lsc_mx_skips_nan(k);
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
         for (int64_t c0 = 0; c0 < cols; c0 += LSC_MX_TILE) {
             const int64_t w = cols - c0 < LSC_MX_TILE ? cols - c0 : LSC_MX_TILE;
             const char *xt = x + r0 * rs + c0 * LSC_MX_WIDTH(code);
             for (int64_t j = 0; j < w; j++)
                 m[j] = 0;
-            if (lsc_mx_skips_nan(k))
+            if (skip)
                 lsc_mx_col_amaxes(xt, block, w, rs, code, 1, m);
             else
                 lsc_mx_col_amaxes(xt, block, w, rs, code, 0, m);
@@ -363,12 +366,12 @@ LSC_MX_INL void lsc_mx_tile_body(const char *x, int64_t h, int64_t w, int64_t rs
             lsc_u32 mb = m[g];
             if (skip) {
                 for (int64_t j = 0; j < n; j++) {
-                    lsc_u32 a = lsc_mx_mag(lsc_mx_load(row, c0 + j, code), 1);
+                    lsc_u32 a = lsc_mx_abs_bits(lsc_mx_load(row, c0 + j, code), 1);
                     mb = a > mb ? a : mb;
                 }
             } else {
                 for (int64_t j = 0; j < n; j++) {
-                    lsc_u32 a = lsc_mx_mag(lsc_mx_load(row, c0 + j, code), 0);
+                    lsc_u32 a = lsc_mx_abs_bits(lsc_mx_load(row, c0 + j, code), 0);
                     mb = a > mb ? a : mb;
                 }
             }
@@ -475,6 +478,12 @@ LSC_MX_INL lsc_u32 lsc_mx_umax16(__m512i a)
     return 0xFFFFu ^ ((lsc_u32)_mm_cvtsi128_si32(low) & 0xFFFFu);
 }
 
+/* The lanes of a (16-bit magnitudes) with the NaNs zeroed: TE's amax leaves them out. */
+LSC_MX_INL __m512i lsc_mx_bf16_no_nan(__m512i a)
+{
+    return _mm512_maskz_mov_epi16(_mm512_cmple_epu16_mask(a, _mm512_set1_epi16(0x7F80)), a);
+}
+
 /* The float8 codes of one bfloat16 block of 32 that is not plain, by the
  * float32 path (out of line: blocks with a NaN or Inf, or extreme factors). */
 LSC_MX_COLD void lsc_mx_bf16_block_codes(const uint16_t *x, int elem, int flags, float r,
@@ -489,28 +498,32 @@ LSC_MX_COLD void lsc_mx_bf16_block_codes(const uint16_t *x, int elem, int flags,
 }
 
 /* A contiguous bfloat16 row of MX blocks of 32: per group of blocks the
- * amaxes (16-bit lanes; the float32 amax bits are m << 16), the scales and
- * factors as lsc_mx_row_body takes them, then each block's codes, by
- * lsc_mx_bf16x32 where the block is plain. */
+ * amaxes (16-bit lanes; the float32 amax bits are m << 16; TE's modes leave
+ * NaN lanes out, and a block is plain only when its largest lane, NaN
+ * included, is finite), the scales and factors as lsc_mx_row_body takes
+ * them, then each block's codes, by lsc_mx_bf16x32 where the block is plain. */
 LSC_MX_INL void lsc_mx_bf16_row(const char *xc, int64_t n, int elem, const lsc_mx_rule *k,
                                 unsigned char *s, unsigned char *q)
 {
     const uint16_t *x = (const uint16_t *)xc;
     const __m512i mask = _mm512_set1_epi16(0x7FFF);
-    const int flags = lsc_mx_rule_flags(k);
+    const int flags = lsc_mx_rule_flags(k), skip = lsc_mx_skips_nan(k);
     const int64_t nb = n / 32;
     for (int64_t b0 = 0; b0 < nb; b0 += LSC_MX_GROUP) {
         const int64_t g = nb - b0 < LSC_MX_GROUP ? nb - b0 : LSC_MX_GROUP;
         const uint16_t *xg = x + b0 * 32;
-        lsc_u32 m[LSC_MX_GROUP], sc[LSC_MX_GROUP];
+        lsc_u32 m[LSC_MX_GROUP], raw[LSC_MX_GROUP], sc[LSC_MX_GROUP];
         lsc_i32 k7[LSC_MX_GROUP];
         unsigned char plain[LSC_MX_GROUP];
         float r[LSC_MX_GROUP];
-        for (int64_t b = 0; b < g; b++)
-            m[b] = lsc_mx_umax16(_mm512_and_si512(_mm512_loadu_si512(xg + 32 * b), mask)) << 16;
+        for (int64_t b = 0; b < g; b++) {
+            const __m512i a = _mm512_and_si512(_mm512_loadu_si512(xg + 32 * b), mask);
+            raw[b] = lsc_mx_umax16(a) << 16;
+            m[b] = skip ? lsc_mx_umax16(lsc_mx_bf16_no_nan(a)) << 16 : raw[b];
+        }
         lsc_mx_group_scales(m, g, k, sc, r);
         for (int64_t b = 0; b < g; b++) {
-            plain[b] = (unsigned char)lsc_mx_bf16_plain(r[b], m[b], &k7[b]);
+            plain[b] = (unsigned char)lsc_mx_bf16_plain(r[b], raw[b], &k7[b]);
             s[b0 + b] = (unsigned char)sc[b];
         }
         /* the plain blocks in a loop with no call, which keeps its constants
@@ -540,8 +553,8 @@ LSC_MX_INL void lsc_mx_bf16_cols(const char *x, int64_t rows, int64_t cols, int6
 {
     enum { NV = LSC_MX_TILE / 32 };
     const __m512i mask = _mm512_set1_epi16(0x7FFF);
-    const int flags = lsc_mx_rule_flags(k);
-    lsc_u32 m[LSC_MX_TILE], sc[LSC_MX_TILE];
+    const int flags = lsc_mx_rule_flags(k), skip = lsc_mx_skips_nan(k);
+    lsc_u32 m[LSC_MX_TILE], raw[LSC_MX_TILE], sc[LSC_MX_TILE];
     float r[LSC_MX_TILE];
     for (int64_t r0 = 0; r0 < rows; r0 += 32) {
         for (int64_t c0 = 0; c0 < cols; c0 += LSC_MX_TILE) {
@@ -550,23 +563,30 @@ LSC_MX_INL void lsc_mx_bf16_cols(const char *x, int64_t rows, int64_t cols, int6
             const __mmask32 last = w % 32 ? ((__mmask32)1 << (w % 32)) - 1 : ~(__mmask32)0;
             const char *xt = x + r0 * rs + c0 * 2;
             unsigned char *qt = q + r0 * ld + c0;
-            __m512i acc[NV], kv[NV];
+            __m512i acc[NV], accn[NV], kv[NV];
             int plain[NV];
-            /* the amaxes row by row (each row's 2 * w bytes in order) */
+            /* the amaxes row by row (each row's 2 * w bytes in order); TE's
+               modes leave NaN lanes out (accn), plain asks all lanes finite */
             for (int64_t v = 0; v < nv; v++)
-                acc[v] = _mm512_setzero_si512();
+                acc[v] = accn[v] = _mm512_setzero_si512();
             for (int64_t i = 0; i < 32; i++)
-                for (int64_t v = 0; v < nv; v++)
-                    acc[v] = _mm512_max_epu16(
-                        acc[v], _mm512_and_si512(
-                                    _mm512_maskz_loadu_epi16(v == nv - 1 ? last : ~(__mmask32)0,
-                                                             xt + i * rs + v * 64),
-                                    mask));
+                for (int64_t v = 0; v < nv; v++) {
+                    const __m512i a = _mm512_and_si512(
+                        _mm512_maskz_loadu_epi16(v == nv - 1 ? last : ~(__mmask32)0,
+                                                 xt + i * rs + v * 64),
+                        mask);
+                    acc[v] = _mm512_max_epu16(acc[v], a);
+                    if (skip)
+                        accn[v] = _mm512_max_epu16(accn[v], lsc_mx_bf16_no_nan(a));
+                }
             for (int64_t v = 0; v < nv; v++) {
-                uint16_t t[32];
+                uint16_t t[32], tn[32];
                 _mm512_storeu_si512(t, acc[v]);
-                for (int64_t l = 0; l < 32 && v * 32 + l < w; l++)
-                    m[v * 32 + l] = (lsc_u32)t[l] << 16;
+                _mm512_storeu_si512(tn, skip ? accn[v] : acc[v]);
+                for (int64_t l = 0; l < 32 && v * 32 + l < w; l++) {
+                    raw[v * 32 + l] = (lsc_u32)t[l] << 16;
+                    m[v * 32 + l] = (lsc_u32)tn[l] << 16;
+                }
             }
             lsc_mx_group_scales(m, w, k, sc, r);
             for (int64_t j = 0; j < w; j++)
@@ -576,7 +596,7 @@ LSC_MX_INL void lsc_mx_bf16_cols(const char *x, int64_t rows, int64_t cols, int6
                 plain[v] = 1;
                 for (int64_t l = 0; l < 32 && v * 32 + l < w; l++) {
                     lsc_i32 kl;
-                    plain[v] &= lsc_mx_bf16_plain(r[v * 32 + l], m[v * 32 + l], &kl);
+                    plain[v] &= lsc_mx_bf16_plain(r[v * 32 + l], raw[v * 32 + l], &kl);
                     k7[l] = (int16_t)kl;
                 }
                 kv[v] = _mm512_loadu_si512(k7);

@@ -49,10 +49,11 @@
 #include "fp8.cu"
 #include "lsc_mx.h"
 
-/* |f| as bits for lsc_mx_amax's order: a NaN above every number */
-static __device__ __forceinline__ lsc_u32 lsc_mxk_abs(float f)
+/* |f| as bits for lsc_mx_amax's order: a NaN above every number, or under
+ * TE's modes 0 (lsc_mx_abs_bits: left out of the amax) */
+static __device__ __forceinline__ lsc_u32 lsc_mxk_abs(float f, int mode)
 {
-    return lsc_f32_bits(f) & 0x7FFFFFFFu;
+    return lsc_mx_abs_bits(f, lsc_mx_is_te(mode));
 }
 
 /* the amax whose largest |x| bits are m: the quiet NaN when one was NaN (lsc_mx_amax) */
@@ -135,7 +136,7 @@ static __device__ __forceinline__ lsc_mxk_block lsc_mxk_scale(float amax, int el
                                LSC_FP8_SAT | LSC_FP8_NAN_SIGN);
         b.r = pts ? (1.0f / *pts) / lsc_fp8_to_f32(b.s, LSC_CODE_E4M3FN)
                   : 1.0f / lsc_fp8_to_f32(b.s, LSC_CODE_E4M3FN);
-    } else if (mode == LSC_MX_TE) {
+    } else if (lsc_mx_is_te(mode)) {
         b.s = lsc_mxk_te_e8m0(amax * (float)(1.0 / (double)lsc_mx_max(elem)), hw);
     } else {
         b.s = lsc_mx_scale(amax, elem, mode);
@@ -155,9 +156,11 @@ static __device__ __forceinline__ float lsc_mxk_scaled(float x, lsc_mxk_block b,
                   ? 1.0f : lsc_f32_from_bits((254u - s) << 23);
         return lsc_mx_clamp(lsc_mx_mul(x, r), -top, top);
     }
-    if (mode == LSC_MX_TE)
+    if (lsc_mx_is_te(mode))
         /* x * NaN is the NaN 0x7FFFFFFF whatever x is on the GPU; so here too */
         return s == 0xFFu ? lsc_mx_te_rcp(s) : x * lsc_mx_te_rcp(s);
+    if (mode & LSC_MX_NEXT)   /* torchao after #4725: its E8M0 reciprocal, a NaN one winning */
+        return lsc_mx_clamp(lsc_mx_mul(x, lsc_mx_e8m0_rcp(s)), -top, top);
     if (mode == LSC_MX_OCP)
         return s == 0xFFu ? lsc_f32_from_bits(0x7FC00000u)
                           : lsc_mx_clamp(x * lsc_f32_from_bits((254u - s) << 23), -top, top);
@@ -184,7 +187,7 @@ static __device__ __forceinline__ lsc_u32 lsc_mxk_pair(float a, float b, lsc_mxk
         return lsc_mxk_e2m1x2(lsc_mxk_scaled(a, bl, elem, mode),
                               lsc_mxk_scaled(b, bl, elem, mode), hw);
     return lsc_dev_fp8x2(lsc_mxk_scaled(a, bl, elem, mode), lsc_mxk_scaled(b, bl, elem, mode),
-                         elem, LSC_FP8_SAT | (mode == LSC_MX_TE ? 0 : LSC_FP8_NAN_SIGN), 1);
+                         elem, lsc_mx_flags(mode), 1);
 }
 
 /* Store the codes d of the pair at (r, c), (r, c + 1) (rows) or (r, c), (r + 1, c)
@@ -270,7 +273,7 @@ static __device__ __forceinline__ void lsc_mx_rows_vec(const void *x, long long 
                                         : lsc_fp8_half<CODE>(w[k / 2], k & 1);
         lsc_u32 m = 0;
         for (int k = 0; k < E; ++k) {
-            lsc_u32 a = lsc_mxk_abs(f[k]);
+            lsc_u32 a = lsc_mxk_abs(f[k], mode);
             m = a > m ? a : m;
         }
         for (int off = lanes / 2; off > 0; off >>= 1) {
@@ -333,7 +336,7 @@ __global__ void lsc_mx_rows(const void *x, long long rows, long long cols, long 
         const long long c = 2 * j;
         float a = live ? lsc_fp8_in<CODE>(x, r * rs + c * cs) : 0.0f;
         float b = live ? lsc_fp8_in<CODE>(x, r * rs + (c + 1) * cs) : 0.0f;
-        lsc_u32 m = lsc_mxk_abs(a), mb = lsc_mxk_abs(b);
+        lsc_u32 m = lsc_mxk_abs(a, mode), mb = lsc_mxk_abs(b, mode);
         m = mb > m ? mb : m;
         for (int off = g / 2; off > 0; off >>= 1) {
             lsc_u32 o = __shfl_xor_sync(0xFFFFFFFFu, m, off);
@@ -363,7 +366,7 @@ __global__ void lsc_mx_cols(const void *x, long long rows, long long cols, long 
                           + (CODE == LSC_CODE_F32 ? 4 : 2) * c * cs;
         lsc_u32 m = 0;
         for (long long r = r0; r < r0 + block; ++r) {
-            lsc_u32 a = lsc_mxk_abs(lsc_fp8_in<CODE>(col, r * rs));
+            lsc_u32 a = lsc_mxk_abs(lsc_fp8_in<CODE>(col, r * rs), mode);
             m = a > m ? a : m;
         }
         lsc_mxk_block bl = lsc_mxk_scale(lsc_mxk_amax(m), elem, mode, pts, HW);
@@ -383,9 +386,10 @@ __global__ void lsc_mx_cols(const void *x, long long rows, long long cols, long 
  * quantize kernels write them for `cols_blocks` (0: rows, 1: cols); elem is
  * a float8 code or LSC_MX_E2M1.  mode < 0 (NVFP4) reads E4M3 scales, times
  * the per-tensor scale *pts first when pts is not null; any other mode
- * E8M0 ones, which torchao's modes (FLOOR, CEIL, EVEN, RCEIL) round to
- * float16 first for a float16 result, as its to_dtype multiplies in the
- * target dtype. */
+ * E8M0 ones, which torchao's modes (FLOOR, CEIL, EVEN, RCEIL, either
+ * revision) round to float16 first for a float16 result, as its to_dtype
+ * multiplies in the target dtype, and TE's read as its ptx::exp2f of the
+ * mode's revision does (lsc_mx_te_exp2f). */
 template <int CODE>
 __global__ void lsc_mx_dequant(const unsigned char *scales, const unsigned char *q,
                                long long rows, long long cols, int block, int cols_blocks,
@@ -410,11 +414,13 @@ __global__ void lsc_mx_dequant(const unsigned char *scales, const unsigned char 
             /* torchao's NVFP4 dequantize: the per-tensor times the block scale first */
             sc = lsc_fp8_to_f32(s, LSC_CODE_E4M3FN);
             sc = pts ? *pts * sc : sc;
+        } else if (lsc_mx_is_te(mode)) {
+            /* TE's ptx::exp2f: v2.18 reads 0 as +0.0 and 0xFF as +Inf, #3262 as the format */
+            sc = lsc_mx_te_exp2f(s, mode & LSC_MX_NEXT);
         } else {
             sc = lsc_e8m0_to_f32(s);
-            /* torchao's modes: its to_dtype casts the scale to float16 first */
-            if (CODE == LSC_CODE_F16 && (mode == LSC_MX_FLOOR || mode == LSC_MX_CEIL
-                                         || mode == LSC_MX_EVEN || mode == LSC_MX_RCEIL))
+            /* torchao's modes (both revisions): its to_dtype casts the scale to float16 first */
+            if (CODE == LSC_CODE_F16 && (mode & ~LSC_MX_NEXT) <= LSC_MX_RCEIL)
                 sc = lsc_dev_f16_to_f32(lsc_dev_f32_to_f16(sc));
         }
         f = v * sc;

@@ -27,6 +27,11 @@ _MX_ELEMS = {
 _E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 _NAN32 = np.uint32(0x7FC00000).view(np.float32)
 _TE_NAN = np.uint32(0x7FFFFFFF).view(np.float32)  # TransformerEngine exp2f_rcp(0xFF)
+# torchao after #4725: the reciprocal of the NaN scale is torch's float8_e8m0fnu NaN
+# 0x7F800001, which the product with an element quiets (and which wins over an element's)
+_AO_NAN = np.uint32(0x7FC00001).view(np.float32)
+#: the modes of the next revisions (TE #3262, torchao #4725) -> the pinned revision's mode
+_NEXT = {"te-3262": "te", **{f"{m}-4725": m for m in ("floor", "ceil", "even", "rceil")}}
 
 
 def e8m0_decode(q: Any) -> np.ndarray:
@@ -72,12 +77,30 @@ def mx_scale(amax: Any, elem: str, mode: str) -> np.ndarray:
     float32, clamped to [-127, 127] (NaN 0xFF, Inf 0xFE).  te: TransformerEngine's, amax *
     float32(1 / max) rounded up to a power of two (to 0xFE at most, 2**-127 below it; NaN
     0xFF, Inf 0xFE, 0 -> 0).  ocp: floor(log2(amax)) - emax, a zero amax read as 2**-126,
-    at least -127; NaN and Inf (beyond 127) 0xFF.
+    at least -127; NaN and Inf (beyond 127) 0xFF.  te-3262: te's.  floor-4725, ceil-4725,
+    even-4725: the pinned rule's, but 0xFF for an amax that is not finite (even: once
+    rounded).  rceil-4725: amax * float32(1 / max) rounded up to a power of two
+    2**(c - 127) with no ceiling (above 2**127: 0xFF), 0 for <= 2**-127; NaN, Inf 0xFF.
     """
     emax, top, mbits = _MX_ELEMS[elem]
     out = []
+    base = _NEXT.get(mode, mode)
+    ao_next = mode in _NEXT and base != "te"  # torchao after #4725
     for a in np.asarray(amax, np.float32).ravel().tolist():
         if math.isnan(a):
+            out.append(255)
+            continue
+        if mode == "rceil-4725":
+            d = f32(a * f32(1.0 / top))
+            if math.isinf(d):
+                out.append(255)
+            elif d <= 2.0**-127:
+                out.append(0)
+            else:
+                m, e = math.frexp(d)  # d = m * 2**e: the least 2**k >= d is 2**(e - 1) or 2**e
+                out.append(e - 1 + 127 if m == 0.5 else e + 127)
+            continue
+        if ao_next and math.isinf(a):
             out.append(255)
             continue
         if mode == "rceil":
@@ -88,7 +111,7 @@ def mx_scale(amax: Any, elem: str, mode: str) -> np.ndarray:
             lg = -math.inf if d == 0 else f32(math.log2(d))
             out.append(int(min(max(math.ceil(lg) if d else -127, -127), 127)) + 127)
             continue
-        if mode == "te":
+        if base == "te":
             d = f32(a * f32(1.0 / top))
             if math.isinf(d):
                 out.append(254)
@@ -108,13 +131,16 @@ def mx_scale(amax: Any, elem: str, mode: str) -> np.ndarray:
             m, e = math.frexp(a if a else 2.0**-126)  # a = m * 2**e, m in [0.5, 1)
             out.append(max(e - 1 - emax, -127) + 127)
             continue
-        if mode == "even" and 0 < a < math.inf:
+        if base == "even" and 0 < a < math.inf:
             m, e = math.frexp(a)  # a = m * 2**e, m in [0.5, 1)
             if a >= 2.0**-126:
                 step = 2.0 ** (e - 1 - mbits)  # the element's ulp at a
                 a = f32(math.floor(a / step + 0.5) * step)
             else:  # subnormal: the half ulp added to the bits carries into the exponent or not
                 a = 2.0**-126 if a + 2.0 ** (-127 - mbits) >= 2.0**-126 else 0.0
+            if ao_next and math.isinf(a):  # rounded past float32's largest
+                out.append(255)
+                continue
         if a == 0 or a < 2.0**-126:
             e = -127
         elif math.isinf(a):
@@ -123,7 +149,7 @@ def mx_scale(amax: Any, elem: str, mode: str) -> np.ndarray:
             e = math.frexp(a)[1] - 1
         e -= emax
         if (
-            mode == "ceil"
+            base == "ceil"
             and a != 0
             and not math.isinf(a)
             and (a < 2.0**-126 or a != 2.0 ** (e + emax))
@@ -133,8 +159,11 @@ def mx_scale(amax: Any, elem: str, mode: str) -> np.ndarray:
     return np.array(out, np.uint8).reshape(np.shape(amax))
 
 
-def _mx_amax(x: np.ndarray) -> np.ndarray:
-    """max |x| along the last axis, the quiet NaN 0x7FC00000 where a row holds a NaN."""
+def _mx_amax(x: np.ndarray, skip_nan: bool = False) -> np.ndarray:
+    """max |x| along the last axis, the quiet NaN 0x7FC00000 where a row holds a NaN; with
+    `skip_nan` (TransformerEngine's fmaxf) the largest of the others, 0 for none."""
+    if skip_nan:
+        return np.max(np.where(np.isnan(x), np.float32(0), np.abs(x)), axis=-1).astype(np.float32)
     a = np.max(np.abs(x), axis=-1)
     return np.where(np.isnan(a), _NAN32, a).astype(np.float32)
 
@@ -165,12 +194,15 @@ def mx_quantize(x: Any, elem: str, mode: str, block: int = 32) -> tuple[np.ndarr
     TransformerEngine v2.18's (0xFF: NaN, 0xFE: 2**-127, else the float32 bits
     (254 - code) << 23, 2**127 for code 0); ocp divides by
     2**(code - 127) exactly (in float64, rounded once to float32) and clamps, every element
-    of a 0xFF block float32's NaN 0x7FC00000.
+    of a 0xFF block float32's NaN 0x7FC00000.  te and te-3262 leave NaN elements out of the
+    block amax.  floor-4725 ... rceil-4725 multiply by 2**(127 - code) (code 0xFF: a NaN
+    that wins over the element's) and clamp (a saturating cast).
     """
     top = _MX_ELEMS[elem][1]
     v = np.asarray(x, np.float32)
     b = v.reshape(*v.shape[:-1], v.shape[-1] // block, block)
-    amax = _mx_amax(b)
+    te = _NEXT.get(mode, mode) == "te"
+    amax = _mx_amax(b, skip_nan=te)
     s = mx_scale(amax, elem, mode)
     sc = s.astype(np.int64)[..., None]
     f32 = np.float32
@@ -185,7 +217,10 @@ def mx_quantize(x: Any, elem: str, mode: str, block: int = 32) -> tuple[np.ndarr
             e = np.where(sc == 255, 0, sc - 127)
             y = np.clip((b.astype(np.float64) / 2.0**e).astype(f32), -top, top).astype(f32)
             y = np.where(sc == 255, _NAN32, y).astype(f32)
-        elif mode == "te":
+        elif mode in _NEXT and not te:
+            r = np.where(sc == 255, _AO_NAN, 2.0 ** (127.0 - np.minimum(sc, 254))).astype(f32)
+            y = np.clip(_times(b, r), -top, top).astype(f32)
+        elif te:
             pow2 = ((254 - np.minimum(sc, 253)) << 23).astype(np.uint32).view(f32)
             r = np.where(sc == 254, f32(2.0**-127), pow2).astype(f32)
             # x * NaN is the NaN 0x7FFFFFFF itself on the GPU, whatever x is
@@ -195,7 +230,7 @@ def mx_quantize(x: Any, elem: str, mode: str, block: int = 32) -> tuple[np.ndarr
             y = (b / d.astype(f32)).astype(f32)
             if elem != "float4_e2m1":
                 y = np.clip(y, -top, top).astype(f32)
-    codes = _mx_narrow(y, elem, te=mode == "te")
+    codes = _mx_narrow(y, elem, te=te)
     if elem == "float4_e2m1":
         codes = _pack4(codes)
     return s, codes.reshape(*v.shape[:-1], -1)

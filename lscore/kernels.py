@@ -50,7 +50,10 @@ measures the kernels themselves (``lscore bench``).
   amax for MX element format ``elem`` (a name of ``MX_ELEMS``) by the rule
   ``mode`` (a name of ``MX_MODES``: ``ocp`` the OCP rule as its reference
   implementation computes it, ``floor`` (the OCP rule as torchao runs it),
-  ``ceil``, ``even``, ``rceil`` torchao's, ``te`` TransformerEngine's);
+  ``ceil``, ``even``, ``rceil`` torchao v0.18.0's, ``te`` TransformerEngine
+  v2.18's; ``floor-4725`` ... ``rceil-4725`` torchao's after pytorch/ao#4725,
+  ``te-3262`` TE's after NVIDIA/TransformerEngine#3262, which quantizes as
+  ``te`` and differs in its dequantize);
   ``mx_quantize(x, elem, mode, block=32, *, axis=-1, out=None)``: the
   blocks along the last axis (``axis=-1``) or down the columns of a 2-D
   array (``axis=0``, scales shaped (rows // block, cols)) of a float32 /

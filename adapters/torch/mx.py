@@ -17,6 +17,7 @@ Block scaling is current scaling: a layer keeps no scaling state.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -40,12 +41,22 @@ def _block_recipe(
     return found
 
 
+def _gemm_read(recipe: lscore.fp8.BlockRecipe) -> lscore.fp8.BlockRecipe:
+    """The recipe whose read-back is the GEMM's: TransformerEngine's block-scaled GEMMs take
+    an E8M0 byte as the format defines it (code 0 2**-127, 0xFF NaN: OCP MX v1.0, PTX's
+    .ue8m0), as its dequantize does from #3262 on; v2.18's dequantize kernel alone reads 0
+    as +0.0 and 0xFF as +Inf.  The cast is the same at both revisions."""
+    if recipe.behaviour != "te" or recipe.scale_format != "e8m0":
+        return recipe
+    return dataclasses.replace(recipe, revision=tuple(lscore.fp8.REVISIONS["te"])[1])
+
+
 def _qdq(t: torch.Tensor, recipe: lscore.fp8.BlockRecipe, role: str) -> torch.Tensor:
     """The 2-D ``t`` quantized as a tensor of `role` ("input", "weight", "grad": the element
     format, and a weight's square tiles under a recipe with ``weight_block``), else in blocks
-    along its last axis, and dequantized to its dtype, as the implementation the recipe
-    reproduces reads the blocks back (the GEMM operand)."""
-    return dequantize_blocks(quantize_blocks(t, recipe, role=role), t.dtype)
+    along its last axis, and dequantized to its dtype, as the GEMMs of the implementation the
+    recipe reproduces read the blocks (``_gemm_read``)."""
+    return dequantize_blocks(quantize_blocks(t, _gemm_read(recipe), role=role), t.dtype)
 
 
 def _t(t: torch.Tensor) -> torch.Tensor:
@@ -92,8 +103,9 @@ class MXLinear(EmulatedLinear):
     per-tensor scale from each operand's amax); under a recipe with ``weight_block``
     (``te-blockwise``, ``torchao-blockwise``: 128x128) the weight in square tiles instead,
     as both libraries' blockwise FP8 linears quantize it. The casts are
-    ``lscore.adapters.torch.quantize.quantize_blocks`` and ``dequantize_blocks`` (the recipe's
-    implementation's read-back), and the dequantized operands are multiplied in the input's
+    ``lscore.adapters.torch.quantize.quantize_blocks`` and ``dequantize_blocks`` (as the
+    GEMMs of the recipe's implementation read the blocks: TransformerEngine's take E8M0 byte 0
+    as 2**-127 at every revision), and the dequantized operands are multiplied in the input's
     dtype (under autocast, the autocast dtype). Under the ``torchao-mx-*`` recipes the outputs
     and gradients are bitwise those of torchao's ``MXFP8Linear`` emulated on the CPU. Block
     scales are taken from the tensors being cast, so the layer has no scaling state: parameters

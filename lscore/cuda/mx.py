@@ -272,9 +272,10 @@ class BlockArrays:
         """The values the codes stand for, shaped as the quantized input: each element
         times its block's scale in float32 rounded once to `dtype` (a name), as
         ``lscore.fp8.dequantize_blocks`` reads them back (NVFP4: the per-tensor times the
-        block scale first; torchao's modes floor, ceil, even and rceil: the scale rounded
-        to float16 first for a float16 result; float32 rules: the inverse scale); `tile`:
-        square tiles of side `block`."""
+        block scale first; torchao's modes, either revision: the scale rounded to float16
+        first for a float16 result; "te": TE v2.18's exp2f, scale byte 0 as +0.0 and 0xFF as
+        +Inf; "te-3262": as the format; float32 rules: the inverse scale); `tile`: square
+        tiles of side `block`."""
         if dtype not in _FLOATS:
             raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
         wide = mode in kernels.BLOCKWISE_MODES

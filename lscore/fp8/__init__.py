@@ -13,7 +13,9 @@ and flushed elements).  Block-scaled formats (MXFP8, MXFP4, NVFP4, blockwise FP8
 ``quantize_blocks`` (a ``BlockScaled``) and ``dequantize_blocks``;
 ``block_stats`` reports what a block-scaled quantize does to a tensor (the
 scale exponents' histogram, saturated and flushed elements, NaN scales).
-Only NumPy is imported.
+Each preset names the library version it reproduces (``source``); a block
+recipe's ``revision`` selects the library's next revision where it changed a
+rule (``REVISIONS``).  Only NumPy is imported.
 """
 
 from lscore.fp8.block_dequant import dequantize_blocks
@@ -23,6 +25,7 @@ from lscore.fp8.casting import Float8, amax, dequantize, quantize, quantize_curr
 from lscore.fp8.delayed import DelayedScaling
 from lscore.fp8.diagnostics import Float8Monitor, Float8Stats, tensor_stats
 from lscore.fp8.recipes import FP8_MAX, RECIPES, Recipe, recipe
+from lscore.fp8.revisions import REVISIONS
 
 # re-bound so that their doc comments reach the API reference
 #: the preset recipe names: "te-delayed", "te-current", "torchao-tensorwise", "torchao-rowwise"
@@ -32,11 +35,17 @@ RECIPES = RECIPES
 BLOCK_RECIPES = BLOCK_RECIPES
 #: the largest finite value of each float8 format: {"e4m3fn": 448.0, "e5m2": 57344.0}
 FP8_MAX = FP8_MAX
+#: whose behaviour ("te", "torchao", "rule") -> the revisions a block recipe can reproduce,
+#: each with its ``source``: the pinned release first ("v2.18", "v0.18.0", "v1.0"), then the
+#: next revision where the library changed a rule ("4ff5fdfed0c1": TE#3262,
+#: "5d73a0c10b02": pytorch/ao#4725)
+REVISIONS = REVISIONS
 
 __all__ = [
     "BLOCK_RECIPES",
     "FP8_MAX",
     "RECIPES",
+    "REVISIONS",
     "BlockRecipe",
     "BlockScaled",
     "BlockStats",

@@ -45,7 +45,7 @@ def dequantize_on(dev: Any, b: BlockScaled, dtype: str) -> Any:
             b.scales.reshape(-1, b.scales.shape[-1]),
             b.data.reshape(-1, b.data.shape[-1]),
             element_dtype(b.element),
-            r.mode,
+            r.kernel_mode,
             r.weight_block,
             tile=True,
             dtype=dtype,
@@ -55,7 +55,7 @@ def dequantize_on(dev: Any, b: BlockScaled, dtype: str) -> Any:
         b.scales,
         b.data,
         element_dtype(b.element),
-        r.mode,
+        r.kernel_mode,
         r.block,
         axis=b.axis,
         pts=b.tensor_scale,
@@ -124,10 +124,13 @@ def _block_values(b: BlockScaled, dtype: str) -> np.ndarray:
             s = (np.float32(b.tensor_scale) * s).astype(np.float32)
         return s
     # 2**(c - 127), 0xFF NaN: the format's reading, torchao's get_fp_scale and TE's
-    # ptx::exp2f as NVIDIA/TransformerEngine#3262 corrected it (v2.18's shifted the byte into
-    # the exponent field: code 0 read as 0, 0xFF as Inf); TE's dequantize_mxfp8.cuh then
+    # ptx::exp2f after NVIDIA/TransformerEngine#3262 (TE main at 4ff5fdfed0c1); v2.18's
+    # exp2f shifts the byte into the float32 exponent field, so code 0 reads as +0.0 and
+    # 0xFF as +Inf (common/util/ptx.cuh:382-384).  TE's dequantize_mxfp8.cuh:175-195 then
     # rounds the float32 product once to the output dtype, as the OCP rule does
     s = kernels.e8m0_decode(codes)
+    if r.kernel_mode == "te":
+        s = np.where(codes == 0, np.float32(0), np.where(codes == 255, np.float32(np.inf), s))
     if r.behaviour == "torchao" and dtype == "float16":
         # torchao's to_dtype multiplies in the target dtype: 2**k overflows float16 above
         # 2**15 and flushes below 2**-24
@@ -141,7 +144,9 @@ def dequantize_blocks(b: BlockScaled, dtype: Any = np.float32) -> np.ndarray:
 
     Each element times its block's scale in float32, rounded once to
     `dtype` (float32, float16 or bfloat16): the OCP rule's ``2**(c - 127)``
-    (0xFF NaN) for ``rule`` and ``te`` recipes; torchao's ``to_dtype`` for
+    (0xFF NaN) for ``rule`` recipes and TE's after its #3262 (revision
+    "4ff5fdfed0c1"), TE v2.18's ``ptx::exp2f`` (code 0 read as +0.0, 0xFF as
+    +Inf) for ``te`` recipes at revision "v2.18"; torchao's ``to_dtype`` for
     its MX presets (the scale cast to `dtype` first, so a float16 result
     overflows where the scale is above 2**15); torchao's NVFP4 ``dequantize``
     (the element times per-tensor scale times block scale, in float32); TE's

@@ -3,9 +3,12 @@
 A ``BlockRecipe`` names every choice a block-scaled quantization makes
 (element format, block size, scale format, the rule that picks a block's
 scale, whose behaviour it reproduces, what happens to a last partial
-block, the square tiles of a weight, the library version it reproduces);
+block, the square tiles of a weight, the library revision it reproduces);
 the presets are rows of ``BLOCK_TABLE``, each citing the public source it
-follows, and ``block_recipe(name)`` gives them.  ``lscore.fp8.blocks``
+follows, and ``block_recipe(name)`` gives them.  A preset reproduces its
+library's pinned release (TransformerEngine v2.18, torchao v0.18.0); where
+the library's next revision changed a rule, the ``revision`` field selects
+it (``lscore.fp8.revisions.REVISIONS``).  ``lscore.fp8.blocks``
 quantizes and dequantizes by them.
 """
 
@@ -15,8 +18,9 @@ import dataclasses
 import math
 from typing import Any
 
-from lscore.fp8 import nvfp4
+from lscore.fp8 import nvfp4, revisions
 from lscore.fp8.checks import exact_fields, preset_fields
+from lscore.fp8.revisions import REVISIONS
 from lscore.policy import boolean, choice, integer, real
 
 __all__ = [
@@ -63,11 +67,16 @@ _MX = ("e4m3fn", "e5m2", "e2m1")
 #          scales of blocks of 16 under a float32 global scale from the tensor's amax
 #          (common/cast/nvfp4/core_nvfp4.cuh), lsc_nvfp4.h's rules
 # A float32 scale rule also takes power_2_scales (TE's only) and amax_epsilon.
+# `next`: the kernels' mode of the rule at its library's next revision (REVISIONS), where
+# that revision changed it: TE #3262 its MXFP8 dequantize (ptx::exp2f), torchao #4725 its
+# MX scales and products (lscore.kernels.mx_scale lists the rules).
 _MODES: dict[str, dict[str, Any]] = {
     "ocp": dict(behaviour="rule", scale_format="e8m0", block=32, elements=_MX),
-    "te": dict(behaviour="te", scale_format="e8m0", block=32, elements=("e4m3fn", "e5m2")),
+    "te": dict(
+        behaviour="te", scale_format="e8m0", block=32, elements=("e4m3fn", "e5m2"), next="te-3262"
+    ),
     **{
-        m: dict(behaviour="torchao", scale_format="e8m0", block=32, elements=_MX)
+        m: dict(behaviour="torchao", scale_format="e8m0", block=32, elements=_MX, next=f"{m}-4725")
         for m in ("floor", "ceil", "even", "rceil")
     },
     "nvfp4": dict(behaviour="torchao", scale_format="e4m3fn", block=16, elements=("e2m1",)),
@@ -78,14 +87,14 @@ _MODES: dict[str, dict[str, Any]] = {
     "te-nvfp4": dict(behaviour="te", scale_format="e4m3fn", block=16, elements=("e2m1",)),
 }
 
-# the libraries and versions the presets reproduce
-_TE = "NVIDIA/TransformerEngine v2.18"
-_AO = "pytorch/ao v0.18.0"
+# the libraries and versions the presets reproduce (lscore.fp8.revisions)
+_TE, _AO, _OCP = revisions.TE, revisions.AO, revisions.OCP
+
 # te-mxfp8 with weight_block=32: TE's 2-D MXFP8 weights are in no release that the other
-# rules are pinned to (NVIDIA/TransformerEngine#2634, after v2.18)
+# rules are pinned to (NVIDIA/TransformerEngine#2634, after v2.18 and after #3262)
 _TE_MXFP8_2D = (
-    "NVIDIA/TransformerEngine v2.18, 32x32 weights as commit d8815c4c30b5 (#2634, after "
-    "v2.18: MXFP8BlockScaling(enable_2d_quantization=True))"
+    ", 32x32 weights as commit d8815c4c30b5 (#2634, after v2.18: "
+    "MXFP8BlockScaling(enable_2d_quantization=True))"
 )
 _TE_NVFP4 = (
     "NVIDIA/TransformerEngine v2.18 NVFP4BlockScaling; stochastic rounding by the software "
@@ -121,7 +130,7 @@ BLOCK_TABLE: dict[str, dict[str, Any]] = {
         mode="ocp",
         behaviour="rule",
         tail="pad",
-        source="OCP Microscaling Formats v1.0 (microsoft/microxcaling 7bc41952)",
+        source=_OCP,
     ),
     # TransformerEngine v2.18 MXFP8BlockScaling: fp8_format E4M3 by default (HYBRID: e5m2
     # gradients) (common/recipe/__init__.py:337-384); the scale is float_to_e8m0 of amax *
@@ -134,6 +143,10 @@ BLOCK_TABLE: dict[str, dict[str, Any]] = {
     # the tile's amax (fmaxf, or __hmax of 16-bit inputs), the same float_to_e8m0, the
     # scale written replicated into the 1x32 rowwise and columnwise layouts
     # (common/cast/mxfp8/quantize_mxfp8.cuh:421-446 at that commit); `source` says so.
+    # The block amax leaves NaN elements out (fmaxf, __hmax, max.xorsign.abs from 0:
+    # quantize_mxfp8.cuh:211-363).  TE v2.18's dequantize reads scale byte 0 as +0.0 and
+    # 0xFF as +Inf (ptx::exp2f, common/util/ptx.cuh:382-384; dequantize_mxfp8.cuh:175-195);
+    # revision="4ff5fdfed0c1" (#3262) reads them as 2**-127 and NaN.
     "te-mxfp8": dict(_MXFP8, mode="te", behaviour="te", tail="pad", source=_TE),
     # torchao 0.18 MXTensor.to_mx (mx_formats/mx_tensor.py:214-411, QuantizeTensorToMXKwargs
     # elem_dtype float8_e4m3fn, block_size 32: mx_tensor.py:99-106) in each
@@ -145,6 +158,10 @@ BLOCK_TABLE: dict[str, dict[str, Any]] = {
     # (quant.py:64-133) runs to_mx on each tile's 1024 values; the blocked layout repeats
     # each scale 32 times along K (quant.py:53-61).  Opt-in there: training calls
     # scale_block_dim2=1 (moe_training/mxfp8_grouped_mm.py:637-643).
+    # revision="5d73a0c10b02" (#4725, mx_tensor.py:111-159, 185-225, 351-373 at that
+    # commit): a non-finite amax gives the NaN scale (EVEN: once rounded), RCEIL's code is
+    # the bit rule of amax * float32(1 / max) without saturation, and the elements are
+    # multiplied by the E8M0 reciprocal (code 0: 2**127) with no clamp before the cast.
     "torchao-mx-floor": dict(_TORCHAO_MX, mode="floor"),
     "torchao-mx-ceil": dict(_TORCHAO_MX, mode="ceil"),
     "torchao-mx-even": dict(_TORCHAO_MX, mode="even"),
@@ -293,11 +310,19 @@ class BlockRecipe:
         Gradients (``role="grad"``) rounded to E2M1 stochastically, with the
         draws of ``quantize_blocks``' `seed` and `offset`; only under mode
         "te-nvfp4".
+    revision : str
+        The revision of the behaviour's library it reproduces, one of
+        ``REVISIONS[behaviour]``: the pinned release ("v2.18", "v0.18.0";
+        "v1.0" for the OCP rule; "" takes it), or the next revision where
+        the library changed a rule of the mode ("4ff5fdfed0c1" for TE's
+        "te", "5d73a0c10b02" for torchao's MX modes).  ``kernel_mode`` is the
+        kernels' name of the rule at that revision.
 
     The mode fixes the behaviour, scale format, block and the element
     formats allowed; anything else is a ValueError listing what is allowed.
     Fields after `tail` have defaults, so a dict written before they existed
-    still loads (``from_dict``).
+    still loads (``from_dict``); `source` describes the others and is not
+    compared.
     """
 
     name: str
@@ -312,9 +337,10 @@ class BlockRecipe:
     weight_block: int | None = None
     power_2_scales: bool = False
     amax_epsilon: float = 0.0
-    source: str = ""
+    source: str = dataclasses.field(default="", compare=False)
     hadamard: bool = False
     stochastic_rounding: bool = False
+    revision: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -343,6 +369,8 @@ class BlockRecipe:
                 )
             object.__setattr__(self, "weight_block", wb)
         self._check_float32_fields()
+        rev = revisions.check_revision(self.revision, self.behaviour, self.mode, "next" in rule)
+        object.__setattr__(self, "revision", rev)
         nvfp4.check_fields(self)
         if self.behaviour == "te" and self.mode != "te-nvfp4" and self.element != "e4m3fn":
             raise ValueError(
@@ -366,6 +394,14 @@ class BlockRecipe:
                 f"power_2_scales must be False under mode {self.mode!r} (power-of-two "
                 "float32 scales are TE's, mode 'te-fp32'), got True"
             )
+
+    @property
+    def kernel_mode(self) -> str:
+        """The block kernels' name of the scale rule at ``revision``: `mode` at the pinned
+        release, else the next revision's ("te-3262", "floor-4725", ... "rceil-4725")."""
+        if self.revision == revisions.pinned(self.behaviour):
+            return self.mode
+        return str(_MODES[self.mode]["next"])
 
     def allows(self, element: Any, what: str = "element") -> str:
         """`element` if the recipe's mode quantizes to it, else a ValueError listing those."""
@@ -399,13 +435,19 @@ def block_recipe(name: str, /, **overrides: Any) -> BlockRecipe:
 
     The TE presets (``te-mxfp8``, ``te-blockwise``) also take
     TransformerEngine's ``fp8_format="E4M3" | "HYBRID"`` (e5m2 gradients);
-    ``"E5M2"`` is refused as TE refuses it.  ``te-mxfp8`` with
-    ``weight_block=32`` names in its ``source`` the TE commit after v2.18
-    that added 32x32 weights.  ``te-nvfp4`` also takes TE's
-    ``disable_rht``, ``disable_stochastic_rounding`` and
-    ``disable_2d_quantization`` (True turns off ``hadamard``,
-    ``stochastic_rounding``, ``weight_block``).
+    ``"E5M2"`` is refused as TE refuses it.  ``revision=`` (one of
+    ``REVISIONS``) selects the library's next revision where it changed a
+    rule, and the ``source`` names it; ``te-mxfp8`` with ``weight_block=32``
+    names in its ``source`` the TE commit after v2.18 that added 32x32
+    weights.  ``te-nvfp4`` also takes TE's ``disable_rht``,
+    ``disable_stochastic_rounding`` and ``disable_2d_quantization`` (True
+    turns off ``hadamard``, ``stochastic_rounding``, ``weight_block``).
     ``lscore.fp8.recipe`` gives the same for these names.
+
+    >>> import lscore.fp8 as fp8
+    >>> r = fp8.recipe("torchao-mx-rceil", revision="5d73a0c10b02")
+    >>> r.source, r.kernel_mode
+    ('pytorch/ao main at 5d73a0c10b02 (#4725)', 'rceil-4725')
     """
     if name not in BLOCK_TABLE:
         raise ValueError(
@@ -420,8 +462,12 @@ def block_recipe(name: str, /, **overrides: Any) -> BlockRecipe:
     }
     row = {name: {**BLOCK_TABLE[name], **defaults, **BLOCK_TABLE[name]}}  # all overridable
     fields = preset_fields(name, row, overrides, te, ("element", "grad_element"))
-    if name == "te-mxfp8" and fields.get("weight_block") and "source" not in overrides:
-        fields["source"] = _TE_MXFP8_2D
+    if "source" not in overrides:
+        revision = fields.get("revision") or revisions.pinned(fields["behaviour"])
+        if revision != revisions.pinned(fields["behaviour"]):
+            fields["source"] = REVISIONS[fields["behaviour"]].get(revision, fields["source"])
+        if fields["mode"] == "te" and fields.get("weight_block"):
+            fields["source"] += _TE_MXFP8_2D
     return BlockRecipe(**fields)
 
 

@@ -229,7 +229,7 @@ def _quantize_lines(
         scales, data = kernels.nvfp4_quantize(v, pf, axis=ax, out=codes)
     else:
         scales, data = kernels.mx_quantize(
-            v, element_dtype(elem), r.mode, r.block, axis=ax, out=codes,
+            v, element_dtype(elem), r.kernel_mode, r.block, axis=ax, out=codes,
             **_kernel_args(r, dtype_name(x.dtype), ax == 0),
         )  # fmt: skip
     if tail and codes is None:
@@ -253,7 +253,7 @@ def _quantize_tiles(
     s3, d3 = scales.reshape(-1, *sshape[-2:]), data.reshape(-1, m, data.shape[-1])
     for i in range(x3.shape[0]):
         kernels.mx_quantize(
-            x3[i], element_dtype(elem), r.mode, t, tile=True, out=(s3[i], d3[i]),
+            x3[i], element_dtype(elem), r.kernel_mode, t, tile=True, out=(s3[i], d3[i]),
             **_kernel_args(r),
         )  # fmt: skip
     return scales, data
@@ -338,7 +338,7 @@ def quantize_on(
             )
         flat = x.reshape(-1, shape[-1])
         scales, data = dev.quantize(
-            flat, element_dtype(elem), r.mode, t, tile=True, **_kernel_args(r)
+            flat, element_dtype(elem), r.kernel_mode, t, tile=True, **_kernel_args(r)
         )
         scales = scales.reshape(*shape[:-2], -(-shape[-2] // t), -(-shape[-1] // t))
         data = data.reshape(*shape[:-1], data.shape[-1])
@@ -362,7 +362,7 @@ def quantize_on(
         scales, data = dev.quantize(x, "float4_e2m1", "nvfp4", 16, axis=kaxis, pts=pts)
     else:
         scales, data = dev.quantize(
-            x, element_dtype(elem), r.mode, r.block, axis=kaxis,
+            x, element_dtype(elem), r.kernel_mode, r.block, axis=kaxis,
             **_kernel_args(r, dev.h["view"](x).dtype, cols),
         )  # fmt: skip
     return BlockScaled(data, scales, pts, r, elem, kaxis, tuple(x.shape), role)

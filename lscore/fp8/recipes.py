@@ -5,7 +5,7 @@ delayed or current scaling, the formats, TransformerEngine's history and
 margin, the scale rule and its power-of-two rounding, and how NaN and
 overflow are treated.  The presets are rows of ``TABLE``, each citing the
 source lines of the library it follows: NVIDIA/TransformerEngine at tag
-v2.18 ("TE") and pytorch/ao at tag v0.18.0 ("ao").
+v2.18 ("TE") and pytorch/ao at tag v0.18.0 ("ao"), which its ``source`` names.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from lscore import kernels
 from lscore.fp8 import block_recipes as blocks
+from lscore.fp8 import revisions
 from lscore.fp8.checks import exact_fields, preset_fields
 from lscore.policy import boolean, choice, integer, real
 
@@ -47,12 +48,21 @@ _CURRENT = dict(
     power_2_scales=False,
     saturate=True,
 )
-_TE = dict(_CURRENT, rule="te", amax_epsilon=0.0, amax_nan="ignore", nan_sign=False)
-_TORCHAO = dict(_CURRENT, rule="torchao", amax_epsilon=1e-12, amax_nan="propagate", nan_sign=True)
+_TE = dict(
+    _CURRENT, rule="te", amax_epsilon=0.0, amax_nan="ignore", nan_sign=False, source=revisions.TE
+)
+_TORCHAO = dict(
+    _CURRENT,
+    rule="torchao",
+    amax_epsilon=1e-12,
+    amax_nan="propagate",
+    nan_sign=True,
+    source=revisions.AO,
+)
 
 #: every preset: name -> the Recipe fields it fixes (the comment above each cites its source)
 TABLE: dict[str, dict[str, Any]] = {
-    # TE DelayedScaling defaults: margin 0, fp8_format HYBRID, amax_history_len 1024,
+    # TE v2.18 DelayedScaling defaults: margin 0, fp8_format HYBRID, amax_history_len 1024,
     # amax_compute_algo "max" (TE:transformer_engine/common/recipe/__init__.py:172-282);
     # the update is the fused bulk kernel (TE:transformer_engine/common/recipe/
     # delayed_scaling.cu:162-253)
@@ -64,15 +74,15 @@ TABLE: dict[str, dict[str, Any]] = {
         amax_history_len=1024,
         amax_compute_algo="max",
     ),
-    # TE Float8CurrentScaling: HYBRID, use_power_2_scales False, amax_epsilon 0
+    # TE v2.18 Float8CurrentScaling: HYBRID, use_power_2_scales False, amax_epsilon 0
     # (TE:transformer_engine/common/recipe/__init__.py:285-333); the scale is
     # compute_scale_from_amax (TE:transformer_engine/common/recipe/recipe_common.cuh:14-49)
     # of an fmaxf amax (TE:transformer_engine/common/recipe/current_scaling.cu:24-70)
     "te-current": dict(_TE, forward_format="e4m3fn", backward_format="e5m2"),
-    # torchao's "tensorwise" recipe: dynamic, e4m3fn input and weight, e5m2 grad_output
+    # torchao v0.18.0's "tensorwise" recipe: dynamic, e4m3fn input and weight, e5m2 grad_output
     # (ao:torchao/float8/config.py:297-309, 331-333)
     "torchao-tensorwise": dict(_TORCHAO, forward_format="e4m3fn", backward_format="e5m2"),
-    # torchao's "rowwise" recipe: AXISWISE, e4m3fn for input, weight and grad_output,
+    # torchao v0.18.0's "rowwise" recipe: AXISWISE, e4m3fn for input, weight and grad_output,
     # round_scales_to_power_of_2=True (ao:torchao/float8/config.py:334-352)
     "torchao-rowwise": dict(
         _TORCHAO,
@@ -128,10 +138,17 @@ class Recipe:
     nan_sign : bool
         A NaN's float8 code keeps its sign (torch: 0x7F or 0xFF), else it is
         always 0x7F (TE).
+    source : str
+        The library and version whose behaviour the recipe reproduces:
+        "NVIDIA/TransformerEngine v2.18" or "pytorch/ao v0.18.0" for the
+        presets ("" for a custom recipe).
 
     An invalid value is a ValueError (TypeError for a wrong type) naming the
     field, raised by the constructor; TE's rule refuses e5m2 for the forward
-    tensors as TE refuses its fp8_format E5M2.
+    tensors as TE refuses its fp8_format E5M2.  `source` has a default, so a
+    dict written before it existed still loads (``from_dict``), and is not
+    compared: it describes the parameters, so a state saved before it existed
+    is the same recipe's.
     """
 
     name: str
@@ -148,10 +165,13 @@ class Recipe:
     amax_nan: str
     saturate: bool
     nan_sign: bool
+    source: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.source, str):
+            raise TypeError(f"source must be a string, got {self.source!r}")
         choice("scaling", self.scaling, ("delayed", "current"))
         choice("granularity", self.granularity, ("tensor", "row"))
         choice("forward_format", self.forward_format, _FORMATS)
@@ -251,8 +271,9 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Recipe:
-        """The recipe `to_dict` wrote; a missing or unknown field is a ValueError."""
-        return cls(**exact_fields(cls, d))
+        """The recipe `to_dict` wrote; an unknown field, or a missing one that has no
+        default, is a ValueError."""
+        return cls(**exact_fields(cls, d, defaults=True))
 
 
 def recipe(name: str, /, **overrides: Any) -> Recipe | blocks.BlockRecipe:

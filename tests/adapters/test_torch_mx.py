@@ -242,3 +242,24 @@ def test_autocast_multiplies_in_the_autocast_dtype():
     np.testing.assert_array_equal(_bits(y), _bits(want(x.to(torch.bfloat16))))
     y.float().sum().backward()
     assert layer.weight.grad.dtype == torch.float32 and layer.bias.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("revision", ["v2.18", "4ff5fdfed0c1"])
+def test_te_gemm_operands_read_scale_byte_0_as_the_format(revision):
+    """TE's GEMMs read E8M0 byte 0 as 2**-127 at either revision; only v2.18's dequantize
+    kernel reads it as +0.0.  A row of magnitudes near 1e-37 gets byte 0 and survives the
+    layer's GEMM, while lscore.fp8.dequantize_blocks at v2.18 zeroes it."""
+    r = lscore.fp8.recipe("te-mxfp8", revision=revision)
+    x = torch.ones(32, 64)
+    x[0] = torch.linspace(1e-37, 2e-37, 64)
+    layer = MXLinear(64, 32, recipe=r, bias=False)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+    b = lscore.fp8.quantize_blocks(x.numpy(), r)
+    assert np.all(b.scales.view(np.uint8)[0] == 0)
+    read = b.data.astype(np.float32)[0].astype(np.float64) * 2.0**-127
+    y = layer(x)
+    assert read.sum() > 1e-36
+    assert y[0, 0].item() == pytest.approx(read.sum(), rel=1e-6)
+    v218 = lscore.fp8.dequantize_blocks(lscore.fp8.quantize_blocks(x.numpy(), "te-mxfp8"))
+    assert np.all(v218[0] == 0)

@@ -333,22 +333,28 @@ def test_generated_blocks_equal_the_kernels_and_the_twin(backend, x, src, hw):
         np.testing.assert_array_equal(d, td)
 
 
-# te-nvfp4 runs nvfp4.cu's kernels (tests/kernels/test_nvfp4_te_cuda.py)
-@pytest.mark.parametrize(
-    "name",
-    [
-        n
-        for n in lscore.fp8.BLOCK_RECIPES
-        if lscore.fp8.recipe(n).scale_format != "float32"
-        and lscore.fp8.recipe(n).mode != "te-nvfp4"
-    ],
+REVISED = (
+    "te-mxfp8@4ff5fdfed0c1",
+    "torchao-mx-floor@5d73a0c10b02",
+    "torchao-mx-rceil@5d73a0c10b02",
 )
+# te-nvfp4 runs nvfp4.cu's kernels (tests/kernels/test_nvfp4_te_cuda.py), the float32-scale
+# recipes blockwise.cu's (tests/kernels/test_blockwise_cuda.py)
+_MX_CU = [
+    n
+    for n in lscore.fp8.BLOCK_RECIPES
+    if lscore.fp8.recipe(n).scale_format != "float32" and lscore.fp8.recipe(n).mode != "te-nvfp4"
+]
+
+
+@pytest.mark.parametrize("name", [*_MX_CU, *REVISED])
 def test_recipes_quantize_and_dequantize_like_lscore_fp8(backend, name):
     """Each block recipe's codes and values read back (every dtype) equal lscore.fp8's
-    quantize_blocks / dequantize_blocks on NumPy arrays, blocks along either axis (the
-    float32-scale recipes: tests/kernels/test_blockwise_cuda.py)."""
+    quantize_blocks / dequantize_blocks on NumPy arrays, blocks along either axis; the
+    next revisions' too (name@revision)."""
     dev = harness_blocks(backend)
-    r = lscore.fp8.recipe(name)
+    name, _, revision = name.partition("@")
+    r = lscore.fp8.recipe(name, revision=revision)
     x = blocks_of(64, 64, 9)
     x[5, 40] = 3e38  # beyond float16's range once scaled back
     for elem in ("e4m3fn", "e5m2", "e2m1"):
@@ -358,12 +364,12 @@ def test_recipes_quantize_and_dequantize_like_lscore_fp8(backend, name):
             continue  # not an element of this recipe
         for axis in (-1, 0):
             b = lscore.fp8.quantize_blocks(x, r, axis=axis, element=elem)
-            s, d = dev.quantize(x, elem, r.mode, r.block, axis=axis, pts=b.tensor_scale)
+            s, d = dev.quantize(x, elem, r.kernel_mode, r.block, axis=axis, pts=b.tensor_scale)
             np.testing.assert_array_equal(s, b.scales.view(np.uint8), err_msg=f"{elem} {axis}")
             np.testing.assert_array_equal(d, b.data.view(np.uint8), err_msg=f"{elem} {axis}")
             for dst, dt in DTYPES.items():
                 got = dev.dequantize(
-                    s, d, elem, r.mode, r.block, axis=axis, pts=b.tensor_scale, dtype=dst
+                    s, d, elem, r.kernel_mode, r.block, axis=axis, pts=b.tensor_scale, dtype=dst
                 )
                 w = lscore.fp8.dequantize_blocks(b, dt)
                 assert got.shape == x.shape and got.dtype == w.dtype
@@ -375,6 +381,29 @@ def test_recipes_quantize_and_dequantize_like_lscore_fp8(backend, name):
                     w.view(f"u{w.itemsize}")[~nan],
                     err_msg=f"{elem} {axis} {dst}",
                 )
+
+
+@pytest.mark.parametrize("revision", ["v2.18", "4ff5fdfed0c1"])
+def test_te_dequantize_reads_extreme_codes_as_lscore_fp8(backend, revision):
+    """TE's scale bytes 0 and 0xFF read back as lscore.fp8 reads them at the recipe's
+    revision (v2.18's ptx::exp2f: +0.0 and +Inf; #3262: 2**-127 and NaN), rows and columns."""
+    dev = harness_blocks(backend)
+    r = lscore.fp8.recipe("te-mxfp8", revision=revision)
+    for axis in (-1, 0):
+        b = lscore.fp8.quantize_blocks(np.ones((64, 64), np.float32), r, axis=axis)
+        data, scales = b.data.view(np.uint8), b.scales.view(np.uint8)
+        data[:] = 0x38  # 1.0
+        data[0, 40] = data[3, 1] = 0  # in the 0xFF block of either axis: v2.18's 0 * Inf
+        scales[0, :2] = (0, 255)
+        scales[1, :2] = (255, 127)
+        for dst, dt in DTYPES.items():
+            got = dev.dequantize(scales, data, "e4m3fn", r.kernel_mode, 32, axis=axis, dtype=dst)
+            want = lscore.fp8.dequantize_blocks(b, dt)
+            nan = np.isnan(want.astype(np.float32))
+            assert nan.any() and np.isnan(got.astype(np.float32)[nan]).all()
+            np.testing.assert_array_equal(
+                got.view(f"u{want.itemsize}")[~nan], want.view(f"u{want.itemsize}")[~nan]
+            )
 
 
 def test_bad_arguments_are_refused_before_a_launch(backend):

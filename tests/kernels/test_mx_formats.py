@@ -324,15 +324,20 @@ def test_ocp_mode_departs_from_torchao_floor(elem):
 def test_te_elements_use_v2_18_reciprocal(elem):
     """TransformerEngine v2.18 multiplies a block by exp2f_rcp(code) (ptx.cuh): NaN for
     the NaN scale 0xFF, 2**-127 for 0xFE and the bits (254 - code) << 23 otherwise, 2**127
-    for code 0; the cast then saturates and writes NaN as 0x7F.  So a NaN block is all NaN,
-    an Inf element becomes the format's largest value (its finite neighbours round to 0),
-    and a block whose descale rounds to code 0 keeps its values."""
+    for code 0; the cast then saturates and writes NaN as 0x7F.  Its block amax leaves a
+    NaN out (fmaxf from 0), so a NaN element is NaN (0x7F) among codes scaled by the
+    others, an Inf element becomes the format's largest value (its finite neighbours
+    round to 0), and a block whose descale rounds to code 0 keeps its values."""
     top = MAX[elem]
     nan = np.linspace(-1, 1, 32, dtype=np.float32)[None]
-    nan[0, 3] = np.nan
+    nan[0, 3] = -np.nan
     s, q = kernels.mx_quantize(nan, elem, "te")
-    assert s[0, 0] == 0xFF
-    assert np.all(q == 0x7F)
+    finite = np.arange(32) != 3
+    assert s[0, 0] == kernels.mx_scale(np.float32(1.0), elem, "te")
+    assert q[0, 3] == 0x7F
+    np.testing.assert_array_equal(
+        q[0, finite], kernels.mx_quantize(np.where(finite, nan, 0), elem, "te")[1][0, finite]
+    )
     inf = np.linspace(-1, 1, 32, dtype=np.float32)[None]
     inf[0, 7] = np.inf
     s, q = kernels.mx_quantize(inf, elem, "te")
