@@ -16,9 +16,8 @@ on the loss's device (torch's lazy init):
 Both answer the same calls: ``unscale`` / ``check`` (an optimizer's gradients ->
 {device: found-inf tensor}), ``clip`` (``unscale_and_clip_``), ``flags``, ``update``,
 ``get_scale`` / ``good_steps`` / ``growth_tracker``, ``set_scale``, ``set_policy``,
-``loaded`` and ``pull``.  Beside them:
-``agree`` (the found-inf flags of every rank of a process group) and ``check_new_scale``
-(torch's checks of ``update(new_scale)``).
+``loaded`` and ``pull``.  Beside them: ``agree`` (the found-inf flags of every rank of a
+process group) and ``check_new_scale`` (torch's checks of ``update(new_scale)``).
 """
 
 from __future__ import annotations

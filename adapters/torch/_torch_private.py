@@ -1,12 +1,12 @@
 """torch's private attributes and hooks, as ``GradScaler`` keeps them for code written
-against ``torch.amp.GradScaler`` (torch's own tests, FSDP's ``ShardedGradScaler``,
-Lightning, accelerate): ``_scale`` and ``_growth_tracker``, the assignable
-``_init_scale`` and ``_init_growth_tracker``, the lazy init that creates the scale (and
-picks the path), the per-device found-inf checks, the fused optimizers' step, and torch's
-assertion for a method called before the first ``scale()``.
+against ``torch.amp.GradScaler`` (frameworks call its hooks, torch's own tests assign
+``_init_scale``): ``_scale`` and ``_growth_tracker``, the assignable ``_init_scale`` and
+``_init_growth_tracker``, the lazy init that creates the scale (and picks the path), the
+per-device found-inf checks, the fused optimizers' step, and torch's assertion for a
+method called before the first ``scale()``.
 
-The scale lives in the path (``_paths.py``), so these read it from there.  The base of
-``scaler.GradScaler`` only: it holds no state of its own.
+The base of ``scaler.GradScaler``, whose constructor sets the attributes these read; the
+scale lives in the path (``_paths.py``), so these read it from there.
 """
 
 from __future__ import annotations
@@ -40,8 +40,12 @@ _FIX = (
 class TorchPrivate(torch.amp.GradScaler):
     """torch's private attributes and hooks over ``GradScaler``'s path (its base class)."""
 
-    # set by GradScaler.__init__ (and __setstate__); _state, _reported and _unscaler only
-    # when enabled at first (see GradScaler._path)
+    # set by GradScaler: _path, the path (CorePath or DevicePath) the first scale() picks
+    # (_placed), None before it and when disabled.  An enabled scaler (or one enabled="auto"
+    # turned off) also has _state, its state machine (policy, counters and, but on the
+    # device under torch's policy, the scale), _reported (the scale get_scale() reports
+    # before the first scale(), as given), _unscaler (the CPU path's GradUnscaler) and
+    # _reducer (process_group's, or None)
     _path: CorePath | DevicePath | None
     _state: LossScaleState
     _reported: float

@@ -58,13 +58,13 @@ class GradScaler(TorchPrivate):
 
     Parameters
     ----------
-    device, init_scale, growth_factor, backoff_factor, growth_interval : torch's
+    device, init_scale, growth_factor, backoff_factor, growth_interval : torch's arguments
         As torch takes them, but ``growth_interval`` must be a positive integer
         (torch also takes 0), and a bad factor raises ``ScalerConfigError``.
     enabled : bool or "auto", default True
         ``"auto"``: at the first ``scale()``, stay enabled only if a float16 tensor
         feeds the loss; otherwise disable with a warning.
-    min_scale, max_scale, hysteresis, policy, process_group, allow_fp16_params : lscore's
+    min_scale, max_scale, hysteresis, policy, process_group, allow_fp16_params : lscore's options
         Keyword-only: bounds for the scale, the overflows in a row that trigger one
         backoff (default 1), a whole lscore policy (a preset name, ...) in place of
         the numbers, a ``torch.distributed`` group whose ranks share one NaN/inf
