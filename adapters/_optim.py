@@ -1,40 +1,28 @@
-"""Framework-neutral parts of the adapters' LossScaleOptimizer, SGD and Adam.
+"""The NumPy and CuPy adapters' LossScaleOptimizer: ``LossScaleOptimizerBase``.
 
-Every adapter's ``LossScaleOptimizer(optimizer, loss_scale=None, *, dynamic=True,
-initial_scale=None, dynamic_growth_steps=None, loss_scale_manager=None)`` has
-three shapes, told apart by its arguments:
-
-- ``keras``: no ``loss_scale`` (or a bool, taken as ``dynamic``): tf-keras's
-  LossScaleOptimizer (TF >= 2.4).  Dynamic means TF's DynamicLossScale rule
-  with multiplier 2; a fixed scale applies every step, NaN or not; a skipped
-  step still advances ``iterations``.
-- ``experimental``: ``loss_scale`` a number, ``"dynamic"`` or a ``LossScale``
-  (TF <= 2.3's ``mixed_precision.experimental.LossScaleOptimizer``), resolved by
-  ``lscore.get``; a skipped step does not advance ``iterations``.
-- ``tf1``: a ``LossScaleManager`` (``tf.contrib.mixed_precision``), passed
-  positionally or as ``loss_scale_manager=``.  The optimizer checks
-  finiteness itself, so even a fixed manager skips non-finite steps; a skipped
-  step does not advance the step counter.
-
-``_scaling.resolve_loss_scaling`` turns the arguments into a ``LossScaling``;
-``_wrapper.TFShaped``, the base every adapter's wrapper shares (torch's too),
-checks them and holds tf-keras's properties.  ``LossScaleOptimizerBase`` is the
-array-module-generic wrapper: its methods work through an ``xp`` namespace
-bound by the adapter (``numpy`` or ``cupy``); SGD and Adam are in _arrays.
+Its methods work through an ``xp`` namespace bound by the adapter (``numpy`` or
+``cupy``).  ``_wrapper.TFShaped``, the base every adapter's wrapper shares (torch's
+too), takes the constructor's arguments and resolves their shape (``_scaling``);
+the gradient lists are checked by ``_grads``; SGD and Adam are in ``_sgd_adam``.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, ClassVar
 
 import numpy as np
 
+from lscore.adapters._grads import (
+    check_gradient_dtypes,
+    check_variable_dtypes,
+    drop_none_gradients,
+    grad_var_pairs,
+    loss_and_grads,
+)
 from lscore.adapters._scaling import scaling_kwargs_from_config
 from lscore.adapters._wrapper import TFShaped, inner_attribute, load_checked, run_step, type_name
 from lscore.distributed import reduce_found_inf
 from lscore.policy import boolean, integer, inverse_scale
-from lscore.scan import is_integer_dtype, not_float_error
 
 OPTIMIZER_FORMAT = "lscore.optimizer/1"
 _OPTIMIZER_KEYS = (
@@ -46,10 +34,6 @@ _OPTIMIZER_KEYS = (
     "loss_scale",
     "optimizer",
 )
-
-
-# An adapter subclasses LossScaleOptimizerBase and sets ``_xp`` (the array module: numpy,
-# cupy) and ``_all_finite``.
 
 
 def quiet() -> Any:
@@ -70,78 +54,6 @@ def _host(a: Any) -> Any:
     """A NumPy view or copy of an array of any array module (CuPy: copied to the host)."""
     get = getattr(a, "get", None)
     return get() if callable(get) and not isinstance(a, np.ndarray) else np.asarray(a)
-
-
-def grad_var_pairs(grads_and_vars: Any) -> list:
-    """``grads_and_vars`` as a list of (gradient, variable) tuples; TypeError if malformed."""
-    pairs = []
-    for item in grads_and_vars:
-        if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise TypeError(f"grads_and_vars must hold (gradient, variable) pairs, got {item!r}")
-        pairs.append((item[0], item[1]))
-    return pairs
-
-
-def drop_none_gradients(pairs: list, *, warn: bool) -> list:
-    """Keras's rule: (None, var) pairs are dropped; if every gradient is None, ValueError."""
-    kept = [(g, v) for g, v in pairs if g is not None]
-    if pairs and not kept:
-        raise ValueError(
-            f"No gradients provided for any variable: all {len(pairs)} gradients are None"
-        )
-    if warn and len(kept) < len(pairs):
-        missing = [i for i, (g, _) in enumerate(pairs) if g is None]
-        warnings.warn(
-            f"Gradients do not exist for variables at positions {missing} when "
-            "minimizing the loss; those variables are left unchanged",
-            stacklevel=3,
-        )
-    return kept
-
-
-def unzip(pairs: list) -> tuple[list, list]:
-    """([gradient, ...], [variable, ...]) of (gradient, variable) pairs."""
-    return [g for g, _ in pairs], [v for _, v in pairs]
-
-
-def variable_list(var_list: Any) -> list:
-    """``list(var_list)``; a single array (anything with a ``shape``) is a TypeError, as
-    iterating it would give its rows, not one variable."""
-    if hasattr(var_list, "shape"):
-        raise TypeError(
-            f"var_list must be a list of arrays, got a single {type_name(var_list)}: "
-            "pass [w] for one variable"
-        )
-    return list(var_list)
-
-
-FP16_VARIABLES = (
-    "Attempting to apply gradients to float16 variables. The variables themselves are "
-    "float16: keep float32 master weights (keep the variables in float32 and compute in "
-    "float16 from a float16 copy), since float16 weights lose small updates.  To update "
-    "float16 variables anyway, pass LossScaleOptimizer(..., allow_fp16_params=True)."
-)
-
-
-def check_variable_dtypes(variables: Any, allow_fp16: bool) -> None:
-    """The torch GradScaler's refusal of float16 parameters, for array variables: a
-    ValueError with the same advice unless `allow_fp16` (``allow_fp16_params=True``)."""
-    if allow_fp16:
-        return
-    # the distinct dtypes in one pass (a set), then one test per dtype: a step's cost
-    # stays about one attribute read per variable
-    for dt in {getattr(v, "dtype", None) for v in variables}:
-        if getattr(dt, "kind", None) == "f" and getattr(dt, "itemsize", None) == 2:
-            raise ValueError(FP16_VARIABLES)
-
-
-def check_gradient_dtypes(grads: list) -> None:
-    """Integer and bool gradients are refused before anything changes (TypeError naming
-    the dtype): the scale cannot be divided out of them, and a cast would drop the step."""
-    for dt in {getattr(g, "dtype", None) for g in grads}:
-        if getattr(dt, "kind", "f") != "f" and is_integer_dtype(dt):
-            i = next(i for i, g in enumerate(grads) if getattr(g, "dtype", None) == dt)
-            raise not_float_error("LossScaleOptimizer", f"gradient {i}", dt)
 
 
 class LossScaleOptimizerBase(TFShaped):
@@ -184,30 +96,11 @@ class LossScaleOptimizerBase(TFShaped):
     _all_finite: Any = None  # the adapter's all_finite, set as a staticmethod
     _optimizer_classes: ClassVar[dict[str, type]] = {}
 
-    def __init__(
-        self,
-        optimizer: Any,
-        loss_scale: Any = None,
-        *,
-        dynamic: Any = True,
-        initial_scale: Any = None,
-        dynamic_growth_steps: Any = None,
-        loss_scale_manager: Any = None,
-        reducer: Any = None,
-        allow_fp16_params: Any = False,
-    ) -> None:
-        boolean("allow_fp16_params", allow_fp16_params)
-        self._wrap(
-            optimizer,
-            loss_scale,
-            dynamic=dynamic,
-            initial_scale=initial_scale,
-            dynamic_growth_steps=dynamic_growth_steps,
-            loss_scale_manager=loss_scale_manager,
-            reducer=reducer,
-        )
+    def _configure(self, *, reducer: Any = None, allow_fp16_params: Any = False) -> None:
+        self._allow_fp16 = boolean("allow_fp16_params", allow_fp16_params)
+
+    def _start(self) -> None:
         self._own_iterations = 0
-        self._allow_fp16 = bool(allow_fp16_params)
 
     @property
     def iterations(self) -> int:
@@ -286,7 +179,7 @@ class LossScaleOptimizerBase(TFShaped):
         is refused, it cannot change in place.  ``name`` (TF1's name for the
         returned op) must be a str or None and has no other effect.
         """
-        advance = self._tf1_step_arguments(global_step, name)
+        finish = self._finisher(global_step, name)
         pairs = grad_var_pairs(grads_and_vars)
         if pairs:
             pairs = drop_none_gradients(pairs, warn=self._scaling.shape != "tf1")
@@ -304,11 +197,22 @@ class LossScaleOptimizerBase(TFShaped):
                 (m.name_of(v, f"var{i}"), _host(g)) for i, (g, v) in enumerate(pairs)
             ],
         )
-        self._last_applied = applied
-        advance(applied)
-        return applied
+        return finish(applied)
 
     _last_applied = True
+
+    def _finisher(self, global_step: Any, name: Any) -> Any:
+        """Check ``apply_gradients``'s TF1 arguments; returns ``finish(applied)``, which
+        records the step's result (``last_step_skipped``), advances ``global_step`` when
+        the step was applied and returns `applied`."""
+        advance = self._tf1_step_arguments(global_step, name)
+
+        def finish(applied: Any) -> Any:
+            self._last_applied = applied
+            advance(applied)
+            return applied
+
+        return finish
 
     @property
     def last_step_skipped(self) -> Any:
@@ -328,35 +232,10 @@ class LossScaleOptimizerBase(TFShaped):
             self._advance_iterations()
 
     def _scaled_gradients(self, loss_and_grads_fn: Any, var_list: Any) -> Any:
-        loss, grads, var_list = self._loss_and_grads(
-            loss_and_grads_fn, var_list, self._scaling.scale
+        loss, grads, var_list = loss_and_grads(
+            loss_and_grads_fn, var_list, self._scaling.scale, self._xp
         )
         return loss, list(zip(self.get_unscaled_gradients(grads), var_list, strict=True))
-
-    def _loss_and_grads(self, loss_and_grads_fn: Any, var_list: Any, scale: Any) -> Any:
-        """(loss, scaled grads, var_list) from ``loss_and_grads_fn(scale)``, checked."""
-        if not callable(loss_and_grads_fn):
-            # TF1 code passes its loss tensor here; without autodiff there is nothing to
-            # differentiate it with
-            raise TypeError(
-                f"{self._xp.__name__} has no autodiff, so a loss value cannot be "
-                "differentiated here: loss_and_grads_fn must be a callable "
-                "fn(scale) -> (loss, grads) that runs your backward pass seeded "
-                f"with scale, got {type_name(loss_and_grads_fn)}"
-            )
-        var_list = variable_list(var_list)
-        out = loss_and_grads_fn(scale)
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise TypeError(
-                f"loss_and_grads_fn(scale) must return (loss, grads), got {type_name(out)}"
-            )
-        loss, grads = out[0], list(out[1])
-        if len(grads) != len(var_list):
-            raise ValueError(
-                f"loss_and_grads_fn returned {len(grads)} gradients for {len(var_list)} variables"
-            )
-        check_gradient_dtypes(grads)
-        return loss, grads, var_list
 
     def compute_gradients(self, loss_and_grads_fn: Any, var_list: Any) -> list:
         """Unscaled (gradient, variable) pairs from ``loss_and_grads_fn(scale) -> (loss, grads)``.

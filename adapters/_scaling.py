@@ -1,8 +1,23 @@
 """The loss-scale side of every LossScaleOptimizer wrapper: its three shapes, resolved once.
 
-``resolve_loss_scaling`` turns a wrapper's arguments into a ``LossScaling``
-(keras, experimental or tf1 shape; see _optim): the current scale,
-``update(finite) -> should_apply``, whether a skipped step advances
+Every adapter's ``LossScaleOptimizer(optimizer, loss_scale=None, *, dynamic=True,
+initial_scale=None, dynamic_growth_steps=None, loss_scale_manager=None)`` has
+three shapes, told apart by its arguments:
+
+- ``keras``: no ``loss_scale`` (or a bool, taken as ``dynamic``): tf-keras's
+  LossScaleOptimizer (TF >= 2.4).  Dynamic means TF's DynamicLossScale rule
+  with multiplier 2; a fixed scale applies every step, NaN or not; a skipped
+  step still advances ``iterations``.
+- ``experimental``: ``loss_scale`` a number, ``"dynamic"`` or a ``LossScale``
+  (TF <= 2.3's ``mixed_precision.experimental.LossScaleOptimizer``), resolved by
+  ``lscore.get``; a skipped step does not advance ``iterations``.
+- ``tf1``: a ``LossScaleManager`` (``tf.contrib.mixed_precision``), passed
+  positionally or as ``loss_scale_manager=``.  The optimizer checks
+  finiteness itself, so even a fixed manager skips non-finite steps; a skipped
+  step does not advance the step counter.
+
+``resolve_loss_scaling`` turns a wrapper's arguments into a ``LossScaling``: the
+current scale, ``update(finite) -> should_apply``, whether a skipped step advances
 ``iterations``, and the config.  It knows no array type.
 """
 

@@ -1,7 +1,7 @@
 """What every adapter's TF-shaped ``LossScaleOptimizer`` shares, NumPy's, CuPy's and torch's.
 
-``TFShaped`` is their base: the constructor's checks and the resolution of the
-three argument shapes (``_wrap``), tf-keras's properties, TF1's ``global_step``
+``TFShaped`` is their base: the one constructor (its checks and the resolution of
+the three argument shapes), tf-keras's properties, TF1's ``global_step``
 and ``name`` arguments, the holder of the scale state and pickling.  ``run_step``
 is the one step loop (check -> update the scale -> apply or skip -> count) every
 wrapper runs.  Nothing here knows an array type.
@@ -10,6 +10,7 @@ wrapper runs.  Nothing here knows an array type.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any, ClassVar
 
 import numpy as np
@@ -176,18 +177,28 @@ def inner_attribute(name: str, how: str = "get and set") -> property:
     return property(fget, fset, doc=f"The inner optimizer's ``{name}`` ({how}).")
 
 
+def _constructor_signature(cls: type[TFShaped]) -> inspect.Signature:
+    """``TFShaped.__init__``'s parameters up to `reducer`'s place, then ``cls._configure``'s:
+    the signature a reader (help(), the API reference) sees for ``cls(...)``."""
+    params = list(inspect.signature(TFShaped.__init__, eval_str=True).parameters.values())
+    own = list(inspect.signature(cls._configure, eval_str=True).parameters.values())
+    head = params[1 : [p.name for p in params].index("reducer")]
+    return inspect.Signature([*head, *own[1:]])
+
+
 class TFShaped:
     """The base of every adapter's TF-shaped ``LossScaleOptimizer``.
 
-    A subclass calls ``_wrap`` from its constructor and names what it wraps
-    (``_expected_optimizer``, ``_is_optimizer``) and its TF1 step counter
-    (``_in_place_counter``, ``_counter_description()``).  ``_transient`` lists the
+    A subclass names what it wraps (``_expected_optimizer``, ``_is_optimizer``), its own
+    constructor keywords (``_configure``), what it sets up once built (``_start``) and its
+    TF1 step counter (``_in_place_counter``, ``_counter_description()``).  ``_transient`` lists the
     attributes that a pickle leaves out because ``__setstate__`` rebuilds them.
     """
 
     _optimizer: Any
     _scaling: LossScaling
     _reducer: Any
+    __signature__: ClassVar[inspect.Signature]
     _expected_optimizer: ClassVar[str] = (
         "an optimizer with an apply_gradients(grads_and_vars) method that updates arrays in place"
     )
@@ -202,19 +213,32 @@ class TFShaped:
     def _is_optimizer(optimizer: Any) -> bool:
         return callable(getattr(optimizer, "apply_gradients", None))
 
-    def _wrap(
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__signature__ = _constructor_signature(cls)
+
+    def __init__(
         self,
         optimizer: Any,
-        loss_scale: Any,
+        loss_scale: Any = None,
         *,
-        dynamic: Any,
-        initial_scale: Any,
-        dynamic_growth_steps: Any,
-        loss_scale_manager: Any,
-        reducer: Any,
+        dynamic: Any = True,
+        initial_scale: Any = None,
+        dynamic_growth_steps: Any = None,
+        loss_scale_manager: Any = None,
+        reducer: Any = None,
+        **options: Any,
     ) -> None:
-        """Check `optimizer` as tf-keras does, resolve the arguments' shape into
-        ``_scaling`` and keep `reducer` (``lscore.distributed``: one verdict for all ranks)."""
+        """The one constructor of every adapter's wrapper: the adapter's own keywords
+        (`options`, taken by ``_configure``) are checked first, then `optimizer` as tf-keras
+        checks it; the arguments' shape is resolved into ``_scaling``, `reducer`
+        (``lscore.distributed``: one verdict for all ranks) is kept, and ``_start()`` runs."""
+        for key in options:
+            if key not in type(self).__signature__.parameters:
+                raise TypeError(
+                    f"{type(self).__name__}() got an unexpected keyword argument {key!r}"
+                )
+        self._configure(reducer=reducer, **options)
         check_inner_optimizer(
             optimizer,
             TFShaped,
@@ -232,6 +256,15 @@ class TFShaped:
         self._optimizer = optimizer
         with contextlib.suppress(AttributeError):  # an optimizer with __slots__
             optimizer._is_wrapped_by_loss_scale_optimizer = True
+        self._start()
+
+    def _configure(self, *, reducer: Any = None) -> None:
+        """Check and keep the adapter's own constructor keywords (none here).  Its
+        parameters, `reducer` among them, follow ``loss_scale_manager`` in the class's
+        signature."""
+
+    def _start(self) -> None:
+        """Set up what the adapter keeps beside the scaling, once the arguments passed."""
 
     # -- properties (tf-keras names) -------------------------------------------------
     @property

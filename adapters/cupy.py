@@ -69,29 +69,19 @@ except ImportError as e:  # the extra is missing: name it, not only the module
     ) from e
 
 from lscore import cuda
-from lscore.adapters import _device, _device_wrapper
-from lscore.loss_scale import DynamicLossScale, FixedLossScale, LossScale, get
-from lscore.managers import (
-    ExponentialUpdateLossScaleManager,
-    FixedLossScaleManager,
-    LossScaleManager,
-)
+from lscore.adapters import _device, _device_wrapper, _scale_classes
+from lscore.adapters._backend import ArrayBackend
+from lscore.adapters._scale_classes import *  # noqa: F403
 
 __all__ = [
     "SGD",
     "Adam",
-    "DynamicLossScale",
-    "ExponentialUpdateLossScaleManager",
-    "FixedLossScale",
-    "FixedLossScaleManager",
-    "LossScale",
-    "LossScaleManager",
     "LossScaleOptimizer",
     "all_finite",
-    "get",
     "unscale_",
     "unscale_and_clip_",
     "unscale_and_norm",
+    *_scale_classes.__all__,
 ]
 
 
@@ -107,7 +97,7 @@ def _on_device(a: Any, device: int) -> bool:
     return a.device.id == device
 
 
-_BACKEND = _device.ArrayBackend(
+_BACKEND = ArrayBackend(
     cupy,
     cuda.ArrayKernels(cupy, cuda.CupyBackend, array_type=cupy.ndarray),
     current_device=_current_device,

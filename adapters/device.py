@@ -1,11 +1,12 @@
 """The CuPy adapter's classes bound to any array module and kernel backend.
 
 ``lscore.adapters.cupy`` subclasses ``_device``'s and ``_device_wrapper``'s
-classes with cupy's ``ArrayBackend`` once, at module level.  ``bind`` makes the same classes for
-another array module and ``lscore.cuda.ArrayKernels``: the tests bind NumPy
-and the CPU host harness (the adapter's logic, kernels included, without a
-GPU), and ``lscore bench --suite gpu-host`` binds NumPy and a backend whose
-launches do nothing (the host's cost of a step).
+classes with cupy's ``ArrayBackend`` (``_backend``) once, at module level.
+``bind`` makes the same classes for another array module and
+``lscore.cuda.ArrayKernels``: the tests bind NumPy and the CPU host harness (the
+adapter's logic, kernels included, without a GPU), and ``lscore bench --suite
+gpu-host`` binds NumPy and a backend whose launches do nothing (the host's cost of
+a step).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lscore.adapters import _device, _device_wrapper
+from lscore.adapters._backend import ArrayBackend
 from lscore.cuda.arrays import ArrayKernels
 
 __all__ = ["bind"]
@@ -24,9 +26,9 @@ def bind(
     xp: Any,
     kernels: ArrayKernels,
     *,
-    capturing: Callable[[], bool] = _device.ArrayBackend.capturing,
-    current_device: Callable[[], int] = _device.ArrayBackend.current_device,
-    on_device: Callable[[Any, int], bool] = _device.ArrayBackend.on_device,
+    capturing: Callable[[], bool] = ArrayBackend.capturing,
+    current_device: Callable[[], int] = ArrayBackend.current_device,
+    on_device: Callable[[Any, int], bool] = ArrayBackend.on_device,
 ) -> types.SimpleNamespace:
     """``all_finite``, ``unscale_``, ``unscale_and_norm``, ``unscale_and_clip_``, ``SGD``,
     ``Adam`` and ``LossScaleOptimizer`` on `xp`'s arrays through `kernels`.
@@ -35,7 +37,7 @@ def bind(
     break one refuse), `current_device()` which device is current (default: always
     0) and `on_device(a, device)` whether array `a` lives on `device` (default: yes).
     """
-    backend = _device.ArrayBackend(
+    backend = ArrayBackend(
         xp, kernels, current_device=current_device, on_device=on_device, capturing=capturing
     )
 

@@ -34,38 +34,20 @@ from typing import ClassVar
 
 import numpy as np
 
-from lscore.adapters import _arrays, _optim
-from lscore.loss_scale import DynamicLossScale, FixedLossScale, LossScale, get
-from lscore.managers import (
-    ExponentialUpdateLossScaleManager,
-    FixedLossScaleManager,
-    LossScaleManager,
-)
+from lscore.adapters import _optim, _scale_classes, _sgd_adam
+from lscore.adapters._scale_classes import *  # noqa: F403
 from lscore.scan import all_finite, unscale_
 
-__all__ = [
-    "SGD",
-    "Adam",
-    "DynamicLossScale",
-    "ExponentialUpdateLossScaleManager",
-    "FixedLossScale",
-    "FixedLossScaleManager",
-    "LossScale",
-    "LossScaleManager",
-    "LossScaleOptimizer",
-    "all_finite",
-    "get",
-    "unscale_",
-]
+__all__ = ["SGD", "Adam", "LossScaleOptimizer", "all_finite", "unscale_", *_scale_classes.__all__]
 
 
-class SGD(_arrays.SGD):
-    __doc__ = _arrays.SGD.__doc__
+class SGD(_sgd_adam.SGD):
+    __doc__ = _sgd_adam.SGD.__doc__
     _xp = np
 
 
-class Adam(_arrays.Adam):
-    __doc__ = _arrays.Adam.__doc__
+class Adam(_sgd_adam.Adam):
+    __doc__ = _sgd_adam.Adam.__doc__
     _xp = np
 
 

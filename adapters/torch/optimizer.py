@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-import numpy as np
 import torch
 
-from lscore.adapters import _optim, _wrapper
+from lscore.adapters import _wrapper
+from lscore.adapters.torch import _tf1
 from lscore.adapters.torch._paths import GradUnscaler, named_grads
 from lscore.adapters.torch._unscaler import GradDtypeError
 from lscore.distributed import reduce_found_inf
@@ -32,51 +32,6 @@ def _times(x: torch.Tensor, factor: float) -> torch.Tensor:
     """`x * factor` with the factor cast to x's dtype first, as TF casts the scale
     (a float16 loss times a scale above 65504 becomes inf, as in TF)."""
     return x * torch.tensor(factor, dtype=x.dtype, device=x.device)
-
-
-def _tensor_counter(global_step: Any) -> Any:
-    """In-place ``add(delta)`` for a 0-d integer tensor (TF1's int64 global_step variable)."""
-    if not isinstance(global_step, torch.Tensor):
-        return None
-    dtype = global_step.dtype
-    if global_step.dim() != 0 or dtype.is_floating_point or dtype.is_complex or dtype is torch.bool:
-        raise TypeError(
-            f"global_step must be a 0-d integer tensor, got shape "
-            f"{tuple(global_step.shape)} and dtype {dtype}"
-        )
-
-    def add(delta: Any) -> None:
-        with torch.no_grad():
-            global_step.add_(delta)
-
-    return add
-
-
-def _check_graph_options(
-    gate_gradients: Any, aggregation_method: Any, colocate_gradients_with_ops: Any
-) -> None:
-    """TF1's graph-building options of ``compute_gradients``: what they ask for is what
-    eager autograd does anyway, except a choice of aggregation, which has none here."""
-    if gate_gradients not in (
-        LossScaleOptimizer.GATE_NONE,
-        LossScaleOptimizer.GATE_OP,
-        LossScaleOptimizer.GATE_GRAPH,
-    ):
-        raise ValueError(
-            "gate_gradients must be one of: Optimizer.GATE_NONE, "
-            f"Optimizer.GATE_OP, Optimizer.GATE_GRAPH.  Not {gate_gradients}"
-        )
-    if aggregation_method is not None:
-        raise ValueError(
-            "aggregation_method must be None: torch's autograd sums a "
-            "variable's gradient contributions itself and TF's methods only "
-            f"schedule that sum in a graph, got {aggregation_method!r}"
-        )
-    if not isinstance(colocate_gradients_with_ops, (bool, np.bool_)):
-        raise TypeError(
-            "colocate_gradients_with_ops must be a bool, got "
-            f"{_wrapper.type_name(colocate_gradients_with_ops)}"
-        )
 
 
 class LossScaleOptimizer(_wrapper.TFShaped, torch.optim.Optimizer):
@@ -115,32 +70,13 @@ class LossScaleOptimizer(_wrapper.TFShaped, torch.optim.Optimizer):
     """
 
     # tf.compat.v1.train.Optimizer's values, which TF1 code passes as gate_gradients
-    GATE_NONE, GATE_OP, GATE_GRAPH = 0, 1, 2
+    GATE_NONE, GATE_OP, GATE_GRAPH = _tf1.GATE_NONE, _tf1.GATE_OP, _tf1.GATE_GRAPH
     _expected_optimizer = "torch.optim.Optimizer"
-    _in_place_counter = staticmethod(_tensor_counter)
+    _in_place_counter = staticmethod(_tf1.tensor_counter)
     # rebuilt by __setstate__: the hooks, the unscaler and a pending unscale_()'s verdict
     _transient = (*_HOOK_DICTS, "_zero_grad_profile_name", "_unscaler", "_found")
 
-    def __init__(
-        self,
-        optimizer: Any,
-        loss_scale: Any = None,
-        *,
-        dynamic: Any = True,
-        initial_scale: Any = None,
-        dynamic_growth_steps: Any = None,
-        loss_scale_manager: Any = None,
-        reducer: Any = None,
-    ) -> None:
-        self._wrap(
-            optimizer,
-            loss_scale,
-            dynamic=dynamic,
-            initial_scale=initial_scale,
-            dynamic_growth_steps=dynamic_growth_steps,
-            loss_scale_manager=loss_scale_manager,
-            reducer=reducer,
-        )
+    def _start(self) -> None:
         # not Optimizer.__init__: it would copy the groups instead of sharing them
         self._rebuild()
         self._iterations = 0
@@ -267,23 +203,6 @@ class LossScaleOptimizer(_wrapper.TFShaped, torch.optim.Optimizer):
         return loss, inner_closure
 
     # -- TF1's training-loop methods ------------------------------------------------
-    def _var_list(self, var_list: Any) -> list:
-        """TF1's default is the trainable variables: here every parameter of the wrapped
-        optimizer's groups that requires grad."""
-        if var_list is None:
-            var_list = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
-        var_list = _optim.variable_list(var_list)
-        if not var_list:
-            raise ValueError("No variables to optimize.")
-        for i, v in enumerate(var_list):
-            if not isinstance(v, torch.Tensor) or not v.requires_grad:
-                raise ValueError(
-                    f"var_list[{i}] must be a tensor that requires grad, got "
-                    f"{_wrapper.type_name(v)}"
-                    + ("" if not isinstance(v, torch.Tensor) else " with requires_grad=False")
-                )
-        return var_list
-
     def compute_gradients(
         self,
         loss: Any,
@@ -307,8 +226,8 @@ class LossScaleOptimizer(_wrapper.TFShaped, torch.optim.Optimizer):
         gradient before any is applied, each on its tensor's device);
         ``aggregation_method`` must be None.
         """
-        _check_graph_options(gate_gradients, aggregation_method, colocate_gradients_with_ops)
-        var_list = self._var_list(var_list)
+        _tf1.check_graph_options(gate_gradients, aggregation_method, colocate_gradients_with_ops)
+        var_list = _tf1.trainable(self.param_groups, var_list)
         if callable(loss):
             with torch.enable_grad():
                 loss = loss()
@@ -320,26 +239,6 @@ class LossScaleOptimizer(_wrapper.TFShaped, torch.optim.Optimizer):
         seed = torch.ones_like(scaled) if grad_loss is None else grad_loss
         grads = torch.autograd.grad(scaled, var_list, grad_outputs=seed, allow_unused=True)
         return list(zip(self.get_unscaled_gradients(grads), var_list, strict=True))
-
-    def _step_pairs(self, grads_and_vars: Any) -> list:
-        """The pairs of ``apply_gradients``, checked against the wrapped optimizer's groups."""
-        pairs = _optim.grad_var_pairs(grads_and_vars)
-        if not pairs:
-            raise ValueError("No variables provided.")
-        params = {id(p) for g in self.param_groups for p in g["params"]}
-        seen = set()
-        for i, (g, v) in enumerate(pairs):
-            if g is not None and not isinstance(g, torch.Tensor):
-                raise TypeError(
-                    f"gradient {i} must be a tensor or None, got {_wrapper.type_name(g)}"
-                )
-            if id(v) not in params:
-                # the inner optimizer keeps state and hyperparameters per parameter it holds
-                raise ValueError(f"variable {i} is not a parameter of the wrapped optimizer")
-            if id(v) in seen:
-                raise ValueError(f"variable {i} appears twice in grads_and_vars")
-            seen.add(id(v))
-        return _optim.drop_none_gradients(pairs, warn=self._scaling.shape != "tf1")
 
     def apply_gradients(
         self, grads_and_vars: Any, global_step: Any = None, name: Any = None
@@ -357,7 +256,9 @@ class LossScaleOptimizer(_wrapper.TFShaped, torch.optim.Optimizer):
         Returns True when the step was applied (TF1 returns the op that applies it).
         """
         advance = self._tf1_step_arguments(global_step, name)
-        pairs = self._step_pairs(grads_and_vars)
+        pairs = _tf1.step_pairs(
+            grads_and_vars, self.param_groups, warn=self._scaling.shape != "tf1"
+        )
         if self._found is not None:
             raise RuntimeError(
                 "apply_gradients() takes its own gradients, but unscale_() has "

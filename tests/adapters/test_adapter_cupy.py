@@ -641,17 +641,17 @@ def test_sync_free_steps_do_not_read_the_device():
 def test_sync_free_failed_call_changes_nothing():
     w = np.ones(3, np.float32)
     opt = LossScaleOptimizer(SGD(0.1), sync_free=True)
-    raw = opt._dev.read()[0]
+    raw = opt._mode._dev.read()[0]
     with pytest.raises(ValueError, match="shape"):
         opt.apply_gradients([(np.full(4, np.nan, np.float32), w)])
-    got_raw, flags, _ = opt._dev.read()
+    got_raw, flags, _ = opt._mode._dev.read()
     assert got_raw == raw and flags[0] == 0 and np.all(w == 1.0)
 
 
 @harness
 def test_sync_free_floor_error_is_raised_on_read():
     opt = LossScaleOptimizer(SGD(0.1), sync_free=True)
-    opt._dev.flags[1] = 1  # as update.cu sets it when a policy gives up at its minimum
+    opt._mode._dev.flags[1] = 1  # as update.cu sets it when a policy gives up at its minimum
     with pytest.raises(lscore.LossScaleFloorError, match="minimum"):
         opt.sync_state()
     opt.sync_state()  # raised once, then cleared

@@ -1,4 +1,4 @@
-"""The CuPy adapter's fused optimizers (_ext/optim.cu through adapters/_device.py), in CI.
+"""The CuPy adapter's fused optimizers (_ext/optim.cu through adapters/_fused.py), in CI.
 
 The adapter's classes are bound to NumPy and the host harness
 (helpers/cuda_host/adapter.py), so the kernels, the records and plans, the
@@ -20,8 +20,9 @@ import pytest
 
 from helpers import FLOAT_DTYPES
 from lscore import kernels
-from lscore.adapters import _device
 from lscore.adapters import numpy as lnp
+from lscore.adapters._gated import Gated
+from lscore.cuda.arrays import ArrayKernels
 from lscore.cuda.optim import bias_table
 
 if shutil.which("g++") is None:
@@ -36,9 +37,7 @@ GRAD_DTYPES = [d for d in FLOAT_DTYPES if d.name in ("float16", "bfloat16", "flo
 def _bind(**limits):
     """The adapter bound to a harness device of its own, launching within `limits`."""
     return adapter.bind(
-        _device.ArrayKernels(
-            np, lambda dev: CountingBackend(), kind=kernels.READ_NUMPY, limits=limits
-        )
+        ArrayKernels(np, lambda dev: CountingBackend(), kind=kernels.READ_NUMPY, limits=limits)
     )
 
 
@@ -232,7 +231,7 @@ def _no_elementwise(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("the elementwise path ran")
 
-    monkeypatch.setattr(_device.Gated, "_update_step", refuse)
+    monkeypatch.setattr(Gated, "_update_step", refuse)
 
 
 @pytest.mark.parametrize("opt", ["momentum", "adam"])
@@ -582,7 +581,7 @@ def test_a_replayed_step_takes_the_learning_rate_set_between_replays(monkeypatch
         else:
             rec.replay()
             if opt == "adam":  # the captured step's one non-kernel op: its counter's increment
-                np.add(opt_o._count, 1, out=opt_o._count)
+                np.add(opt_o._mode._count, 1, out=opt_o._mode._count)
         for k, (a, b) in enumerate(zip(ours, theirs, strict=True)):
             assert same(a, b), (step, k)
         slots_o = [s for _, ss in opt_o.inner_optimizer._slots.values() for s in ss.values()]

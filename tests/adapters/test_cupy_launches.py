@@ -106,8 +106,8 @@ class LossScaleOptimizer(adapter.LossScaleOptimizer):
 
 
 def test_a_pickled_default_mode_optimizer_restores_and_steps_as_the_original():
-    """The instance's class is made per mode; a pickle names the adapter's class and the
-    mode, and the copy is of the same class, takes the same steps and skips the same."""
+    """A pickle names the adapter's class and holds the wrapper's state and its mode's
+    flag; the copy is of the same class, takes the same steps and skips the same."""
     import pickle
 
     rng = np.random.default_rng(4)
@@ -127,3 +127,46 @@ def test_a_pickled_default_mode_optimizer_restores_and_steps_as_the_original():
         for a, b in zip(w, w2, strict=True):
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), k
     assert opt2.loss_scale == opt.loss_scale and opt2.iterations == opt.iterations == 5
+
+
+def test_a_sync_free_optimizer_refuses_a_pickle_or_copy_and_names_state_dict():
+    """Its loss scale and Adam's step counter live on the device (the inner optimizer
+    keeps device addresses too): a copy is refused before anything is read, and the
+    state_dict it names resumes the run."""
+    import copy
+    import pickle
+
+    w = [np.ones(3, np.float32)]
+    opt = LossScaleOptimizer(SGD(0.1), sync_free=True)
+    opt.minimize(lambda s: (0.0, [np.ones(3, np.float32)]), w)
+    for dump in (pickle.dumps, copy.deepcopy, copy.copy):
+        with pytest.raises(TypeError, match=r"sync_free=True\) cannot be pickled.*state_dict"):
+            dump(opt)
+    again = LossScaleOptimizer(SGD(0.1), sync_free=True)
+    again.load_state_dict(opt.state_dict())
+    assert again.loss_scale == opt.loss_scale and again.iterations == opt.iterations == 1
+
+
+@pytest.mark.parametrize("sync_free", [False, True])
+def test_a_dropped_optimizer_is_freed_at_once_with_its_slots(sync_free):
+    """The wrapper and its mode hold no cycle: dropping the last reference frees the
+    wrapper and the inner optimizer's slots (device memory on a GPU) at once, not at the
+    garbage collector's next full pass."""
+    import gc
+    import weakref
+
+    w = [np.ones(3, np.float32)]
+    opt = LossScaleOptimizer(SGD(0.1, momentum=0.9), sync_free=sync_free)
+    opt.minimize(lambda s: (0.0, [np.ones(3, np.float32)]), w)
+    opt.apply_gradients([(np.ones(3, np.float32), w[0])])
+    slots = [weakref.ref(s) for _, ss in opt.inner_optimizer._slots.values() for s in ss.values()]
+    refs = [weakref.ref(opt), weakref.ref(opt.inner_optimizer), *slots]
+    assert len(refs) == 3
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del opt
+        assert all(r() is None for r in refs)
+    finally:
+        if enabled:
+            gc.enable()

@@ -292,9 +292,13 @@ def test_check_inner_optimizer_messages():
 
 
 def test_shared_adapter_modules_import_no_framework():
-    """The torch and CuPy adapters import these: they must not pull in a framework themselves."""
+    """The torch and CuPy adapters import the package's own modules (``lscore.adapters._*``):
+    they must not pull in a framework themselves."""
     code = (
-        "import sys, lscore.adapters._optim, lscore.adapters._scaling, lscore.adapters._arrays; "
+        "import importlib, pkgutil, sys, lscore.adapters as a\n"
+        "shared = [m.name for m in pkgutil.iter_modules(a.__path__) if m.name[0] == '_']\n"
+        "assert {'_optim', '_scaling', '_arrays', '_grads', '_fused'} <= set(shared), shared\n"
+        "for name in shared: importlib.import_module('lscore.adapters.' + name)\n"
         "print(sorted(m for m in ('torch', 'cupy') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

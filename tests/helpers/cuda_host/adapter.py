@@ -9,7 +9,8 @@ without a GPU.  Nothing is compiled until a kernel first runs.
 import numpy as np
 
 from lscore import kernels
-from lscore.adapters import _device, device
+from lscore.adapters import device
+from lscore.cuda.arrays import ArrayKernels
 
 from . import HostBackend
 
@@ -50,7 +51,7 @@ def bind(kernels):
     return b.all_finite, b.unscale_, b.SGD, b.Adam, b.LossScaleOptimizer
 
 
-KERNELS = _device.ArrayKernels(np, lambda dev: CountingBackend(), kind=kernels.READ_NUMPY)
+KERNELS = ArrayKernels(np, lambda dev: CountingBackend(), kind=kernels.READ_NUMPY)
 all_finite, unscale_, SGD, Adam, LossScaleOptimizer = bind(KERNELS)
 unscale_and_norm = KERNELS.unscale_and_norm
 unscale_and_clip_ = KERNELS.unscale_and_clip_

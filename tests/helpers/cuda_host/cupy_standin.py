@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from lscore import kernels
-from lscore.adapters import _device, device
+from lscore.adapters import device
+from lscore.cuda.arrays import ArrayKernels
 
 from . import HostBackend
 
@@ -417,7 +418,7 @@ def _module() -> types.ModuleType:
 
 
 cupy = _module()
-KERNELS = _device.ArrayKernels(cupy, lambda dev: CaptureBackend(), kind=kernels.READ_NUMPY)
+KERNELS = ArrayKernels(cupy, lambda dev: CaptureBackend(), kind=kernels.READ_NUMPY)
 
 
 def adapter_module() -> types.ModuleType:
