@@ -43,15 +43,15 @@ LSC_FN float lsc_fp8_fmaxf(float a, float b)
     return b > a ? b : a;
 }
 
-/* TE's current-scaling rule, compute_scale_from_amax
- * (TE:transformer_engine/common/recipe/recipe_common.cuh:14-49), with
- * value_for_inf = FLT_MAX as Float8CurrentScaling calls it
- * (TE:transformer_engine/common/recipe/current_scaling.cu:267-276):
- * an amax below eps becomes eps (NaN passes through the comparison); an
- * Inf, 0 or NaN amax gives 1; otherwise fp8_max / amax rounded to nearest,
- * +Inf replaced by FLT_MAX, and with pow2 the 23 mantissa bits cleared
- * (rounded down to a power of two; a subnormal scale becomes 0). */
-LSC_FN float lsc_fp8_scale_te(float amax, float fp8_max, int pow2, float eps)
+/* TE's compute_scale_from_amax
+ * (TE:transformer_engine/common/recipe/recipe_common.cuh:14-49) with its
+ * value_for_inf: an amax below eps becomes eps (NaN passes through the
+ * comparison); an Inf, 0 or NaN amax gives 1; otherwise fp8_max / amax
+ * rounded to nearest, +Inf replaced by inf_value, and with pow2 the 23
+ * mantissa bits cleared (rounded down to a power of two; a subnormal scale
+ * becomes 0).  Float8BlockScaling's kernels pass the input dtype's largest
+ * value as inf_value (recipe_common.cuh:61-69, compute_scale_from_types). */
+LSC_FN float lsc_fp8_scale_te_inf(float amax, float fp8_max, int pow2, float eps, float inf_value)
 {
     float scale;
     if (amax < eps)
@@ -60,10 +60,18 @@ LSC_FN float lsc_fp8_scale_te(float amax, float fp8_max, int pow2, float eps)
         return 1.0f;
     scale = fp8_max / amax;
     if (scale > LSC_FP8_FLT_MAX || scale < -LSC_FP8_FLT_MAX)
-        scale = LSC_FP8_FLT_MAX;
+        scale = inf_value;
     if (pow2)
         scale = lsc_f32_from_bits(lsc_f32_bits(scale) & 0xFF800000u);
     return scale;
+}
+
+/* TE's current-scaling rule: compute_scale_from_amax with value_for_inf =
+ * FLT_MAX, as Float8CurrentScaling calls it
+ * (TE:transformer_engine/common/recipe/current_scaling.cu:267-276). */
+LSC_FN float lsc_fp8_scale_te(float amax, float fp8_max, int pow2, float eps)
+{
+    return lsc_fp8_scale_te_inf(amax, fp8_max, pow2, eps, LSC_FP8_FLT_MAX);
 }
 
 /* torchao's power-of-two rounding, _round_scale_down_to_power_of_2

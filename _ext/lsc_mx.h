@@ -62,6 +62,28 @@
  * kept as torch writes it (TE: without); on x86-64-v4, bfloat16 blocks
  * whose factor is a power of two narrow in 16-bit lanes, to the same codes
  * (lsc_mx_bf16x32).
+ * Float32 scale rules (blockwise FP8: one float32 scale per block, the
+ * inverse scale stored; lsc_bw_*):
+ *   LSC_MX_TE32   NVIDIA/TransformerEngine v2.18 Float8BlockScaling: the
+ *                 block amax skips NaN elements (fmaxf from 0), scale =
+ *                 compute_scale_from_amax (lsc_fp8_scale.h
+ *                 lsc_fp8_scale_te_inf: eps, Inf / 0 / NaN -> 1, an Inf
+ *                 quotient the input dtype's largest value, pow2 the
+ *                 mantissa masked), elements x * scale cast RN-satfinite
+ *                 (a NaN 0x7F); common/recipe/recipe_common.cuh:14-69,
+ *                 common/transpose/quantize_transpose_vector_blockwise.cu
+ *                 :274-316, quantize_transpose_square_blockwise.cu:123-189.
+ *   LSC_MX_AO32   pytorch/ao v0.18.0 blockwise FP8 training (prototype/
+ *                 blockwise_fp8_training/kernels.py:1031-1156): the amax NaN
+ *                 when an element is, scale = float32(448 / max(amax, eps))
+ *                 in float64 (lsc_fp8_scale_torchao), elements x * scale
+ *                 clamped and cast keeping a NaN's sign; a NaN scale makes
+ *                 every element its NaN (0x7F), an Inf amax the scale 0 and
+ *                 each Inf element Inf * 0, the NaN an x86 CPU writes
+ *                 (0xFFC00000, so 0xFF): torch's on the CPU, written so on
+ *                 any machine.
+ *   Both store scale_inv = 1 / scale rounded to float32 (a NaN as the quiet
+ *   NaN 0x7FC00000), the value a code is multiplied by to read it back.
  * NVFP4 (ao torchao/prototype/mx_formats/nvfp4_tensor.py nvfp4_quantize):
  * block scale amax / 6 (divided by the per-tensor scale when there is
  * one), clamped to [2**-6, 448] and narrowed to E4M3; elements times
@@ -75,9 +97,10 @@
 #define LSC_MX_H
 
 #include "lsc_fp8.h"
+#include "lsc_fp8_scale.h"
 
 enum { LSC_MX_FLOOR = 0, LSC_MX_CEIL = 1, LSC_MX_EVEN = 2, LSC_MX_RCEIL = 3, LSC_MX_TE = 4,
-       LSC_MX_OCP = 5 };
+       LSC_MX_OCP = 5, LSC_MX_TE32 = 6, LSC_MX_AO32 = 7 };
 /* element formats: the float8 dtype codes of lsc_codes.h, and E2M1 */
 enum { LSC_MX_E2M1 = -1 };
 
@@ -266,7 +289,7 @@ LSC_FN float lsc_mx_factor(lsc_u32 s, float amax, int elem, int mode)
  * kept as torch writes it (TE: without). */
 LSC_FN int lsc_mx_flags(int mode)
 {
-    return LSC_FP8_SAT | (mode == LSC_MX_TE ? 0 : LSC_FP8_NAN_SIGN);
+    return LSC_FP8_SAT | (mode == LSC_MX_TE || mode == LSC_MX_TE32 ? 0 : LSC_FP8_NAN_SIGN);
 }
 
 /* y narrowed to the element format: its float8 or E2M1 code. */
@@ -363,6 +386,81 @@ LSC_FN lsc_u32 lsc_nvfp4_block(const float *x, long n, int has_pts, float pts, u
 }
 
 
+/* ---- float32 scale rules (blockwise FP8) -------------------------------- */
+
+/* Whether `mode` is a float32 scale rule (4-byte scales). */
+LSC_FN int lsc_mx_wide(int mode)
+{
+    return mode == LSC_MX_TE32 || mode == LSC_MX_AO32;
+}
+
+/* The largest |x| bits of n float32 values, NaN elements skipped (TE's
+ * fmaxf from 0); lsc_mx_amax keeps them (torch.amax). */
+LSC_FN float lsc_bw_amax_skip(const float *x, long n)
+{
+    lsc_u32 m = 0u;
+    long i;
+    for (i = 0; i < n; ++i) {
+        lsc_u32 a = lsc_f32_bits(x[i]) & 0x7FFFFFFFu;
+        m = a > m && a <= 0x7F800000u ? a : m;
+    }
+    return lsc_f32_from_bits(m);
+}
+
+/* TE's scale for an Inf quotient, the largest finite value of the input
+ * dtype code (TE:transformer_engine/common/common.h:706-716 TypeExtrema). */
+LSC_FN float lsc_bw_inf_value(int code)
+{
+    return code == LSC_CODE_F16 ? 65504.0f
+         : code == LSC_CODE_BF16 ? 0x1.FEp127f : 3.40282346638528859812e+38f;
+}
+
+/* The scale of a block whose amax is `amax` under float32 rule `mode`:
+ * TE's with its float32 eps and inf_value (the input dtype's largest
+ * value), torchao's with its float64 eps (no power of two). */
+LSC_FN float lsc_bw_scale(float amax, int elem, int mode, int pow2, double eps,
+                          float inf_value)
+{
+    if (mode == LSC_MX_TE32)
+        return lsc_fp8_scale_te_inf(amax, lsc_mx_max(elem), pow2, (float)eps, inf_value);
+    return lsc_fp8_scale_torchao(amax, (double)lsc_mx_max(elem), 0, eps);
+}
+
+/* The stored inverse scale of a scale, as float32 bits: 1 / scale rounded
+ * to nearest (0: Inf), a NaN the quiet NaN 0x7FC00000. */
+LSC_FN lsc_u32 lsc_bw_inv_bits(float scale)
+{
+    const float inv = 1.0f / scale;
+    return inv != inv ? 0x7FC00000u : lsc_f32_bits(inv);
+}
+
+/* One element x times the scale r, narrowed by float32 rule `mode`: a NaN
+ * r makes it r (torchao's NaN scale), Inf * 0 is the x86 NaN 0xFFC00000
+ * (torchao's Inf block on the CPU); TE's flags drop a NaN's sign. */
+LSC_FN lsc_u32 lsc_bw_code(float x, float r, int elem, int mode)
+{
+    float p = x * r;
+    if (r != r)
+        p = r;
+    else if (p != p && x == x)
+        p = lsc_f32_from_bits(0xFFC00000u);
+    return lsc_fp8_from_f32(p, elem, lsc_mx_flags(mode));
+}
+
+/* One float32-scale block of n float32 values: the stored inverse scale's
+ * bits, and the n element codes into q. */
+LSC_FN lsc_u32 lsc_bw_block(const float *x, long n, int elem, int mode, int pow2, double eps,
+                            float inf_value, unsigned char *q)
+{
+    const float amax = mode == LSC_MX_TE32 ? lsc_bw_amax_skip(x, n) : lsc_mx_amax(x, n);
+    const float r = lsc_bw_scale(amax, elem, mode, pow2, eps, inf_value);
+    long i;
+    for (i = 0; i < n; ++i)
+        q[i] = (unsigned char)lsc_bw_code(x[i], r, elem, mode);
+    return lsc_bw_inv_bits(r);
+}
+
+
 /* ---- the CPU block passes ----------------------------------------------- */
 #if !defined(__CUDACC__) && !defined(LSC_DEVICE_EMULATION)
 
@@ -377,7 +475,14 @@ LSC_FN lsc_u32 lsc_nvfp4_block(const float *x, long n, int has_pts, float pts, u
  * LSC_MX_TILE columns, the column amaxes accumulated row by row (sequential
  * reads along each row), the scales and factors, then the tile read again
  * for the codes; E2M1 codes pack the two rows of a pair into one byte, the
- * first in the low nibble.
+ * first in the low nibble.  Tiles (a weight's square blocks of side t, one
+ * scale per t x t tile): a band of t rows cut in chunks of columns, each
+ * chunk's tile amaxes accumulated row by row, the scales and factors, then
+ * the chunk read again for the codes, row by row; a partial tile at the
+ * edges is scaled from the elements it has (as if zero-padded).  Float32
+ * scale rules write 4-byte scales (k->swidth), TE's skips NaN elements in
+ * the amax, and torchao's blocks whose scale is 0 (an Inf amax) are
+ * rewritten out of line by lsc_bw_code.
  * What is compiled when: the kernels over contiguous input are compiled
  * once per x86-64 level (lsc_isa.h), one function per element format and
  * input dtype, its float8 element loop once per narrowing flags: the only
@@ -386,7 +491,7 @@ LSC_FN lsc_u32 lsc_nvfp4_block(const float *x, long n, int has_pts, float pts, u
  * group's blocks.  NaN-factor blocks are rewritten out of line, and strided
  * input is gathered into a buffer and sent through the contiguous kernels,
  * so every level and stride gives the bits of
- * lsc_mx_block / lsc_nvfp4_block. */
+ * lsc_mx_block / lsc_nvfp4_block / lsc_bw_block. */
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -395,7 +500,10 @@ LSC_FN lsc_u32 lsc_nvfp4_block(const float *x, long n, int has_pts, float pts, u
 #include "lsc_job.h"
 
 /* a block pass's rule: element format (a float8 code or LSC_MX_E2M1), the
- * MX mode or LSC_MX_NVFP4, NVFP4's per-tensor scale, the block length */
+ * MX mode, a float32 rule or LSC_MX_NVFP4, NVFP4's per-tensor scale, the
+ * block length (a tile's side for the tile pass); a float32 rule's power
+ * of two, amax floor and Inf-quotient scale (the input dtype's largest
+ * value), and the bytes of a scale (4 for a float32 rule, else 1) */
 enum { LSC_MX_NVFP4 = 16 };
 typedef struct {
     int elem;
@@ -403,10 +511,15 @@ typedef struct {
     int has_pts;
     float pts;
     int64_t block;
+    int pow2;
+    double eps;
+    float inf_value;
+    int swidth;
 } lsc_mx_rule;
 
 #define LSC_MX_CHUNK 1024   /* the largest block; the elements of a rows group at most */
 #define LSC_MX_TILE 256     /* columns of a columns tile */
+#define LSC_MX_SQ_SPAN 4096   /* the most columns of a chunk of a square-tile band */
 #define LSC_MX_GROUP 16     /* blocks of a row whose scales are taken together */
 #define LSC_MX_GROUP_ELEMS 512   /* ... as long as they hold no more elements than this */
 #define LSC_MX_WIDTH(CODE) ((CODE) == LSC_CODE_F32 ? 4 : 2)
@@ -426,12 +539,20 @@ typedef void (*lsc_mx_row_fn)(const char *x, int64_t n, const lsc_mx_rule *k, un
 typedef void (*lsc_mx_cols_fn)(const char *x, int64_t rows, int64_t cols, int64_t rs,
                                int64_t ld, const lsc_mx_rule *k, unsigned char *s,
                                unsigned char *q);
+/* tiles: a band of rows <= t rows of cols columns (rows rs bytes apart,
+ * contiguous elements), its ceil(cols / t) scales into s, its codes into q
+ * (rows ld bytes apart) */
+typedef void (*lsc_mx_tile_fn)(const char *x, int64_t rows, int64_t cols, int64_t rs,
+                               int64_t ld, const lsc_mx_rule *k, unsigned char *s,
+                               unsigned char *q);
 
-/* One ISA level's passes over contiguous input: [element index][input code]. */
+/* One ISA level's passes over contiguous input: [element index][input code]
+ * (tiles: float8 elements only). */
 typedef struct {
     const char *name;
     lsc_mx_row_fn row[3][LSC_NCODES];
     lsc_mx_cols_fn cols[3][LSC_NCODES];
+    lsc_mx_tile_fn tile[2][LSC_NCODES];
 } lsc_mx_isa;
 
 static inline int lsc_mx_elem_index(int elem)
@@ -483,7 +604,7 @@ static void lsc_mx_quantize_rows(const char *x, int64_t r0, int64_t r1, int64_t 
 {
     const int width = LSC_MX_WIDTH(code), e = lsc_mx_elem_index(k->elem);
     const int e2 = k->elem == LSC_MX_E2M1;
-    const int64_t block = k->block;
+    const int64_t block = k->block, sw = k->swidth;
     const lsc_mx_isa *isa = lsc_mx_isa_get();
     char buf[LSC_MX_GATHER * 4];
     if (r1 <= r0 || cols <= 0)
@@ -492,7 +613,7 @@ static void lsc_mx_quantize_rows(const char *x, int64_t r0, int64_t r1, int64_t 
         const lsc_mx_cols_fn fn = isa->cols[e][code];
         const int64_t wg = LSC_MX_GATHER / block;
         if (cs == width) {
-            fn(x + r0 * rs, r1 - r0, cols, rs, cols, k, s + (r0 / block) * cols,
+            fn(x + r0 * rs, r1 - r0, cols, rs, cols, k, s + (r0 / block) * cols * sw,
                q + (e2 ? r0 / 2 : r0) * cols);
             return;
         }
@@ -501,7 +622,7 @@ static void lsc_mx_quantize_rows(const char *x, int64_t r0, int64_t r1, int64_t 
                 const int64_t w = cols - c0 < wg ? cols - c0 : wg;
                 for (int64_t i = 0; i < block; i++)
                     lsc_mx_gather(buf + i * w * width, x + (r + i) * rs + c0 * cs, w, cs, width);
-                fn(buf, block, w, w * width, cols, k, s + (r / block) * cols + c0,
+                fn(buf, block, w, w * width, cols, k, s + ((r / block) * cols + c0) * sw,
                    q + (e2 ? r / 2 : r) * cols + c0);
             }
         }
@@ -510,7 +631,7 @@ static void lsc_mx_quantize_rows(const char *x, int64_t r0, int64_t r1, int64_t 
     for (int64_t r = r0, piece = LSC_MX_GATHER / block * block; r < r1; r++) {
         const lsc_mx_row_fn fn = isa->row[e][code];
         const char *xr = x + r * rs;
-        unsigned char *sr = s + r * (cols / block), *qr = q + r * (e2 ? cols / 2 : cols);
+        unsigned char *sr = s + r * (cols / block) * sw, *qr = q + r * (e2 ? cols / 2 : cols);
         if (cs == width) {
             fn(xr, cols, k, sr, qr);
             continue;
@@ -518,7 +639,7 @@ static void lsc_mx_quantize_rows(const char *x, int64_t r0, int64_t r1, int64_t 
         for (int64_t c0 = 0; c0 < cols; c0 += piece) {
             const int64_t n = cols - c0 < piece ? cols - c0 : piece;
             lsc_mx_gather(buf, xr + c0 * cs, n, cs, width);
-            fn(buf, n, k, sr + c0 / block, qr + (e2 ? c0 / 2 : c0));
+            fn(buf, n, k, sr + c0 / block * sw, qr + (e2 ? c0 / 2 : c0));
         }
     }
 }
@@ -552,8 +673,9 @@ static int lsc_mx_job_chunk(void *ctx, size_t chunk)
         const int64_t r = c / j->cut.parts, c0 = (c % j->cut.parts) * j->cut.piece;
         const int64_t n = j->cols - c0 < j->cut.piece ? j->cols - c0 : j->cut.piece;
         const int64_t qw = j->k->elem == LSC_MX_E2M1 ? j->cols / 2 : j->cols;
+        const int64_t sw = j->k->swidth;
         lsc_mx_quantize_rows(j->x + r * j->rs + c0 * j->cs, 0, 1, n, 0, j->cs, j->code, -1,
-                             j->k, j->s + r * (j->cols / j->k->block) + c0 / j->k->block,
+                             j->k, j->s + (r * (j->cols / j->k->block) + c0 / j->k->block) * sw,
                              j->q + r * qw + (j->k->elem == LSC_MX_E2M1 ? c0 / 2 : c0));
     }
     return 0;
@@ -572,6 +694,55 @@ static void lsc_mx_job_run(const char *x, int64_t rows, int64_t cols, int64_t rs
     j.cut = axis == 0 ? lsc_job_cut_lines(rows / k->block, cols * k->block, 0)
                       : lsc_job_cut_lines(rows, cols, k->block);
     pool_for(lsc_mx_job_chunk, &j, j.cut.nchunks, lsc_job_threads(threads, rows * cols));
+}
+
+/* ---- square tiles as a job ------------------------------------------------
+ * A rows x cols view (rows rs bytes apart, contiguous elements) in tiles of
+ * side t = k->block: chunks of one band of t rows (the last one shorter) by
+ * `span` columns (a multiple of t), each writing only its own scales (rows
+ * of ceil(cols / t)) and codes (rows of cols), so the bytes are the same
+ * with any number of threads. */
+typedef struct {
+    const char *x;
+    int64_t rows, cols, rs, span, per_band;
+    int code;
+    const lsc_mx_rule *k;
+    unsigned char *s, *q;
+} lsc_mx_tile_job;
+
+static int lsc_mx_tile_chunk(void *ctx, size_t chunk)
+{
+    const lsc_mx_tile_job *j = (const lsc_mx_tile_job *)ctx;
+    const int64_t t = j->k->block, band = (int64_t)chunk / j->per_band;
+    const int64_t c0 = ((int64_t)chunk % j->per_band) * j->span, r0 = band * t;
+    const int64_t h = j->rows - r0 < t ? j->rows - r0 : t;
+    const int64_t w = j->cols - c0 < j->span ? j->cols - c0 : j->span;
+    const int64_t sld = (j->cols + t - 1) / t;
+    const lsc_mx_tile_fn fn = lsc_mx_isa_get()->tile[lsc_mx_elem_index(j->k->elem)][j->code];
+    fn(j->x + r0 * j->rs + c0 * LSC_MX_WIDTH(j->code), h, w, j->rs, j->cols, j->k,
+       j->s + (band * sld + c0 / t) * j->k->swidth, j->q + r0 * j->cols + c0);
+    return 0;
+}
+
+/* The tile pass over a rows x cols view on at most `threads` threads (0: by
+ * the size): ceil(rows / t) x ceil(cols / t) scales into s, rows x cols
+ * float8 codes into q, both C-contiguous. */
+static void lsc_mx_tile_run(const char *x, int64_t rows, int64_t cols, int64_t rs, int code,
+                            const lsc_mx_rule *k, unsigned char *s, unsigned char *q,
+                            lsc_for_fn pool_for, int threads)
+{
+    lsc_mx_tile_job j = {x, rows, cols, rs, 0, 0, code, k, s, q};
+    const int64_t t = k->block, bands = (rows + t - 1) / t;
+    /* a chunk of about 4 * LSC_JOB_CHUNK_ELEMS elements (512 KB of float32:
+       the band is read again from L2), whole tiles, at most LSC_MX_SQ_SPAN
+       columns (the tile body's buffers; t <= LSC_MX_CHUNK) */
+    const int64_t most = LSC_MX_SQ_SPAN / t * t, want = LSC_JOB_CHUNK_ELEMS * 4 / t / t * t;
+    if (rows <= 0 || cols <= 0)
+        return;
+    j.span = want < t ? t : want > most ? most : want;
+    j.per_band = (cols + j.span - 1) / j.span;
+    pool_for(lsc_mx_tile_chunk, &j, (size_t)(bands * j.per_band),
+             lsc_job_threads(threads, rows * cols));
 }
 
 #endif /* LSC_LEVEL */

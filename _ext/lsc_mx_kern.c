@@ -44,6 +44,13 @@ LSC_MX_INL float lsc_mx_amax_of(lsc_u32 m)
 LSC_MX_INL void lsc_mx_scales_by(const lsc_u32 *restrict m, int64_t nb, const lsc_mx_rule *k,
                                  int elem, int mode, lsc_u32 *restrict sc, float *restrict r)
 {
+    if (lsc_mx_wide(mode)) {   /* float32 rules: the scale is the factor, its inverse stored */
+        for (int64_t b = 0; b < nb; b++)
+            r[b] = lsc_bw_scale(lsc_mx_amax_of(m[b]), elem, mode, k->pow2, k->eps, k->inf_value);
+        for (int64_t b = 0; b < nb; b++)
+            sc[b] = lsc_bw_inv_bits(r[b]);
+        return;
+    }
     if (mode == LSC_MX_NVFP4) {
         for (int64_t b = 0; b < nb; b++)
             sc[b] = lsc_nvfp4_scale(lsc_mx_amax_of(m[b]), k->has_pts, k->pts);
@@ -67,6 +74,8 @@ LSC_MX_INL void lsc_mx_scales_of(const lsc_u32 *m, int64_t nb, const lsc_mx_rule
     case LSC_MX_TE: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_TE, sc, r); break;
     case LSC_MX_OCP: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_OCP, sc, r); break;
     case LSC_MX_NVFP4: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_NVFP4, sc, r); break;
+    case LSC_MX_TE32: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_TE32, sc, r); break;
+    case LSC_MX_AO32: lsc_mx_scales_by(m, nb, k, elem, LSC_MX_AO32, sc, r); break;
     default: lsc_mx_scales_by(m, nb, k, elem, k->mode, sc, r);   /* CEIL, EVEN */
     }
 }
@@ -106,18 +115,62 @@ LSC_MX_INL float lsc_mx_load(const char *x, int64_t i, int code)
     return lsc_fp8_load(x, i, LSC_MX_WIDTH(code), code);
 }
 
-/* The amax bits of nb contiguous blocks of `block` elements into m. */
-LSC_MX_INL void lsc_mx_amaxes(const char *x, int64_t nb, int64_t block, int code, lsc_u32 *m)
+/* |x| as amax bits: a NaN above every number, or (skip, TE's fmaxf) 0. */
+LSC_MX_INL lsc_u32 lsc_mx_mag(float x, int skip)
+{
+    const lsc_u32 a = lsc_f32_bits(x) & 0x7FFFFFFFu;
+    return skip ? a & -(lsc_u32)(a <= 0x7F800000u) : a;
+}
+
+/* The amax bits of nb contiguous blocks of `block` elements into m, NaN
+ * elements skipped when `skip` (a constant where it is inlined). */
+LSC_MX_INL void lsc_mx_amaxes_by(const char *x, int64_t nb, int64_t block, int code, int skip,
+                                 lsc_u32 *m)
 {
     for (int64_t b = 0; b < nb; b++) {
         const char *xb = x + b * block * LSC_MX_WIDTH(code);
         lsc_u32 mb = 0;
         for (int64_t j = 0; j < block; j++) {
-            lsc_u32 a = lsc_f32_bits(lsc_mx_load(xb, j, code)) & 0x7FFFFFFFu;
+            lsc_u32 a = lsc_mx_mag(lsc_mx_load(xb, j, code), skip);
             mb = a > mb ? a : mb;
         }
         m[b] = mb;
     }
+}
+
+/* Whether the rule's amaxes skip NaN elements (TE's float32 rule). */
+LSC_MX_INL int lsc_mx_skips_nan(const lsc_mx_rule *k)
+{
+    return k->mode == LSC_MX_TE32;
+}
+
+LSC_MX_INL void lsc_mx_amaxes(const char *x, int64_t nb, int64_t block, int code,
+                              const lsc_mx_rule *k, lsc_u32 *m)
+{
+    if (lsc_mx_skips_nan(k))
+        lsc_mx_amaxes_by(x, nb, block, code, 1, m);
+    else
+        lsc_mx_amaxes_by(x, nb, block, code, 0, m);
+}
+
+/* A block's scale code or float32 inverse scale bits `sc` stored as scale i. */
+LSC_MX_INL void lsc_mx_put_scale(unsigned char *s, int64_t i, lsc_u32 sc, int swidth)
+{
+    if (swidth == 4)
+        memcpy(s + 4 * i, &sc, 4);
+    else
+        s[i] = (unsigned char)sc;
+}
+
+/* torchao's blocks of scale 0 (an Inf amax) rewritten: count elements
+ * `step` bytes apart from x, codes `qstep` bytes apart, by lsc_bw_code (0
+ * with the element's sign, an Inf one the x86 NaN: 0xFF). */
+LSC_MX_COLD void lsc_mx_zero_fix(const char *x, int code, int elem, int64_t count, int64_t step,
+                                 unsigned char *q, int64_t qstep)
+{
+    for (int64_t i = 0; i < count; i++)
+        q[i * qstep] = (unsigned char)lsc_bw_code(lsc_mx_load(x + i * step, 0, code), 0.0f, elem,
+                                                  LSC_MX_AO32);
 }
 
 /* The factor r[b] of each of nb blocks of `block` elements spread to its
@@ -163,14 +216,14 @@ LSC_MX_INL void lsc_mx_row_body(const char *x, int64_t n, int code, int elem,
         lsc_u32 m[LSC_MX_GROUP], sc[LSC_MX_GROUP];
         float r[LSC_MX_GROUP], fr[LSC_MX_CHUNK];
         if (block == 32)
-            lsc_mx_amaxes(xg, g, 32, code, m);
+            lsc_mx_amaxes(xg, g, 32, code, k, m);
         else if (block == 16)
-            lsc_mx_amaxes(xg, g, 16, code, m);
+            lsc_mx_amaxes(xg, g, 16, code, k, m);
         else
-            lsc_mx_amaxes(xg, g, block, code, m);
+            lsc_mx_amaxes(xg, g, block, code, k, m);
         lsc_mx_group_scales(m, g, k, sc, r);
         for (int64_t b = 0; b < g; b++)
-            s[b0 + b] = (unsigned char)sc[b];
+            lsc_mx_put_scale(s, b0 + b, sc[b], k->swidth);
         if (block == 32)
             lsc_mx_spread(r, g, 32, fr);
         else if (block == 16)
@@ -190,9 +243,13 @@ LSC_MX_INL void lsc_mx_row_body(const char *x, int64_t n, int code, int elem,
         } else {
             lsc_mx_fp8_codes(xg, len, code, elem, LSC_FP8_SAT, fr, qg);   /* TE's */
         }
-        for (int64_t b = 0; b < g; b++)
+        for (int64_t b = 0; b < g; b++) {
             if (r[b] != r[b])
                 lsc_mx_nan_fill(r[b], elem, flags, qg + b * width, width, 1);
+            else if (r[b] == 0.0f && k->mode == LSC_MX_AO32)
+                lsc_mx_zero_fix(xg + b * block * LSC_MX_WIDTH(code), code, elem, block,
+                                LSC_MX_WIDTH(code), qg + b * width, 1);
+        }
     }
 }
 
@@ -231,6 +288,19 @@ LSC_MX_INL void lsc_mx_cols_narrow(const char *xt, int64_t block, int64_t w, int
                             ld);
 }
 
+/* The column amaxes of `rows` rows of w contiguous columns (rows rs bytes
+ * apart), max-accumulated into m, NaN skipped when `skip`. */
+LSC_MX_INL void lsc_mx_col_amaxes(const char *xt, int64_t rows, int64_t w, int64_t rs, int code,
+                                  int skip, lsc_u32 *m)
+{
+    for (int64_t i = 0; i < rows; i++) {
+        for (int64_t j = 0; j < w; j++) {
+            lsc_u32 a = lsc_mx_mag(lsc_mx_load(xt + i * rs, j, code), skip);
+            m[j] = a > m[j] ? a : m[j];
+        }
+    }
+}
+
 /* A rows x cols view (rows a multiple of the block; rows rs bytes apart,
  * contiguous elements) with blocks along the first axis: (rows / block) x
  * cols scale codes into s, the codes into q (rows x cols; E2M1 (rows / 2) x
@@ -251,17 +321,79 @@ LSC_MX_INL void lsc_mx_cols_body(const char *x, int64_t rows, int64_t cols, int6
             const char *xt = x + r0 * rs + c0 * LSC_MX_WIDTH(code);
             for (int64_t j = 0; j < w; j++)
                 m[j] = 0;
-            for (int64_t i = 0; i < block; i++) {
-                for (int64_t j = 0; j < w; j++) {
-                    lsc_u32 a = lsc_f32_bits(lsc_mx_load(xt + i * rs, j, code)) & 0x7FFFFFFFu;
-                    m[j] = a > m[j] ? a : m[j];
-                }
-            }
+            if (lsc_mx_skips_nan(k))
+                lsc_mx_col_amaxes(xt, block, w, rs, code, 1, m);
+            else
+                lsc_mx_col_amaxes(xt, block, w, rs, code, 0, m);
             lsc_mx_group_scales(m, w, k, sc, fac);
             for (int64_t j = 0; j < w; j++)
-                s[(r0 / block) * ld + c0 + j] = (unsigned char)sc[j];
-            lsc_mx_cols_narrow(xt, block, w, rs, ld, code, elem, flags, fac,
-                               q + (elem == LSC_MX_E2M1 ? r0 / 2 : r0) * ld + c0);
+                lsc_mx_put_scale(s, (r0 / block) * ld + c0 + j, sc[j], k->swidth);
+            unsigned char *qt = q + (elem == LSC_MX_E2M1 ? r0 / 2 : r0) * ld + c0;
+            lsc_mx_cols_narrow(xt, block, w, rs, ld, code, elem, flags, fac, qt);
+            for (int64_t j = 0; k->mode == LSC_MX_AO32 && j < w; j++)
+                if (fac[j] == 0.0f)
+                    lsc_mx_zero_fix(xt + j * LSC_MX_WIDTH(code), code, elem, block, rs, qt + j,
+                                    ld);
+        }
+    }
+}
+
+/* A band of h <= t rows by w <= LSC_MX_SQ_SPAN columns of square tiles of
+ * side t = k->block (rows rs bytes apart, contiguous elements; a partial
+ * tile at the right or bottom edge has the elements it has): ceil(w / t)
+ * scales into s, float8 codes into q (rows ld bytes apart).  The tile
+ * amaxes row by row (each row's w elements read in order), the scales and
+ * factors across the tiles, then the codes row by row with the factors
+ * spread per element, the band read again from cache (LSC_MX_SQ_SPAN keeps
+ * it in L2); then the tiles whose factor is NaN, or torchao's 0, rewritten. */
+LSC_MX_INL void lsc_mx_tile_body(const char *x, int64_t h, int64_t w, int64_t rs, int64_t ld,
+                                 int code, int elem, const lsc_mx_rule *k, unsigned char *s,
+                                 unsigned char *q)
+{
+    const int64_t t = k->block, nt = (w + t - 1) / t, W = LSC_MX_WIDTH(code);
+    const int flags = lsc_mx_rule_flags(k), skip = lsc_mx_skips_nan(k);
+    lsc_u32 m[LSC_MX_SQ_SPAN / 2], sc[LSC_MX_SQ_SPAN / 2];
+    float r[LSC_MX_SQ_SPAN / 2], fr[LSC_MX_SQ_SPAN];
+    for (int64_t g = 0; g < nt; g++)
+        m[g] = 0;
+    for (int64_t i = 0; i < h; i++) {
+        const char *row = x + i * rs;
+        for (int64_t g = 0; g < nt; g++) {
+            const int64_t c0 = g * t, n = w - c0 < t ? w - c0 : t;
+            lsc_u32 mb = m[g];
+            if (skip) {
+                for (int64_t j = 0; j < n; j++) {
+                    lsc_u32 a = lsc_mx_mag(lsc_mx_load(row, c0 + j, code), 1);
+                    mb = a > mb ? a : mb;
+                }
+            } else {
+                for (int64_t j = 0; j < n; j++) {
+                    lsc_u32 a = lsc_mx_mag(lsc_mx_load(row, c0 + j, code), 0);
+                    mb = a > mb ? a : mb;
+                }
+            }
+            m[g] = mb;
+        }
+    }
+    lsc_mx_group_scales(m, nt, k, sc, r);
+    for (int64_t g = 0; g < nt; g++)
+        lsc_mx_put_scale(s, g, sc[g], k->swidth);
+    for (int64_t c = 0; c < w; c++)
+        fr[c] = r[c / t];
+    for (int64_t i = 0; i < h; i++) {
+        if (flags & LSC_FP8_NAN_SIGN)
+            lsc_mx_fp8_codes(x + i * rs, w, code, elem, LSC_FP8_SAT | LSC_FP8_NAN_SIGN, fr,
+                             q + i * ld);
+        else
+            lsc_mx_fp8_codes(x + i * rs, w, code, elem, LSC_FP8_SAT, fr, q + i * ld);
+    }
+    for (int64_t g = 0; g < nt; g++) {
+        const int64_t c0 = g * t, n = w - c0 < t ? w - c0 : t;
+        for (int64_t i = 0; i < h; i++) {
+            if (r[g] != r[g])
+                lsc_mx_nan_fill(r[g], elem, flags, q + i * ld + c0, n, 1);
+            else if (r[g] == 0.0f && k->mode == LSC_MX_AO32)
+                lsc_mx_zero_fix(x + i * rs + c0 * W, code, elem, n, W, q + i * ld + c0, 1);
         }
     }
 }
@@ -476,7 +608,8 @@ LSC_MX_INL void lsc_mx_bf16_cols(const char *x, int64_t rows, int64_t cols, int6
  * not NVFP4) in MX blocks of 32. */
 #ifdef LSC_MX_BF16_LANES
 #define LSC_MX_BF16_PASS(CODE, ELEM, k) \
-    ((CODE) == LSC_CODE_BF16 && (int)(ELEM) != (int)LSC_MX_E2M1 && (k)->block == 32)
+    ((CODE) == LSC_CODE_BF16 && (int)(ELEM) != (int)LSC_MX_E2M1 && (k)->block == 32 \
+     && !lsc_mx_wide((k)->mode))
 #else
 #define LSC_MX_BF16_PASS(CODE, ELEM, k) 0
 #endif
@@ -510,13 +643,28 @@ LSC_MX_INL void lsc_mx_bf16_cols(const char *x, int64_t rows, int64_t cols, int6
     LSC_MX_FNS(E##_bf16, LSC_CODE_BF16, ELEM)
 #define LSC_MX_ROW(E) {0, lsc_mx_r_##E##_f16, lsc_mx_r_##E##_bf16, lsc_mx_r_##E##_f32, 0, 0, 0}
 #define LSC_MX_COL(E) {0, lsc_mx_c_##E##_f16, lsc_mx_c_##E##_bf16, lsc_mx_c_##E##_f32, 0, 0, 0}
+#define LSC_MX_TILE_FN(NAME, CODE, ELEM)                                                    \
+    __attribute__((flatten)) static void lsc_mx_t_##NAME(                                 \
+        const char *x, int64_t rows, int64_t cols, int64_t rs, int64_t ld,                  \
+        const lsc_mx_rule *k, unsigned char *s, unsigned char *q)                           \
+    {                                                                                       \
+        lsc_mx_tile_body(x, rows, cols, rs, ld, (CODE), (ELEM), k, s, q);                   \
+    }
+#define LSC_MX_TILE_FNS(E, ELEM)                                                            \
+    LSC_MX_TILE_FN(E##_f32, LSC_CODE_F32, ELEM)                                             \
+    LSC_MX_TILE_FN(E##_f16, LSC_CODE_F16, ELEM)                                             \
+    LSC_MX_TILE_FN(E##_bf16, LSC_CODE_BF16, ELEM)
+#define LSC_MX_TIL(E) {0, lsc_mx_t_##E##_f16, lsc_mx_t_##E##_bf16, lsc_mx_t_##E##_f32, 0, 0, 0}
 
 LSC_MX_ELEM_FNS(e4, LSC_CODE_E4M3FN)
 LSC_MX_ELEM_FNS(e5, LSC_CODE_E5M2)
 LSC_MX_ELEM_FNS(e2, LSC_MX_E2M1)
+LSC_MX_TILE_FNS(e4, LSC_CODE_E4M3FN)
+LSC_MX_TILE_FNS(e5, LSC_CODE_E5M2)
 
 LSC_ISA_TABLE const lsc_mx_isa LSC_MX_CAT(lsc_mx_isa, LSC_LEVEL) = {
     LSC_MX_STR(LSC_LEVEL),
     {LSC_MX_ROW(e4), LSC_MX_ROW(e5), LSC_MX_ROW(e2)},
     {LSC_MX_COL(e4), LSC_MX_COL(e5), LSC_MX_COL(e2)},
+    {LSC_MX_TIL(e4), LSC_MX_TIL(e5)},
 };

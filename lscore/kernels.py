@@ -59,7 +59,14 @@ measures the kernels themselves (``lscore bench``).
   from the same read, the GIL released), returning (scale codes, element
   codes; E2M1 packed two per byte, the first in the low nibble, with
   ``axis=0`` the two rows of a pair), into ``out=(scales, data)`` (1-byte
-  C-contiguous arrays) when given; ``nvfp4_quantize(x, pts=None, *,
+  C-contiguous arrays) when given; with ``tile=True`` in square tiles of
+  side ``block`` of a 2-D array (one scale per tile, scales shaped
+  (ceil(rows / block), ceil(cols / block)), partial tiles at the edges,
+  float8 elements); under the float32 rules of ``BLOCKWISE_MODES``
+  (``te-fp32``, ``torchao-fp32``; ``pow2=``, ``eps=``: TE's power-of-two
+  scales, the amax floor) the scales are float32 inverse scales;
+  ``mx_blockwise_scale(amax, elem, mode, pow2, eps, dtype)``: such a
+  rule's float32 scale of each amax; ``nvfp4_quantize(x, pts=None, *,
   axis=-1, out=None)``: NVFP4's blocks of 16 the same way (E4M3 block
   scale codes, packed E2M1 codes), with the per-tensor scale ``pts`` that
   ``nvfp4_tensor_scale(amax)`` gives; a length that is not a multiple of
@@ -112,7 +119,9 @@ from lscore._ext._fp8_scale import scaled_max as fp8_scaled_max
 from lscore._ext._grads import GradTable
 from lscore._ext._mx import ELEMS as MX_ELEMS
 from lscore._ext._mx import MODES as MX_MODES
+from lscore._ext._mx import WIDE_MODES as BLOCKWISE_MODES
 from lscore._ext._mx import block_shapes as mx_block_shapes
+from lscore._ext._mx import blockwise_scale as mx_blockwise_scale
 from lscore._ext._mx import (
     e2m1_decode,
     e2m1_encode,
@@ -171,6 +180,9 @@ FP8_FORMATS = FP8_FORMATS
 FP8_FLAGS = {"SAT": _fp8.SAT, "NAN_SIGN": _fp8.NAN_SIGN, "AMAX_NAN": _fp8.AMAX_NAN}
 #: block scale rule name -> code, the modes of ``mx_scale`` / ``mx_quantize``
 MX_MODES = MX_MODES
+#: float32 scale rule name -> code (blockwise FP8), the modes of ``mx_blockwise_scale``,
+#: which ``mx_quantize`` takes too
+BLOCKWISE_MODES = BLOCKWISE_MODES
 #: MX element format name -> code, the formats of ``mx_scale`` / ``mx_quantize``
 MX_ELEMS = MX_ELEMS
 #: the CUDA kernels' shared device flags: slot name -> index
@@ -191,6 +203,7 @@ META = META
 OPT_META = OPT_META
 
 __all__ = [
+    "BLOCKWISE_MODES",
     "DEVICE_FLAGS",
     "DEVICE_VALS",
     "DLPACK_DEVICES",
@@ -231,6 +244,7 @@ __all__ = [
     "isa_levels",
     "launch_params",
     "mx_block_shapes",
+    "mx_blockwise_scale",
     "mx_quantize",
     "mx_scale",
     "nvfp4_quantize",

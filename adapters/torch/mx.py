@@ -40,10 +40,12 @@ def _block_recipe(
     return found
 
 
-def _qdq(t: torch.Tensor, recipe: lscore.fp8.BlockRecipe, element: str) -> torch.Tensor:
-    """The 2-D ``t`` quantized in blocks along its last axis and dequantized to its dtype, as the
-    implementation the recipe reproduces reads the blocks back (the GEMM operand)."""
-    return dequantize_blocks(quantize_blocks(t, recipe, element=element), t.dtype)
+def _qdq(t: torch.Tensor, recipe: lscore.fp8.BlockRecipe, role: str) -> torch.Tensor:
+    """The 2-D ``t`` quantized as a tensor of `role` ("input", "weight", "grad": the element
+    format, and a weight's square tiles under a recipe with ``weight_block``), else in blocks
+    along its last axis, and dequantized to its dtype, as the implementation the recipe
+    reproduces reads the blocks back (the GEMM operand)."""
+    return dequantize_blocks(quantize_blocks(t, recipe, role=role), t.dtype)
 
 
 def _t(t: torch.Tensor) -> torch.Tensor:
@@ -59,22 +61,23 @@ class _BlockMatMul(torch.autograd.Function):
         ctx.layer = layer
         # the backward quantizes x and weight along their other axes, from high precision
         ctx.save_for_backward(x, weight)
-        r, elem = layer.recipe, layer.recipe.element
+        r = layer.recipe
         # the second operand of each GEMM is handed over column-major, as torchao's emulation
         # hands it over (a float32 GEMM's rounding can depend on the operands' memory order)
-        return torch.mm(_qdq(x, r, elem), _qdq(weight.to(x.dtype), r, elem).t())
+        return torch.mm(_qdq(x, r, "input"), _qdq(weight.to(x.dtype), r, "weight").t())
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         x, weight = ctx.saved_tensors
         r: lscore.fp8.BlockRecipe = ctx.layer.recipe
-        elem, gelem = r.element, r.grad_element
         grad = grad.contiguous()
-        # grad_input = grad @ weight: reduction over the output features
+        # grad_input = grad @ weight: reduction over the output features (a weight's tiles
+        # are the same in either orientation: TE's columnwise weight is its rowwise one
+        # transposed)
         w = weight.to(grad.dtype)
-        grad_x = torch.mm(_qdq(grad, r, gelem), _qdq(_t(w), r, elem).t())
+        grad_x = torch.mm(_qdq(grad, r, "grad"), _qdq(_t(w), r, "weight").t())
         # grad_weight = grad.T @ x: reduction over the rows
-        grad_w = torch.mm(_qdq(_t(grad), r, gelem), _qdq(_t(x.to(grad.dtype)), r, elem).t())
+        grad_w = torch.mm(_qdq(_t(grad), r, "grad"), _qdq(_t(x.to(grad.dtype)), r, "input").t())
         return grad_x.to(x.dtype), grad_w.to(weight.dtype), None
 
 
@@ -86,7 +89,9 @@ class MXLinear(EmulatedLinear):
     ``recipe.element`` in blocks along the input features; the backward quantizes the output
     gradient to ``recipe.grad_element``, and the weight and input to ``recipe.element``, in
     blocks along each GEMM's reduction dimension, each from the high-precision tensor (NVFP4's
-    per-tensor scale from each operand's amax). The casts are
+    per-tensor scale from each operand's amax); under a recipe with ``weight_block``
+    (``te-blockwise``, ``torchao-blockwise``: 128x128) the weight in square tiles instead,
+    as both libraries' blockwise FP8 linears quantize it. The casts are
     ``lscore.adapters.torch.quantize.quantize_blocks`` and ``dequantize_blocks`` (the recipe's
     implementation's read-back), and the dequantized operands are multiplied in the input's
     dtype (under autocast, the autocast dtype). Under the ``torchao-mx-*`` recipes the outputs

@@ -253,9 +253,17 @@ def _require_cuda_blocks() -> None:
         ) from None
 
 
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """Codes as the kernels take them: uint8, float32 scales (blockwise FP8) as they are."""
+    return t if t.dtype == torch.float32 else t.view(torch.uint8)
+
+
 def _tensor(a: np.ndarray) -> torch.Tensor:
-    """A CPU tensor over NumPy codes (ml_dtypes float8 or uint8), as torch's dtype of them."""
+    """A CPU tensor over NumPy codes (ml_dtypes float8 or uint8, or float32 scales), as
+    torch's dtype of them."""
     name = checks.dtype_name(a.dtype)
+    if name == "float32":
+        return torch.from_numpy(a)
     t = torch.from_numpy(a.view(np.uint8))
     if name in _TORCH_FP8:
         return t.view(_TORCH_FP8[name])
@@ -267,18 +275,22 @@ def quantize_blocks(
     recipe: Any,
     *,
     axis: int = -1,
+    role: str | None = None,
     element: str | None = None,
     out: BlockScaled | None = None,
 ) -> BlockScaled:
     """``lscore.fp8.quantize_blocks`` of a tensor: a ``BlockScaled`` of tensors.
 
     `data` is ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` (uint8 for
-    E2M1, two codes a byte), `scales` ``torch.float8_e8m0fnu`` (MX) or
-    ``torch.float8_e4m3fn`` (NVFP4); a CPU tensor (float32, float16 or
-    bfloat16, any strides) is read in place.  A CUDA tensor goes to the
-    CUDA block kernels, which read it in place, and its codes stay on its
-    device.  `out`, the result of an earlier call on a CPU tensor with the
-    same recipe, element, axis and shape, has its tensors written in place
+    E2M1, two codes a byte), `scales` ``torch.float8_e8m0fnu`` (MX),
+    ``torch.float8_e4m3fn`` (NVFP4) or ``torch.float32`` (blockwise FP8:
+    the inverse scales); a CPU tensor (float32, float16 or bfloat16, any
+    strides) is read in place.  `role` ("input", "weight", "grad") picks
+    the element format and a weight's square tiles, as in
+    ``lscore.fp8.quantize_blocks``.  A CUDA tensor goes to the CUDA block
+    kernels, which read it in place, and its codes stay on its device.
+    `out`, the result of an earlier call on a CPU tensor with the same
+    recipe, element, axis, role and shape, has its tensors written in place
     and is returned with this call's tensor scale, as in
     ``lscore.fp8.quantize_blocks``.
     """
@@ -288,11 +300,13 @@ def quantize_blocks(
         if out is not None:
             raise TypeError("out= takes CPU tensors; a CUDA tensor gets new device tensors")
         r = blocks.as_block_recipe(recipe)
-        elem = r.element if element is None else r.allows(element)
-        b = blocks.quantize_on(_cuda_blocks(), _cuda(), x.detach(), r, elem, axis)
+        elem = r.role_element(role) if element is None else r.allows(element)
+        b = blocks.quantize_on(_cuda_blocks(), _cuda(), x.detach(), r, elem, axis, role)
         data = b.data
         if b.element != "e2m1":
             data = data.view(_TORCH_FP8[blocks.element_dtype(b.element)])
+        if r.scale_format == "float32":
+            return dataclasses.replace(b, data=data, scales=b.scales.view(torch.float32))
         scale_name = "float8_e8m0fnu" if r.scale_format == "e8m0" else "float8_e4m3fn"
         return dataclasses.replace(b, data=data, scales=b.scales.view(_TORCH_SCALES[scale_name]))
     raw = None
@@ -302,7 +316,7 @@ def quantize_blocks(
             data=_codes_in_place(out.data, "out.data"),
             scales=_codes_in_place(out.scales, "out.scales"),
         )
-    b = blocks.quantize_blocks(_view(x), recipe, axis=axis, element=element, out=raw)
+    b = blocks.quantize_blocks(_view(x), recipe, axis=axis, role=role, element=element, out=raw)
     if out is not None:
         return dataclasses.replace(out, tensor_scale=b.tensor_scale)
     return dataclasses.replace(b, data=_tensor(b.data), scales=_tensor(b.scales))
@@ -318,7 +332,7 @@ def _codes_in_place(t: Any, what: str) -> np.ndarray:
         )
     if not t.is_contiguous():
         raise ValueError(f"{what} must be a C-contiguous tensor")
-    return t.detach().view(torch.uint8).numpy()
+    return _raw(t.detach()).numpy()
 
 
 def dequantize_blocks(b: BlockScaled, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -338,14 +352,12 @@ def dequantize_blocks(b: BlockScaled, dtype: torch.dtype = torch.float32) -> tor
             raise ValueError(
                 f"b.scales must be on b.data's device {b.data.device}, got {b.scales.device}"
             )
-        raw = dataclasses.replace(
-            b, data=b.data.view(torch.uint8), scales=b.scales.view(torch.uint8)
-        )
+        raw = dataclasses.replace(b, data=b.data.view(torch.uint8), scales=_raw(b.scales))
         return block_dequant.dequantize_on(_cuda_blocks(), raw, _FLOATS[dtype])
     raw = dataclasses.replace(
         b,
         data=_cpu(b.data, "b.data").detach().contiguous().view(torch.uint8).numpy(),
-        scales=_cpu(b.scales, "b.scales").detach().contiguous().view(torch.uint8).numpy(),
+        scales=_raw(_cpu(b.scales, "b.scales").detach().contiguous()).numpy(),
     )
     y = block_dequant.dequantize_blocks(raw, _FLOATS[dtype])
     if dtype == torch.bfloat16:

@@ -23,8 +23,9 @@ import numpy as np
 
 from lscore import kernels
 from lscore._fp8_checks import block_axis
+from lscore.cuda.blockwise import BlockwiseLauncher, dequantize_blockwise, quantize_blockwise
 from lscore.cuda.sources import mx_dequant_name, mx_name
-from lscore.cuda.views import DeviceView, KernelLauncher, Shape, contiguous, cupy_hooks, is_host
+from lscore.cuda.views import DeviceView, Shape, contiguous, cupy_hooks, is_host
 from lscore.dtypes import BY_NAME
 
 __all__ = ["BlockArrays", "MxLauncher", "block_shapes", "cupy_blocks"]
@@ -51,9 +52,10 @@ def _elem_code(elem: str) -> int:
 def _mode_code(mode: str) -> int:
     if mode == NVFP4:
         return _NVFP4_CODE
-    code = kernels.MX_MODES.get(mode) if isinstance(mode, str) else None
+    modes = {**kernels.MX_MODES, **kernels.BLOCKWISE_MODES}
+    code = modes.get(mode) if isinstance(mode, str) else None
     if code is None:
-        names = ", ".join((*kernels.MX_MODES, NVFP4))
+        names = ", ".join((*modes, NVFP4))
         raise ValueError(f"mode must be one of: {names}; got {mode!r}")
     return code
 
@@ -87,11 +89,11 @@ def block_shapes(
     return kernels.mx_block_shapes(tuple(shape), block, 0 if cols else -1, e2m1)
 
 
-class MxLauncher(KernelLauncher):
-    """Launches mx.cu's kernels through `backend` (``launch(name, grid, block, args,
-    stream)``), `block` threads a block (a multiple of 32: the rows kernel folds a block's
-    amax across lanes of one warp) and at most `max_blocks` blocks (a grid-stride loop
-    covers the rest)."""
+class MxLauncher(BlockwiseLauncher):
+    """Launches mx.cu's kernels (and, as a ``BlockwiseLauncher``, blockwise.cu's) through
+    `backend` (``launch(name, grid, block, args, stream)``), `block` threads a block (a
+    multiple of 32: the rows kernel folds a block's amax across lanes of one warp) and at
+    most `max_blocks` blocks (a grid-stride loop covers the rest)."""
 
     def __init__(self, backend: Any, *, block: int = 256, max_blocks: int = 4096) -> None:
         if block % 32:
@@ -205,13 +207,28 @@ class BlockArrays:
         *,
         axis: int = -1,
         pts: Any = None,
+        tile: bool = False,
+        pow2: bool = False,
+        eps: float = 0.0,
     ) -> tuple[Any, Any]:
         """(scale codes, element codes) of x, uint8 device arrays in the kernels layer's
         layout; mode "nvfp4" is NVFP4's rule (E2M1 elements, blocks of 16) with the
-        per-tensor scale `pts` (a float, or one float32 on the device) or none."""
+        per-tensor scale `pts` (a float, or one float32 on the device) or none.  A float32
+        rule (``lscore.kernels.BLOCKWISE_MODES``; `pow2`, `eps`) gives float32 inverse
+        scales; `tile` square tiles of side `block` of a 2-D x (blockwise.cu)."""
         v = self.h["view"](x)
         if v.dtype not in _FLOATS:
             raise TypeError(f"x must be float32, float16 or bfloat16, got {v.dtype}")
+        wide = mode in kernels.BLOCKWISE_MODES
+        if wide or tile:
+            e, m = _elem_code(elem), _mode_code(mode)
+            if m == _NVFP4_CODE or pts is not None:
+                raise ValueError("nvfp4 and pts take neither float32 scales nor tiles")
+            return quantize_blockwise(
+                self.h, x, e, m, block, tile=tile, axis=axis, pow2=pow2, eps=eps, wide=wide
+            )
+        if pow2 or eps:
+            raise ValueError(f"pow2 and eps are the float32 rules', not mode {mode!r}'s")
         e, m, b = _codes(elem, mode, block)
         if pts is not None and m != _NVFP4_CODE:
             raise ValueError(f"pts is NVFP4's per-tensor scale, not one of mode {mode!r}")
@@ -250,15 +267,23 @@ class BlockArrays:
         axis: int = -1,
         pts: Any = None,
         dtype: str = "float32",
+        tile: bool = False,
     ) -> Any:
         """The values the codes stand for, shaped as the quantized input: each element
         times its block's scale in float32 rounded once to `dtype` (a name), as
         ``lscore.fp8.dequantize_blocks`` reads them back (NVFP4: the per-tensor times the
         block scale first; torchao's modes floor, ceil, even and rceil: the scale rounded
-        to float16 first for a float16 result)."""
-        e, m, b = _codes(elem, mode, block)
+        to float16 first for a float16 result; float32 rules: the inverse scale); `tile`:
+        square tiles of side `block`."""
         if dtype not in _FLOATS:
             raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
+        wide = mode in kernels.BLOCKWISE_MODES
+        if wide or tile:
+            e, m = _elem_code(elem), _mode_code(mode)
+            return dequantize_blockwise(
+                self.h, scales, data, e, m, block, tile=tile, axis=axis, dtype=dtype, wide=wide
+            )
+        e, m, b = _codes(elem, mode, block)
         sv, dv = self.h["view"](scales), self.h["view"](data)
         for what, w in (("scales", sv), ("data", dv)):
             if w.dtype != "uint8" or not contiguous(w):

@@ -15,6 +15,7 @@ from lscore import kernels
 from lscore.dtypes import Code
 
 __all__ = [
+    "BW_KERNELS",
     "FILE_OF",
     "FP8_KERNELS",
     "KERNELS",
@@ -27,6 +28,7 @@ __all__ = [
     "TRAITS",
     "UPDATE_KERNEL",
     "amax_name",
+    "bw_name",
     "cast_name",
     "dequant_name",
     "kernel_name",
@@ -120,6 +122,18 @@ MX_KERNELS = tuple(
 ) + tuple(mx_dequant_name(c) for c in _FP8_INPUTS)
 
 
+def bw_name(kind: str, code: int) -> str:
+    """A kernel of blockwise.cu: `kind` "rows", "cols", "tiles" (quantize, input dtype code)
+    or "dequant" (output dtype code)."""
+    return f"lsc_bw_{kind}<{int(code)}>"
+
+
+#: the kernel names of blockwise.cu that lscore.cuda.blockwise launches
+BW_KERNELS = tuple(
+    bw_name(kind, c) for kind in ("rows", "cols", "tiles", "dequant") for c in _FP8_INPUTS
+)
+
+
 #: .cu file -> the kernel names (NVRTC name expressions) the package launches from it
 KERNELS = {
     # the one-pass norm (lscore.cuda.launch.MultiTensor.launch_norm) beside the scan
@@ -149,6 +163,8 @@ KERNELS = {
     "fp8.cu": FP8_KERNELS,
     # the MX and NVFP4 block quantize and dequantize kernels (lscore.cuda.mx)
     "mx.cu": MX_KERNELS,
+    # blockwise FP8 (float32 scales) and square weight tiles (lscore.cuda.blockwise)
+    "blockwise.cu": BW_KERNELS,
 }
 #: kernel name expression -> the .cu file that defines it
 FILE_OF = {k: f for f, names in KERNELS.items() for k in names}

@@ -17,17 +17,18 @@ Only NumPy is imported.
 """
 
 from lscore.fp8.block_dequant import dequantize_blocks
+from lscore.fp8.block_diagnostics import BlockStats, block_stats
 from lscore.fp8.blocks import BLOCK_RECIPES, BlockRecipe, BlockScaled, quantize_blocks
 from lscore.fp8.casting import Float8, amax, dequantize, quantize, quantize_current
 from lscore.fp8.delayed import DelayedScaling
-from lscore.fp8.diagnostics import BlockStats, Float8Monitor, Float8Stats, block_stats, tensor_stats
+from lscore.fp8.diagnostics import Float8Monitor, Float8Stats, tensor_stats
 from lscore.fp8.recipes import FP8_MAX, RECIPES, Recipe, recipe
 
 # re-bound so that their doc comments reach the API reference
 #: the preset recipe names: "te-delayed", "te-current", "torchao-tensorwise", "torchao-rowwise"
 RECIPES = RECIPES
 #: the block-scaled preset names: "ocp-mx", "te-mxfp8", "torchao-mx-floor", "torchao-mx-ceil",
-#: "torchao-mx-even", "torchao-mx-rceil", "nvfp4"
+#: "torchao-mx-even", "torchao-mx-rceil", "nvfp4", "te-blockwise", "torchao-blockwise"
 BLOCK_RECIPES = BLOCK_RECIPES
 #: the largest finite value of each float8 format: {"e4m3fn": 448.0, "e5m2": 57344.0}
 FP8_MAX = FP8_MAX

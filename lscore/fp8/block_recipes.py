@@ -88,6 +88,15 @@ _MXFP8 = dict(
     element="e4m3fn", grad_element="e4m3fn", block=32, scale_format="e8m0", tensor_scale=False
 )
 _TORCHAO_MX = dict(_MXFP8, behaviour="torchao", tail="refuse", source=_AO)
+# a blockwise FP8 recipe: float32 scales of 1x128 blocks, weights in 128x128 tiles
+_BLOCKWISE = dict(
+    element="e4m3fn",
+    grad_element="e4m3fn",
+    block=128,
+    scale_format="float32",
+    tensor_scale=False,
+    weight_block=128,
+)
 
 #: every preset: name -> the BlockRecipe fields it fixes (the comment above each cites its source)
 BLOCK_TABLE: dict[str, dict[str, Any]] = {
@@ -145,6 +154,47 @@ BLOCK_TABLE: dict[str, dict[str, Any]] = {
         behaviour="torchao",
         tensor_scale=True,
         tail="refuse",
+        source=_AO,
+    ),
+    # TransformerEngine v2.18 Float8BlockScaling defaults (common/recipe/__init__.py:387-463):
+    # fp8_format E4M3 (HYBRID: e5m2 gradients), QParams(power_2_scale=True, amax_epsilon=0)
+    # (NVTE_FP8_BLOCK_SCALING_FP32_SCALES unset), 1x128 blocks for inputs and gradients and
+    # 128x128 for weights (x/grad_block_scaling_dim 1, w_block_scaling_dim 2).  The scale
+    # is compute_scale_from_amax (common/recipe/recipe_common.cuh:14-69): amax below eps
+    # taken as eps; Inf, 0 or NaN -> 1; else RN(fp8_max / amax), an Inf quotient -> the
+    # input dtype's largest value, the mantissa masked off for power-of-two scales.  Block
+    # amaxes skip NaN (fmaxf), the elements are cast RN-satfinite, scale_inv = RN(1 /
+    # scale) is stored (common/transpose/quantize_transpose_vector_blockwise.cu:274-316,
+    # 367-401; quantize_transpose_square_blockwise.cu:123-189).  A ragged edge is
+    # zero-filled (vector_blockwise.cu:216-223), so a partial block is scaled from its
+    # own elements; the columnwise copy (axis=0) is quantized from the input, a weight's
+    # is the transpose of its tiles (docs/.../fp8_blockwise_scaling.rst:127-133).
+    "te-blockwise": dict(
+        _BLOCKWISE,
+        mode="te-fp32",
+        behaviour="te",
+        tail="pad",
+        power_2_scales=True,
+        amax_epsilon=0.0,
+        source=_TE,
+    ),
+    # torchao 0.18 prototype blockwise_fp8_training (linear.py:98-287; the rule of every
+    # quantize kernel, kernels.py:481-965, as its torch reference functions compute it,
+    # kernels.py:1031-1156): amax = max|x| (NaN propagates) in float64, clamped below to
+    # EPS = 1e-12 (kernels.py:32); scale = float32(448 / amax), no power of two; the
+    # product clamped to +-448 then cast; 1 / scale stored.  So an Inf in a block gives
+    # scale 0 (its elements 0, the Inf ones NaN), a NaN scale NaN.  The 128x1 function
+    # (columns, axis=0) clamps the amax in the input's dtype before widening it
+    # (kernels.py:1093-1096): its EPS is 1e-12 rounded to that dtype.  E4M3 for inputs,
+    # weights and gradients; in/out features multiples of 128 (linear.py:214-287), so a
+    # partial block is refused.
+    "torchao-blockwise": dict(
+        _BLOCKWISE,
+        mode="torchao-fp32",
+        behaviour="torchao",
+        tail="refuse",
+        power_2_scales=False,
+        amax_epsilon=1e-12,
         source=_AO,
     ),
 }

@@ -31,7 +31,7 @@ from lscore.fp8.block_recipes import (
     block_recipe,
     element_dtype,
 )
-from lscore.fp8.checks import block_axis, float_input, fp8_dtype
+from lscore.fp8.checks import block_axis, dtype_name, float_input, fp8_dtype
 
 __all__ = [
     "BLOCK_RECIPES",
@@ -154,10 +154,6 @@ def quantize_blocks(
     x = float_input(x)
     cols = block_axis(x, axis)
     tiles = role == "weight" and r.weight_block is not None
-    if tiles or r.scale_format == "float32":  # TEMPORARY: until the kernels are in
-        raise NotImplementedError(
-            f"recipe {r.name!r}: float32 scales and weight tiles have no kernels yet"
-        )
     if tiles:
         _check_tiles(r, x.shape)
         ax = -1
@@ -199,11 +195,17 @@ def _scale_view(scales: np.ndarray, r: BlockRecipe) -> np.ndarray:
     return scales.view(fp8_dtype("float8_e8m0fnu" if r.scale_format == "e8m0" else "float8_e4m3fn"))
 
 
-def _kernel_args(r: BlockRecipe) -> dict[str, Any]:
-    """The float32 scale rules' arguments of the block kernels."""
+def _kernel_args(r: BlockRecipe, dtype: str = "float32", cols: bool = False) -> dict[str, Any]:
+    """The float32 scale rules' arguments of the block kernels for an input of `dtype` (a
+    name), blocked down its columns (`cols`) or not.  torchao's 128x1 function clamps the
+    amax in the input's dtype (its 1x128 and 128x128 ones in float64), so down the
+    columns its epsilon is rounded to that dtype first."""
     if r.scale_format != "float32":
         return {}
-    return {"pow2": r.power_2_scales, "eps": r.amax_epsilon}
+    eps = r.amax_epsilon
+    if cols and r.mode == "torchao-fp32":
+        eps = float(np.asarray(eps).astype(fp8_dtype("bfloat16") if dtype == "bfloat16" else dtype))
+    return {"pow2": r.power_2_scales, "eps": eps}
 
 
 def _quantize_lines(
@@ -222,8 +224,9 @@ def _quantize_lines(
         scales, data = kernels.nvfp4_quantize(v, pf, axis=ax, out=codes)
     else:
         scales, data = kernels.mx_quantize(
-            v, element_dtype(elem), r.mode, r.block, axis=ax, out=codes, **_kernel_args(r)
-        )
+            v, element_dtype(elem), r.mode, r.block, axis=ax, out=codes,
+            **_kernel_args(r, dtype_name(x.dtype), ax == 0),
+        )  # fmt: skip
     if tail and codes is None:
         data = data[: code_width(n, elem)] if ax == 0 else data[..., : code_width(n, elem)]
     return scales, data
@@ -340,6 +343,7 @@ def quantize_on(
         scales, data = dev.quantize(x, "float4_e2m1", "nvfp4", 16, axis=kaxis, pts=pts)
     else:
         scales, data = dev.quantize(
-            x, element_dtype(elem), r.mode, r.block, axis=kaxis, **_kernel_args(r)
-        )
+            x, element_dtype(elem), r.mode, r.block, axis=kaxis,
+            **_kernel_args(r, dev.h["view"](x).dtype, cols),
+        )  # fmt: skip
     return BlockScaled(data, scales, pts, r, elem, kaxis, tuple(x.shape), role)

@@ -24,9 +24,8 @@ skipped steps::
     print(monitor.table())
     monitor.plot("fp8_history.png")
 
-:func:`block_stats` does the same for a block-scaled recipe (MXFP8, MXFP4,
-NVFP4): one quantize pass, then what its output holds: the histogram of the
-block scales' exponents, the saturated and flushed elements, the NaN scales.
+``lscore.fp8.block_diagnostics.block_stats`` does the same for a block-scaled
+recipe.
 """
 
 from __future__ import annotations
@@ -38,18 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from lscore import kernels
 from lscore.diagnostics import count_nonfinite, format_table
-from lscore.fp8.blocks import quantize_blocks
 from lscore.fp8.checks import float_input, format_name, nan_rule
 
 __all__ = [
     "FLUSH_BELOW",
     "SATURATE_FROM",
-    "BlockStats",
     "Float8Monitor",
     "Float8Stats",
-    "block_stats",
     "tensor_stats",
 ]
 
@@ -66,7 +61,7 @@ FLUSH_BELOW = {"e4m3fn": 2.0**-10, "e5m2": 2.0**-17}
 _CHUNK = 1 << 20  # elements per pass: bounds the float32 temporaries on huge tensors
 
 
-class _Fractions:
+class Fractions:
     """The saturated and flushed fractions of a statistics record's counts."""
 
     size: int
@@ -86,7 +81,7 @@ class _Fractions:
 
 
 @dataclasses.dataclass(frozen=True)
-class Float8Stats(_Fractions):
+class Float8Stats(Fractions):
     """What the cast of one tensor at one step produces.
 
     ``amax`` is the input's largest magnitude (NaN elements left out, or NaN when
@@ -278,134 +273,3 @@ class Float8Monitor:
             fig.savefig(path, dpi=100)
             plt.close(fig)
         return fig
-
-
-# ---- block-scaled formats ----------------------------------------------------------------------
-
-# element format -> (code of the largest magnitude, mask of a code's magnitude, smallest
-# |x / scale| that rounds above the largest value: e4m3fn's 448 wins the tie at 464, e5m2's
-# tie at 61440 rounds to Inf, E2M1's 6 loses the tie at 7 to the even 8)
-_BLOCK_ELEMENTS = {
-    "e4m3fn": (0x7E, 0x7F, SATURATE_FROM["e4m3fn"]),
-    "e5m2": (0x7B, 0x7F, SATURATE_FROM["e5m2"]),
-    "e2m1": (0x7, 0x7, 7.0),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class BlockStats(_Fractions):
-    """What a block-scaled quantize of one tensor produces.
-
-    ``recipe`` names the recipe, ``element`` its element format ("e4m3fn", "e5m2",
-    "e2m1"), ``scale_format`` its block scales' ("e8m0", or "e4m3fn" for NVFP4),
-    ``block`` the elements per block and ``axis`` the axis the blocks run along.
-    ``size`` is the input's number of elements, ``nan``, ``posinf`` and ``neginf`` its
-    non-finite ones.  ``blocks`` is the number of blocks; ``exponents`` maps each block
-    scale's exponent (the unbiased E8M0 exponent; for NVFP4 the exponent of the E4M3
-    scale, floor(log2(scale))) to the number of blocks that have it, NaN scales left out
-    and counted in ``nan_scales``; ``tensor_scale`` is NVFP4's float32 per-tensor scale
-    (None without one), by which each block's E4M3 scale is multiplied.  ``saturated``
-    counts the finite elements clamped to the element format's largest value (written as
-    that value, and ``|x| / scale`` rounds above it), ``flushed`` the non-zero finite
-    elements written as zero, ``nonzero`` the non-zero finite elements, all three in
-    blocks with a finite scale (a NaN scale loses its whole block).
-    """
-
-    recipe: str
-    element: str
-    scale_format: str
-    block: int
-    axis: int
-    size: int
-    nan: int
-    posinf: int
-    neginf: int
-    blocks: int
-    exponents: dict[int, int]
-    nan_scales: int
-    tensor_scale: float | None
-    saturated: int
-    flushed: int
-    nonzero: int
-
-    def table(self) -> str:
-        """A summary line, then the histogram of the scale exponents, a row per exponent."""
-        pts = "" if self.tensor_scale is None else f", tensor scale {self.tensor_scale:.4g}"
-        head = (
-            f"{self.recipe}: {self.blocks} blocks of {self.block} {self.element}, "
-            f"{self.scale_format} scales{pts}\n"
-            f"saturated {100 * self.saturated_fraction:.2f}% ({self.saturated}), "
-            f"flushed {100 * self.flushed_fraction:.2f}% ({self.flushed}), "
-            f"NaN {self.nan}, Inf {self.posinf + self.neginf}, NaN scales {self.nan_scales}"
-        )
-        share = self.blocks or 1
-        rows = (
-            (str(e), str(n), f"{100 * n / share:.2f}%") for e, n in sorted(self.exponents.items())
-        )
-        return head + "\n" + format_table(("exponent", "blocks", "share"), rows)
-
-
-def _scale_values(codes: np.ndarray, scale_format: str) -> np.ndarray:
-    """The float32 value of each block scale code (NaN for a NaN code)."""
-    if scale_format == "e8m0":
-        return np.asarray(kernels.e8m0_decode(codes), np.float32)
-    out = np.empty(codes.shape, np.float32)
-    kernels.fp8_decode(codes, out, "float8_e4m3fn")
-    return out
-
-
-def block_stats(x: Any, recipe: Any, *, axis: int = -1, element: str | None = None) -> BlockStats:
-    """The statistics of quantizing `x` (a float32, float16 or bfloat16 NumPy array) with
-    the block recipe `recipe` (a ``BlockRecipe`` or a preset name), blocks along `axis` (-1,
-    or 0 for a 2-D `x`), to `element` (default the recipe's): see :class:`BlockStats`.
-
-    One ``quantize_blocks`` pass; the counts are read from its output (the scale codes and
-    the element codes) beside the input, in chunks of whole blocks.  What the recipe refuses
-    (a partial block, an element it does not allow) is refused here.
-    """
-    a = float_input(x)  # a NumPy array: the counts read it beside the codes
-    b = quantize_blocks(a, recipe, axis=axis, element=element)
-    r = b.recipe
-    scales = b.scales.view(np.uint8)
-    q = b.data.view(np.uint8)
-    if b.axis == 0:  # blocks along the first axis: along the last of the transposes
-        a, scales, q = a.T, scales.T, q.T
-    top_code, mag, sat_from = _BLOCK_ELEMENTS[b.element]
-    values = _scale_values(np.ascontiguousarray(scales), r.scale_format).astype(np.float64)
-    nan_blocks = np.isnan(values)
-    exps = np.frexp(values[~nan_blocks & (values != 0)])[1] - 1
-    found = np.unique(exps, return_counts=True) if exps.size else ((), ())
-    if b.tensor_scale is not None:
-        values = values * np.float64(b.tensor_scale)  # exact: 4-bit by 24-bit significands
-    n = a.shape[-1] if a.ndim else 0
-    a2 = a.reshape(-1, n) if n else a.reshape(0, 0)
-    q2, s2 = q.reshape(a2.shape[0], -1), values.reshape(a2.shape[0], -1)
-    cols = max(_CHUNK // r.block, 1) * r.block
-    rows = max(_CHUNK // max(min(n, cols), 1), 1)
-    saturated = flushed = nonzero = 0
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        for i in range(0, a2.shape[0], rows):
-            for c in range(0, n, cols):
-                v = np.abs(a2[i : i + rows, c : c + cols].astype(np.float64))
-                w = v.shape[1]
-                if b.element == "e2m1":  # two codes a byte, the first in the low nibble
-                    byte = q2[i : i + rows, c // 2 : (c + w + 1) // 2]
-                    codes = np.stack([byte & 0xF, byte >> 4], axis=-1).reshape(len(v), -1)
-                else:
-                    codes = q2[i : i + rows, c : c + w]
-                codes = codes[:, :w] & mag
-                blk = s2[i : i + rows, c // r.block : -(-(c + w) // r.block)]
-                sc = np.repeat(blk, r.block, axis=1)[:, :w]
-                ok = np.isfinite(v) & ~np.isnan(sc)
-                saturated += int(np.count_nonzero(ok & (codes == top_code) & (v / sc >= sat_from)))
-                live = ok & (v != 0)
-                nonzero += int(np.count_nonzero(live))
-                flushed += int(np.count_nonzero(live & (codes == 0)))
-    nan, posinf, neginf = count_nonfinite(a)
-    pts = b.tensor_scale
-    return BlockStats(
-        r.name, b.element, r.scale_format, r.block, b.axis, int(a.size), nan, posinf, neginf,
-        int(scales.size), {int(e): int(k) for e, k in zip(*found, strict=True)},
-        int(np.count_nonzero(nan_blocks)), None if pts is None else float(pts), saturated,
-        flushed, nonzero,
-    )  # fmt: skip

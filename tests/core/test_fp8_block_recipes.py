@@ -27,6 +27,36 @@ def test_every_preset_names_its_library_and_version(name):
     )
 
 
+def test_blockwise_presets():
+    te = fp8.recipe("te-blockwise")
+    assert (te.block, te.weight_block, te.scale_format, te.mode, te.behaviour) == (
+        128,
+        128,
+        "float32",
+        "te-fp32",
+        "te",
+    )
+    assert (te.element, te.grad_element, te.power_2_scales, te.amax_epsilon, te.tail) == (
+        "e4m3fn",
+        "e4m3fn",
+        True,
+        0.0,
+        "pad",
+    )
+    assert te.source == "NVIDIA/TransformerEngine v2.18"
+    hybrid = fp8.recipe("te-blockwise", fp8_format="HYBRID")
+    assert (hybrid.element, hybrid.grad_element) == ("e4m3fn", "e5m2")
+    assert fp8.recipe("te-blockwise", power_2_scales=False).power_2_scales is False
+    ao = fp8.recipe("torchao-blockwise")
+    assert (ao.power_2_scales, ao.amax_epsilon, ao.tail, ao.weight_block) == (
+        False,
+        1e-12,
+        "refuse",
+        128,
+    )
+    assert ao.source == "pytorch/ao v0.18.0"
+
+
 def test_mx_weight_tiles_name_their_version():
     assert fp8.recipe("torchao-mx-rceil", weight_block=32).source == "pytorch/ao v0.18.0"
     te2d = fp8.recipe("te-mxfp8", weight_block=32)
@@ -37,7 +67,7 @@ def test_mx_weight_tiles_name_their_version():
 
 
 def test_roles_pick_the_element():
-    r = fp8.recipe("te-mxfp8", fp8_format="HYBRID")
+    r = fp8.recipe("te-blockwise", fp8_format="HYBRID")
     assert [r.role_element(x) for x in (None, "input", "weight", "grad")] == [
         "e4m3fn",
         "e4m3fn",
@@ -52,8 +82,22 @@ def test_roles_pick_the_element():
     "name, overrides, err, message",
     [
         ("torchao-mx-floor", {"weight_block": 16}, ValueError, "weight_block must be None or"),
+        ("te-blockwise", {"weight_block": 32}, ValueError, "the block 128"),
+        ("te-blockwise", {"weight_block": "a"}, TypeError, "weight_block must be an integer"),
         ("torchao-mx-floor", {"power_2_scales": True}, ValueError, "power_2_scales must be"),
+        ("torchao-blockwise", {"power_2_scales": True}, ValueError, "mode 'te-fp32'"),
+        ("te-blockwise", {"power_2_scales": 1}, TypeError, "power_2_scales must be a bool"),
         ("ocp-mx", {"amax_epsilon": 1e-3}, ValueError, "amax_epsilon must be 0 under mode"),
+        ("te-blockwise", {"amax_epsilon": -1.0}, ValueError, "finite and >= 0"),
+        ("te-blockwise", {"amax_epsilon": float("inf")}, ValueError, "finite and >= 0"),
+        ("te-blockwise", {"amax_epsilon": "x"}, TypeError, "amax_epsilon must be a real"),
+        ("te-blockwise", {"fp8_format": "E5M2"}, ValueError, "pure E5M2 training"),
+        ("te-blockwise", {"element": "e5m2"}, ValueError, "element must be 'e4m3fn' under"),
+        ("te-blockwise", {"element": "e2m1"}, ValueError, "e4m3fn, e5m2 under mode 'te-fp32'"),
+        ("torchao-blockwise", {"grad_element": "e5m2"}, ValueError, "one of e4m3fn under"),
+        ("torchao-blockwise", {"fp8_format": "E4M3"}, ValueError, "is not TE's"),
+        ("te-blockwise", {"scale_format": "e8m0"}, ValueError, "scale_format must be 'float32'"),
+        ("te-blockwise", {"block": 32}, ValueError, "block must be 128 under mode 'te-fp32'"),
         ("nvfp4", {"source": 3}, TypeError, "source must be a string"),
     ],
 )
@@ -63,7 +107,7 @@ def test_bad_new_fields(name, overrides, err, message):
 
 
 def test_from_dict_still_refuses_unknown_and_missing_fields():
-    d = fp8.recipe("te-mxfp8").to_dict()
+    d = fp8.recipe("te-blockwise").to_dict()
     with pytest.raises(ValueError, match=r"unknown: \['hadamard'\], missing: \[\]"):
         fp8.BlockRecipe.from_dict({**d, "hadamard": True})
     del d["mode"]
@@ -72,14 +116,9 @@ def test_from_dict_still_refuses_unknown_and_missing_fields():
 
 
 def test_a_float32_rule_takes_its_fields():
-    fields = dict(fp8.recipe("te-mxfp8").to_dict(), block=128, scale_format="float32")
-    r = fp8.BlockRecipe(**dict(fields, mode="te-fp32", power_2_scales=True, weight_block=128))
-    assert (r.power_2_scales, r.weight_block) == (True, 128)
-    ao = dict(fields, mode="torchao-fp32", behaviour="torchao", amax_epsilon=1e-12)
-    assert fp8.BlockRecipe(**ao).amax_epsilon == 1e-12
+    fields = dict(fp8.recipe("te-blockwise").to_dict(), name="mine", source="")
+    assert fp8.BlockRecipe(**dict(fields, weight_block=None)).weight_block is None
+    ao = fp8.recipe("torchao-blockwise", amax_epsilon=0.0)
+    assert ao.amax_epsilon == 0.0
     with pytest.raises(ValueError, match="power_2_scales must be False under mode 'torchao-fp32'"):
-        fp8.BlockRecipe(**dict(ao, power_2_scales=True))
-    with pytest.raises(ValueError, match="element must be 'e4m3fn' under mode 'te-fp32'"):
-        fp8.BlockRecipe(**dict(fields, mode="te-fp32", element="e5m2"))
-    with pytest.raises(ValueError, match="amax_epsilon must be finite and >= 0"):
-        fp8.BlockRecipe(**dict(fields, mode="te-fp32", amax_epsilon=-1.0))
+        fp8.BlockRecipe(**dict(ao.to_dict(), power_2_scales=True))

@@ -240,6 +240,8 @@ def test_presets_and_round_trip():
         "torchao-mx-even",
         "torchao-mx-rceil",
         "nvfp4",
+        "te-blockwise",
+        "torchao-blockwise",
     )
     for name in fp8.BLOCK_RECIPES:
         r = fp8.recipe(name)

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "cuda_shim.h"
-#include "mx.cu" /* includes fp8.cu */
+#include "blockwise.cu" /* includes mx.cu, which includes fp8.cu */
 #include "optim.cu" /* includes scan.cu */
 #include "update.cu"
 
@@ -205,6 +205,13 @@ int run(void (*k)(A...), unsigned grid, unsigned block, void **params,
     X(lsc_mx_cols<C, 1>)                     \
     X(lsc_mx_dequant<C>)
 
+/* blockwise FP8 and square tiles of one input / output dtype code C (blockwise.cu) */
+#define LSCH_BW(X, C)                        \
+    X(lsc_bw_rows<C>)                        \
+    X(lsc_bw_cols<C>)                        \
+    X(lsc_bw_tiles<C>)                       \
+    X(lsc_bw_dequant<C>)
+
 #define LSCH_KERNELS(X)                               \
     LSCH_SCAN(X, lsc_meta_4k)                         \
     LSCH_SCAN(X, lsc_meta_32k)                        \
@@ -214,7 +221,10 @@ int run(void (*k)(A...), unsigned grid, unsigned block, void **params,
     LSCH_FP8_ALL(X)                                   \
     LSCH_MX(X, 1)                                     \
     LSCH_MX(X, 2)                                     \
-    LSCH_MX(X, 3)
+    LSCH_MX(X, 3)                                     \
+    LSCH_BW(X, 1)                                     \
+    LSCH_BW(X, 2)                                     \
+    LSCH_BW(X, 3)
 
 }  // namespace
 
