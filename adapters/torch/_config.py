@@ -1,5 +1,6 @@
 """The GradScaler front's helpers: torch's policy, the ``policy=`` argument, float16
-advice, autograd dtypes, and how its methods run inside ``torch.compile``.
+advice, torch's warning for CUDA missing, autograd dtypes (``enabled="auto"``), nested
+outputs scaled per device, and how its methods run inside ``torch.compile``.
 
 ``torch_policy`` is torch.amp.GradScaler's policy (the "torch" row of the preset
 table) with its four numbers and lscore's clamps; ``is_torch_shape`` says whether a
@@ -13,6 +14,7 @@ torch-named arguments passed beside it, showing the call to use.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
 import os
 import sys
@@ -168,6 +170,54 @@ def graph_dtypes(outputs: Any) -> set:
             dtypes.add(meta.dtype)
         stack.extend(f for f, _ in node.next_functions)
     return dtypes
+
+
+def no_fp16_warning(outputs: Any) -> str | None:
+    """``enabled="auto"``'s decision: None when a float16 tensor feeds `outputs` (the loss),
+    otherwise the warning of a scaler that disables itself."""
+    dtypes = graph_dtypes(outputs)
+    if torch.float16 in dtypes:
+        return None
+    kinds = ", ".join(sorted(str(d).replace("torch.", "") for d in dtypes)) or "none"
+    return (
+        f"GradScaler(enabled='auto'): no float16 tensor behind the loss "
+        f"(dtypes seen: {kinds}); bfloat16 and float32 training need no loss "
+        f"scaling, so this scaler is disabled."
+    )
+
+
+def cuda_missing(device: str, enabled: Any) -> bool:
+    """Whether an enabled ``"cuda"`` scaler finds no CUDA (nor torch_xla): then it warns,
+    as torch's does, and the scaler disables itself."""
+    if not (device == "cuda" and enabled):
+        return False
+    if torch.cuda.is_available() or importlib.util.find_spec("torch_xla"):
+        return False
+    warn_at_caller("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.")
+    return True
+
+
+def scale_nested(outputs: Any, scale_on: Any) -> Any:
+    """`outputs`, nested lists, tuples or iterables of tensors, each times the scale, copied
+    once to each device (`scale_on(device)`: the scale tensor, created there the first
+    time), as torch's ``scale()`` does with its ``_MultiDeviceReplicator``."""
+    per_device: dict = {}
+
+    def apply_scale(val: Any) -> Any:
+        if isinstance(val, torch.Tensor):
+            s = per_device.get(val.device)
+            if s is None:
+                s = scale_on(val.device).to(device=val.device, non_blocking=True, copy=True)
+                per_device[val.device] = s
+            return val * s
+        if isinstance(val, abc.Iterable):
+            it = map(apply_scale, val)
+            if isinstance(val, (list, tuple)):
+                return type(val)(it)
+            return it
+        raise ValueError("outputs must be a Tensor or an iterable of Tensors")
+
+    return apply_scale(outputs)
 
 
 def tensors(outputs: Any) -> list:

@@ -41,8 +41,7 @@ import torch
 
 from lscore import kernels
 from lscore.adapters.torch._cuda_backend import TorchCudaBackend
-from lscore.adapters.torch._paths import inverse_tensor
-from lscore.adapters.torch._unscaler import TORCH_CODES
+from lscore.adapters.torch._unscaler import TORCH_CODES, inverse_tensor
 from lscore.cuda.launch import MultiTensor
 from lscore.dtypes import Code
 from lscore.scan import clip_coefficient

@@ -14,36 +14,38 @@ on the loss's device (torch's lazy init):
   updates instead and writes the tensors (one sync per step).
 
 Both answer the same calls: ``unscale`` / ``check`` (an optimizer's gradients ->
-{device: found-inf tensor}), ``flags``, ``update``, ``get_scale`` / ``good_steps`` /
-``growth_tracker``, ``set_scale``, ``set_policy``, ``loaded`` and ``pull``.
+{device: found-inf tensor}), ``clip`` (``unscale_and_clip_``), ``flags``, ``update``,
+``get_scale`` / ``good_steps`` / ``growth_tracker``, ``set_scale``, ``set_policy``,
+``loaded`` and ``pull``.  Beside them: ``agree`` (the found-inf flags of every rank of a
+process group) and ``check_new_scale`` (torch's checks of ``update(new_scale)``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 import torch
 
+from lscore.adapters.torch import _cuda_clip
 from lscore.adapters.torch._config import is_torch_shape
 from lscore.adapters.torch._state_dict import replace_state
-from lscore.adapters.torch._unscaler import GradUnscaler, unscale_with_kernel
+from lscore.adapters.torch._unscaler import (
+    GradUnscaler,
+    ScalerAssertionError,
+    clip_unscaled,
+    inverse_tensor,
+    unscale_with_kernel,
+)
 
 # named here too for the torch LossScaleOptimizer
 from lscore.adapters.torch._unscaler import named_grads as named_grads
+from lscore.distributed import reduce_found_inf
 from lscore.policy import Policy, inverse_scale
 from lscore.state import LossScaleState
 
-__all__ = ["CorePath", "DevicePath", "SkipCount", "inverse_tensor"]
-
-
-def inverse_tensor(scale: torch.Tensor) -> torch.Tensor:
-    """``lscore.policy.inverse_scale`` of a float32 scale tensor, on its device (no host
-    sync), as torch's GradScaler takes it: the float64 reciprocal rounded to float32
-    (float32 division can be imprecise), except on MPS, which has no float64."""
-    if scale.device.type == "mps":
-        return scale.reciprocal()
-    return scale.double().reciprocal().float()
+__all__ = ["CorePath", "DevicePath", "SkipCount", "agree", "check_new_scale"]
 
 
 class _ScaleTensor:
@@ -117,6 +119,15 @@ class CorePath(_ScaleTensor):
 
     def check(self, optimizer: Any) -> dict:
         return self.unscaler(optimizer.param_groups, 1.0, True)
+
+    def clip(self, unscale: Any, optimizer: Any, params: list, args: tuple) -> torch.Tensor:
+        """``unscale_and_clip_``: `unscale` (the scaler's) `optimizer`'s gradients, then clip
+        `params` (`args`: max_norm, p and norm_type as given); for p 2 or inf the pass that
+        unscales gathers the norm's parts (``clip_unscaled``)."""
+        max_norm, p, _ = args
+        stats: list | None = [] if p in (2.0, math.inf) else None
+        found = unscale(optimizer, stats=stats)
+        return clip_unscaled(params, max_norm, p, stats, found, self.unscaler)
 
     def flags(self, states: Any) -> list:
         """The found-inf flags of every optimizer's `states` (torch's per-optimizer dicts)."""
@@ -192,6 +203,18 @@ class DevicePath(_ScaleTensor):
         found = torch.full((), 0.0, dtype=torch.float32, device=self.scale.device)
         return unscale_with_kernel(optimizer, one, found, True)
 
+    def clip(self, unscale: Any, optimizer: Any, params: list, args: tuple) -> torch.Tensor:
+        """``unscale_and_clip_``: dense CUDA gradients and p 2 or inf take lscore's one-pass
+        kernels (adapters/torch/_cuda_clip.py); others `unscale` (the scaler's), then
+        torch's ``clip_grad_norm_``.  `args`: max_norm, p and norm_type as given."""
+        max_norm, p, norm_type = args
+        one = _cuda_clip.OnePass.of(params, self.scale, p)
+        if one is None:
+            unscale(optimizer)
+            return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+        found = unscale(optimizer, unscale=one)
+        return one.clip(max_norm, found, params[0].grad.dtype)
+
     def flags(self, states: Any) -> list:
         device = self.scale.device
         return [
@@ -261,3 +284,34 @@ class SkipCount:
             self.counted += int(self.folded.item())
             self.folded = None
         return self.counted
+
+
+def agree(reducer: Any, found: dict, device: torch.device) -> dict:
+    """`found` ({device: found-inf tensor}), or with a process group's `reducer` one flag
+    on `device` (the scale's), the OR over every rank (lscore.distributed; read on the
+    host, as step() reads it anyway)."""
+    if reducer is None:
+        return found
+    local = any(bool(f.item()) for f in found.values())
+    flag = reduce_found_inf(reducer, local)
+    return {device: torch.full((), float(flag), dtype=torch.float32, device=device)}
+
+
+def check_new_scale(new_scale: Any, device_type: str) -> None:
+    """torch's checks of ``update(new_scale)``: a float, or a one-element tensor on the
+    scaler's device type that does not require grad."""
+    if isinstance(new_scale, torch.Tensor):
+        reason = (
+            "new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
+            "torch.FloatTensor with requires_grad=False."
+        )
+        if new_scale.device.type != device_type:
+            raise ScalerAssertionError(reason)
+        if new_scale.numel() != 1:
+            raise ScalerAssertionError(reason)
+        if new_scale.requires_grad is True:
+            raise ScalerAssertionError(reason)
+    elif not isinstance(new_scale, (int, float)) or isinstance(new_scale, bool):
+        raise TypeError(
+            f"new_scale must be a float or a 1-element tensor, got {type(new_scale).__name__}"
+        )

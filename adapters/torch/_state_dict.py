@@ -1,32 +1,43 @@
 """What a GradScaler saves and loads: its state dict (torch's five keys in torch's meaning,
 the counters under ``"lscore_counters"``, the full lscore state under ``"lscore"``), the
 checks a loaded dict passes before anything changes, the layout of its pickles, and the
-edits of the state machine's own state dict that loading and the setters make."""
+edits of the state machine's own state dict that loading and the setters make.
+``GradScaler``'s ``state_dict``, ``load_state_dict``, ``__getstate__`` and
+``__setstate__`` call ``state_dict_of``, ``load_into``, ``pickled`` and ``unpickled``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from lscore.adapters.torch._config import warn_at_caller, zero_d
-from lscore.policy import Policy, integer, json_float, real
-from lscore.state import LossScaleState
+import numpy as np
+
+from lscore.adapters.torch._config import is_torch_shape, warn_at_caller, zero_d
+from lscore.adapters.torch._unscaler import GradUnscaler, ScalerAssertionError
+from lscore.policy import Policy, boolean, integer, json_float, real
+from lscore.state import LossScaleState, parse_state, refuse_other_policy
 
 __all__ = [
     "COUNTERS",
     "PICKLED",
     "PICKLED_PATH",
     "StateKeyError",
+    "load_into",
     "lscore_keys",
+    "pickled",
     "read_state_dict",
     "replace_state",
+    "state_dict_of",
     "state_dict_with",
+    "unpickled",
 ]
 
 # torch's keys, which every enabled scaler's state dict holds
 TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
-# the state dict's key for what the scaler counts beside torch's state (torch ignores it)
+# the state dict's key for what the scaler counts beside torch's state (torch ignores it),
+# and the counts it holds
 COUNTERS = "lscore_counters"
+COUNTER_KEYS = ("skipped_steps", "last_step_skipped", "monitor_steps")
 
 # the keys of a pickled GradScaler, in this order (then any others): the single-module
 # adapter's, so pickles load across versions; "_scale", "_tracker_t" and "_scale_value"
@@ -62,6 +73,98 @@ class StateKeyError(ValueError, KeyError):
     catching it)."""
 
     __str__ = ValueError.__str__  # the message as written, not KeyError's repr of it
+
+
+def state_dict_of(
+    state: LossScaleState, scale: float, factors: tuple, tracker: int, counts: tuple
+) -> dict:
+    """A scaler's state dict: torch's five keys (`scale`, torch's three `factors` and the
+    growth `tracker`), the full `state` under ``"lscore"`` when its policy is not torch's,
+    and `counts` (skipped_steps, last_step_skipped, monitor_steps) under COUNTERS."""
+    d = dict(zip(TORCH_KEYS, (scale, *factors, tracker), strict=True))
+    if not is_torch_shape(state.policy):
+        lscore_keys(d, state)
+    d[COUNTERS] = dict(zip(COUNTER_KEYS, counts, strict=True))
+    return d
+
+
+def load_into(state: LossScaleState, state_dict: dict, adopt_policy: bool) -> tuple:
+    """Check `state_dict` (saved by GradScaler or torch's), then load it into the state
+    machine `state`: (the scale to report before the first scale(), None for the state's;
+    torch's _init_scale and _init_growth_tracker, None for those loaded; torch's growth
+    factor, backoff factor and growth interval; the counts or None).
+
+    A dict with an ``"lscore"`` state must come from `state`'s policy unless
+    `adopt_policy`; torch's keys alone load as torch loads them, with a full hysteresis
+    count (torch's dicts have none), as NeMo starts."""
+    if len(state_dict) == 0:
+        raise RuntimeError(
+            "The source state dict is empty, possibly because it was saved "
+            "from a disabled instance of GradScaler."
+        )
+    scale, factors, tracker, v1, counters = read_state_dict(state_dict)
+    if v1 is not None and not boolean("adopt_policy", adopt_policy):
+        refuse_other_policy(
+            state.policy,
+            parse_state(v1)[0],
+            "pass load_state_dict(state_dict, adopt_policy=True) to take the saved policy",
+        )
+    if v1 is not None:
+        state.load_state_dict(v1)
+        p = state.policy
+        return None, None, (p.growth_factor, p.backoff_factor, p.growth_interval), counters
+    gf, bf, gi = factors
+    policy = state.policy.replace(growth_factor=gf, backoff_factor=bf, growth_interval=gi)
+    d = state_dict_with(
+        state,
+        float(np.float32(scale)),
+        policy,
+        good_steps=int(tracker),
+        hysteresis_left=policy.hysteresis,
+    )
+    state.load_state_dict(d)
+    return scale, (scale, int(tracker)), factors, counters
+
+
+def pickled(attrs: dict) -> dict:
+    """The pickle of a scaler whose ``__dict__`` is `attrs`: the attributes of PICKLED, in
+    that order, then any others; the scale as the host state holds it, no tensors, and
+    the skip counts as plain values.  torch's assertion unless between iterations."""
+    if attrs["_enabled"] and len(attrs["_per_optimizer_states"]) != 0:
+        raise ScalerAssertionError(
+            "A GradScaler instance may only be pickled at the beginning of an "
+            "iteration, or at the end after scaler.update()."
+        )
+    state = dict(attrs)
+    # a schedule holds its optimizer: it is not the scaler's to pickle (torch's
+    # schedulers are saved on their own, and a rebuilt SkipAwareLR attaches itself)
+    state.pop("_schedules", None)
+    path = state.pop("_path")
+    if "_state" in state:
+        if path is not None:
+            path.pull()
+        reported = state.pop("_reported")
+        scale = reported if path is None else path.get_scale()
+        state.update(_init_scale=scale, _scale=None, _tracker_t=None, _scale_value=None)
+    if state["_enabled"]:  # last_step_skipped and skipped_steps (device values are read)
+        state["_last_skipped"], state["_skipped"] = (
+            bool(state["_last_skipped"]),
+            int(state["_skipped"]),
+        )
+    return {**{k: state.pop(k) for k in PICKLED if k in state}, **state}
+
+
+def unpickled(state: dict) -> dict:
+    """The ``__dict__`` of a scaler unpickled from `state`: the state machine, the reported
+    scale and the CPU unscaler of PICKLED_PATH, and no path (as after torch's own
+    unpickling, whose _scale is None: the next scale() creates it again)."""
+    state = dict(state)
+    held = {k: state.pop(k) for k in PICKLED_PATH if k in state}
+    if "_state" in held:
+        state["_state"], state["_reported"] = held["_state"], held["_init_scale"]
+        state["_unscaler"] = held.get("_unscaler") or GradUnscaler()
+    state["_path"] = None
+    return state
 
 
 def lscore_keys(d: dict, state: LossScaleState) -> None:
@@ -140,7 +243,7 @@ def _read_counters(d: Any) -> tuple[int, bool, int] | None:
     """(skipped_steps, last_step_skipped, monitor_steps) of a state dict's counters, checked."""
     if d is None:
         return None
-    keys = {"skipped_steps", "last_step_skipped", "monitor_steps"}
+    keys = set(COUNTER_KEYS)
     if not isinstance(d, dict) or set(d) != keys:
         raise ValueError(f"{COUNTERS} must be a dict with the keys {sorted(keys)}, got {d!r}")
     last = d["last_step_skipped"]

@@ -1,7 +1,9 @@
 """How the torch adapter unscales and checks gradients: torch's own kernel per device and
-dtype (``unscale_with_kernel``), and ``GradUnscaler``, lscore's one pass over every dense
-CPU gradient (zero-copy buffers through the DLPack C exchange API of ``torch.Tensor``),
-which ``clip_unscaled`` then clips as ``clip_grad_norm_`` does."""
+dtype (``unscale_with_kernel``, with the scale's inverse as torch takes it,
+``inverse_tensor``), and ``GradUnscaler``, lscore's one pass over every dense CPU gradient
+(zero-copy buffers through the DLPack C exchange API of ``torch.Tensor``), which
+``clip_unscaled`` then clips as ``clip_grad_norm_`` does (``clip_args`` checks its
+arguments); ``observe`` hands a step and its gradients to the overflow monitor."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import torch
 
 from lscore import kernels
 from lscore.dtypes import Code
-from lscore.scan import clip_coefficient, not_float_error
+from lscore.policy import real
+from lscore.scan import clip_coefficient, norm_order, not_float_error
 
 _CPU = torch.device("cpu")
 # torch dtype -> the core's dtype code, for every dtype the kernels read
@@ -95,6 +98,15 @@ def _sparse_values(param: Any) -> torch.Tensor:
     if g.dtype is torch.float16:
         param.grad = g = g.coalesce()
     return g._values()
+
+
+def inverse_tensor(scale: torch.Tensor) -> torch.Tensor:
+    """``lscore.policy.inverse_scale`` of a float32 scale tensor, on its device (no host
+    sync), as torch's GradScaler takes it: the float64 reciprocal rounded to float32
+    (float32 division can be imprecise), except on MPS, which has no float64."""
+    if scale.device.type == "mps":
+        return scale.reciprocal()
+    return scale.double().reciprocal().float()
 
 
 def unscale_with_kernel(optimizer: Any, inv_scale: Any, found_inf: Any, allow_fp16: Any) -> dict:
@@ -217,6 +229,17 @@ class GradUnscaler:
         return True
 
 
+def clip_args(max_norm: Any, norm_type: Any) -> tuple[float, float]:
+    """unscale_and_clip_'s `max_norm` (> 0) and the order p of its `norm_type`, checked."""
+    max_norm = real("max_norm", max_norm)
+    if not max_norm > 0:
+        raise ValueError(f"max_norm must be > 0, got {max_norm!r}")
+    p = norm_order(norm_type)
+    if p is None:
+        raise ValueError(f"norm_type must be a number or 'inf', got {norm_type!r}")
+    return max_norm, p
+
+
 def clip_unscaled(
     params: list, max_norm: float, p: float, stats: list | None, found: dict, unscaler: Any
 ) -> torch.Tensor:
@@ -260,6 +283,21 @@ def _stats(t: torch.Tensor) -> tuple:
         return 0.0, 0.0
     t = t.detach().to(torch.float64)
     return float(torch.linalg.vector_norm(t)) ** 2, float(t.abs().max())
+
+
+def observe(monitor: Any, groups: list, step: int, skipped: bool, before: Any, scale: Any) -> None:
+    """Hand `step` to the overflow `monitor` (lscore.diagnostics), if there is one: whether
+    it was `skipped`, the scale `before` it (None: the current one) and after it (`scale()`),
+    and the gradients of the optimizers' param `groups`, named, if it asks for them."""
+    if monitor is None:
+        return
+    monitor.observe(
+        step,
+        not skipped,
+        float(before if before is not None else scale()),
+        scale(),
+        lambda: named_grads(monitor, groups),
+    )
 
 
 def named_grads(monitor: Any, groups: Any) -> list:
