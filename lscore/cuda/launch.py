@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -34,25 +33,32 @@ from lscore.cuda.backend import Backend
 
 # the defaults and the variable are named here too (lscore.cuda.launch.CHUNK, .ENV, ...)
 from lscore.cuda.config import BLOCK as BLOCK
-from lscore.cuda.config import CHUNK, MAX_BLOCKS, MAX_TENSORS, VECTOR, LaunchConfig, launch_config
+from lscore.cuda.config import CHUNK as CHUNK
 from lscore.cuda.config import ENV as ENV
+from lscore.cuda.config import MAX_BLOCKS as MAX_BLOCKS
+from lscore.cuda.config import MAX_TENSORS as MAX_TENSORS
 from lscore.cuda.config import OPT_BLOCK as OPT_BLOCK
-from lscore.cuda.sources import METAS, OPS, TRAITS, kernel_name
+from lscore.cuda.config import VECTOR, LaunchConfig, launch_config
+
+# the plans' names are named here too (lscore.cuda.launch.scan_threads, .plan_launches, ...)
+from lscore.cuda.plans import MIN_THREADS as MIN_THREADS
+from lscore.cuda.plans import THREAD_BYTES as THREAD_BYTES
+from lscore.cuda.plans import (
+    Launches,
+    argument_widths,
+    kernel_code,
+    launch_entries,
+    meta_dtype,
+    scan_threads,
+)
+from lscore.cuda.plans import Plan as Plan
+from lscore.cuda.plans import plan_launches as plan_launches
+from lscore.cuda.sources import METAS, OPS, kernel_name
 from lscore.dtypes import Code
 
 MARK_LIMIT = 0xFFFFFFFF
-# a scan launch over small arrays runs fewer threads per block than `block`: enough for
-# THREAD_BYTES of its largest block's work per thread (four 16-byte vectors), never fewer
-# than MIN_THREADS (see scan_threads)
-THREAD_BYTES = 64
-MIN_THREADS = 128
-_ITEMSIZE = {Code.F16: 2, Code.BF16: 2, Code.F32: 4, Code.F64: 8}
 
-
-Plan = collections.namedtuple("Plan", "table launches")
 _Norm = collections.namedtuple("_Norm", "unscale clip result coef_ptr keep")
-Plan.__doc__ = """Host tables of one dtype group: `table` (uint64) holds every launch's
-table back to back; `launches` lists (offset in words, ntensors, nblocks)."""
 
 # byte widths of the scan kernels' per-call parameters (_ext/scan.cu), after the argument
 # struct and the chunk
@@ -71,117 +77,6 @@ _INV, _INV_DEV, _FOUND, _MARK, _MAX_NORM, _COEF, _COEF_DEV, _STATE, _TICKET, _PA
 _NORM_TICKET, _NORM_PART = 5, 6
 # lsc_mt_unscale_norm's flags (scan.cu): inf-norm, the call's first and last launch
 _NORM_INF, _NORM_FIRST, _NORM_LAST = (kernels.NORM_FLAGS[k] for k in ("INF", "FIRST", "LAST"))
-
-
-def plan_launches(
-    ptrs: Any,
-    sizes: Any,
-    *,
-    chunk: int = CHUNK,
-    max_tensors: int = MAX_TENSORS,
-    max_blocks: int = MAX_BLOCKS,
-) -> Plan:
-    """Split tensors (device addresses, element counts) into launches of chunks.
-
-    Each block of a launch handles one chunk of one tensor; a launch holds at
-    most `max_tensors` tensors and `max_blocks` blocks, and a tensor that does
-    not fit is continued in the next launch (as apex's multi_tensor_apply
-    does).  Empty tensors get no block.  The table layout is the one
-    documented in _ext/scan.cu; the work is compiled (lscore.kernels).
-    """
-    table, launches = kernels.plan_launches(ptrs, sizes, chunk, max_tensors, max_blocks)
-    return Plan(table, launches)
-
-
-@functools.cache
-def _meta_dtype(meta: str) -> np.dtype:
-    """NumPy's layout of scan.cu's lsc_meta `meta` (packed as C lays it out: no padding)."""
-    nt, nb = kernels.META[meta]
-    return np.dtype(
-        [
-            ("ptr", "<u8", (nt,)),
-            ("size", "<i8", (nt,)),
-            ("chunk_of", "<i4", (nb,)),
-            ("tensor_of", "<u2", (nb,)),
-        ]
-    )
-
-
-def scan_threads(block: int, chunk: int, largest: int, code: int) -> int:
-    """Threads per block of a scan launch whose largest array has `largest` elements of
-    dtype `code`: one per `THREAD_BYTES` of its fullest block (at most `chunk` elements),
-    rounded up to a warp, between ``min(MIN_THREADS, block)`` and `block`.
-
-    On an H200 (``lscore bench --suite gpu-tune``), an unscale over 300 arrays of 64
-    float32 elements took 51 µs with 128 or 256 threads per block and 59 µs with 1024,
-    whatever the chunk: a block of 1024 threads holds a multiprocessor's registers
-    alone, so 300 of them run in waves.  Over arrays of a chunk or more the launch
-    keeps `block` threads.
-    """
-    need = -(-min(chunk, largest) * _ITEMSIZE[Code(code)] // THREAD_BYTES)
-    return max(min(MIN_THREADS, block), min(block, -(-need // 32) * 32))
-
-
-def _kernel_code(code: Any) -> int:
-    """`code` as an int; TypeError when no scan kernel takes that dtype."""
-    code = int(code)
-    if code not in TRAITS:
-        raise TypeError(
-            f"dtype code {code} has no CUDA kernel; supported: "
-            f"{', '.join(Code(k).name for k in TRAITS)}"
-        )
-    return code
-
-
-def argument_widths(struct_size: int, call_widths: Iterable[int]) -> np.ndarray:
-    """The byte widths (int64) of a packed launch's parameters, the array ``launch_packed``
-    reads: the argument struct passed by value (`struct_size` bytes), the chunk (an int64),
-    then each per-call parameter (`call_widths`), as the kernels of scan.cu and optim.cu
-    declare them.  Their ``void*[]`` is a row of ``kernels.launch_params`` (one per packed
-    launch) or, for one launch, ``MultiTensor.pack``'s."""
-    return np.array([struct_size, 8, *call_widths], np.int64)
-
-
-def launch_entries(
-    rows: tuple[np.ndarray, int],
-    specs: Iterable[tuple[int, int]],
-    kernel: Callable[[int], Any],
-    threads: Callable[[int], int],
-    widths: np.ndarray,
-) -> list[tuple]:
-    """The entries ``MultiTensor.enqueue`` launches over the ``void*[]`` rows of
-    ``kernels.launch_params`` (`rows`: the rows and the first one's address): launch k of
-    `specs` (dtype code, blocks) runs ``kernel(code)`` with ``threads(code)`` threads per
-    block and the first ``len(widths)`` words of row k."""
-    params, base = rows
-    step = 8 * params.shape[1]
-    waddr, count = widths.ctypes.data, len(widths)
-    return [
-        (kernel(code), nb, threads(code), base + k * step, waddr, count)
-        for k, (code, nb) in enumerate(specs)
-    ]
-
-
-class Launches:
-    """The packed launches of one device's groups (built by ``MultiTensor.prepare``).
-
-    ``ops[op]`` lists (kernel handle, grid, block, address of the
-    ``void*[]``, address of the byte widths, parameter count); the device
-    argument structs and the host argument blocks are held here for as long as this
-    lives.  ``norm`` (packed by the first ``MultiTensor.launch_norm``) holds
-    the one-pass norm's launches, its buffers and ``result``: the device
-    float64 [norm, clip coefficient, found (1.0/0.0), folded total].
-    """
-
-    __slots__ = ("_keep", "_specs", "count", "norm", "ops")
-
-    def __init__(self) -> None:
-        self.ops: dict[str, list] = {op: [] for op in OPS}
-        self.count = 0
-        self.norm: Any = None  # the one-pass norm (a _Norm), packed on first use
-        # (dtype code, address of its argument block, blocks) of every launch
-        self._specs: list[tuple] = []
-        self._keep: list = []
 
 
 class MultiTensor:
@@ -242,7 +137,7 @@ class MultiTensor:
         self._coef = self._call[_COEF : _COEF + 1].view(np.float64)
         self._call_addr = self._call.ctypes.data
         # the byte widths of each scan op's parameters: its struct, the chunk, the call's
-        size = _meta_dtype(self.meta).itemsize
+        size = meta_dtype(self.meta).itemsize
         self._widths = {op: argument_widths(size, _CALL_SIZES[op]) for op in OPS}
 
     def kernel(self, name: str) -> Any:
@@ -260,9 +155,9 @@ class MultiTensor:
         tensors travel in its kernel argument (scan.cu's lsc_meta), so nothing is uploaded."""
         out = Launches()
         nt_max, nb_max = kernels.META[self.meta]
-        size = _meta_dtype(self.meta).itemsize
+        size = meta_dtype(self.meta).itemsize
         groups = [
-            (_kernel_code(c), np.asarray(p, np.uint64), np.asarray(n, np.int64))
+            (kernel_code(c), np.asarray(p, np.uint64), np.asarray(n, np.int64))
             for c, p, n in groups
         ]
         codes = np.concatenate([np.zeros(0, np.int64)] + [np.full(len(n), c) for c, _, n in groups])
@@ -370,7 +265,7 @@ class MultiTensor:
         """One packed launch of `name` (the entry ``enqueue`` launches) over the argument
         struct at `struct` (this runner's, the chunk right after it); `call` are (address,
         byte width) of its per-call parameters.  The arrays packed are appended to `keep`."""
-        size = _meta_dtype(self.meta).itemsize
+        size = meta_dtype(self.meta).itemsize
         # the row kernels.launch_params writes for a launch whose call words are these
         params = np.array([struct, struct + size, *(a for a, _ in call)], np.uint64)
         widths = argument_widths(size, [w for _, w in call])
@@ -540,7 +435,7 @@ class MultiTensor:
         for p, n, c in zip(ptrs, sizes, codes, strict=True):
             if int(c) == Code.INT:
                 continue
-            g = groups.setdefault(_kernel_code(c), ([], []))
+            g = groups.setdefault(kernel_code(c), ([], []))
             g[0].append(int(p))
             g[1].append(int(n))
         count = 0
