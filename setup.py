@@ -40,7 +40,7 @@ X86_LEVELS = {
     "v4": ["-march=x86-64-v4", "-mprefer-vector-width=512"],
 }
 # extension -> its kernel units, compiled once per level with -DLSC_LEVEL=<level>
-LEVEL_SOURCES = {"_mx": ["_ext/lsc_mx_kern.c"]}
+LEVEL_SOURCES = {"_mx": ["_ext/lsc_mx_kern.c"], "_nvfp4": ["_ext/lsc_nvfp4_kern.c"]}
 HEADERS = sorted(str(h) for h in Path("_ext").glob("*.h"))
 # compiles only where lsc_isa.h has the x86-64 levels
 LEVELS_PROBE = '#include "lsc_isa.h"\n#ifndef LSC_X86_DISPATCH\n#error one level\n#endif\n'
@@ -128,6 +128,7 @@ setup(
     ext_modules=cythonize(
         [
             ext("_mx"),  # the longest compile (minutes under the sanitizers) starts first
+            ext("_nvfp4"),
             ext("_codes"),
             ext("_state"),
             ext("_scan"),

@@ -208,24 +208,6 @@ cdef object _out_array(object given, tuple shape, str what, bint wide=False):
     return given if wide else given.view(np.uint8)
 
 
-def block_shapes(tuple shape, long block, int axis, bint e2m1):
-    """(scales' shape, element codes' shape) of an input of `shape` in blocks of `block`
-    along its last axis (axis -1) or the first axis of a 2-D input (axis 0); E2M1 codes two
-    a byte.  ValueError when that axis is not a whole number of blocks."""
-    if axis == -1:
-        if not shape or shape[len(shape) - 1] % block:
-            raise ValueError(f"the last axis must be a multiple of {block}, got shape {shape}")
-        lead, n = shape[:len(shape) - 1], shape[len(shape) - 1]
-        return lead + (n // block,), lead + ((n // 2 if e2m1 else n),)
-    if axis == 0:
-        if len(shape) != 2:
-            raise ValueError(f"axis 0 needs a 2-D input, got shape {shape}")
-        if shape[0] % block:
-            raise ValueError(f"the first axis must be a multiple of {block}, got shape {shape}")
-        return (shape[0] // block, shape[1]), ((shape[0] // 2 if e2m1 else shape[0]), shape[1])
-    raise ValueError(f"axis must be -1 or 0, got {axis!r}")
-
-
 cdef tuple _run(x, lsc_mx_rule *k, int axis, out, int threads):
     """The fused block pass of rule `k` over `x` along `axis`: (scales, codes), into `out`
     when given (returned as given), on at most `threads` threads (0: by the size)."""

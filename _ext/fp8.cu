@@ -22,6 +22,9 @@
 /* lsc_half.h's float64 widenings serve the scan kernels; unused here */
 #pragma nv_diag_suppress 177
 #endif
+#ifndef LSC_FP8_CU
+#define LSC_FP8_CU
+
 #include "lsc_codes.h"
 #include "lsc_half.h"
 #include "lsc_fp8.h"
@@ -316,3 +319,5 @@ __global__ void lsc_fp8_dequant2d(const unsigned char *q, long long rows, long l
         lsc_fp8_out<CODE>(out, i, lsc_fp8_to_f32(q[r * rs + c * cs], FMT) / s);
     }
 }
+
+#endif /* LSC_FP8_CU */

@@ -684,9 +684,10 @@ static int lsc_mx_job_chunk(void *ctx, size_t chunk)
 /* The pass over a rows x cols view (lsc_mx_quantize_rows's arguments) cut
  * in chunks and run through pool_for on at most `threads` threads (0: by
  * the size, 1: the caller alone). */
-static void lsc_mx_job_run(const char *x, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
-                           int code, int axis, const lsc_mx_rule *k, unsigned char *s,
-                           unsigned char *q, lsc_for_fn pool_for, int threads)
+static inline void lsc_mx_job_run(const char *x, int64_t rows, int64_t cols, int64_t rs,
+                                  int64_t cs, int code, int axis, const lsc_mx_rule *k,
+                                  unsigned char *s, unsigned char *q, lsc_for_fn pool_for,
+                                  int threads)
 {
     lsc_mx_job j = {x, rows, cols, rs, cs, code, axis, k, s, q, {0, 0, 0, 0}};
     if (rows <= 0 || cols <= 0)

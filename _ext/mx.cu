@@ -42,6 +42,9 @@
  */
 /* fp8.cu: lsc_fp8_in and lsc_fp8_out (an element widened, a result narrowed),
  * lsc_fp8.h and lsc_half.h */
+#ifndef LSC_MX_CU
+#define LSC_MX_CU
+
 #include "lsc_codes.h"
 #include "fp8.cu"
 #include "lsc_mx.h"
@@ -418,3 +421,5 @@ __global__ void lsc_mx_dequant(const unsigned char *scales, const unsigned char 
         lsc_fp8_out<CODE>(out, i, f);
     }
 }
+
+#endif /* LSC_MX_CU */

@@ -76,6 +76,23 @@ measures the kernels themselves (``lscore bench``).
   ``e8m0_decode(q)``,
   ``e8m0_encode(x)`` (powers of two), ``e2m1_encode(x)`` and
   ``e2m1_decode(q)`` (one code per byte): the two formats' codes.
+- TransformerEngine v2.18's NVFP4 recipe (lsc_nvfp4.h):
+  ``nvfp4_te_quantize(x, amax, *, axis=-1, tile=False, rht=False,
+  seed=None, offset=0)``: one orientation of a float32 / float16 /
+  bfloat16 array with the global amax `amax` (E4M3 scale codes, packed
+  E2M1 codes): blocks of 16 along the last axis or (``axis=0``, a 2-D x)
+  down the columns, or 16 x 16 tiles (scales (rows / 16, cols / 16)), the
+  random Hadamard transform down the columns first (``rht``, bfloat16),
+  stochastic rounding with lsc_nvfp4.h's counter-based draws (``seed``);
+  ``hadamard16(x)`` / ``hadamard16_amax(x)``: the transform of a 2-D
+  bfloat16 array down its columns (bfloat16 words) and its amax, NaN left
+  out; ``philox4x32_10(counters, key)``, ``nvfp4_te_draws(subsequences,
+  seed, offset)``: the generator and lscore's draws; ``e2m1_satfinite(v)``,
+  ``e2m1_stochastic(v, r)``: the element rounding; ``nvfp4_te_scales(amax)``
+  (S_enc, S_dec, mult), ``nvfp4_te_block_scale(amax_b, amax)`` (E4M3 code
+  and element factor of each block amax), ``nvfp4_te_decode_scale(sf,
+  amax)``: the two-level scale; ``nvfp4_te_shapes(shape, axis, tile)``:
+  the shapes of the codes, the one check of an input's shape.
 - ``isa()``, ``isa_levels()``, ``set_isa(name)``, ``pool_size()``: the CPU
   kernel level in use, the levels this CPU runs, a switch of every CPU
   kernel (the scan's, the float8 casts' and the block passes'; returns the
@@ -94,7 +111,7 @@ measures the kernels themselves (``lscore bench``).
   the fused optimizers' flags, for ``lscore.cuda``.
 """
 
-from lscore._ext import _fp8, _mx, _scan
+from lscore._ext import _fp8, _mx, _nvfp4, _scan
 from lscore._ext._codes import (
     DEVICE_FLAGS,
     DEVICE_VALS,
@@ -132,6 +149,19 @@ from lscore._ext._mx import (
 )
 from lscore._ext._mx import quantize as mx_quantize
 from lscore._ext._mx import scale as mx_scale
+from lscore._ext._nvfp4 import block_scale as nvfp4_te_block_scale
+from lscore._ext._nvfp4 import decode_scale as nvfp4_te_decode_scale
+from lscore._ext._nvfp4 import draws as nvfp4_te_draws
+from lscore._ext._nvfp4 import (
+    e2m1_satfinite,
+    e2m1_stochastic,
+    hadamard16,
+    hadamard16_amax,
+    philox4x32_10,
+)
+from lscore._ext._nvfp4 import quantize as nvfp4_te_quantize
+from lscore._ext._nvfp4 import scales as nvfp4_te_scales
+from lscore._ext._nvfp4 import shapes as nvfp4_te_shapes
 from lscore._ext._pack import launch_params, pack_launches, plan_launches
 from lscore._ext._scan import (
     all_finite,
@@ -155,6 +185,7 @@ from lscore._ext._walk import (
 
 # the block passes start at the float8 casts' level (the best, or LSCORE_ISA's)
 _mx.set_isa(_fp8.isa())
+_nvfp4.set_isa(_fp8.isa())
 
 
 def set_isa(name: str) -> str:
@@ -162,6 +193,7 @@ def set_isa(name: str) -> str:
     old = _scan.set_isa(name)
     _fp8.set_isa(name)
     _mx.set_isa(name)
+    _nvfp4.set_isa(name)
     return old
 
 
@@ -229,6 +261,8 @@ __all__ = [
     "copy_bandwidth",
     "e2m1_decode",
     "e2m1_encode",
+    "e2m1_satfinite",
+    "e2m1_stochastic",
     "e8m0_decode",
     "e8m0_encode",
     "fp8_amax",
@@ -240,6 +274,8 @@ __all__ = [
     "fp8_scale_te",
     "fp8_scale_torchao",
     "fp8_scaled_max",
+    "hadamard16",
+    "hadamard16_amax",
     "isa",
     "isa_levels",
     "launch_params",
@@ -248,8 +284,15 @@ __all__ = [
     "mx_quantize",
     "mx_scale",
     "nvfp4_quantize",
+    "nvfp4_te_block_scale",
+    "nvfp4_te_decode_scale",
+    "nvfp4_te_draws",
+    "nvfp4_te_quantize",
+    "nvfp4_te_scales",
+    "nvfp4_te_shapes",
     "nvfp4_tensor_scale",
     "pack_launches",
+    "philox4x32_10",
     "plan_launches",
     "pool_size",
     "read_bandwidth",

@@ -278,6 +278,8 @@ def quantize_blocks(
     role: str | None = None,
     element: str | None = None,
     out: BlockScaled | None = None,
+    seed: int | None = None,
+    offset: int = 0,
 ) -> BlockScaled:
     """``lscore.fp8.quantize_blocks`` of a tensor: a ``BlockScaled`` of tensors.
 
@@ -292,7 +294,8 @@ def quantize_blocks(
     `out`, the result of an earlier call on a CPU tensor with the same
     recipe, element, axis, role and shape, has its tensors written in place
     and is returned with this call's tensor scale, as in
-    ``lscore.fp8.quantize_blocks``.
+    ``lscore.fp8.quantize_blocks``, whose `role`, `seed` and `offset` these
+    are (TE's NVFP4 recipe, ``te-nvfp4``, on either device).
     """
     if out is not None and not isinstance(out, BlockScaled):
         raise TypeError(f"out must be an lscore.fp8.BlockScaled, got {type(out).__name__}")
@@ -301,7 +304,9 @@ def quantize_blocks(
             raise TypeError("out= takes CPU tensors; a CUDA tensor gets new device tensors")
         r = blocks.as_block_recipe(recipe)
         elem = r.role_element(role) if element is None else r.allows(element)
-        b = blocks.quantize_on(_cuda_blocks(), _cuda(), x.detach(), r, elem, axis, role)
+        b = blocks.quantize_on(
+            _cuda_blocks(), _cuda(), x.detach(), r, elem, axis, role, seed, offset
+        )
         data = b.data
         if b.element != "e2m1":
             data = data.view(_TORCH_FP8[blocks.element_dtype(b.element)])
@@ -316,7 +321,9 @@ def quantize_blocks(
             data=_codes_in_place(out.data, "out.data"),
             scales=_codes_in_place(out.scales, "out.scales"),
         )
-    b = blocks.quantize_blocks(_view(x), recipe, axis=axis, role=role, element=element, out=raw)
+    b = blocks.quantize_blocks(
+        _view(x), recipe, axis=axis, role=role, element=element, out=raw, seed=seed, offset=offset
+    )
     if out is not None:
         return dataclasses.replace(out, tensor_scale=b.tensor_scale)
     return dataclasses.replace(b, data=_tensor(b.data), scales=_tensor(b.scales))

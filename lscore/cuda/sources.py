@@ -21,6 +21,7 @@ __all__ = [
     "KERNELS",
     "METAS",
     "MX_KERNELS",
+    "NV4_KERNELS",
     "OPS",
     "OPT_GRADS",
     "OPT_METAS",
@@ -34,6 +35,7 @@ __all__ = [
     "kernel_name",
     "mx_dequant_name",
     "mx_name",
+    "nv4_name",
     "optim_kernel_name",
     "source",
 ]
@@ -134,6 +136,24 @@ BW_KERNELS = tuple(
 )
 
 
+def nv4_name(kind: str, code: int, hw: int = 1) -> str:
+    """A kernel of TE's NVFP4 recipe (nvfp4.cu): kind rows, cols or tiles (quantize; hw: the
+    conversion instruction) or dequant, of an input / output dtype code."""
+    if kind == "dequant":
+        return f"lsc_nv4_dequant<{int(code)}>"
+    return f"lsc_nv4_{kind}<{int(code)}, {hw}>"
+
+
+#: the kernel names of nvfp4.cu that lscore.cuda.nvfp4 launches
+NV4_KERNELS = (
+    tuple(
+        nv4_name(k, c, hw) for k in ("rows", "cols", "tiles") for c in _FP8_INPUTS for hw in (0, 1)
+    )
+    + tuple(nv4_name("dequant", c) for c in _FP8_INPUTS)
+    + ("lsc_nv4_rht",)
+)
+
+
 #: .cu file -> the kernel names (NVRTC name expressions) the package launches from it
 KERNELS = {
     # the one-pass norm (lscore.cuda.launch.MultiTensor.launch_norm) beside the scan
@@ -165,6 +185,9 @@ KERNELS = {
     "mx.cu": MX_KERNELS,
     # blockwise FP8 (float32 scales) and square weight tiles (lscore.cuda.blockwise)
     "blockwise.cu": BW_KERNELS,
+    # TE v2.18's NVFP4 recipe: quantize, the Hadamard transform's amax, decode
+    # (lscore.cuda.nvfp4)
+    "nvfp4.cu": NV4_KERNELS,
 }
 #: kernel name expression -> the .cu file that defines it
 FILE_OF = {k: f for f, names in KERNELS.items() for k in names}

@@ -8,11 +8,13 @@ reproduces (``lscore.fp8.blocks`` quantizes).  CuPy codes go to
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import numpy as np
 
 from lscore import kernels
+from lscore.fp8 import nvfp4
 from lscore.fp8.block_recipes import BlockRecipe, element_dtype
 from lscore.fp8.blocks import BlockScaled, code_width, device_blocks
 from lscore.fp8.checks import dtype_name, fp8_dtype, out_dtype
@@ -24,6 +26,19 @@ def dequantize_on(dev: Any, b: BlockScaled, dtype: str) -> Any:
     """dequantize_blocks of device codes through `dev`, an ``lscore.cuda.mx.BlockArrays``
     (`dtype` a name): a new array of the codes' framework on their device."""
     r = b.recipe
+    if r.mode == "te-nvfp4":  # lscore.cuda.nvfp4's decode on dev's framework
+        nv4 = importlib.import_module("lscore.cuda.nvfp4").nvfp4_arrays(dev)
+        opts = dict(axis=b.axis, tile=b.tiles, dtype=dtype)
+        shape = tuple(b.shape)
+        if b.tiles and len(shape) > 2:  # TE's tiles of the leading axes flattened
+            y = nv4.dequantize(
+                b.scales.reshape(-1, b.scales.shape[-1]),
+                b.data.reshape(-1, b.data.shape[-1]),
+                float(b.tensor_scale),
+                **opts,
+            )
+            return y.reshape(shape)
+        return nv4.dequantize(b.scales, b.data, float(b.tensor_scale), **opts)
     if b.tiles:
         shape = tuple(b.shape)
         y = dev.dequantize(
@@ -101,6 +116,8 @@ def _block_values(b: BlockScaled, dtype: str) -> np.ndarray:
     codes = np.asarray(b.scales).view(np.uint8)
     if b.axis == 0:
         codes = codes.T
+    if r.mode == "te-nvfp4":  # TE's (float(sf) * amax) * float32(1 / 2688)
+        return nvfp4.decode_scales(codes, b.tensor_scale)
     if r.scale_format == "e4m3fn":  # torchao's get_hp_scales: pts * float32(scale)
         s = codes.view(fp8_dtype("float8_e4m3fn")).astype(np.float32)
         if b.tensor_scale is not None:
@@ -127,7 +144,10 @@ def dequantize_blocks(b: BlockScaled, dtype: Any = np.float32) -> np.ndarray:
     (0xFF NaN) for ``rule`` and ``te`` recipes; torchao's ``to_dtype`` for
     its MX presets (the scale cast to `dtype` first, so a float16 result
     overflows where the scale is above 2**15); torchao's NVFP4 ``dequantize``
-    (the element times per-tensor scale times block scale, in float32); the
+    (the element times per-tensor scale times block scale, in float32); TE's
+    NVFP4 (dequantize_nvfp4.cuh: the element times ((block scale * amax) *
+    float32(1 / 2688)); a transformed columnwise copy gives the transformed
+    values); the
     float32 inverse scale of blockwise FP8 (TE's Float8BlockwiseQTensor
     dequantize).  A CuPy ``BlockScaled`` gives a CuPy array.
     """

@@ -15,6 +15,7 @@ import dataclasses
 import math
 from typing import Any
 
+from lscore.fp8 import nvfp4
 from lscore.fp8.checks import exact_fields, preset_fields
 from lscore.policy import boolean, choice, integer, real
 
@@ -58,6 +59,9 @@ _MX = ("e4m3fn", "e5m2", "e2m1")
 #   torchao-fp32  pytorch/ao v0.18.0 prototype/blockwise_fp8_training: float32 scales
 #          448 / max(amax, eps) (kernels.py:1031-1156, the torch reference functions of its
 #          Triton kernels), blocks of 128, E4M3 only (kernels.py:1071)
+#   te-nvfp4      NVIDIA/TransformerEngine v2.18 NVFP4BlockScaling: E2M1 elements, E4M3
+#          scales of blocks of 16 under a float32 global scale from the tensor's amax
+#          (common/cast/nvfp4/core_nvfp4.cuh), lsc_nvfp4.h's rules
 # A float32 scale rule also takes power_2_scales (TE's only) and amax_epsilon.
 _MODES: dict[str, dict[str, Any]] = {
     "ocp": dict(behaviour="rule", scale_format="e8m0", block=32, elements=_MX),
@@ -71,6 +75,7 @@ _MODES: dict[str, dict[str, Any]] = {
     "torchao-fp32": dict(
         behaviour="torchao", scale_format="float32", block=128, elements=("e4m3fn",)
     ),
+    "te-nvfp4": dict(behaviour="te", scale_format="e4m3fn", block=16, elements=("e2m1",)),
 }
 
 # the libraries and versions the presets reproduce
@@ -81,6 +86,10 @@ _AO = "pytorch/ao v0.18.0"
 _TE_MXFP8_2D = (
     "NVIDIA/TransformerEngine v2.18, 32x32 weights as commit d8815c4c30b5 (#2634, after "
     "v2.18: MXFP8BlockScaling(enable_2d_quantization=True))"
+)
+_TE_NVFP4 = (
+    "NVIDIA/TransformerEngine v2.18 NVFP4BlockScaling; stochastic rounding by the software "
+    "rule of commit fc1fc0e787fc (#3281, after v2.18)"
 )
 
 # an MXFP8 recipe: e4m3fn in both directions, E8M0 scales of 32 elements
@@ -197,6 +206,33 @@ BLOCK_TABLE: dict[str, dict[str, Any]] = {
         amax_epsilon=1e-12,
         source=_AO,
     ),
+    # TransformerEngine v2.18 NVFP4BlockScaling (common/recipe/__init__.py:484-605) with its
+    # defaults, each switched off by TE's own field (block_recipe's disable_rht,
+    # disable_stochastic_rounding, disable_2d_quantization): inputs 1x16 with the random
+    # Hadamard transform on the columnwise copy, weights in 16x16 tiles, gradients 1x16
+    # rounded stochastically both ways and transformed on the columnwise copy (:589-605).
+    # The global scale 2688 / amax over E4M3 block scales and the E2M1 cast of
+    # common/cast/nvfp4/core_nvfp4.cuh:40-95, quantize_transpose_nvfp4.cuh:354-364,
+    # 467-498, 668-716; decode dequantize_nvfp4.cuh:65-77; the transform's signs
+    # pytorch/tensor/nvfp4_tensor.py:49-59.  v2.18 rounds stochastically with
+    # cvt.rs.satfinite.e2m1x4.f32 on sm_100/103 only; lscore follows the software rule that
+    # commit fc1fc0e787fc (#3281, after v2.18) added for other devices, with lscore's own
+    # counter-based draws (lsc_nvfp4.h).  TE requires whole blocks (the last and the
+    # flattened first dimension multiples of 16, pytorch/csrc/quantizer.cpp:2748-2752).
+    "te-nvfp4": dict(
+        element="e2m1",
+        grad_element="e2m1",
+        block=16,
+        scale_format="e4m3fn",
+        mode="te-nvfp4",
+        behaviour="te",
+        tensor_scale=True,
+        tail="refuse",
+        weight_block=16,
+        hadamard=True,
+        stochastic_rounding=True,
+        source=_TE_NVFP4,
+    ),
 }
 
 #: the preset names, in BLOCK_TABLE's order
@@ -229,8 +265,9 @@ class BlockRecipe:
         Whose results it reproduces, bit for bit: the OCP rule's, or the
         implementation's, departures from the rule included.
     tensor_scale : bool
-        NVFP4's float32 per-tensor scale (amax / (448 * 6)) over the block
-        scales.
+        NVFP4's float32 per-tensor scale over the block scales: torchao's
+        amax / (448 * 6) (mode "nvfp4"), TE's global scale of the tensor's
+        amax (mode "te-nvfp4", always).
     tail : "refuse" | "pad"
         A length along the blocked axis that is not a multiple of `block`:
         a ValueError, or a last partial block scaled from its own elements
@@ -248,6 +285,14 @@ class BlockRecipe:
     source : str
         The library and version whose behaviour the recipe reproduces, e.g.
         "NVIDIA/TransformerEngine v2.18" ("" for a custom recipe).
+    hadamard : bool
+        TE's random Hadamard transform (16 points, its fixed signs) down the
+        columns of the columnwise copy of inputs and gradients (``axis=0``,
+        bfloat16); only under mode "te-nvfp4".
+    stochastic_rounding : bool
+        Gradients (``role="grad"``) rounded to E2M1 stochastically, with the
+        draws of ``quantize_blocks``' `seed` and `offset`; only under mode
+        "te-nvfp4".
 
     The mode fixes the behaviour, scale format, block and the element
     formats allowed; anything else is a ValueError listing what is allowed.
@@ -268,6 +313,8 @@ class BlockRecipe:
     power_2_scales: bool = False
     amax_epsilon: float = 0.0
     source: str = ""
+    hadamard: bool = False
+    stochastic_rounding: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -296,12 +343,8 @@ class BlockRecipe:
                 )
             object.__setattr__(self, "weight_block", wb)
         self._check_float32_fields()
-        if self.tensor_scale and self.mode != "nvfp4":
-            raise ValueError(
-                f"tensor_scale must be False under mode {self.mode!r} (a per-tensor scale is "
-                "NVFP4's), got True"
-            )
-        if self.behaviour == "te" and self.element != "e4m3fn":
+        nvfp4.check_fields(self)
+        if self.behaviour == "te" and self.mode != "te-nvfp4" and self.element != "e4m3fn":
             raise ValueError(
                 f"element must be 'e4m3fn' under mode {self.mode!r} (TE's fp8_format E4M3 or "
                 f"HYBRID; pure E5M2 training is not supported), got {self.element!r}"
@@ -358,14 +401,18 @@ def block_recipe(name: str, /, **overrides: Any) -> BlockRecipe:
     TransformerEngine's ``fp8_format="E4M3" | "HYBRID"`` (e5m2 gradients);
     ``"E5M2"`` is refused as TE refuses it.  ``te-mxfp8`` with
     ``weight_block=32`` names in its ``source`` the TE commit after v2.18
-    that added 32x32 weights.
+    that added 32x32 weights.  ``te-nvfp4`` also takes TE's
+    ``disable_rht``, ``disable_stochastic_rounding`` and
+    ``disable_2d_quantization`` (True turns off ``hadamard``,
+    ``stochastic_rounding``, ``weight_block``).
     ``lscore.fp8.recipe`` gives the same for these names.
     """
     if name not in BLOCK_TABLE:
         raise ValueError(
             f"unknown block recipe {name!r}; expected one of: {', '.join(BLOCK_RECIPES)}"
         )
-    te = BLOCK_TABLE[name]["behaviour"] == "te"
+    te = BLOCK_TABLE[name]["behaviour"] == "te" and name != "te-nvfp4"
+    overrides = nvfp4.switches(name, overrides)
     defaults = {
         f.name: f.default
         for f in dataclasses.fields(BlockRecipe)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from lscore import kernels
+from lscore.fp8 import nvfp4
 from lscore.fp8.block_recipes import (
     BLOCK_RECIPES,
     BLOCK_TABLE,
@@ -97,11 +98,6 @@ def code_width(n: int, element: str) -> int:
     return (n + 1) // 2 if element == "e2m1" else n
 
 
-def _tensor_scale(x: np.ndarray) -> np.float32:
-    """NVFP4's per-tensor scale: torchao's per_tensor_amax_to_scale of torch.amax(|x|)."""
-    return np.float32(kernels.nvfp4_tensor_scale(kernels.fp8_amax(x, True)))
-
-
 def quantize_blocks(
     x: np.ndarray,
     recipe: Any,
@@ -110,6 +106,8 @@ def quantize_blocks(
     role: str | None = None,
     element: str | None = None,
     out: BlockScaled | None = None,
+    seed: int | None = None,
+    offset: int = 0,
 ) -> BlockScaled:
     """Quantize x in blocks by `recipe` (a ``BlockRecipe`` or a preset name): a ``BlockScaled``.
 
@@ -130,7 +128,12 @@ def quantize_blocks(
     has its scales and data written in place (so that a step allocates
     nothing) and is returned with this call's tensor scale; it needs whole
     blocks and NumPy arrays.  Every check is made before anything is
-    computed.  A CuPy array gives CuPy uint8 codes.
+    computed.  A CuPy array gives CuPy uint8 codes.  Under TE's NVFP4
+    recipe (``te-nvfp4``) the role also picks the Hadamard transform and
+    stochastic rounding (``lscore.fp8.nvfp4``), `seed` and `offset`
+    (integers 0 .. 2**64 - 1) give the draws of stochastic rounding (a
+    gradient under it needs `seed`; elsewhere they are not used), and
+    ``tensor_scale`` holds the tensor's amax as TE keeps it.
 
     >>> import numpy as np
     >>> from lscore.fp8 import dequantize_blocks, quantize_blocks
@@ -144,27 +147,29 @@ def quantize_blocks(
     elem = r.role_element(role)
     if element is not None:
         elem = r.allows(element)
+    if r.mode == "te-nvfp4" and isinstance(x, np.ndarray):
+        return nvfp4.quantize_blocks_te(x, r, elem, axis, role, seed, offset, out)
     dev = device_blocks(x)
     if dev is not None:
         if out is not None:
             raise TypeError("out= takes NumPy arrays; a CuPy input gets new device arrays")
         from lscore.cuda.fp8 import cupy_arrays
 
-        return quantize_on(dev, cupy_arrays(), x, r, elem, axis, role)
+        return quantize_on(dev, cupy_arrays(), x, r, elem, axis, role, seed, offset)
     x = float_input(x)
     cols = block_axis(x, axis)
     tiles = role == "weight" and r.weight_block is not None
     if tiles:
-        _check_tiles(r, x.shape)
+        check_tiles(r, x.shape)
         ax = -1
     else:
         n = x.shape[0] if cols else x.shape[-1]
-        _check_tail(r, n, axis)
+        check_tail(r, n, axis)
         ax = 0 if cols else -1
     if out is not None:
-        _check_out(out, x, r, elem, ax, role)
-    pts = _tensor_scale(x) if r.tensor_scale else None
-    codes = None if out is None else (_raw(out.scales), out.data.view(np.uint8))
+        check_out(out, x, r, elem, ax, role)
+    pts = nvfp4.torchao_tensor_scale(x) if r.tensor_scale else None
+    codes = None if out is None else (raw(out.scales), out.data.view(np.uint8))
     if tiles:
         scales, data = _quantize_tiles(x, r, elem, codes)
     else:
@@ -173,7 +178,7 @@ def quantize_blocks(
         return dataclasses.replace(out, tensor_scale=pts)
     return BlockScaled(
         data if elem == "e2m1" else data.view(fp8_dtype(element_dtype(elem))),
-        _scale_view(scales, r),
+        scale_view(scales, r),
         pts,
         r,
         elem,
@@ -183,12 +188,12 @@ def quantize_blocks(
     )
 
 
-def _raw(scales: np.ndarray) -> np.ndarray:
+def raw(scales: np.ndarray) -> np.ndarray:
     """Scale codes as the kernels write them: uint8, or float32 for float32 scales."""
     return scales if scales.dtype == np.float32 else scales.view(np.uint8)
 
 
-def _scale_view(scales: np.ndarray, r: BlockRecipe) -> np.ndarray:
+def scale_view(scales: np.ndarray, r: BlockRecipe) -> np.ndarray:
     """The kernels' scale codes as the recipe's scale dtype (float32 stays float32)."""
     if r.scale_format == "float32":
         return scales
@@ -254,7 +259,7 @@ def _quantize_tiles(
     return scales, data
 
 
-def _check_tiles(r: BlockRecipe, shape: tuple[int, ...]) -> None:
+def check_tiles(r: BlockRecipe, shape: tuple[int, ...]) -> None:
     """x can be quantized in r's weight tiles: at least 2-D, whole tiles unless padded."""
     t = r.weight_block or r.block
     if len(shape) < 2:
@@ -269,7 +274,7 @@ def _check_tiles(r: BlockRecipe, shape: tuple[int, ...]) -> None:
         )
 
 
-def _check_out(
+def check_out(
     out: Any, x: np.ndarray, r: BlockRecipe, elem: str, axis: int, role: str | None
 ) -> None:
     """out can take quantize_blocks(x, r)'s codes in place."""
@@ -296,7 +301,7 @@ def _check_out(
             raise ValueError(f"out.{name} must be a writable C-contiguous NumPy array")
 
 
-def _check_tail(r: BlockRecipe, n: int, axis: int) -> None:
+def check_tail(r: BlockRecipe, n: int, axis: int) -> None:
     if n % r.block and r.tail == "refuse":
         raise ValueError(
             f"x's length along axis {axis} must be a multiple of the block {r.block} "
@@ -305,15 +310,26 @@ def _check_tail(r: BlockRecipe, n: int, axis: int) -> None:
 
 
 def quantize_on(
-    dev: Any, arrays: Any, x: Any, r: BlockRecipe, elem: str, axis: int, role: str | None = None
+    dev: Any,
+    arrays: Any,
+    x: Any,
+    r: BlockRecipe,
+    elem: str,
+    axis: int,
+    role: str | None = None,
+    seed: int | None = None,
+    offset: int = 0,
 ) -> BlockScaled:
     """quantize_blocks of a device array through `dev`, an ``lscore.cuda.mx.BlockArrays``,
     and `arrays`, the ``lscore.cuda.fp8.Float8Arrays`` of the same framework (NVFP4's
-    amax): CuPy's here, torch's in the torch adapter.  Tiles of a weight of more than two
+    amax): CuPy's here, torch's in the torch adapter (``te-nvfp4``: lscore.cuda.nvfp4's
+    kernels on `arrays`' framework, `dev` unused).  Tiles of a weight of more than two
     dimensions need whole tiles along its second-to-last axis (the matrices stacked)."""
+    if r.mode == "te-nvfp4":
+        return nvfp4.quantize_blocks_te(x, r, elem, axis, role, seed, offset, None, arrays)
     cols = block_axis(x, axis)
     if role == "weight" and r.weight_block is not None:
-        _check_tiles(r, tuple(x.shape))
+        check_tiles(r, tuple(x.shape))
         t, shape = r.weight_block, tuple(x.shape)
         if len(shape) > 2 and shape[-2] % t:
             raise ValueError(
@@ -328,7 +344,7 @@ def quantize_on(
         data = data.reshape(*shape[:-1], data.shape[-1])
         return BlockScaled(data, scales, None, r, elem, -1, shape, role)
     n = x.shape[0] if cols else x.shape[-1]
-    _check_tail(r, n, axis)
+    check_tail(r, n, axis)
     if n % r.block:
         raise ValueError(
             f"x's length along axis {axis} must be a multiple of the block {r.block} for a "
@@ -337,7 +353,10 @@ def quantize_on(
     pts = None
     if r.tensor_scale:
         amax = float(arrays.h["to_host"](arrays.amax(x, None, "propagate")))
-        pts = np.float32(kernels.nvfp4_tensor_scale(amax))
+        size = int(np.prod(x.shape))
+        pts = np.float32(
+            kernels.nvfp4_tensor_scale(nvfp4.torchao_amax(amax, arrays.h["view"](x).dtype, size))
+        )
     kaxis = 0 if cols else -1
     if r.mode == "nvfp4":
         scales, data = dev.quantize(x, "float4_e2m1", "nvfp4", 16, axis=kaxis, pts=pts)

@@ -81,6 +81,25 @@ def test_torchao_presets_equal_torchao(mode):
     np.testing.assert_array_equal(y[~nan], want[~nan])
 
 
+@pytest.mark.parametrize(
+    "role, axis", [("input", -1), ("input", 0), ("weight", -1), ("grad", -1), ("grad", 0)]
+)
+def test_te_nvfp4_roles_as_numpy(role, axis):
+    """TE's NVFP4 recipe (bfloat16: the Hadamard transform's input) takes role, seed and
+    offset: the NumPy path's codes, amax and values."""
+    x = generated().astype(ml_dtypes.bfloat16)
+    x[~np.isfinite(x.astype(np.float32))] = 1.0
+    t = fp8.quantize_blocks(x, "te-nvfp4", role=role, axis=axis, seed=3, offset=8)
+    tx = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+    b = TQ.quantize_blocks(tx, "te-nvfp4", role=role, axis=axis, seed=3, offset=8)
+    assert b.data.dtype == torch.uint8 and b.scales.dtype == torch.float8_e4m3fn
+    assert (b.axis, b.role, b.tiles, b.tensor_scale) == (t.axis, t.role, t.tiles, t.tensor_scale)
+    np.testing.assert_array_equal(b.data.numpy(), t.data)
+    np.testing.assert_array_equal(b.scales.view(torch.uint8).numpy(), t.scales.view(np.uint8))
+    y = TQ.dequantize_blocks(b, torch.float32)
+    np.testing.assert_array_equal(y.numpy(), fp8.dequantize_blocks(t))
+
+
 def test_strided_and_half_tensors_read_in_place():
     x = torch.from_numpy(generated())
     want = TQ.quantize_blocks(x.contiguous(), "te-mxfp8")
@@ -165,8 +184,11 @@ def test_cuda_tensors_give_the_cpu_tensors_bytes_and_values(name, dtype, axis):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     x = torch.from_numpy(generated(64, 64)).to(dtype)
-    ref = TQ.quantize_blocks(x, name, axis=axis)
-    got = TQ.quantize_blocks(x.cuda(), name, axis=axis)
+    r = fp8.recipe(name)
+    if r.mode == "te-nvfp4" and dtype != torch.bfloat16:  # TE transforms bfloat16 only
+        r = fp8.recipe(name, disable_rht=True)
+    ref = TQ.quantize_blocks(x, r, axis=axis)
+    got = TQ.quantize_blocks(x.cuda(), r, axis=axis)
     assert got.data.device.type == got.scales.device.type == "cuda"
     assert (got.data.dtype, got.scales.dtype) == (ref.data.dtype, ref.scales.dtype)
     assert torch.equal(got.data.cpu().view(torch.uint8), ref.data.view(torch.uint8))

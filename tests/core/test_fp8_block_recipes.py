@@ -107,9 +107,9 @@ def test_bad_new_fields(name, overrides, err, message):
 
 
 def test_from_dict_still_refuses_unknown_and_missing_fields():
-    d = fp8.recipe("te-blockwise").to_dict()
-    with pytest.raises(ValueError, match=r"unknown: \['hadamard'\], missing: \[\]"):
-        fp8.BlockRecipe.from_dict({**d, "hadamard": True})
+    d = fp8.recipe("te-mxfp8").to_dict()
+    with pytest.raises(ValueError, match=r"unknown: \['hadamard_size'\], missing: \[\]"):
+        fp8.BlockRecipe.from_dict({**d, "hadamard_size": 16})
     del d["mode"]
     with pytest.raises(ValueError, match=r"missing: \['mode'\]"):
         fp8.BlockRecipe.from_dict(d)

@@ -15,6 +15,7 @@ import pytest
 
 import lscore.fp8 as fp8
 from lscore import _reference_mx as ref
+from lscore import kernels
 from lscore.fp8 import block_recipes, blocks
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -172,11 +173,34 @@ def test_half_precision_input_read_as_float32():
     for dtype in (ml_dtypes.bfloat16, np.float16):
         with np.errstate(over="ignore"):
             h = x.astype(dtype)
-        for name in ("te-mxfp8", "torchao-mx-rceil", "nvfp4"):
-            a = fp8.quantize_blocks(h[:, :32], name)
-            w = fp8.quantize_blocks(h[:, :32].astype(np.float32), name)
+        # NVFP4's per-tensor amax of a NaN depends on the dtype (the next test): without it
+        for r in ("te-mxfp8", "torchao-mx-rceil", fp8.recipe("nvfp4", tensor_scale=False)):
+            a = fp8.quantize_blocks(h[:, :32], r)
+            w = fp8.quantize_blocks(h[:, :32].astype(np.float32), r)
             np.testing.assert_array_equal(a.data.view(np.uint8), w.data.view(np.uint8))
             np.testing.assert_array_equal(a.scales.view(np.uint8), w.scales.view(np.uint8))
+
+
+@pytest.mark.parametrize(
+    "dtype, word",
+    [(np.float32, 0xFFFFFFFF), (np.float16, 0xFFC00000), ("bfloat16", 0x7FC00000)],
+)
+def test_nvfp4_nan_amax_is_torch_max_of_abs(dtype, word):
+    """torchao's NVFP4 takes its tensor amax as torch.max(torch.abs(x)), whose NaN on the
+    CPU is the word of x's dtype (float32: all ones, the sign set), whatever NaN x holds;
+    the per-tensor scale is that NaN / 2688 and the blocks are quantized with it."""
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    x = generated(np.random.default_rng(4))[:8, :32].copy()
+    x[~np.isfinite(x)] = 1.0
+    x[2, 5] = np.float32(np.nan) * np.float32(-1)
+    h = x.astype(dt)
+    b = fp8.quantize_blocks(h, "nvfp4")
+    assert np.float32(b.tensor_scale).view(np.uint32) == word
+    s, d = kernels.nvfp4_quantize(h.astype(np.float32), np.uint32(word).view(np.float32))
+    np.testing.assert_array_equal(b.scales.view(np.uint8), s)
+    np.testing.assert_array_equal(b.data, d)
+    one = fp8.quantize_blocks(np.full(1, -np.nan, np.float32), fp8.recipe("nvfp4", tail="pad"))
+    assert np.float32(one.tensor_scale).view(np.uint32) == 0x7FC00000  # |x| of one element
 
 
 def test_strided_input_read_in_place():
@@ -242,6 +266,7 @@ def test_presets_and_round_trip():
         "nvfp4",
         "te-blockwise",
         "torchao-blockwise",
+        "te-nvfp4",
     )
     for name in fp8.BLOCK_RECIPES:
         r = fp8.recipe(name)

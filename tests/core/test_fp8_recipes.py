@@ -322,6 +322,6 @@ def test_recipe_is_annotated_and_the_guide_counts_its_presets():
     n = len(RECIPES) + len(BLOCK_RECIPES)
     with pytest.raises(ValueError) as e:
         recipe("zzz")
-    assert len(str(e.value).split("expected one of: ")[1].split(", ")) == n == 13
+    assert len(str(e.value).split("expected one of: ")[1].split(", ")) == n == 14
     guide = (pathlib.Path(__file__).parents[2] / "docs" / "guides" / "fp8.md").read_text()
-    assert "gives one of thirteen presets" in guide
+    assert "gives one of fourteen presets" in guide

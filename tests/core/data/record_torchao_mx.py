@@ -10,7 +10,8 @@ element formats float8_e4m3fn, float8_e5m2 and fp4 E2M1 with block 32, in each
 ``ScaleCalculationMode`` (FLOOR, CEIL, EVEN, RCEIL), and
 ``torchao.prototype.mx_formats.nvfp4_tensor.nvfp4_quantize`` (what ``NVFP4Tensor.to_nvfp4``
 calls) with block 16, without a per-tensor scale and with the one
-``per_tensor_amax_to_scale`` gives each group of 8 blocks.  Each result is also read back by
+``per_tensor_amax_to_scale`` gives each group of 8 blocks (of the amax
+``torch.max(torch.abs(g))``, as ``NVFP4Tensor`` takes it).  Each result is also read back by
 torchao: ``mx_tensor.to_dtype`` (what ``MXTensor.dequantize`` calls) to float32, bfloat16
 and float16, and ``NVFP4Tensor.dequantize`` to float32 and bfloat16.  The blocks are generated
 float32 rows, and the same rows rounded to bfloat16: all-zero, NaN, Inf, subnormal, powers
@@ -123,7 +124,9 @@ def record_nvfp4(x):
     groups = x.reshape(-1, 8, 16)
     pts, sc, da = [], [], []
     for g in groups:
-        p = per_tensor_amax_to_scale(torch.amax(torch.abs(g.float())))
+        # the amax as torchao's NVFP4Tensor takes it (nvfp4_tensor.py:606), in g's dtype;
+        # 128 elements: torch's serial CPU reduction whatever its thread count
+        p = per_tensor_amax_to_scale(torch.max(torch.abs(g)))
         s, d = nvfp4_quantize(g.contiguous(), 16, p)
         pts.append(p.item())
         sc.append(s.view(torch.uint8).numpy().copy())

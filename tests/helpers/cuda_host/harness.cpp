@@ -25,6 +25,7 @@
 
 #include "cuda_shim.h"
 #include "blockwise.cu" /* includes mx.cu, which includes fp8.cu */
+#include "nvfp4.cu"    /* includes mx.cu too (guarded) */
 #include "optim.cu" /* includes scan.cu */
 #include "update.cu"
 
@@ -212,6 +213,16 @@ int run(void (*k)(A...), unsigned grid, unsigned block, void **params,
     X(lsc_bw_tiles<C>)                       \
     X(lsc_bw_dequant<C>)
 
+/* TE's NVFP4 recipe kernels of one input / output dtype code C (nvfp4.cu) */
+#define LSCH_NV4(X, C)                       \
+    X(lsc_nv4_rows<C, 0>)                    \
+    X(lsc_nv4_rows<C, 1>)                    \
+    X(lsc_nv4_cols<C, 0>)                    \
+    X(lsc_nv4_cols<C, 1>)                    \
+    X(lsc_nv4_tiles<C, 0>)                   \
+    X(lsc_nv4_tiles<C, 1>)                   \
+    X(lsc_nv4_dequant<C>)
+
 #define LSCH_KERNELS(X)                               \
     LSCH_SCAN(X, lsc_meta_4k)                         \
     LSCH_SCAN(X, lsc_meta_32k)                        \
@@ -224,7 +235,11 @@ int run(void (*k)(A...), unsigned grid, unsigned block, void **params,
     LSCH_MX(X, 3)                                     \
     LSCH_BW(X, 1)                                     \
     LSCH_BW(X, 2)                                     \
-    LSCH_BW(X, 3)
+    LSCH_BW(X, 3)                                     \
+    LSCH_NV4(X, 1)                                    \
+    LSCH_NV4(X, 2)                                    \
+    LSCH_NV4(X, 3)                                    \
+    X(lsc_nv4_rht)
 
 }  // namespace
 

@@ -1,0 +1,266 @@
+/* lsc_nvfp4_kern.c: lsc_nvfp4_cpu.h's passes over contiguous rows, for one
+ * ISA level.
+ *
+ * Design: setup.py compiles this file once for each level of lsc_isa.h with
+ * that level's target flags and -DLSC_LEVEL=<its name>, as lsc_mx_kern.c,
+ * and links the objects into the _nvfp4 extension; each defines the table
+ * lsc_nv4_isa_<name> that lsc_nvfp4_cpu.h picks at run time.  Every loop
+ * runs across the lanes of a group (blocks, columns) with the scalar rules
+ * of lsc_nvfp4.h inlined, written with selects so that the compiler
+ * vectorises it at the level's width: the Philox rounds across a group's
+ * draws, the Hadamard butterflies down the 16 rows of a band's columns (a
+ * column per lane, no shuffles), the scales and the codes. */
+#include "lsc_nvfp4.h"
+
+#ifndef LSC_LEVEL
+#error "compile with -DLSC_LEVEL=<level name> (setup.py does)"
+#endif
+#define LSC_NV4_CAT2(a, b) a##_##b
+#define LSC_NV4_CAT(a, b) LSC_NV4_CAT2(a, b)
+#define LSC_NV4_STR2(a) #a
+#define LSC_NV4_STR(a) LSC_NV4_STR2(a)
+#define LSC_NV4_INL static inline __attribute__((always_inline))
+
+LSC_NV4_INL float lsc_nv4_load(const char *x, int64_t i, int code)
+{
+    return lsc_fp8_load(x, i, LSC_MX_WIDTH(code), code);
+}
+
+/* |v| as bits for a NaN-free amax: a NaN counts as 0 (TE's fmaxf). */
+LSC_NV4_INL lsc_u32 lsc_nv4_abs(float v)
+{
+    const lsc_u32 a = lsc_f32_bits(v) & 0x7FFFFFFFu;
+    return a <= 0x7F800000u ? a : 0u;
+}
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the random bytes are read as the bytes of their words (little-endian)"
+#endif
+
+/* The draws of the n subsequences sub + b * stride: word k of draw b at
+ * w[k * n + b] (a lane a draw, so that the rounds and the byte reads
+ * vectorise). */
+LSC_NV4_INL void lsc_nv4_draws(lsc_u64 sub, lsc_u64 stride, int64_t n, const lsc_nv4_rule *k,
+                               lsc_u32 *w)
+{
+    lsc_u32 *x = w, *y = w + n, *z = w + 2 * n, *v = w + 3 * n;
+    lsc_u32 k0 = k->key[0], k1 = k->key[1];
+    for (int64_t b = 0; b < n; b++) {
+        const lsc_u64 sb = sub + (lsc_u64)b * stride;
+        x[b] = k->ofs[0];
+        y[b] = k->ofs[1];
+        z[b] = (lsc_u32)sb;
+        v[b] = (lsc_u32)(sb >> 32);
+    }
+    for (int r = 0; r < 10; r++) {
+        for (int64_t b = 0; b < n; b++) {
+            const lsc_u64 p0 = (lsc_u64)0xD2511F53u * x[b], p1 = (lsc_u64)0xCD9E8D57u * z[b];
+            const lsc_u32 nx = (lsc_u32)(p1 >> 32) ^ y[b] ^ k0, nz = (lsc_u32)(p0 >> 32) ^ v[b] ^ k1;
+            y[b] = (lsc_u32)p1;
+            v[b] = (lsc_u32)p0;
+            x[b] = nx;
+            z[b] = nz;
+        }
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+}
+
+/* One contiguous row piece: per group of LSC_NV4_GROUP blocks the values,
+ * the block amaxes, the scales and factors, the codes, then the pairs. */
+LSC_NV4_INL void lsc_nv4_row_body(const char *x, int64_t n, int code, const lsc_nv4_rule *k,
+                                  lsc_u64 sub, unsigned char *s, unsigned char *q)
+{
+    enum { G = LSC_NV4_GROUP };
+    const int64_t nb = n / 16;
+    for (int64_t b0 = 0; b0 < nb; b0 += G) {
+        const int64_t g = nb - b0 < G ? nb - b0 : G, len = 16 * g;
+        const char *xg = x + b0 * 16 * LSC_MX_WIDTH(code);
+        float v[16 * G], f[16 * G];
+        lsc_u32 m[G], sf[G], w[4 * G], words[4 * G];
+        unsigned char t[16 * G];
+        for (int64_t i = 0; i < len; i++)
+            v[i] = lsc_nv4_load(xg, i, code);
+        for (int64_t b = 0; b < g; b++) {
+            lsc_u32 mb = 0;
+            for (int64_t j = 0; j < 16; j++) {
+                const lsc_u32 a = lsc_nv4_abs(v[16 * b + j]);
+                mb = a > mb ? a : mb;
+            }
+            m[b] = mb;
+        }
+        for (int64_t b = 0; b < g; b++)
+            sf[b] = lsc_nv4_sf(lsc_f32_from_bits(m[b]), k->mult);
+        for (int64_t b = 0; b < g; b++) {
+            const float e = lsc_nv4_enc(sf[b], k->sdec);
+            s[b0 + b] = (unsigned char)sf[b];
+            for (int64_t j = 0; j < 16; j++)
+                f[16 * b + j] = e;
+        }
+        if (k->sr) {   /* draw b's 16 bytes in order for block b's elements */
+            const unsigned char *rb = (const unsigned char *)words;
+            lsc_nv4_draws(sub + (lsc_u64)b0, 1, g, k, w);
+            for (int64_t b = 0; b < g; b++)
+                for (int64_t j = 0; j < 4; j++)
+                    words[4 * b + j] = w[j * g + b];
+            for (int64_t i = 0; i < len; i++)
+                t[i] = (unsigned char)lsc_nv4_sr(v[i] * f[i], rb[i]);
+        } else {
+            for (int64_t i = 0; i < len; i++)
+                t[i] = (unsigned char)lsc_nv4_rn(v[i] * f[i]);
+        }
+        for (int64_t i = 0; i < len / 2; i++)
+            q[8 * b0 + i] = (unsigned char)(t[2 * i] | (t[2 * i + 1] << 4));
+    }
+}
+
+/* A band's tile: 16 rows of w <= LSC_NV4_TILE columns into v (rows
+ * LSC_NV4_TILE apart), with the Hadamard transform down each column and the
+ * results rounded to bfloat16 when rht (the input is then bfloat16). */
+LSC_NV4_INL void lsc_nv4_tile(const char *x, int64_t w, int64_t rs, int code, int rht, float *v)
+{
+    for (int64_t i = 0; i < 16; i++)
+        for (int64_t j = 0; j < w; j++)
+            v[i * LSC_NV4_TILE + j] = lsc_nv4_load(x + i * rs, j, code);
+    if (!rht)
+        return;
+    for (int64_t i = 0; i < 16; i++) {
+        const float sg = lsc_nv4_sign((int)i);
+        for (int64_t j = 0; j < w; j++)
+            v[i * LSC_NV4_TILE + j] *= sg;
+    }
+    for (int64_t h = 1; h < 16; h *= 2)
+        for (int64_t i = 0; i < 16; i += 2 * h)
+            for (int64_t r = i; r < i + h; r++) {
+                float *a = v + r * LSC_NV4_TILE, *b = v + (r + h) * LSC_NV4_TILE;
+                for (int64_t j = 0; j < w; j++) {
+                    const float p = a[j], m = b[j];
+                    a[j] = p + m;
+                    b[j] = p - m;
+                }
+            }
+    for (int64_t i = 0; i < 16 * LSC_NV4_TILE; i++)
+        v[i] = lsc_nv4_widen(lsc_nv4_bf16(v[i]));
+}
+
+/* The column amaxes of a tile of w columns into m. */
+LSC_NV4_INL void lsc_nv4_col_amax(const float *v, int64_t w, lsc_u32 *m)
+{
+    for (int64_t j = 0; j < w; j++)
+        m[j] = 0;
+    for (int64_t i = 0; i < 16; i++)
+        for (int64_t j = 0; j < w; j++) {
+            const lsc_u32 a = lsc_nv4_abs(v[i * LSC_NV4_TILE + j]);
+            m[j] = a > m[j] ? a : m[j];
+        }
+}
+
+/* A band's columns [c0, c0 + wtot): tile by tile, the values, the column
+ * (or 16 x 16 tile) amaxes, the scales and factors, the codes. */
+LSC_NV4_INL void lsc_nv4_band_body(const char *x, int64_t wtot, int64_t rs, int code,
+                                   const lsc_nv4_rule *k, int64_t band, int64_t c0,
+                                   unsigned char *s, unsigned char *q)
+{
+    float v[16 * LSC_NV4_TILE];
+    const int64_t cols = k->cols;
+    for (int64_t cc = 0; cc < wtot; cc += LSC_NV4_TILE) {
+        const int64_t w = wtot - cc < LSC_NV4_TILE ? wtot - cc : LSC_NV4_TILE, c = c0 + cc;
+        lsc_u32 m[LSC_NV4_TILE], sf[LSC_NV4_TILE], wd[4 * LSC_NV4_TILE];
+        float f[LSC_NV4_TILE];
+        lsc_nv4_tile(x + cc * LSC_MX_WIDTH(code), w, rs, code, k->rht, v);
+        lsc_nv4_col_amax(v, w, m);
+        if (k->tile) {   /* one amax, scale and factor per 16 columns */
+            for (int64_t t = 0; t < w / 16; t++) {
+                lsc_u32 mt = 0;
+                for (int64_t j = 0; j < 16; j++)
+                    mt = m[16 * t + j] > mt ? m[16 * t + j] : mt;
+                sf[t] = lsc_nv4_sf(lsc_f32_from_bits(mt), k->mult);
+                s[band * (cols / 16) + c / 16 + t] = (unsigned char)sf[t];
+            }
+            for (int64_t j = 0; j < w; j++)
+                f[j] = lsc_nv4_enc(sf[j / 16], k->sdec);
+        } else {
+            for (int64_t j = 0; j < w; j++)
+                sf[j] = lsc_nv4_sf(lsc_f32_from_bits(m[j]), k->mult);
+            for (int64_t j = 0; j < w; j++) {
+                f[j] = lsc_nv4_enc(sf[j], k->sdec);
+                s[band * cols + c + j] = (unsigned char)sf[j];
+            }
+        }
+        if (k->axis == -1) {   /* tiles, rowwise: each row's columns paired */
+            for (int64_t i = 0; i < 16; i++) {
+                unsigned char *qr = q + (16 * band + i) * (cols / 2) + c / 2;
+                const float *vr = v + i * LSC_NV4_TILE;
+                for (int64_t j = 0; j < w / 2; j++)
+                    qr[j] = (unsigned char)(lsc_nv4_rn(vr[2 * j] * f[2 * j])
+                                            | (lsc_nv4_rn(vr[2 * j + 1] * f[2 * j + 1]) << 4));
+            }
+            continue;
+        }
+        if (k->sr)   /* column c's block in the transpose: subsequence c * rows / 16 + band */
+            lsc_nv4_draws((lsc_u64)(c * (k->rows / 16) + band) | LSC_NV4_COLS_BIT,
+                          (lsc_u64)(k->rows / 16), w, k, wd);
+        for (int64_t p = 0; p < 8; p++) {
+            unsigned char *qr = q + (8 * band + p) * cols + c;
+            const float *va = v + 2 * p * LSC_NV4_TILE, *vb = va + LSC_NV4_TILE;
+            if (k->sr) {   /* rows 2p, 2p + 1: bytes 2p % 4, 2p % 4 + 1 of word 2p / 4 */
+                const lsc_u32 *wp = wd + (p / 2) * w, sh = (lsc_u32)(16 * (p % 2));
+                for (int64_t j = 0; j < w; j++)
+                    qr[j] = (unsigned char)(lsc_nv4_sr(va[j] * f[j], wp[j] >> sh)
+                                            | (lsc_nv4_sr(vb[j] * f[j], wp[j] >> (sh + 8)) << 4));
+            } else {
+                for (int64_t j = 0; j < w; j++)
+                    qr[j] = (unsigned char)(lsc_nv4_rn(va[j] * f[j])
+                                            | (lsc_nv4_rn(vb[j] * f[j]) << 4));
+            }
+        }
+    }
+}
+
+/* The Hadamard transform of a bfloat16 band's w columns, tile by tile, into
+ * out (rows ldo words apart) when given; the amax bits of the results. */
+static lsc_u32 lsc_nv4_rht_body(const char *x, int64_t wtot, int64_t rs, lsc_u16 *out,
+                                int64_t ldo)
+{
+    float v[16 * LSC_NV4_TILE];
+    lsc_u32 amax = 0;
+    for (int64_t cc = 0; cc < wtot; cc += LSC_NV4_TILE) {
+        const int64_t w = wtot - cc < LSC_NV4_TILE ? wtot - cc : LSC_NV4_TILE;
+        lsc_u32 m[LSC_NV4_TILE];
+        lsc_nv4_tile(x + cc * 2, w, rs, LSC_CODE_BF16, 1, v);
+        lsc_nv4_col_amax(v, w, m);
+        for (int64_t j = 0; j < w; j++)
+            amax = m[j] > amax ? m[j] : amax;
+        for (int64_t i = 0; out && i < 16; i++)
+            for (int64_t j = 0; j < w; j++)
+                out[i * ldo + cc + j] = (lsc_u16)(lsc_f32_bits(v[i * LSC_NV4_TILE + j]) >> 16);
+    }
+    return amax;
+}
+
+/* ---- the level's kernels and its table --------------------------------- */
+
+#define LSC_NV4_FNS(NAME, CODE)                                                              \
+    __attribute__((flatten)) static void lsc_nv4_r_##NAME(const char *x, int64_t n,           \
+                                                           const lsc_nv4_rule *k, lsc_u64 sub, \
+                                                           unsigned char *s, unsigned char *q) \
+    {                                                                                        \
+        lsc_nv4_row_body(x, n, (CODE), k, sub, s, q);                                        \
+    }                                                                                        \
+    __attribute__((flatten)) static void lsc_nv4_b_##NAME(                                  \
+        const char *x, int64_t w, int64_t rs, const lsc_nv4_rule *k, int64_t band, int64_t c0, \
+        unsigned char *s, unsigned char *q)                                                  \
+    {                                                                                        \
+        lsc_nv4_band_body(x, w, rs, (CODE), k, band, c0, s, q);                              \
+    }
+
+LSC_NV4_FNS(f32, LSC_CODE_F32)
+LSC_NV4_FNS(f16, LSC_CODE_F16)
+LSC_NV4_FNS(bf16, LSC_CODE_BF16)
+
+LSC_ISA_TABLE const lsc_nv4_isa LSC_NV4_CAT(lsc_nv4_isa, LSC_LEVEL) = {
+    LSC_NV4_STR(LSC_LEVEL),
+    {0, lsc_nv4_r_f16, lsc_nv4_r_bf16, lsc_nv4_r_f32, 0, 0, 0},
+    {0, lsc_nv4_b_f16, lsc_nv4_b_bf16, lsc_nv4_b_f32, 0, 0, 0},
+    lsc_nv4_rht_body,
+};
