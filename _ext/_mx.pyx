@@ -200,18 +200,18 @@ cdef cnp.ndarray _read_input(x, int threads, int *code):
 cdef object _out_array(object given, tuple shape, str what, bint wide=False):
     """`given` checked (a writable C-contiguous array of 1-byte codes, any 1-byte dtype:
     uint8 or an ml_dtypes view; `wide`: float32) as a uint8 (float32) view, or a new one."""
-    dt = np.float32 if wide else np.uint8
     if given is None:
-        return np.empty(shape, dt)
+        return np.empty(shape, np.float32 if wide else np.uint8)
     if not isinstance(given, np.ndarray) or (
-            given.dtype != np.float32 if wide else given.dtype.itemsize != 1):
+            cnp.PyArray_TYPE(<cnp.ndarray>given) != cnp.NPY_FLOAT if wide
+            else cnp.PyArray_ITEMSIZE(<cnp.ndarray>given) != 1):
         kind = "float32 scales" if wide else "1-byte codes"
         raise ValueError(f"out {what} must be a NumPy array of {kind}, got {given!r:.60}")
     if not given.flags.c_contiguous or not given.flags.writeable:
         raise ValueError(f"out {what} must be a writable C-contiguous array")
     if given.shape != shape:
         raise ValueError(f"out {what} must have shape {shape}, got {given.shape}")
-    return given.view(dt)
+    return given if wide else given.view(np.uint8)
 
 
 cdef tuple _run(x, lsc_mx_rule *k, int axis, out, int threads):

@@ -177,6 +177,8 @@ LSC_MX_INL void lsc_mx_amaxes_of(const char *x, int64_t nb, int64_t block, int c
         lsc_mx_amaxes(x, nb, 32, code, 0, m);
     else if (block == 16)
         lsc_mx_amaxes(x, nb, 16, code, 0, m);
+    else if (block == 128)
+        lsc_mx_amaxes(x, nb, 128, code, 0, m);
     else
         lsc_mx_amaxes(x, nb, block, code, 0, m);
 }
@@ -198,6 +200,50 @@ LSC_MX_INL void lsc_mx_fp8_codes(const char *x, int64_t n, int code, int elem, i
 {
     for (int64_t i = 0; i < n; i++)
         q[i] = (unsigned char)lsc_fp8_from_f32(lsc_mx_load(x, i, code) * fr[i], elem, flags);
+}
+
+/* The float8 codes of n contiguous elements times one factor r, into q: a
+ * block of 128 (blockwise FP8) is 8 vectors, so a loop per block runs at the
+ * full width with the factor in a register. */
+LSC_MX_INL void lsc_mx_fp8_codes_r(const char *x, int64_t n, int code, int elem, int flags,
+                                   float r, unsigned char *q)
+{
+    for (int64_t i = 0; i < n; i++)
+        q[i] = (unsigned char)lsc_fp8_from_f32(lsc_mx_load(x, i, code) * r, elem, flags);
+}
+
+/* The codes of nb contiguous blocks of 128, block b times r[b] (lsc_mx_fp8_codes_r). */
+LSC_MX_INL void lsc_mx_fp8_blocks128(const char *x, int64_t nb, int code, int elem, int flags,
+                                     const float *r, unsigned char *q)
+{
+    for (int64_t b = 0; b < nb; b++) {
+        const char *xb = x + b * 128 * LSC_MX_WIDTH(code);
+        if (flags & LSC_FP8_NAN_SIGN)
+            lsc_mx_fp8_codes_r(xb, 128, code, elem, LSC_FP8_SAT | LSC_FP8_NAN_SIGN, r[b],
+                               q + b * 128);
+        else
+            lsc_mx_fp8_codes_r(xb, 128, code, elem, LSC_FP8_SAT, r[b], q + b * 128);
+    }
+}
+
+/* The codes of len contiguous elements times their factors fr (E2M1: packed two a byte,
+ * the first in the low nibble), narrowed by `flags`. */
+LSC_MX_INL void lsc_mx_spread_codes(const char *xg, int64_t len, int code, int elem, int flags,
+                                    const float *fr, unsigned char *qg)
+{
+    if (elem == LSC_MX_E2M1) {
+        /* one code per element first, then the pairs packed: each loop
+           vectorises at the full width (reading pairs of elements does not) */
+        unsigned char t[LSC_MX_CHUNK];
+        for (int64_t i = 0; i < len; i++)
+            t[i] = (unsigned char)lsc_e2m1_from_f32(lsc_mx_load(xg, i, code) * fr[i]);
+        for (int64_t i = 0; i < len / 2; i++)
+            qg[i] = (unsigned char)(t[2 * i] | (t[2 * i + 1] << 4));
+    } else if (flags & LSC_FP8_NAN_SIGN) {
+        lsc_mx_fp8_codes(xg, len, code, elem, LSC_FP8_SAT | LSC_FP8_NAN_SIGN, fr, qg);
+    } else {
+        lsc_mx_fp8_codes(xg, len, code, elem, LSC_FP8_SAT, fr, qg);   /* TE's */
+    }
 }
 
 /* One contiguous row of n elements (a multiple of the block): n / block
@@ -227,24 +273,16 @@ LSC_MX_INL void lsc_mx_row_body(const char *x, int64_t n, int code, int elem,
         lsc_mx_group_scales(m, g, k, sc, r);
         for (int64_t b = 0; b < g; b++)
             lsc_mx_put_scale(s, b0 + b, sc[b], k->swidth);
-        if (block == 32)
-            lsc_mx_spread(r, g, 32, fr);
-        else if (block == 16)
-            lsc_mx_spread(r, g, 16, fr);
-        else
-            lsc_mx_spread(r, g, block, fr);
-        if (elem == LSC_MX_E2M1) {
-            /* one code per element first, then the pairs packed: each loop
-               vectorises at the full width (reading pairs of elements does not) */
-            unsigned char t[LSC_MX_CHUNK];
-            for (int64_t i = 0; i < len; i++)
-                t[i] = (unsigned char)lsc_e2m1_from_f32(lsc_mx_load(xg, i, code) * fr[i]);
-            for (int64_t i = 0; i < len / 2; i++)
-                qg[i] = (unsigned char)(t[2 * i] | (t[2 * i + 1] << 4));
-        } else if (flags & LSC_FP8_NAN_SIGN) {
-            lsc_mx_fp8_codes(xg, len, code, elem, LSC_FP8_SAT | LSC_FP8_NAN_SIGN, fr, qg);
+        if (block == 128 && elem != LSC_MX_E2M1) {   /* blockwise FP8: a factor a block */
+            lsc_mx_fp8_blocks128(xg, g, code, elem, flags, r, qg);
         } else {
-            lsc_mx_fp8_codes(xg, len, code, elem, LSC_FP8_SAT, fr, qg);   /* TE's */
+            if (block == 32)
+                lsc_mx_spread(r, g, 32, fr);
+            else if (block == 16)
+                lsc_mx_spread(r, g, 16, fr);
+            else
+                lsc_mx_spread(r, g, block, fr);
+            lsc_mx_spread_codes(xg, len, code, elem, flags, fr, qg);
         }
         for (int64_t b = 0; b < g; b++) {
             if (r[b] != r[b])
@@ -355,10 +393,8 @@ LSC_MX_INL void lsc_mx_tile_body(const char *x, int64_t h, int64_t w, int64_t rs
 {
     const int64_t t = k->block, nt = (w + t - 1) / t, W = LSC_MX_WIDTH(code);
     const int flags = lsc_mx_rule_flags(k), skip = lsc_mx_skips_nan(k);
-    lsc_u32 m[LSC_MX_SQ_SPAN / 2], sc[LSC_MX_SQ_SPAN / 2];
+    lsc_u32 m[LSC_MX_SQ_SPAN / 2] = {0}, sc[LSC_MX_SQ_SPAN / 2];
     float r[LSC_MX_SQ_SPAN / 2], fr[LSC_MX_SQ_SPAN];
-    for (int64_t g = 0; g < nt; g++)
-        m[g] = 0;
     for (int64_t i = 0; i < h; i++) {
         const char *row = x + i * rs;
         for (int64_t g = 0; g < nt; g++) {
@@ -381,14 +417,22 @@ LSC_MX_INL void lsc_mx_tile_body(const char *x, int64_t h, int64_t w, int64_t rs
     lsc_mx_group_scales(m, nt, k, sc, r);
     for (int64_t g = 0; g < nt; g++)
         lsc_mx_put_scale(s, g, sc[g], k->swidth);
-    for (int64_t c = 0; c < w; c++)
-        fr[c] = r[c / t];
-    for (int64_t i = 0; i < h; i++) {
-        if (flags & LSC_FP8_NAN_SIGN)
-            lsc_mx_fp8_codes(x + i * rs, w, code, elem, LSC_FP8_SAT | LSC_FP8_NAN_SIGN, fr,
-                             q + i * ld);
-        else
-            lsc_mx_fp8_codes(x + i * rs, w, code, elem, LSC_FP8_SAT, fr, q + i * ld);
+    if (t == 128) {   /* a row's tiles: 8 vectors each, one factor */
+        for (int64_t i = 0; i < h; i++)
+            for (int64_t g = 0; g < nt; g++) {
+                const int64_t c0 = g * t, n = w - c0 < t ? w - c0 : t;
+                const char *xs = x + i * rs + c0 * W;
+                if (flags & LSC_FP8_NAN_SIGN)
+                    lsc_mx_fp8_codes_r(xs, n, code, elem, LSC_FP8_SAT | LSC_FP8_NAN_SIGN, r[g],
+                                       q + i * ld + c0);
+                else
+                    lsc_mx_fp8_codes_r(xs, n, code, elem, LSC_FP8_SAT, r[g], q + i * ld + c0);
+            }
+    } else {
+        for (int64_t c = 0; c < w; c++)
+            fr[c] = r[c / t];
+        for (int64_t i = 0; i < h; i++)
+            lsc_mx_spread_codes(x + i * rs, w, code, elem, flags, fr, q + i * ld);
     }
     for (int64_t g = 0; g < nt; g++) {
         const int64_t c0 = g * t, n = w - c0 < t ? w - c0 : t;
@@ -620,6 +664,112 @@ LSC_MX_INL void lsc_mx_bf16_cols(const char *x, int64_t rows, int64_t cols, int6
         }
     }
 }
+
+/* ---- x86-64-v4: TE's blockwise FP8 of bfloat16 in 16-bit lanes -------------
+ * TE's power-of-two scales (te-fp32 with pow2) make every factor a power of
+ * two, so a segment of up to 128 elements (a block of a row, or a row of a
+ * 128x128 tile) narrows by lsc_mx_bf16x32 where it is plain (its scale's
+ * exponent step fits, no Inf and no NaN in it: TE's amax skips NaN
+ * elements, so a NaN is looked for beside the amax); the others take the
+ * float32 path (lsc_mx_bf16_seg_cold), which gives the same codes. */
+
+/* The amax bits (as float32's: m << 16) of n <= 128 bfloat16 values, NaN
+ * skipped (TE's fmaxf), and into *nan whether one is NaN. */
+LSC_MX_INL lsc_u32 lsc_mx_bf16_amax_n(const uint16_t *x, int64_t n, int *nan)
+{
+    const __m512i mask = _mm512_set1_epi16(0x7FFF), inf = _mm512_set1_epi16(0x7F80);
+    __m512i skip = _mm512_setzero_si512(), raw = _mm512_setzero_si512();
+    for (int64_t v = 0; v * 32 < n; v++) {
+        const __mmask32 mk = n - 32 * v >= 32 ? ~(__mmask32)0 : ((__mmask32)1 << (n - 32 * v)) - 1;
+        const __m512i a = _mm512_and_si512(_mm512_maskz_loadu_epi16(mk, x + 32 * v), mask);
+        raw = _mm512_max_epu16(raw, a);
+        skip = _mm512_max_epu16(skip, _mm512_maskz_mov_epi16(_mm512_cmple_epu16_mask(a, inf), a));
+    }
+    *nan = lsc_mx_umax16(raw) > 0x7F80u;
+    return lsc_mx_umax16(skip) << 16;
+}
+
+/* The float8 codes of a segment that is not plain, by the float32 path (TE's flags). */
+LSC_MX_COLD void lsc_mx_bf16_seg_cold(const uint16_t *x, int64_t n, int elem, float r,
+                                      unsigned char *q)
+{
+    lsc_mx_fp8_codes_r((const char *)x, n, LSC_CODE_BF16, elem, LSC_FP8_SAT, r, q);
+}
+
+/* The float8 codes of n <= 128 bfloat16 values times the power of two r (amax bits m,
+ * `nan`: one is NaN): in 16-bit lanes where plain, else by the float32 path. */
+LSC_MX_INL void lsc_mx_bf16_seg(const uint16_t *x, int64_t n, int elem, float r, lsc_u32 m,
+                                int nan, unsigned char *q)
+{
+    lsc_i32 k7;
+    if (nan || !lsc_mx_bf16_plain(r, m, &k7)) {
+        lsc_mx_bf16_seg_cold(x, n, elem, r, q);
+        return;
+    }
+    const __m512i kv = _mm512_set1_epi16((short)k7);
+    for (int64_t v = 0; v * 32 < n; v++) {
+        const __mmask32 mk = n - 32 * v >= 32 ? ~(__mmask32)0 : ((__mmask32)1 << (n - 32 * v)) - 1;
+        _mm256_mask_storeu_epi8(q + 32 * v, mk,
+                                lsc_mx_bf16x32(_mm512_maskz_loadu_epi16(mk, x + 32 * v), kv, elem));
+    }
+}
+
+/* A contiguous bfloat16 row of blocks of 128 under TE's power-of-two rule: per group of
+ * blocks the amaxes, the scales and factors (lsc_mx_group_scales), then each block's
+ * codes (lsc_mx_bf16_seg). */
+LSC_MX_INL void lsc_mx_bf16_row128(const char *xc, int64_t n, int elem, const lsc_mx_rule *k,
+                                   unsigned char *s, unsigned char *q)
+{
+    const uint16_t *x = (const uint16_t *)xc;
+    const int64_t nb = n / 128;
+    for (int64_t b0 = 0; b0 < nb; b0 += LSC_MX_GROUP) {
+        const int64_t g = nb - b0 < LSC_MX_GROUP ? nb - b0 : LSC_MX_GROUP;
+        lsc_u32 m[LSC_MX_GROUP], sc[LSC_MX_GROUP];
+        float r[LSC_MX_GROUP];
+        int nan[LSC_MX_GROUP];
+        for (int64_t b = 0; b < g; b++)
+            m[b] = lsc_mx_bf16_amax_n(x + (b0 + b) * 128, 128, &nan[b]);
+        lsc_mx_group_scales(m, g, k, sc, r);
+        for (int64_t b = 0; b < g; b++) {
+            lsc_mx_put_scale(s, b0 + b, sc[b], 4);
+            lsc_mx_bf16_seg(x + (b0 + b) * 128, 128, elem, r[b], m[b], nan[b], q + (b0 + b) * 128);
+        }
+    }
+}
+
+/* A band of h <= 128 bfloat16 rows by w <= LSC_MX_SQ_SPAN columns of 128x128 tiles under
+ * TE's power-of-two rule (lsc_mx_tile_body's layout): each tile's amax and NaN over its
+ * rows, the scales and factors, then each row's segments (lsc_mx_bf16_seg). */
+LSC_MX_INL void lsc_mx_bf16_tile128(const char *xc, int64_t h, int64_t w, int64_t rs,
+                                    int64_t ld, int elem, const lsc_mx_rule *k,
+                                    unsigned char *s, unsigned char *q)
+{
+    enum { NT = LSC_MX_SQ_SPAN / 128 };
+    const int64_t nt = (w + 127) / 128;
+    lsc_u32 m[NT] = {0}, sc[NT];
+    float r[NT];
+    int nan[NT] = {0};
+    for (int64_t i = 0; i < h; i++) {
+        const uint16_t *row = (const uint16_t *)(xc + i * rs);
+        for (int64_t g = 0; g < nt; g++) {
+            int nn;
+            const int64_t c0 = g * 128, n = w - c0 < 128 ? w - c0 : 128;
+            const lsc_u32 mm = lsc_mx_bf16_amax_n(row + c0, n, &nn);
+            m[g] = mm > m[g] ? mm : m[g];
+            nan[g] |= nn;
+        }
+    }
+    lsc_mx_group_scales(m, nt, k, sc, r);
+    for (int64_t g = 0; g < nt; g++)
+        lsc_mx_put_scale(s, g, sc[g], 4);
+    for (int64_t i = 0; i < h; i++) {
+        const uint16_t *row = (const uint16_t *)(xc + i * rs);
+        for (int64_t g = 0; g < nt; g++) {
+            const int64_t c0 = g * 128, n = w - c0 < 128 ? w - c0 : 128;
+            lsc_mx_bf16_seg(row + c0, n, elem, r[g], m[g], nan[g], q + i * ld + c0);
+        }
+    }
+}
 #endif /* LSC_MX_BF16_LANES */
 
 /* ---- the level's kernels and its table --------------------------------- */
@@ -627,18 +777,25 @@ LSC_MX_INL void lsc_mx_bf16_cols(const char *x, int64_t rows, int64_t cols, int6
 /* Whether the 16-bit-lane paths take a bfloat16 pass: float8 elements (so
  * not NVFP4) in MX blocks of 32. */
 #ifdef LSC_MX_BF16_LANES
+/* ... and TE's blockwise FP8 with power-of-two scales, blocks or tiles of 128 */
+#define LSC_MX_BF16_BW(CODE, ELEM, k) \
+    ((CODE) == LSC_CODE_BF16 && (int)(ELEM) != (int)LSC_MX_E2M1 && (k)->block == 128 \
+     && (k)->mode == LSC_MX_TE32 && (k)->pow2)
 #define LSC_MX_BF16_PASS(CODE, ELEM, k) \
     ((CODE) == LSC_CODE_BF16 && (int)(ELEM) != (int)LSC_MX_E2M1 && (k)->block == 32 \
      && !lsc_mx_wide((k)->mode))
 #else
 #define LSC_MX_BF16_PASS(CODE, ELEM, k) 0
+#define LSC_MX_BF16_BW(CODE, ELEM, k) 0
 #endif
 
 #define LSC_MX_FNS(NAME, CODE, ELEM)                                                        \
     __attribute__((flatten)) static void lsc_mx_r_##NAME(                                 \
         const char *x, int64_t n, const lsc_mx_rule *k, unsigned char *s, unsigned char *q) \
     {                                                                                       \
-        if (LSC_MX_BF16_PASS(CODE, ELEM, k))                                                \
+        if (LSC_MX_BF16_BW(CODE, ELEM, k))                                                  \
+            LSC_MX_BF16_CALL(lsc_mx_bf16_row128(x, n, (ELEM), k, s, q));                    \
+        else if (LSC_MX_BF16_PASS(CODE, ELEM, k))                                           \
             LSC_MX_BF16_CALL(lsc_mx_bf16_row(x, n, (ELEM), k, s, q));                       \
         else                                                                                \
             lsc_mx_row_body(x, n, (CODE), (ELEM), k, s, q);                                 \
@@ -668,7 +825,10 @@ LSC_MX_INL void lsc_mx_bf16_cols(const char *x, int64_t rows, int64_t cols, int6
         const char *x, int64_t rows, int64_t cols, int64_t rs, int64_t ld,                  \
         const lsc_mx_rule *k, unsigned char *s, unsigned char *q)                           \
     {                                                                                       \
-        lsc_mx_tile_body(x, rows, cols, rs, ld, (CODE), (ELEM), k, s, q);                   \
+        if (LSC_MX_BF16_BW(CODE, ELEM, k))                                                  \
+            LSC_MX_BF16_CALL(lsc_mx_bf16_tile128(x, rows, cols, rs, ld, (ELEM), k, s, q));  \
+        else                                                                                \
+            lsc_mx_tile_body(x, rows, cols, rs, ld, (CODE), (ELEM), k, s, q);               \
     }
 #define LSC_MX_TILE_FNS(E, ELEM)                                                            \
     LSC_MX_TILE_FN(E##_f32, LSC_CODE_F32, ELEM)                                             \

@@ -16,8 +16,8 @@ replaced (no GPU needed) and ``--suite gpu`` the GPU rows (skipped, with
 the reason, without a CUDA device); see _gpu_host.py and _gpu.py.  ``--suite gpu-tune`` times
 a grid of launch configurations on a GPU (_tune.py); ``--suite gpu-static``
 reads the kernels' sm_90 machine code on the CPU (_static.py).  ``--suite
-fp8`` times float8 quantize, per tensor and block-scaled (MXFP8, NVFP4), against
-torch and the byte floor (_fp8.py, _mx.py).
+fp8`` times float8 quantize, per tensor and block-scaled (MXFP8, NVFP4, blockwise FP8),
+against torch and the byte floor (_fp8.py, _mx.py, _blockwise.py).
 """
 
 from __future__ import annotations
@@ -151,13 +151,14 @@ def _only_measured(found: list[dict], opts: Options) -> list[dict]:
 
 def _run_fp8(opts: Options) -> dict:
     """--suite fp8: float8 quantize on the CPU, and on a CUDA device where there is one."""
-    from lscore.bench import _fp8, _mx
+    from lscore.bench import _blockwise, _fp8, _mx
 
     torch = import_torch() if opts.use_torch else None
     rng = np.random.default_rng(0)
+    parts = (_fp8, _mx, _blockwise)
 
     def fill(rows: Rows) -> None:
-        for part in (_fp8.run_cpu, _mx.run_cpu, _fp8.run_gpu, _mx.run_gpu):
+        for part in [m.run_cpu for m in parts] + [m.run_gpu for m in parts]:
             part(opts, rows, rng)
 
     rows, _ = _timed(opts, 0, fill)
@@ -166,9 +167,7 @@ def _run_fp8(opts: Options) -> dict:
         "machine": machine(torch),
         "settings": {"repeat": opts.repeat, "min_time_s": opts.min_time, "tiny": opts.tiny},
         "rows": rows.rows,
-        "targets": _only_measured(
-            _fp8.targets(rows.rows, opts) + _mx.targets(rows.rows, opts), opts
-        ),
+        "targets": _only_measured([t for m in parts for t in m.targets(rows.rows, opts)], opts),
     }
 
 

@@ -249,6 +249,75 @@ def run_gpu(opts, rows: Rows, rng) -> None:
             del x, dst, q
 
 
+def add_floors(rows: Rows, groups: dict, g_copy: str, width: int, n: int, traffic: dict) -> None:
+    """Time the queued rows, then give each recipe's group (`groups`: recipe -> group) its
+    byte floor from the copy timed in `g_copy`; `traffic`: recipe -> (input reads, bytes
+    written per element)."""
+    rows.flush()
+    copy_row = find(rows.rows, g_copy, "C memcpy")
+    for r, g in groups.items():
+        reads, written = traffic[r]
+        add_floor(rows, g, copy_row, reads, width, n, written)
+
+
+def block_cases(opts, rows: Rows, rng, sizes, dtypes, recipes, label: str, block: int, shape):
+    """(n, groups: recipe -> group, the memcpy's group, input, row keywords) of
+    each size and dtype whose rows are wanted and whose input is whole blocks of `block`
+    (else a skipped row in each group): a block-scaled suite's CPU cases."""
+    for n in sizes:
+        for name in dtypes:
+            groups = {r: f"fp8 {r} {name} {size_label(n)}" for r in recipes}
+            g_copy = f"fp8 {label} memcpy {name} {size_label(n)}"
+            if not rows.wanted(*groups.values(), g_copy, opts=opts):
+                continue
+            x = block_input(rows, groups, n, name, block, shape, rng, opts)
+            if x is not None:
+                yield n, groups, g_copy, x, dict(dtype=name, n=n, opts=opts)
+
+
+def gpu_block_cases(opts, rows: Rows, torch, device, sizes, dtypes, recipes, label, block, shape):
+    """The GPU counterpart of ``block_cases``: (n, groups, the copy's group, a standard-normal
+    tensor of `shape(n)` on `device`, row keywords) for each size that is whole blocks."""
+    for n in sizes:
+        if n % block:
+            continue
+        for name in dtypes:
+            groups = {r: f"fp8 gpu {r} {name} {size_label(n)}" for r in recipes}
+            g_copy = f"fp8 gpu {label} memcpy {name} {size_label(n)}"
+            if not rows.wanted(*groups.values(), g_copy, opts=opts):
+                continue
+            x = torch.randn(shape(n), device=device).to(getattr(torch, name))
+            yield n, groups, g_copy, x, dict(dtype=name, n=n, opts=opts)
+
+
+def synced(torch, device: str):
+    """fn(*args, **kw) bound into a call that synchronizes `device` after it (CUDA only)."""
+
+    def bind(fn, *args, **kw):
+        def call():
+            fn(*args, **kw)
+            if device == "cuda":
+                torch.cuda.synchronize()
+
+        return call
+
+    return bind
+
+
+def block_input(rows: Rows, groups: dict, n: int, name: str, block: int, shape, rng, opts):
+    """A standard-normal 2-D input of n elements of dtype `name` shaped `shape(n)`, or None
+    after a skipped row in each group (no ml_dtypes, or n not a whole number of blocks)."""
+    dt = dtype_of(name)
+    why = "no ml_dtypes" if dt is None else None
+    if n % block:
+        why = f"{n} elements are not a whole number of blocks of {block}"
+    if why is not None:
+        for g in groups.values():
+            rows.add(g, "lscore", skip=why, dtype=name, n=n, opts=opts)
+        return None
+    return rng.standard_normal(n, dtype=np.float32).astype(dt).reshape(shape(n))
+
+
 def ratio_target(
     rows: list[dict],
     name: str,

@@ -31,9 +31,17 @@ from __future__ import annotations
 import numpy as np
 
 from lscore import kernels
-from lscore.bench._fp8 import TINY_SIZES, add_floor, ratio_target, timed, why_no_cuda
-from lscore.bench._harness import Rows, as_tensor, dtype_of, import_torch, size_label
-from lscore.bench._report import find
+from lscore.bench._fp8 import (
+    TINY_SIZES,
+    add_floors,
+    block_cases,
+    gpu_block_cases,
+    ratio_target,
+    synced,
+    timed,
+    why_no_cuda,
+)
+from lscore.bench._harness import Rows, as_tensor, import_torch, size_label
 
 SIZES = (10**6, 10**7, 10**8)
 DTYPES = ("bfloat16", "float32")
@@ -201,65 +209,41 @@ def _sizes(opts) -> tuple:
     return tuple(opts.sizes) if opts.sizes_given else SIZES
 
 
-def _add_floors(rows: Rows, groups: dict, g_copy: str, width: int, n: int) -> None:
-    """Time the queued rows, then give each recipe's group its byte floor from the copy
-    timed in `g_copy`."""
-    rows.flush()
-    copy_row = find(rows.rows, g_copy, "C memcpy")
-    for r, g in groups.items():
-        reads, written = TRAFFIC[r]
-        add_floor(rows, g, copy_row, reads, width, n, written)
-
-
 def run_cpu(opts, rows: Rows, rng) -> None:
     """The CPU rows: every size, dtype and recipe (a size that is not a whole number of
     blocks of 32 is skipped, with the reason)."""
     torch = import_torch() if opts.use_torch else None
     t_fns = torch_fns(torch) if torch is not None else None
-    for n in _sizes(opts):
-        for name in DTYPES:
-            groups = {r: f"fp8 {r} {name} {size_label(n)}" for r in RECIPES}
-            g_copy = f"fp8 mx memcpy {name} {size_label(n)}"
-            if not rows.wanted(*groups.values(), g_copy, opts=opts):
-                continue
-            kw = dict(dtype=name, n=n, opts=opts)
-            dt = dtype_of(name)
-            why = "no ml_dtypes" if dt is None else None
-            if n % 32:
-                why = f"{n} elements are not a whole number of blocks of 32"
-            if why is not None:
-                for g in groups.values():
-                    rows.add(g, "lscore", skip=why, **kw)
-                continue
-            x = rng.standard_normal(n, dtype=np.float32).astype(dt).reshape(shape_of(n))
-            width = x.itemsize
-            fns, into = lscore_fns(x), lscore_fns(x, reuse=True)
-            down = lscore_fns(x.reshape(shape_down(n)), reuse=True, axis=0)
+    cases = block_cases(opts, rows, rng, _sizes(opts), DTYPES, RECIPES, "mx", 32, shape_of)
+    for n, groups, g_copy, x, kw in cases:
+        width = x.itemsize
+        fns, into = lscore_fns(x), lscore_fns(x, reuse=True)
+        down = lscore_fns(x.reshape(shape_down(n)), reuse=True, axis=0)
+        for r, g in groups.items():
+            reads, written = TRAFFIC[r]
+            nbytes = round((reads * width + written) * n)
+            rows.add(g, "lscore", fns[r], nbytes=nbytes, **kw)
+            rows.add(g, "lscore out=", into[r], nbytes=nbytes, **kw)
+            if r != "nvfp4":
+                rows.add(g, "lscore out= axis 0", down[r], nbytes=nbytes, **kw)
+        rows.add(groups["mxfp8-rceil"], "lscore te", fns["te"], **kw)
+        if t_fns is None:
+            for g in groups.values():
+                rows.add(g, "torch eager", skip="torch is not installed", **kw)
+        else:
+            t = as_tensor(torch, x)
             for r, g in groups.items():
-                reads, written = TRAFFIC[r]
-                nbytes = round((reads * width + written) * n)
-                rows.add(g, "lscore", fns[r], nbytes=nbytes, **kw)
-                rows.add(g, "lscore out=", into[r], nbytes=nbytes, **kw)
-                if r != "nvfp4":
-                    rows.add(g, "lscore out= axis 0", down[r], nbytes=nbytes, **kw)
-            rows.add(groups["mxfp8-rceil"], "lscore te", fns["te"], **kw)
-            if t_fns is None:
-                for g in groups.values():
-                    rows.add(g, "torch eager", skip="torch is not installed", **kw)
-            else:
-                t = as_tensor(torch, x)
-                for r, g in groups.items():
-                    rows.add(g, "torch eager", lambda f=t_fns[r], t=t: f(t), **kw)
-            dst = np.empty_like(x)
-            rows.add(
-                g_copy,
-                "C memcpy",
-                lambda dst=dst, x=x: kernels.copy_bandwidth(dst, x),
-                nbytes=2 * width * n,
-                **kw,
-            )
-            _add_floors(rows, groups, g_copy, width, n)
-            del x, dst
+                rows.add(g, "torch eager", lambda f=t_fns[r], t=t: f(t), **kw)
+        dst = np.empty_like(x)
+        rows.add(
+            g_copy,
+            "C memcpy",
+            lambda dst=dst, x=x: kernels.copy_bandwidth(dst, x),
+            nbytes=2 * width * n,
+            **kw,
+        )
+        add_floors(rows, groups, g_copy, width, n, TRAFFIC)
+        del x, dst
 
 
 def run_gpu(opts, rows: Rows, rng, device: str = "cuda") -> None:
@@ -277,38 +261,22 @@ def run_gpu(opts, rows: Rows, rng, device: str = "cuda") -> None:
 
     t_fns = torch_fns(torch)
 
-    def synced(fn, *args):
-        def call():
-            fn(*args)
-            if device == "cuda":
-                torch.cuda.synchronize()
-
-        return call
-
-    for n in _sizes(opts):
-        if n % 32:
-            continue
-        for name in DTYPES:
-            groups = {r: f"fp8 gpu {r} {name} {size_label(n)}" for r in RECIPES}
-            g_copy = f"fp8 gpu mx memcpy {name} {size_label(n)}"
-            if not rows.wanted(*groups.values(), g_copy, opts=opts):
-                continue
-            x = torch.randn(shape_of(n), device=device).to(getattr(torch, name))
-            width = x.element_size()
-            kw = dict(dtype=name, n=n, opts=opts)
-            for r, g in groups.items():
-                reads, written = TRAFFIC[r]
-                nbytes = round((reads * width + written) * n)
-                lscore_q = synced(TQ.quantize_blocks, x, PRESETS[r])
-                rows.add(g, "lscore", lscore_q, nbytes=nbytes, **kw)
-                rows.add(g, "torch eager", synced(t_fns[r], x), **kw)
-            rows.add(
-                groups["mxfp8-rceil"], "lscore te", synced(TQ.quantize_blocks, x, "te-mxfp8"), **kw
-            )
-            dst = torch.empty_like(x)
-            rows.add(g_copy, "C memcpy", synced(dst.copy_, x), nbytes=2 * width * n, **kw)
-            _add_floors(rows, groups, g_copy, width, n)
-            del x, dst
+    bind = synced(torch, device)
+    sizes = _sizes(opts)
+    cases = gpu_block_cases(opts, rows, torch, device, sizes, DTYPES, RECIPES, "mx", 32, shape_of)
+    for n, groups, g_copy, x, kw in cases:
+        width = x.element_size()
+        for r, g in groups.items():
+            reads, written = TRAFFIC[r]
+            nbytes = round((reads * width + written) * n)
+            lscore_q = bind(TQ.quantize_blocks, x, PRESETS[r])
+            rows.add(g, "lscore", lscore_q, nbytes=nbytes, **kw)
+            rows.add(g, "torch eager", bind(t_fns[r], x), **kw)
+        rows.add(groups["mxfp8-rceil"], "lscore te", bind(TQ.quantize_blocks, x, "te-mxfp8"), **kw)
+        dst = torch.empty_like(x)
+        rows.add(g_copy, "C memcpy", bind(dst.copy_, x), nbytes=2 * width * n, **kw)
+        add_floors(rows, groups, g_copy, width, n, TRAFFIC)
+        del x, dst
 
 
 def targets(rows: list[dict], opts) -> list[dict]:

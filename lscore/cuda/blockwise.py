@@ -139,7 +139,8 @@ def quantize_blockwise(
     if tile:
         if len(shape) != 2:
             raise ValueError(f"tiles need a 2-D input, got shape {shape}")
-        s_shape, kind = (-(-shape[0] // b), -(-shape[1] // b)), "tiles"
+        s_shape: tuple[int, ...] = (-(-shape[0] // b), -(-shape[1] // b))
+        kind = "tiles"
     else:
         cols = block_axis(Shape(shape), axis)
         s_shape = kernels.mx_block_shapes(shape, b, 0 if cols else -1, False)[0]
@@ -188,7 +189,8 @@ def dequantize_blockwise(
     if tile:
         if len(shape) != 2:
             raise ValueError(f"tiles need 2-D codes, got shape {shape}")
-        want, layout = (-(-shape[0] // b), -(-shape[1] // b)), "tiles"
+        want: tuple[int, ...] = (-(-shape[0] // b), -(-shape[1] // b))
+        layout = "tiles"
     else:
         cols = block_axis(Shape(shape), axis)
         want = kernels.mx_block_shapes(shape, b, 0 if cols else -1, False)[0]
