@@ -137,12 +137,23 @@ LSC_FN float lsc_nv4_dec(lsc_u32 sf, float amax)
 
 /* ---- the element rounding ------------------------------------------------ */
 
-/* E2M1 code of v by cvt.rn.satfinite.e2m1x2.f32: lsc_e2m1_from_f32's nearest
- * even with the sign kept, a NaN +6 (0x7). */
+/* E2M1 code of v by cvt.rn.satfinite.e2m1x2.f32: to nearest even on the
+ * grid, beyond 6 (and Inf) +-6, the sign kept (zeros too), a NaN +6 (0x7).
+ * Written as integer selects on the float bits, which vectorise: |v| capped at
+ * 8 (a NaN and Inf too); in its region g = 0, 1, 2 (below 2, below 4, else)
+ * the grid step is 2**(g - 1), so k = |v| * 2**(1 - g) rounded to an integer,
+ * to nearest even by adding 2**23, is the grid point, and its code is
+ * min(k + 2 * g, 7) (codes 0..4 are 0..2 in steps of 0.5, 5 and 6 are 3
+ * and 4, 7 is 6).  A rounding up to the region's top lands on the next
+ * region's first code, which is the same value. */
 LSC_FN lsc_u32 lsc_nv4_rn(float v)
 {
-    const lsc_u32 nan = -(lsc_u32)((lsc_f32_bits(v) & 0x7FFFFFFFu) > 0x7F800000u);
-    return (lsc_e2m1_from_f32(v) & ~nan) | (7u & nan);
+    const lsc_u32 bits = lsc_f32_bits(v), ab = bits & 0x7FFFFFFFu;
+    const lsc_u32 c = ab < 0x41000000u ? ab : 0x41000000u;
+    const lsc_u32 g = (c >= 0x40000000u) + (c >= 0x40800000u);
+    const float y = lsc_f32_from_bits(c) * lsc_f32_from_bits(0x40000000u - (g << 23));
+    const lsc_u32 k = lsc_f32_bits(y + 0x1p23f) - 0x4B000000u, code = k + 2u * g;
+    return (code < 7u ? code : 7u) | ((bits >> 28) & 8u & -(lsc_u32)(ab <= 0x7F800000u));
 }
 
 /* E2M1 code of v stochastically rounded with the random byte r (#3281's rule).

@@ -10,6 +10,8 @@
  * vectorises it at the level's width: the Philox rounds across a group's
  * draws, the Hadamard butterflies down the 16 rows of a band's columns (a
  * column per lane, no shuffles), the scales and the codes. */
+#include <string.h>
+
 #include "lsc_nvfp4.h"
 
 #ifndef LSC_LEVEL
@@ -114,38 +116,83 @@ LSC_NV4_INL void lsc_nv4_row_body(const char *x, int64_t n, int code, const lsc_
     }
 }
 
-/* A band's tile: 16 rows of w <= LSC_NV4_TILE columns into v (rows
- * LSC_NV4_TILE apart), with the Hadamard transform down each column and the
- * results rounded to bfloat16 when rht (the input is then bfloat16). */
-LSC_NV4_INL void lsc_nv4_tile(const char *x, int64_t w, int64_t rs, int code, int rht, float *v)
+/* ---- the Hadamard transform, 16 columns at a time --------------------------
+ * GCC's vector types of 16 lanes, which each level compiles at its width (four
+ * SSE registers, two AVX ones, one AVX-512 one): the 16 rows of 16 columns are
+ * transformed in registers (the signs, the four butterfly stages, the rounding
+ * to bfloat16 as lsc_nv4_bf16 rounds, the column amaxes) and stored once, where
+ * a loop per step over the L1 tile took eight passes over it. */
+typedef float lsc_nv4_vf __attribute__((vector_size(64)));
+typedef lsc_u32 lsc_nv4_vu __attribute__((vector_size(64)));
+typedef lsc_i32 lsc_nv4_vi __attribute__((vector_size(64)));
+typedef lsc_u16 lsc_nv4_vh __attribute__((vector_size(32)));
+
+/* The transform of 16 bfloat16 columns (row i at x + i * rs) into v (rows
+ * LSC_NV4_TILE apart, float32 of the bfloat16 results; a NaN is a NaN there,
+ * whose payload the codes and the amax do not read: lsc_nv4_bf16's 0x7FFF is
+ * rht_out's), their amax bits, NaN left out, into m.  The rounding adds to
+ * the float32 bits: a NaN here comes from a bfloat16 NaN or is the default
+ * NaN, both with their low 16 bits clear, so it stays a NaN. */
+LSC_NV4_INL void lsc_nv4_rht_lanes(const char *x, int64_t rs, float *v, lsc_u32 *m)
 {
+    lsc_nv4_vf r[16];
+    lsc_nv4_vu mx = {0};
+    for (int i = 0; i < 16; i++) {
+        lsc_nv4_vh h;
+        memcpy(&h, x + i * rs, sizeof h);
+        const lsc_nv4_vu u = __builtin_convertvector(h, lsc_nv4_vu) << 16;
+        memcpy(&r[i], &u, sizeof u);
+        r[i] *= lsc_nv4_sign(i);
+    }
+    for (int h = 1; h < 16; h *= 2)
+        for (int i = 0; i < 16; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                const lsc_nv4_vf p = r[j], q = r[j + h];
+                r[j] = p + q;
+                r[j + h] = p - q;
+            }
+    for (int i = 0; i < 16; i++) {
+        lsc_nv4_vu xb;
+        memcpy(&xb, &r[i], sizeof xb);
+        const lsc_nv4_vu wide = ((xb + 0x7FFFu + ((xb >> 16) & 1u)) >> 16) << 16;
+        const lsc_nv4_vu ab = wide & 0x7FFFFFFFu;
+        const lsc_nv4_vu a = ab & (lsc_nv4_vu)(ab <= 0x7F800000u);   /* a NaN left out */
+        const lsc_nv4_vu more = (lsc_nv4_vu)(a > mx);
+        memcpy(v + i * LSC_NV4_TILE, &wide, sizeof wide);
+        mx = (a & more) | (mx & ~more);
+    }
+    memcpy(m, &mx, sizeof mx);
+}
+
+/* A band's tile: 16 rows of w <= LSC_NV4_TILE columns into v (rows
+ * LSC_NV4_TILE apart) and their column amaxes (NaN left out) into m, with
+ * the Hadamard transform down each column, rounded to bfloat16, when rht
+ * (the input is then bfloat16; a last partial group of 16 columns goes
+ * through a zero-padded copy). */
+LSC_NV4_INL void lsc_nv4_tile(const char *x, int64_t w, int64_t rs, int code, int rht, float *v,
+                              lsc_u32 *m)
+{
+    if (rht) {
+        for (int64_t j = 0; j < w; j += 16) {
+            if (w - j >= 16) {
+                lsc_nv4_rht_lanes(x + 2 * j, rs, v + j, m + j);
+                continue;
+            }
+            lsc_u16 pad[16 * 16] = {0};
+            float pv[16 * LSC_NV4_TILE];
+            lsc_u32 pm[16];
+            for (int64_t i = 0; i < 16; i++)
+                memcpy(pad + 16 * i, x + i * rs + 2 * j, (size_t)(2 * (w - j)));
+            lsc_nv4_rht_lanes((const char *)pad, 32, pv, pm);
+            for (int64_t i = 0; i < 16; i++)
+                memcpy(v + i * LSC_NV4_TILE + j, pv + i * LSC_NV4_TILE, (size_t)(4 * (w - j)));
+            memcpy(m + j, pm, (size_t)(4 * (w - j)));
+        }
+        return;
+    }
     for (int64_t i = 0; i < 16; i++)
         for (int64_t j = 0; j < w; j++)
             v[i * LSC_NV4_TILE + j] = lsc_nv4_load(x + i * rs, j, code);
-    if (!rht)
-        return;
-    for (int64_t i = 0; i < 16; i++) {
-        const float sg = lsc_nv4_sign((int)i);
-        for (int64_t j = 0; j < w; j++)
-            v[i * LSC_NV4_TILE + j] *= sg;
-    }
-    for (int64_t h = 1; h < 16; h *= 2)
-        for (int64_t i = 0; i < 16; i += 2 * h)
-            for (int64_t r = i; r < i + h; r++) {
-                float *a = v + r * LSC_NV4_TILE, *b = v + (r + h) * LSC_NV4_TILE;
-                for (int64_t j = 0; j < w; j++) {
-                    const float p = a[j], m = b[j];
-                    a[j] = p + m;
-                    b[j] = p - m;
-                }
-            }
-    for (int64_t i = 0; i < 16 * LSC_NV4_TILE; i++)
-        v[i] = lsc_nv4_widen(lsc_nv4_bf16(v[i]));
-}
-
-/* The column amaxes of a tile of w columns into m. */
-LSC_NV4_INL void lsc_nv4_col_amax(const float *v, int64_t w, lsc_u32 *m)
-{
     for (int64_t j = 0; j < w; j++)
         m[j] = 0;
     for (int64_t i = 0; i < 16; i++)
@@ -167,8 +214,7 @@ LSC_NV4_INL void lsc_nv4_band_body(const char *x, int64_t wtot, int64_t rs, int 
         const int64_t w = wtot - cc < LSC_NV4_TILE ? wtot - cc : LSC_NV4_TILE, c = c0 + cc;
         lsc_u32 m[LSC_NV4_TILE], sf[LSC_NV4_TILE], wd[4 * LSC_NV4_TILE];
         float f[LSC_NV4_TILE];
-        lsc_nv4_tile(x + cc * LSC_MX_WIDTH(code), w, rs, code, k->rht, v);
-        lsc_nv4_col_amax(v, w, m);
+        lsc_nv4_tile(x + cc * LSC_MX_WIDTH(code), w, rs, code, k->rht, v, m);
         if (k->tile) {   /* one amax, scale and factor per 16 columns */
             for (int64_t t = 0; t < w / 16; t++) {
                 lsc_u32 mt = 0;
@@ -227,13 +273,12 @@ static lsc_u32 lsc_nv4_rht_body(const char *x, int64_t wtot, int64_t rs, lsc_u16
     for (int64_t cc = 0; cc < wtot; cc += LSC_NV4_TILE) {
         const int64_t w = wtot - cc < LSC_NV4_TILE ? wtot - cc : LSC_NV4_TILE;
         lsc_u32 m[LSC_NV4_TILE];
-        lsc_nv4_tile(x + cc * 2, w, rs, LSC_CODE_BF16, 1, v);
-        lsc_nv4_col_amax(v, w, m);
+        lsc_nv4_tile(x + cc * 2, w, rs, LSC_CODE_BF16, 1, v, m);
         for (int64_t j = 0; j < w; j++)
             amax = m[j] > amax ? m[j] : amax;
-        for (int64_t i = 0; out && i < 16; i++)
+        for (int64_t i = 0; out && i < 16; i++)   /* lsc_nv4_bf16's words, NaN 0x7FFF */
             for (int64_t j = 0; j < w; j++)
-                out[i * ldo + cc + j] = (lsc_u16)(lsc_f32_bits(v[i * LSC_NV4_TILE + j]) >> 16);
+                out[i * ldo + cc + j] = lsc_nv4_bf16(v[i * LSC_NV4_TILE + j]);
     }
     return amax;
 }

@@ -4,6 +4,8 @@ answers, the worked examples derived from TE's source lines, and every pass agai
 NumPy twin (lscore/_reference_nvfp4.py) on generated inputs at every ISA level and thread
 count, both orientations, tiles, the Hadamard transform and stochastic rounding."""
 
+import pathlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -271,3 +273,46 @@ def test_bad_arguments():
         kernels.nvfp4_te_quantize(x.astype(np.float64), 1.0)
     with pytest.raises(ValueError, match="x must be a 2-D bfloat16 array, got float32"):
         kernels.hadamard16(x)
+
+
+RN_EVERY_FLOAT = r"""
+#include <stdio.h>
+#include "lsc_nvfp4.h"
+/* the rule as lsc_mx.h's E2M1 narrowing (torchao's bit arithmetic) and the NaN +6 */
+static lsc_u32 by_torchao_bits(float v)
+{
+    lsc_u32 nan = -(lsc_u32)((lsc_f32_bits(v) & 0x7FFFFFFFu) > 0x7F800000u);
+    return (lsc_e2m1_from_f32(v) & ~nan) | (7u & nan);
+}
+int main(void)
+{
+    unsigned long bad = 0;
+    for (unsigned long long w = 0; w <= 0xFFFFFFFFull; ++w) {
+        float f = lsc_f32_from_bits((lsc_u32)w);
+        if (lsc_nv4_rn(f) != by_torchao_bits(f) && bad++ < 5)
+            printf("%08llx\n", w);
+    }
+    printf("%lu\n", bad);
+    return 0;
+}
+"""
+
+
+@pytest.mark.slow
+def test_rn_equals_the_bit_rule_at_every_float(tmp_path):
+    """lsc_nv4_rn (regions and a 2**23 rounding add) equals lsc_mx.h's E2M1 narrowing with
+    NaN +6 at every float32 bit pattern (2**32 of them, about a minute)."""
+    import shutil
+    import subprocess
+
+    import lscore._ext
+
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src, exe = tmp_path / "rn.c", tmp_path / "rn"
+    src.write_text(RN_EVERY_FLOAT)
+    inc = str(pathlib.Path(lscore._ext.__file__).parent)
+    cmd = [cc, "-O2", "-ffp-contract=off", "-DLSC_LEVEL=v2", f"-I{inc}", str(src), "-o", str(exe)]
+    subprocess.run(cmd, check=True)
+    assert subprocess.run([str(exe)], capture_output=True, text=True).stdout == "0\n"
