@@ -57,10 +57,11 @@ class Nv4Launcher(KernelLauncher):
         import numpy as np
 
         s, o = seed or 0, offset
-        rng = (np.int32(seed is not None), np.uint32(s & 0xFFFFFFFF), np.uint32(s >> 32))
+        rng: tuple = (np.int32(seed is not None), np.uint32(s & 0xFFFFFFFF), np.uint32(s >> 32))
         rng += (np.uint32(o & 0xFFFFFFFF), np.uint32(o >> 32))
         out = (np.uint64(scales_ptr), np.uint64(data_ptr))
         code = BY_NAME[x.dtype]
+        tail: tuple
         if tile:  # a thread per 16 x 16 tile, or per block of 16
             name, tail, per = nv4_name("tiles", code, hw), (np.int32(axis == 0), *out), 256
         elif axis == 0:
@@ -96,7 +97,7 @@ class Nv4Launcher(KernelLauncher):
 
         if rows * cols == 0:
             return
-        args = (np.uint64(scales_ptr), np.uint64(data_ptr), np.int64(rows), np.int64(cols))
+        args: tuple = (np.uint64(scales_ptr), np.uint64(data_ptr), np.int64(rows), np.int64(cols))
         args += (np.int32(layout), np.float32(amax), np.uint64(out_ptr))
         name = nv4_name("dequant", BY_NAME[out_dtype])
         self.backend.launch(name, self._grid(rows * cols), self.block, args, stream)

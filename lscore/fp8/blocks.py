@@ -355,7 +355,9 @@ def quantize_on(
         amax = float(arrays.h["to_host"](arrays.amax(x, None, "propagate")))
         size = int(np.prod(x.shape))
         pts = np.float32(
-            kernels.nvfp4_tensor_scale(nvfp4.torchao_amax(amax, arrays.h["view"](x).dtype, size))
+            kernels.nvfp4_tensor_scale(
+                float(nvfp4.torchao_amax(amax, arrays.h["view"](x).dtype, size))
+            )
         )
     kaxis = 0 if cols else -1
     if r.mode == "nvfp4":

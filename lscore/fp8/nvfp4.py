@@ -64,9 +64,9 @@ def torchao_tensor_scale(x: np.ndarray) -> np.float32:
     """NVFP4's per-tensor scale: torchao's per_tensor_amax_to_scale of torch.max(|x|)."""
     if x.size == 1:  # torch.abs of the one element: its bits with the sign cleared
         one = np.abs(x.astype(np.float32).reshape(-1)[:1]).view(np.uint32) & 0x7FFFFFFF
-        return np.float32(kernels.nvfp4_tensor_scale(one.view(np.float32)[0]))
+        return np.float32(kernels.nvfp4_tensor_scale(float(one.view(np.float32)[0])))
     amax = torchao_amax(kernels.fp8_amax(x, True), x.dtype.name, x.size)
-    return np.float32(kernels.nvfp4_tensor_scale(amax))
+    return np.float32(kernels.nvfp4_tensor_scale(float(amax)))
 
 
 # TE's NVFP4BlockScaling switches (common/recipe/__init__.py:484-605) -> the field each
@@ -185,7 +185,7 @@ def quantize_blocks_te(
             "(stochastic_rounding=True); pass seed= (and offset=, a new one for each "
             "quantize), or use stochastic_rounding=False (disable_stochastic_rounding=True)"
         )
-    opts = dict(
+    opts: dict[str, Any] = dict(
         axis=ax,
         tile=tiles,
         rht=rht,

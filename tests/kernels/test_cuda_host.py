@@ -53,9 +53,9 @@ def test_harness_has_every_kernel_lscore_launches():
 
 
 def test_wrong_argument_width_is_caught(backend):
-    from lscore.cuda.launch import _meta_dtype
+    from lscore.cuda.plans import meta_dtype
 
-    meta = np.zeros(1, _meta_dtype("lsc_meta_4k"))  # the struct passed by value
+    meta = np.zeros(1, meta_dtype("lsc_meta_4k"))  # the struct passed by value
     flag = np.zeros(1, np.uint32)
     name = kernel_name("all_finite", Code.F32)
     args = (meta[0], np.int32(8), np.uint64(flag.ctypes.data), np.uint32(1))
