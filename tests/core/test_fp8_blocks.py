@@ -16,7 +16,7 @@ import pytest
 import lscore.fp8 as fp8
 from lscore import _reference_mx as ref
 from lscore import kernels
-from lscore.fp8 import block_recipes, blocks
+from lscore.fp8 import block_table, blocks
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -145,7 +145,7 @@ RULE_PRESETS = ["ocp-mx", "te-mxfp8", "te-mxfp8@4ff5fdfed0c1"]
 def test_rule_presets_equal_twin(name, elem, dtype):
     name, _, revision = name.partition("@")
     r = fp8.recipe(name, revision=revision)
-    if elem not in block_recipes._MODES[r.mode]["elements"]:
+    if elem not in block_table.MODES[r.mode]["elements"]:
         with pytest.raises(ValueError, match="element must be one of e4m3fn, e5m2 under mode 'te'"):
             fp8.quantize_blocks(np.zeros(32, np.float32), r, element=elem)
         return
