@@ -21,7 +21,6 @@ launch, the call's state and an arrival ticket), then costs the same.
 
 from __future__ import annotations
 
-import collections
 import functools
 from typing import Any
 
@@ -30,6 +29,16 @@ import numpy as np
 from lscore import kernels
 from lscore.cuda._lru import LRU
 from lscore.cuda.backend import Backend
+from lscore.cuda.call_block import (
+    CALL_SIZES,
+    CALL_SLOTS,
+    NORM_FIRST,
+    NORM_INF,
+    NORM_LAST,
+    NORM_PART,
+    CallBlock,
+    pack_norm,
+)
 
 # the defaults and the variable are named here too (lscore.cuda.launch.CHUNK, .ENV, ...)
 from lscore.cuda.config import BLOCK as BLOCK
@@ -57,26 +66,6 @@ from lscore.cuda.sources import METAS, OPS, kernel_name
 from lscore.dtypes import Code
 
 MARK_LIMIT = 0xFFFFFFFF
-
-_Norm = collections.namedtuple("_Norm", "unscale clip result coef_ptr keep")
-
-# byte widths of the scan kernels' per-call parameters (_ext/scan.cu), after the argument
-# struct and the chunk
-_CALL_SIZES = {
-    "unscale": (8, 8, 8, 4),  # inv, inv_dev, found, mark
-    "all_finite": (8, 4),
-}  # found, mark
-# which slots of the call block (uint64 words) those per-call parameters are
-_CALL_SLOTS = {"unscale": (0, 1, 2, 3), "all_finite": (2, 3)}
-# consecutive, so that a launch's void*[] points at them as one run (kernels.launch_params)
-assert all(s == tuple(range(s[0], s[0] + len(s))) for s in _CALL_SLOTS.values())
-# the call block: inv, inv_dev, found, mark, then the norm's max_norm, coef, coef_dev and the
-# addresses in its buffer (the call's state, the arrival ticket, the block partials)
-_INV, _INV_DEV, _FOUND, _MARK, _MAX_NORM, _COEF, _COEF_DEV, _STATE, _TICKET, _PART = range(10)
-# the norm buffer (float64 words): state[0 .. 5), the ticket's word, then the partials
-_NORM_TICKET, _NORM_PART = 5, 6
-# lsc_mt_unscale_norm's flags (scan.cu): inf-norm, the call's first and last launch
-_NORM_INF, _NORM_FIRST, _NORM_LAST = (kernels.NORM_FLAGS[k] for k in ("INF", "FIRST", "LAST"))
 
 
 class MultiTensor:
@@ -129,16 +118,11 @@ class MultiTensor:
         self.flag_ptr = backend.ptr(self.flag)
         self._mark = 0
         self._wrapped = False
-        # the per-call parameters, shared by every launch (slots: _INV ... _PART)
-        self._call = np.zeros(10, np.uint64)
+        self.call = CallBlock()  # the per-call parameters, shared by every launch
         self._norm_dev = None
-        self._inv = self._call[_INV : _INV + 1].view(np.float64)
-        self._max_norm = self._call[_MAX_NORM : _MAX_NORM + 1].view(np.float64)
-        self._coef = self._call[_COEF : _COEF + 1].view(np.float64)
-        self._call_addr = self._call.ctypes.data
         # the byte widths of each scan op's parameters: its struct, the chunk, the call's
         size = meta_dtype(self.meta).itemsize
-        self._widths = {op: argument_widths(size, _CALL_SIZES[op]) for op in OPS}
+        self._widths = {op: argument_widths(size, CALL_SIZES[op]) for op in OPS}
 
     def kernel(self, name: str) -> Any:
         """The backend's handle of kernel `name` on this device, looked up once."""
@@ -184,8 +168,8 @@ class MultiTensor:
         for op in OPS:
             # each launch's void*[] is a row of `params`: its struct, its chunk, then the
             # op's words of the shared call block (consecutive slots)
-            slots = _CALL_SLOTS[op]
-            rows = kernels.launch_params(args, size, self._call_addr + 8 * slots[0], len(slots))
+            slots = CALL_SLOTS[op]
+            rows = kernels.launch_params(args, size, self.call.arg(slots[0], 0)[0], len(slots))
             params = rows[0]
             out._keep += [params, self._widths[op]]
             out.ops[op] = launch_entries(
@@ -198,7 +182,7 @@ class MultiTensor:
         # (code, address of its struct, blocks, threads) per launch: the first column of
         # any op's rows
         structs = params[:, 0].tolist()
-        out._specs = [(code, structs[k], nb, threads[code]) for k, (code, nb) in enumerate(specs)]
+        out.specs = [(code, structs[k], nb, threads[code]) for k, (code, nb) in enumerate(specs)]
         out.count = len(specs)
         return out
 
@@ -242,11 +226,7 @@ class MultiTensor:
         """Write the scan's per-call parameters into the shared block; returns the mark."""
         if mark is None:
             mark = self.next_mark()
-        call = self._call
-        self._inv[0] = inv
-        call[_INV_DEV] = inv_ptr
-        call[_FOUND] = self.flag_ptr if found_ptr is None else found_ptr
-        call[_MARK] = mark
+        self.call.set_scan(inv, inv_ptr, self.flag_ptr if found_ptr is None else found_ptr, mark)
         return mark
 
     def enqueue(self, entries: Any, stream: Any = None) -> None:
@@ -279,69 +259,16 @@ class MultiTensor:
             len(widths),
         )
 
-    def _call_arg(self, slot: int, width: int) -> tuple:
-        """(address, byte width) of a per-call parameter in the shared call block."""
-        return self._call_addr + 8 * slot, width
-
     def _norm_buffer(self) -> Any:
         """The device buffer of the one-pass norm, allocated on first use: the call's state
         (running total, then norm, coefficient, found, total), the arrival ticket, and one
         partial per block of the largest launch (``max_blocks``): its size is fixed by the
         launch limits, whatever the model or the number of plans."""
         if self._norm_dev is None:
-            dev = self.backend.to_device(np.zeros(_NORM_PART + self.max_blocks, np.float64))
-            base = self.backend.ptr(dev)
-            call = self._call
-            call[_STATE] = base
-            call[_TICKET] = base + 8 * _NORM_TICKET
-            call[_PART] = base + 8 * _NORM_PART
+            dev = self.backend.to_device(np.zeros(NORM_PART + self.max_blocks, np.float64))
+            self.call.set_norm_buffer(self.backend.ptr(dev))
             self._norm_dev = dev
         return self._norm_dev
-
-    def _pack_norm(self, prepared: Launches) -> _Norm:
-        """The one-pass norm's launches over `prepared` (arguments packed)."""
-        keep: list = []
-        arg = self._call_arg
-        buf = self._norm_buffer()
-        unscale, clip = [], []
-        nflags = np.zeros(len(prepared._specs), np.uint64)  # each launch's, set per call
-        keep.append(nflags)
-        for k, (code, own, nb, nthreads) in enumerate(prepared._specs):
-            unscale.append(
-                self.pack(
-                    keep,
-                    kernel_name("unscale_norm", code, self.meta),
-                    nb,
-                    nthreads,
-                    own,
-                    (
-                        arg(_INV, 8),
-                        arg(_INV_DEV, 8),
-                        arg(_FOUND, 8),
-                        arg(_MARK, 4),
-                        (nflags.ctypes.data + 8 * k, 4),
-                        arg(_MAX_NORM, 8),
-                        arg(_PART, 8),
-                        arg(_STATE, 8),
-                        arg(_TICKET, 8),
-                    ),
-                )
-            )
-            clip.append(
-                self.pack(
-                    keep,
-                    kernel_name("clip", code, self.meta),
-                    nb,
-                    nthreads,
-                    own,
-                    (arg(_COEF, 8), arg(_COEF_DEV, 8)),
-                )
-            )
-        if not unscale:  # nothing to measure: the empty norm's constant result
-            empty = self.backend.to_device(np.array([0.0, 1.0, 0.0, 0.0]))
-            return _Norm(unscale, clip, empty, self.backend.ptr(empty) + 8, (keep, nflags))
-        state = int(self._call[_STATE])
-        return _Norm(unscale, clip, buf[1:5], state + 8 * 2, (keep, nflags))
 
     def launch_norm(
         self,
@@ -366,14 +293,14 @@ class MultiTensor:
         The first norm on a device allocates its one buffer; later calls upload nothing.
         """
         if prepared.norm is None:
-            prepared.norm = self._pack_norm(prepared)
+            prepared.norm = pack_norm(self, prepared, self._norm_buffer())
         mark = self._set_call(inv, inv_ptr, None, mark)
         nflags = prepared.norm.keep[1]
-        nflags[:] = _NORM_INF if inf_norm else 0
+        nflags[:] = NORM_INF if inf_norm else 0
         if len(nflags):
-            nflags[0] |= _NORM_FIRST
-            nflags[-1] |= _NORM_LAST
-        self._max_norm[0] = max_norm
+            nflags[0] |= NORM_FIRST
+            nflags[-1] |= NORM_LAST
+        self.call.max_norm[0] = max_norm
         self.enqueue(prepared.norm.unscale, stream)
         return mark
 
@@ -392,8 +319,7 @@ class MultiTensor:
             raise RuntimeError("launch_clip() needs a launch_norm() on the same plan first")
         if coef is None and not coef_ptr:
             coef_ptr = prepared.norm.coef_ptr
-        self._coef[0] = 1.0 if coef is None else coef
-        self._call[_COEF_DEV] = 0 if coef is not None else coef_ptr
+        self.call.set_clip(coef, coef_ptr)
         self.enqueue(prepared.norm.clip, stream)
 
     def found(self, mark: int) -> bool:

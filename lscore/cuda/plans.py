@@ -146,12 +146,12 @@ class Launches:
     float64 [norm, clip coefficient, found (1.0/0.0), folded total].
     """
 
-    __slots__ = ("_keep", "_specs", "count", "norm", "ops")
+    __slots__ = ("_keep", "specs", "count", "norm", "ops")
 
     def __init__(self) -> None:
         self.ops: dict[str, list] = {op: [] for op in OPS}
         self.count = 0
         self.norm: Any = None  # the one-pass norm (a _Norm), packed on first use
         # (dtype code, address of its argument block, blocks) of every launch
-        self._specs: list[tuple] = []
+        self.specs: list[tuple] = []
         self._keep: list = []
