@@ -146,7 +146,7 @@ class Launches:
     float64 [norm, clip coefficient, found (1.0/0.0), folded total].
     """
 
-    __slots__ = ("_keep", "specs", "count", "norm", "ops")
+    __slots__ = ("_keep", "count", "norm", "ops", "specs")
 
     def __init__(self) -> None:
         self.ops: dict[str, list] = {op: [] for op in OPS}
