@@ -29,6 +29,7 @@
  * and lscore.kernels.mx_quantize.
  */
 /* mx.cu: fp8.cu's lsc_fp8_in / lsc_fp8_out, lsc_mx.h and lsc_mxk_amax */
+#include "lsc_codes.h"
 #include "mx.cu"
 
 /* A block's scale from its amax bits m: under a float32 rule the factor *r

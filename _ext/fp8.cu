@@ -22,8 +22,8 @@
 /* lsc_half.h's float64 widenings serve the scan kernels; unused here */
 #pragma nv_diag_suppress 177
 #endif
-#ifndef LSC_FP8_CU
-#define LSC_FP8_CU
+#ifndef LSCORE_FP8_CU_
+#define LSCORE_FP8_CU_
 
 #include "lsc_codes.h"
 #include "lsc_half.h"
@@ -320,4 +320,4 @@ __global__ void lsc_fp8_dequant2d(const unsigned char *q, long long rows, long l
     }
 }
 
-#endif /* LSC_FP8_CU */
+#endif /* LSCORE_FP8_CU_ */

@@ -42,8 +42,8 @@
  */
 /* fp8.cu: lsc_fp8_in and lsc_fp8_out (an element widened, a result narrowed),
  * lsc_fp8.h and lsc_half.h */
-#ifndef LSC_MX_CU
-#define LSC_MX_CU
+#ifndef LSCORE_MX_CU_
+#define LSCORE_MX_CU_
 
 #include "lsc_codes.h"
 #include "fp8.cu"
@@ -428,4 +428,4 @@ __global__ void lsc_mx_dequant(const unsigned char *scales, const unsigned char 
     }
 }
 
-#endif /* LSC_MX_CU */
+#endif /* LSCORE_MX_CU_ */

@@ -178,7 +178,7 @@ def torch_fns(torch) -> dict:
         return (uint8_data[::2] | uint8_data[1::2] << 4).view(*shape[:-1], shape[-1] // 2)
 
     def nvfp4(data_hp):  # per_tensor_amax_to_scale, then nvfp4_quantize with the tensor scale
-        per_tensor_scale = torch.amax(torch.abs(data_hp)).to(torch.float32) / (E4M3_MAX * E2M1_MAX)
+        per_tensor_scale = torch.max(torch.abs(data_hp)).to(torch.float32) / (E4M3_MAX * E2M1_MAX)
         orig_shape = data_hp.shape
         data_hp = data_hp.float().reshape(orig_shape[0], -1, 16)
         max_abs = torch.amax(torch.abs(data_hp), dim=-1)

@@ -33,6 +33,7 @@ import ast
 import importlib.util
 import pathlib
 import sys
+import types
 
 import numpy as np
 import torch
@@ -160,8 +161,12 @@ def record_torchao(out):
 
 
 def record_te(out, references):
-    sys.path.insert(0, str(references))
-    from references.blockwise_quantizer_reference import BlockwiseQuantizerReference
+    # TE's tests/pytorch/references as the package "references", without editing sys.path
+    pkg = types.ModuleType("references")
+    pkg.__path__ = [str(pathlib.Path(references) / "references")]
+    sys.modules["references"] = pkg
+    ref = importlib.import_module("references.blockwise_quantizer_reference")
+    BlockwiseQuantizerReference = ref.BlockwiseQuantizerReference
 
     te = BlockwiseQuantizerReference()
     rng = np.random.default_rng(SEED + 1)
