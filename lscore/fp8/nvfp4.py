@@ -61,7 +61,8 @@ def torchao_amax(amax: float, dtype: str, size: int) -> np.float32:
 
 
 def torchao_tensor_scale(x: np.ndarray) -> np.float32:
-    """NVFP4's per-tensor scale: torchao's per_tensor_amax_to_scale of ``torch.max(torch.abs(x))``."""
+    """NVFP4's per-tensor scale: torchao's per_tensor_amax_to_scale of
+    ``torch.max(torch.abs(x))``."""
     if x.size == 1:  # torch.abs of the one element: its bits with the sign cleared
         one = np.abs(x.astype(np.float32).reshape(-1)[:1]).view(np.uint32) & 0x7FFFFFFF
         return np.float32(kernels.nvfp4_tensor_scale(float(one.view(np.float32)[0])))
