@@ -58,8 +58,8 @@ fi
 echo "sanitize: instrumented build; ASan caught the deliberate out-of-bounds read"
 # The compiled core's tests, by folder: tests/core and tests/kernels.  What needs
 # torch, cupy or a GPU skips here (importorskip, the gpu marker); the NVRTC and kernel-cache
-# tests, and the NVRTC compiles of test_fp8_cuda, test_mx_formats and test_mx_cuda (with
-# its ptxas check), compile CUDA text
+# tests, and the NVRTC compiles of test_fp8_cuda, test_mx_formats, test_mx_cuda (with
+# its ptxas check) and test_nvfp4_te_cuda, compile CUDA text
 # only (no compiled-core code) and need cupy, which this venv does not have (under CI
 # those fail instead of skipping).
 # -P: the copy's lscore/ folder must not shadow the instrumented installed package; nor may
@@ -72,4 +72,5 @@ rm -f "$src/conftest.py"
     --deselect tests/kernels/test_mx_formats.py::test_header_compiles_with_nvrtc \
     --deselect tests/kernels/test_mx_cuda.py::test_compiles_with_nvrtc \
     --deselect tests/kernels/test_mx_cuda.py::test_ptxas_assembles_the_sm100a_instructions \
+    --deselect tests/kernels/test_nvfp4_te_cuda.py::test_compiles_with_nvrtc \
     tests/core tests/kernels
