@@ -2,7 +2,7 @@
 ``LossScaleOptimizer`` (TF/Keras-shaped loss scaling as a torch optimizer),
 ``SkipAwareLR`` (a learning-rate schedule that advances only on applied steps) and FP8 training
 emulated on any machine (``convert_to_float8``, ``Float8Linear``, ``DelayedFloat8Linear``,
-``MXLinear``, ``fp8_update``)."""
+``MXLinear``, ``StochasticMXLinear``, ``fp8_update``)."""
 
 try:
     import torch as _torch  # noqa: F401 - only whether torch imports matters here
@@ -20,7 +20,7 @@ from lscore.adapters.torch.fp8 import (
     convert_to_float8,
     fp8_update,
 )
-from lscore.adapters.torch.mx import MXLinear
+from lscore.adapters.torch.mx import MXLinear, StochasticMXLinear
 from lscore.adapters.torch.optimizer import LossScaleOptimizer
 from lscore.adapters.torch.scaler import GradScaler, ScalerConfigError
 from lscore.adapters.torch.schedule import SkipAwareLR
@@ -34,6 +34,7 @@ __all__ = [
     "ScalerAssertionError",
     "ScalerConfigError",
     "SkipAwareLR",
+    "StochasticMXLinear",
     "convert_to_float8",
     "fp8_update",
     "torch_policy",
@@ -51,6 +52,7 @@ for _obj in (
     ScalerAssertionError,
     ScalerConfigError,
     SkipAwareLR,
+    StochasticMXLinear,
     convert_to_float8,
     fp8_update,
     GradUnscaler,

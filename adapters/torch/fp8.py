@@ -233,7 +233,9 @@ def convert_to_float8(
     As torchao's ``convert_to_float8_training``: each ``nn.Linear`` (``module_filter(module,
     fqn)`` true, when given) becomes a :class:`Float8Linear` (current-scaling recipes), a
     :class:`DelayedFloat8Linear` (``"te-delayed"``) or an :class:`MXLinear` (block recipes,
-    such as ``"te-mxfp8"`` and ``"nvfp4"``) sharing its parameters; a root ``nn.Linear`` is not
+    such as ``"te-mxfp8"`` and ``"nvfp4"``; a :class:`StochasticMXLinear`, which keeps the
+    random stream in its state, under one that rounds gradients stochastically, such as
+    ``"te-nvfp4"``) sharing its parameters; a root ``nn.Linear`` is not
     changed and its replacement is returned. ``recipe`` is a name of ``lscore.fp8.RECIPES`` or
     ``lscore.fp8.BLOCK_RECIPES``, an ``lscore.fp8.Recipe`` or an ``lscore.fp8.BlockRecipe``.
     Under a per-tensor recipe any feature sizes are taken: the emulated product needs no

@@ -12,21 +12,32 @@ there: the numerics of an MX GEMM on a CPU or a GPU without block-scaled units. 
 ``torchao-mx-*`` recipes the outputs and gradients are bitwise those of torchao 0.18's
 ``MXFP8Linear`` with ``kernel_preference=KernelPreference.EMULATED``
 (``torchao/prototype/moe_training/mxfp8_linear.py`` and ``mx_formats/mx_tensor.py``, v0.18.0).
-Block scaling is current scaling: a layer keeps no scaling state.
+Block scaling is current scaling: a layer keeps no scaling state, except the random stream of a
+recipe that rounds gradients stochastically (``te-nvfp4``: :class:`StochasticMXLinear`).
+
+Under ``te-nvfp4`` the operands are TransformerEngine v2.18's NVFP4BlockScaling's
+(``transformer_engine/common/recipe/__init__.py:584-605``): the forward's input and the output
+gradient of the input-gradient GEMM in 1x16 blocks along the rows (the gradient stochastically
+rounded), the weight in 16x16 tiles, and the two operands of the weight-gradient GEMM as their
+columnwise copies (``axis=0``), each taken through the 16x16 random Hadamard transform along the
+rows, whose matrix is orthogonal and so cancels in the product (the gradient's copy also
+stochastically rounded).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any
 
 import torch
+from torch import nn
 
 import lscore.fp8
 from lscore.adapters.torch._linear import EmulatedLinear
 from lscore.adapters.torch.quantize import dequantize_blocks, quantize_blocks
 
-__all__ = ["MXLinear"]
+__all__ = ["MXLinear", "StochasticMXLinear"]
 
 
 def _block_recipe(
@@ -51,12 +62,21 @@ def _gemm_read(recipe: lscore.fp8.BlockRecipe) -> lscore.fp8.BlockRecipe:
     return dataclasses.replace(recipe, revision=tuple(lscore.fp8.REVISIONS["te"])[1])
 
 
-def _qdq(t: torch.Tensor, recipe: lscore.fp8.BlockRecipe, role: str) -> torch.Tensor:
+def _qdq(
+    t: torch.Tensor,
+    recipe: lscore.fp8.BlockRecipe,
+    role: str,
+    axis: int = -1,
+    stream: tuple[int, int] | None = None,
+) -> torch.Tensor:
     """The 2-D ``t`` quantized as a tensor of `role` ("input", "weight", "grad": the element
     format, and a weight's square tiles under a recipe with ``weight_block``), else in blocks
-    along its last axis, and dequantized to its dtype, as the GEMMs of the implementation the
-    recipe reproduces read the blocks (``_gemm_read``)."""
-    return dequantize_blocks(quantize_blocks(t, _gemm_read(recipe), role=role), t.dtype)
+    along `axis`, and dequantized to its dtype, as the GEMMs of the implementation the recipe
+    reproduces read the blocks (``_gemm_read``); `stream`: the (seed, offset) of a gradient's
+    stochastic rounding."""
+    seed, offset = (None, 0) if stream is None or role != "grad" else stream
+    q = quantize_blocks(t, _gemm_read(recipe), axis=axis, role=role, seed=seed, offset=offset)
+    return dequantize_blocks(q, t.dtype)
 
 
 def _t(t: torch.Tensor) -> torch.Tensor:
@@ -78,18 +98,35 @@ class _BlockMatMul(torch.autograd.Function):
         return torch.mm(_qdq(x, r, "input"), _qdq(weight.to(x.dtype), r, "weight").t())
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+    def backward(
+        ctx: Any, grad: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
         x, weight = ctx.saved_tensors
-        r: lscore.fp8.BlockRecipe = ctx.layer.recipe
+        layer: MXLinear = ctx.layer
+        r = layer.recipe
+        # one draw of the layer's random stream per backward: both copies of the gradient
+        # take it (their draws differ by the columnwise bit of the counter)
+        stream = layer.next_stream()
         grad = grad.contiguous()
-        # grad_input = grad @ weight: reduction over the output features (a weight's tiles
-        # are the same in either orientation: TE's columnwise weight is its rowwise one
-        # transposed)
-        w = weight.to(grad.dtype)
-        grad_x = torch.mm(_qdq(grad, r, "grad"), _qdq(_t(w), r, "weight").t())
-        # grad_weight = grad.T @ x: reduction over the rows
-        grad_w = torch.mm(_qdq(_t(grad), r, "grad"), _qdq(_t(x.to(grad.dtype)), r, "input").t())
-        return grad_x.to(x.dtype), grad_w.to(weight.dtype), None
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            # grad_input = grad @ weight: reduction over the output features (a weight's tiles
+            # are the same in either orientation: TE's columnwise weight is its rowwise one
+            # transposed)
+            w = _qdq(_t(weight.to(grad.dtype)), r, "weight")
+            grad_x = torch.mm(_qdq(grad, r, "grad", stream=stream), w.t()).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            # grad_weight = grad.T @ x: reduction over the rows
+            xg = x.to(grad.dtype)
+            if r.mode == "te-nvfp4":
+                # TE's columnwise copies, quantized along the rows (Hadamard-transformed
+                # alike, so the transform cancels in the product)
+                g0 = _qdq(grad, r, "grad", axis=0, stream=stream)
+                grad_w = torch.mm(g0.t(), _qdq(xg, r, "input", axis=0))
+            else:
+                grad_w = torch.mm(_qdq(_t(grad), r, "grad"), _qdq(_t(xg), r, "input").t())
+            grad_w = grad_w.to(weight.dtype)
+        return grad_x, grad_w, None
 
 
 class MXLinear(EmulatedLinear):
@@ -119,6 +156,17 @@ class MXLinear(EmulatedLinear):
 
     DEFAULT_RECIPE = "te-mxfp8"
 
+    def __new__(cls, *args: Any, recipe: Any = None, **kwargs: Any) -> Any:
+        # a recipe that rounds gradients stochastically makes the layer that keeps its stream
+        if cls is MXLinear and recipe is not None and _block_recipe(recipe).stochastic_rounding:
+            cls = StochasticMXLinear
+        return super().__new__(cls)
+
+    def next_stream(self) -> tuple[int, int] | None:
+        """The (seed, offset) of the next backward's stochastic rounding: None, this layer's
+        recipe rounds to nearest."""
+        return None
+
     def _take_recipe(self, recipe: Any) -> lscore.fp8.BlockRecipe:
         r = _block_recipe(recipe)
         for name in ("in_features", "out_features"):
@@ -135,6 +183,94 @@ class MXLinear(EmulatedLinear):
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
         # the weight gradient's blocks run along the rows: refuse before anything runs
-        self._check_blocks(self.recipe, "input rows", x.shape[0])
+        r = self.recipe
+        self._check_blocks(r, "input rows", x.shape[0])
+        wgrad = torch.is_grad_enabled() and self.weight.requires_grad
+        if r.hadamard and wgrad and x.dtype != torch.bfloat16:
+            raise TypeError(
+                f"{type(self).__name__} input must be bfloat16 under recipe {r.name!r}: the "
+                f"weight gradient's operands take the Hadamard transform, which TE v2.18 takes "
+                f"of bfloat16 only; got {x.dtype} (run the model under torch.autocast with "
+                f"dtype=torch.bfloat16, or use a recipe with hadamard=False)"
+            )
         out: torch.Tensor = _BlockMatMul.apply(x, self.weight, self)
         return out
+
+
+class StochasticMXLinear(MXLinear):
+    """An :class:`MXLinear` under a recipe that rounds gradients stochastically
+    (``"te-nvfp4"``, its default), with the random stream that rounding reads.
+
+    The stream is lscore's counter-based one (``lscore.fp8.quantize_blocks``'s `seed` and
+    `offset`: Philox4x32-10 keyed by the seed, the offset in the counter): each backward reads
+    the draw at ``(seed, offset)`` for both copies of the output gradient and then advances
+    ``offset`` by one. ``seed`` (an integer from 0 to 2**64 - 1) is drawn from torch's
+    default CPU generator when not given, so ``torch.manual_seed`` fixes it, and every layer
+    of a model gets its own. Seed and offset are the layer's state: they go in the module's
+    ``state_dict`` (its ``_extra_state``) and in copies and pickles, so a resumed run rounds
+    as the uninterrupted one did and continues bitwise. ``MXLinear(..., recipe=...)`` with
+    such a recipe builds this class.
+    """
+
+    DEFAULT_RECIPE = "te-nvfp4"
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+        *,
+        recipe: Any = None,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(in_features, out_features, bias, device, dtype, recipe=recipe)
+        if not self.recipe.stochastic_rounding:
+            raise ValueError(
+                f"StochasticMXLinear takes a recipe that rounds gradients stochastically, got "
+                f"{self.recipe.name!r} (use MXLinear)"
+            )
+        if seed is None:
+            # explicit device: from_linear builds layers under torch.device("meta")
+            seed = int(torch.empty((), dtype=torch.int64, device="cpu").random_())
+        self.seed = _word(seed, "seed")
+        self.offset = 0
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, recipe: Any = None, *, seed: int | None = None) -> Any:
+        """A layer that shares ``linear``'s weight and bias, its stream at `seed` (None: drawn
+        from torch's default generator) and offset 0."""
+        new = super().from_linear(linear, recipe)
+        if seed is not None:
+            new.seed = _word(seed, "seed")
+        return new
+
+    def next_stream(self) -> tuple[int, int]:
+        """The (seed, offset) of this backward's stochastic rounding; the offset advances."""
+        stream = (self.seed, self.offset)
+        self.offset = (self.offset + 1) % 2**64
+        return stream
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """The random stream, ``{"seed": ..., "offset": ...}``, saved as ``_extra_state``."""
+        return {"seed": self.seed, "offset": self.offset}
+
+    def set_extra_state(self, state: Any) -> None:
+        """Load a stream saved by :meth:`get_extra_state` (ValueError for anything else)."""
+        if not isinstance(state, dict) or set(state) != {"seed", "offset"}:
+            raise ValueError(
+                f"StochasticMXLinear state must be a dict of 'seed' and 'offset', got {state!r}"
+            )
+        self.seed = _word(state["seed"], "seed")
+        self.offset = _word(state["offset"], "offset")
+
+    def extra_repr(self) -> str:
+        """``MXLinear``'s description and the stream's seed and offset."""
+        return f"{super().extra_repr()}, seed={self.seed}, offset={self.offset}"
+
+
+def _word(v: Any, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v < 2**64:
+        raise ValueError(f"{what} must be an integer from 0 to 2**64 - 1, got {v!r}")
+    return int(v)
