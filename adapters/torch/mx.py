@@ -271,6 +271,7 @@ class StochasticMXLinear(MXLinear):
 
 
 def _word(v: Any, what: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v < 2**64:
+    n = int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else -1
+    if not 0 <= n < 2**64:
         raise ValueError(f"{what} must be an integer from 0 to 2**64 - 1, got {v!r}")
-    return int(v)
+    return n
