@@ -24,10 +24,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from lscore.fp8 import BlockScaled, Float8, block_dequant, blocks, casting, checks
+from lscore.fp8 import (
+    BlockScaled,
+    BlockStats,
+    Float8,
+    block_dequant,
+    block_diagnostics,
+    blocks,
+    casting,
+    checks,
+)
 
 __all__ = [
     "amax",
+    "block_stats",
     "dequantize",
     "dequantize_blocks",
     "quantize",
@@ -370,3 +380,26 @@ def dequantize_blocks(b: BlockScaled, dtype: torch.dtype = torch.float32) -> tor
     if dtype == torch.bfloat16:
         return torch.from_numpy(y.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(y)
+
+
+def block_stats(
+    x: torch.Tensor,
+    recipe: Any,
+    *,
+    axis: int = -1,
+    role: str | None = None,
+    element: str | None = None,
+    seed: int | None = None,
+    offset: int = 0,
+) -> BlockStats:
+    """``lscore.fp8.block_stats`` of a tensor: what quantizing it in blocks by `recipe`
+    produces (saturated, flushed, the scale exponents' histogram), with the same arguments.
+
+    A CPU tensor (float32, float16 or bfloat16, any strides) is read in place; a CUDA
+    tensor is copied to the host and counted there (the codes are the CUDA kernels' bit for
+    bit)."""
+    if _on_cuda(x):
+        x = x.detach().cpu()
+    return block_diagnostics.block_stats(
+        _view(x), recipe, axis=axis, role=role, element=element, seed=seed, offset=offset
+    )

@@ -19,6 +19,7 @@ import numpy as np
 
 from lscore import kernels
 from lscore.diagnostics import count_nonfinite, format_table
+from lscore.fp8 import nvfp4
 from lscore.fp8.block_recipes import BlockRecipe, element_dtype
 from lscore.fp8.blocks import BlockScaled, quantize_blocks
 from lscore.fp8.checks import dtype_name, float_input
@@ -52,8 +53,9 @@ class BlockStats(Fractions):
     that have it, NaN scales left out and counted in ``nan_scales``, Inf ones in
     ``inf_scales`` (torchao's blockwise rule on a block holding an Inf); ``tensor_scale``
     is NVFP4's float32 per-tensor scale (None without one), by which each block's E4M3
-    scale is multiplied.  ``saturated`` counts the finite elements clamped to the element
-    format's largest value (written as that value, and the scaled magnitude rounds above
+    scale is multiplied (under ``te-nvfp4`` the tensor's amax A, as TE keeps it: a block
+    decodes by float(sf) * A / 2688).  ``saturated`` counts the finite elements clamped to
+    the element format's largest value (written as that value, and the scaled magnitude rounds above
     it), ``flushed`` the non-zero finite elements written as zero, ``nonzero`` the non-zero
     finite elements, all three in blocks whose scale is not NaN (a NaN scale loses its
     whole block).  ``tiles`` is True for a weight in square tiles.
@@ -135,28 +137,49 @@ def block_stats(
     axis: int = -1,
     role: str | None = None,
     element: str | None = None,
+    seed: int | None = None,
+    offset: int = 0,
 ) -> BlockStats:
-    """The statistics of quantizing `x` (a float32, float16 or bfloat16 NumPy array) with
-    the block recipe `recipe` (a ``BlockRecipe`` or a preset name), blocks along `axis` (-1,
-    or 0 for a 2-D `x`), as a tensor of `role` (a weight in square tiles under a recipe
+    """The statistics of quantizing `x` (a float32, float16 or bfloat16 NumPy or CuPy array)
+    with the block recipe `recipe` (a ``BlockRecipe`` or a preset name), blocks along `axis`
+    (-1, or 0 for a 2-D `x`), as a tensor of `role` (a weight in square tiles under a recipe
     with ``weight_block``), to `element` (default the role's): see :class:`BlockStats`.
 
     One ``quantize_blocks`` pass; the counts are read from its output (the scale codes and
     the element codes) beside the input, in chunks of whole blocks.  What the recipe refuses
-    (a partial block, an element it does not allow) is refused here.
+    (a partial block, an element it does not allow) is refused here.  A CuPy array is copied
+    to the host and counted there (the codes are the device kernels' bit for bit); torch
+    tensors: ``lscore.adapters.torch.quantize.block_stats``.  Under ``te-nvfp4`` the role's
+    rules apply as ``quantize_blocks`` applies them: a gradient is rounded stochastically
+    with `seed` and `offset`, and a Hadamard-transformed copy (``axis=0``) is counted by its
+    transformed elements, which are what it quantizes (``size`` and the NaN and Inf counts
+    stay the input's).
     """
-    a = float_input(x)  # a NumPy array: the counts read it beside the codes
-    b = quantize_blocks(a, recipe, axis=axis, role=role, element=element)
+    if hasattr(x, "__cuda_array_interface__") and hasattr(x, "get"):
+        x = x.get()  # a CuPy array: the counts read the input beside the codes
+    a = float_input(x)
+    b = quantize_blocks(a, recipe, axis=axis, role=role, element=element, seed=seed, offset=offset)
     r = b.recipe
+    nan, posinf, neginf = count_nonfinite(a)
+    size = int(a.size)
+    te = r.mode == "te-nvfp4"
+    _, rht, sr = nvfp4.options(r, role, b.axis)
+    if te and rht:
+        # what the copy quantizes: the transform's bfloat16 values (words from the kernel)
+        a = kernels.hadamard16(a).view(a.dtype)
     q = b.data.view(np.uint8)
     if b.axis == 0:  # blocks along the first axis: along the last of the transposes
         a, q = a.T, q.T
     top_code, mag, sat_from = _BLOCK_ELEMENTS[b.element]
+    if te and sr:  # stochastic rounding clamps every magnitude above 6 to 6
+        sat_from = np.nextafter(6.0, np.inf)
     values = _scale_values(b)
     nan_blocks, inf_blocks = np.isnan(values), np.isinf(values)
     exps = np.frexp(values[np.isfinite(values) & (values != 0)])[1] - 1
     found = np.unique(exps, return_counts=True) if exps.size else ((), ())
-    if b.tensor_scale is not None:
+    if te:  # the element factor TE's kernels multiply by, in float32
+        values = nvfp4.encode_factors(values, b.tensor_scale).astype(np.float64)
+    elif b.tensor_scale is not None:
         values = values * np.float64(b.tensor_scale)  # exact: 4-bit by 24-bit significands
     side = r.weight_block if b.tiles and r.weight_block else r.block
     tall = side if b.tiles else 1  # rows of a block
@@ -187,6 +210,8 @@ def block_stats(
                     if wide:  # the product the kernel rounds: float32(|x| * scale)
                         s32 = _float32_scales(v, side, r, b.element, dtype, tall)
                         scaled = (v.astype(np.float32) * s32.astype(np.float32)).astype(np.float64)
+                    elif te:  # float32(|x| * factor), the product TE's kernels round
+                        scaled = (v.astype(np.float32) * sc.astype(np.float32)).astype(np.float64)
                     else:
                         scaled = v / sc
                     ok = np.isfinite(v) & ~np.isnan(sc)
@@ -196,10 +221,9 @@ def block_stats(
                     live = ok & (v != 0)
                     nonzero += int(np.count_nonzero(live))
                     flushed += int(np.count_nonzero(live & (codes == 0)))
-    nan, posinf, neginf = count_nonfinite(a)
     pts = b.tensor_scale
     return BlockStats(
-        r.name, b.element, r.scale_format, side, b.axis, int(a.size), nan, posinf, neginf,
+        r.name, b.element, r.scale_format, side, b.axis, size, nan, posinf, neginf,
         int(values.size), {int(e): int(k) for e, k in zip(*found, strict=True)},
         int(np.count_nonzero(nan_blocks)), None if pts is None else float(pts), saturated,
         flushed, nonzero, int(np.count_nonzero(inf_blocks)), b.tiles,

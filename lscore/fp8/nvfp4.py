@@ -37,6 +37,7 @@ from lscore.policy import boolean
 __all__ = [
     "check_fields",
     "decode_scales",
+    "encode_factors",
     "options",
     "quantize_blocks_te",
     "switches",
@@ -141,6 +142,16 @@ def _word(v: Any, what: str) -> int:
 def decode_scales(codes: np.ndarray, amax: Any) -> np.ndarray:
     """Each block's decode scale, float32: (float(sf) * A) * float32(1 / 2688)."""
     return kernels.nvfp4_te_decode_scale(codes, float(np.float32(amax)))
+
+
+def encode_factors(values: np.ndarray, amax: Any) -> np.ndarray:
+    """Each block's element factor, float32, from its E4M3 scale's `values` (float32) under
+    the global amax: min(1 / (float(sf) * S_dec), FLT_MAX), each step rounded to float32,
+    as the kernels multiply a block's elements by it before the E2M1 rounding."""
+    sdec = np.float32(kernels.nvfp4_te_scales(float(np.float32(amax)))[1])
+    with np.errstate(divide="ignore", over="ignore"):
+        e = np.float32(1) / (np.asarray(values, np.float32) * sdec)
+    return np.minimum(e, np.finfo(np.float32).max)
 
 
 def quantize_blocks_te(
