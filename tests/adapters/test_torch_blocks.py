@@ -203,3 +203,20 @@ def test_cuda_tensors_give_the_cpu_tensors_bytes_and_values(name, dtype, axis):
         torch.testing.assert_close(y.cpu(), want, rtol=0, atol=0, equal_nan=True)
     with pytest.raises(ValueError, match=r"b.scales must be on b.data's device cuda"):
         TQ.dequantize_blocks(dataclasses.replace(got, scales=got.scales.cpu()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("role,axis", [("input", 0), ("grad", -1), ("grad", 0), ("weight", -1)])
+def test_block_stats_of_device_arrays_equal_the_host_ones(role, axis):
+    """A CUDA tensor and a CuPy array count as their host copies (te-nvfp4, every role)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    x = torch.from_numpy(generated(64, 64)).to(torch.bfloat16)
+    kw = dict(role=role, axis=axis, seed=5, offset=2)
+    want = TQ.block_stats(x, "te-nvfp4", **kw)
+    assert TQ.block_stats(x.cuda(), "te-nvfp4", **kw) == want
+    cupy = pytest.importorskip("cupy")
+    f = torch.from_numpy(generated(64, 64))
+    assert fp8.block_stats(cupy.asarray(f.numpy()), "te-mxfp8") == fp8.block_stats(
+        f.numpy(), "te-mxfp8"
+    )

@@ -211,3 +211,26 @@ def test_bad_inputs_and_states_error():
         layer.set_extra_state({"seed": 1})
     with pytest.raises(ValueError, match="offset"):
         layer.set_extra_state({"seed": 1, "offset": -3})
+
+
+@pytest.mark.gpu
+def test_a_cuda_run_equals_the_cpu_run():
+    """The same steps on a CUDA device: the stream and the codes are the CPU's, so the
+    parameters after each step match the CPU run's to the GEMMs' rounding."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    torch.manual_seed(10)
+    x, target = torch.randn(64, 32), torch.randn(64, 32)
+    cpu = convert_to_float8(_model(), "te-nvfp4")
+    gpu = copy.deepcopy(cpu).cuda()
+    opts = [torch.optim.SGD(m.parameters(), lr=1e-2) for m in (cpu, gpu)]
+    _train(cpu, opts[0], x, target, 2)
+    with torch.autocast("cuda", dtype=BF16):
+        for _ in range(2):
+            opts[1].zero_grad()
+            loss = torch.nn.functional.mse_loss(gpu(x.cuda()).float(), target.cuda())
+            loss.backward()
+            opts[1].step()
+    assert gpu[0].offset == cpu[0].offset == 2
+    for a, b in zip(cpu.parameters(), gpu.parameters(), strict=True):
+        torch.testing.assert_close(b.cpu(), a, rtol=2e-2, atol=1e-4)
