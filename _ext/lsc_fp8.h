@@ -222,14 +222,23 @@ LSC_FP8_INL uint32_t lsc_fp8_cast_body(const char *x, lsc_fp8_n n, lsc_fp8_n str
         const char *xs = x + at * stride;
         int k = n - at < LSC_FP8_CHUNK ? (int)(n - at) : LSC_FP8_CHUNK;
         if (code != LSC_CODE_F32) {
+            /* the amax taken as the half words widen: in the cast loop it made
+               gcc spill a vector there (bfloat16 at 1e6: 1.2x the time) */
+            for (int i = 0; i < k; i++) {
+                float f = lsc_fp8_load(xs, i, stride, code);
+                uint32_t a = lsc_fp8_amax_bits(f, flags);
+                m = a > m ? a : m;
+                wide[i] = f;
+            }
             for (int i = 0; i < k; i++)
-                wide[i] = lsc_fp8_load(xs, i, stride, code);
-        }
-        for (int i = 0; i < k; i++) {
-            float f = code == LSC_CODE_F32 ? lsc_fp8_load(xs, i, stride, code) : wide[i];
-            uint32_t a = lsc_fp8_amax_bits(f, flags);
-            m = a > m ? a : m;
-            words[i] = lsc_fp8_from_f32(f * scale, fmt, flags);
+                words[i] = lsc_fp8_from_f32(wide[i] * scale, fmt, flags);
+        } else {
+            for (int i = 0; i < k; i++) {
+                float f = lsc_fp8_load(xs, i, stride, code);
+                uint32_t a = lsc_fp8_amax_bits(f, flags);
+                m = a > m ? a : m;
+                words[i] = lsc_fp8_from_f32(f * scale, fmt, flags);
+            }
         }
         for (int i = 0; i < k; i++)
             q[at + i] = (unsigned char)words[i];
