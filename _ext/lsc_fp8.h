@@ -370,8 +370,9 @@ LSC_FP8_LEVEL(v3)
  * normal the significand (w & 0x7F) | 0x80 of exponent E shifted left by E
  * - lo (lo 117 for e4m3fn, 110 for e5m2; a count that wraps past 15 gives
  * 0, as every value under half the smallest subnormal rounds to) and
- * rounded to nearest even at bit 8.  Checked against the 32-bit lanes for
- * every float32 (scale 1) in both formats under each flags. */
+ * rounded to nearest even at bit 8.  Equal to the 32-bit lanes for every
+ * float32 (scale 1) in both formats, with all the flags and with none (and
+ * tests/kernels/test_fp8_casts.py checks every level). */
 static inline __attribute__((always_inline)) __m256i lsc_fp8_word_codes(__m512i w, int fmt,
                                                                          int flags)
 {
