@@ -439,26 +439,36 @@ lsc_fp8_cast_v4(const char *x, lsc_fp8_n n, lsc_fp8_n stride, int code, unsigned
                                            0x00120010, 0x00160014, 0x001A0018, 0x001E001C,
                                            0x00220020, 0x00260024, 0x002A0028, 0x002E002C,
                                            0x00320030, 0x00360034, 0x003A0038, 0x003E003C);
-    __m512i acc = _mm512_setzero_si512();
+    __m512i acc = _mm512_setzero_si512(), acc16 = _mm512_setzero_si512();
     lsc_fp8_n i = 0;
     for (; i + 32 <= n; i += 32) {
         __m512 f0, f1;
         if (code == LSC_CODE_F32) {
             f0 = _mm512_loadu_ps(x + 4 * i);
             f1 = _mm512_loadu_ps(x + 4 * i + 64);
+            acc = lsc_fp8_amax16(lsc_fp8_amax16(acc, f0, flags), f1, flags);
         } else {
+            /* a bfloat16's amax bits are its word's << 16: the amax in 16-bit lanes */
             const __m512i h = _mm512_loadu_si512(x + 2 * i);
+            __m512i a = _mm512_and_si512(h, _mm512_set1_epi16(0x7FFF));
+            if (!(flags & LSC_FP8_AMAX_NAN))
+                a = _mm512_maskz_mov_epi16(_mm512_cmple_epu16_mask(a, _mm512_set1_epi16(0x7F80)),
+                                           a);
+            acc16 = _mm512_max_epu16(acc16, a);
             f0 = _mm512_castsi512_ps(
                 _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
             f1 = _mm512_castsi512_ps(
                 _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
         }
-        acc = lsc_fp8_amax16(lsc_fp8_amax16(acc, f0, flags), f1, flags);
         /* the low words of both: the 32 rounded products in order */
         const __m512i w = _mm512_permutex2var_epi16(lsc_fp8_odd16(f0, s), lows,
                                                     lsc_fp8_odd16(f1, s));
         _mm256_storeu_si256((__m256i *)(q + i), lsc_fp8_word_codes(w, fmt, flags));
     }
+    /* the 16-bit lanes' largest word, as amax bits */
+    acc = _mm512_max_epu32(acc, _mm512_slli_epi32(_mm512_max_epu32(
+                                    _mm512_and_si512(acc16, _mm512_set1_epi32(0xFFFF)),
+                                    _mm512_srli_epi32(acc16, 16)), 16));
     uint32_t m = _mm512_reduce_max_epu32(acc);
     if (i < n) {
         const uint32_t t = lsc_fp8_cast_body(x + i * stride, n - i, stride, code, q + i, scale,
