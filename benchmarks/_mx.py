@@ -282,9 +282,18 @@ def run_gpu(opts, rows: Rows, rng, device: str = "cuda") -> None:
 def targets(rows: list[dict], opts) -> list[dict]:
     """Issue 35's speed targets: on the CPU rows, MXFP8 quantize >= 10x torchao's eager path
     and within 2x of the byte floor at 1e8; on the GPU rows (where a device timed them),
-    within 1.5x of the byte floor at 1e8."""
+    within 1.5x of the byte floor at 1e8.  Issue 47's: the MXFP8 quantize into given
+    arrays also within 2x of the byte floor at 1e6 (mid-size tensors)."""
     out = []
     for n in _sizes(opts):
+        if n == 10**6:
+            for name in DTYPES:
+                for recipe in ("mxfp8-floor", "mxfp8-rceil"):
+                    g = f"fp8 {recipe} {name} {size_label(n)}"
+                    out.extend(
+                        ratio_target(rows, f"{g}: {m} / byte floor", g, "byte floor", 2.0, True, m)
+                        for m in ("lscore out=", "lscore out= axis 0")
+                    )
         if n < 10**8:
             continue
         for name in DTYPES:

@@ -101,6 +101,23 @@ def test_targets_name_the_issue_ratios():
     assert found["fp8 current bfloat16 1e8: torch eager / lscore"]["measured"] is None
 
 
+def test_mid_size_targets_hold_both_recipes_to_twice_the_floor():
+    class Opts:
+        tiny, sizes_given, sizes = False, True, (10**6,)
+
+    rows = [
+        {"group": f"fp8 {r} float32 1e6", "method": m, "min_s": s, "median_s": s}
+        for r, ls in (("delayed", 1.0), ("current", 2.0))
+        for m, s in (("lscore", ls), ("byte floor", 0.6))
+    ]
+    found = {t["target"]: t for t in _fp8.targets(rows, Opts())}
+    delayed = found["fp8 delayed float32 1e6: lscore / byte floor"]
+    assert delayed["required"] == 2.0 and delayed["met"] is True
+    current = found["fp8 current float32 1e6: lscore / byte floor"]
+    assert current["measured"] == pytest.approx(2 / 0.6) and current["met"] is False
+    assert found["fp8 delayed bfloat16 1e6: lscore / byte floor"]["measured"] is None
+
+
 def test_gpu_targets_only_where_a_device_timed_the_rows():
     class Opts:
         tiny, sizes_given, sizes = False, True, (10**7, 10**8)

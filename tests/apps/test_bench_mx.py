@@ -57,6 +57,21 @@ def test_targets_name_the_issue_ratios():
     assert found["fp8 mxfp8-rceil bfloat16 1e8: torch eager / lscore"]["measured"] is None
 
 
+def test_mid_size_targets_hold_the_out_rows_to_twice_the_floor():
+    class Opts:
+        tiny, sizes_given, sizes = False, True, (10**6,)
+
+    rows = [
+        {"group": "fp8 mxfp8-rceil bfloat16 1e6", "method": m, "min_s": s, "median_s": s}
+        for m, s in (("lscore", 3.0), ("lscore out=", 1.0), ("byte floor", 0.4))
+    ]
+    found = {t["target"]: t for t in _mx.targets(rows, Opts())}
+    assert len(found) == 8  # two recipes, two dtypes, the two out= rows, at 1e6
+    out = found["fp8 mxfp8-rceil bfloat16 1e6: lscore out= / byte floor"]
+    assert out["measured"] == 2.5 and out["required"] == 2.0 and out["met"] is False
+    assert found["fp8 mxfp8-rceil bfloat16 1e6: lscore out= axis 0 / byte floor"]["met"] is None
+
+
 def test_gpu_targets_only_where_a_device_timed_the_rows():
     class Opts:
         tiny, sizes_given, sizes = False, True, (10**8,)
