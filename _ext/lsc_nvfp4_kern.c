@@ -164,6 +164,74 @@ LSC_NV4_INL void lsc_nv4_rht_lanes(const char *x, int64_t rs, float *v, lsc_u32 
     memcpy(m, &mx, sizeof mx);
 }
 
+/* The amax bits (NaN left out) of the transform's bfloat16 results of 16
+ * bfloat16 columns (row i at x + i * rs), a column per lane, without the
+ * results themselves: the last stage's pair p + q, p - q has the larger
+ * magnitude float32(abs(p) + abs(q)) (one of the two is that sum, the other's
+ * magnitude is not above it, and float32 rounding is monotonic), NaN where
+ * either is; and rounding to bfloat16 is monotonic too, so the rounded amax
+ * is the amax rounded once.  About half the work of lsc_nv4_rht_lanes. */
+LSC_NV4_INL lsc_nv4_vu lsc_nv4_rht_amax_lanes(const char *x, int64_t rs)
+{
+    lsc_nv4_vf r[16];
+    lsc_nv4_vu mx = {0};
+    for (int i = 0; i < 16; i++) {
+        lsc_nv4_vh h;
+        memcpy(&h, x + i * rs, sizeof h);
+        const lsc_nv4_vu u = __builtin_convertvector(h, lsc_nv4_vu) << 16;
+        memcpy(&r[i], &u, sizeof u);
+        r[i] *= lsc_nv4_sign(i);
+    }
+    for (int h = 1; h < 8; h *= 2)
+        for (int i = 0; i < 16; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                const lsc_nv4_vf p = r[j], q = r[j + h];
+                r[j] = p + q;
+                r[j + h] = p - q;
+            }
+    for (int j = 0; j < 8; j++) {
+        lsc_nv4_vu pb, qb, sb;
+        memcpy(&pb, &r[j], sizeof pb);
+        memcpy(&qb, &r[j + 8], sizeof qb);
+        pb &= 0x7FFFFFFFu;
+        qb &= 0x7FFFFFFFu;
+        lsc_nv4_vf p, q;
+        memcpy(&p, &pb, sizeof p);
+        memcpy(&q, &qb, sizeof q);
+        const lsc_nv4_vf sum = p + q;
+        memcpy(&sb, &sum, sizeof sb);
+        const lsc_nv4_vu a = sb & (lsc_nv4_vu)(sb <= 0x7F800000u);   /* a NaN left out */
+        const lsc_nv4_vu more = (lsc_nv4_vu)(a > mx);
+        mx = (a & more) | (mx & ~more);
+    }
+    return ((mx + 0x7FFFu + ((mx >> 16) & 1u)) >> 16) << 16;   /* lsc_nv4_bf16's, finite */
+}
+
+/* The amax bits of the transform of a bfloat16 band's w columns (NaN left out; a
+ * last partial group of 16 columns through a zero-padded copy). */
+LSC_NV4_INL lsc_u32 lsc_nv4_rht_amax(const char *x, int64_t w, int64_t rs)
+{
+    lsc_nv4_vu mx = {0};
+    int64_t j = 0;
+    for (; j + 16 <= w; j += 16) {
+        const lsc_nv4_vu m = lsc_nv4_rht_amax_lanes(x + 2 * j, rs);
+        const lsc_nv4_vu more = (lsc_nv4_vu)(m > mx);
+        mx = (m & more) | (mx & ~more);
+    }
+    if (j < w) {
+        lsc_u16 pad[16 * 16] = {0};
+        for (int64_t i = 0; i < 16; i++)
+            memcpy(pad + 16 * i, x + i * rs + 2 * j, (size_t)(2 * (w - j)));
+        const lsc_nv4_vu m = lsc_nv4_rht_amax_lanes((const char *)pad, 32);
+        const lsc_nv4_vu more = (lsc_nv4_vu)(m > mx);
+        mx = (m & more) | (mx & ~more);
+    }
+    lsc_u32 amax = 0;
+    for (int i = 0; i < 16; i++)
+        amax = mx[i] > amax ? mx[i] : amax;
+    return amax;
+}
+
 /* A band's tile: 16 rows of w <= LSC_NV4_TILE columns into v (rows
  * LSC_NV4_TILE apart) and their column amaxes (NaN left out) into m, with
  * the Hadamard transform down each column, rounded to bfloat16, when rht
@@ -264,19 +332,22 @@ LSC_NV4_INL void lsc_nv4_band_body(const char *x, int64_t wtot, int64_t rs, int 
 }
 
 /* The Hadamard transform of a bfloat16 band's w columns, tile by tile, into
- * out (rows ldo words apart) when given; the amax bits of the results. */
+ * out (rows ldo words apart) when given (else lsc_nv4_rht_amax's shortcut);
+ * the amax bits of the results. */
 static lsc_u32 lsc_nv4_rht_body(const char *x, int64_t wtot, int64_t rs, lsc_u16 *out,
                                 int64_t ldo)
 {
     float v[16 * LSC_NV4_TILE];
     lsc_u32 amax = 0;
+    if (!out)
+        return lsc_nv4_rht_amax(x, wtot, rs);
     for (int64_t cc = 0; cc < wtot; cc += LSC_NV4_TILE) {
         const int64_t w = wtot - cc < LSC_NV4_TILE ? wtot - cc : LSC_NV4_TILE;
         lsc_u32 m[LSC_NV4_TILE];
         lsc_nv4_tile(x + cc * 2, w, rs, LSC_CODE_BF16, 1, v, m);
         for (int64_t j = 0; j < w; j++)
             amax = m[j] > amax ? m[j] : amax;
-        for (int64_t i = 0; out && i < 16; i++)   /* lsc_nv4_bf16's words, NaN 0x7FFF */
+        for (int64_t i = 0; i < 16; i++)   /* lsc_nv4_bf16's words, NaN 0x7FFF */
             for (int64_t j = 0; j < w; j++)
                 out[i * ldo + cc + j] = lsc_nv4_bf16(v[i * LSC_NV4_TILE + j]);
     }
