@@ -35,9 +35,39 @@ LSC_NV4_INL lsc_u32 lsc_nv4_abs(float v)
     return a <= 0x7F800000u ? a : 0u;
 }
 
+/* lsc_nv4_sr's code of v with the random byte r & 0xFF, in fewer vector
+ * operations (the same bits): u * step(abs(v)) is float(r) * 2**(E - 136), E
+ * the exponent of abs(v) clamped to 127..129 (the product is exact, as the
+ * rule's); and the code of t = abs(v) + u * step(abs(v)) >= 0.5 is read off
+ * its exponent e and first mantissa bit m, t >> 22 = 2 * e + m: 1 for
+ * [0.5, 1), then 2 * (e - 126) + m (2, 3 for [1, 2); 4, 5 for [2, 4); 6, 7
+ * for [4, 8)), 7 beyond (Inf, NaN); 0 below 0.5. */
+LSC_NV4_INL lsc_u32 lsc_nv4_sr_fast(float v, lsc_u32 r)
+{
+    const lsc_u32 bits = lsc_f32_bits(v), ab = bits & 0x7FFFFFFFu;
+    lsc_u32 e = ab & 0x7F800000u;
+    e = e > 0x3F800000u ? e : 0x3F800000u;
+    e = e < 0x40800000u ? e : 0x40800000u;
+    const float t = lsc_f32_from_bits(ab) + (float)(lsc_i32)(r & 0xFFu) * lsc_f32_from_bits(e - (9u << 23));
+    const lsc_u32 tb = lsc_f32_bits(t);
+    lsc_i32 c = (lsc_i32)(tb >> 22) - 252;
+    c = c > 1 ? c : 1;
+    c = c < 7 ? c : 7;
+    const lsc_u32 code = (lsc_u32)c & -(lsc_u32)(tb >= 0x3F000000u);
+    const lsc_u32 keep = -(lsc_u32)(ab <= 0x7F800000u);   /* a NaN rounds to +6 */
+    return code | ((bits >> 28) & 8u & keep);
+}
+
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the random bytes are read as the bytes of their words (little-endian)"
 #endif
+
+/* GCC's vector types of 16 lanes, which each level compiles at its width (four
+ * SSE registers, two AVX ones, one AVX-512 one). */
+typedef float lsc_nv4_vf __attribute__((vector_size(64)));
+typedef lsc_u32 lsc_nv4_vu __attribute__((vector_size(64)));
+typedef lsc_i32 lsc_nv4_vi __attribute__((vector_size(64)));
+typedef lsc_u16 lsc_nv4_vh __attribute__((vector_size(32)));
 
 /* The draws of the n subsequences sub + b * stride: word k of draw b at
  * w[k * n + b] (a lane a draw, so that the rounds and the byte reads
@@ -106,7 +136,7 @@ LSC_NV4_INL void lsc_nv4_row_body(const char *x, int64_t n, int code, const lsc_
                 for (int64_t j = 0; j < 4; j++)
                     words[4 * b + j] = w[j * g + b];
             for (int64_t i = 0; i < len; i++)
-                t[i] = (unsigned char)lsc_nv4_sr(v[i] * f[i], rb[i]);
+                t[i] = (unsigned char)lsc_nv4_sr_fast(v[i] * f[i], rb[i]);
         } else {
             for (int64_t i = 0; i < len; i++)
                 t[i] = (unsigned char)lsc_nv4_rn(v[i] * f[i]);
@@ -117,15 +147,10 @@ LSC_NV4_INL void lsc_nv4_row_body(const char *x, int64_t n, int code, const lsc_
 }
 
 /* ---- the Hadamard transform, 16 columns at a time --------------------------
- * GCC's vector types of 16 lanes, which each level compiles at its width (four
- * SSE registers, two AVX ones, one AVX-512 one): the 16 rows of 16 columns are
- * transformed in registers (the signs, the four butterfly stages, the rounding
- * to bfloat16 as lsc_nv4_bf16 rounds, the column amaxes) and stored once, where
- * a loop per step over the L1 tile took eight passes over it. */
-typedef float lsc_nv4_vf __attribute__((vector_size(64)));
-typedef lsc_u32 lsc_nv4_vu __attribute__((vector_size(64)));
-typedef lsc_i32 lsc_nv4_vi __attribute__((vector_size(64)));
-typedef lsc_u16 lsc_nv4_vh __attribute__((vector_size(32)));
+ * In the 16-lane vector types: the 16 rows of 16 columns are transformed in
+ * registers (the signs, the four butterfly stages, the rounding to bfloat16 as
+ * lsc_nv4_bf16 rounds, the column amaxes) and stored once, where a loop per
+ * step over the L1 tile took eight passes over it. */
 
 /* The transform of 16 bfloat16 columns (row i at x + i * rs) into v (rows
  * LSC_NV4_TILE apart, float32 of the bfloat16 results; a NaN is a NaN there,
@@ -136,7 +161,6 @@ typedef lsc_u16 lsc_nv4_vh __attribute__((vector_size(32)));
 LSC_NV4_INL void lsc_nv4_rht_lanes(const char *x, int64_t rs, float *v, lsc_u32 *m)
 {
     lsc_nv4_vf r[16];
-    lsc_nv4_vu mx = {0};
     for (int i = 0; i < 16; i++) {
         lsc_nv4_vh h;
         memcpy(&h, x + i * rs, sizeof h);
@@ -151,17 +175,19 @@ LSC_NV4_INL void lsc_nv4_rht_lanes(const char *x, int64_t rs, float *v, lsc_u32 
                 r[j] = p + q;
                 r[j + h] = p - q;
             }
+    lsc_nv4_vf mf = {0};
     for (int i = 0; i < 16; i++) {
         lsc_nv4_vu xb;
         memcpy(&xb, &r[i], sizeof xb);
-        const lsc_nv4_vu wide = ((xb + 0x7FFFu + ((xb >> 16) & 1u)) >> 16) << 16;
+        const lsc_nv4_vu wide = (xb + 0x7FFFu + ((xb >> 16) & 1u)) & 0xFFFF0000u;
         const lsc_nv4_vu ab = wide & 0x7FFFFFFFu;
-        const lsc_nv4_vu a = ab & (lsc_nv4_vu)(ab <= 0x7F800000u);   /* a NaN left out */
-        const lsc_nv4_vu more = (lsc_nv4_vu)(a > mx);
+        lsc_nv4_vf af;
+        memcpy(&af, &ab, sizeof af);
         memcpy(v + i * LSC_NV4_TILE, &wide, sizeof wide);
-        mx = (a & more) | (mx & ~more);
+        /* a float compare: a NaN is never the greater, and so is left out */
+        mf = (lsc_nv4_vf)(((lsc_nv4_vi)af & (af > mf)) | ((lsc_nv4_vi)mf & ~(af > mf)));
     }
-    memcpy(m, &mx, sizeof mx);
+    memcpy(m, &mf, sizeof mf);
 }
 
 /* The amax bits (NaN left out) of the transform's bfloat16 results of 16
@@ -320,8 +346,9 @@ LSC_NV4_INL void lsc_nv4_band_body(const char *x, int64_t wtot, int64_t rs, int 
             if (k->sr) {   /* rows 2p, 2p + 1: bytes 2p % 4, 2p % 4 + 1 of word 2p / 4 */
                 const lsc_u32 *wp = wd + (p / 2) * w, sh = (lsc_u32)(16 * (p % 2));
                 for (int64_t j = 0; j < w; j++)
-                    qr[j] = (unsigned char)(lsc_nv4_sr(va[j] * f[j], wp[j] >> sh)
-                                            | (lsc_nv4_sr(vb[j] * f[j], wp[j] >> (sh + 8)) << 4));
+                    qr[j] = (unsigned char)(lsc_nv4_sr_fast(va[j] * f[j], wp[j] >> sh)
+                                            | (lsc_nv4_sr_fast(vb[j] * f[j], wp[j] >> (sh + 8))
+                                               << 4));
             } else {
                 for (int64_t j = 0; j < w; j++)
                     qr[j] = (unsigned char)(lsc_nv4_rn(va[j] * f[j])
