@@ -190,24 +190,15 @@ LSC_NV4_INL void lsc_nv4_rht_lanes(const char *x, int64_t rs, float *v, lsc_u32 
     memcpy(m, &mf, sizeof mf);
 }
 
-/* The amax bits (NaN left out) of the transform's bfloat16 results of 16
- * bfloat16 columns (row i at x + i * rs), a column per lane, without the
- * results themselves: the last stage's pair p + q, p - q has the larger
- * magnitude float32(abs(p) + abs(q)) (one of the two is that sum, the other's
- * magnitude is not above it, and float32 rounding is monotonic), NaN where
- * either is; and rounding to bfloat16 is monotonic too, so the rounded amax
- * is the amax rounded once.  About half the work of lsc_nv4_rht_lanes. */
-LSC_NV4_INL lsc_nv4_vu lsc_nv4_rht_amax_lanes(const char *x, int64_t rs)
+/* The amax of the transform of 16 lanes r[i] = x_i * s_i / 4 (NaN left out)
+ * folded into *mf, without the results themselves and unrounded: the last
+ * stage's pair p + q, p - q has the larger magnitude float32(abs(p) + abs(q))
+ * (one of the two is that sum, the other's magnitude is not above it, and
+ * float32 rounding is monotonic), NaN where either is; rounding to bfloat16
+ * is monotonic too, so the amax of the rounded results is this amax rounded
+ * once (lsc_nv4_rht_amax).  About half the work of lsc_nv4_rht_lanes. */
+LSC_NV4_INL void lsc_nv4_rht_amax_of(lsc_nv4_vf r[16], lsc_nv4_vf *mf)
 {
-    lsc_nv4_vf r[16];
-    lsc_nv4_vu mx = {0};
-    for (int i = 0; i < 16; i++) {
-        lsc_nv4_vh h;
-        memcpy(&h, x + i * rs, sizeof h);
-        const lsc_nv4_vu u = __builtin_convertvector(h, lsc_nv4_vu) << 16;
-        memcpy(&r[i], &u, sizeof u);
-        r[i] *= lsc_nv4_sign(i);
-    }
     for (int h = 1; h < 8; h *= 2)
         for (int i = 0; i < 16; i += 2 * h)
             for (int j = i; j < i + h; j++) {
@@ -215,8 +206,9 @@ LSC_NV4_INL lsc_nv4_vu lsc_nv4_rht_amax_lanes(const char *x, int64_t rs)
                 r[j] = p + q;
                 r[j + h] = p - q;
             }
+    lsc_nv4_vf m = *mf;
     for (int j = 0; j < 8; j++) {
-        lsc_nv4_vu pb, qb, sb;
+        lsc_nv4_vu pb, qb;
         memcpy(&pb, &r[j], sizeof pb);
         memcpy(&qb, &r[j + 8], sizeof qb);
         pb &= 0x7FFFFFFFu;
@@ -225,37 +217,69 @@ LSC_NV4_INL lsc_nv4_vu lsc_nv4_rht_amax_lanes(const char *x, int64_t rs)
         memcpy(&p, &pb, sizeof p);
         memcpy(&q, &qb, sizeof q);
         const lsc_nv4_vf sum = p + q;
-        memcpy(&sb, &sum, sizeof sb);
-        const lsc_nv4_vu a = sb & (lsc_nv4_vu)(sb <= 0x7F800000u);   /* a NaN left out */
-        const lsc_nv4_vu more = (lsc_nv4_vu)(a > mx);
-        mx = (a & more) | (mx & ~more);
+        /* a float compare: a NaN is never the greater, and so is left out */
+        m = (lsc_nv4_vf)(((lsc_nv4_vi)sum & (sum > m)) | ((lsc_nv4_vi)m & ~(sum > m)));
     }
-    return ((mx + 0x7FFFu + ((mx >> 16) & 1u)) >> 16) << 16;   /* lsc_nv4_bf16's, finite */
+    *mf = m;
 }
 
-/* The amax bits of the transform of a bfloat16 band's w columns (NaN left out; a
- * last partial group of 16 columns through a zero-padded copy). */
+/* lsc_nv4_rht_amax_of 16 bfloat16 columns (row i at x + i * rs), a column a lane. */
+LSC_NV4_INL void lsc_nv4_rht_amax16(const char *x, int64_t rs, lsc_nv4_vf *mf)
+{
+    lsc_nv4_vf r[16];
+    for (int i = 0; i < 16; i++) {
+        lsc_nv4_vh h;
+        memcpy(&h, x + i * rs, sizeof h);
+        const lsc_nv4_vu u = __builtin_convertvector(h, lsc_nv4_vu) << 16;
+        memcpy(&r[i], &u, sizeof u);
+        r[i] *= lsc_nv4_sign(i);
+    }
+    lsc_nv4_rht_amax_of(r, mf);
+}
+
+/* lsc_nv4_rht_amax_of 32 bfloat16 columns, the even and the odd ones a lane
+ * each (the amax is one for the whole band, whichever lane holds a column):
+ * a word of two columns widens each by a shift or a mask. */
+LSC_NV4_INL void lsc_nv4_rht_amax32(const char *x, int64_t rs, lsc_nv4_vf *mf)
+{
+    lsc_nv4_vf e[16], o[16];
+    for (int i = 0; i < 16; i++) {
+        lsc_nv4_vu u, lo, hi;
+        memcpy(&u, x + i * rs, sizeof u);
+        lo = u << 16;
+        hi = u & 0xFFFF0000u;
+        memcpy(&e[i], &lo, sizeof lo);
+        memcpy(&o[i], &hi, sizeof hi);
+        e[i] *= lsc_nv4_sign(i);
+        o[i] *= lsc_nv4_sign(i);
+    }
+    lsc_nv4_rht_amax_of(e, mf);
+    lsc_nv4_rht_amax_of(o, mf);
+}
+
+/* The amax bits of the transform of a bfloat16 band's w columns, rounded to
+ * bfloat16 (NaN left out; a last partial group of 16 columns through a
+ * zero-padded copy). */
 LSC_NV4_INL lsc_u32 lsc_nv4_rht_amax(const char *x, int64_t w, int64_t rs)
 {
-    lsc_nv4_vu mx = {0};
+    lsc_nv4_vf mf = {0};
     int64_t j = 0;
-    for (; j + 16 <= w; j += 16) {
-        const lsc_nv4_vu m = lsc_nv4_rht_amax_lanes(x + 2 * j, rs);
-        const lsc_nv4_vu more = (lsc_nv4_vu)(m > mx);
-        mx = (m & more) | (mx & ~more);
-    }
+    for (; j + 32 <= w; j += 32)
+        lsc_nv4_rht_amax32(x + 2 * j, rs, &mf);
+    for (; j + 16 <= w; j += 16)
+        lsc_nv4_rht_amax16(x + 2 * j, rs, &mf);
     if (j < w) {
         lsc_u16 pad[16 * 16] = {0};
         for (int64_t i = 0; i < 16; i++)
             memcpy(pad + 16 * i, x + i * rs + 2 * j, (size_t)(2 * (w - j)));
-        const lsc_nv4_vu m = lsc_nv4_rht_amax_lanes((const char *)pad, 32);
-        const lsc_nv4_vu more = (lsc_nv4_vu)(m > mx);
-        mx = (m & more) | (mx & ~more);
+        lsc_nv4_rht_amax16((const char *)pad, 32, &mf);
     }
-    lsc_u32 amax = 0;
-    for (int i = 0; i < 16; i++)
-        amax = mx[i] > amax ? mx[i] : amax;
-    return amax;
+    lsc_u32 m = 0;
+    for (int i = 0; i < 16; i++) {
+        const lsc_u32 b = lsc_f32_bits(mf[i]);
+        m = b > m ? b : m;
+    }
+    return ((m + 0x7FFFu + ((m >> 16) & 1u)) >> 16) << 16;   /* lsc_nv4_bf16's: finite m */
 }
 
 /* A band's tile: 16 rows of w <= LSC_NV4_TILE columns into v (rows
