@@ -35,9 +35,39 @@ LSC_NV4_INL lsc_u32 lsc_nv4_abs(float v)
     return a <= 0x7F800000u ? a : 0u;
 }
 
+/* lsc_nv4_sr's code of v with the random byte r & 0xFF, in fewer vector
+ * operations (the same bits): u * step(abs(v)) is float(r) * 2**(E - 136), E
+ * the exponent of abs(v) clamped to 127..129 (the product is exact, as the
+ * rule's); and the code of t = abs(v) + u * step(abs(v)) >= 0.5 is read off
+ * its exponent e and first mantissa bit m, t >> 22 = 2 * e + m: 1 for
+ * [0.5, 1), then 2 * (e - 126) + m (2, 3 for [1, 2); 4, 5 for [2, 4); 6, 7
+ * for [4, 8)), 7 beyond (Inf, NaN); 0 below 0.5. */
+LSC_NV4_INL lsc_u32 lsc_nv4_sr_fast(float v, lsc_u32 r)
+{
+    const lsc_u32 bits = lsc_f32_bits(v), ab = bits & 0x7FFFFFFFu;
+    lsc_u32 e = ab & 0x7F800000u;
+    e = e > 0x3F800000u ? e : 0x3F800000u;
+    e = e < 0x40800000u ? e : 0x40800000u;
+    const float t = lsc_f32_from_bits(ab) + (float)(lsc_i32)(r & 0xFFu) * lsc_f32_from_bits(e - (9u << 23));
+    const lsc_u32 tb = lsc_f32_bits(t);
+    lsc_i32 c = (lsc_i32)(tb >> 22) - 252;
+    c = c > 1 ? c : 1;
+    c = c < 7 ? c : 7;
+    const lsc_u32 code = (lsc_u32)c & -(lsc_u32)(tb >= 0x3F000000u);
+    const lsc_u32 keep = -(lsc_u32)(ab <= 0x7F800000u);   /* a NaN rounds to +6 */
+    return code | ((bits >> 28) & 8u & keep);
+}
+
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the random bytes are read as the bytes of their words (little-endian)"
 #endif
+
+/* GCC's vector types of 16 lanes, which each level compiles at its width (four
+ * SSE registers, two AVX ones, one AVX-512 one). */
+typedef float lsc_nv4_vf __attribute__((vector_size(64)));
+typedef lsc_u32 lsc_nv4_vu __attribute__((vector_size(64)));
+typedef lsc_i32 lsc_nv4_vi __attribute__((vector_size(64)));
+typedef lsc_u16 lsc_nv4_vh __attribute__((vector_size(32)));
 
 /* The draws of the n subsequences sub + b * stride: word k of draw b at
  * w[k * n + b] (a lane a draw, so that the rounds and the byte reads
@@ -106,7 +136,7 @@ LSC_NV4_INL void lsc_nv4_row_body(const char *x, int64_t n, int code, const lsc_
                 for (int64_t j = 0; j < 4; j++)
                     words[4 * b + j] = w[j * g + b];
             for (int64_t i = 0; i < len; i++)
-                t[i] = (unsigned char)lsc_nv4_sr(v[i] * f[i], rb[i]);
+                t[i] = (unsigned char)lsc_nv4_sr_fast(v[i] * f[i], rb[i]);
         } else {
             for (int64_t i = 0; i < len; i++)
                 t[i] = (unsigned char)lsc_nv4_rn(v[i] * f[i]);
@@ -117,15 +147,10 @@ LSC_NV4_INL void lsc_nv4_row_body(const char *x, int64_t n, int code, const lsc_
 }
 
 /* ---- the Hadamard transform, 16 columns at a time --------------------------
- * GCC's vector types of 16 lanes, which each level compiles at its width (four
- * SSE registers, two AVX ones, one AVX-512 one): the 16 rows of 16 columns are
- * transformed in registers (the signs, the four butterfly stages, the rounding
- * to bfloat16 as lsc_nv4_bf16 rounds, the column amaxes) and stored once, where
- * a loop per step over the L1 tile took eight passes over it. */
-typedef float lsc_nv4_vf __attribute__((vector_size(64)));
-typedef lsc_u32 lsc_nv4_vu __attribute__((vector_size(64)));
-typedef lsc_i32 lsc_nv4_vi __attribute__((vector_size(64)));
-typedef lsc_u16 lsc_nv4_vh __attribute__((vector_size(32)));
+ * In the 16-lane vector types: the 16 rows of 16 columns are transformed in
+ * registers (the signs, the four butterfly stages, the rounding to bfloat16 as
+ * lsc_nv4_bf16 rounds, the column amaxes) and stored once, where a loop per
+ * step over the L1 tile took eight passes over it. */
 
 /* The transform of 16 bfloat16 columns (row i at x + i * rs) into v (rows
  * LSC_NV4_TILE apart, float32 of the bfloat16 results; a NaN is a NaN there,
@@ -136,7 +161,6 @@ typedef lsc_u16 lsc_nv4_vh __attribute__((vector_size(32)));
 LSC_NV4_INL void lsc_nv4_rht_lanes(const char *x, int64_t rs, float *v, lsc_u32 *m)
 {
     lsc_nv4_vf r[16];
-    lsc_nv4_vu mx = {0};
     for (int i = 0; i < 16; i++) {
         lsc_nv4_vh h;
         memcpy(&h, x + i * rs, sizeof h);
@@ -151,17 +175,111 @@ LSC_NV4_INL void lsc_nv4_rht_lanes(const char *x, int64_t rs, float *v, lsc_u32 
                 r[j] = p + q;
                 r[j + h] = p - q;
             }
+    lsc_nv4_vf mf = {0};
     for (int i = 0; i < 16; i++) {
         lsc_nv4_vu xb;
         memcpy(&xb, &r[i], sizeof xb);
-        const lsc_nv4_vu wide = ((xb + 0x7FFFu + ((xb >> 16) & 1u)) >> 16) << 16;
+        const lsc_nv4_vu wide = (xb + 0x7FFFu + ((xb >> 16) & 1u)) & 0xFFFF0000u;
         const lsc_nv4_vu ab = wide & 0x7FFFFFFFu;
-        const lsc_nv4_vu a = ab & (lsc_nv4_vu)(ab <= 0x7F800000u);   /* a NaN left out */
-        const lsc_nv4_vu more = (lsc_nv4_vu)(a > mx);
+        lsc_nv4_vf af;
+        memcpy(&af, &ab, sizeof af);
         memcpy(v + i * LSC_NV4_TILE, &wide, sizeof wide);
-        mx = (a & more) | (mx & ~more);
+        /* a float compare: a NaN is never the greater, and so is left out */
+        mf = (lsc_nv4_vf)(((lsc_nv4_vi)af & (af > mf)) | ((lsc_nv4_vi)mf & ~(af > mf)));
     }
-    memcpy(m, &mx, sizeof mx);
+    memcpy(m, &mf, sizeof mf);
+}
+
+/* The amax of the transform of 16 lanes r[i] = x_i * s_i / 4 (NaN left out)
+ * folded into *mf, without the results themselves and unrounded: the last
+ * stage's pair p + q, p - q has the larger magnitude float32(abs(p) + abs(q))
+ * (one of the two is that sum, the other's magnitude is not above it, and
+ * float32 rounding is monotonic), NaN where either is; rounding to bfloat16
+ * is monotonic too, so the amax of the rounded results is this amax rounded
+ * once (lsc_nv4_rht_amax).  About half the work of lsc_nv4_rht_lanes. */
+LSC_NV4_INL void lsc_nv4_rht_amax_of(lsc_nv4_vf r[16], lsc_nv4_vf *mf)
+{
+    for (int h = 1; h < 8; h *= 2)
+        for (int i = 0; i < 16; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                const lsc_nv4_vf p = r[j], q = r[j + h];
+                r[j] = p + q;
+                r[j + h] = p - q;
+            }
+    lsc_nv4_vf m = *mf;
+    for (int j = 0; j < 8; j++) {
+        lsc_nv4_vu pb, qb;
+        memcpy(&pb, &r[j], sizeof pb);
+        memcpy(&qb, &r[j + 8], sizeof qb);
+        pb &= 0x7FFFFFFFu;
+        qb &= 0x7FFFFFFFu;
+        lsc_nv4_vf p, q;
+        memcpy(&p, &pb, sizeof p);
+        memcpy(&q, &qb, sizeof q);
+        const lsc_nv4_vf sum = p + q;
+        /* a float compare: a NaN is never the greater, and so is left out */
+        m = (lsc_nv4_vf)(((lsc_nv4_vi)sum & (sum > m)) | ((lsc_nv4_vi)m & ~(sum > m)));
+    }
+    *mf = m;
+}
+
+/* lsc_nv4_rht_amax_of 16 bfloat16 columns (row i at x + i * rs), a column a lane. */
+LSC_NV4_INL void lsc_nv4_rht_amax16(const char *x, int64_t rs, lsc_nv4_vf *mf)
+{
+    lsc_nv4_vf r[16];
+    for (int i = 0; i < 16; i++) {
+        lsc_nv4_vh h;
+        memcpy(&h, x + i * rs, sizeof h);
+        const lsc_nv4_vu u = __builtin_convertvector(h, lsc_nv4_vu) << 16;
+        memcpy(&r[i], &u, sizeof u);
+        r[i] *= lsc_nv4_sign(i);
+    }
+    lsc_nv4_rht_amax_of(r, mf);
+}
+
+/* lsc_nv4_rht_amax_of 32 bfloat16 columns, the even and the odd ones a lane
+ * each (the amax is one for the whole band, whichever lane holds a column):
+ * a word of two columns widens each by a shift or a mask. */
+LSC_NV4_INL void lsc_nv4_rht_amax32(const char *x, int64_t rs, lsc_nv4_vf *mf)
+{
+    lsc_nv4_vf e[16], o[16];
+    for (int i = 0; i < 16; i++) {
+        lsc_nv4_vu u, lo, hi;
+        memcpy(&u, x + i * rs, sizeof u);
+        lo = u << 16;
+        hi = u & 0xFFFF0000u;
+        memcpy(&e[i], &lo, sizeof lo);
+        memcpy(&o[i], &hi, sizeof hi);
+        e[i] *= lsc_nv4_sign(i);
+        o[i] *= lsc_nv4_sign(i);
+    }
+    lsc_nv4_rht_amax_of(e, mf);
+    lsc_nv4_rht_amax_of(o, mf);
+}
+
+/* The amax bits of the transform of a bfloat16 band's w columns, rounded to
+ * bfloat16 (NaN left out; a last partial group of 16 columns through a
+ * zero-padded copy). */
+LSC_NV4_INL lsc_u32 lsc_nv4_rht_amax(const char *x, int64_t w, int64_t rs)
+{
+    lsc_nv4_vf mf = {0};
+    int64_t j = 0;
+    for (; j + 32 <= w; j += 32)
+        lsc_nv4_rht_amax32(x + 2 * j, rs, &mf);
+    for (; j + 16 <= w; j += 16)
+        lsc_nv4_rht_amax16(x + 2 * j, rs, &mf);
+    if (j < w) {
+        lsc_u16 pad[16 * 16] = {0};
+        for (int64_t i = 0; i < 16; i++)
+            memcpy(pad + 16 * i, x + i * rs + 2 * j, (size_t)(2 * (w - j)));
+        lsc_nv4_rht_amax16((const char *)pad, 32, &mf);
+    }
+    lsc_u32 m = 0;
+    for (int i = 0; i < 16; i++) {
+        const lsc_u32 b = lsc_f32_bits(mf[i]);
+        m = b > m ? b : m;
+    }
+    return ((m + 0x7FFFu + ((m >> 16) & 1u)) >> 16) << 16;   /* lsc_nv4_bf16's: finite m */
 }
 
 /* A band's tile: 16 rows of w <= LSC_NV4_TILE columns into v (rows
@@ -252,8 +370,9 @@ LSC_NV4_INL void lsc_nv4_band_body(const char *x, int64_t wtot, int64_t rs, int 
             if (k->sr) {   /* rows 2p, 2p + 1: bytes 2p % 4, 2p % 4 + 1 of word 2p / 4 */
                 const lsc_u32 *wp = wd + (p / 2) * w, sh = (lsc_u32)(16 * (p % 2));
                 for (int64_t j = 0; j < w; j++)
-                    qr[j] = (unsigned char)(lsc_nv4_sr(va[j] * f[j], wp[j] >> sh)
-                                            | (lsc_nv4_sr(vb[j] * f[j], wp[j] >> (sh + 8)) << 4));
+                    qr[j] = (unsigned char)(lsc_nv4_sr_fast(va[j] * f[j], wp[j] >> sh)
+                                            | (lsc_nv4_sr_fast(vb[j] * f[j], wp[j] >> (sh + 8))
+                                               << 4));
             } else {
                 for (int64_t j = 0; j < w; j++)
                     qr[j] = (unsigned char)(lsc_nv4_rn(va[j] * f[j])
@@ -264,19 +383,22 @@ LSC_NV4_INL void lsc_nv4_band_body(const char *x, int64_t wtot, int64_t rs, int 
 }
 
 /* The Hadamard transform of a bfloat16 band's w columns, tile by tile, into
- * out (rows ldo words apart) when given; the amax bits of the results. */
+ * out (rows ldo words apart) when given (else lsc_nv4_rht_amax's shortcut);
+ * the amax bits of the results. */
 static lsc_u32 lsc_nv4_rht_body(const char *x, int64_t wtot, int64_t rs, lsc_u16 *out,
                                 int64_t ldo)
 {
     float v[16 * LSC_NV4_TILE];
     lsc_u32 amax = 0;
+    if (!out)
+        return lsc_nv4_rht_amax(x, wtot, rs);
     for (int64_t cc = 0; cc < wtot; cc += LSC_NV4_TILE) {
         const int64_t w = wtot - cc < LSC_NV4_TILE ? wtot - cc : LSC_NV4_TILE;
         lsc_u32 m[LSC_NV4_TILE];
         lsc_nv4_tile(x + cc * 2, w, rs, LSC_CODE_BF16, 1, v, m);
         for (int64_t j = 0; j < w; j++)
             amax = m[j] > amax ? m[j] : amax;
-        for (int64_t i = 0; out && i < 16; i++)   /* lsc_nv4_bf16's words, NaN 0x7FFF */
+        for (int64_t i = 0; i < 16; i++)   /* lsc_nv4_bf16's words, NaN 0x7FFF */
             for (int64_t j = 0; j < w; j++)
                 out[i * ldo + cc + j] = lsc_nv4_bf16(v[i * LSC_NV4_TILE + j]);
     }

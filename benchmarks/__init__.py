@@ -16,8 +16,9 @@ replaced (no GPU needed) and ``--suite gpu`` the GPU rows (skipped, with
 the reason, without a CUDA device); see _gpu_host.py and _gpu.py.  ``--suite gpu-tune`` times
 a grid of launch configurations on a GPU (_tune.py); ``--suite gpu-static``
 reads the kernels' sm_90 machine code on the CPU (_static.py).  ``--suite
-fp8`` times float8 quantize, per tensor and block-scaled (MXFP8, NVFP4, blockwise FP8),
-against torch and the byte floor (_fp8.py, _mx.py, _blockwise.py).
+fp8`` times float8 quantize, per tensor and block-scaled (MXFP8, NVFP4, blockwise FP8,
+TransformerEngine's NVFP4 recipe), against torch and the byte floor (_fp8.py, _mx.py,
+_blockwise.py, _nvfp4.py).
 """
 
 from __future__ import annotations
@@ -151,11 +152,11 @@ def _only_measured(found: list[dict], opts: Options) -> list[dict]:
 
 def _run_fp8(opts: Options) -> dict:
     """--suite fp8: float8 quantize on the CPU, and on a CUDA device where there is one."""
-    from lscore.bench import _blockwise, _fp8, _mx
+    from lscore.bench import _blockwise, _fp8, _mx, _nvfp4
 
     torch = import_torch() if opts.use_torch else None
     rng = np.random.default_rng(0)
-    parts = (_fp8, _mx, _blockwise)
+    parts = (_fp8, _mx, _blockwise, _nvfp4)
 
     def fill(rows: Rows) -> None:
         for part in [m.run_cpu for m in parts] + [m.run_gpu for m in parts]:
