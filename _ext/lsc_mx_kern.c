@@ -429,6 +429,19 @@ LSC_MX_INL void lsc_mx_cols_body(const char *x, int64_t rows, int64_t cols, int6
     }
 }
 
+/* The n bytes at p + off prefetched, off bytes on: the same row of the next
+ * band of tiles, while this band's codes are made from cache.  A band's two
+ * passes are a read of memory with little to compute, then a computation
+ * from cache: the prefetch lets the second overlap the next band's reads
+ * (float32 128x128 tiles at 1e8 elements: 1.25x the rows pass's time
+ * without, 1.08x with; bfloat16 1.08x and 1.0x).  In integers: the next band
+ * may lie past the input, where a prefetch does not fault. */
+LSC_MX_INL void lsc_mx_prefetch_next(const void *p, int64_t off, int64_t n)
+{
+    for (int64_t l = 0; l < n; l += 64)
+        __builtin_prefetch((const void *)((uintptr_t)p + (uintptr_t)(off + l)));
+}
+
 /* A band of h <= t rows by w <= LSC_MX_SQ_SPAN columns of square tiles of
  * side t = k->block (rows rs bytes apart, contiguous elements; a partial
  * tile at the right or bottom edge has the elements it has): ceil(w / t)
@@ -436,7 +449,8 @@ LSC_MX_INL void lsc_mx_cols_body(const char *x, int64_t rows, int64_t cols, int6
  * amaxes row by row (each row's w elements read in order), the scales and
  * factors across the tiles, then the codes row by row with the factors
  * spread per element, the band read again from cache (LSC_MX_SQ_SPAN keeps
- * it in L2 or L3); then the tiles whose factor is NaN, or torchao's 0, rewritten. */
+ * it in L2 or L3; tiles of 128: the next band's rows prefetched meanwhile,
+ * lsc_mx_prefetch_next); then the tiles whose factor is NaN, or torchao's 0, rewritten. */
 LSC_MX_INL void lsc_mx_tile_body(const char *x, int64_t h, int64_t w, int64_t rs, int64_t ld,
                                  int code, int elem, const lsc_mx_rule *k, unsigned char *s,
                                  unsigned char *q)
@@ -479,6 +493,7 @@ LSC_MX_INL void lsc_mx_tile_body(const char *x, int64_t h, int64_t w, int64_t rs
                                        q + i * ld + c0);
                 else
                     lsc_mx_fp8_codes_r(xs, n, code, elem, LSC_FP8_SAT, r[g], q + i * ld + c0);
+                lsc_mx_prefetch_next(xs, t * rs, n * W);
             }
     } else {
         for (int64_t c = 0; c < w; c++)
@@ -806,7 +821,8 @@ LSC_MX_INL void lsc_mx_bf16_row128(const char *xc, int64_t n, int elem, const ls
 /* A band of h <= 128 bfloat16 rows by w <= LSC_MX_SQ_SPAN columns of 128x128 tiles under
  * TE's power-of-two rule (lsc_mx_tile_body's layout): each tile's amax and NaN over its
  * rows, the scales and factors, then each row's segments: in 16-bit lanes where the tile
- * is plain (lsc_mx_bf16_seg_plain), else by the float32 path. */
+ * is plain (lsc_mx_bf16_seg_plain), else by the float32 path, the next band's row
+ * prefetched (lsc_mx_prefetch_next). */
 LSC_MX_INL void lsc_mx_bf16_tile128(const char *xc, int64_t h, int64_t w, int64_t rs,
                                     int64_t ld, int elem, const lsc_mx_rule *k,
                                     unsigned char *s, unsigned char *q)
@@ -840,6 +856,7 @@ LSC_MX_INL void lsc_mx_bf16_tile128(const char *xc, int64_t h, int64_t w, int64_
                 lsc_mx_bf16_seg_plain(row + c0, n, elem, k7[g], q + i * ld + c0);
             else
                 lsc_mx_bf16_seg_cold(row + c0, n, elem, r[g], q + i * ld + c0);
+            lsc_mx_prefetch_next(row + c0, 128 * rs, 2 * n);
         }
     }
 }
