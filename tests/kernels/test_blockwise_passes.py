@@ -160,6 +160,29 @@ def test_the_rules_special_values():
     assert list(q_ao[1, :3]) == [0xFF, 0x00, 0x80] and s_ao[1, 0] == np.inf
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_tiles_of_many_bands(dtype):
+    """From 8 bands of tiles on, the tile pass cuts whole bands, wider than 8192 columns in
+    equal pieces: the twin's bytes for 9 bands of 32 (the last one ragged), and the bytes
+    of each band quantized alone (cut otherwise) for 9 bands of 128 by 8320 + 5 columns."""
+    x = shaped(bits(5, 261 * 300), 261, dtype)
+    kw = dict(pow2=True, eps=0.0)
+    want = ref.tile_quantize(x.astype(np.float32), "float8_e4m3fn", "te-fp32", 32, True, 0.0, dtype)
+    for level in levels():
+        same(kernels.mx_quantize(x, "float8_e4m3fn", "te-fp32", 32, tile=True, **kw), want, level)
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((8 * 128 + 7, 8325)) * 2.0 ** rng.integers(-9, 9, 8325)).astype(
+        DTYPES[dtype]
+    )
+    for level in levels():
+        s, q = kernels.mx_quantize(x, "float8_e4m3fn", "te-fp32", 128, tile=True, **kw)
+        for b in range(0, x.shape[0], 128):
+            one = kernels.mx_quantize(
+                x[b : b + 128], "float8_e4m3fn", "te-fp32", 128, tile=True, **kw
+            )
+            same((s[b // 128 : b // 128 + 1], q[b : b + 128]), one, f"{level} band {b // 128}")
+
+
 @pytest.mark.parametrize("tile", [False, True])
 def test_threads_strides_and_out_give_the_same_bytes(tile):
     rng = np.random.default_rng(11)
