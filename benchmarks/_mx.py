@@ -284,7 +284,7 @@ def targets(rows: list[dict], opts) -> list[dict]:
     and within 2x of the byte floor at 1e8; on the GPU rows (where a device timed them),
     within 1.5x of the byte floor at 1e8.  Issue 47's: the MXFP8 quantize into given
     arrays also within 2x of the byte floor at 1e6 (mid-size tensors)."""
-    out = []
+    out: list[dict] = []
     for n in _sizes(opts):
         if n == 10**6:
             for name in DTYPES:
