@@ -240,37 +240,6 @@ LSC_MX_INL void lsc_mx_spread(const float *r, int64_t nb, int64_t block, float *
             fr[b * block + j] = r[b];
 }
 
-/* lsc_fp8_from_f32(f, fmt, flags), the rounding done by one float32
- * addition: with E the exponent of |f| clamped to [emin, 16] (emin the
- * format's smallest normal exponent, -6 or -14) and M its mantissa bits,
- * |f| + 2**(E + 23 - M) rounds |f| to a multiple of 2**(E - M) (to nearest
- * even, subnormal codes included), and the sum's bits less the addend's are
- * that multiple: the code's significand, to which (E - emin) << M adds the
- * exponent (a carry from rounding up included).  A value of exponent 16 or
- * more, Inf and NaN give a sum past every finite code, which the cap takes
- * to the limit; a NaN is then replaced.  The same code for every float32
- * bit pattern, both formats and all four flags (checked exhaustively); 17
- * vector operations for 16 elements with the product, where
- * lsc_fp8_from_f32's rounding in integer lanes takes 20. */
-LSC_MX_INL lsc_u32 lsc_mx_fp8_narrow(float f, int fmt, int flags)
-{
-    const int e4 = fmt == LSC_CODE_E4M3FN;
-    const lsc_u32 mb = e4 ? 3u : 2u;
-    const lsc_u32 lo = (e4 ? 127u - 6u : 127u - 14u) << 23, hi = (127u + 16u) << 23;
-    const lsc_u32 limit = (flags & LSC_FP8_SAT) ? (e4 ? 0x7Eu : 0x7Bu) : (e4 ? 0x7Fu : 0x7Cu);
-    const lsc_u32 drop = (flags & LSC_FP8_NAN_SIGN) ? 0u : ~0u;
-    const lsc_u32 x = lsc_f32_bits(f), sign = (x >> 24) & 0x80u, a = x & 0x7FFFFFFFu;
-    lsc_u32 e = x & 0x7F800000u;
-    e = e < lo ? lo : e;
-    e = e > hi ? hi : e;
-    const lsc_u32 add = e + ((23u - mb) << 23);
-    const lsc_u32 sum = lsc_f32_bits(lsc_f32_from_bits(a) + lsc_f32_from_bits(add));
-    const lsc_u32 code = sum - add + ((e - lo) >> (23u - mb));
-    const lsc_u32 mag = code < limit ? code : limit;
-    const lsc_u32 nan = 0x7Fu | (sign & ~drop);
-    return (lsc_i32)a > 0x7F800000 ? nan : mag | sign;
-}
-
 /* The element loops narrow in two steps: the 32-bit codes of up to
  * LSC_MX_PIECE elements into a buffer, then the bytes in a loop of their
  * own.  In one loop GCC 12 narrows every intermediate of lsc_fp8_from_f32
@@ -290,7 +259,7 @@ LSC_MX_INL void lsc_mx_fp8_codes(const char *x, int64_t n, int code, int elem, i
         const int64_t m = n - i0 < LSC_MX_PIECE ? n - i0 : LSC_MX_PIECE;
         lsc_u32 t[LSC_MX_PIECE];
         for (int64_t i = 0; i < m; i++)
-            t[i] = lsc_mx_fp8_narrow(lsc_mx_load(x, i0 + i, code) * fr[i0 + i], elem, flags);
+            t[i] = lsc_fp8_narrow(lsc_mx_load(x, i0 + i, code) * fr[i0 + i], elem, flags);
         for (int64_t i = 0; i < m; i++)
             q[i0 + i] = (unsigned char)t[i];
     }
@@ -306,7 +275,7 @@ LSC_MX_INL void lsc_mx_fp8_codes_r(const char *x, int64_t n, int code, int elem,
         const int64_t m = n - i0 < LSC_MX_PIECE ? n - i0 : LSC_MX_PIECE;
         lsc_u32 t[LSC_MX_PIECE];
         for (int64_t i = 0; i < m; i++)
-            t[i] = lsc_mx_fp8_narrow(lsc_mx_load(x, i0 + i, code) * r, elem, flags);
+            t[i] = lsc_fp8_narrow(lsc_mx_load(x, i0 + i, code) * r, elem, flags);
         for (int64_t i = 0; i < m; i++)
             q[i0 + i] = (unsigned char)t[i];
     }
