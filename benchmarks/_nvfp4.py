@@ -3,15 +3,15 @@ quantize (the ``te-nvfp4`` preset) against the same recipe in torch ops and the 
 
 Each group is one quantize of a 2-D bfloat16 array (rows and columns multiples of 16):
 "nvfp4-rht" a gradient's columnwise copy (``role="grad", axis=0``: the random Hadamard
-transform down each column's blocks of 16, rounded to bfloat16, then stochastic rounding
-with lscore's counter-based Philox4x32-10 stream; the costliest), "nvfp4-1x16" an
-activation (``role="input"``, rowwise, round to nearest) and "nvfp4-16x16" a weight
-(``role="weight"``: one E4M3 scale per 16x16 tile).  Each takes the tensor's global amax
-first (of the transform's bfloat16 results for "nvfp4-rht"), as TE's recipe does.  The baseline is that recipe written out in torch ops
-(eager, on the same tensor): the transform as a matmul of the 16x16 matrix diag(s) * H16 / 4
-with the 16-row chunks, the amaxes with NaN left out, S_enc = 2688 / A, the E4M3 block scales,
-the factors 1 / (sf * S_dec), E2M1 rounding to nearest even or by TE's stochastic rule, and
-Philox4x32-10 in int64 ops; a test checks that it writes the bytes lscore writes.
+transform down each column's blocks of 16, rounded to bfloat16, then stochastic rounding with
+lscore's counter-based Philox4x32-10 stream; the costliest), "nvfp4-1x16" an activation
+(``role="input"``, rowwise, round to nearest) and "nvfp4-16x16" a weight (``role="weight"``:
+one E4M3 scale per 16x16 tile). Each takes the tensor's global amax first (of the transform's
+bfloat16 results for "nvfp4-rht"), as TE's recipe does. The baseline is that recipe written out
+in torch ops (eager, on the same tensor): the transform as a matmul of the 16x16 matrix
+diag(s) * H16 / 4 with the 16-row chunks, the amaxes with NaN left out, S_enc = 2688 / A, the E4M3
+block scales, the factors 1 / (sf * S_dec), E2M1 rounding to nearest even or by TE's stochastic
+rule, and Philox4x32-10 in int64 ops; a test checks that it writes the bytes lscore writes.
 
 The byte floor is the bytes a two-pass quantize must move, at the bandwidth of a C memcpy of
 the input timed in the same turns: the input read twice (the global amax needs a whole pass
