@@ -12,6 +12,10 @@
  * column per lane, no shuffles), the scales and the codes. */
 #include <string.h>
 
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 #include "lsc_nvfp4.h"
 
 #ifndef LSC_LEVEL
@@ -69,32 +73,105 @@ typedef lsc_u32 lsc_nv4_vu __attribute__((vector_size(64)));
 typedef lsc_i32 lsc_nv4_vi __attribute__((vector_size(64)));
 typedef lsc_u16 lsc_nv4_vh __attribute__((vector_size(32)));
 
+/* Eight lanes of two words: a 32 x 32 -> 64 bit product per lane of its
+ * low word and c (vpmuludq at each x86 level, where GCC's generic product of
+ * 64-bit lanes is vpmullq or three multiplies). */
+typedef lsc_u64 lsc_nv4_vq __attribute__((vector_size(64)));
+
+LSC_NV4_INL void lsc_nv4_mul32(lsc_nv4_vq *a, lsc_u32 c)
+{
+#if defined(__AVX512F__)
+    __m512i h;
+    memcpy(&h, a, sizeof h);
+    h = _mm512_mul_epu32(h, _mm512_set1_epi64((long long)c));
+    memcpy(a, &h, sizeof h);
+#elif defined(__AVX2__)
+    __m256i h[2];
+    memcpy(h, a, sizeof h);
+    h[0] = _mm256_mul_epu32(h[0], _mm256_set1_epi64x((long long)c));
+    h[1] = _mm256_mul_epu32(h[1], _mm256_set1_epi64x((long long)c));
+    memcpy(a, h, sizeof h);
+#elif defined(__SSE2__)
+    __m128i h[4];
+    memcpy(h, a, sizeof h);
+    for (int i = 0; i < 4; i++)
+        h[i] = _mm_mul_epu32(h[i], _mm_set1_epi64x((long long)c));
+    memcpy(a, h, sizeof h);
+#else
+    *a = (*a & 0xFFFFFFFFull) * (lsc_u64)c;
+#endif
+}
+
+/* The low and high words of c times each of 16 lanes x, lane for lane: the
+ * even lanes' products and the odd lanes' (shifted down), put back together. */
+LSC_NV4_INL void lsc_nv4_mulhilo(const lsc_nv4_vu *x, lsc_u32 c, lsc_nv4_vu *lo,
+                                 lsc_nv4_vu *hi)
+{
+    lsc_nv4_vq pe, po;
+    memcpy(&pe, x, sizeof pe);
+    po = pe >> 32;
+    lsc_nv4_mul32(&pe, c);
+    lsc_nv4_mul32(&po, c);
+    const lsc_nv4_vq l = (pe & 0xFFFFFFFFull) | (po << 32);
+    const lsc_nv4_vq h = (pe >> 32) | (po & 0xFFFFFFFF00000000ull);
+    memcpy(lo, &l, sizeof l);
+    memcpy(hi, &h, sizeof h);
+}
+
 /* The draws of the n subsequences sub + b * stride: word k of draw b at
  * w[k * n + b] (a lane a draw, so that the rounds and the byte reads
- * vectorise). */
+ * vectorise): 16 draws at a time through their ten rounds in registers,
+ * the last n % 16 one by one. */
 LSC_NV4_INL void lsc_nv4_draws(lsc_u64 sub, lsc_u64 stride, int64_t n, const lsc_nv4_rule *k,
                                lsc_u32 *w)
 {
-    lsc_u32 *x = w, *y = w + n, *z = w + 2 * n, *v = w + 3 * n;
-    lsc_u32 k0 = k->key[0], k1 = k->key[1];
-    for (int64_t b = 0; b < n; b++) {
-        const lsc_u64 sb = sub + (lsc_u64)b * stride;
-        x[b] = k->ofs[0];
-        y[b] = k->ofs[1];
-        z[b] = (lsc_u32)sb;
-        v[b] = (lsc_u32)(sb >> 32);
-    }
-    for (int r = 0; r < 10; r++) {
-        for (int64_t b = 0; b < n; b++) {
-            const lsc_u64 p0 = (lsc_u64)0xD2511F53u * x[b], p1 = (lsc_u64)0xCD9E8D57u * z[b];
-            const lsc_u32 nx = (lsc_u32)(p1 >> 32) ^ y[b] ^ k0, nz = (lsc_u32)(p0 >> 32) ^ v[b] ^ k1;
-            y[b] = (lsc_u32)p1;
-            v[b] = (lsc_u32)p0;
-            x[b] = nx;
-            z[b] = nz;
+    int64_t b = 0;
+    for (; b + 16 <= n; b += 16) {
+        lsc_u32 lo[16], hi[16];
+        for (int l = 0; l < 16; l++) {
+            const lsc_u64 sb = sub + (lsc_u64)(b + l) * stride;
+            lo[l] = (lsc_u32)sb;
+            hi[l] = (lsc_u32)(sb >> 32);
         }
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
+        lsc_nv4_vu x = {0}, y = {0}, z, v;
+        x += k->ofs[0];
+        y += k->ofs[1];
+        memcpy(&z, lo, sizeof z);
+        memcpy(&v, hi, sizeof v);
+        lsc_u32 k0 = k->key[0], k1 = k->key[1];
+        for (int r = 0; r < 10; r++) {
+            lsc_nv4_vu l0, h0, l1, h1;
+            lsc_nv4_mulhilo(&x, 0xD2511F53u, &l0, &h0);
+            lsc_nv4_mulhilo(&z, 0xCD9E8D57u, &l1, &h1);
+            x = h1 ^ y ^ k0;
+            z = h0 ^ v ^ k1;
+            y = l1;
+            v = l0;
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        memcpy(w + b, &x, sizeof x);
+        memcpy(w + n + b, &y, sizeof y);
+        memcpy(w + 2 * n + b, &z, sizeof z);
+        memcpy(w + 3 * n + b, &v, sizeof v);
+    }
+    for (; b < n; b++) {
+        const lsc_u64 sb = sub + (lsc_u64)b * stride;
+        lsc_u32 x = k->ofs[0], y = k->ofs[1], z = (lsc_u32)sb, v = (lsc_u32)(sb >> 32);
+        lsc_u32 k0 = k->key[0], k1 = k->key[1];
+        for (int r = 0; r < 10; r++) {
+            const lsc_u64 p0 = (lsc_u64)0xD2511F53u * x, p1 = (lsc_u64)0xCD9E8D57u * z;
+            x = (lsc_u32)(p1 >> 32) ^ y ^ k0;
+            z = (lsc_u32)(p0 >> 32) ^ v ^ k1;
+            y = (lsc_u32)p1;
+            v = (lsc_u32)p0;
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        w[b] = x;
+        w[n + b] = y;
+        w[2 * n + b] = z;
+        w[3 * n + b] = v;
     }
 }
 
@@ -168,8 +245,11 @@ LSC_NV4_INL void lsc_nv4_rht_lanes(const char *x, int64_t rs, float *v, lsc_u32 
         memcpy(&r[i], &u, sizeof u);
         r[i] *= lsc_nv4_sign(i);
     }
+#pragma GCC unroll 4
     for (int h = 1; h < 16; h *= 2)
+#pragma GCC unroll 8
         for (int i = 0; i < 16; i += 2 * h)
+#pragma GCC unroll 8
             for (int j = i; j < i + h; j++) {
                 const lsc_nv4_vf p = r[j], q = r[j + h];
                 r[j] = p + q;
@@ -199,8 +279,11 @@ LSC_NV4_INL void lsc_nv4_rht_lanes(const char *x, int64_t rs, float *v, lsc_u32 
  * once (lsc_nv4_rht_amax).  About half the work of lsc_nv4_rht_lanes. */
 LSC_NV4_INL void lsc_nv4_rht_amax_of(lsc_nv4_vf r[16], lsc_nv4_vf *mf)
 {
+#pragma GCC unroll 3
     for (int h = 1; h < 8; h *= 2)
+#pragma GCC unroll 8
         for (int i = 0; i < 16; i += 2 * h)
+#pragma GCC unroll 4
             for (int j = i; j < i + h; j++) {
                 const lsc_nv4_vf p = r[j], q = r[j + h];
                 r[j] = p + q;
