@@ -118,43 +118,66 @@ LSC_NV4_INL void lsc_nv4_mulhilo(const lsc_nv4_vu *x, lsc_u32 c, lsc_nv4_vu *lo,
     memcpy(hi, &h, sizeof h);
 }
 
+/* The ten rounds of U sets of 16 draws, their rounds interleaved (one set's
+ * chain of products alone leaves the multiplier idle): the draws
+ * sub + (b + l) * stride, l < 16 U, into w as lsc_nv4_draws's. */
+#define LSC_NV4_DRAWS_U(U)                                                                   \
+    LSC_NV4_INL void lsc_nv4_draws_x##U(lsc_u64 sub, lsc_u64 stride, int64_t n, int64_t b,   \
+                                        const lsc_nv4_rule *k, lsc_u32 *w)                    \
+    {                                                                                        \
+        lsc_u32 lo[16 * U], hi[16 * U];                                                      \
+        for (int l = 0; l < 16 * U; l++) {                                                   \
+            const lsc_u64 sb = sub + (lsc_u64)(b + l) * stride;                              \
+            lo[l] = (lsc_u32)sb;                                                             \
+            hi[l] = (lsc_u32)(sb >> 32);                                                     \
+        }                                                                                    \
+        lsc_nv4_vu x[U], y[U], z[U], v[U];                                                   \
+        for (int u = 0; u < U; u++) {                                                        \
+            x[u] = (lsc_nv4_vu){0} + k->ofs[0];                                              \
+            y[u] = (lsc_nv4_vu){0} + k->ofs[1];                                              \
+            memcpy(&z[u], lo + 16 * u, sizeof z[u]);                                         \
+            memcpy(&v[u], hi + 16 * u, sizeof v[u]);                                         \
+        }                                                                                    \
+        lsc_u32 k0 = k->key[0], k1 = k->key[1];                                              \
+        for (int r = 0; r < 10; r++) {                                                       \
+            for (int u = 0; u < U; u++) {                                                    \
+                lsc_nv4_vu l0, h0, l1, h1;                                                   \
+                lsc_nv4_mulhilo(&x[u], 0xD2511F53u, &l0, &h0);                               \
+                lsc_nv4_mulhilo(&z[u], 0xCD9E8D57u, &l1, &h1);                               \
+                x[u] = h1 ^ y[u] ^ k0;                                                       \
+                z[u] = h0 ^ v[u] ^ k1;                                                       \
+                y[u] = l1;                                                                   \
+                v[u] = l0;                                                                   \
+            }                                                                                \
+            k0 += 0x9E3779B9u;                                                               \
+            k1 += 0xBB67AE85u;                                                               \
+        }                                                                                    \
+        for (int u = 0; u < U; u++) {                                                        \
+            memcpy(w + b + 16 * u, &x[u], sizeof x[u]);                                      \
+            memcpy(w + n + b + 16 * u, &y[u], sizeof y[u]);                                  \
+            memcpy(w + 2 * n + b + 16 * u, &z[u], sizeof z[u]);                              \
+            memcpy(w + 3 * n + b + 16 * u, &v[u], sizeof v[u]);                              \
+        }                                                                                    \
+    }
+LSC_NV4_DRAWS_U(1)
+#if defined(__AVX512F__)
+LSC_NV4_DRAWS_U(2)
+#endif
+
 /* The draws of the n subsequences sub + b * stride: word k of draw b at
  * w[k * n + b] (a lane a draw, so that the rounds and the byte reads
- * vectorise): 16 draws at a time through their ten rounds in registers,
- * the last n % 16 one by one. */
+ * vectorise): 16 draws at a time (32 with AVX-512) through their ten
+ * rounds in registers, the last n % 16 one by one. */
 LSC_NV4_INL void lsc_nv4_draws(lsc_u64 sub, lsc_u64 stride, int64_t n, const lsc_nv4_rule *k,
                                lsc_u32 *w)
 {
     int64_t b = 0;
-    for (; b + 16 <= n; b += 16) {
-        lsc_u32 lo[16], hi[16];
-        for (int l = 0; l < 16; l++) {
-            const lsc_u64 sb = sub + (lsc_u64)(b + l) * stride;
-            lo[l] = (lsc_u32)sb;
-            hi[l] = (lsc_u32)(sb >> 32);
-        }
-        lsc_nv4_vu x = {0}, y = {0}, z, v;
-        x += k->ofs[0];
-        y += k->ofs[1];
-        memcpy(&z, lo, sizeof z);
-        memcpy(&v, hi, sizeof v);
-        lsc_u32 k0 = k->key[0], k1 = k->key[1];
-        for (int r = 0; r < 10; r++) {
-            lsc_nv4_vu l0, h0, l1, h1;
-            lsc_nv4_mulhilo(&x, 0xD2511F53u, &l0, &h0);
-            lsc_nv4_mulhilo(&z, 0xCD9E8D57u, &l1, &h1);
-            x = h1 ^ y ^ k0;
-            z = h0 ^ v ^ k1;
-            y = l1;
-            v = l0;
-            k0 += 0x9E3779B9u;
-            k1 += 0xBB67AE85u;
-        }
-        memcpy(w + b, &x, sizeof x);
-        memcpy(w + n + b, &y, sizeof y);
-        memcpy(w + 2 * n + b, &z, sizeof z);
-        memcpy(w + 3 * n + b, &v, sizeof v);
-    }
+#if defined(__AVX512F__)   /* two sets' state fit the 32 registers; not AVX2's or SSE's 16 */
+    for (; b + 32 <= n; b += 32)
+        lsc_nv4_draws_x2(sub, stride, n, b, k, w);
+#endif
+    for (; b + 16 <= n; b += 16)
+        lsc_nv4_draws_x1(sub, stride, n, b, k, w);
     for (; b < n; b++) {
         const lsc_u64 sb = sub + (lsc_u64)b * stride;
         lsc_u32 x = k->ofs[0], y = k->ofs[1], z = (lsc_u32)sb, v = (lsc_u32)(sb >> 32);
