@@ -144,9 +144,12 @@ class MXLinear(EmulatedLinear):
     GEMMs of the recipe's implementation read the blocks: TransformerEngine's take E8M0 byte 0
     as 2**-127 at every revision), and the dequantized operands are multiplied in the input's
     dtype (under autocast, the autocast dtype). Under the ``torchao-mx-*`` recipes the outputs
-    and gradients are bitwise those of torchao's ``MXFP8Linear`` emulated on the CPU. Block
-    scales are taken from the tensors being cast, so the layer has no scaling state: parameters
-    and state dict are ``nn.Linear``'s.
+    and gradients are bitwise those of torchao's ``MXFP8Linear`` emulated on the CPU; under
+    ``te-nvfp4`` the weight gradient's operands are TE's Hadamard-transformed columnwise
+    copies (the module docstring). Block scales are taken from the tensors being cast, so the
+    layer has no scaling state: parameters and state dict are ``nn.Linear``'s (under a recipe
+    that rounds gradients stochastically, this class builds a :class:`StochasticMXLinear`,
+    whose random stream is its state).
     ``recipe`` None is ``"te-mxfp8"``. A recipe that refuses partial blocks needs
     ``in_features``, ``out_features`` and the input's rows (the product of its leading
     dimensions) to be multiples of ``recipe.block``; a recipe that pads scales a last partial
