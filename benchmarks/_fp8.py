@@ -275,6 +275,33 @@ def block_cases(opts, rows: Rows, rng, sizes, dtypes, recipes, label: str, block
                 yield n, groups, g_copy, x, dict(dtype=name, n=n, opts=opts)
 
 
+def block_cpu_rows(opts, rows: Rows, cases, lscore_fns, torch_fns, traffic: dict) -> None:
+    """The rows of each CPU case of ``block_cases``: per recipe "lscore", "lscore out="
+    (`lscore_fns(x)` / `lscore_fns(x, reuse=True)`, recipe -> call) and "torch eager"
+    (`torch_fns(torch)`, recipe -> function of a tensor), then the input's memcpy and the
+    byte floors by `traffic` (recipe -> (input reads, bytes written per element))."""
+    torch = import_torch() if opts.use_torch else None
+    t_fns = torch_fns(torch) if torch is not None else None
+    for n, groups, g_copy, x, kw in cases:
+        width = x.itemsize
+        fns, into = lscore_fns(x), lscore_fns(x, reuse=True)
+        for r, g in groups.items():
+            reads, written = traffic[r]
+            nbytes = round((reads * width + written) * n)
+            rows.add(g, "lscore", fns[r], nbytes=nbytes, **kw)
+            rows.add(g, "lscore out=", into[r], nbytes=nbytes, **kw)
+            if t_fns is None:
+                rows.add(g, "torch eager", skip="torch is not installed", **kw)
+            else:
+                t = as_tensor(torch, x)
+                rows.add(g, "torch eager", lambda f=t_fns[r], t=t: f(t), **kw)
+        dst = np.empty_like(x)
+        copy = lambda dst=dst, x=x: kernels.copy_bandwidth(dst, x)  # noqa: E731
+        rows.add(g_copy, "C memcpy", copy, nbytes=2 * width * n, **kw)
+        add_floors(rows, groups, g_copy, width, n, traffic)
+        del x, dst
+
+
 def gpu_block_cases(opts, rows: Rows, torch, device, sizes, dtypes, recipes, label, block, shape):
     """The GPU counterpart of ``block_cases``: (n, groups, the copy's group, a standard-normal
     tensor of `shape(n)` on `device`, row keywords) for each size that is whole blocks."""

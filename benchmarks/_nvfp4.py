@@ -28,17 +28,17 @@ import math
 
 import numpy as np
 
-from lscore import kernels
 from lscore.bench._fp8 import (
     TINY_SIZES,
     add_floors,
     block_cases,
+    block_cpu_rows,
     gpu_block_cases,
     ratio_target,
     synced,
     why_no_cuda,
 )
-from lscore.bench._harness import Rows, as_tensor, import_torch, size_label
+from lscore.bench._harness import Rows, import_torch, size_label
 
 SIZES = (2**20, 2**24, 10**8)
 DTYPES = ("bfloat16",)
@@ -202,27 +202,8 @@ def _sizes(opts) -> tuple:
 def run_cpu(opts, rows: Rows, rng) -> None:
     """The CPU rows: every size and recipe (a size that is not a whole number of 16 x 16
     tiles is skipped, with the reason)."""
-    torch = import_torch() if opts.use_torch else None
-    t_fns = torch_fns(torch) if torch is not None else None
     cases = block_cases(opts, rows, rng, _sizes(opts), DTYPES, RECIPES, "nvfp4", 256, shape_of)
-    for n, groups, g_copy, x, kw in cases:
-        width = x.itemsize
-        fns, into = lscore_fns(x), lscore_fns(x, reuse=True)
-        for r, g in groups.items():
-            reads, written = TRAFFIC[r]
-            nbytes = round((reads * width + written) * n)
-            rows.add(g, "lscore", fns[r], nbytes=nbytes, **kw)
-            rows.add(g, "lscore out=", into[r], nbytes=nbytes, **kw)
-            if t_fns is None:
-                rows.add(g, "torch eager", skip="torch is not installed", **kw)
-            else:
-                t = as_tensor(torch, x)
-                rows.add(g, "torch eager", lambda f=t_fns[r], t=t: f(t), **kw)
-        dst = np.empty_like(x)
-        copy = lambda dst=dst, x=x: kernels.copy_bandwidth(dst, x)  # noqa: E731
-        rows.add(g_copy, "C memcpy", copy, nbytes=2 * width * n, **kw)
-        add_floors(rows, groups, g_copy, width, n, TRAFFIC)
-        del x, dst
+    block_cpu_rows(opts, rows, cases, lscore_fns, torch_fns, TRAFFIC)
 
 
 def run_gpu(opts, rows: Rows, rng, device: str = "cuda") -> None:
