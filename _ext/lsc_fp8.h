@@ -104,8 +104,11 @@ LSC_FN lsc_u32 lsc_fp8_narrow(float f, int fmt, int flags)
     const lsc_u32 sum = lsc_f32_bits(lsc_f32_from_bits(a) + lsc_f32_from_bits(add));
     const lsc_u32 code = sum - add + ((e - lo) >> (23u - mb));
     const lsc_u32 mag = code < limit ? code : limit;
-    const lsc_u32 nan = 0x7Fu | (sign & ~drop);
-    return (lsc_i32)a > 0x7F800000 ? nan : mag | sign;
+    const lsc_u32 is_nan = -(lsc_u32)((lsc_i32)a > 0x7F800000);
+    /* the NaN's word by masks: as a select, GCC 12 if-converts the loop for
+       x86-64-v4 (mask registers) but not for -v3, whose loops it then leaves
+       scalar (MXFP8 at 1e6 took 2.0 ms against 0.2 ms vectorised) */
+    return (mag & ~is_nan) | (0x7Fu & is_nan) | (sign & ~(is_nan & drop));
 }
 
 /* fp8 code of format fmt -> float32, exact (NaN: torch's word, see above). */
