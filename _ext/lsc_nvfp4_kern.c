@@ -66,17 +66,28 @@ LSC_NV4_INL lsc_u32 lsc_nv4_sr_fast(float v, lsc_u32 r)
 #error "the random bytes are read as the bytes of their words (little-endian)"
 #endif
 
-/* GCC's vector types of 16 lanes, which each level compiles at its width (four
- * SSE registers, two AVX ones, one AVX-512 one). */
-typedef float lsc_nv4_vf __attribute__((vector_size(64)));
-typedef lsc_u32 lsc_nv4_vu __attribute__((vector_size(64)));
-typedef lsc_i32 lsc_nv4_vi __attribute__((vector_size(64)));
-typedef lsc_u16 lsc_nv4_vh __attribute__((vector_size(32)));
+/* GCC's vector types of LSC_NV4_LANES lanes, one register of the level
+ * (AVX-512: 16, AVX2: 8, SSE and elsewhere: 4).  A band's transform holds 16
+ * rows of them, which 16 registers hold at one register a row and not at
+ * two (16 lanes on AVX2 spilled: the te-nvfp4 gradient quantize of
+ * 2048 x 2048 took 11.2 ms, with 8 lanes 4.5 ms); the Philox state is 4 of
+ * them a set. */
+#if defined(__AVX512F__)
+#define LSC_NV4_LANES 16
+#elif defined(__AVX2__)
+#define LSC_NV4_LANES 8
+#else
+#define LSC_NV4_LANES 4
+#endif
+typedef float lsc_nv4_vf __attribute__((vector_size(4 * LSC_NV4_LANES)));
+typedef lsc_u32 lsc_nv4_vu __attribute__((vector_size(4 * LSC_NV4_LANES)));
+typedef lsc_i32 lsc_nv4_vi __attribute__((vector_size(4 * LSC_NV4_LANES)));
+typedef lsc_u16 lsc_nv4_vh __attribute__((vector_size(2 * LSC_NV4_LANES)));
 
-/* Eight lanes of two words: a 32 x 32 -> 64 bit product per lane of its
- * low word and c (vpmuludq at each x86 level, where GCC's generic product of
- * 64-bit lanes is vpmullq or three multiplies). */
-typedef lsc_u64 lsc_nv4_vq __attribute__((vector_size(64)));
+/* LSC_NV4_LANES / 2 lanes of two words: a 32 x 32 -> 64 bit product per lane
+ * of its low word and c (vpmuludq at each x86 level, where GCC's generic
+ * product of 64-bit lanes is vpmullq or three multiplies). */
+typedef lsc_u64 lsc_nv4_vq __attribute__((vector_size(4 * LSC_NV4_LANES)));
 
 LSC_NV4_INL void lsc_nv4_mul32(lsc_nv4_vq *a, lsc_u32 c)
 {
@@ -86,23 +97,21 @@ LSC_NV4_INL void lsc_nv4_mul32(lsc_nv4_vq *a, lsc_u32 c)
     h = _mm512_mul_epu32(h, _mm512_set1_epi64((long long)c));
     memcpy(a, &h, sizeof h);
 #elif defined(__AVX2__)
-    __m256i h[2];
-    memcpy(h, a, sizeof h);
-    h[0] = _mm256_mul_epu32(h[0], _mm256_set1_epi64x((long long)c));
-    h[1] = _mm256_mul_epu32(h[1], _mm256_set1_epi64x((long long)c));
-    memcpy(a, h, sizeof h);
+    __m256i h;
+    memcpy(&h, a, sizeof h);
+    h = _mm256_mul_epu32(h, _mm256_set1_epi64x((long long)c));
+    memcpy(a, &h, sizeof h);
 #elif defined(__SSE2__)
-    __m128i h[4];
-    memcpy(h, a, sizeof h);
-    for (int i = 0; i < 4; i++)
-        h[i] = _mm_mul_epu32(h[i], _mm_set1_epi64x((long long)c));
-    memcpy(a, h, sizeof h);
+    __m128i h;
+    memcpy(&h, a, sizeof h);
+    h = _mm_mul_epu32(h, _mm_set1_epi64x((long long)c));
+    memcpy(a, &h, sizeof h);
 #else
     *a = (*a & 0xFFFFFFFFull) * (lsc_u64)c;
 #endif
 }
 
-/* The low and high words of c times each of 16 lanes x, lane for lane: the
+/* The low and high words of c times each lane of x, lane for lane: the
  * even lanes' products and the odd lanes' (shifted down), put back together. */
 LSC_NV4_INL void lsc_nv4_mulhilo(const lsc_nv4_vu *x, lsc_u32 c, lsc_nv4_vu *lo,
                                  lsc_nv4_vu *hi)
@@ -118,15 +127,15 @@ LSC_NV4_INL void lsc_nv4_mulhilo(const lsc_nv4_vu *x, lsc_u32 c, lsc_nv4_vu *lo,
     memcpy(hi, &h, sizeof h);
 }
 
-/* The ten rounds of U sets of 16 draws, their rounds interleaved (one set's
- * chain of products alone leaves the multiplier idle): the draws
- * sub + (b + l) * stride, l < 16 U, into w as lsc_nv4_draws's. */
+/* The ten rounds of U sets of LSC_NV4_LANES draws, their rounds interleaved
+ * (one set's chain of products alone leaves the multiplier idle): the draws
+ * sub + (b + l) * stride, l < LSC_NV4_LANES * U, into w as lsc_nv4_draws's. */
 #define LSC_NV4_DRAWS_U(U)                                                                   \
     LSC_NV4_INL void lsc_nv4_draws_x##U(lsc_u64 sub, lsc_u64 stride, int64_t n, int64_t b,   \
                                         const lsc_nv4_rule *k, lsc_u32 *w)                    \
     {                                                                                        \
-        lsc_u32 lo[16 * U], hi[16 * U];                                                      \
-        for (int l = 0; l < 16 * U; l++) {                                                   \
+        lsc_u32 lo[LSC_NV4_LANES * U], hi[LSC_NV4_LANES * U];                                \
+        for (int l = 0; l < LSC_NV4_LANES * U; l++) {                                        \
             const lsc_u64 sb = sub + (lsc_u64)(b + l) * stride;                              \
             lo[l] = (lsc_u32)sb;                                                             \
             hi[l] = (lsc_u32)(sb >> 32);                                                     \
@@ -135,8 +144,8 @@ LSC_NV4_INL void lsc_nv4_mulhilo(const lsc_nv4_vu *x, lsc_u32 c, lsc_nv4_vu *lo,
         for (int u = 0; u < U; u++) {                                                        \
             x[u] = (lsc_nv4_vu){0} + k->ofs[0];                                              \
             y[u] = (lsc_nv4_vu){0} + k->ofs[1];                                              \
-            memcpy(&z[u], lo + 16 * u, sizeof z[u]);                                         \
-            memcpy(&v[u], hi + 16 * u, sizeof v[u]);                                         \
+            memcpy(&z[u], lo + LSC_NV4_LANES * u, sizeof z[u]);                              \
+            memcpy(&v[u], hi + LSC_NV4_LANES * u, sizeof v[u]);                              \
         }                                                                                    \
         lsc_u32 k0 = k->key[0], k1 = k->key[1];                                              \
         for (int r = 0; r < 10; r++) {                                                       \
@@ -153,30 +162,26 @@ LSC_NV4_INL void lsc_nv4_mulhilo(const lsc_nv4_vu *x, lsc_u32 c, lsc_nv4_vu *lo,
             k1 += 0xBB67AE85u;                                                               \
         }                                                                                    \
         for (int u = 0; u < U; u++) {                                                        \
-            memcpy(w + b + 16 * u, &x[u], sizeof x[u]);                                      \
-            memcpy(w + n + b + 16 * u, &y[u], sizeof y[u]);                                  \
-            memcpy(w + 2 * n + b + 16 * u, &z[u], sizeof z[u]);                              \
-            memcpy(w + 3 * n + b + 16 * u, &v[u], sizeof v[u]);                              \
+            memcpy(w + b + LSC_NV4_LANES * u, &x[u], sizeof x[u]);                           \
+            memcpy(w + n + b + LSC_NV4_LANES * u, &y[u], sizeof y[u]);                       \
+            memcpy(w + 2 * n + b + LSC_NV4_LANES * u, &z[u], sizeof z[u]);                   \
+            memcpy(w + 3 * n + b + LSC_NV4_LANES * u, &v[u], sizeof v[u]);                   \
         }                                                                                    \
     }
 LSC_NV4_DRAWS_U(1)
-#if defined(__AVX512F__)
 LSC_NV4_DRAWS_U(2)
-#endif
 
 /* The draws of the n subsequences sub + b * stride: word k of draw b at
  * w[k * n + b] (a lane a draw, so that the rounds and the byte reads
- * vectorise): 16 draws at a time (32 with AVX-512) through their ten
- * rounds in registers, the last n % 16 one by one. */
+ * vectorise): two sets of LSC_NV4_LANES draws at a time through their ten
+ * rounds in registers (two sets' state, 8 vectors, fit 16 registers), then one set, the rest one by one. */
 LSC_NV4_INL void lsc_nv4_draws(lsc_u64 sub, lsc_u64 stride, int64_t n, const lsc_nv4_rule *k,
                                lsc_u32 *w)
 {
     int64_t b = 0;
-#if defined(__AVX512F__)   /* two sets' state fit the 32 registers; not AVX2's or SSE's 16 */
-    for (; b + 32 <= n; b += 32)
+    for (; b + 2 * LSC_NV4_LANES <= n; b += 2 * LSC_NV4_LANES)
         lsc_nv4_draws_x2(sub, stride, n, b, k, w);
-#endif
-    for (; b + 16 <= n; b += 16)
+    for (; b + LSC_NV4_LANES <= n; b += LSC_NV4_LANES)
         lsc_nv4_draws_x1(sub, stride, n, b, k, w);
     for (; b < n; b++) {
         const lsc_u64 sb = sub + (lsc_u64)b * stride;
@@ -246,13 +251,13 @@ LSC_NV4_INL void lsc_nv4_row_body(const char *x, int64_t n, int code, const lsc_
     }
 }
 
-/* ---- the Hadamard transform, 16 columns at a time --------------------------
- * In the 16-lane vector types: the 16 rows of 16 columns are transformed in
+/* ---- the Hadamard transform, LSC_NV4_LANES columns at a time ---------------
+ * In the vector types: the 16 rows of LSC_NV4_LANES columns are transformed in
  * registers (the signs, the four butterfly stages, the rounding to bfloat16 as
  * lsc_nv4_bf16 rounds, the column amaxes) and stored once, where a loop per
  * step over the L1 tile took eight passes over it. */
 
-/* The transform of 16 bfloat16 columns (row i at x + i * rs) into v (rows
+/* The transform of LSC_NV4_LANES bfloat16 columns (row i at x + i * rs) into v (rows
  * LSC_NV4_TILE apart, float32 of the bfloat16 results; a NaN is a NaN there,
  * whose payload the codes and the amax do not read: lsc_nv4_bf16's 0x7FFF is
  * rht_out's), their amax bits, NaN left out, into m.  The rounding adds to
@@ -293,7 +298,7 @@ LSC_NV4_INL void lsc_nv4_rht_lanes(const char *x, int64_t rs, float *v, lsc_u32 
     memcpy(m, &mf, sizeof mf);
 }
 
-/* The amax of the transform of 16 lanes r[i] = x_i * s_i / 4 (NaN left out)
+/* The amax of the transform of the lanes r[i] = x_i * s_i / 4 (NaN left out)
  * folded into *mf, without the results themselves and unrounded: the last
  * stage's pair p + q, p - q has the larger magnitude float32(abs(p) + abs(q))
  * (one of the two is that sum, the other's magnitude is not above it, and
@@ -329,8 +334,9 @@ LSC_NV4_INL void lsc_nv4_rht_amax_of(lsc_nv4_vf r[16], lsc_nv4_vf *mf)
     *mf = m;
 }
 
-/* lsc_nv4_rht_amax_of 16 bfloat16 columns (row i at x + i * rs), a column a lane. */
-LSC_NV4_INL void lsc_nv4_rht_amax16(const char *x, int64_t rs, lsc_nv4_vf *mf)
+/* lsc_nv4_rht_amax_of LSC_NV4_LANES bfloat16 columns (row i at x + i * rs), a
+ * column a lane. */
+LSC_NV4_INL void lsc_nv4_rht_amax1(const char *x, int64_t rs, lsc_nv4_vf *mf)
 {
     lsc_nv4_vf r[16];
     for (int i = 0; i < 16; i++) {
@@ -343,10 +349,10 @@ LSC_NV4_INL void lsc_nv4_rht_amax16(const char *x, int64_t rs, lsc_nv4_vf *mf)
     lsc_nv4_rht_amax_of(r, mf);
 }
 
-/* lsc_nv4_rht_amax_of 32 bfloat16 columns, the even and the odd ones a lane
- * each (the amax is one for the whole band, whichever lane holds a column):
- * a word of two columns widens each by a shift or a mask. */
-LSC_NV4_INL void lsc_nv4_rht_amax32(const char *x, int64_t rs, lsc_nv4_vf *mf)
+/* lsc_nv4_rht_amax_of 2 * LSC_NV4_LANES bfloat16 columns, the even and the odd
+ * ones a lane each (the amax is one for the whole band, whichever lane holds a
+ * column): a word of two columns widens each by a shift or a mask. */
+LSC_NV4_INL void lsc_nv4_rht_amax2(const char *x, int64_t rs, lsc_nv4_vf *mf)
 {
     lsc_nv4_vf e[16], o[16];
     for (int i = 0; i < 16; i++) {
@@ -364,24 +370,25 @@ LSC_NV4_INL void lsc_nv4_rht_amax32(const char *x, int64_t rs, lsc_nv4_vf *mf)
 }
 
 /* The amax bits of the transform of a bfloat16 band's w columns, rounded to
- * bfloat16 (NaN left out; a last partial group of 16 columns through a
- * zero-padded copy). */
+ * bfloat16 (NaN left out; a last partial group of LSC_NV4_LANES columns
+ * through a zero-padded copy). */
 LSC_NV4_INL lsc_u32 lsc_nv4_rht_amax(const char *x, int64_t w, int64_t rs)
 {
+    enum { L = LSC_NV4_LANES };
     lsc_nv4_vf mf = {0};
     int64_t j = 0;
-    for (; j + 32 <= w; j += 32)
-        lsc_nv4_rht_amax32(x + 2 * j, rs, &mf);
-    for (; j + 16 <= w; j += 16)
-        lsc_nv4_rht_amax16(x + 2 * j, rs, &mf);
+    for (; j + 2 * L <= w; j += 2 * L)
+        lsc_nv4_rht_amax2(x + 2 * j, rs, &mf);
+    for (; j + L <= w; j += L)
+        lsc_nv4_rht_amax1(x + 2 * j, rs, &mf);
     if (j < w) {
-        lsc_u16 pad[16 * 16] = {0};
+        lsc_u16 pad[16 * L] = {0};
         for (int64_t i = 0; i < 16; i++)
-            memcpy(pad + 16 * i, x + i * rs + 2 * j, (size_t)(2 * (w - j)));
-        lsc_nv4_rht_amax16((const char *)pad, 32, &mf);
+            memcpy(pad + L * i, x + i * rs + 2 * j, (size_t)(2 * (w - j)));
+        lsc_nv4_rht_amax1((const char *)pad, 2 * L, &mf);
     }
     lsc_u32 m = 0;
-    for (int i = 0; i < 16; i++) {
+    for (int i = 0; i < L; i++) {
         const lsc_u32 b = lsc_f32_bits(mf[i]);
         m = b > m ? b : m;
     }
@@ -391,23 +398,24 @@ LSC_NV4_INL lsc_u32 lsc_nv4_rht_amax(const char *x, int64_t w, int64_t rs)
 /* A band's tile: 16 rows of w <= LSC_NV4_TILE columns into v (rows
  * LSC_NV4_TILE apart) and their column amaxes (NaN left out) into m, with
  * the Hadamard transform down each column, rounded to bfloat16, when rht
- * (the input is then bfloat16; a last partial group of 16 columns goes
- * through a zero-padded copy). */
+ * (the input is then bfloat16; a last partial group of LSC_NV4_LANES columns
+ * goes through a zero-padded copy). */
 LSC_NV4_INL void lsc_nv4_tile(const char *x, int64_t w, int64_t rs, int code, int rht, float *v,
                               lsc_u32 *m)
 {
     if (rht) {
-        for (int64_t j = 0; j < w; j += 16) {
-            if (w - j >= 16) {
+        enum { L = LSC_NV4_LANES };
+        for (int64_t j = 0; j < w; j += L) {
+            if (w - j >= L) {
                 lsc_nv4_rht_lanes(x + 2 * j, rs, v + j, m + j);
                 continue;
             }
-            lsc_u16 pad[16 * 16] = {0};
+            lsc_u16 pad[16 * L] = {0};
             float pv[16 * LSC_NV4_TILE];
-            lsc_u32 pm[16];
+            lsc_u32 pm[L];
             for (int64_t i = 0; i < 16; i++)
-                memcpy(pad + 16 * i, x + i * rs + 2 * j, (size_t)(2 * (w - j)));
-            lsc_nv4_rht_lanes((const char *)pad, 32, pv, pm);
+                memcpy(pad + L * i, x + i * rs + 2 * j, (size_t)(2 * (w - j)));
+            lsc_nv4_rht_lanes((const char *)pad, 2 * L, pv, pm);
             for (int64_t i = 0; i < 16; i++)
                 memcpy(v + i * LSC_NV4_TILE + j, pv + i * LSC_NV4_TILE, (size_t)(4 * (w - j)));
             memcpy(m + j, pm, (size_t)(4 * (w - j)));
