@@ -218,7 +218,9 @@ LSC_FN int lsc_mx_skips_nan_mode(int mode)
 LSC_FN lsc_u32 lsc_mx_abs_bits(float x, int skip_nan)
 {
     const lsc_u32 a = lsc_f32_bits(x) & 0x7FFFFFFFu;
-    return a & (skip_nan ? -(lsc_u32)(a <= 0x7F800000u) : ~0u);
+    /* a signed compare (a < 2**31): one instruction in AVX2's lanes, which
+       compare unsigned words in three */
+    return a & (skip_nan ? -(lsc_u32)((lsc_i32)a <= 0x7F800000) : ~0u);
 }
 
 /* TE's float_to_e8m0 of a descale. */

@@ -125,10 +125,29 @@ LSC_MX_INL float lsc_mx_load(const char *x, int64_t i, int code)
 }
 
 /* The amax bits of nb contiguous blocks of `block` elements into m, NaN
- * elements left out with skip (TE's modes; lsc_mx_abs_bits). */
+ * elements left out with skip (TE's modes; lsc_mx_abs_bits).  bfloat16 in
+ * its own 16-bit lanes, twice the elements an instruction: a bfloat16's
+ * float32 bits are its word shifted up by 16, whose order and NaN test the
+ * word's top 15 bits give. */
 LSC_MX_INL void lsc_mx_amaxes(const char *x, int64_t nb, int64_t block, int code, int skip,
                               lsc_u32 *m)
 {
+    if (code == LSC_CODE_BF16) {
+        for (int64_t b = 0; b < nb; b++) {
+            const char *xb = x + b * block * 2;
+            lsc_u16 mb = 0;
+            for (int64_t j = 0; j < block; j++) {
+                lsc_u16 h;
+                memcpy(&h, xb + 2 * j, 2);
+                lsc_u16 a = (lsc_u16)(h & 0x7FFFu);
+                /* a mask, not a select (which GCC 12 leaves scalar here) */
+                a &= skip ? (lsc_u16) - (int16_t)((int16_t)a <= 0x7F80) : (lsc_u16)0xFFFFu;
+                mb = a > mb ? a : mb;
+            }
+            m[b] = (lsc_u32)mb << 16;
+        }
+        return;
+    }
     for (int64_t b = 0; b < nb; b++) {
         const char *xb = x + b * block * LSC_MX_WIDTH(code);
         lsc_u32 mb = 0;
