@@ -266,13 +266,13 @@ LSC_FP8_INL uint32_t lsc_fp8_cast_body(const char *x, lsc_fp8_n n, lsc_fp8_n str
                 wide[i] = f;
             }
             for (int i = 0; i < k; i++)
-                words[i] = lsc_fp8_from_f32(wide[i] * scale, fmt, flags);
+                words[i] = lsc_fp8_narrow(wide[i] * scale, fmt, flags);
         } else {
             for (int i = 0; i < k; i++) {
                 float f = lsc_fp8_load(xs, i, stride, code);
                 uint32_t a = lsc_fp8_amax_bits(f, flags);
                 m = a > m ? a : m;
-                words[i] = lsc_fp8_from_f32(f * scale, fmt, flags);
+                words[i] = lsc_fp8_narrow(f * scale, fmt, flags);
             }
         }
         for (int i = 0; i < k; i++)
