@@ -250,19 +250,33 @@ LSC_FN lsc_u32 lsc_mx_rceil(float amax, int elem)
     const float d = amax / lsc_mx_max(elem);
     const lsc_u32 x = lsc_f32_bits(d);
     /* a subnormal d >= 2**-127 is 2**-127 * (1 + mant * 2**-23) */
-    const int sub = x < LSC_EXP_LSB_F32;
-    const lsc_i32 k = sub ? -127 : (lsc_i32)(x >> 23) - 127;
-    const lsc_u32 mant = sub ? (x - 0x00400000u) << 1 : x & 0x7FFFFFu;
+    const lsc_u32 sub = -(lsc_u32)(x < LSC_EXP_LSB_F32);
+    const lsc_i32 k = (lsc_i32)(((lsc_u32)-127 & sub) | (((x >> 23) - 127u) & ~sub));
+    const lsc_u32 mant = (((x - 0x00400000u) << 1) & sub) | (x & 0x7FFFFFu & ~sub);
     const lsc_i32 a = k < 0 ? -k : k;
-    /* floor(log2(a)) of 1 <= a <= 127; the spacing above k (k > 0) or below
-       |k| (k < 0): half a power of two less there */
-    const lsc_i32 j = (a >= 2) + (a >= 4) + (a >= 8) + (a >= 16) + (a >= 32) + (a >= 64);
-    const lsc_i32 e = 24 - j + ((k < 0) & (a == (1 << j)));
-    const lsc_i32 c = mant == 0u ? k : k == 0 ? 1 : mant <= (22u >> (e - 18)) ? k : k + 1;
-    const lsc_u32 code = (lsc_u32)((c > 127 ? 127 : c) + 127);
-    /* selects, not returns, so that a loop over blocks vectorises: NaN ->
-       0xFF, Inf -> 0xFE, below 2**-127 (the ceiling -127 or less) -> 0 */
-    return d != d ? 0xFFu : x >= LSC_EXP_F32 ? 0xFEu : x < 0x00400000u ? 0u : code;
+    /* floor(log2(a)) of 1 <= a <= 127 (0 for a = 0), from the float
+       exponent of a | 1 (a = 128 is Inf or NaN, whose code is set below);
+       the spacing above k (k > 0) or below |k| (k < 0): half a power of
+       two less there.  Masks, no bool arithmetic: GCC 12 gives a bool sum
+       byte lanes and leaves the loop over blocks scalar */
+    const lsc_i32 j = (lsc_i32)(lsc_f32_bits((float)((a | 1) & 127)) >> 23) - 127;
+    const lsc_u32 half = -(lsc_u32)(k < 0) & -(lsc_u32)(a == (1 << j));
+    const lsc_i32 e = 24 - j + (lsc_i32)(half & 1u);
+    /* k, or k + 1 where the mantissa is non-zero and k is 0 or the mantissa
+       is above the spacing's threshold */
+    const lsc_u32 up = -(lsc_u32)(mant != 0u)
+                       & (-(lsc_u32)(k == 0) | -(lsc_u32)(mant > (22u >> (e - 18))));
+    const lsc_i32 c = k + (lsc_i32)(up & 1u);
+    lsc_u32 code = (lsc_u32)((c > 127 ? 127 : c) + 127);
+    /* masks, not returns or nested selects, so that a loop over blocks
+       vectorises at every level (GCC 12 left the nested selects scalar for
+       x86-64-v3): below 2**-127 (the ceiling -127 or less) -> 0, Inf ->
+       0xFE, NaN -> 0xFF */
+    const lsc_u32 tiny = -(lsc_u32)(x < 0x00400000u), inf = -(lsc_u32)(x >= LSC_EXP_F32);
+    const lsc_u32 nan = -(lsc_u32)(d != d);
+    code &= ~tiny;
+    code = (code & ~inf) | (0xFEu & inf);
+    return (code & ~nan) | (0xFFu & nan);
 }
 
 /* torchao's _f32_to_e8m0_rceil after #4725 of a descale d >= 0: its biased
@@ -288,9 +302,10 @@ LSC_FN lsc_u32 lsc_mx_scale(float amax, int elem, int mode)
         return lsc_mx_rceil(amax, elem);
     if (mode == (LSC_MX_RCEIL | LSC_MX_NEXT))
         return lsc_mx_ao_e8m0(amax * (float)(1.0 / (double)lsc_mx_max(elem)));
-    if (amax != amax)
-        return 0xFFu;
+    const lsc_u32 nan = -(lsc_u32)(amax != amax);
     if (mode == LSC_MX_OCP) {
+        if (nan)
+            return 0xFFu;
         /* zero and subnormal amaxes: floor(log2) <= -126, so e <= -128 -> -127 */
         if (x >= 0x7F800000u)
             return 0xFFu;
@@ -302,9 +317,13 @@ LSC_FN lsc_u32 lsc_mx_scale(float amax, int elem, int mode)
     e = (lsc_i32)((x >> 23) & 0xFFu) - 127 - lsc_mx_emax(elem);
     if (base == LSC_MX_CEIL)
         e += (x & 0x7FFFFFu) != 0u;
-    e = e < -127 ? -127 : e > 128 ? 128 : e;
-    /* torchao after #4725: a non-finite amax (EVEN: once rounded) is the NaN scale */
-    return (mode & LSC_MX_NEXT) && x >= 0x7F800000u ? 0xFFu : (lsc_u32)(e + 127);
+    e = e < -127 ? -127 : e;
+    e = e > 128 ? 128 : e;
+    /* torchao after #4725: a non-finite amax (EVEN: once rounded) is the NaN
+       scale.  NaN and that rule by masks, not returns or nested selects: the
+       loop over blocks then vectorises for x86-64-v3 too (GCC 12) */
+    const lsc_u32 ff = nan | ((mode & LSC_MX_NEXT) ? -(lsc_u32)(x >= 0x7F800000u) : 0u);
+    return ((lsc_u32)(e + 127) & ~ff) | (0xFFu & ff);
 }
 
 /* x * r where a NaN r wins over a NaN x, as torch's CPU multiplication of
@@ -317,7 +336,12 @@ LSC_FN float lsc_mx_mul(float x, float r)
 
 LSC_FN float lsc_mx_clamp(float v, float lo, float hi)
 {
-    return v < lo ? lo : v > hi ? hi : v;  /* a NaN passes, as torch.clamp */
+    /* a NaN passes, as torch.clamp.  Masks, as lsc_fp8.h's scalars: with
+       selects GCC 12 threads the branches into the narrowing that follows
+       (lsc_nvfp4_scale) and leaves the loops over blocks scalar on x86-64-v3 */
+    const lsc_u32 below = -(lsc_u32)(v < lo), above = -(lsc_u32)(v > hi);
+    return lsc_f32_from_bits((lsc_f32_bits(lo) & below) | (lsc_f32_bits(hi) & above)
+                             | (lsc_f32_bits(v) & ~(below | above)));
 }
 
 /* The factor each element of a block with scale code s and amax `amax` is
@@ -362,9 +386,16 @@ LSC_FN float lsc_mx_te_exp2f(lsc_u32 c, int next)
 
 LSC_FN float lsc_mx_factor(lsc_u32 s, float amax, int elem, int mode)
 {
-    if (mode == LSC_MX_RCEIL)
-        return s == 0xFFu ? amax / lsc_mx_max(elem) : s == 0xFEu ? 0x1p-127f : s == 0u
-               ? 1.0f : lsc_f32_from_bits((254u - s) << 23);
+    if (mode == LSC_MX_RCEIL) {
+        /* 0xFF: amax / max; 0xFE: 2**-127; 0: 1; else 2**(127 - s).  Masks,
+           not nested selects, which GCC 12 leaves scalar for x86-64-v3 */
+        const lsc_u32 ff = -(lsc_u32)(s == 0xFFu), fe = -(lsc_u32)(s == 0xFEu);
+        const lsc_u32 zero = -(lsc_u32)(s == 0u);
+        lsc_u32 v = ((254u - s) << 23) & ~(ff | fe | zero);
+        v |= (0x00400000u & fe) | (0x3F800000u & zero);
+        v = (v & ~ff) | (lsc_f32_bits(amax / lsc_mx_max(elem)) & ff);
+        return lsc_f32_from_bits(v);
+    }
     if (lsc_mx_is_te(mode))
         return lsc_mx_te_rcp(s);
     if (mode & LSC_MX_NEXT)
@@ -372,8 +403,11 @@ LSC_FN float lsc_mx_factor(lsc_u32 s, float amax, int elem, int mode)
     if (mode == LSC_MX_OCP)
         return s == 0xFFu ? lsc_f32_from_bits(0x7FC00000u) : lsc_f32_from_bits((254u - s) << 23);
     {
-        float d = lsc_f32_from_bits(s << 23);
-        return 1.0f / (d < 0x1p-126f ? 0x1p-126f : d);
+        /* d = 2**(s - 127), at least 2**-126 (s = 0 is the only smaller one),
+           by a mask: the select left the loop over blocks scalar (GCC 12,
+           x86-64-v3) */
+        const lsc_u32 zero = -(lsc_u32)(s == 0u);
+        return 1.0f / lsc_f32_from_bits(((s << 23) & ~zero) | (0x00800000u & zero));
     }
 }
 
