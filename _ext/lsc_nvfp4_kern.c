@@ -215,7 +215,8 @@ LSC_NV4_INL void lsc_nv4_row_body(const char *x, int64_t n, int code, const lsc_
         const char *xg = x + b0 * 16 * LSC_MX_WIDTH(code);
         float v[16 * G], f[16 * G];
         lsc_u32 m[G], sf[G], w[4 * G], words[4 * G];
-        unsigned char t[16 * G];
+        lsc_u32 t[16 * G];   /* the codes as words: as bytes the loop spilled on AVX2 */
+        const float mult = k->mult, sdec = k->sdec;   /* stores to s may alias *k */
         for (int64_t i = 0; i < len; i++)
             v[i] = lsc_nv4_load(xg, i, code);
         for (int64_t b = 0; b < g; b++) {
@@ -227,9 +228,9 @@ LSC_NV4_INL void lsc_nv4_row_body(const char *x, int64_t n, int code, const lsc_
             m[b] = mb;
         }
         for (int64_t b = 0; b < g; b++)
-            sf[b] = lsc_nv4_sf(lsc_f32_from_bits(m[b]), k->mult);
+            sf[b] = lsc_nv4_sf(lsc_f32_from_bits(m[b]), mult);
         for (int64_t b = 0; b < g; b++) {
-            const float e = lsc_nv4_enc(sf[b], k->sdec);
+            const float e = lsc_nv4_enc(sf[b], sdec);
             s[b0 + b] = (unsigned char)sf[b];
             for (int64_t j = 0; j < 16; j++)
                 f[16 * b + j] = e;
@@ -241,10 +242,10 @@ LSC_NV4_INL void lsc_nv4_row_body(const char *x, int64_t n, int code, const lsc_
                 for (int64_t j = 0; j < 4; j++)
                     words[4 * b + j] = w[j * g + b];
             for (int64_t i = 0; i < len; i++)
-                t[i] = (unsigned char)lsc_nv4_sr_fast(v[i] * f[i], rb[i]);
+                t[i] = lsc_nv4_sr_fast(v[i] * f[i], rb[i]);
         } else {
             for (int64_t i = 0; i < len; i++)
-                t[i] = (unsigned char)lsc_nv4_rn(v[i] * f[i]);
+                t[i] = lsc_nv4_rn(v[i] * f[i]);
         }
         for (int64_t i = 0; i < len / 2; i++)
             q[8 * b0 + i] = (unsigned char)(t[2 * i] | (t[2 * i + 1] << 4));
@@ -442,6 +443,7 @@ LSC_NV4_INL void lsc_nv4_band_body(const char *x, int64_t wtot, int64_t rs, int 
 {
     float v[16 * LSC_NV4_TILE];
     const int64_t cols = k->cols;
+    const float mult = k->mult, sdec = k->sdec;   /* stores to s may alias *k */
     for (int64_t cc = 0; cc < wtot; cc += LSC_NV4_TILE) {
         const int64_t w = wtot - cc < LSC_NV4_TILE ? wtot - cc : LSC_NV4_TILE, c = c0 + cc;
         lsc_u32 m[LSC_NV4_TILE], sf[LSC_NV4_TILE], wd[4 * LSC_NV4_TILE];
@@ -452,16 +454,16 @@ LSC_NV4_INL void lsc_nv4_band_body(const char *x, int64_t wtot, int64_t rs, int 
                 lsc_u32 mt = 0;
                 for (int64_t j = 0; j < 16; j++)
                     mt = m[16 * t + j] > mt ? m[16 * t + j] : mt;
-                sf[t] = lsc_nv4_sf(lsc_f32_from_bits(mt), k->mult);
+                sf[t] = lsc_nv4_sf(lsc_f32_from_bits(mt), mult);
                 s[band * (cols / 16) + c / 16 + t] = (unsigned char)sf[t];
             }
             for (int64_t j = 0; j < w; j++)
-                f[j] = lsc_nv4_enc(sf[j / 16], k->sdec);
+                f[j] = lsc_nv4_enc(sf[j / 16], sdec);
         } else {
             for (int64_t j = 0; j < w; j++)
-                sf[j] = lsc_nv4_sf(lsc_f32_from_bits(m[j]), k->mult);
+                sf[j] = lsc_nv4_sf(lsc_f32_from_bits(m[j]), mult);
             for (int64_t j = 0; j < w; j++) {
-                f[j] = lsc_nv4_enc(sf[j], k->sdec);
+                f[j] = lsc_nv4_enc(sf[j], sdec);
                 s[band * cols + c + j] = (unsigned char)sf[j];
             }
         }
@@ -478,20 +480,24 @@ LSC_NV4_INL void lsc_nv4_band_body(const char *x, int64_t wtot, int64_t rs, int 
         if (k->sr)   /* column c's block in the transpose: subsequence c * rows / 16 + band */
             lsc_nv4_draws((lsc_u64)(c * (k->rows / 16) + band) | LSC_NV4_COLS_BIT,
                           (lsc_u64)(k->rows / 16), w, k, wd);
+        /* each pair of rows' bytes through 32-bit words, as in lsc_mx_kern.c:
+           with byte stores in the loop GCC runs it 32 lanes a step, which
+           spills on AVX2 */
+        lsc_u32 pw[LSC_NV4_TILE];
         for (int64_t p = 0; p < 8; p++) {
             unsigned char *qr = q + (8 * band + p) * cols + c;
             const float *va = v + 2 * p * LSC_NV4_TILE, *vb = va + LSC_NV4_TILE;
             if (k->sr) {   /* rows 2p, 2p + 1: bytes 2p % 4, 2p % 4 + 1 of word 2p / 4 */
                 const lsc_u32 *wp = wd + (p / 2) * w, sh = (lsc_u32)(16 * (p % 2));
                 for (int64_t j = 0; j < w; j++)
-                    qr[j] = (unsigned char)(lsc_nv4_sr_fast(va[j] * f[j], wp[j] >> sh)
-                                            | (lsc_nv4_sr_fast(vb[j] * f[j], wp[j] >> (sh + 8))
-                                               << 4));
+                    pw[j] = lsc_nv4_sr_fast(va[j] * f[j], wp[j] >> sh)
+                            | (lsc_nv4_sr_fast(vb[j] * f[j], wp[j] >> (sh + 8)) << 4);
             } else {
                 for (int64_t j = 0; j < w; j++)
-                    qr[j] = (unsigned char)(lsc_nv4_rn(va[j] * f[j])
-                                            | (lsc_nv4_rn(vb[j] * f[j]) << 4));
+                    pw[j] = lsc_nv4_rn(va[j] * f[j]) | (lsc_nv4_rn(vb[j] * f[j]) << 4);
             }
+            for (int64_t j = 0; j < w; j++)
+                qr[j] = (unsigned char)pw[j];
         }
     }
 }
