@@ -107,7 +107,7 @@ LSC_FN lsc_u32 lsc_fp8_narrow(float f, int fmt, int flags)
     const lsc_u32 is_nan = -(lsc_u32)((lsc_i32)a > 0x7F800000);
     /* the NaN's word by masks: as a select, GCC 12 if-converts the loop for
        x86-64-v4 (mask registers) but not for -v3, whose loops it then leaves
-       scalar (MXFP8 at 1e6 took 2.0 ms against 0.2 ms vectorised) */
+       scalar (MXFP8 float32 at 1e6 took 2.0 ms, vectorised 0.39 ms) */
     return (mag & ~is_nan) | (0x7Fu & is_nan) | (sign & ~(is_nan & drop));
 }
 

@@ -174,7 +174,9 @@ LSC_NV4_DRAWS_U(2)
 /* The draws of the n subsequences sub + b * stride: word k of draw b at
  * w[k * n + b] (a lane a draw, so that the rounds and the byte reads
  * vectorise): two sets of LSC_NV4_LANES draws at a time through their ten
- * rounds in registers (two sets' state, 8 vectors, fit 16 registers), then one set, the rest one by one. */
+ * rounds in registers (two sets' state is 8 vectors; on AVX2 the
+ * temporaries spill a little, and one set alone was not measurably
+ * faster), then one set, the rest one by one. */
 LSC_NV4_INL void lsc_nv4_draws(lsc_u64 sub, lsc_u64 stride, int64_t n, const lsc_nv4_rule *k,
                                lsc_u32 *w)
 {
