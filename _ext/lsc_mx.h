@@ -219,7 +219,7 @@ LSC_FN lsc_u32 lsc_mx_abs_bits(float x, int skip_nan)
 {
     const lsc_u32 a = lsc_f32_bits(x) & 0x7FFFFFFFu;
     /* a signed compare (a < 2**31): one instruction in AVX2's lanes, which
-       compare unsigned words in three */
+       compare unsigned words in two (a min and an equality) */
     return a & (skip_nan ? -(lsc_u32)((lsc_i32)a <= 0x7F800000) : ~0u);
 }
 
